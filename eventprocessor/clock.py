@@ -1,0 +1,65 @@
+"""Time as the processor sees it, injectable so that simulations run the real code
+under a virtual clock.
+
+The processor only needs elapsed time (``monotonic``) and a way to wait (``sleep``).
+Absolute time for expiry always comes from the checkpoint store, never from here.
+"""
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Protocol, runtime_checkable
+
+__all__ = ["Clock", "SystemClock", "ManualClock"]
+
+
+@runtime_checkable
+class Clock(Protocol):
+    def monotonic(self) -> float:
+        """Seconds from an arbitrary origin; never goes backwards."""
+
+    async def sleep(self, seconds: float) -> None:
+        """Wait ``seconds`` of this clock's time."""
+
+
+class SystemClock:
+    """The real clock: ``time.monotonic`` and ``asyncio.sleep``."""
+
+    def monotonic(self) -> float:
+        return time.monotonic()
+
+    async def sleep(self, seconds: float) -> None:
+        await asyncio.sleep(seconds)
+
+    def __repr__(self) -> str:
+        return "SystemClock()"
+
+
+class ManualClock:
+    """A clock that moves only when told to, for tests and simulators.
+
+    ``sleep`` yields to the event loop once and returns; callers advance time with
+    :meth:`advance`. Example::
+
+        clock = ManualClock()
+        processor = EventProcessor(..., clock=clock)
+        await processor.balance_once()
+        clock.advance(10)
+    """
+
+    def __init__(self, start: float = 0.0) -> None:
+        self._now = float(start)
+
+    def monotonic(self) -> float:
+        return self._now
+
+    def advance(self, seconds: float) -> None:
+        if seconds < 0:
+            raise ValueError("a clock cannot go backwards")
+        self._now += seconds
+
+    async def sleep(self, seconds: float) -> None:
+        await asyncio.sleep(0)
+
+    def __repr__(self) -> str:
+        return f"ManualClock(now={self._now})"
