@@ -467,7 +467,8 @@ class SparkSink:
         self._buffered_bytes += sum(len(e.body) for e in fresh)
         self._added.set()  # type: ignore[union-attr]
         # Back-pressure: one batch buffered while the previous one is being written.
-        while self._buffered_events >= self.max_events and not claim.lost:
+        while (self._buffered_events >= self.max_events or self._buffered_bytes >= self.max_bytes) \
+                and not claim.lost:
             self._space.clear()  # type: ignore[union-attr]
             await self._space.wait()  # type: ignore[union-attr]
 

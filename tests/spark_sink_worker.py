@@ -1,0 +1,65 @@
+"""A processor with a SparkSink in its own process, for the kill tests.
+
+The event log is deterministic: partition ``p`` holds ``--events`` events with bodies
+``p:i`` (a replayable log, like a real event hub's retention). Set
+``EVENTPROCESSOR_SPARK_KILL_AT`` to make the sink SIGKILL this process at that point of
+its first batch. Exits 0 once the commit log has every event of every partition.
+
+    python tests/spark_sink_worker.py --path /tmp/out --partitions 4 --events 500
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from eventprocessor import EventProcessor  # noqa: E402
+from eventprocessor.sources import MemoryEventSource  # noqa: E402
+from eventprocessor.spark import SparkSink, spark_session  # noqa: E402
+from stores import InMemoryCheckpointStore  # noqa: E402
+
+
+async def run(path: str, partitions: int, events: int, max_events: int, deadline: float) -> int:
+    source = MemoryEventSource(partitions)
+    for i in range(events):
+        for p in range(partitions):
+            source.append(f"{p}:{i}", partition_id=str(p))
+    spark = spark_session("local[2]", {"spark.sql.shuffle.partitions": "2"})
+    sink = SparkSink(path, spark=spark, max_events=max_events, max_interval=0.3)
+    processor = EventProcessor(source, InMemoryCheckpointStore(), sink, load_balancing_interval=0.2,
+                               partition_ownership_expiration_interval=5, max_batch_size=100)
+    await processor.start()
+    want = {str(p): events - 1 for p in range(partitions)}
+    try:
+        while time.monotonic() < deadline:
+            await asyncio.sleep(0.2)
+            if sink.commit_log is not None and sink.committed_high_water_marks() == want:
+                return 0
+        print("timed out", sink.committed_high_water_marks(), file=sys.stderr)
+        return 2
+    finally:
+        await processor.stop()
+        await sink.close()
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--path", required=True)
+    parser.add_argument("--partitions", type=int, default=4)
+    parser.add_argument("--events", type=int, default=200)
+    parser.add_argument("--max-events", type=int, default=300)
+    parser.add_argument("--timeout", type=float, default=120)
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    logging.getLogger("py4j").setLevel(logging.WARNING)
+    return asyncio.run(run(args.path, args.partitions, args.events, args.max_events,
+                           time.monotonic() + args.timeout))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,313 @@
+"""The Spark sink end to end: real Spark (one session for the run), real Parquet, the
+in-memory event source and store, and real processes killed with SIGKILL."""
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Callable, Dict, List, Tuple
+
+import pyarrow as pa
+import pytest
+
+from eventprocessor import EventProcessor, LoadBalancingStrategy
+from eventprocessor.clock import ManualClock
+from eventprocessor.sources import MemoryEventSource
+from eventprocessor.spark import EVENT_SCHEMA, MicroBatch, SparkSink, events_to_table, json_body
+from eventprocessor.spark.sink import STAGING_DIR
+from stores import InMemoryCheckpointStore
+from tests.conftest import unavailable
+
+ROOT = Path(__file__).resolve().parent.parent
+WORKER = Path(__file__).resolve().parent / "spark_sink_worker.py"
+
+pytestmark = pytest.mark.spark
+
+
+@pytest.fixture(scope="session")
+def spark():
+    """One SparkSession for the whole test run (starting one takes ~8 s)."""
+    try:
+        import pyspark  # noqa: F401
+    except ImportError:
+        unavailable("pyspark is not installed")
+    if not (shutil.which("java") or os.environ.get("JAVA_HOME")):
+        unavailable("Java is not installed (PySpark needs it)")
+    from eventprocessor.spark import spark_session
+
+    try:
+        session = spark_session("local[2]", {"spark.sql.shuffle.partitions": "2", "spark.default.parallelism": "2"})
+    except Exception as error:  # the JVM did not start
+        unavailable(f"Spark could not start: {error!r}")
+        raise
+    yield session
+    session.stop()
+
+
+async def wait_until(condition: Callable[[], bool], what: str, timeout: float = 90.0) -> None:
+    """A safety bound, not a speed assertion: fails only if the condition never holds."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"gave up waiting for {what}")
+        await asyncio.sleep(0.05)
+
+
+def read_rows(spark, path) -> List[Tuple[str, int, bytes]]:
+    rows = spark.read.parquet(str(path)).select("partition_id", "sequence_number", "body").collect()
+    return [(str(r.partition_id), int(r.sequence_number), bytes(r.body)) for r in rows]
+
+
+def assert_exactly_once(rows, expected: Dict[Tuple[str, int], bytes]) -> None:
+    counts = Counter((pid, seq) for pid, seq, _ in rows)
+    duplicates = {k: n for k, n in counts.items() if n > 1}
+    assert not duplicates, f"{len(duplicates)} events written more than once, e.g. {sorted(duplicates)[:5]}"
+    missing = set(expected) - set(counts)
+    assert not missing, f"{len(missing)} events missing, e.g. {sorted(missing)[:5]}"
+    assert len(rows) == len(expected)
+    for pid, seq, body in rows:
+        assert body == expected[(pid, seq)]
+
+
+def fill(source: MemoryEventSource, per_partition: int, start: int = 0) -> Dict[Tuple[str, int], bytes]:
+    expected = {}
+    for i in range(start, start + per_partition):
+        for p in range(source.partition_count):
+            event = source.append(json.dumps({"p": p, "i": i}), partition_id=str(p), properties={"i": i})
+            expected[(str(p), event.sequence_number)] = event.body
+    return expected
+
+
+# ---------------------------------------------------------------- no Spark needed
+
+
+def test_events_become_arrow_columns_with_the_documented_schema():
+    source = MemoryEventSource(2)
+    a = source.append(b"\x00\x01", partition_id="0", properties={"n": 1, "b": b"x", "s": "y"})
+    b = source.append("hi", partition_key="device-7")
+    table = events_to_table([("0", [a]), (source.partition_for_key("device-7"), [b])])
+    assert table.schema == EVENT_SCHEMA
+    assert table.num_rows == 2
+    assert table["body"].to_pylist() == [b"\x00\x01", b"hi"]
+    assert table["partition_key"].to_pylist() == [None, "device-7"]
+    assert dict(table["properties"][0].as_py()) == {"n": "1", "b": "x", "s": "y"}
+    assert table["properties"][1].as_py() is None
+    assert table["sequence_number"].to_pylist() == [a.sequence_number, b.sequence_number]
+
+
+def test_json_body_decodes_columns_or_a_struct_in_one_pass():
+    source = MemoryEventSource(1)
+    events = [source.append(json.dumps({"user": f"u{i}", "amount": i / 2}, indent=2)) for i in range(3)]
+    table = events_to_table([("0", events)])
+    schema = pa.schema([("user", pa.string()), ("amount", pa.float64()), ("absent", pa.int64())])
+    columns = json_body(schema)(table)
+    assert columns["user"].to_pylist() == ["u0", "u1", "u2"]
+    assert columns["amount"].to_pylist() == [0.0, 0.5, 1.0]
+    assert columns["absent"].to_pylist() == [None, None, None]
+    struct = json_body(schema, column="payload")(table)["payload"]
+    assert struct[1].as_py() == {"user": "u1", "amount": 0.5, "absent": None}
+
+
+def test_bad_configuration_is_named():
+    from eventprocessor.errors import ConfigurationError
+
+    with pytest.raises(ConfigurationError, match="checkpoint_location"):
+        SparkSink(foreach_batch=lambda df, batch_id: None)
+    with pytest.raises(ConfigurationError, match="max_events"):
+        SparkSink("/tmp/x", max_events=0)
+    with pytest.raises(ConfigurationError, match="POSIX"):
+        SparkSink("s3://bucket/table")
+    with pytest.raises(ConfigurationError, match="either path"):
+        SparkSink("/tmp/x", foreach_batch=lambda df, batch_id: None, checkpoint_location="/tmp/y")
+
+
+def test_importing_eventprocessor_does_not_import_pyspark():
+    code = "import sys, eventprocessor, stores; assert 'pyspark' not in sys.modules; print('ok')"
+    result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert result.stdout.strip() == "ok", result.stderr
+
+
+# ---------------------------------------------------------------- with Spark
+
+
+async def test_four_partitions_into_parquet_every_event_exactly_once(spark, tmp_path):
+    source = MemoryEventSource(4)
+    expected = fill(source, 150)
+    out = tmp_path / "table"
+    sink = SparkSink(out, spark=spark, max_events=250, max_interval=0.3,
+                     decode=json_body(pa.schema([("p", pa.int64()), ("i", pa.int64())])))
+    store = InMemoryCheckpointStore()
+    processor = EventProcessor(source, store, sink, load_balancing_interval=0.2,
+                               partition_ownership_expiration_interval=5, max_batch_size=50)
+    await processor.start()
+    await wait_until(lambda: sink.events_committed >= len(expected), "all events committed")
+    expected.update(fill(source, 20, start=150))  # more while running
+    await wait_until(lambda: sink.events_committed >= len(expected), "the late events committed")
+    await processor.stop()
+    await sink.close()
+
+    assert_exactly_once(read_rows(spark, out), expected)
+    df = spark.read.parquet(str(out))
+    assert {f.name: f.dataType.simpleString() for f in df.schema.fields} == {
+        "sequence_number": "bigint", "offset": "string", "enqueued_time": "timestamp", "partition_key": "string",
+        "body": "binary", "properties": "map<string,string>", "p": "bigint", "i": "bigint",
+        "partition_id": "string"}
+    sample = df.where("partition_id = '2' AND i = 7").collect()[0]
+    assert (sample.p, sample.properties["i"]) == (2, "7")
+    assert sorted(p.name for p in out.iterdir() if not p.name.startswith("_")) == [
+        f"partition_id={p}" for p in range(4)]
+    assert not any((out / STAGING_DIR).iterdir())
+    # Checkpoints advanced to the end of every partition, only through committed batches.
+    checkpoints = {c.partition_id: c.sequence_number for c in await store.list_checkpoints(
+        source.fully_qualified_namespace, source.eventhub_name, "$default")}
+    assert checkpoints == {str(p): source.last_sequence_number(str(p)) for p in range(4)}
+    assert sink.committed_high_water_marks() == checkpoints
+
+
+async def test_foreach_batch_gets_batches_cut_by_events_bytes_and_interval(spark, tmp_path):
+    source = MemoryEventSource(1)
+    for i in range(250):
+        source.append(b"x" * 100, partition_id="0")
+    seen: List[Tuple[int, int, MicroBatch]] = []
+
+    def foreach_batch(df, batch_id, batch):
+        seen.append((batch_id, df.count(), batch))
+
+    sink = SparkSink(foreach_batch=foreach_batch, checkpoint_location=tmp_path / "log", spark=spark,
+                     max_events=100, max_interval=0.5)
+    processor = EventProcessor(source, InMemoryCheckpointStore(), sink, load_balancing_interval=0.2,
+                               partition_ownership_expiration_interval=5, max_batch_size=50)
+    await processor.start()
+    await wait_until(lambda: sink.events_committed >= 250, "250 events")
+    # Then max_bytes alone (the interval is longer than the test may wait): 25 bodies
+    # of 100 bytes, delivered 50 at a time.
+    sink.max_events, sink.max_interval, sink.max_bytes = 10_000, 600.0, 2500
+    for i in range(100):
+        source.append(b"y" * 100, partition_id="0")
+    await wait_until(lambda: sink.events_committed >= 350, "350 events")
+    await processor.stop()
+    await sink.close()
+
+    assert [count for _, count, _ in seen] == [100, 100, 50, 50, 50]
+    assert [batch.event_count for _, _, batch in seen] == [100, 100, 50, 50, 50]
+    batch_ids = [batch_id for batch_id, _, _ in seen]
+    assert batch_ids == sorted(set(batch_ids))
+    ranges = [(b.ranges["0"].first_sequence_number, b.ranges["0"].last_sequence_number) for _, _, b in seen]
+    assert ranges == [(0, 99), (100, 199), (200, 249), (250, 299), (300, 349)]
+
+
+async def test_two_processors_with_one_stopped_mid_stream_write_each_event_once(spark, tmp_path):
+    source = MemoryEventSource(4)
+    expected = fill(source, 100)
+    out = tmp_path / "table"
+    store = InMemoryCheckpointStore()
+
+    def make(owner: str) -> Tuple[EventProcessor, SparkSink]:
+        sink = SparkSink(out, spark=spark, max_events=120, max_interval=0.2)
+        return EventProcessor(source, store, sink, owner_id=owner, load_balancing_interval=0.2,
+                              partition_ownership_expiration_interval=3, max_batch_size=20), sink
+
+    first, first_sink = make("first")
+    second, second_sink = make("second")
+    await first.start()
+    await wait_until(lambda: len(first.owned_partitions) == 4, "the first processor to own everything")
+    await second.start()  # steals half of the partitions, possibly mid-batch
+    producing = True
+
+    async def produce() -> None:
+        i = 100
+        while producing and i < 400:
+            expected.update(fill(source, 5, start=i))
+            i += 5
+            await asyncio.sleep(0.05)
+
+    producer = asyncio.create_task(produce())
+    await wait_until(lambda: len(second.owned_partitions) == 2 and len(first.owned_partitions) == 2,
+                     "a balanced split")
+    await wait_until(lambda: first_sink.events_committed > 0 and second_sink.events_committed > 0,
+                     "both processors to commit")
+    await first.stop(release=False)  # like a crash: its records have to expire first
+    await wait_until(lambda: len(second.owned_partitions) == 4, "the second processor to take over")
+    producing = False
+    await producer
+    total = len(expected)
+    await wait_until(lambda: sum(second_sink.committed_high_water_marks().get(str(p), -1) + 1
+                                 for p in range(4)) == total, "everything committed")
+    await second.stop()
+    await first_sink.close()
+    await second_sink.close()
+    assert_exactly_once(read_rows(spark, out), expected)
+
+
+async def test_an_owner_that_lost_its_partition_mid_batch_writes_none_of_it(spark, tmp_path):
+    """The zombie: its own clock says it still owns the partition (no self-fencing
+    yet), but another processor has claimed it. Its batch is blocked in the middle
+    until the new owner has fenced and written; then it must not commit."""
+    source = MemoryEventSource(1)
+    expected = fill(source, 100)
+    out = tmp_path / "table"
+    store = InMemoryCheckpointStore()
+    entered, release = threading.Event(), threading.Event()
+
+    def stall_first_batch(table: pa.Table) -> dict:
+        entered.set()
+        release.wait(60)
+        return {}
+
+    zombie_sink = SparkSink(out, spark=spark, decode=stall_first_batch, max_events=1000, max_interval=0.1)
+    zombie = EventProcessor(source, store, zombie_sink, owner_id="zombie", clock=ManualClock(),
+                            load_balancing_interval=0.5, partition_ownership_expiration_interval=1.5)
+    await zombie.balance_once()  # claims the partition and never renews it
+    await wait_until(entered.is_set, "the zombie's batch to start")
+
+    sink = SparkSink(out, spark=spark, max_events=1000, max_interval=0.1)
+    successor = EventProcessor(source, store, sink, owner_id="successor", load_balancing_interval=0.2,
+                               partition_ownership_expiration_interval=1.5,
+                               load_balancing_strategy=LoadBalancingStrategy.GREEDY)
+    await successor.start()
+    await wait_until(lambda: sink.events_committed == 100, "the successor to commit everything")
+    release.set()
+    await zombie_sink.close()  # waits for the zombie's batch to end
+    assert zombie_sink.batches_committed == 0
+    assert sink.committed_high_water_marks() == {"0": 99}
+    await successor.stop()
+    await zombie.stop(release=False)
+    await sink.close()
+    assert_exactly_once(read_rows(spark, out), expected)
+    assert not any((out / STAGING_DIR).iterdir())
+
+
+@pytest.mark.slow
+def test_sigkill_at_every_step_of_a_batch_then_restart_writes_each_event_once(spark, tmp_path):
+    """Three processes die by SIGKILL in their first batch: after the data is staged
+    (before the commit), after the commit (before the files move), and after the files
+    moved (before the store checkpoint). A fourth finishes. Each event is in the table
+    once."""
+    out = tmp_path / "table"
+    partitions, events = 4, 120
+    env = dict(os.environ, PYTHONPATH=str(ROOT), SPARK_LOCAL_IP="127.0.0.1")
+    logs = []
+    for kill_at in ("after_write", "after_commit", "after_publish", None):
+        run_env = dict(env)
+        if kill_at:
+            run_env["EVENTPROCESSOR_SPARK_KILL_AT"] = kill_at
+        result = subprocess.run(
+            [sys.executable, str(WORKER), "--path", str(out), "--partitions", str(partitions),
+             "--events", str(events), "--max-events", "200"],
+            env=run_env, cwd=ROOT, capture_output=True, text=True, timeout=240)
+        logs.append(result.stderr[-3000:])
+        if kill_at:
+            assert result.returncode == -9, f"expected SIGKILL at {kill_at}:\n{result.stderr[-3000:]}"
+        else:
+            assert result.returncode == 0, result.stderr[-3000:]
+    assert "rolled committed batch" in logs[2], "the batch committed before the kill was not rolled forward"
+    expected = {(str(p), i): f"{p}:{i}".encode() for p in range(partitions) for i in range(events)}
+    assert_exactly_once(read_rows(spark, out), expected)
+    assert not any((out / STAGING_DIR).iterdir())
