@@ -186,8 +186,8 @@ async def test_foreach_batch_gets_batches_cut_by_events_bytes_and_interval(spark
                                partition_ownership_expiration_interval=5, max_batch_size=50)
     await processor.start()
     await wait_until(lambda: sink.events_committed >= 250, "250 events")
-    # Then max_bytes alone (the interval is longer than the test may wait): 25 bodies
-    # of 100 bytes, delivered 50 at a time.
+    # Then max_bytes alone (the interval is longer than the test may wait): at most
+    # 25 bodies of 100 bytes per batch, delivered 50 at a time.
     sink.max_events, sink.max_interval, sink.max_bytes = 10_000, 600.0, 2500
     for i in range(100):
         source.append(b"y" * 100, partition_id="0")
@@ -195,12 +195,12 @@ async def test_foreach_batch_gets_batches_cut_by_events_bytes_and_interval(spark
     await processor.stop()
     await sink.close()
 
-    assert [count for _, count, _ in seen] == [100, 100, 50, 50, 50]
-    assert [batch.event_count for _, _, batch in seen] == [100, 100, 50, 50, 50]
+    assert [count for _, count, _ in seen] == [100, 100, 50, 25, 25, 25, 25]
+    assert [batch.event_count for _, _, batch in seen] == [100, 100, 50, 25, 25, 25, 25]
     batch_ids = [batch_id for batch_id, _, _ in seen]
     assert batch_ids == sorted(set(batch_ids))
     ranges = [(b.ranges["0"].first_sequence_number, b.ranges["0"].last_sequence_number) for _, _, b in seen]
-    assert ranges == [(0, 99), (100, 199), (200, 249), (250, 299), (300, 349)]
+    assert ranges == [(0, 99), (100, 199), (200, 249), (250, 274), (275, 299), (300, 324), (325, 349)]
 
 
 async def test_two_processors_with_one_stopped_mid_stream_write_each_event_once(spark, tmp_path):

@@ -60,31 +60,23 @@ def events_to_table(batches: Sequence[Tuple[str, Sequence[Event]]]) -> pa.Table:
         assert table.schema == EVENT_SCHEMA
     """
     partition_ids: List[pa.Array] = []
-    sequence_numbers: List[int] = []
-    offsets: List[str] = []
-    enqueued: List[object] = []
-    keys: List[Optional[str]] = []
-    bodies: List[bytes] = []
-    properties: List[object] = []
-    for partition_id, events in batches:
-        partition_ids.append(pa.repeat(pa.scalar(partition_id, pa.string()), len(events)))
-        for event in events:
-            sequence_numbers.append(event.sequence_number)
-            offsets.append(event.offset)
-            enqueued.append(event.enqueued_time)
-            keys.append(event.partition_key)
-            bodies.append(event.body)
-            props = event.properties
-            properties.append([(str(k), _property_value(v)) for k, v in props.items()] if props else None)
+    events: List[Event] = []
+    for partition_id, partition_events in batches:
+        partition_ids.append(pa.repeat(pa.scalar(partition_id, pa.string()), len(partition_events)))
+        events.extend(partition_events)
     pid = pa.concat_arrays(partition_ids) if partition_ids else pa.array([], pa.string())
+    # One comprehension per column: several times faster than one loop filling them all.
+    properties = [
+        [(str(k), _property_value(v)) for k, v in e.properties.items()] if e.properties else None for e in events
+    ]
     return pa.Table.from_arrays(
         [
             pid,
-            pa.array(sequence_numbers, pa.int64()),
-            pa.array(offsets, pa.string()),
-            pa.array(enqueued, pa.timestamp("us", tz="UTC")),
-            pa.array(keys, pa.string()),
-            pa.array(bodies, pa.binary()),
+            pa.array([e.sequence_number for e in events], pa.int64()),
+            pa.array([e.offset for e in events], pa.string()),
+            pa.array([e.enqueued_time for e in events], pa.timestamp("us", tz="UTC")),
+            pa.array([e.partition_key for e in events], pa.string()),
+            pa.array([e.body for e in events], pa.binary()),
             pa.array(properties, EVENT_SCHEMA.field("properties").type),
         ],
         schema=EVENT_SCHEMA,

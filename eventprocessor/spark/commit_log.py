@@ -260,6 +260,20 @@ class CommitLog:
         with self._lock:
             return self._state.pending.get(version)
 
+    def batches(self) -> List[Tuple[int, Optional[str], Tuple[PartitionRange, ...]]]:
+        """Every batch in the log, read from disk: ``(batch_id, outcome, ranges)``,
+        outcome ``None`` while pending. For tools and audits; it reads the whole log."""
+        found = []
+        for path in sorted(self.location.glob("*.json")):
+            entry = self._read(path)
+            if entry is None or entry.get("type") != "batch":
+                continue
+            version = int(path.stem)
+            outcome = self._read(self._outcome_path(version))
+            found.append((version, None if outcome is None else outcome["outcome"],
+                          tuple(PartitionRange.from_json(r) for r in entry["ranges"])))
+        return found
+
     # -- writing ---------------------------------------------------------------------
 
     def _append(self, payload: dict, validate) -> int:

@@ -1,0 +1,205 @@
+"""Spark sink throughput: events through the sink into Parquet, against Spark writing the
+same rows directly.
+
+Run it with ``python -m benchmarks.spark_sink`` (or ``eventprocessor bench spark-sink``).
+In one run, with one local SparkSession:
+
+* **direct**: the very batches the sink cut (same events, read back from its commit
+  log), already built as Spark DataFrames (from Arrow, before the clock starts),
+  appended to Parquet partitioned by ``partition_id``, one ``write`` per batch. This
+  is the cost of Spark alone.
+* **sink**: the events in a ``MemoryEventSource``, consumed by an ``EventProcessor``
+  whose handler is a ``SparkSink`` cutting batches of ``--batch`` events; the clock
+  runs from ``start()`` until the commit log holds every event. It includes the
+  processor, the event -> Arrow conversion, the commit log, staging and moving the
+  files, and the store checkpoints.
+
+Each round runs the sink, then direct on its batches, for ``--rounds`` rounds after a
+warm-up of each, and the
+median rows/s of each is reported with their ratio (target: sink >= 0.8 x direct at
+batches of 10k events). Results go to ``benchmarks/RESULTS.md`` (section
+``spark_sink``).
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import shlex
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, List, Optional, Sequence, Tuple
+
+__all__ = ["main", "Round"]
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Round:
+    direct_rows_per_s: float
+    sink_rows_per_s: float
+
+    @property
+    def ratio(self) -> float:
+        return self.sink_rows_per_s / self.direct_rows_per_s
+
+
+def _fill(source: Any, events: int, body_size: int) -> None:
+    partitions = source.partition_count
+    pad = "x" * max(0, body_size - 60)
+    for i in range(events):
+        body = json.dumps({"device": f"d{i % 997}", "reading": i * 0.5, "pad": pad})
+        source.append(body, partition_id=str(i % partitions), properties={"kind": "reading"})
+
+
+def _direct(spark: Any, source: Any, out: Path, batches: Sequence[Sequence[Any]]) -> float:
+    """Rows/s of Spark appending the same batches (same events, same partitions),
+    their DataFrames built beforehand."""
+    from eventprocessor.spark import events_to_table
+
+    frames = []
+    for ranges in batches:
+        parts = []
+        for r in ranges:
+            events = source.events(r.partition_id)
+            first = next(i for i, e in enumerate(events) if e.sequence_number == r.first_sequence_number)
+            parts.append((r.partition_id, events[first:first + r.count]))
+        table = events_to_table(parts)
+        frames.append((table.num_rows, spark.createDataFrame(table)))
+    began = time.perf_counter()
+    rows = 0
+    for count, df in frames:
+        df.write.mode("append").partitionBy("partition_id").parquet(str(out))
+        rows += count
+    return rows / (time.perf_counter() - began)
+
+
+async def _sink(spark: Any, source: Any, out: Path, batch: int) -> Tuple[float, List[Sequence[Any]]]:
+    """Rows/s through EventProcessor + SparkSink until the commit log has every event,
+    and the batches it cut (their ranges)."""
+    from eventprocessor import EventProcessor
+    from eventprocessor.spark import SparkSink
+    from stores import InMemoryCheckpointStore
+
+    partitions = [str(p) for p in range(source.partition_count)]
+    want = {p: source.last_sequence_number(p) for p in partitions}
+    total = sum(len(source.events(p)) for p in partitions)
+    sink = SparkSink(out, spark=spark, max_events=batch, max_bytes=1 << 40, max_interval=5.0)
+    processor = EventProcessor(source, InMemoryCheckpointStore(), sink, load_balancing_interval=0.05,
+                               partition_ownership_expiration_interval=30, max_batch_size=1000, prefetch=1000)
+    began = time.perf_counter()
+    await processor.start()
+    try:
+        while sink.events_committed < total:
+            await asyncio.sleep(0.01)
+        elapsed = time.perf_counter() - began
+    finally:
+        await processor.stop()
+        await sink.close()
+    if sink.committed_high_water_marks() != want:
+        raise RuntimeError("the sink did not commit every event exactly once")
+    batches = [ranges for _id, outcome, ranges in sink.commit_log.batches() if outcome == "committed"]
+    return total / elapsed, batches
+
+
+def _count_rows(spark: Any, path: Path) -> int:
+    return spark.read.parquet(str(path)).count()
+
+
+def measure(events: int, batch: int, partitions: int, rounds: int, body_size: int,
+            master: str) -> List[Round]:
+    from eventprocessor.sources import MemoryEventSource
+    from eventprocessor.spark import spark_session
+
+    spark = spark_session(master, {"spark.sql.shuffle.partitions": str(partitions)})
+    spark.sparkContext.setLogLevel("ERROR")
+    workdir = Path(tempfile.mkdtemp(prefix="spark-sink-bench-"))
+    results: List[Round] = []
+    try:
+        def fresh_source(n: int) -> Any:
+            source = MemoryEventSource(partitions)
+            _fill(source, n, body_size)
+            return source
+
+        warm = fresh_source(min(events, 2 * batch))
+        _rate, warm_batches = asyncio.run(_sink(spark, warm, workdir / "warm-sink", batch))
+        _direct(spark, warm, workdir / "warm-direct", warm_batches)
+        for r in range(rounds):
+            source = fresh_source(events)
+            sink, batches = asyncio.run(_sink(spark, source, workdir / f"sink-{r}", batch))
+            direct = _direct(spark, source, workdir / f"direct-{r}", batches)
+            if _count_rows(spark, workdir / f"sink-{r}") != events:
+                raise RuntimeError("the sink's table does not hold every event once")
+            results.append(Round(direct, sink))
+            print(f"round {r + 1}: direct {direct:,.0f} rows/s, sink {sink:,.0f} rows/s, ratio {sink / direct:.2f}")
+            shutil.rmtree(workdir / f"direct-{r}", ignore_errors=True)
+            shutil.rmtree(workdir / f"sink-{r}", ignore_errors=True)
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    return results
+
+
+def _markdown(results: Sequence[Round], args: argparse.Namespace, command: str) -> str:
+    from benchmarks.results import machine_line
+
+    direct = statistics.median(r.direct_rows_per_s for r in results)
+    sink = statistics.median(r.sink_rows_per_s for r in results)
+    ratio = statistics.median(r.ratio for r in results)
+    verdict = "meets" if ratio >= 0.8 else "misses"
+    lines = [
+        "## Spark sink: rows/s into Parquet",
+        "",
+        f"`{command}`. {machine_line()}",
+        f"{args.events:,} events per round over {args.partitions} partitions, bodies of ~{args.body_size} bytes "
+        f"(JSON) plus one property, micro-batches of {args.batch:,} events, Parquet partitioned by "
+        f"`partition_id`, master `{args.master}`. Median of {len(results)} rounds (sink, then Spark on the sink's "
+        "own batches) after a warm-up.",
+        "",
+        "| path | rows/s (median) |",
+        "|---|---:|",
+        f"| Spark writing the same batches from ready DataFrames (direct) | {direct:,.0f} |",
+        f"| EventProcessor + SparkSink (exactly-once Parquet) | {sink:,.0f} |",
+        f"| **ratio sink / direct** | **{ratio:.2f}** ({verdict} the 0.8 target) |",
+        "",
+        "Per round: " + ", ".join(f"{r.ratio:.2f}" for r in results) + ".",
+        "The sink's time includes reading from the source, event -> Arrow conversion, the commit log "
+        "(plan, outcome), staging and moving the files, and one fenced checkpoint per partition per batch.",
+    ]
+    return "\n".join(lines)
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.spark_sink", description=__doc__.split("\n")[0])
+    parser.add_argument("--events", type=int, default=100_000, help="events per round (default 100000)")
+    parser.add_argument("--batch", type=int, default=10_000, help="events per micro-batch (default 10000)")
+    parser.add_argument("--partitions", type=int, default=4)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--body-size", type=int, default=120)
+    parser.add_argument("--master", default="local[2]")
+    parser.add_argument("--no-record", action="store_true", help="print only; leave RESULTS.md alone")
+    args = parser.parse_args(argv)
+    if args.events < args.batch or args.batch < args.partitions:
+        parser.error("need events >= batch >= partitions")
+    logging.basicConfig(level=logging.WARNING)
+    results = measure(args.events, args.batch, args.partitions, args.rounds, args.body_size, args.master)
+    command = "python -m benchmarks.spark_sink" + (" " + shlex.join(argv if argv is not None else sys.argv[1:])
+                                                   if (argv if argv is not None else sys.argv[1:]) else "")
+    markdown = _markdown(results, args, command)
+    print(markdown)
+    if not args.no_record:
+        from benchmarks.results import write_section
+
+        path = write_section("spark_sink", markdown)
+        print(f"recorded in {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
