@@ -1,0 +1,589 @@
+"""Checkpoint-store benchmark: our stores against the official blob store, on one Azurite.
+
+Run it with ``python -m benchmarks.store_bench`` (or ``eventprocessor bench store_bench``).
+It starts its own Azurite on free loopback ports, and for each partition count (32 and
+1024 by default) measures, store after store in the same run:
+
+* claims/s: claiming every partition from nothing (create-if-absent), then re-claiming
+  every partition with its etag (the renewal every tick does);
+* checkpoints/s: steady-state checkpoint writes by the owner (after one untimed write
+  per partition, so first-write creates are not counted);
+* list-ownership latency: median and p95 of repeated listings of all N records;
+* HTTP requests per operation, counted at the transport.
+
+The stores: our ``BlobCheckpointStore`` (fenced checkpoints), the official
+``azure-eventhub-checkpointstoreblob-aio`` ``BlobCheckpointStore`` (unfenced, dict API),
+our ``TableCheckpointStore`` when it is importable, and optionally the in-memory store
+(``--stores memory`` runs the harness without Azurite, as a dry run). Every measurement
+is bounded in operation count; concurrency is fixed and printed with the results. The
+cost of fencing is reported as ratios of our fenced checkpoint throughput and requests
+to the official store's unfenced ones.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import shlex
+import statistics
+import sys
+import time
+import uuid
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, List, Optional, Sequence
+
+from azure.core.pipeline.transport import AioHttpTransport
+
+from eventprocessor.records import Checkpoint, Ownership
+
+from .results import machine_line, write_section
+
+__all__ = ["main", "CountingTransport", "StoreResult"]
+
+logger = logging.getLogger(__name__)
+
+NAMESPACE = "bench.servicebus.windows.net"
+EVENTHUB = "hub"
+CONSUMER_GROUP = "$default"
+OWNER = "bench-owner"
+
+DEFAULT_PARTITIONS = (32, 1024)
+DEFAULT_CONCURRENCY = 16
+DEFAULT_CHECKPOINT_OPS = 256
+DEFAULT_LIST_REPEATS = 15
+ALL_STORES = ("ours-blob", "official-blob", "ours-table")
+
+
+class CountingTransport(AioHttpTransport):
+    """An aiohttp transport that counts the HTTP requests it sends, by method.
+
+    Passed as ``transport=`` to the Azure clients, so every attempt (retries included)
+    is counted the same way for every store, without touching their code.
+    """
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.requests: Counter = Counter()
+
+    async def send(self, request: Any, **kwargs: Any) -> Any:  # type: ignore[override]
+        self.requests[request.method] += 1
+        return await super().send(request, **kwargs)
+
+    @property
+    def total(self) -> int:
+        return sum(self.requests.values())
+
+
+# --------------------------------------------------------------------------- adapters
+
+
+class StoreUnderTest:
+    """One store behind a uniform, per-partition interface the harness times.
+
+    The adapter keeps the records it won so that re-claims and checkpoints use the
+    etag / epoch the store handed back, the way a processor would.
+    """
+
+    name: str = "?"
+    fenced: bool = False
+
+    async def open(self) -> None:
+        """Create what the store needs (container, table) before timing starts."""
+
+    async def close(self) -> None:
+        """Release the store's connections."""
+
+    def request_total(self) -> Optional[int]:
+        """Requests sent so far, or None when the store cannot be counted."""
+        return None
+
+    async def create_claim(self, partition_id: str) -> bool:
+        raise NotImplementedError
+
+    async def reclaim(self, partition_id: str) -> bool:
+        raise NotImplementedError
+
+    async def checkpoint(self, partition_id: str, sequence_number: int) -> None:
+        raise NotImplementedError
+
+    async def list_ownership(self) -> int:
+        raise NotImplementedError
+
+
+class ContractStore(StoreUnderTest):
+    """Any of our stores, through the ``CheckpointStore`` contract (records, epochs)."""
+
+    fenced = True
+
+    def __init__(
+        self,
+        name: str,
+        store: Any,
+        *,
+        request_total: Callable[[], Optional[int]],
+        on_close: Optional[Callable[[], Any]] = None,
+    ) -> None:
+        self.name = name
+        self._store = store
+        self._request_total = request_total
+        self._on_close = on_close
+        self._owned: Dict[str, Ownership] = {}
+
+    async def open(self) -> None:
+        # A listing makes stores that create their container/table lazily do it now,
+        # outside the timed phases.
+        await self._store.list_ownership(NAMESPACE, EVENTHUB, CONSUMER_GROUP)
+
+    async def close(self) -> None:
+        await self._store.close()
+        if self._on_close is not None:
+            await self._on_close()
+
+    def request_total(self) -> Optional[int]:
+        return self._request_total()
+
+    async def create_claim(self, partition_id: str) -> bool:
+        claim = Ownership(NAMESPACE, EVENTHUB, CONSUMER_GROUP, partition_id, OWNER, epoch=1)
+        won = await self._store.claim_ownership([claim])
+        for record in won:
+            self._owned[record.partition_id] = record
+        return bool(won)
+
+    async def reclaim(self, partition_id: str) -> bool:
+        won = await self._store.claim_ownership([self._owned[partition_id]])
+        for record in won:
+            self._owned[record.partition_id] = record
+        return bool(won)
+
+    async def checkpoint(self, partition_id: str, sequence_number: int) -> None:
+        record = self._owned[partition_id]
+        await self._store.update_checkpoint(
+            Checkpoint(NAMESPACE, EVENTHUB, CONSUMER_GROUP, partition_id, sequence_number, str(sequence_number)),
+            owner_id=record.owner_id,
+            epoch=record.epoch,
+        )
+
+    async def list_ownership(self) -> int:
+        listing = await self._store.list_ownership(NAMESPACE, EVENTHUB, CONSUMER_GROUP)
+        return len(listing.ownerships)
+
+
+class OfficialBlobStore(StoreUnderTest):
+    """``azure-eventhub-checkpointstoreblob-aio``: dict records, unfenced checkpoints.
+
+    Its vendored client rejects ``UseDevelopmentStorage=true``, so it gets the explicit
+    connection string; it does not create its container, so :meth:`open` does.
+    """
+
+    name = "official blob (unfenced)"
+    fenced = False
+
+    def __init__(self, connection_string: str, container: str) -> None:
+        from azure.eventhub.extensions.checkpointstoreblobaio import BlobCheckpointStore
+
+        self._connection_string = connection_string
+        self._container = container
+        self.transport = CountingTransport()
+        self._store = BlobCheckpointStore.from_connection_string(
+            connection_string, container, transport=self.transport
+        )
+        self._owned: Dict[str, Dict[str, Any]] = {}
+
+    async def open(self) -> None:
+        from azure.storage.blob.aio import ContainerClient
+
+        async with ContainerClient.from_connection_string(self._connection_string, self._container) as client:
+            await client.create_container()
+
+    async def close(self) -> None:
+        await self._store.close()
+
+    def request_total(self) -> Optional[int]:
+        return self.transport.total
+
+    def _claim(self, partition_id: str, etag: Optional[str]) -> Dict[str, Any]:
+        return {
+            "fully_qualified_namespace": NAMESPACE,
+            "eventhub_name": EVENTHUB,
+            "consumer_group": CONSUMER_GROUP,
+            "partition_id": partition_id,
+            "owner_id": OWNER,
+            "etag": etag,
+        }
+
+    async def create_claim(self, partition_id: str) -> bool:
+        won = list(await self._store.claim_ownership([self._claim(partition_id, None)]))
+        for record in won:
+            self._owned[record["partition_id"]] = record
+        return bool(won)
+
+    async def reclaim(self, partition_id: str) -> bool:
+        won = list(await self._store.claim_ownership([self._claim(partition_id, self._owned[partition_id]["etag"])]))
+        for record in won:
+            self._owned[record["partition_id"]] = record
+        return bool(won)
+
+    async def checkpoint(self, partition_id: str, sequence_number: int) -> None:
+        await self._store.update_checkpoint(
+            {
+                "fully_qualified_namespace": NAMESPACE,
+                "eventhub_name": EVENTHUB,
+                "consumer_group": CONSUMER_GROUP,
+                "partition_id": partition_id,
+                "sequence_number": sequence_number,
+                "offset": str(sequence_number),
+            }
+        )
+
+    async def list_ownership(self) -> int:
+        return len(list(await self._store.list_ownership(NAMESPACE, EVENTHUB, CONSUMER_GROUP)))
+
+
+# --------------------------------------------------------------------------- measuring
+
+
+@dataclass
+class Phase:
+    """One timed phase: how many operations, how long, how many requests."""
+
+    ops: int
+    seconds: float
+    requests: Optional[int]
+    failures: int = 0
+
+    @property
+    def per_second(self) -> float:
+        return self.ops / self.seconds if self.seconds > 0 else float("inf")
+
+    @property
+    def requests_per_op(self) -> Optional[float]:
+        return None if self.requests is None or not self.ops else self.requests / self.ops
+
+
+@dataclass
+class StoreResult:
+    store: str
+    fenced: bool
+    partitions: int
+    create: Phase
+    reclaim: Phase
+    checkpoint: Phase
+    list_ms: List[float] = field(default_factory=list)
+    list_requests: Optional[float] = None
+
+    @property
+    def list_median(self) -> float:
+        return statistics.median(self.list_ms)
+
+    @property
+    def list_p95(self) -> float:
+        if len(self.list_ms) < 2:
+            return self.list_ms[0]
+        return statistics.quantiles(self.list_ms, n=20, method="inclusive")[18]
+
+
+async def _run_sharded(
+    work: Sequence[Any], concurrency: int, operation: Callable[[Any], Any], shard: Callable[[Any], int]
+) -> int:
+    """Run ``operation`` over ``work`` on ``concurrency`` workers; return failures.
+
+    Each item goes to worker ``shard(item) % concurrency``, so one partition is only
+    ever written by one worker at a time, as with one owner per partition.
+    """
+    queues: List[List[Any]] = [[] for _ in range(concurrency)]
+    for item in work:
+        queues[shard(item) % concurrency].append(item)
+    failures = 0
+
+    async def worker(items: List[Any]) -> None:
+        nonlocal failures
+        for item in items:
+            if not await operation(item):
+                failures += 1
+
+    await asyncio.gather(*(worker(items) for items in queues if items))
+    return failures
+
+
+async def _timed(
+    adapter: StoreUnderTest,
+    work: Sequence[Any],
+    concurrency: int,
+    operation: Callable[[Any], Any],
+    shard: Callable[[Any], int],
+) -> Phase:
+    before = adapter.request_total()
+    start = time.perf_counter()
+    failures = await _run_sharded(work, concurrency, operation, shard)
+    seconds = time.perf_counter() - start
+    after = adapter.request_total()
+    requests = None if before is None or after is None else after - before
+    return Phase(ops=len(work), seconds=seconds, requests=requests, failures=failures)
+
+
+async def measure(
+    adapter: StoreUnderTest, partitions: int, *, concurrency: int, checkpoint_ops: int, list_repeats: int
+) -> StoreResult:
+    """All phases for one store at one partition count. The store must be fresh."""
+    ids = [str(i) for i in range(partitions)]
+    index = {pid: i for i, pid in enumerate(ids)}
+    by_partition = lambda pid: index[pid]  # noqa: E731
+
+    await adapter.open()
+    create = await _timed(adapter, ids, concurrency, adapter.create_claim, by_partition)
+    reclaim = await _timed(adapter, ids, concurrency, adapter.reclaim, by_partition)
+
+    # Checkpoints go to the first min(N, ops) partitions, round-robin; one untimed
+    # write each first, so the timed phase is the steady state (no first-write creates).
+    targets = ids[: min(partitions, checkpoint_ops)]
+
+    async def write(item: Any) -> bool:
+        partition_id, sequence_number = item
+        await adapter.checkpoint(partition_id, sequence_number)
+        return True
+
+    await _run_sharded([(pid, 0) for pid in targets], concurrency, write, lambda item: index[item[0]])
+    work = [(targets[k % len(targets)], k + 1) for k in range(checkpoint_ops)]
+    checkpoint = await _timed(adapter, work, concurrency, write, lambda item: index[item[0]])
+
+    list_ms: List[float] = []
+    before = adapter.request_total()
+    for _ in range(list_repeats):
+        start = time.perf_counter()
+        count = await adapter.list_ownership()
+        list_ms.append((time.perf_counter() - start) * 1000.0)
+        if count != partitions:
+            raise RuntimeError(f"{adapter.name}: listed {count} ownership records, expected {partitions}")
+    after = adapter.request_total()
+    list_requests = None if before is None or after is None else (after - before) / list_repeats
+    return StoreResult(
+        adapter.name, adapter.fenced, partitions, create, reclaim, checkpoint, list_ms, list_requests
+    )
+
+
+# --------------------------------------------------------------------------- stores
+
+
+def _contract_blob(connection_string: str, container: str) -> Optional[StoreUnderTest]:
+    try:
+        from stores.blob import BlobCheckpointStore
+    except ImportError as error:
+        logger.warning("our BlobCheckpointStore is not available: %s", error)
+        return None
+    transport = CountingTransport()
+    store = BlobCheckpointStore.from_connection_string(connection_string, container, transport=transport)
+    return ContractStore("ours blob (fenced)", store, request_total=lambda: transport.total)
+
+
+def _contract_table(connection_string: str, table: str) -> Optional[StoreUnderTest]:
+    try:
+        from stores.table import TableCheckpointStore
+    except ImportError as error:
+        logger.warning("our TableCheckpointStore is not available: %s", error)
+        return None
+    transport = CountingTransport()
+    store = TableCheckpointStore.from_connection_string(connection_string, table, transport=transport)
+    return ContractStore("ours table (fenced)", store, request_total=lambda: transport.total)
+
+
+def _memory() -> StoreUnderTest:
+    from stores import InMemoryCheckpointStore
+
+    store = InMemoryCheckpointStore()
+    return ContractStore(
+        "ours in-memory (fenced)", store, request_total=lambda: sum(store.request_counts.values())
+    )
+
+
+def _make(kind: str, connection_string: Optional[str], partitions: int) -> Optional[StoreUnderTest]:
+    suffix = f"{partitions}{uuid.uuid4().hex[:8]}"
+    if kind == "memory":
+        return _memory()
+    assert connection_string is not None
+    if kind == "ours-blob":
+        return _contract_blob(connection_string, f"bench-ours-{suffix}")
+    if kind == "official-blob":
+        return OfficialBlobStore(connection_string, f"bench-official-{suffix}")
+    if kind == "ours-table":
+        return _contract_table(connection_string, f"benchours{suffix}")
+    raise ValueError(f"unknown store {kind!r}")
+
+
+# --------------------------------------------------------------------------- report
+
+
+def _fmt(value: Optional[float], digits: int = 1) -> str:
+    return "n/a" if value is None else f"{value:.{digits}f}"
+
+
+def _ratio(a: Optional[float], b: Optional[float]) -> str:
+    if a is None or b is None or b == 0:
+        return "n/a"
+    return f"{a / b:.2f}x"
+
+
+def render(results: List[StoreResult], *, command: str, concurrency: int, checkpoint_ops: int, list_repeats: int) -> str:
+    lines = [
+        "## Checkpoint stores on Azurite (`store_bench`)",
+        "",
+        f"Command: `{command}`",
+        "",
+        machine_line(),
+        "",
+        f"Azurite (in-memory persistence) on 127.0.0.1, started by the benchmark. Concurrency: "
+        f"{concurrency} workers, each owning a disjoint set of partitions. Claims: every partition "
+        f"created once, then re-claimed once with its etag. Checkpoints: {checkpoint_ops} timed "
+        f"steady-state writes per store and partition count (after one untimed write per target "
+        f"partition). Listing: {list_repeats} sequential listings of all records. Requests are HTTP "
+        f"requests counted at the transport (retries included).",
+        "",
+        "| Store | Partitions | create claims/s | req/create | re-claims/s | req/re-claim | "
+        "checkpoints/s | req/checkpoint | list median ms | list p95 ms |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in results:
+        lines.append(
+            f"| {r.store} | {r.partitions} | {r.create.per_second:.0f} | {_fmt(r.create.requests_per_op, 2)} | "
+            f"{r.reclaim.per_second:.0f} | {_fmt(r.reclaim.requests_per_op, 2)} | "
+            f"{r.checkpoint.per_second:.0f} | {_fmt(r.checkpoint.requests_per_op, 2)} | "
+            f"{r.list_median:.1f} | {r.list_p95:.1f} |"
+        )
+    failures = [r for r in results if r.create.failures or r.reclaim.failures]
+    if failures:
+        lines += ["", "Lost claims (should be 0 with one owner): " + ", ".join(
+            f"{r.store} @ {r.partitions}: {r.create.failures} creates, {r.reclaim.failures} re-claims"
+            for r in failures
+        )]
+
+    # Fencing cost: our fenced checkpoints against the official unfenced ones.
+    ratio_rows = []
+    for r in results:
+        if not r.fenced or "memory" in r.store:
+            continue
+        peer = next(
+            (p for p in results if not p.fenced and p.partitions == r.partitions and "blob" in p.store), None
+        )
+        if peer is None:
+            continue
+        ratio_rows.append(
+            f"| {r.store} vs {peer.store} | {r.partitions} | "
+            f"{_ratio(r.checkpoint.per_second, peer.checkpoint.per_second)} | "
+            f"{_ratio(r.checkpoint.requests_per_op, peer.checkpoint.requests_per_op)} |"
+        )
+    if ratio_rows:
+        lines += [
+            "",
+            "Cost of fencing (checkpoint throughput ratio < 1 and request ratio > 1 mean fencing costs):",
+            "",
+            "| Fenced vs unfenced | Partitions | checkpoints/s ratio | requests/checkpoint ratio |",
+            "|---|---:|---:|---:|",
+            *ratio_rows,
+        ]
+    return "\n".join(lines) + "\n"
+
+
+# --------------------------------------------------------------------------- main
+
+
+def _parse(argv: Optional[List[str]]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.store_bench", description=__doc__.split("\n")[0])
+    parser.add_argument(
+        "--partitions", default=",".join(map(str, DEFAULT_PARTITIONS)),
+        help="comma-separated partition counts (default: %(default)s)",
+    )
+    parser.add_argument("--concurrency", type=int, default=DEFAULT_CONCURRENCY, help="workers (default: %(default)s)")
+    parser.add_argument(
+        "--checkpoint-ops", type=int, default=DEFAULT_CHECKPOINT_OPS,
+        help="timed checkpoint writes per store and partition count (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--list-repeats", type=int, default=DEFAULT_LIST_REPEATS,
+        help="listings per store and partition count (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--stores", default=",".join(ALL_STORES),
+        help="comma-separated: ours-blob, official-blob, ours-table, memory (default: %(default)s)",
+    )
+    parser.add_argument("--no-write", action="store_true", help="print only; do not update benchmarks/RESULTS.md")
+    args = parser.parse_args(argv)
+    try:
+        args.partitions = [int(p) for p in args.partitions.split(",") if p.strip()]
+    except ValueError:
+        parser.error("--partitions must be comma-separated integers")
+    args.stores = [s.strip() for s in args.stores.split(",") if s.strip()]
+    unknown = set(args.stores) - set(ALL_STORES) - {"memory"}
+    if unknown:
+        parser.error(f"unknown store(s): {', '.join(sorted(unknown))}")
+    for name in ("concurrency", "checkpoint_ops", "list_repeats"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name.replace('_', '-')} must be at least 1")
+    if any(p < 1 for p in args.partitions):
+        parser.error("--partitions must be positive")
+    return args
+
+
+async def _run(args: argparse.Namespace, connection_string: Optional[str]) -> List[StoreResult]:
+    results: List[StoreResult] = []
+    for partitions in args.partitions:
+        for kind in args.stores:
+            adapter = _make(kind, connection_string, partitions)
+            if adapter is None:
+                print(f"skipped {kind}: not available", file=sys.stderr)
+                continue
+            print(f"measuring {adapter.name} at {partitions} partitions ...", file=sys.stderr, flush=True)
+            try:
+                results.append(
+                    await measure(
+                        adapter, partitions, concurrency=args.concurrency,
+                        checkpoint_ops=args.checkpoint_ops, list_repeats=args.list_repeats,
+                    )
+                )
+            finally:
+                await adapter.close()
+    return results
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    """Run the benchmark; print the table and record it in benchmarks/RESULTS.md.
+
+    Example::
+
+        python -m benchmarks.store_bench --partitions 32,1024
+    """
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    args = _parse(argv)
+    shown = sys.argv[1:] if argv is None else argv
+    command = " ".join(["python -m benchmarks.store_bench", *(shlex.quote(a) for a in shown)])
+    azurite = None
+    connection_string = None
+    if any(kind != "memory" for kind in args.stores):
+        from eventprocessor.emulator import AzuriteUnavailable, start_azurite
+
+        try:
+            azurite = start_azurite()
+        except AzuriteUnavailable as error:
+            print(f"store_bench: Azurite could not start: {error}", file=sys.stderr)
+            return 2
+        connection_string = azurite.connection_string
+    try:
+        results = asyncio.run(_run(args, connection_string))
+    finally:
+        if azurite is not None:
+            azurite.stop()
+    if not results:
+        print("store_bench: no store could be measured", file=sys.stderr)
+        return 1
+    markdown = render(
+        results, command=command, concurrency=args.concurrency,
+        checkpoint_ops=args.checkpoint_ops, list_repeats=args.list_repeats,
+    )
+    print(markdown)
+    if not args.no_write:
+        path = write_section("store_bench", markdown)
+        print(f"recorded in {path}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
