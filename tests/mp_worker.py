@@ -85,7 +85,9 @@ async def _amain(args: argparse.Namespace) -> int:
             owned = sorted(processor.owned_partitions, key=lambda pid: (len(pid), pid))
             now = time.monotonic()
             if owned != last or now - last_emit >= 1.0:
-                _emit({"owner": args.owner_id, "event": "owned", "owned": owned, "t": now})
+                _emit(
+                    {"owner": args.owner_id, "event": "owned", "owned": owned, "ticks": processor.ticks, "t": now}
+                )
                 last, last_emit = owned, now
             try:
                 await asyncio.wait_for(stop.wait(), timeout=0.1)

@@ -44,6 +44,12 @@ CONSUMER_GROUP = "$default"
 STARTUP_TIMEOUT = 30.0
 BALANCE_TIMEOUT = 25.0
 FAILOVER_TIMEOUT = EXPIRY + 1.0 + 16 * INTERVAL
+# The failover bound in ticks of the survivors (their own clock, so it holds on a slow
+# machine too): the dead worker's lease plus the 1 s timestamp resolution, at the
+# shortest jittered tick (0.9 x interval); one tick per partition a survivor claims
+# under BALANCED; one for the report's delay; and a few ticks of slack.
+_ORPHANS_PER_SURVIVOR = -(-(PARTITIONS // WORKERS) // (WORKERS - 1))
+FAILOVER_TICK_BOUND = int(-(-(EXPIRY + 1.0) // (0.9 * INTERVAL))) + _ORPHANS_PER_SURVIVOR + 1 + 3
 POLL = 0.2
 
 
@@ -56,6 +62,7 @@ class Worker:
     stderr_path: Path
     stderr_file: IO[bytes]
     owned: Optional[Set[str]] = None
+    ticks: int = 0
     started: Optional[dict] = None
     lines: List[str] = field(default_factory=list)
     reader: Optional[asyncio.Task] = None
@@ -80,6 +87,7 @@ class Worker:
                 self.started = record
             elif record.get("event") == "owned":
                 self.owned = set(record["owned"])
+                self.ticks = int(record.get("ticks", 0))
 
     def kill(self) -> None:
         if self.process.returncode is None:
@@ -189,6 +197,7 @@ async def test_three_processes_balance_then_survivors_take_over_a_killed_one(azu
         victim.kill()
         await victim.process.wait()
         killed_at = time.monotonic()
+        ticks_at_kill = {w.owner_id: w.ticks for w in survivors}
         # The dead worker's last write, on the store's clock: the latest timestamp seen
         # on any of its records (a write in flight at the kill shows up in later polls).
         victim_last_write: Optional[datetime] = None
@@ -216,6 +225,7 @@ async def test_three_processes_balance_then_survivors_take_over_a_killed_one(azu
                 )
             await asyncio.sleep(POLL)
         failover_seconds = time.monotonic() - killed_at
+        failover_ticks = max(w.ticks - ticks_at_kill[w.owner_id] for w in survivors)
 
         counts = snap.counts()
         # Stickiness: each survivor kept its own partitions; only the dead one's moved.
@@ -232,11 +242,21 @@ async def test_three_processes_balance_then_survivors_take_over_a_killed_one(azu
                 f"partition {partition} was taken {lease_age:.1f}s (store time) after the dead "
                 f"worker's last write, before its {EXPIRY}s lease ran out"
             )
+        # Liveness, in the survivors' own ticks rather than wall-clock time.
+        assert failover_ticks <= FAILOVER_TICK_BOUND, (
+            f"failover took {failover_ticks} ticks of the survivors, more than {FAILOVER_TICK_BOUND} "
+            f"(expiry {EXPIRY}s at {INTERVAL}s per tick, plus claims and slack)"
+        )
+        server_failover = max(
+            (stamp - victim_last_write).total_seconds() for stamp in takeover_modified.values()
+        ) if takeover_modified else float("nan")
         print(
-            f"\nmulti-process: balanced 4/4/4 in {balance_seconds:.1f}s; after SIGKILL the survivors "
-            f"owned all {PARTITIONS} partitions in {failover_seconds:.1f}s "
-            f"(expiry {EXPIRY}s, tick {INTERVAL}s: {(failover_seconds - EXPIRY) / INTERVAL:+.1f} ticks "
-            f"beyond expiry); final split {sorted(counts.values())}"
+            f"\nmulti-process: balanced {PARTITIONS // WORKERS}/{PARTITIONS // WORKERS}/{PARTITIONS // WORKERS} "
+            f"in {balance_seconds:.1f}s; after SIGKILL the survivors owned all {PARTITIONS} partitions "
+            f"{failover_seconds:.1f}s later ({failover_ticks} survivor ticks, bound {FAILOVER_TICK_BOUND}); "
+            f"on the store's clock the last takeover came {server_failover:.0f}s after the dead worker's "
+            f"last write (expiry {EXPIRY}s, tick {INTERVAL}s, timestamps 1s resolution); "
+            f"final split {sorted(counts.values())}"
         )
     finally:
         for w in workers:
