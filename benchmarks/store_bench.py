@@ -39,7 +39,7 @@ from eventprocessor.records import Checkpoint, Ownership
 
 from .results import machine_line, write_section
 
-__all__ = ["main", "CountingTransport", "StoreResult"]
+__all__ = ["main", "measure", "CountingTransport", "StoreResult", "Summary"]
 
 logger = logging.getLogger(__name__)
 
@@ -51,7 +51,8 @@ OWNER = "bench-owner"
 DEFAULT_PARTITIONS = (32, 1024)
 DEFAULT_CONCURRENCY = 16
 DEFAULT_CHECKPOINT_OPS = 256
-DEFAULT_LIST_REPEATS = 15
+DEFAULT_LIST_REPEATS = 10
+DEFAULT_ROUNDS = 3
 ALL_STORES = ("ours-blob", "official-blob", "ours-table")
 
 
@@ -272,15 +273,63 @@ class StoreResult:
     list_ms: List[float] = field(default_factory=list)
     list_requests: Optional[float] = None
 
+
+@dataclass
+class Summary:
+    """One store at one partition count over all rounds: medians of the per-round
+    rates, listings pooled."""
+
+    store: str
+    fenced: bool
+    partitions: int
+    rounds: List[StoreResult]
+
+    def _median(self, values: List[Optional[float]]) -> Optional[float]:
+        present = [v for v in values if v is not None]
+        return statistics.median(present) if present else None
+
+    def rate(self, phase: str) -> float:
+        return statistics.median(getattr(r, phase).per_second for r in self.rounds)
+
+    def spread(self, phase: str) -> str:
+        rates = [getattr(r, phase).per_second for r in self.rounds]
+        return f"{min(rates):.0f}-{max(rates):.0f}" if len(rates) > 1 else ""
+
+    def requests(self, phase: str) -> Optional[float]:
+        return self._median([getattr(r, phase).requests_per_op for r in self.rounds])
+
+    def failures(self, phase: str) -> int:
+        return sum(getattr(r, phase).failures for r in self.rounds)
+
+    @property
+    def list_ms(self) -> List[float]:
+        return [ms for r in self.rounds for ms in r.list_ms]
+
     @property
     def list_median(self) -> float:
         return statistics.median(self.list_ms)
 
     @property
     def list_p95(self) -> float:
-        if len(self.list_ms) < 2:
-            return self.list_ms[0]
-        return statistics.quantiles(self.list_ms, n=20, method="inclusive")[18]
+        pooled = self.list_ms
+        if len(pooled) < 2:
+            return pooled[0]
+        return statistics.quantiles(pooled, n=20, method="inclusive")[18]
+
+    @property
+    def list_requests(self) -> Optional[float]:
+        return self._median([r.list_requests for r in self.rounds])
+
+
+def summarize(results: List[StoreResult]) -> List[Summary]:
+    """Group per-round results by (store, partitions), in first-seen order."""
+    groups: Dict[tuple, Summary] = {}
+    for r in results:
+        key = (r.store, r.partitions)
+        if key not in groups:
+            groups[key] = Summary(r.store, r.fenced, r.partitions, [])
+        groups[key].rounds.append(r)
+    return sorted(groups.values(), key=lambda g: (g.partitions, results.index(g.rounds[0])))
 
 
 async def _run_sharded(
@@ -423,7 +472,11 @@ def _ratio(a: Optional[float], b: Optional[float]) -> str:
     return f"{a / b:.2f}x"
 
 
-def render(results: List[StoreResult], *, command: str, concurrency: int, checkpoint_ops: int, list_repeats: int) -> str:
+def render(
+    results: List[StoreResult], *, command: str, concurrency: int, checkpoint_ops: int, list_repeats: int,
+    rounds: int,
+) -> str:
+    summaries = summarize(results)
     lines = [
         "## Checkpoint stores on Azurite (`store_bench`)",
         "",
@@ -431,50 +484,57 @@ def render(results: List[StoreResult], *, command: str, concurrency: int, checkp
         "",
         machine_line(),
         "",
-        f"Azurite (in-memory persistence) on 127.0.0.1, started by the benchmark. Concurrency: "
-        f"{concurrency} workers, each owning a disjoint set of partitions. Claims: every partition "
-        f"created once, then re-claimed once with its etag. Checkpoints: {checkpoint_ops} timed "
-        f"steady-state writes per store and partition count (after one untimed write per target "
-        f"partition). Listing: {list_repeats} sequential listings of all records. Requests are HTTP "
-        f"requests counted at the transport (retries included).",
+        f"Azurite (in-memory persistence) on 127.0.0.1, started by the benchmark; the Python client and "
+        f"Azurite share the machine. Concurrency: {concurrency} asyncio workers in one process, each owning "
+        f"a disjoint set of partitions. Each store gets a fresh container/table per round; {rounds} "
+        f"round(s), the store order rotated each round; rates are the median over rounds (min-max in "
+        f"brackets). Claims: every partition created once (create-if-absent), then re-claimed once with "
+        f"its etag. Checkpoints: {checkpoint_ops} timed steady-state writes (after one untimed write per "
+        f"target partition; targets are the first min(N, {checkpoint_ops}) partitions). Listing: "
+        f"{list_repeats} sequential listings of all N records per round, pooled. Requests: HTTP requests "
+        f"counted at the transport (retries included), per operation.",
         "",
         "| Store | Partitions | create claims/s | req/create | re-claims/s | req/re-claim | "
-        "checkpoints/s | req/checkpoint | list median ms | list p95 ms |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "checkpoints/s | req/checkpoint | list median ms | list p95 ms | req/list |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
-    for r in results:
+
+    def rate(summary: Summary, phase: str) -> str:
+        spread = summary.spread(phase)
+        return f"{summary.rate(phase):.0f}" + (f" ({spread})" if spread else "")
+
+    for g in summaries:
         lines.append(
-            f"| {r.store} | {r.partitions} | {r.create.per_second:.0f} | {_fmt(r.create.requests_per_op, 2)} | "
-            f"{r.reclaim.per_second:.0f} | {_fmt(r.reclaim.requests_per_op, 2)} | "
-            f"{r.checkpoint.per_second:.0f} | {_fmt(r.checkpoint.requests_per_op, 2)} | "
-            f"{r.list_median:.1f} | {r.list_p95:.1f} |"
+            f"| {g.store} | {g.partitions} | {rate(g, 'create')} | {_fmt(g.requests('create'), 2)} | "
+            f"{rate(g, 'reclaim')} | {_fmt(g.requests('reclaim'), 2)} | "
+            f"{rate(g, 'checkpoint')} | {_fmt(g.requests('checkpoint'), 2)} | "
+            f"{g.list_median:.1f} | {g.list_p95:.1f} | {_fmt(g.list_requests, 1)} |"
         )
-    failures = [r for r in results if r.create.failures or r.reclaim.failures]
-    if failures:
-        lines += ["", "Lost claims (should be 0 with one owner): " + ", ".join(
-            f"{r.store} @ {r.partitions}: {r.create.failures} creates, {r.reclaim.failures} re-claims"
-            for r in failures
+    lost = [g for g in summaries if g.failures("create") or g.failures("reclaim")]
+    if lost:
+        lines += ["", "Lost claims (should be 0 with a single owner): " + ", ".join(
+            f"{g.store} @ {g.partitions}: {g.failures('create')} creates, {g.failures('reclaim')} re-claims"
+            for g in lost
         )]
 
-    # Fencing cost: our fenced checkpoints against the official unfenced ones.
+    # Fencing cost: each fenced store's checkpoints against the unfenced ones.
     ratio_rows = []
-    for r in results:
-        if not r.fenced or "memory" in r.store:
+    for g in summaries:
+        if not g.fenced or "memory" in g.store:
             continue
-        peer = next(
-            (p for p in results if not p.fenced and p.partitions == r.partitions and "blob" in p.store), None
-        )
-        if peer is None:
-            continue
-        ratio_rows.append(
-            f"| {r.store} vs {peer.store} | {r.partitions} | "
-            f"{_ratio(r.checkpoint.per_second, peer.checkpoint.per_second)} | "
-            f"{_ratio(r.checkpoint.requests_per_op, peer.checkpoint.requests_per_op)} |"
-        )
+        for peer in summaries:
+            if peer.fenced or peer.partitions != g.partitions:
+                continue
+            ratio_rows.append(
+                f"| {g.store} vs {peer.store} | {g.partitions} | "
+                f"{_ratio(g.rate('checkpoint'), peer.rate('checkpoint'))} | "
+                f"{_ratio(g.requests('checkpoint'), peer.requests('checkpoint'))} |"
+            )
     if ratio_rows:
         lines += [
             "",
-            "Cost of fencing (checkpoint throughput ratio < 1 and request ratio > 1 mean fencing costs):",
+            "Cost of fencing, as ratios of checkpoint throughput and of HTTP requests per checkpoint "
+            "(throughput below 1x and requests above 1x are what fencing costs):",
             "",
             "| Fenced vs unfenced | Partitions | checkpoints/s ratio | requests/checkpoint ratio |",
             "|---|---:|---:|---:|",
@@ -505,6 +565,10 @@ def _parse(argv: Optional[List[str]]) -> argparse.Namespace:
         "--stores", default=",".join(ALL_STORES),
         help="comma-separated: ours-blob, official-blob, ours-table, memory (default: %(default)s)",
     )
+    parser.add_argument(
+        "--rounds", type=int, default=DEFAULT_ROUNDS,
+        help="rounds over all stores, order rotated each round; medians reported (default: %(default)s)",
+    )
     parser.add_argument("--no-write", action="store_true", help="print only; do not update benchmarks/RESULTS.md")
     args = parser.parse_args(argv)
     try:
@@ -515,7 +579,7 @@ def _parse(argv: Optional[List[str]]) -> argparse.Namespace:
     unknown = set(args.stores) - set(ALL_STORES) - {"memory"}
     if unknown:
         parser.error(f"unknown store(s): {', '.join(sorted(unknown))}")
-    for name in ("concurrency", "checkpoint_ops", "list_repeats"):
+    for name in ("concurrency", "checkpoint_ops", "list_repeats", "rounds"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be at least 1")
     if any(p < 1 for p in args.partitions):
@@ -526,21 +590,27 @@ def _parse(argv: Optional[List[str]]) -> argparse.Namespace:
 async def _run(args: argparse.Namespace, connection_string: Optional[str]) -> List[StoreResult]:
     results: List[StoreResult] = []
     for partitions in args.partitions:
-        for kind in args.stores:
-            adapter = _make(kind, connection_string, partitions)
-            if adapter is None:
-                print(f"skipped {kind}: not available", file=sys.stderr)
-                continue
-            print(f"measuring {adapter.name} at {partitions} partitions ...", file=sys.stderr, flush=True)
-            try:
-                results.append(
-                    await measure(
-                        adapter, partitions, concurrency=args.concurrency,
-                        checkpoint_ops=args.checkpoint_ops, list_repeats=args.list_repeats,
-                    )
+        for round_index in range(args.rounds):
+            # Rotating the order spreads the drift of a shared machine over all stores.
+            shift = round_index % len(args.stores)
+            for kind in args.stores[shift:] + args.stores[:shift]:
+                adapter = _make(kind, connection_string, partitions)
+                if adapter is None:
+                    print(f"skipped {kind}: not available", file=sys.stderr)
+                    continue
+                print(
+                    f"round {round_index + 1}/{args.rounds}: {adapter.name} at {partitions} partitions ...",
+                    file=sys.stderr, flush=True,
                 )
-            finally:
-                await adapter.close()
+                try:
+                    results.append(
+                        await measure(
+                            adapter, partitions, concurrency=args.concurrency,
+                            checkpoint_ops=args.checkpoint_ops, list_repeats=args.list_repeats,
+                        )
+                    )
+                finally:
+                    await adapter.close()
     return results
 
 
@@ -576,7 +646,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         return 1
     markdown = render(
         results, command=command, concurrency=args.concurrency,
-        checkpoint_ops=args.checkpoint_ops, list_repeats=args.list_repeats,
+        checkpoint_ops=args.checkpoint_ops, list_repeats=args.list_repeats, rounds=args.rounds,
     )
     print(markdown)
     if not args.no_write:
