@@ -82,7 +82,8 @@ def _partition_sort_key(partition_id: str) -> Tuple[int, object]:
 class _Plan:
     targets: Dict[str, int]
     deal: Dict[str, List[str]]  # owner -> partitions it should take, in order
-    victims: Dict[str, str]  # partition -> live owner it would be taken from
+    pool: List[str]  # unowned partitions, then the surplus of over-loaded owners
+    victims: Dict[str, str]  # surplus partition -> live owner it would be taken from
 
 
 def _plan(
@@ -123,19 +124,16 @@ def _plan(
         needs = {m: min(n, per_owner_limit) for m, n in needs.items()}
     needy = sorted(needs, key=lambda m: (counts[m], _rank(m)))
     deal: Dict[str, List[str]] = {m: [] for m in needy}
-    victims: Dict[str, str] = {}
+    victims: Dict[str, str] = {p: v for p, v in surplus}
     position = 0
     round_number = 0
     while position < len(pool) and any(needs[m] > round_number for m in needy):
         for m in needy:
             if needs[m] > round_number and position < len(pool):
-                partition, victim = pool[position]
+                deal[m].append(pool[position][0])
                 position += 1
-                deal[m].append(partition)
-                if victim is not None:
-                    victims[partition] = victim
         round_number += 1
-    return _Plan(targets=targets, deal=deal, victims=victims)
+    return _Plan(targets=targets, deal=deal, pool=[p for p, _v in pool], victims=victims)
 
 
 def decide(
@@ -204,15 +202,18 @@ def decide(
 
     if counts.get(owner_id, 0) == 0 and take:
         # Nobody else can see this processor yet, so their plans leave it out. Pick at
-        # random among the unowned partitions their plans do not hand out this tick.
+        # random among what their plans do not hand out this tick: unowned partitions
+        # first, else the surplus of over-loaded owners.
         others = {m: c for m, c in counts.items() if m != owner_id}
         taken_by_others = set()
         if others:
             other_plan = _plan(others, owned_by, unowned, len(wanted), limit)
             taken_by_others = {p for ps in other_plan.deal.values() for p in ps}
-        free = sorted((p for p in unowned if p not in taken_by_others), key=_partition_sort_key)
+        free = [p for p in plan.pool if p not in taken_by_others and p not in plan.victims]
+        if not free:
+            free = [p for p in plan.pool if p not in taken_by_others]
         if free:
-            take = rng.sample(free, min(len(take), len(free)))
+            take = rng.sample(sorted(free, key=_partition_sort_key), min(len(take), len(free)))
 
     claims: List[Ownership] = []
     stolen_from: Dict[str, str] = {}
