@@ -112,13 +112,17 @@ async def _spawn(owner_id: str, container: str, connection_string: str, tmp_path
     env["PYTHONUNBUFFERED"] = "1"
     stderr_path = tmp_path / f"{owner_id}.stderr"
     stderr_file = stderr_path.open("wb")
-    process = await asyncio.create_subprocess_exec(
-        sys.executable, str(WORKER),
-        "--container", container, "--owner-id", owner_id, "--partitions", str(PARTITIONS),
-        "--interval", str(INTERVAL), "--expiry", str(EXPIRY),
-        stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE, stderr=stderr_file,
-        cwd=str(ROOT), env=env,
-    )
+    try:
+        process = await asyncio.create_subprocess_exec(
+            sys.executable, str(WORKER),
+            "--container", container, "--owner-id", owner_id, "--partitions", str(PARTITIONS),
+            "--interval", str(INTERVAL), "--expiry", str(EXPIRY),
+            stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE, stderr=stderr_file,
+            cwd=str(ROOT), env=env,
+        )
+    except BaseException:
+        stderr_file.close()
+        raise
     worker = Worker(owner_id, process, stderr_path, stderr_file)
     worker.reader = asyncio.create_task(worker.read())
     return worker
