@@ -1,6 +1,6 @@
 """Checkpoint-store benchmark: our stores against the official blob store, on one Azurite.
 
-Run it with ``python -m benchmarks.store_bench`` (or ``eventprocessor bench store_bench``).
+Run it with ``python -m benchmarks.store_bench`` (or ``eventprocessor bench store-bench``).
 It starts its own Azurite on free loopback ports, and for each partition count (32 and
 1024 by default) measures, store after store in the same run:
 
@@ -572,11 +572,11 @@ def _parse(argv: Optional[List[str]]) -> argparse.Namespace:
     parser.add_argument("--concurrency", type=int, default=DEFAULT_CONCURRENCY, help="workers (default: %(default)s)")
     parser.add_argument(
         "--checkpoint-ops", type=int, default=DEFAULT_CHECKPOINT_OPS,
-        help="timed checkpoint writes per store and partition count (default: %(default)s)",
+        help="timed checkpoint writes per store, partition count and round (default: %(default)s)",
     )
     parser.add_argument(
         "--list-repeats", type=int, default=DEFAULT_LIST_REPEATS,
-        help="listings per store and partition count (default: %(default)s)",
+        help="listings per store, partition count and round (default: %(default)s)",
     )
     parser.add_argument(
         "--stores", default=",".join(ALL_STORES),
