@@ -102,7 +102,7 @@ from typing import Any, Dict, Iterable, List, Optional, Tuple
 
 from azure.core import MatchConditions
 from azure.core.exceptions import (
-    HttpResponseError,
+    AzureError,
     ResourceExistsError,
     ResourceModifiedError,
     ResourceNotFoundError,
@@ -198,9 +198,10 @@ class BlobCheckpointStore(CheckpointStore):
         options = client_options(kwargs)
         # The storage default waits 15 s and more between retries; a balancing tick is
         # ~10 s, so retry quickly and let the next tick try again.
+        retry_total = options.pop("retry_total", RETRY_TOTAL)
         options.setdefault(
             "retry_policy", LinearRetry(backoff=RETRY_BACKOFF, random_jitter_range=RETRY_BACKOFF / 2,
-                                        retry_total=RETRY_TOTAL)
+                                        retry_total=retry_total)
         )
         self._container = ContainerClient(self._account_url, self._container_name, credential=resolved, **options)
         self._ready = False
@@ -266,7 +267,7 @@ class BlobCheckpointStore(CheckpointStore):
                                     self._container_name, self._account_name)
                     except ResourceExistsError:
                         pass  # created by another processor meanwhile
-            except HttpResponseError as error:
+            except AzureError as error:
                 raise CheckpointStoreError(
                     f"cannot use blob container {self._container_name}: {describe_error(error)}"
                 ) from error
@@ -290,7 +291,7 @@ class BlobCheckpointStore(CheckpointStore):
         try:
             return [blob async for blob in self._container.list_blobs(
                 name_starts_with=prefix, include=["metadata"], raw_response_hook=hook)]
-        except HttpResponseError as error:
+        except AzureError as error:
             self._forget_container_if_gone(error)
             raise CheckpointStoreError(
                 f"listing {prefix!r} in container {self._container_name} failed: {describe_error(error)}"
@@ -338,11 +339,12 @@ class BlobCheckpointStore(CheckpointStore):
                        blob.name, self._container_name)
             return None
         metadata = _lower_keys(blob.metadata)
-        owner_id = metadata.get("ownerid")
-        if owner_id is None:
+        if "ownerid" not in metadata:
             self._warn(key, "skipping ownership blob %r in container %s: no ownerid metadata",
                        blob.name, self._container_name)
             return None
+        # A listing returns an empty value (a released record) as None.
+        owner_id = metadata["ownerid"] or ""
         epoch = parse_int(metadata.get("epoch", "0"))
         if epoch is None or epoch < 0:
             self._warn(key, "skipping ownership blob %r in container %s: epoch is not a non-negative integer",
@@ -424,9 +426,7 @@ class BlobCheckpointStore(CheckpointStore):
                 describe_error(error),
             )
             return None
-        except HttpResponseError as error:
-            return self._claim_failed(claim, error)
-        except Exception as error:  # network errors after the retries: never success
+        except Exception as error:  # HTTP or network errors after the retries: never success
             return self._claim_failed(claim, error)
         logger.debug(
             "processor %s claimed partition %s (hub %s, consumer group %s, epoch %s)",
@@ -493,7 +493,7 @@ class BlobCheckpointStore(CheckpointStore):
                     checkpoint.consumer_group, describe_error(error), attempt,
                 )
                 continue
-            except HttpResponseError as error:
+            except AzureError as error:
                 self._checkpoint_etags.pop(cache_key, None)
                 raise CheckpointStoreError(
                     f"checkpoint of partition {checkpoint.partition_id} failed: {describe_error(error)}"
@@ -533,7 +533,7 @@ class BlobCheckpointStore(CheckpointStore):
                 f"checkpoint of partition {checkpoint.partition_id} refused: {owner_id} (epoch {epoch}) does "
                 "not own it, there is no ownership record", partition_id=checkpoint.partition_id,
             ) from error
-        except HttpResponseError as error:
+        except AzureError as error:
             raise CheckpointStoreError(
                 f"reading ownership of partition {checkpoint.partition_id} failed: {describe_error(error)}"
             ) from error
@@ -556,7 +556,7 @@ class BlobCheckpointStore(CheckpointStore):
             props = await blob.get_blob_properties()
         except ResourceNotFoundError:
             return None
-        except HttpResponseError as error:
+        except AzureError as error:
             raise CheckpointStoreError(
                 f"reading checkpoint of partition {checkpoint.partition_id} failed: {describe_error(error)}"
             ) from error

@@ -57,7 +57,7 @@ from typing import Any, Dict, Iterable, List, Optional, Tuple
 
 from azure.core import MatchConditions
 from azure.core.exceptions import (
-    HttpResponseError,
+    AzureError,
     ResourceExistsError,
     ResourceModifiedError,
     ResourceNotFoundError,
@@ -211,8 +211,8 @@ class TableCheckpointStore(CheckpointStore):
                 logger.info("created table %s in account %s for checkpoints", self._table_name, self._account_name)
             except ResourceExistsError:
                 pass
-            except HttpResponseError as error:
-                if error.status_code != 403:
+            except AzureError as error:
+                if getattr(error, "status_code", None) != 403:
                     raise CheckpointStoreError(
                         f"cannot use table {self._table_name}: {describe_error(error)}") from error
                 # A SAS scoped to the table may not create tables; the table is then
@@ -236,7 +236,7 @@ class TableCheckpointStore(CheckpointStore):
         try:
             return [e async for e in self._table.query_entities(
                 "PartitionKey eq @pk", parameters={"pk": partition_key}, raw_response_hook=hook)]
-        except HttpResponseError as error:
+        except AzureError as error:
             self._forget_table_if_gone(error)
             raise CheckpointStoreError(
                 f"querying {partition_key!r} in table {self._table_name} failed: {describe_error(error)}"
@@ -427,7 +427,7 @@ class TableCheckpointStore(CheckpointStore):
                     checkpoint.consumer_group, describe_error(error), attempt,
                 )
                 continue
-            except HttpResponseError as error:
+            except AzureError as error:
                 self._checkpoint_etags.pop(cache_key, None)
                 raise CheckpointStoreError(
                     f"checkpoint of partition {checkpoint.partition_id} failed: {describe_error(error)}"
@@ -453,7 +453,7 @@ class TableCheckpointStore(CheckpointStore):
                 f"checkpoint of partition {checkpoint.partition_id} refused: {owner_id} (epoch {epoch}) does "
                 "not own it, there is no ownership record", partition_id=checkpoint.partition_id,
             ) from error
-        except HttpResponseError as error:
+        except AzureError as error:
             raise CheckpointStoreError(
                 f"reading ownership of partition {checkpoint.partition_id} failed: {describe_error(error)}"
             ) from error
@@ -474,7 +474,7 @@ class TableCheckpointStore(CheckpointStore):
             entity = await self._table.get_entity(partition_key, checkpoint.partition_id)
         except ResourceNotFoundError:
             return None
-        except HttpResponseError as error:
+        except AzureError as error:
             raise CheckpointStoreError(
                 f"reading checkpoint of partition {checkpoint.partition_id} failed: {describe_error(error)}"
             ) from error
