@@ -1,0 +1,137 @@
+"""Two processors stream an in-memory event hub into one Parquet table through Spark.
+
+Run it from the repository root (needs the ``[spark]`` extra and Java)::
+
+    python samples/spark_consumer.py                      # in-memory checkpoint store
+    python samples/spark_consumer.py --store azurite      # BlobCheckpointStore on Azurite
+    python samples/spark_consumer.py --output /tmp/table --events 50000 --partitions 8
+
+Events are produced while the processors run; halfway through, one processor stops
+and the other takes its partitions over. Each micro-batch is a Spark DataFrame (the
+sink's schema plus the JSON body decoded into columns) appended to the table,
+partitioned by ``partition_id``, exactly once. At the end the sample reads the
+table back and prints the row count of each partition.
+
+With ``--store azurite`` it uses the Azurite already listening on 127.0.0.1:10000,
+or starts one (``npm ci`` installs it) and stops it at the end.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any, List, Optional, Tuple
+
+import pyarrow as pa
+
+from eventprocessor import EventProcessor
+from eventprocessor.checkpoint_store import CheckpointStore
+from eventprocessor.sources import MemoryEventSource
+from eventprocessor.spark import SparkSink, json_body, spark_session
+
+READING = pa.schema([("device", pa.string()), ("temperature", pa.float64())])
+
+
+async def open_store(kind: str) -> Tuple[CheckpointStore, Optional[Any]]:
+    if kind == "memory":
+        from stores import InMemoryCheckpointStore
+
+        return InMemoryCheckpointStore(), None
+    from eventprocessor.emulator import Azurite, port_open, start_azurite
+    from stores import BlobCheckpointStore
+
+    if port_open(10000):
+        emulator, started = Azurite(10000, 10001, 10002), None
+        print("store: Azurite already running on 127.0.0.1:10000")
+    else:
+        emulator = started = start_azurite()
+        print(f"store: started Azurite on 127.0.0.1:{emulator.blob_port}")
+    container = f"spark-sample-{uuid.uuid4().hex[:8]}"
+    return BlobCheckpointStore.from_connection_string(emulator.connection_string, container), started
+
+
+async def produce(source: MemoryEventSource, count: int, rate: float) -> None:
+    for i in range(count):
+        body = json.dumps({"device": f"sensor-{i % 40}", "temperature": 20 + (i % 100) / 10})
+        await source.send(body, partition_key=f"sensor-{i % 40}", properties={"unit": "C"})
+        if i % 500 == 499:
+            await asyncio.sleep(500 / rate)
+
+
+async def run(args: argparse.Namespace) -> int:
+    output = Path(args.output) if args.output else Path(tempfile.mkdtemp(prefix="spark-consumer-")) / "table"
+    if output.exists() and any(output.iterdir()):
+        print(f"{output} is not empty; this sample's in-memory event hub starts from sequence number 0, "
+              "so give it an empty directory", file=sys.stderr)
+        return 2
+    spark = spark_session(args.master)
+    spark.sparkContext.setLogLevel("ERROR")
+    source = MemoryEventSource(args.partitions)
+    store, emulator = await open_store(args.store)
+    sinks: List[SparkSink] = []
+    processors: List[EventProcessor] = []
+    for i in range(2):
+        sink = SparkSink(output, spark=spark, partition_by="partition_id", decode=json_body(READING),
+                         max_events=args.max_events, max_interval=1.0)
+        sinks.append(sink)
+        processors.append(EventProcessor(source, store, sink, owner_id=f"spark-consumer-{i + 1}",
+                                         load_balancing_interval=0.5, partition_ownership_expiration_interval=5))
+    try:
+        for processor in processors:
+            await processor.start()
+        producer = asyncio.create_task(produce(source, args.events, args.rate))
+        while len(source.events("0")) < args.events // (2 * args.partitions) and not producer.done():
+            await asyncio.sleep(0.2)
+        print(f"{processors[0].owner_id} stops; {processors[1].owner_id} takes its partitions over")
+        await processors[0].stop()
+        await producer
+        want = {pid: source.last_sequence_number(pid) for pid in await source.get_partition_ids()
+                if source.events(pid)}
+        deadline = time.monotonic() + args.timeout
+        while sinks[1].committed_high_water_marks() != want:
+            if time.monotonic() > deadline:
+                print("timed out waiting for the sink to commit every event", file=sys.stderr)
+                return 1
+            await asyncio.sleep(0.2)
+    finally:
+        for processor in processors:
+            await processor.stop()
+        for sink in sinks:
+            await sink.close()
+        await store.close()
+        if emulator is not None:
+            emulator.stop()
+
+    table = spark.read.parquet(str(output))
+    rows = table.groupBy("partition_id").count().orderBy("partition_id").collect()
+    distinct = table.select("partition_id", "sequence_number").distinct().count()
+    print(f"table {output}: {table.count()} rows, {distinct} distinct events, {args.events} produced")
+    for row in rows:
+        print(f"  partition {row.partition_id}: {row['count']} rows")
+    table.groupBy("device").avg("temperature").orderBy("device").show(5)
+    return 0 if distinct == table.count() == args.events else 1
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--store", choices=["memory", "azurite"], default="memory")
+    parser.add_argument("--output", help="an empty directory for the Parquet table (default: a new temp dir)")
+    parser.add_argument("--partitions", type=int, default=4)
+    parser.add_argument("--events", type=int, default=20_000)
+    parser.add_argument("--rate", type=float, default=10_000, help="events per second produced")
+    parser.add_argument("--max-events", type=int, default=5_000, help="events per micro-batch at most")
+    parser.add_argument("--master", default=None, help="Spark master (default: local[*])")
+    parser.add_argument("--timeout", type=float, default=300)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING)
+    return asyncio.run(run(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
