@@ -10,6 +10,7 @@ import subprocess
 import sys
 import threading
 import time
+import uuid
 from collections import Counter
 from pathlib import Path
 from typing import Callable, Dict, List, Tuple
@@ -285,29 +286,44 @@ async def test_an_owner_that_lost_its_partition_mid_batch_writes_none_of_it(spar
 
 
 @pytest.mark.slow
-def test_sigkill_at_every_step_of_a_batch_then_restart_writes_each_event_once(spark, tmp_path):
-    """Three processes die by SIGKILL in their first batch: after the data is staged
-    (before the commit), after the commit (before the files move), and after the files
-    moved (before the store checkpoint). A fourth finishes. Each event is in the table
-    once."""
+@pytest.mark.azurite
+async def test_sigkill_at_every_step_of_a_batch_then_restart_writes_each_event_once(spark, azurite, tmp_path):
+    """Four processes die by SIGKILL in their first batch: after the data is staged
+    (before the commit), after the commit (before the files move), after the files
+    moved (before the store checkpoint), and after the checkpoint. A fifth finishes.
+    Ownership and checkpoints live in a BlobCheckpointStore on Azurite, so each
+    restart is a new claim (higher epoch) resuming from the store's checkpoints. Each
+    event is in the table once."""
+    from stores import BlobCheckpointStore
+
     out = tmp_path / "table"
     partitions, events = 4, 120
-    env = dict(os.environ, PYTHONPATH=str(ROOT), SPARK_LOCAL_IP="127.0.0.1")
+    container = f"spark-kill-{uuid.uuid4().hex[:8]}"
+    env = dict(os.environ, PYTHONPATH=str(ROOT), SPARK_LOCAL_IP="127.0.0.1",
+               EVENTPROCESSOR_TEST_STORAGE=azurite.connection_string)
     logs = []
-    for kill_at in ("after_write", "after_commit", "after_publish", None):
+    for kill_at in ("after_write", "after_commit", "after_publish", "after_checkpoint", None):
         run_env = dict(env)
         if kill_at:
             run_env["EVENTPROCESSOR_SPARK_KILL_AT"] = kill_at
-        result = subprocess.run(
-            [sys.executable, str(WORKER), "--path", str(out), "--partitions", str(partitions),
-             "--events", str(events), "--max-events", "200"],
-            env=run_env, cwd=ROOT, capture_output=True, text=True, timeout=240)
-        logs.append(result.stderr[-3000:])
+        process = await asyncio.create_subprocess_exec(
+            sys.executable, str(WORKER), "--path", str(out), "--partitions", str(partitions),
+            "--events", str(events), "--max-events", "200", "--container", container,
+            env=run_env, cwd=ROOT, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE)
+        _out, err = await asyncio.wait_for(process.communicate(), 240)
+        stderr = err.decode(errors="replace")
+        logs.append(stderr)
         if kill_at:
-            assert result.returncode == -9, f"expected SIGKILL at {kill_at}:\n{result.stderr[-3000:]}"
+            assert process.returncode == -9, f"expected SIGKILL at {kill_at}:\n{stderr[-3000:]}"
+            assert f"killing this process at {kill_at}" in stderr
         else:
-            assert result.returncode == 0, result.stderr[-3000:]
+            assert process.returncode == 0, stderr[-3000:]
     assert "rolled committed batch" in logs[2], "the batch committed before the kill was not rolled forward"
     expected = {(str(p), i): f"{p}:{i}".encode() for p in range(partitions) for i in range(events)}
     assert_exactly_once(read_rows(spark, out), expected)
     assert not any((out / STAGING_DIR).iterdir())
+    # The store's checkpoints ended where the commit log did, each written by the last claim.
+    store = BlobCheckpointStore.from_connection_string(azurite.connection_string, container)
+    async with store:
+        checkpoints = await store.list_checkpoints("memory.local", "hub", "$default")
+    assert {c.partition_id: c.sequence_number for c in checkpoints} == {str(p): events - 1 for p in range(partitions)}

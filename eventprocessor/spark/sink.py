@@ -598,6 +598,7 @@ class SparkSink:
                 logger.warning("sink: checkpoint of partition %s of %s/%s by %s after batch %s failed: %r",
                                ctx.partition_id, ctx.eventhub_name, ctx.consumer_group, ctx.owner_id,
                                batch.batch_id, error)
+        _hook("after_checkpoint")
 
     def _abandon(self, attempt: _Attempt) -> None:
         if attempt.batch_id is not None and self._log is not None:
