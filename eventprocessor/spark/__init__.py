@@ -60,7 +60,9 @@ volume). One output and one log per event hub and consumer group.
    stale, its events are dropped). The fence aborts every unfinished batch plan that
    contains the partition, so the partition's committed *high-water mark* (highest
    committed sequence number) is final as of the fence. The handler skips events at
-   or below it, wherever the store's checkpoint made the receiver start.
+   or below it, wherever the store's checkpoint made the receiver start; when it
+   reads the high-water mark event and the store's checkpoint is behind it (a crash
+   between commit and checkpoint), it checkpoints that event.
 2. A batch first appends its *plan*: per partition the sequence-number range and
    the claim (owner id, epoch). The plan's log version is the ``batch_id``: unique
    among all processors sharing the log and always naming the same ranges. A plan is

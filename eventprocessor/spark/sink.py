@@ -117,6 +117,7 @@ class _Claim:
         self.fenced = False
         self.lost = False
         self.last_sequence_number = -1  # highest sequence number accepted (committed or buffered)
+        self.committed_high_water_mark: Optional[int] = None  # from the commit log, at the fence
         self.events: List[Event] = []
 
     def __repr__(self) -> str:
@@ -449,6 +450,7 @@ class SparkSink:
             claim.lost = True
             return
         claim.fenced = True
+        claim.committed_high_water_mark = hwm
         claim.last_sequence_number = -1 if hwm is None else hwm
         logger.info("sink: owner %s starts partition %s of %s/%s (epoch %s) after committed sequence number %s",
                     ctx.owner_id, ctx.partition_id, ctx.eventhub_name, ctx.consumer_group, ctx.epoch, hwm)
@@ -459,6 +461,8 @@ class SparkSink:
         if claim.lost or self._claims.get(claim.partition_id) is not claim:
             return  # a stale claim: its events belong to the new owner
         fresh = [e for e in events if e.sequence_number > claim.last_sequence_number]
+        if len(fresh) < len(events):
+            await self._catch_up_checkpoint(claim, events)
         if not fresh:
             return
         claim.last_sequence_number = fresh[-1].sequence_number
@@ -473,6 +477,29 @@ class SparkSink:
                 and not claim.lost:
             self._space.clear()  # type: ignore[union-attr]
             await self._space.wait()  # type: ignore[union-attr]
+
+    async def _catch_up_checkpoint(self, claim: _Claim, events: List[Event]) -> None:
+        """The store's checkpoint can trail the commit log (a crash between commit and
+        checkpoint): once the committed high-water mark comes by, checkpoint it, so the
+        next claim does not read those events again."""
+        ctx = claim.context
+        hwm = claim.committed_high_water_mark
+        stored = ctx.last_checkpoint.sequence_number if ctx.last_checkpoint is not None else -1
+        if hwm is None or stored >= hwm:
+            return
+        for event in events:
+            if event.sequence_number == hwm:
+                try:
+                    await ctx.update_checkpoint(event)
+                    logger.info("sink: owner %s moved the checkpoint of partition %s of %s/%s up to the "
+                                "committed sequence number %s", ctx.owner_id, ctx.partition_id,
+                                ctx.eventhub_name, ctx.consumer_group, hwm)
+                except OwnershipLostError:
+                    self._drop(claim)
+                except Exception as error:
+                    logger.warning("sink: checkpoint of partition %s of %s/%s by %s failed: %r",
+                                   ctx.partition_id, ctx.eventhub_name, ctx.consumer_group, ctx.owner_id, error)
+                return
 
     def _drop(self, claim: _Claim) -> None:
         claim.lost = True
