@@ -7,6 +7,7 @@ import inspect
 import logging
 import os
 import shutil
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -222,6 +223,10 @@ class _Attempt:
     def __init__(self, events: Dict[_Claim, List[Event]]) -> None:
         self.events = events
         self.batch_id: Optional[int] = None
+        self.committed: Optional[MicroBatch] = None  # set at the commit point; then only publish is left
+        self.batch: Optional[MicroBatch] = None
+        self.df: Any = None
+        self.timings: Dict[str, float] = {}
 
     def drop(self, partition_ids) -> None:
         self.events = {c: e for c, e in self.events.items() if c.partition_id not in partition_ids}
@@ -338,6 +343,7 @@ class SparkSink:
         self._master = master
         self._spark_conf = dict(spark_conf or {})
         self._log: Optional[CommitLog] = None
+        self._log_lock = threading.Lock()
         self._claims: Dict[str, _Claim] = {}
         self._open_claims = 0
         self._buffered_events = 0
@@ -346,8 +352,10 @@ class SparkSink:
         self._rotation = 0
         self._added: Optional[asyncio.Event] = None
         self._space: Optional[asyncio.Event] = None
-        self._write_lock: Optional[asyncio.Lock] = None
+        self._seal_lock: Optional[asyncio.Lock] = None
+        self._queue: Optional[asyncio.Queue] = None
         self._task: Optional[asyncio.Task] = None
+        self._committer: Optional[asyncio.Task] = None
         self.batches_committed = 0
         self.events_committed = 0
         self.last_batch: Optional[MicroBatch] = None
@@ -375,17 +383,18 @@ class SparkSink:
         return self._log
 
     async def flush(self) -> None:
-        """Write everything buffered now, and wait until it is committed."""
+        """Write everything buffered now, and wait until every batch is committed."""
         self._ensure_primitives()
-        await self._write_once()  # also waits for a batch in flight
-        while self._buffered_events:
-            await self._write_once()
+        async with self._seal_lock:  # type: ignore[union-attr]
+            while self._buffered_events:
+                await self._seal_and_prepare()
+        await self._queue.join()  # type: ignore[union-attr]
 
     async def close(self) -> None:
         """Flush and stop the background batcher. The sink can be used again later."""
-        if self._added is not None:
+        if self._queue is not None:
             await self.flush()
-        await self._stop_task()
+        await self._stop_tasks()
 
     async def __aenter__(self) -> "SparkSink":
         return self
@@ -400,30 +409,44 @@ class SparkSink:
 
     # -------------------------------------------------------------- claims
     def _ensure_primitives(self) -> None:
-        if self._write_lock is None:
+        if self._queue is None:
             self._added = asyncio.Event()
             self._space = asyncio.Event()
-            self._write_lock = asyncio.Lock()
+            self._seal_lock = asyncio.Lock()
+            # One batch prepared (planned, converted) while the one before is written.
+            self._queue = asyncio.Queue(maxsize=1)
 
-    def _start_task(self) -> None:
+    def _start_tasks(self) -> None:
         if self._task is None or self._task.done():
             self._task = asyncio.create_task(self._run(), name="spark-sink-batcher")
+        if self._committer is None or self._committer.done():
+            self._committer = asyncio.create_task(self._commit_loop(), name="spark-sink-committer")
 
-    async def _stop_task(self) -> None:
+    async def _stop_tasks(self) -> None:
         task, self._task = self._task, None
         if task is not None and not task.done():
-            async with self._write_lock:  # type: ignore[union-attr]
-                task.cancel()  # never in the middle of a batch
+            async with self._seal_lock:  # type: ignore[union-attr]
+                task.cancel()  # never between sealing a batch and queueing it
             try:
                 await task
+            except asyncio.CancelledError:
+                pass
+        committer, self._committer = self._committer, None
+        if committer is not None and not committer.done():
+            await self._queue.join()  # type: ignore[union-attr]
+            committer.cancel()
+            try:
+                await committer
             except asyncio.CancelledError:
                 pass
 
     def _fence_blocking(self, claim: _Claim) -> Optional[int]:
         ctx = claim.context
-        if self._log is None:
-            self._log = CommitLog(self.checkpoint_location, fully_qualified_namespace=ctx.fully_qualified_namespace,
-                                  eventhub_name=ctx.eventhub_name, consumer_group=ctx.consumer_group)
+        with self._log_lock:
+            if self._log is None:
+                self._log = CommitLog(self.checkpoint_location,
+                                      fully_qualified_namespace=ctx.fully_qualified_namespace,
+                                      eventhub_name=ctx.eventhub_name, consumer_group=ctx.consumer_group)
         result = self._log.fence(ctx.partition_id, owner_id=ctx.owner_id, epoch=ctx.epoch)
         for batch_id in result.aborted:
             self._writer.discard(batch_id)
@@ -437,7 +460,7 @@ class SparkSink:
             self._drop(previous)
         self._claims[claim.partition_id] = claim
         self._open_claims += 1
-        self._start_task()
+        self._start_tasks()
         await self._fence(claim)
 
     async def _fence(self, claim: _Claim) -> None:
@@ -521,7 +544,7 @@ class SparkSink:
             self._drop(claim)
             self._open_claims -= 1
             if self._open_claims <= 0 and not self._buffered_events:
-                await self._stop_task()
+                await self._stop_tasks()
 
     # -------------------------------------------------------------- batching
     async def _run(self) -> None:
@@ -540,7 +563,32 @@ class SparkSink:
                     await asyncio.wait_for(self._added.wait(), timeout)  # type: ignore[union-attr]
                 except asyncio.TimeoutError:
                     pass
-            await self._write_once()
+            async with self._seal_lock:  # type: ignore[union-attr]
+                if self._buffered_events:
+                    await self._seal_and_prepare()
+
+    async def _seal_and_prepare(self) -> None:
+        """Cut a batch, plan and convert it, and queue it for the committer. Batches
+        are queued in the order they were cut, so each partition's ranges commit in order."""
+        attempt = self._seal()
+        if not attempt.events:
+            return
+        try:
+            await asyncio.to_thread(self._prepare_blocking, attempt)
+        except BatchRefused as refused:
+            self._refused(attempt, refused)
+        except Exception as error:  # the committer prepares it again, and reports a lasting failure
+            logger.debug("sink: preparing batch %s failed, the committer retries: %r", attempt.batch_id, error)
+            attempt.df = None
+        await self._queue.put(attempt)  # type: ignore[union-attr]
+
+    async def _commit_loop(self) -> None:
+        while True:
+            attempt = await self._queue.get()  # type: ignore[union-attr]
+            try:
+                await self._commit(attempt)
+            finally:
+                self._queue.task_done()  # type: ignore[union-attr]
 
     def _seal(self) -> _Attempt:
         """Take at most ``max_events`` events and ``max_bytes`` of bodies off the
@@ -579,34 +627,33 @@ class SparkSink:
         self._space.set()  # type: ignore[union-attr]
         return _Attempt(sealed)
 
-    async def _write_once(self) -> None:
-        async with self._write_lock:  # type: ignore[union-attr]
-            attempt = self._seal()
-            if attempt.events:
-                await self._commit(attempt)
+    def _refused(self, attempt: _Attempt, refused: BatchRefused) -> None:
+        logger.warning("sink: batch refused, partitions %s were taken over; going on with the rest",
+                       sorted(refused.lost))
+        for claim in attempt.events:
+            if claim.partition_id in refused.lost:
+                claim.lost = True
+        attempt.drop(refused.lost)
+        attempt.batch_id = None
+        attempt.df = None
 
     async def _commit(self, attempt: _Attempt) -> None:
         while True:
             stale = {c.partition_id for c in attempt.events if c.lost or not c.context.is_owned}
-            if stale:
+            if stale and attempt.committed is None:
                 attempt.drop(stale)
                 if attempt.batch_id is not None:
                     await asyncio.to_thread(self._abandon, attempt)
             if not attempt.events:
                 return
             try:
-                batch = await asyncio.to_thread(self._write_blocking, attempt)
+                batch = await asyncio.to_thread(self._finish_blocking, attempt)
                 break
             except BatchRefused as refused:
-                logger.warning("sink: batch refused, partitions %s were taken over; writing the rest",
-                               sorted(refused.lost))
-                for claim in attempt.events:
-                    if claim.partition_id in refused.lost:
-                        claim.lost = True
-                attempt.drop(refused.lost)
-                attempt.batch_id = None
+                self._refused(attempt, refused)
             except Exception as error:
                 self.last_error = error
+                attempt.df = None
                 logger.exception("sink: writing batch %s failed; retrying in %.1f s", attempt.batch_id,
                                  self.retry_interval)
                 await asyncio.sleep(self.retry_interval)
@@ -632,48 +679,62 @@ class SparkSink:
             self._log.abort(attempt.batch_id)
             self._writer.discard(attempt.batch_id)
             attempt.batch_id = None
+            attempt.df = None
 
-    def _write_blocking(self, attempt: _Attempt) -> MicroBatch:
+    def _prepare_blocking(self, attempt: _Attempt) -> None:
+        """Plan the batch in the commit log (once) and build its DataFrame."""
         log = self._log
         assert log is not None, "a claim is fenced before its events are buffered"
-        times = [time.perf_counter()]
+        started = time.perf_counter()
         ranges = attempt.ranges()
         if attempt.batch_id is None:
             attempt.batch_id = log.begin(ranges)
-        batch_id = attempt.batch_id
-        batch = MicroBatch(
-            batch_id=batch_id,
+        attempt.batch = MicroBatch(
+            batch_id=attempt.batch_id,
             ranges={r.partition_id: r for r in ranges},
             event_count=sum(r.count for r in ranges),
             byte_count=sum(len(e.body) for events in attempt.events.values() for e in events),
         )
-        times.append(time.perf_counter())
+        planned = time.perf_counter()
         table = events_to_table([(claim.partition_id, events) for claim, events in attempt.events.items()])
         table = add_user_columns(table, self.decode, self.partition_by)
-        times.append(time.perf_counter())
-        df = _create_dataframe(self.spark, table)
-        times.append(time.perf_counter())
-        self._writer.write(df, batch)
-        times.append(time.perf_counter())
+        converted = time.perf_counter()
+        attempt.df = _create_dataframe(self.spark, table)
+        attempt.timings = {"plan": planned - started, "arrow": converted - planned,
+                           "dataframe": time.perf_counter() - converted}
+
+    def _finish_blocking(self, attempt: _Attempt) -> MicroBatch:
+        """Write, commit and publish a prepared batch (preparing it again if needed)."""
+        log = self._log
+        assert log is not None, "a claim is fenced before its events are buffered"
+        if attempt.committed is not None:
+            # Committed, but publishing failed: only roll forward, never write again.
+            self._writer.publish(attempt.committed.batch_id)
+            return attempt.committed
+        if attempt.df is None or attempt.batch_id is None:
+            self._prepare_blocking(attempt)
+        batch, ranges = attempt.batch, list(attempt.batch.ranges.values())
+        started = time.perf_counter()
+        self._writer.write(attempt.df, batch)
+        written = time.perf_counter()
         _hook("after_write")
         # Last cheap check before the commit point; the commit log is the real fence.
         stale = [c.partition_id for c in attempt.events if not c.context.is_owned]
         if stale:
             self._abandon(attempt)
             raise BatchRefused(f"partitions {stale} are no longer owned", stale)
-        if not log.commit(batch_id):
-            self._writer.discard(batch_id)
-            attempt.batch_id = None
+        if not log.commit(batch.batch_id):
+            self._writer.discard(batch.batch_id)
             lost = log.lost_partitions(ranges) or [r.partition_id for r in ranges]
-            raise BatchRefused(f"batch {batch_id} was aborted by a newer claim", lost)
+            raise BatchRefused(f"batch {batch.batch_id} was aborted by a newer claim", lost)
+        attempt.committed = batch
         _hook("after_commit")
-        moved = self._writer.publish(batch_id)
-        times.append(time.perf_counter())
+        moved = self._writer.publish(batch.batch_id)
         _hook("after_publish")
-        steps = " ".join(f"{name} {b - a:.3f}" for name, a, b in
-                         zip(("plan", "arrow", "dataframe", "write", "commit+publish"), times, times[1:]))
-        logger.info("sink: committed batch %s: %d events from partitions %s (%d files) in %.2f s (%s)", batch_id,
-                    batch.event_count, sorted(batch.ranges), moved, times[-1] - times[0], steps)
+        steps = dict(attempt.timings, write=written - started, commit=time.perf_counter() - written)
+        logger.info("sink: committed batch %s: %d events from partitions %s (%d files); seconds: %s",
+                    batch.batch_id, batch.event_count, sorted(batch.ranges), moved,
+                    " ".join(f"{name} {value:.3f}" for name, value in steps.items()))
         return batch
 
 
