@@ -21,9 +21,11 @@ Micro-batches
 The sink is the processor's partition-processor factory: every claim gets a handler
 that feeds one shared batcher. A batch is cut at ``max_events`` events, ``max_bytes``
 bytes of bodies or ``max_interval`` seconds after its first event, whichever comes
-first, and contains the events of every owned partition buffered by then. The
-handlers apply back-pressure: while one batch is written, at most one more is
-buffered. Spark runs in a worker thread, so ownership renewals keep going.
+first (a batch never holds more than ``max_events`` events or ``max_bytes`` of bodies,
+except one larger event), and takes a fair share of every owned partition's buffered
+events. While one batch is written, the next is planned and converted to a DataFrame,
+and the handlers buffer at most one more (back-pressure). Spark runs in worker
+threads, so ownership renewals keep going; batches commit in the order they were cut.
 
 Each batch becomes one DataFrame, converted from Arrow (never row by row), with the
 columns of :data:`EVENT_SCHEMA`::
@@ -39,8 +41,11 @@ bodies into columns or a struct).
 
 The DataFrame goes to ``foreach_batch(df, batch_id)`` (or ``foreach_batch(df,
 batch_id, batch)`` with a :class:`MicroBatch` when the function takes three
-arguments). Without ``foreach_batch`` the default writer appends Parquet to ``path``,
-partitioned by ``partition_by``.
+arguments); it runs in a worker thread. Without ``foreach_batch`` the default writer
+appends Parquet to ``path``, partitioned by ``partition_by``. Sessions built by the sink
+read ``partition_id=0`` directories back as strings
+(``spark.sql.sources.partitionColumnTypeInference.enabled=false``); set that in your own
+session too, or read with an explicit schema.
 
 The SparkSession is the one passed as ``spark``, else the active one, else a new
 ``local[*]`` session bound to 127.0.0.1; ``master`` and ``spark_conf`` select any

@@ -573,8 +573,11 @@ class SparkSink:
         attempt = self._seal()
         if not attempt.events:
             return
+        logger.debug("sink: sealed %d events of partitions %s", sum(len(e) for e in attempt.events.values()),
+                     sorted(c.partition_id for c in attempt.events))
         try:
             await asyncio.to_thread(self._prepare_blocking, attempt)
+            logger.debug("sink: prepared batch %s", attempt.batch_id)
         except BatchRefused as refused:
             self._refused(attempt, refused)
         except Exception as error:  # the committer prepares it again, and reports a lasting failure
@@ -714,6 +717,7 @@ class SparkSink:
         if attempt.df is None or attempt.batch_id is None:
             self._prepare_blocking(attempt)
         batch, ranges = attempt.batch, list(attempt.batch.ranges.values())
+        logger.debug("sink: writing batch %s", batch.batch_id)
         started = time.perf_counter()
         self._writer.write(attempt.df, batch)
         written = time.perf_counter()
