@@ -1,0 +1,257 @@
+"""An in-process partitioned log with Event Hubs' receive semantics.
+
+For tests, demos and benchmarks: sequence numbers and offsets per partition, enqueued
+times, starting positions, partition keys hashed to a stable partition, partitions
+added at run time, and owner-level (epoch) receivers.
+"""
+from __future__ import annotations
+
+import asyncio
+import bisect
+import hashlib
+import itertools
+import logging
+from datetime import datetime, timezone
+from typing import Any, Callable, Dict, List, Mapping, Optional, Union
+
+from ..errors import ConfigurationError, ReceiverDisconnectedError
+from ..events import Event, EventPosition
+from .base import EventSource, PartitionReceiver
+
+__all__ = ["MemoryEventSource"]
+
+logger = logging.getLogger(__name__)
+
+
+def _utcnow() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+class _Partition:
+    def __init__(self) -> None:
+        self.events: List[Event] = []
+        self.next_offset = 0
+        self.waiters: List[asyncio.Future] = []
+        # consumer group -> receivers currently open on this partition
+        self.receivers: Dict[str, List["MemoryPartitionReceiver"]] = {}
+
+    def wake(self) -> None:
+        waiters, self.waiters = self.waiters, []
+        for waiter in waiters:
+            if not waiter.done():
+                waiter.set_result(None)
+
+
+class MemoryPartitionReceiver(PartitionReceiver):
+    """A receiver on one partition of a :class:`MemoryEventSource`."""
+
+    def __init__(self, source: "MemoryEventSource", partition_id: str, consumer_group: str,
+                 index: int, owner_level: Optional[int]) -> None:
+        self._source = source
+        self.partition_id = partition_id
+        self.consumer_group = consumer_group
+        self.owner_level = owner_level
+        self._index = index
+        self._disconnected_by: Optional[int] = None
+        self._closed = False
+
+    def __repr__(self) -> str:
+        return (f"MemoryPartitionReceiver(partition_id={self.partition_id!r}, "
+                f"consumer_group={self.consumer_group!r}, owner_level={self.owner_level})")
+
+    def _disconnect(self, by_level: Optional[int]) -> None:
+        self._disconnected_by = by_level if by_level is not None else -1
+        self._source._partitions[self.partition_id].wake()
+
+    def _check(self) -> None:
+        if self._disconnected_by is not None:
+            raise ReceiverDisconnectedError(
+                f"receiver on partition {self.partition_id} (owner level {self.owner_level}) was disconnected: "
+                f"a receiver with owner level {self._disconnected_by} took the partition for consumer group "
+                f"{self.consumer_group!r}",
+                partition_id=self.partition_id,
+            )
+        if self._closed:
+            raise RuntimeError("receiver is closed")
+
+    async def receive(self, max_batch_size: int, max_wait_time: Optional[float]) -> List[Event]:
+        if max_batch_size < 1:
+            raise ValueError("max_batch_size must be at least 1")
+        partition = self._source._partitions[self.partition_id]
+        loop = asyncio.get_running_loop()
+        deadline = None if max_wait_time is None else loop.time() + max_wait_time
+        while True:
+            self._check()
+            if self._index < len(partition.events):
+                batch = partition.events[self._index:self._index + max_batch_size]
+                self._index += len(batch)
+                return batch
+            timeout = None if deadline is None else deadline - loop.time()
+            if timeout is not None and timeout <= 0:
+                return []
+            waiter = loop.create_future()
+            partition.waiters.append(waiter)
+            try:
+                await asyncio.wait_for(waiter, timeout)
+            except asyncio.TimeoutError:
+                return []
+            finally:
+                if waiter in partition.waiters:
+                    partition.waiters.remove(waiter)
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        group = self._source._partitions[self.partition_id].receivers.get(self.consumer_group, [])
+        if self in group:
+            group.remove(self)
+
+
+class MemoryEventSource(EventSource):
+    """An in-process partitioned log.
+
+    Example::
+
+        source = MemoryEventSource(4)
+        await source.send(b"hello", partition_key="device-7")
+        await source.send(b"round robin")
+        source.add_partitions(2)
+    """
+
+    def __init__(self, partition_count: int, *, eventhub_name: str = "hub",
+                 fully_qualified_namespace: str = "memory.local",
+                 clock: Optional[Callable[[], datetime]] = None) -> None:
+        if partition_count < 1:
+            raise ConfigurationError(f"partition_count must be at least 1, got {partition_count}")
+        self.eventhub_name = eventhub_name
+        self.fully_qualified_namespace = fully_qualified_namespace
+        self._clock = clock or _utcnow
+        self._partitions: Dict[str, _Partition] = {str(i): _Partition() for i in range(partition_count)}
+        self._round_robin = itertools.count()
+
+    def __repr__(self) -> str:
+        return (f"MemoryEventSource(partition_count={len(self._partitions)}, eventhub_name={self.eventhub_name!r}, "
+                f"fully_qualified_namespace={self.fully_qualified_namespace!r})")
+
+    @property
+    def partition_count(self) -> int:
+        return len(self._partitions)
+
+    async def get_partition_ids(self) -> List[str]:
+        return list(self._partitions)
+
+    def add_partitions(self, count: int) -> List[str]:
+        """Add ``count`` partitions; returns their ids. Like Event Hubs, keys may now
+        hash to different partitions."""
+        if count < 1:
+            raise ConfigurationError(f"count must be at least 1, got {count}")
+        start = len(self._partitions)
+        new = [str(i) for i in range(start, start + count)]
+        for pid in new:
+            self._partitions[pid] = _Partition()
+        logger.info("%s: added partitions %s", self.eventhub_name, ", ".join(new))
+        return new
+
+    def partition_for_key(self, partition_key: str) -> str:
+        digest = hashlib.blake2b(partition_key.encode("utf-8"), digest_size=8).digest()
+        return str(int.from_bytes(digest, "big") % len(self._partitions))
+
+    async def send(self, body: Union[bytes, str], *, partition_id: Optional[str] = None,
+                   partition_key: Optional[str] = None,
+                   properties: Optional[Mapping[str, Any]] = None) -> Event:
+        """Append one event and return it (with its sequence number and offset)."""
+        return self.append(body, partition_id=partition_id, partition_key=partition_key, properties=properties)
+
+    async def send_batch(self, bodies: List[Union[bytes, str]], *, partition_id: Optional[str] = None,
+                         partition_key: Optional[str] = None) -> List[Event]:
+        """Append several events to one partition (or round-robin if none is named)."""
+        return [self.append(b, partition_id=partition_id, partition_key=partition_key) for b in bodies]
+
+    def append(self, body: Union[bytes, str], *, partition_id: Optional[str] = None,
+               partition_key: Optional[str] = None,
+               properties: Optional[Mapping[str, Any]] = None) -> Event:
+        """Synchronous :meth:`send`, for producers outside the event loop's tasks."""
+        if isinstance(body, str):
+            body = body.encode("utf-8")
+        if not isinstance(body, (bytes, bytearray)):
+            raise TypeError(f"body must be bytes or str, not {type(body).__name__}")
+        if partition_id is not None and partition_key is not None:
+            raise ConfigurationError("give partition_id or partition_key, not both")
+        if partition_id is not None:
+            partition_id = str(partition_id)
+            if partition_id not in self._partitions:
+                raise ConfigurationError(
+                    f"partition {partition_id!r} does not exist; ids are 0..{len(self._partitions) - 1}")
+        elif partition_key is not None:
+            partition_id = self.partition_for_key(partition_key)
+        else:
+            partition_id = str(next(self._round_robin) % len(self._partitions))
+        partition = self._partitions[partition_id]
+        event = Event(
+            body=bytes(body),
+            sequence_number=len(partition.events),
+            offset=str(partition.next_offset),
+            enqueued_time=self._clock(),
+            partition_key=partition_key,
+            properties=dict(properties or {}),
+        )
+        partition.events.append(event)
+        partition.next_offset += max(len(body), 1)
+        partition.wake()
+        return event
+
+    def events(self, partition_id: str) -> List[Event]:
+        """A copy of every event in a partition, for tests."""
+        return list(self._partitions[partition_id].events)
+
+    def last_sequence_number(self, partition_id: str) -> int:
+        return len(self._partitions[partition_id].events) - 1
+
+    def _start_index(self, partition: _Partition, position: EventPosition) -> int:
+        events = partition.events
+        if position.kind == "earliest":
+            return 0
+        if position.kind == "latest":
+            return len(events)
+        if position.kind == "sequence_number":
+            seq = int(position.value)  # type: ignore[arg-type]
+            return max(0, min(len(events), seq if position.inclusive else seq + 1))
+        if position.kind == "offset":
+            offsets = [int(e.offset) for e in events]
+            target = int(position.value)  # type: ignore[arg-type]
+            return bisect.bisect_left(offsets, target) if position.inclusive else bisect.bisect_right(offsets, target)
+        times = [e.enqueued_time for e in events]
+        if position.inclusive:
+            return bisect.bisect_left(times, position.value)  # type: ignore[arg-type]
+        return bisect.bisect_right(times, position.value)  # type: ignore[arg-type]
+
+    async def open_receiver(self, partition_id: str, *, consumer_group: str,
+                            starting_position: EventPosition, owner_level: Optional[int],
+                            prefetch: int = 300) -> MemoryPartitionReceiver:
+        """Open a receiver. Event Hubs' epoch rules: an owner-level receiver disconnects
+        the receivers of the consumer group with a lower or equal owner level (and all
+        receivers without one); it cannot open while a higher one is open."""
+        if partition_id not in self._partitions:
+            raise ConfigurationError(f"partition {partition_id!r} does not exist")
+        if prefetch < 0:
+            raise ConfigurationError("prefetch must not be negative")
+        partition = self._partitions[partition_id]
+        group = partition.receivers.setdefault(consumer_group, [])
+        exclusive = [r for r in group if r.owner_level is not None]
+        if exclusive:
+            highest = max(r.owner_level for r in exclusive)  # type: ignore[type-var]
+            if owner_level is None or owner_level < highest:
+                raise ReceiverDisconnectedError(
+                    f"cannot open a receiver on partition {partition_id} with owner level {owner_level}: "
+                    f"a receiver with owner level {highest} is open",
+                    partition_id=partition_id,
+                )
+        if owner_level is not None:
+            for receiver in list(group):
+                receiver._disconnect(owner_level)
+                group.remove(receiver)
+        receiver = MemoryPartitionReceiver(self, partition_id, consumer_group,
+                                           self._start_index(partition, starting_position), owner_level)
+        group.append(receiver)
+        return receiver
