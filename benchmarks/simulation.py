@@ -87,6 +87,7 @@ class VirtualScheduler:
         self.now = 0.0
         self._heap: List[Tuple[float, int, Callable[[], None]]] = []
         self._seq = itertools.count()
+        self._groups: Dict[float, List[Any]] = {}
 
     def call_at(self, when: float, callback: Callable[[], None]) -> None:
         heapq.heappush(self._heap, (max(when, self.now), next(self._seq), callback))
@@ -103,6 +104,33 @@ class VirtualScheduler:
 
     async def sleep(self, seconds: float) -> None:
         await self.sleep_until(self.now + max(0.0, seconds))
+
+    async def write_group(self, when: float, items: Sequence[Any], execute: Callable[[Any], Any],
+                          rng: random.Random) -> List[Any]:
+        """Apply ``execute`` to each item at ``when``, interleaved at random with the
+        items of every other batch that lands at the same instant; return the results
+        in item order."""
+        future = asyncio.get_running_loop().create_future()
+        key = max(when, self.now)
+        group = self._groups.get(key)
+        if group is None:
+            group = self._groups[key] = []
+
+            def apply() -> None:
+                batches = self._groups.pop(key)
+                order = [(b, i) for b, (batch_items, _ex, _fut, _res) in enumerate(batches)
+                         for i in range(len(batch_items))]
+                rng.shuffle(order)
+                for b, i in order:
+                    batch_items, batch_execute, _fut, results = batches[b]
+                    results[i] = _run_now(batch_execute(batch_items[i]))
+                for _items, _ex, batch_future, results in batches:
+                    if not batch_future.done():
+                        batch_future.set_result(results)
+
+            self.call_at(key, apply)
+        group.append((list(items), execute, future, [None] * len(items)))
+        return await future
 
     def next_time(self) -> Optional[float]:
         return self._heap[0][0] if self._heap else None
@@ -181,7 +209,8 @@ class Ledger:
     failed_claims: int = 0
     owner_changes: int = 0
     steals_by: Counter = field(default_factory=Counter)
-    first_owned: Dict[str, float] = field(default_factory=dict)
+    version: int = 0
+    touched: set = field(default_factory=set)  # owners whose records were overwritten since last looked
 
     def listed(self) -> None:
         self.requests["list_ownership"] += 1
@@ -193,7 +222,10 @@ class Ledger:
         self.requests["update_checkpoint"] += 1
 
     def write(self, partition_id: str, owner: str, won: bool, now: float) -> None:
+        self.version += 1
         previous = self.records.get(partition_id)
+        if won and previous is not None and previous.owner:
+            self.touched.add(previous.owner)
         if not owner:
             kind = "release"
         elif previous is not None and previous.owner == owner:
@@ -253,16 +285,39 @@ class _Latency:
         # Uniform in [0, latency]: a tick sometimes takes a large share of the interval.
         return self._rng.uniform(0.0, self.latency) if self.latency > 0 else 0.0
 
-    async def round_trip(self, execute: Callable[[], Any], *, write: bool = False) -> Any:
+    async def round_trip(self, execute: Callable[[], Any]) -> Any:
         delay = self.draw()
-        # Writes issued at the same instant reach the store in random order, as they do
-        # over a network; lists stay in issue order so a lockstep tick lists first.
-        await self.scheduler.sleep(delay / 2 + (self._rng.uniform(0.0, 1e-6) if write else 0.0))
+        await self.scheduler.sleep(delay / 2)
         result = execute()
         if asyncio.iscoroutine(result):
             result = await result
         await self.scheduler.sleep(delay / 2)
         return result
+
+    async def writes(self, items: Sequence[Any], execute: Callable[[Any], Any]) -> List[Any]:
+        """One round trip for a batch of writes sent concurrently.
+
+        Batches of different instances that reach the store at the same instant are
+        applied record by record in a random interleaving, as concurrent requests are
+        over a network (one scheduler event per instant, not per record, so large runs
+        stay fast). Lists keep their issue order, so a lockstep tick lists first.
+        """
+        delay = self.draw()
+        results = await self.scheduler.write_group(self.scheduler.now + delay / 2, items, execute, self._rng)
+        await self.scheduler.sleep(delay / 2)
+        return results
+
+
+def _run_now(result: Any) -> Any:
+    """Finish a store coroutine that never suspends (the in-memory stores) synchronously."""
+    if not asyncio.iscoroutine(result):
+        return result
+    try:
+        result.send(None)
+    except StopIteration as done:
+        return done.value
+    result.close()
+    raise SimulationStalled("a store write suspended; simulated stores must complete at once")
 
 
 class SimulatedStore(CheckpointStore):
@@ -291,15 +346,13 @@ class SimulatedStore(CheckpointStore):
     async def claim_ownership(self, ownerships: Iterable[Ownership]) -> List[Ownership]:
         claims = list(ownerships)
 
-        async def execute() -> List[Ownership]:
-            won = await self._inner.claim_ownership(claims)
-            won_ids = {record.partition_id for record in won}
-            for claim in claims:
-                self._ledger.write(claim.partition_id, claim.owner_id, claim.partition_id in won_ids,
-                                   self._scheduler.now)
-            return won
+        def execute(claim: Ownership) -> Optional[Ownership]:
+            won = _run_now(self._inner.claim_ownership([claim]))
+            self._ledger.write(claim.partition_id, claim.owner_id, bool(won), self._scheduler.now)
+            return won[0] if won else None
 
-        return await self._latency.round_trip(execute, write=True)
+        results = await self._latency.writes(claims, execute)
+        return [record for record in results if record is not None]
 
     async def update_checkpoint(self, checkpoint: Checkpoint, *, owner_id: str, epoch: int) -> None:
         async def execute() -> None:
@@ -349,23 +402,21 @@ class OfficialSimStore:
     async def claim_ownership(self, ownership_list: Iterable[Dict[str, Any]], **kwargs: Any) -> List[Dict[str, Any]]:
         claims = [dict(claim) for claim in ownership_list]
 
-        def execute() -> List[Dict[str, Any]]:
-            won: List[Dict[str, Any]] = []
-            for claim in claims:
-                pid = claim["partition_id"]
-                current = self._records.get(pid)
-                etag = claim.get("etag")
-                ok = (current is None and etag is None) or (current is not None and etag is not None
-                                                              and etag == current["etag"])
-                self._ledger.write(pid, claim.get("owner_id") or "", ok, self._scheduler.now)
-                if not ok:
-                    continue
-                record = dict(claim, etag=str(uuid.uuid4()), last_modified_time=self.server_time())
-                self._records[pid] = record
-                won.append(dict(record))
-            return won
+        def execute(claim: Dict[str, Any]) -> Optional[Dict[str, Any]]:
+            pid = claim["partition_id"]
+            current = self._records.get(pid)
+            etag = claim.get("etag")
+            ok = (current is None and etag is None) or (current is not None and etag is not None
+                                                          and etag == current["etag"])
+            self._ledger.write(pid, claim.get("owner_id") or "", ok, self._scheduler.now)
+            if not ok:
+                return None
+            record = dict(claim, etag=str(uuid.uuid4()), last_modified_time=self.server_time())
+            self._records[pid] = record
+            return dict(record)
 
-        return await self._latency.round_trip(execute, write=True)
+        results = await self._latency.writes(claims, execute)
+        return [record for record in results if record is not None]
 
     async def update_checkpoint(self, checkpoint: Dict[str, Any], **kwargs: Any) -> None:
         def execute() -> None:
@@ -437,7 +488,13 @@ class _Instance:
 
     @property
     def owned(self) -> FrozenSet[str]:
+        """What the instance believes it owns."""
         raise NotImplementedError
+
+    @property
+    def dispatching(self) -> FrozenSet[str]:
+        """What the instance could still deliver events of right now."""
+        return self.owned
 
     async def tick(self) -> None:
         raise NotImplementedError
@@ -449,6 +506,27 @@ class _Instance:
     async def crash(self) -> None:
         """Die without releasing anything."""
         raise NotImplementedError
+
+
+class _QuietPartitionProcessor:
+    """Built lazily (the core may not be importable when this module loads): a handler
+    that counts errors instead of logging each one (stolen partitions' receivers are
+    disconnected by design, thousands of times in a large run)."""
+
+    errors = 0
+    cls: Any = None
+
+    @classmethod
+    def get(cls) -> Any:
+        if cls.cls is None:
+            from eventprocessor import PartitionProcessor
+
+            class Quiet(PartitionProcessor):
+                async def process_error(self, error: Exception, context: Any) -> None:
+                    _QuietPartitionProcessor.errors += 1
+
+            cls.cls = Quiet
+        return cls.cls
 
 
 class OursInstance(_Instance):
@@ -466,6 +544,19 @@ class OursInstance(_Instance):
         if self._dead:
             return frozenset()
         return frozenset(self.processor.owned_partitions)
+
+    @property
+    def dispatching(self) -> FrozenSet[str]:
+        """Owned partitions whose pump is still live (not stopped by a takeover of its
+        receiver): the ones whose events could still reach the handler."""
+        if self._dead:
+            return frozenset()
+        live = set()
+        for pid in self.processor.owned_partitions:
+            pump = self.processor.pump(pid)
+            if pump is not None and pump.task is not None and not pump.task.done() and not pump.stopping:
+                live.add(pid)
+        return frozenset(live)
 
     async def tick(self) -> None:
         report = await self.processor.balance_once()
@@ -582,7 +673,8 @@ class PhaseResult:
     instance_ticks: int
     duration: float
     max_believers: int
-    overlap_seconds: float
+    max_dispatchers: int
+    overlap_seconds: float  # partition-seconds during which two or more instances dispatched it
     reowned_at: Optional[float] = None
 
 
@@ -624,10 +716,18 @@ class Simulation:
         self._origin = 0.0
         self.samples: List[Sample] = []
         self._max_believers = 0
+        self._max_dispatchers = 0
         self._overlap_seconds = 0.0
         self._last_event_time = 0.0
         self._current_overlaps = 0
         self._balanced_since: Optional[float] = None
+        self._dirty = True
+        self._seen_version = -1
+        self._stale: set = set()
+        self._views: Dict[str, Tuple[FrozenSet[str], FrozenSet[str]]] = {}
+        self._believers: Counter = Counter()
+        self._dispatchers: Counter = Counter()
+        self._by_owner: Dict[str, _Instance] = {}
         if implementation == "ours":
             from eventprocessor.sources import MemoryEventSource
             from stores import InMemoryCheckpointStore
@@ -654,10 +754,10 @@ class Simulation:
         clock = VirtualClock(self.scheduler, skew)
         rng = random.Random(self._rng.random())
         if self.implementation == "ours":
-            from eventprocessor import EventProcessor, PartitionProcessor
+            from eventprocessor import EventProcessor
 
             processor = EventProcessor(
-                self.source, self.store, PartitionProcessor, consumer_group=CONSUMER_GROUP, owner_id=owner_id,
+                self.source, self.store, _QuietPartitionProcessor.get(), consumer_group=CONSUMER_GROUP, owner_id=owner_id,
                 load_balancing_strategy=self.strategy, load_balancing_interval=self.interval,
                 partition_ownership_expiration_interval=self.expiration, clock=clock, rng=rng,
             )
@@ -670,6 +770,7 @@ class Simulation:
                                         self.expiration, clock, rng)
         self.instances.append(instance)
         self.alive.append(instance)
+        self._by_owner[owner_id] = instance
         if self.schedule == "lockstep":
             k = math.floor((self.scheduler.now - self._origin) / self.interval + 1e-9)
             first = self._origin + k * self.interval
@@ -686,6 +787,8 @@ class Simulation:
             started = self.scheduler.now
             await instance.tick()
             self._instance_ticks += 1
+            self._dirty = True
+            self._stale.add(instance.owner_id)
             if self.schedule == "lockstep":
                 await self.scheduler.sleep_until(started + self.interval)
             else:
@@ -704,6 +807,7 @@ class Simulation:
         await self._halt(instance)
         await instance.crash()
         await self.scheduler.drain()
+        self._stale.add(instance.owner_id)
         self._observe()
 
     async def stop(self, instance: _Instance) -> None:
@@ -711,6 +815,7 @@ class Simulation:
         await self._halt(instance)
         await instance.stop()
         await self.scheduler.drain()
+        self._stale.add(instance.owner_id)
         self._observe()
 
     async def stop_run(self) -> None:
@@ -749,16 +854,37 @@ class Simulation:
             counts[owner] += 1
         return max(counts.values()) - min(counts.values()) <= 1
 
-    def _observe(self) -> None:
+    def _observe(self, *, everyone: bool = False) -> None:
+        """Update beliefs, overlaps and balance after an event.
+
+        Only instances that may have changed are re-read: the ones whose tick ended,
+        and the previous owners of records that were overwritten (their pumps see the
+        takeover). ``everyone`` re-reads all (leases also run out with time alone).
+        """
+        self._dirty = False
+        self._seen_version = self.ledger.version
         now = self.scheduler.now
         self._overlap_seconds += self._current_overlaps * (now - self._last_event_time)
         self._last_event_time = now
-        believers: Counter = Counter()
-        for instance in self.instances:
-            believers.update(instance.owned)
-        peak = max(believers.values(), default=0)
-        self._max_believers = max(self._max_believers, peak)
-        self._current_overlaps = sum(1 for n in believers.values() if n > 1)
+        stale = set(self._by_owner) if everyone else (self._stale | self.ledger.touched)
+        self._stale.clear()
+        self.ledger.touched.clear()
+        for owner in stale:
+            instance = self._by_owner.get(owner)
+            if instance is None:
+                continue
+            old_owned, old_dispatching = self._views.get(owner, (frozenset(), frozenset()))
+            owned, dispatching = instance.owned, instance.dispatching
+            if owned != old_owned:
+                self._believers.subtract(old_owned)
+                self._believers.update(owned)
+            if dispatching != old_dispatching:
+                self._dispatchers.subtract(old_dispatching)
+                self._dispatchers.update(dispatching)
+            self._views[owner] = (owned, dispatching)
+        self._max_believers = max(self._max_believers, max(self._believers.values(), default=0))
+        self._max_dispatchers = max(self._max_dispatchers, max(self._dispatchers.values(), default=0))
+        self._current_overlaps = sum(1 for n in self._dispatchers.values() if n > 1)
         if self.is_balanced():
             if self._balanced_since is None:
                 self._balanced_since = now
@@ -779,7 +905,10 @@ class Simulation:
                 next_sample += self.interval
             self.scheduler.pop()()
             await self.scheduler.drain()
-            self._observe()
+            # Beliefs change only when a tick ends (or an instance stops) and the store
+            # only on writes; observing after other events would find nothing new.
+            if self._dirty or self._seen_version != self.ledger.version:
+                self._observe()
             if stop_when is not None and stop_when():
                 return
         while next_sample <= end:
@@ -790,6 +919,7 @@ class Simulation:
         self._observe()
 
     def _sample(self) -> None:
+        self._observe(everyone=True)
         self.samples.append(Sample((self.scheduler.now - self._origin) / self.interval, self.counts()))
 
     # ---- phases
@@ -797,6 +927,7 @@ class Simulation:
     def mark(self) -> Dict[str, Any]:
         """Start measuring a phase now; pass the result to :meth:`result`."""
         self._max_believers = 0
+        self._max_dispatchers = 0
         self._overlap_seconds = 0.0
         self._last_event_time = self.scheduler.now
         return {"at": self.scheduler.now, "ledger": self.ledger.snapshot(), "ticks": self._instance_ticks}
@@ -817,6 +948,7 @@ class Simulation:
             instance_ticks=self._instance_ticks - mark["ticks"],
             duration=self.scheduler.now - start,
             max_believers=self._max_believers,
+            max_dispatchers=self._max_dispatchers,
             overlap_seconds=self._overlap_seconds,
             reowned_at=reowned_at,
         )
