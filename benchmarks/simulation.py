@@ -724,10 +724,14 @@ class Simulation:
         self._dirty = True
         self._seen_version = -1
         self._stale: set = set()
+        self._suspects: Dict[str, float] = {}
         self._views: Dict[str, Tuple[FrozenSet[str], FrozenSet[str]]] = {}
         self._believers: Counter = Counter()
         self._dispatchers: Counter = Counter()
         self._by_owner: Dict[str, _Instance] = {}
+        self._watched: Optional[str] = None
+        self._watched_stale = 0
+        self.watched_stale_seconds = 0.0
         if implementation == "ours":
             from eventprocessor.sources import MemoryEventSource
             from stores import InMemoryCheckpointStore
@@ -813,10 +817,23 @@ class Simulation:
     async def stop(self, instance: _Instance) -> None:
         """Stop ``instance`` gracefully now (it releases what it owns)."""
         await self._halt(instance)
-        await instance.stop()
-        await self.scheduler.drain()
+        # Stopping releases ownership through the store, whose requests complete only
+        # as virtual time runs: run the simulation until the stop is done.
+        stopping = asyncio.get_running_loop().create_task(instance.stop())
+        await self._run_while_pending(stopping)
+        await stopping
         self._stale.add(instance.owner_id)
         self._observe()
+
+    async def _run_while_pending(self, task: "asyncio.Task[Any]") -> None:
+        await self.scheduler.drain()
+        while not task.done():
+            if self.scheduler.next_time() is None:
+                raise SimulationStalled("a stop is waiting on something that virtual time cannot bring")
+            self.scheduler.pop()()
+            await self.scheduler.drain()
+            if self._dirty or self._seen_version != self.ledger.version:
+                self._observe()
 
     async def stop_run(self) -> None:
         for instance in list(self.alive):
@@ -854,6 +871,11 @@ class Simulation:
             counts[owner] += 1
         return max(counts.values()) - min(counts.values()) <= 1
 
+    def watch(self, owner_id: str) -> None:
+        """Account the partition-seconds during which ``owner_id`` dispatches a partition
+        whose live record belongs to someone else (or to nobody)."""
+        self._watched = owner_id
+
     def _observe(self, *, everyone: bool = False) -> None:
         """Update beliefs, overlaps and balance after an event.
 
@@ -865,10 +887,17 @@ class Simulation:
         self._seen_version = self.ledger.version
         now = self.scheduler.now
         self._overlap_seconds += self._current_overlaps * (now - self._last_event_time)
+        self.watched_stale_seconds += self._watched_stale * (now - self._last_event_time)
         self._last_event_time = now
-        stale = set(self._by_owner) if everyone else (self._stale | self.ledger.touched)
-        self._stale.clear()
+        # A takeover reaches the previous owner's pump only once the new owner's pump
+        # opens its receiver (after the new owner's tick ends), so previous owners stay
+        # under watch for one interval after their record was overwritten.
+        for owner in self.ledger.touched:
+            self._suspects[owner] = now + self.interval
         self.ledger.touched.clear()
+        self._suspects = {o: until for o, until in self._suspects.items() if until >= now}
+        stale = set(self._by_owner) if everyone else (self._stale | set(self._suspects))
+        self._stale.clear()
         for owner in stale:
             instance = self._by_owner.get(owner)
             if instance is None:
@@ -885,6 +914,9 @@ class Simulation:
         self._max_believers = max(self._max_believers, max(self._believers.values(), default=0))
         self._max_dispatchers = max(self._max_dispatchers, max(self._dispatchers.values(), default=0))
         self._current_overlaps = sum(1 for n in self._dispatchers.values() if n > 1)
+        if self._watched is not None:
+            _owned, dispatching = self._views.get(self._watched, (frozenset(), frozenset()))
+            self._watched_stale = sum(1 for pid in dispatching if self.ledger.live_owner(pid, now) != self._watched)
         if self.is_balanced():
             if self._balanced_since is None:
                 self._balanced_since = now
