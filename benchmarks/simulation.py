@@ -772,9 +772,14 @@ class Simulation:
             official = OfficialStrategy(self.strategy.value) if hasattr(self.strategy, "value") else self.strategy
             instance = OfficialInstance(owner_id, self.store, lambda: list(self.partition_ids), official,
                                         self.expiration, clock, rng)
+        return self.join(instance)
+
+    def join(self, instance: _Instance) -> _Instance:
+        """Schedule ``instance`` (any object with ``owner_id``, ``owned``, ``tick``,
+        ``stop`` and ``crash``) to tick in this simulation from now on."""
         self.instances.append(instance)
         self.alive.append(instance)
-        self._by_owner[owner_id] = instance
+        self._by_owner[instance.owner_id] = instance
         if self.schedule == "lockstep":
             k = math.floor((self.scheduler.now - self._origin) / self.interval + 1e-9)
             first = self._origin + k * self.interval
@@ -988,7 +993,7 @@ class Simulation:
     def ticks_between(self, start: float, end: float) -> int:
         """Tick rounds from ``start`` to ``end``: a change made by the k-th tick after
         ``start`` counts k (every instance ticks once per interval)."""
-        if end <= start:
+        if end < start:
             return 0
         return int(math.floor((end - start) / self.interval + 1e-9)) + 1
 
