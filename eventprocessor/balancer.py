@@ -25,6 +25,7 @@ from __future__ import annotations
 import enum
 import hashlib
 import random
+from collections import Counter
 from dataclasses import dataclass, field, replace
 from typing import Collection, Dict, List, Mapping, Optional, Sequence, Tuple
 
@@ -136,6 +137,20 @@ def _plan(
     return _Plan(targets=targets, deal=deal, pool=[p for p, _v in pool], victims=victims)
 
 
+def _random_surplus(plan: _Plan, owned_by: Mapping[str, Sequence[str]], wanted: int,
+                    rng: random.Random) -> List[str]:
+    """Up to ``wanted`` partitions taken at random from the owners above their target,
+    no more from each than its surplus. Several invisible newcomers reading the same
+    snapshot then rarely pick the same partition."""
+    surplus = Counter(plan.victims.values())
+    candidates: List[str] = []
+    for victim in sorted(surplus, key=_rank):
+        theirs = sorted(owned_by[victim], key=_partition_sort_key)
+        candidates += rng.sample(theirs, surplus[victim])
+    rng.shuffle(candidates)
+    return candidates[:wanted]
+
+
 def decide(
     listing: OwnershipListing,
     partition_ids: Collection[str],
@@ -195,6 +210,11 @@ def decide(
     renewals = tuple(r for r in mine if age(r) >= renew_after)
 
     limit = 1 if strategy is LoadBalancingStrategy.BALANCED else None
+    if not counts:
+        # Nobody is visible: every processor starting now believes it is alone. Claim
+        # one partition first, so that next tick the fair share is computed with
+        # everyone who showed up, instead of every starter claiming everything.
+        limit = 1
     view = dict(counts)
     view.setdefault(owner_id, 0)
     plan = _plan(view, owned_by, unowned, len(wanted), limit)
@@ -209,11 +229,12 @@ def decide(
         if others:
             other_plan = _plan(others, owned_by, unowned, len(wanted), limit)
             taken_by_others = {p for ps in other_plan.deal.values() for p in ps}
-        free = [p for p in plan.pool if p not in taken_by_others and p not in plan.victims]
-        if not free:
-            free = [p for p in plan.pool if p not in taken_by_others]
+        unclaimed = [p for p in plan.pool if p not in plan.victims]
+        free = [p for p in unclaimed if p not in taken_by_others] or unclaimed
         if free:
             take = rng.sample(sorted(free, key=_partition_sort_key), min(len(take), len(free)))
+        else:
+            take = _random_surplus(plan, owned_by, len(take), rng)
 
     claims: List[Ownership] = []
     stolen_from: Dict[str, str] = {}

@@ -1,0 +1,284 @@
+"""Connection strings, names and credentials of the Azure stores, and the rule that
+secrets (account keys, SAS signatures, connection strings) never show up in reprs,
+error messages or logs."""
+from __future__ import annotations
+
+import base64
+import logging
+import socket
+import traceback
+import uuid
+from datetime import datetime, timedelta, timezone
+from typing import Any, Iterable, List
+
+import pytest
+
+from eventprocessor.errors import CheckpointStoreError, ConfigurationError, OwnershipLostError
+from eventprocessor.records import Checkpoint, Ownership
+from stores import BlobCheckpointStore, TableCheckpointStore
+from stores._azure import parse_connection_string
+
+# Looks like a real key (valid base64, 64 bytes) and is easy to search for.
+FAKE_KEY = base64.b64encode(b"topsecret-key-material-" + b"k" * 41).decode()
+FAKE_SIG = "SIGtopsecretSIGNATUREvalue%3D"
+FAKE_SAS = f"sv=2021-08-06&ss=bt&srt=sco&sp=rwdlacu&se=2099-01-01T00%3A00%3A00Z&sig={FAKE_SIG}"
+NS, HUB, CG = "cfg.servicebus.windows.net", "hub", "$default"
+
+
+def _no_secret(texts: Iterable[str], *secrets: str) -> None:
+    for text in texts:
+        for secret in secrets:
+            assert secret not in text, f"secret leaked into: {text[:200]!r}"
+
+
+# ---------------------------------------------------------------- connection strings
+
+
+@pytest.mark.parametrize("service, port", [("blob", 10000), ("table", 10002)])
+def test_development_storage_means_azurite_on_default_ports(service: str, port: int) -> None:
+    account = parse_connection_string("UseDevelopmentStorage=true", service)
+    assert account.endpoint == f"http://127.0.0.1:{port}/devstoreaccount1"
+    assert account.account_name == "devstoreaccount1"
+    proxied = parse_connection_string("UseDevelopmentStorage=true;DevelopmentStorageProxyUri=http://10.1.2.3", service)
+    assert proxied.endpoint == f"http://10.1.2.3:{port}/devstoreaccount1"
+
+
+def test_explicit_connection_strings() -> None:
+    cs = f"DefaultEndpointsProtocol=https;AccountName=acct;AccountKey={FAKE_KEY};EndpointSuffix=core.windows.net"
+    assert parse_connection_string(cs, "blob").endpoint == "https://acct.blob.core.windows.net"
+    assert parse_connection_string(cs, "table").endpoint == "https://acct.table.core.windows.net"
+    cs = f"AccountName=acct;AccountKey={FAKE_KEY};EndpointSuffix=core.chinacloudapi.cn"
+    assert parse_connection_string(cs, "blob").endpoint == "https://acct.blob.core.chinacloudapi.cn"
+    cs = f"BlobEndpoint=https://acct.blob.core.windows.net/;SharedAccessSignature=?{FAKE_SAS}"
+    account = parse_connection_string(cs, "blob")
+    assert account.endpoint == "https://acct.blob.core.windows.net"
+    assert account.credential.signature == FAKE_SAS
+    # keys are case-insensitive, as in the Azure SDKs; trailing ';' is fine
+    cs = f"accountname=acct;accountkey={FAKE_KEY};defaultendpointsprotocol=http;"
+    assert parse_connection_string(cs, "table").endpoint == "http://acct.table.core.windows.net"
+    _no_secret([repr(account)], FAKE_SIG)
+
+
+@pytest.mark.parametrize(
+    "conn_str, problem",
+    [
+        ("", "empty"),
+        ("   ", "empty"),
+        ("AccountName=acct;pasted-without-a-key", "segment 2"),
+        (f"AccountName=acct;AccountKey={FAKE_KEY};AccountName=other", "given twice"),
+        (f"Endpoint=sb://ns.servicebus.windows.net/;SharedAccessKeyName=x;SharedAccessKey={FAKE_KEY}", "Event Hubs"),
+        ("AccountName=acct;AccountKey=not base64 at all!", "AccountKey is not valid base64"),
+        (f"AccountKey={FAKE_KEY}", "no AccountName"),
+        ("AccountName=acct", "neither AccountKey nor SharedAccessSignature"),
+        (f"AccountName=acct;AccountKey={FAKE_KEY};SharedAccessSignature={FAKE_SAS}", "both"),
+        ("AccountName=acct;SharedAccessSignature=sv=2021&sp=r", "no 'sig='"),
+        (f"AccountName=acct;AccountKey={FAKE_KEY};SVCEndpoint=ftp://x", "SVCEndpoint is not an http(s) URL"),
+        (f"AccountName=acct;AccountKey={FAKE_KEY};DefaultEndpointsProtocol=gopher", "DefaultEndpointsProtocol"),
+        (f"SVCEndpoint=https://acct.svc.core.windows.net?{FAKE_SAS};AccountName=a;AccountKey={FAKE_KEY}",
+         "query string"),
+        ("UseDevelopmentStorage=false", "UseDevelopmentStorage must be 'true'"),
+    ],
+)
+@pytest.mark.parametrize("cls", [BlobCheckpointStore, TableCheckpointStore])
+def test_malformed_connection_strings_name_the_problem_not_the_secret(cls: Any, conn_str: str, problem: str) -> None:
+    service = "Blob" if cls is BlobCheckpointStore else "Table"
+    conn_str, problem = conn_str.replace("SVC", service), problem.replace("SVC", service)
+    with pytest.raises(ConfigurationError) as raised:
+        cls.from_connection_string(conn_str, "checkpoints")
+    message = str(raised.value)
+    assert problem in message
+    _no_secret([message, repr(raised.value)], FAKE_KEY, FAKE_SIG)
+
+
+def test_connection_string_must_be_a_string() -> None:
+    with pytest.raises(ConfigurationError, match="must be a str"):
+        BlobCheckpointStore.from_connection_string(None, "checkpoints")  # type: ignore[arg-type]
+
+
+# -------------------------------------------------------------------------- names
+
+
+@pytest.mark.parametrize("name", ["ab", "a" * 64, "Upper", "under_score", "-lead", "trail-", "dou--ble", "dot.s", ""])
+def test_invalid_container_names(name: str) -> None:
+    with pytest.raises(ConfigurationError, match="container"):
+        BlobCheckpointStore("http://127.0.0.1:1/devstoreaccount1", name, credential=FAKE_KEY)
+
+
+@pytest.mark.parametrize("name", ["abc", "checkpoints", "a-b-c", "0x1", "a" * 63])
+def test_valid_container_names(name: str) -> None:
+    assert BlobCheckpointStore("http://127.0.0.1:1/devstoreaccount1", name, credential=FAKE_KEY).container_name == name
+
+
+@pytest.mark.parametrize("name", ["ab", "1abc", "has-hyphen", "tables", "Tables", "a" * 64, ""])
+def test_invalid_table_names(name: str) -> None:
+    with pytest.raises(ConfigurationError, match="table"):
+        TableCheckpointStore("http://127.0.0.1:1/devstoreaccount1", name, credential=FAKE_KEY)
+
+
+def test_bad_account_url_and_credential() -> None:
+    with pytest.raises(ConfigurationError, match="account_url"):
+        BlobCheckpointStore("not a url", "checkpoints")
+    with pytest.raises(ConfigurationError, match="neither a SAS token") as raised:
+        TableCheckpointStore("https://acct.table.core.windows.net", "checkpoints", credential="hunter2 secret!")
+    assert "hunter2" not in str(raised.value)
+    with pytest.raises(ConfigurationError, match="unsupported credential type int"):
+        BlobCheckpointStore("https://acct.blob.core.windows.net", "checkpoints", credential=42)
+
+
+@pytest.mark.parametrize("cls", [BlobCheckpointStore, TableCheckpointStore])
+@pytest.mark.parametrize("field, value", [("consumer_group", "a/b"), ("eventhub_name", ""), ("partition_id", "1/2")])
+async def test_unusable_names_fail_before_any_request(cls: Any, field: str, value: str) -> None:
+    # Port 1 on loopback: any request would fail with a connection error, not this.
+    store = cls("http://127.0.0.1:1/devstoreaccount1", "checkpoints", credential=FAKE_KEY)
+    names = {"fully_qualified_namespace": NS, "eventhub_name": HUB, "consumer_group": CG, "partition_id": "0"}
+    names[field] = value
+    try:
+        with pytest.raises(ConfigurationError, match=field):
+            await store.claim_ownership([Ownership(owner_id="me", **names)])
+        if field != "partition_id":
+            with pytest.raises(ConfigurationError, match=field):
+                await store.list_ownership(names["fully_qualified_namespace"], names["eventhub_name"],
+                                           names["consumer_group"])
+    finally:
+        await store.close()
+
+
+@pytest.mark.parametrize("value", ["a#b", "a?b", "two words", "tab\there"])
+async def test_table_keys_reject_characters_the_service_refuses(value: str) -> None:
+    store = TableCheckpointStore("http://127.0.0.1:1/devstoreaccount1", "checkpoints", credential=FAKE_KEY)
+    try:
+        with pytest.raises(ConfigurationError, match="consumer_group"):
+            await store.list_ownership(NS, HUB, value)
+    finally:
+        await store.close()
+
+
+# ------------------------------------------------------------------------ secrets
+
+
+def test_reprs_never_show_credentials() -> None:
+    url = f"https://acct.blob.core.windows.net/?{FAKE_SAS}"
+    stores = [
+        BlobCheckpointStore(url, "checkpoints"),
+        BlobCheckpointStore("https://acct.blob.core.windows.net", "checkpoints", credential=FAKE_SAS),
+        BlobCheckpointStore("https://acct.blob.core.windows.net", "checkpoints", credential=FAKE_KEY),
+        BlobCheckpointStore.from_connection_string(f"AccountName=acct;AccountKey={FAKE_KEY}", "checkpoints"),
+        TableCheckpointStore("https://acct.table.core.windows.net", "checkpoints", credential=FAKE_SAS),
+        TableCheckpointStore.from_connection_string(f"AccountName=acct;AccountKey={FAKE_KEY}", "checkpoints"),
+    ]
+    texts = [repr(s) for s in stores] + [str(s) for s in stores]
+    _no_secret(texts, FAKE_KEY, FAKE_SIG)
+    assert "acct" in texts[0] and "checkpoints" in texts[0]
+
+
+def _closed_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _everything(error: BaseException) -> List[str]:
+    return [str(error), repr(error), "".join(traceback.format_exception(error))]
+
+
+async def test_unreachable_store_errors_do_not_leak_the_sas(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.DEBUG)
+    url = f"http://127.0.0.1:{_closed_port()}/devstoreaccount1?{FAKE_SAS}"
+    async with BlobCheckpointStore(url, "checkpoints", retry_total=0) as store:
+        with pytest.raises(CheckpointStoreError) as raised:
+            await store.list_ownership(NS, HUB, CG)
+    assert "checkpoints" in str(raised.value)
+    _no_secret(_everything(raised.value) + [r.getMessage() for r in caplog.records], FAKE_SIG)
+
+    table = TableCheckpointStore(f"http://127.0.0.1:{_closed_port()}/devstoreaccount1", "checkpoints",
+                                 credential=FAKE_SAS, retry_total=0)
+    async with table:
+        with pytest.raises(CheckpointStoreError) as raised:
+            await table.claim_ownership([Ownership(NS, HUB, CG, "0", "me")])
+    _no_secret(_everything(raised.value) + [r.getMessage() for r in caplog.records], FAKE_SIG)
+
+
+def _blob_sas(azurite: Any, *, write: bool) -> str:
+    from azure.storage.blob import AccountSasPermissions, ResourceTypes, generate_account_sas
+
+    permission = AccountSasPermissions(read=True, list=True, write=write, create=write, delete=write)
+    return generate_account_sas("devstoreaccount1", azurite.account_key, ResourceTypes(service=True, container=True,
+                                object=True), permission, expiry=datetime.now(timezone.utc) + timedelta(hours=1))
+
+
+def _table_sas(azurite: Any) -> str:
+    from azure.core.credentials import AzureNamedKeyCredential
+    from azure.data.tables import AccountSasPermissions, ResourceTypes, generate_account_sas
+
+    return generate_account_sas(AzureNamedKeyCredential("devstoreaccount1", azurite.account_key),
+                                resource_types=ResourceTypes(service=True, container=True, object=True),
+                                permission=AccountSasPermissions(read=True, write=True, delete=True, list=True,
+                                                                 add=True, create=True, update=True),
+                                expiry=datetime.now(timezone.utc) + timedelta(hours=1))
+
+
+def _sig(sas: str) -> str:
+    return next(part.split("=", 1)[1] for part in sas.split("&") if part.startswith("sig="))
+
+
+async def _exercise(store: Any) -> None:
+    pid = "0"
+    [mine] = await store.claim_ownership([Ownership(NS, HUB, CG, pid, "me")])
+    await store.update_checkpoint(Checkpoint(NS, HUB, CG, pid, 1, "10"), owner_id="me", epoch=0)
+    assert [c.sequence_number for c in await store.list_checkpoints(NS, HUB, CG)] == [1]
+    with pytest.raises(OwnershipLostError):
+        await store.update_checkpoint(Checkpoint(NS, HUB, CG, pid, 2, "20"), owner_id="other", epoch=0)
+    assert await store.release_ownership(mine)
+    assert (await store.list_ownership(NS, HUB, CG)).ownerships[0].is_released
+
+
+async def test_sas_and_key_never_reach_logs_or_errors(azurite: Any, caplog: pytest.LogCaptureFixture) -> None:
+    from azure.storage.blob.aio import BlobServiceClient
+
+    caplog.set_level(logging.DEBUG)
+    blob_sas, table_sas = _blob_sas(azurite, write=True), _table_sas(azurite)
+    read_only = _blob_sas(azurite, write=False)
+    secrets = [azurite.account_key, _sig(blob_sas), _sig(table_sas), _sig(read_only), azurite.connection_string]
+    errors: List[BaseException] = []
+    container = f"sec-{uuid.uuid4().hex[:10]}"
+    reprs: List[str] = []
+
+    for store in (
+        BlobCheckpointStore(azurite.blob_endpoint, container, credential=blob_sas),
+        BlobCheckpointStore(f"{azurite.blob_endpoint}?{blob_sas}", container + "u"),
+        BlobCheckpointStore(azurite.blob_endpoint, container + "k", credential=azurite.account_key),
+        BlobCheckpointStore.from_connection_string(azurite.connection_string, container + "c"),
+        TableCheckpointStore(azurite.table_endpoint, f"sec{uuid.uuid4().hex[:10]}", credential=table_sas),
+        TableCheckpointStore.from_connection_string(azurite.connection_string, f"sec{uuid.uuid4().hex[:10]}"),
+    ):
+        async with store:
+            reprs.append(repr(store))
+            await _exercise(store)
+
+    # A SAS that may not write: the claim fails (never counted as won) without the SAS in sight.
+    async with BlobCheckpointStore(azurite.blob_endpoint, container, credential=read_only) as store:
+        reprs.append(repr(store))
+        with pytest.raises(CheckpointStoreError) as raised:
+            await store.claim_ownership([Ownership(NS, HUB, CG, "5", "me")])
+        assert raised.value.claimed == [] and set(raised.value.failures) == {"5"}
+        errors.append(raised.value)
+    # A wrong account key: 403 on first use.
+    wrong = base64.b64encode(b"w" * 64).decode()
+    secrets.append(wrong)
+    async with BlobCheckpointStore(azurite.blob_endpoint, container, credential=wrong) as store:
+        with pytest.raises(CheckpointStoreError) as raised:
+            await store.list_ownership(NS, HUB, CG)
+        errors.append(raised.value)
+    async with TableCheckpointStore(azurite.table_endpoint, "secwrongkey", credential=wrong) as store:
+        with pytest.raises(CheckpointStoreError) as raised:
+            await store.list_checkpoints(NS, HUB, CG)
+        errors.append(raised.value)
+
+    texts = reprs + [t for e in errors for t in _everything(e)] + [r.getMessage() for r in caplog.records]
+    _no_secret(texts, *secrets)
+    assert any("stores." in r.name for r in caplog.records), "the stores did log"
+
+    service = BlobServiceClient.from_connection_string(azurite.connection_string)
+    async with service:
+        for name in (container, container + "u", container + "k", container + "c"):
+            await service.delete_container(name)
