@@ -357,7 +357,7 @@ def _num(value: Optional[float], fmt: str = "{:.1f}") -> str:
 def rebalance_table(outcomes: Sequence[Outcome]) -> str:
     head = ("| Scenario | Schedule | Strategy | Ticks: limit | ours | official | Moves: min | ours | official "
             "| Steals: ours | official | 412s: ours | official | Requests: ours | official "
-            "| Max dispatching: ours | official |")
+            "| Max believers / dispatching: ours | official |")
     rows = [head, "|" + "---|" * 17]
     for ours, off in _pairs(outcomes):
         rows.append(
@@ -365,15 +365,19 @@ def rebalance_table(outcomes: Sequence[Outcome]) -> str:
             f"{_ticks(ours.phase)} | {_ticks(off.phase)} | {ours.min_moves} | {ours.phase.moves} | {off.phase.moves} | "
             f"{ours.phase.steals} | {off.phase.steals} | {ours.phase.failed_claims} | {off.phase.failed_claims} | "
             f"{sum(ours.phase.requests.values())} | {sum(off.phase.requests.values())} | "
-            f"{ours.phase.max_dispatchers} | {off.phase.max_dispatchers} |")
+            f"{_overlap(ours.phase)} | {_overlap(off.phase)} |")
     return "\n".join(rows)
+
+
+def _overlap(p: PhaseResult) -> str:
+    return f"{p.max_believers} / {p.max_dispatchers}"
 
 
 def failover_table(outcomes: Sequence[Outcome]) -> str:
     head = ("| Scenario | Schedule | Strategy | Orphans / survivors | Ticks past record expiry: limit | ours | official "
             "| Crash to re-owned (s): ours | official | Ticks to balanced: limit | ours | official "
-            "| Moves: min | ours | official | Steals: ours | official |")
-    rows = [head, "|" + "---|" * 17]
+            "| Moves: min | ours | official | Steals: ours | official | Max believers / dispatching: ours | official |")
+    rows = [head, "|" + "---|" * 19]
     for ours, off in _pairs(outcomes):
         e, f = ours.extra, off.extra
         rows.append(
@@ -381,7 +385,7 @@ def failover_table(outcomes: Sequence[Outcome]) -> str:
             f"{e['forced_ticks']} | {_num(e['ticks_past_expiry'])} | {_num(f['ticks_past_expiry'])} | "
             f"{_num(e['failover_s'], '{:.0f}')} | {_num(f['failover_s'], '{:.0f}')} | {ours.limit_ticks} | "
             f"{_ticks(ours.phase)} | {_ticks(off.phase)} | {ours.min_moves} | {ours.phase.moves} | {off.phase.moves} | "
-            f"{ours.phase.steals} | {off.phase.steals} |")
+            f"{ours.phase.steals} | {off.phase.steals} | {_overlap(ours.phase)} | {_overlap(off.phase)} |")
     return "\n".join(rows)
 
 
@@ -392,7 +396,8 @@ def _per_tick(p: PhaseResult, kind: str) -> float:
 def steady_table(outcomes: Sequence[Outcome]) -> str:
     head = ("| Scenario | Schedule | Strategy | Ownership changes: ours | official | Requests per instance-tick "
             "(list / renew / claim): ours | official | Total requests: ours | official "
-            "| Storage transactions per hour: ours | official | ours / official | Max dispatching: ours | official |")
+            "| Storage transactions per hour: ours | official | ours / official "
+            "| Max believers / dispatching: ours | official |")
     rows = [head, "|" + "---|" * 15]
     for ours, off in _pairs(outcomes):
         def kinds(p: PhaseResult) -> str:
@@ -404,7 +409,7 @@ def steady_table(outcomes: Sequence[Outcome]) -> str:
             f"{off.phase.owner_changes} | {kinds(ours.phase)} | {kinds(off.phase)} | "
             f"{sum(ours.phase.requests.values())} | {sum(off.phase.requests.values())} | "
             f"{ours.extra['per_hour']:.0f} | {off.extra['per_hour']:.0f} | {ratio:.2f} | "
-            f"{ours.phase.max_dispatchers} | {off.phase.max_dispatchers} |")
+            f"{_overlap(ours.phase)} | {_overlap(off.phase)} |")
     return "\n".join(rows)
 
 
@@ -538,9 +543,12 @@ def render(sections: Dict[str, List[Outcome]], command: str, elapsed: float, plo
         "instance at its own random phase; *lockstep*: all instances list the same snapshot, then all write (writes "
         "of one instant interleave at random). Ticks count load-balancing rounds to the start of the final balanced "
         "stretch (every partition owned by a live instance, max-min <= 1, held for expiry + 2 ticks). A move gives a "
-        "partition to a new owner; a steal is a move from a record that had not expired. *Max dispatching*: the "
-        "most instances whose claim on one partition was current with a live pump at one virtual instant, sampled "
-        "after every event.",
+        "partition to a new owner; a steal is a move from a record that had not expired. *Max believers*: the most "
+        "instances that believed they owned one partition at one virtual instant (this SDK: "
+        "`EventProcessor.owned_partitions`; official: the partition ids its last claim returned, which is what its "
+        "loop dispatches). *Max dispatching*: the same, counting for this SDK only claims whose pump is still live "
+        "(a takeover opens the new owner's receiver with a higher owner level, which disconnects the old one at "
+        "once). Sampled after every event that can change them.",
         "",
         "### Targets (this SDK)",
         "",

@@ -188,7 +188,9 @@ async def test_known_schedule_gives_known_tick_counts_for_ours():
         async with simulation("ours", GREEDY, 6, schedule=schedule, seed=2) as sim:
             sim.add_instance()
             phase = await sim.run_until_balanced(max_ticks=30)
-            assert phase.ticks_to_balanced == 1
+            # Seeing nobody, it claims one partition first (so simultaneous starters
+            # do not all grab everything), then its whole fair share.
+            assert phase.ticks_to_balanced == 2
 
 
 async def test_lockstep_instances_list_the_same_snapshot_before_anyone_writes():
