@@ -506,8 +506,12 @@ def plot(outcomes: Sequence[Outcome], scenario: str, filename: str) -> Optional[
                 continue
             owners = sorted({owner for _t, counts in o.samples for owner in counts})
             ticks = [t for t, _c in o.samples]
-            for owner in owners:
-                ax.step(ticks, [counts.get(owner, 0) for _t, counts in o.samples], where="post", linewidth=1)
+            spread = 0.25 / max(1, len(owners))
+            for k, owner in enumerate(owners):
+                # A small offset per instance keeps equal lines apart.
+                shift = (k - (len(owners) - 1) / 2) * spread
+                ax.step(ticks, [counts.get(owner, 0) + shift for _t, counts in o.samples], where="post",
+                        linewidth=1)
             if o.event_tick:
                 ax.axvline(o.event_tick, color="grey", linestyle="--", linewidth=1)
             name = "this SDK" if impl == "ours" else "azure-eventhub OwnershipManager"
@@ -516,7 +520,8 @@ def plot(outcomes: Sequence[Outcome], scenario: str, filename: str) -> Optional[
             ax.set_xlabel("tick (load-balancing intervals)")
             ax.set_ylabel("partitions owned")
             ax.grid(alpha=0.3)
-    fig.suptitle(f"{scenario} (staggered ticks; dashed line: the event)")
+    fig.suptitle(f"{scenario}: partitions per instance (staggered ticks; dashed line: the event; "
+                 "lines offset slightly to stay visible)", fontsize=10)
     fig.tight_layout()
     RESULTS_DIR.mkdir(parents=True, exist_ok=True)
     path = RESULTS_DIR / filename
