@@ -533,6 +533,30 @@ def plot(outcomes: Sequence[Outcome], scenario: str, filename: str) -> Optional[
 # --------------------------------------------------------------------------- main
 
 
+NOTES = [
+    "- Storage traffic. The official loop lists once and rewrites every owned record every tick "
+    "(N lists + P writes per interval). This SDK lists once per tick and renews a record only once it is "
+    "`min(expiration/2, expiration - 3 x interval)` = 30 s old; its lease ends `expiration - max(2 s, 10%)` = 54 s "
+    "after the renewal was sent, so two more ticks (24 s) can fail before it self-fences, and another 6 s pass "
+    "before any peer may see the record expired on the store's clock.",
+    "- Partition growth: the official `OwnershipManager` fetches the partition ids once and caches them for the "
+    "life of the processor (`cached_parition_ids`), so it never claims partitions added later (*never*).",
+    "- Clock skew: the official balancer compares the store's `last_modified_time` with its own `time.time()`; "
+    "an instance 5 minutes ahead sees every record as expired and takes live partitions every tick. This SDK "
+    "judges expiry as `listing.server_time - last_modified_time`, both from the store, and times its own lease "
+    "with a monotonic clock, so the skew changes nothing.",
+    "- Greedy cold start in lockstep: an instance that sees nobody claims one partition first. When two starters "
+    "pick the same one, the loser owns nothing after tick 1, is invisible in tick 2 (the others deal every "
+    "partition among themselves) and is only balanced by steals in tick 3.",
+    "- Greedy scale out: a newcomer takes its whole fair share as computed over the owners it can see; when "
+    "several newcomers arrive within one interval (or in lockstep, each invisible to the others) the early ones "
+    "over-take and later ones take partitions back, hence moves above the minimum.",
+    "- *Max believers* above 1 for this SDK is the victim of a steal still listing the partition in "
+    "`owned_partitions` until its next tick; its pump already stopped (max dispatching 1), because the new "
+    "owner's receiver has a higher owner level.",
+]
+
+
 def render(sections: Dict[str, List[Outcome]], command: str, elapsed: float, plots: Sequence[str]) -> str:
     checks = check_targets(sections)
     lines = [
@@ -570,6 +594,7 @@ def render(sections: Dict[str, List[Outcome]], command: str, elapsed: float, plo
     lines += ["", "### Clock skew", "",
               "One instance's local clock is 5 minutes ahead of the store; after a cold start and a steady stretch "
               "another instance crashes.", "", skew_table(sections["skew"])]
+    lines += ["", "### Notes", "", *NOTES]
     if plots:
         lines += ["", "### Plots", ""] + [f"![{name}](results/{name})" for name in plots]
     return "\n".join(lines)
