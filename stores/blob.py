@@ -15,8 +15,9 @@ writes and reads, so a deployment can switch to this SDK and back and resume fro
 same checkpoints. ``epoch`` (ownership and checkpoint) and ``ownerid`` (checkpoint)
 are extra metadata the official store ignores. An ownership blob without ``epoch``
 (written by the official store) has epoch 0; a checkpoint without it has epoch
-``None``. A checkpoint without an offset is written with ``offset=""``, which the
-official processor treats as "no offset" and falls back to its initial position.
+``None``. A checkpoint without an offset is written with ``offset="-1"`` (Event Hubs'
+start of stream): the official processor then re-reads the partition from the start
+rather than failing, and this store reads it back as ``offset=None``.
 
 Claims
 ======
@@ -135,6 +136,12 @@ from ._azure import (
     resolve_credential,
     safe_url,
 )
+
+# What a checkpoint without an offset stores: the official processor reads the offset as
+# a string and starts *after* it, and "-1" is Event Hubs' start-of-stream position, so it
+# re-reads from the start instead of failing on "" (which its blob reader turns into
+# "None"). A real offset is never "-1", so reading it back as ``None`` is exact.
+_NO_OFFSET = "-1"
 
 __all__ = ["BlobCheckpointStore"]
 
@@ -464,7 +471,7 @@ class BlobCheckpointStore(CheckpointStore):
         cache_key = (*scope, checkpoint.partition_id, owner_id)
         metadata = {
             "sequencenumber": str(checkpoint.sequence_number),
-            "offset": "" if checkpoint.offset is None else str(checkpoint.offset),
+            "offset": _NO_OFFSET if checkpoint.offset is None else str(checkpoint.offset),
             "ownerid": owner_id,
             "epoch": str(epoch),
         }
@@ -618,7 +625,7 @@ class BlobCheckpointStore(CheckpointStore):
             consumer_group=scope[2],
             partition_id=partition_id,
             sequence_number=sequence_number,
-            offset=offset if offset else None,
+            offset=offset if offset and offset != _NO_OFFSET else None,
             owner_id=metadata.get("ownerid") or None,
             epoch=epoch,
         )
