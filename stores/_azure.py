@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import inspect
 import logging
 import re
 from dataclasses import dataclass
@@ -290,6 +291,11 @@ def resolve_credential(credential: Any, account_url: str, *, sas_as_string: bool
     if credential is None or isinstance(credential, (AzureNamedKeyCredential, AzureSasCredential)):
         return credential
     if hasattr(credential, "get_token"):
+        if not inspect.iscoroutinefunction(credential.get_token):
+            raise ConfigurationError(
+                f"{type(credential).__name__} is a synchronous credential; these stores are async, use the "
+                "credential from azure.identity.aio"
+            )
         return credential
     if isinstance(credential, dict):
         name, key = credential.get("account_name"), credential.get("account_key")

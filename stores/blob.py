@@ -99,7 +99,7 @@ import logging
 from collections import Counter
 from dataclasses import replace
 from datetime import datetime
-from typing import Any, Dict, Iterable, List, Optional, Tuple
+from typing import Any, Dict, Iterable, List, NoReturn, Optional, Tuple
 
 from azure.core import MatchConditions
 from azure.core.exceptions import (
@@ -275,9 +275,13 @@ class BlobCheckpointStore(CheckpointStore):
                     except ResourceExistsError:
                         pass  # created by another processor meanwhile
             except AzureError as error:
-                raise CheckpointStoreError(
-                    f"cannot use blob container {self._container_name}: {describe_error(error)}"
-                ) from error
+                if getattr(error, "status_code", None) != 403:
+                    raise CheckpointStoreError(
+                        f"cannot use blob container {self._container_name}: {describe_error(error)}"
+                    ) from error
+                # A SAS scoped to the container may list and write blobs but not read
+                # the container's properties; the first real request tells if it is missing.
+                logger.debug("no permission to check container %s; assuming it exists", self._container_name)
             self._ready = True
 
     def _forget_container_if_gone(self, error: BaseException) -> None:
@@ -426,7 +430,7 @@ class BlobCheckpointStore(CheckpointStore):
         except (ResourceExistsError, ResourceModifiedError, ResourceNotFoundError) as error:
             if isinstance(error, ResourceNotFoundError) and claim.etag is None:
                 self._forget_container_if_gone(error)
-                return self._claim_failed(claim, error)
+                self._claim_failed(claim, error)
             logger.debug(
                 "processor %s lost the claim of partition %s (hub %s, consumer group %s): %s",
                 claim.owner_id, claim.partition_id, claim.eventhub_name, claim.consumer_group,
@@ -434,14 +438,14 @@ class BlobCheckpointStore(CheckpointStore):
             )
             return None
         except Exception as error:  # HTTP or network errors after the retries: never success
-            return self._claim_failed(claim, error)
+            self._claim_failed(claim, error)
         logger.debug(
             "processor %s claimed partition %s (hub %s, consumer group %s, epoch %s)",
             claim.owner_id or "<release>", claim.partition_id, claim.eventhub_name, claim.consumer_group, claim.epoch,
         )
         return replace(claim, etag=_quoted(props["etag"]), last_modified_time=props["last_modified"])
 
-    def _claim_failed(self, claim: Ownership, error: BaseException) -> Ownership:
+    def _claim_failed(self, claim: Ownership, error: BaseException) -> NoReturn:
         logger.warning(
             "processor %s: claim of partition %s (hub %s, consumer group %s) failed: %s",
             claim.owner_id, claim.partition_id, claim.eventhub_name, claim.consumer_group, describe_error(error),

@@ -54,7 +54,7 @@ import logging
 from collections import Counter
 from dataclasses import replace
 from datetime import datetime, timezone
-from typing import Any, Dict, Iterable, List, Optional, Tuple
+from typing import Any, Dict, Iterable, List, NoReturn, Optional, Tuple
 
 from azure.core import MatchConditions
 from azure.core.exceptions import (
@@ -353,21 +353,21 @@ class TableCheckpointStore(CheckpointStore):
         except (ResourceExistsError, ResourceModifiedError, ResourceNotFoundError) as error:
             if isinstance(error, ResourceNotFoundError) and claim.etag is None:
                 self._forget_table_if_gone(error)
-                return self._claim_failed(claim, error)
+                self._claim_failed(claim, error)
             logger.debug(
                 "processor %s lost the claim of partition %s (hub %s, consumer group %s): %s",
                 claim.owner_id, claim.partition_id, claim.eventhub_name, claim.consumer_group, describe_error(error),
             )
             return None
         except Exception as error:  # HTTP or network errors after the retries: never success
-            return self._claim_failed(claim, error)
+            self._claim_failed(claim, error)
         logger.debug(
             "processor %s claimed partition %s (hub %s, consumer group %s, epoch %s)",
             claim.owner_id or "<release>", claim.partition_id, claim.eventhub_name, claim.consumer_group, claim.epoch,
         )
         return replace(claim, etag=response["etag"], last_modified_time=response.get("date"))
 
-    def _claim_failed(self, claim: Ownership, error: BaseException) -> Ownership:
+    def _claim_failed(self, claim: Ownership, error: BaseException) -> NoReturn:
         logger.warning(
             "processor %s: claim of partition %s (hub %s, consumer group %s) failed: %s",
             claim.owner_id, claim.partition_id, claim.eventhub_name, claim.consumer_group, describe_error(error),

@@ -282,3 +282,18 @@ async def test_sas_and_key_never_reach_logs_or_errors(azurite: Any, caplog: pyte
     async with service:
         for name in (container, container + "u", container + "k", container + "c"):
             await service.delete_container(name)
+
+
+async def test_token_credentials_must_be_async() -> None:
+    from azure.identity import ClientSecretCredential
+    from azure.identity.aio import ClientSecretCredential as AsyncClientSecretCredential
+
+    sync = ClientSecretCredential("tenant", "client", "s3cr3t-client-secret")
+    with pytest.raises(ConfigurationError, match="azure.identity.aio"):
+        BlobCheckpointStore("https://acct.blob.core.windows.net", "checkpoints", credential=sync)
+    async with AsyncClientSecretCredential("tenant", "client", "s3cr3t-client-secret") as credential:
+        for store in (BlobCheckpointStore("https://acct.blob.core.windows.net", "checkpoints", credential=credential),
+                      TableCheckpointStore("https://acct.table.core.windows.net", "checkpoints",
+                                           credential=credential)):
+            _no_secret([repr(store)], "s3cr3t")
+            await store.close()
