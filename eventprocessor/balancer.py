@@ -25,6 +25,7 @@ from __future__ import annotations
 import enum
 import hashlib
 import random
+from collections import Counter
 from dataclasses import dataclass, field, replace
 from typing import Collection, Dict, List, Mapping, Optional, Sequence, Tuple
 
@@ -82,7 +83,8 @@ def _partition_sort_key(partition_id: str) -> Tuple[int, object]:
 class _Plan:
     targets: Dict[str, int]
     deal: Dict[str, List[str]]  # owner -> partitions it should take, in order
-    victims: Dict[str, str]  # partition -> live owner it would be taken from
+    pool: List[str]  # unowned partitions, then the surplus of over-loaded owners
+    victims: Dict[str, str]  # surplus partition -> live owner it would be taken from
 
 
 def _plan(
@@ -123,19 +125,30 @@ def _plan(
         needs = {m: min(n, per_owner_limit) for m, n in needs.items()}
     needy = sorted(needs, key=lambda m: (counts[m], _rank(m)))
     deal: Dict[str, List[str]] = {m: [] for m in needy}
-    victims: Dict[str, str] = {}
+    victims: Dict[str, str] = {p: v for p, v in surplus}
     position = 0
     round_number = 0
     while position < len(pool) and any(needs[m] > round_number for m in needy):
         for m in needy:
             if needs[m] > round_number and position < len(pool):
-                partition, victim = pool[position]
+                deal[m].append(pool[position][0])
                 position += 1
-                deal[m].append(partition)
-                if victim is not None:
-                    victims[partition] = victim
         round_number += 1
-    return _Plan(targets=targets, deal=deal, victims=victims)
+    return _Plan(targets=targets, deal=deal, pool=[p for p, _v in pool], victims=victims)
+
+
+def _random_surplus(plan: _Plan, owned_by: Mapping[str, Sequence[str]], wanted: int,
+                    rng: random.Random) -> List[str]:
+    """Up to ``wanted`` partitions taken at random from the owners above their target,
+    no more from each than its surplus. Several invisible newcomers reading the same
+    snapshot then rarely pick the same partition."""
+    surplus = Counter(plan.victims.values())
+    candidates: List[str] = []
+    for victim in sorted(surplus, key=_rank):
+        theirs = sorted(owned_by[victim], key=_partition_sort_key)
+        candidates += rng.sample(theirs, surplus[victim])
+    rng.shuffle(candidates)
+    return candidates[:wanted]
 
 
 def decide(
@@ -197,6 +210,11 @@ def decide(
     renewals = tuple(r for r in mine if age(r) >= renew_after)
 
     limit = 1 if strategy is LoadBalancingStrategy.BALANCED else None
+    if not counts:
+        # Nobody is visible: every processor starting now believes it is alone. Claim
+        # one partition first, so that next tick the fair share is computed with
+        # everyone who showed up, instead of every starter claiming everything.
+        limit = 1
     view = dict(counts)
     view.setdefault(owner_id, 0)
     plan = _plan(view, owned_by, unowned, len(wanted), limit)
@@ -204,15 +222,19 @@ def decide(
 
     if counts.get(owner_id, 0) == 0 and take:
         # Nobody else can see this processor yet, so their plans leave it out. Pick at
-        # random among the unowned partitions their plans do not hand out this tick.
+        # random among what their plans do not hand out this tick: unowned partitions
+        # first, else the surplus of over-loaded owners.
         others = {m: c for m, c in counts.items() if m != owner_id}
         taken_by_others = set()
         if others:
             other_plan = _plan(others, owned_by, unowned, len(wanted), limit)
             taken_by_others = {p for ps in other_plan.deal.values() for p in ps}
-        free = sorted((p for p in unowned if p not in taken_by_others), key=_partition_sort_key)
+        unclaimed = [p for p in plan.pool if p not in plan.victims]
+        free = [p for p in unclaimed if p not in taken_by_others] or unclaimed
         if free:
-            take = rng.sample(free, min(len(take), len(free)))
+            take = rng.sample(sorted(free, key=_partition_sort_key), min(len(take), len(free)))
+        else:
+            take = _random_surplus(plan, owned_by, len(take), rng)
 
     claims: List[Ownership] = []
     stolen_from: Dict[str, str] = {}

@@ -1,0 +1,276 @@
+"""Three OS processes share 12 partitions through BlobCheckpointStore on Azurite.
+
+Each process (``tests/mp_worker.py``) runs an ``EventProcessor`` with its own
+``MemoryEventSource(12)``; they coordinate only through the ownership blobs. The test
+checks that they settle at 4/4/4 with every partition owned by a live worker, then
+SIGKILLs one and checks that the other two take all of its partitions once its
+records expire, without touching each other's partitions and without taking any of
+the dead worker's partitions before its lease ran out on the *server's* clock.
+
+No tight timing assertion: the machine is shared. Waits are bounded (expiry plus a
+generous number of ticks), the failover time is measured and printed, and the safety
+property is checked on the store's own timestamps.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import sys
+import time
+import uuid
+from collections import Counter
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Dict, IO, List, Optional, Set
+
+import pytest
+
+pytestmark = [pytest.mark.azurite, pytest.mark.slow]
+
+ROOT = Path(__file__).resolve().parent.parent
+WORKER = Path(__file__).resolve().parent / "mp_worker.py"
+
+PARTITIONS = 12
+WORKERS = 3
+INTERVAL = 0.5  # load-balancing interval, seconds
+EXPIRY = 3.0  # ownership expiration interval, seconds
+CONSUMER_GROUP = "$default"
+# Bounds, not goals: cold start of three Python processes on a busy machine, then
+# balance; failover is expiry + 1 s (the store's timestamps have 1 s resolution) +
+# many ticks of slack.
+STARTUP_TIMEOUT = 30.0
+BALANCE_TIMEOUT = 25.0
+FAILOVER_TIMEOUT = EXPIRY + 1.0 + 16 * INTERVAL
+# The failover bound in ticks of the survivors (their own clock, so it holds on a slow
+# machine too): the dead worker's lease plus the 1 s timestamp resolution, at the
+# shortest jittered tick (0.9 x interval); one tick per partition a survivor claims
+# under BALANCED; one for the report's delay; and a few ticks of slack.
+_ORPHANS_PER_SURVIVOR = -(-(PARTITIONS // WORKERS) // (WORKERS - 1))
+FAILOVER_TICK_BOUND = int(-(-(EXPIRY + 1.0) // (0.9 * INTERVAL))) + _ORPHANS_PER_SURVIVOR + 1 + 3
+POLL = 0.2
+
+
+@dataclass
+class Worker:
+    """One worker process and what it last said it owns."""
+
+    owner_id: str
+    process: asyncio.subprocess.Process
+    stderr_path: Path
+    stderr_file: IO[bytes]
+    owned: Optional[Set[str]] = None
+    ticks: int = 0
+    started: Optional[dict] = None
+    lines: List[str] = field(default_factory=list)
+    reader: Optional[asyncio.Task] = None
+
+    @property
+    def alive(self) -> bool:
+        return self.process.returncode is None
+
+    async def read(self) -> None:
+        assert self.process.stdout is not None
+        async for raw in self.process.stdout:
+            line = raw.decode(errors="replace").strip()
+            if not line:
+                continue
+            self.lines.append(line)
+            del self.lines[:-20]
+            try:
+                record = json.loads(line)
+            except ValueError:
+                continue
+            if record.get("event") == "started":
+                self.started = record
+            elif record.get("event") == "owned":
+                self.owned = set(record["owned"])
+                self.ticks = int(record.get("ticks", 0))
+
+    def kill(self) -> None:
+        if self.process.returncode is None:
+            try:
+                self.process.send_signal(signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+    def diagnostics(self) -> str:
+        self.stderr_file.flush()
+        stderr = self.stderr_path.read_text(errors="replace")[-2000:] if self.stderr_path.exists() else ""
+        return (
+            f"--- {self.owner_id} (returncode {self.process.returncode})\n"
+            f"stdout tail:\n" + "\n".join(self.lines[-5:]) + f"\nstderr tail:\n{stderr}"
+        )
+
+
+async def _spawn(owner_id: str, container: str, connection_string: str, tmp_path: Path) -> Worker:
+    env = dict(os.environ)
+    env["EVENTPROCESSOR_MP_CONNECTION_STRING"] = connection_string
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    env["PYTHONUNBUFFERED"] = "1"
+    stderr_path = tmp_path / f"{owner_id}.stderr"
+    stderr_file = stderr_path.open("wb")
+    try:
+        process = await asyncio.create_subprocess_exec(
+            sys.executable, str(WORKER),
+            "--container", container, "--owner-id", owner_id, "--partitions", str(PARTITIONS),
+            "--interval", str(INTERVAL), "--expiry", str(EXPIRY),
+            stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE, stderr=stderr_file,
+            cwd=str(ROOT), env=env,
+        )
+    except BaseException:
+        stderr_file.close()
+        raise
+    worker = Worker(owner_id, process, stderr_path, stderr_file)
+    worker.reader = asyncio.create_task(worker.read())
+    return worker
+
+
+@dataclass
+class Snapshot:
+    """The live (unexpired, owned) records, judged on the store's clock."""
+
+    owners: Dict[str, str]  # partition id -> owner id
+    modified: Dict[str, datetime]  # partition id -> last modified (store time)
+    server_time: datetime
+
+    def counts(self) -> Counter:
+        return Counter(self.owners.values())
+
+
+async def _snapshot(store, namespace: str, eventhub: str) -> Snapshot:
+    listing = await store.list_ownership(namespace, eventhub, CONSUMER_GROUP)
+    owners: Dict[str, str] = {}
+    modified: Dict[str, datetime] = {}
+    for record in listing.ownerships:
+        if record.is_released or record.last_modified_time is None:
+            continue
+        if (listing.server_time - record.last_modified_time).total_seconds() >= EXPIRY:
+            continue
+        owners[record.partition_id] = record.owner_id
+        modified[record.partition_id] = record.last_modified_time
+    return Snapshot(owners, modified, listing.server_time)
+
+
+def _fail(message: str, workers: List[Worker]) -> None:
+    pytest.fail(message + "\n" + "\n".join(w.diagnostics() for w in workers), pytrace=False)
+
+
+async def test_three_processes_balance_then_survivors_take_over_a_killed_one(azurite, tmp_path):
+    from stores.blob import BlobCheckpointStore
+
+    container = f"mp-{uuid.uuid4().hex[:12]}"
+    store = BlobCheckpointStore.from_connection_string(azurite.connection_string, container)
+    workers: List[Worker] = []
+    try:
+        for index in range(WORKERS):
+            workers.append(await _spawn(f"worker-{index}", container, azurite.connection_string, tmp_path))
+
+        deadline = time.monotonic() + STARTUP_TIMEOUT
+        while not all(w.started for w in workers):
+            if time.monotonic() > deadline or not all(w.alive for w in workers):
+                _fail("workers did not all start", workers)
+            await asyncio.sleep(POLL)
+        namespace = workers[0].started["namespace"]
+        eventhub = workers[0].started["eventhub"]
+        ids = {w.owner_id for w in workers}
+
+        # Phase 1: balanced 4/4/4, in the store and in what each worker dispatches.
+        start = time.monotonic()
+        while True:
+            snap = await _snapshot(store, namespace, eventhub)
+            balanced = (
+                len(snap.owners) == PARTITIONS
+                and set(snap.counts()) <= ids
+                and sorted(snap.counts().values()) == [PARTITIONS // WORKERS] * WORKERS
+                and all(w.owned == {p for p, o in snap.owners.items() if o == w.owner_id} for w in workers)
+            )
+            if balanced:
+                break
+            if time.monotonic() - start > BALANCE_TIMEOUT or not all(w.alive for w in workers):
+                _fail(f"no balanced ownership within {BALANCE_TIMEOUT}s: {dict(snap.counts())}", workers)
+            await asyncio.sleep(POLL)
+        balance_seconds = time.monotonic() - start
+        assert all(w.alive for w in workers)
+
+        # Phase 2: SIGKILL one worker; the two others must take all its partitions.
+        victim, survivors = workers[0], workers[1:]
+        before = {w.owner_id: {p for p, o in snap.owners.items() if o == w.owner_id} for w in workers}
+        victim.kill()
+        await victim.process.wait()
+        killed_at = time.monotonic()
+        ticks_at_kill = {w.owner_id: w.ticks for w in survivors}
+        # The dead worker's last write, on the store's clock: the latest timestamp seen
+        # on any of its records (a write in flight at the kill shows up in later polls).
+        victim_last_write: Optional[datetime] = None
+        takeover_modified: Dict[str, datetime] = {}
+        while True:
+            snap = await _snapshot(store, namespace, eventhub)
+            for partition, owner in snap.owners.items():
+                if owner == victim.owner_id:
+                    stamp = snap.modified[partition]
+                    victim_last_write = stamp if victim_last_write is None else max(victim_last_write, stamp)
+                elif partition in before[victim.owner_id]:
+                    takeover_modified.setdefault(partition, snap.modified[partition])
+            done = (
+                len(snap.owners) == PARTITIONS
+                and set(snap.counts()) <= {w.owner_id for w in survivors}
+                and all(w.owned == {p for p, o in snap.owners.items() if o == w.owner_id} for w in survivors)
+            )
+            if done:
+                break
+            if time.monotonic() - killed_at > FAILOVER_TIMEOUT or not all(w.alive for w in survivors):
+                _fail(
+                    f"survivors did not take over within {FAILOVER_TIMEOUT}s (expiry {EXPIRY}s + slack): "
+                    f"{dict(snap.counts())}",
+                    workers,
+                )
+            await asyncio.sleep(POLL)
+        failover_seconds = time.monotonic() - killed_at
+        failover_ticks = max(w.ticks - ticks_at_kill[w.owner_id] for w in survivors)
+
+        counts = snap.counts()
+        # Stickiness: each survivor kept its own partitions; only the dead one's moved.
+        for w in survivors:
+            mine = {p for p, o in snap.owners.items() if o == w.owner_id}
+            assert before[w.owner_id] <= mine, f"{w.owner_id} lost partitions it owned before the kill"
+        assert sum(counts.values()) == PARTITIONS
+        # Safety, on the store's clock: no partition of the dead worker was taken before
+        # its lease ran out (both stamps have 1 s resolution, hence the 1 s allowance).
+        assert victim_last_write is not None
+        for partition, stamp in takeover_modified.items():
+            lease_age = (stamp - victim_last_write).total_seconds()
+            assert lease_age >= EXPIRY - 1.0, (
+                f"partition {partition} was taken {lease_age:.1f}s (store time) after the dead "
+                f"worker's last write, before its {EXPIRY}s lease ran out"
+            )
+        # Liveness, in the survivors' own ticks rather than wall-clock time.
+        assert failover_ticks <= FAILOVER_TICK_BOUND, (
+            f"failover took {failover_ticks} ticks of the survivors, more than {FAILOVER_TICK_BOUND} "
+            f"(expiry {EXPIRY}s at {INTERVAL}s per tick, plus claims and slack)"
+        )
+        server_failover = max(
+            (stamp - victim_last_write).total_seconds() for stamp in takeover_modified.values()
+        ) if takeover_modified else float("nan")
+        print(
+            f"\nmulti-process: balanced {PARTITIONS // WORKERS}/{PARTITIONS // WORKERS}/{PARTITIONS // WORKERS} "
+            f"in {balance_seconds:.1f}s; after SIGKILL the survivors owned all {PARTITIONS} partitions "
+            f"{failover_seconds:.1f}s later ({failover_ticks} survivor ticks, bound {FAILOVER_TICK_BOUND}); "
+            f"on the store's clock the last takeover came {server_failover:.0f}s after the dead worker's "
+            f"last write (expiry {EXPIRY}s, tick {INTERVAL}s, timestamps 1s resolution); "
+            f"final split {sorted(counts.values())}"
+        )
+    finally:
+        for w in workers:
+            w.kill()
+        for w in workers:
+            try:
+                await asyncio.wait_for(w.process.wait(), timeout=10)
+            except asyncio.TimeoutError:
+                pass
+            if w.reader is not None:
+                w.reader.cancel()
+            w.stderr_file.close()
+        await store.close()
