@@ -123,7 +123,10 @@ class _Recorder(PartitionProcessor):
 
 
 async def _drain(processor: EventProcessor, seen: Dict[str, List[int]], last: int, partitions: int) -> None:
-    await processor.balance_once()
+    for _ in range(2 * partitions):  # a newcomer may take one partition per tick at first
+        await processor.balance_once()
+        if len(processor.owned_partitions) == partitions:
+            break
     for _ in range(200):  # bounded: at most ~10 s
         if len(seen) == partitions and all(s and s[-1] == last for s in seen.values()):
             return
