@@ -56,12 +56,17 @@ Fenced checkpoints
    re-read, write) once; a second conflict raises ``CheckpointStoreError``.
 
 Cost: **2 requests** per checkpoint in the steady state (3 for the first checkpoint
-after a claim, 5 after a conflict), against 1 unconditional write for the official
-store.
+an owner writes for a partition through this store instance, 5 after a conflict),
+against 1 unconditional write for the official store.
+
+Measured on loopback Azurite (2-core machine, one client, sequential calls):
+8.5 ms per fenced checkpoint against 2.9 ms for the official store's unfenced write;
+``python -m benchmarks.store_bench`` gives the throughput ratio under concurrency.
 
 Why the new owner's checkpoint cannot be lost. Let the old owner O hold epoch *e* and
 the new owner N steal the partition with epoch *e+1*. Step 1 and step 2 of O are two
-requests, a few milliseconds apart, so the steal can fall between them (the window):
+requests one round trip apart (about 3 ms on loopback Azurite, the latency of one
+storage request in general), so the steal can fall between them (the window):
 
 * If N has already written a checkpoint when O's write arrives, the checkpoint etag O
   conditions on is older than N's write (it came from O's own write or read, both
@@ -75,9 +80,10 @@ requests, a few milliseconds apart, so the steal can fall between them (the wind
   guarantee every Event Hubs consumer has anyway.
 * Any later write by O fails at step 1, because the ownership blob names N.
 
-So after a steal at most one checkpoint of the old owner can still land (only in that
-window, only before the new owner's first checkpoint), and the old owner's writes never
-overwrite the new owner's checkpoint.
+So after a steal, only an old-owner write that had already passed step 1 can still
+land (one per call in flight, normally one), only in that window and only before the
+new owner's first checkpoint; the old owner's writes never overwrite the new owner's
+checkpoint.
 
 Bad records
 ===========
