@@ -101,14 +101,16 @@ async def _open_store(config: DemoConfig, console: Console) -> Tuple[CheckpointS
 
     if port_open(10000) and port_open(10002):
         emulator = Azurite(10000, 10001, 10002)
-        where = "Azurite already running at 127.0.0.1:10000 (blob)"
+        console.print("[bold]Store:[/] using the Azurite already running at 127.0.0.1:10000 (blob)",
+                      soft_wrap=True)
     else:
         emulator = start_azurite()
-        where = f"Azurite started here (pid {emulator.process.pid}) at 127.0.0.1:{emulator.blob_port} (blob)"
-    console.print(f"[bold]Store:[/] {where}")
+        console.print(f"[bold]Store:[/] no Azurite was running; started one (pid {emulator.process.pid}) "
+                      f"at 127.0.0.1:{emulator.blob_port} (blob), 127.0.0.1:{emulator.table_port} (table); "
+                      "it stops when the demo ends", soft_wrap=True)
     container = f"demo-{uuid.uuid4().hex[:12]}"
     store = BlobCheckpointStore.from_connection_string(emulator.connection_string, container)
-    return store, f"Blob container {container!r} on {where}", emulator
+    return store, f"blob {container} @ 127.0.0.1:{emulator.blob_port}", emulator
 
 
 def _table(config: DemoConfig, processors: List[EventProcessor], alive: Dict[str, str], ledger: _Ledger,

@@ -51,6 +51,7 @@ class PartitionContext:
         epoch: int,
         checkpoint_store: "CheckpointStore",
         is_owned: Callable[[], bool],
+        on_ownership_lost: Optional[Callable[[], None]] = None,
     ) -> None:
         self.fully_qualified_namespace = fully_qualified_namespace
         self.eventhub_name = eventhub_name
@@ -62,6 +63,7 @@ class PartitionContext:
         self.last_checkpoint: Optional[Checkpoint] = None
         self._store = checkpoint_store
         self._is_owned = is_owned
+        self._on_ownership_lost = on_ownership_lost
 
     def __repr__(self) -> str:
         return (
@@ -98,7 +100,14 @@ class PartitionContext:
             owner_id=self.owner_id,
             epoch=self.epoch,
         )
-        await self._store.update_checkpoint(checkpoint, owner_id=self.owner_id, epoch=self.epoch)
+        try:
+            await self._store.update_checkpoint(checkpoint, owner_id=self.owner_id, epoch=self.epoch)
+        except OwnershipLostError:
+            # The store knows better than our lease: stop dispatching this claim now
+            # rather than at the next load-balancing tick.
+            if self._on_ownership_lost is not None:
+                self._on_ownership_lost()
+            raise
         self.last_checkpoint = checkpoint
 
 

@@ -73,6 +73,9 @@ class _Lease:
     def valid(self) -> bool:
         return not self.lost and self._clock.monotonic() < self.deadline
 
+    def mark_lost(self) -> None:
+        self.lost = True
+
 
 class EventProcessor:
     """Consumes the partitions this process owns, balancing ownership with its peers.
@@ -258,7 +261,13 @@ class EventProcessor:
 
     async def _run_loop(self) -> None:
         while True:
-            await self.balance_once()
+            try:
+                await self.balance_once()
+            except asyncio.CancelledError:
+                raise
+            except Exception as error:  # never let one bad tick end the loop
+                logger.exception("processor %s: load-balancing tick failed", self._owner_id)
+                await self._report(error, None)
             await self._clock.sleep(self._interval * self._rng.uniform(0.9, 1.1))
 
     # ----------------------------------------------------------------- one tick
@@ -366,7 +375,9 @@ class EventProcessor:
     def _expire_leases(self) -> None:
         """Self-fencing: a lease whose renewal is overdue stops dispatching now."""
         for pid, lease in list(self._leases.items()):
-            if not lease.valid():
+            if lease.lost:
+                self._end_lease(pid, "the store refused a checkpoint: another processor owns it")
+            elif not lease.valid():
                 self._end_lease(pid, "lease ran out before it could be renewed (self-fenced)")
 
     def _end_lease(self, pid: str, why: str) -> None:
@@ -405,7 +416,7 @@ class EventProcessor:
                 fully_qualified_namespace=self._source.fully_qualified_namespace,
                 eventhub_name=self._source.eventhub_name, consumer_group=self._consumer_group,
                 partition_id=pid, owner_id=self._owner_id, epoch=record.epoch,
-                checkpoint_store=self._store, is_owned=lease.valid,
+                checkpoint_store=self._store, is_owned=lease.valid, on_ownership_lost=lease.mark_lost,
             )
             context.last_checkpoint = checkpoint
             try:

@@ -38,6 +38,7 @@ def _parse(argv: Optional[List[str]]) -> argparse.Namespace:
     parser.add_argument("--partitions", type=int, default=12)
     parser.add_argument("--interval", type=float, default=0.5, help="load-balancing interval, seconds")
     parser.add_argument("--expiry", type=float, default=3.0, help="ownership expiration interval, seconds")
+    parser.add_argument("--strategy", choices=["balanced", "greedy"], default="greedy")
     return parser.parse_args(argv)
 
 
@@ -65,6 +66,7 @@ async def _amain(args: argparse.Namespace) -> int:
         store,
         Idle,
         owner_id=args.owner_id,
+        load_balancing_strategy=args.strategy,
         load_balancing_interval=args.interval,
         partition_ownership_expiration_interval=args.expiry,
     )

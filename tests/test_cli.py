@@ -40,3 +40,21 @@ def test_demo_rejects_expiration_not_longer_than_interval():
     result = CliRunner().invoke(main, ["demo", "--interval", "2", "--expiration", "1"])
     assert result.exit_code != 0
     assert "--expiration" in result.output
+
+
+@pytest.mark.azurite
+def test_demo_against_azurite_starts_one_and_says_where():
+    from eventprocessor.emulator import find_azurite
+
+    from tests.conftest import unavailable
+
+    if find_azurite() is None:
+        unavailable("the azurite executable was not found (run `npm ci`)")
+    out = subprocess.run(
+        [sys.executable, "-m", "eventprocessor", "demo", "--store", "azurite", "--partitions", "6",
+         "--processors", "3", "--interval", "0.3", "--expiration", "2", "--rate", "200", "--timeout", "60"],
+        capture_output=True, text=True, timeout=180)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "127.0.0.1:" in out.stdout and "Azurite" in out.stdout
+    lost_line = next(line for line in out.stdout.splitlines() if "events lost" in line)
+    assert lost_line.split()[-2] == "0"

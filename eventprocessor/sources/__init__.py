@@ -1,5 +1,18 @@
-"""Event sources: the in-memory log and the interface real sources implement."""
+"""Event sources: the in-memory log, Azure Event Hubs, and the interface they implement.
+
+``EventHubSource`` needs the ``[eventhub]`` extra and is imported lazily.
+"""
+from typing import Any
+
 from .base import EventSource, PartitionReceiver
 from .memory import MemoryEventSource, MemoryPartitionReceiver
 
-__all__ = ["EventSource", "PartitionReceiver", "MemoryEventSource", "MemoryPartitionReceiver"]
+__all__ = ["EventSource", "PartitionReceiver", "MemoryEventSource", "MemoryPartitionReceiver", "EventHubSource"]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "EventHubSource":
+        from .eventhub import EventHubSource
+
+        return EventHubSource
+    raise AttributeError(f"module 'eventprocessor.sources' has no attribute {name!r}")
