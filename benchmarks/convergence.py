@@ -545,15 +545,14 @@ NOTES = [
     "an instance 5 minutes ahead sees every record as expired and takes live partitions every tick. This SDK "
     "judges expiry as `listing.server_time - last_modified_time`, both from the store, and times its own lease "
     "with a monotonic clock, so the skew changes nothing.",
-    "- Greedy cold start in lockstep: an instance that sees nobody claims one partition first. When two starters "
-    "pick the same one, the loser owns nothing after tick 1, is invisible in tick 2 (the others deal every "
-    "partition among themselves) and is only balanced by steals in tick 3.",
-    "- Greedy scale out: a newcomer takes its whole fair share as computed over the owners it can see; when "
-    "several newcomers arrive within one interval (or in lockstep, each invisible to the others) the early ones "
-    "over-take and later ones take partitions back, hence moves above the minimum.",
-    "- *Max believers* above 1 for this SDK is the victim of a steal still listing the partition in "
-    "`owned_partitions` until its next tick; its pump already stopped (max dispatching 1), because the new "
-    "owner's receiver has a higher owner level.",
+    "- Greedy: a processor that owns nothing is in nobody's snapshot, so it first claims one partition to show "
+    "up, and claims the rest of its fair share on its next tick, when every plan includes it (if all its "
+    "claims lost races it re-lists at once). Cold start therefore takes 2 ticks instead of 1, and in exchange "
+    "starters don't all grab everything and early newcomers don't take partitions later ones must steal back: "
+    "0 steals at cold start and scale-out moves equal to the minimum.",
+    "- *Max believers* counts instances listing a partition in `owned_partitions`; *dispatching* counts live "
+    "pumps. The victim of a steal drops the partition as soon as the new owner's receiver (higher owner level) "
+    "disconnects its own, or at its next tick, whichever comes first.",
 ]
 
 
