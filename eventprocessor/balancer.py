@@ -210,10 +210,12 @@ def decide(
     renewals = tuple(r for r in mine if age(r) >= renew_after)
 
     limit = 1 if strategy is LoadBalancingStrategy.BALANCED else None
-    if not counts:
-        # Nobody is visible: every processor starting now believes it is alone. Claim
-        # one partition first, so that next tick the fair share is computed with
-        # everyone who showed up, instead of every starter claiming everything.
+    if not counts.get(owner_id):
+        # Nobody can see a processor that owns nothing, so its fair share (and everyone
+        # else's) would be computed without it. It claims one partition first, to show
+        # up in every snapshot; from the next tick on every plan includes it. In GREEDY
+        # mode this costs one tick, and in exchange starters don't all claim everything
+        # and early newcomers don't take partitions that later ones must steal back.
         limit = 1
     view = dict(counts)
     view.setdefault(owner_id, 0)

@@ -76,6 +76,10 @@ class PartitionContext:
         """True while this claim is current and its lease has not run out."""
         return self._is_owned()
 
+    def _ownership_lost(self) -> None:
+        if self._on_ownership_lost is not None:
+            self._on_ownership_lost()
+
     async def update_checkpoint(self, event: Optional[Event] = None) -> None:
         """Record that processing got as far as ``event`` (default: the last delivered).
 
@@ -105,8 +109,7 @@ class PartitionContext:
         except OwnershipLostError:
             # The store knows better than our lease: stop dispatching this claim now
             # rather than at the next load-balancing tick.
-            if self._on_ownership_lost is not None:
-                self._on_ownership_lost()
+            self._ownership_lost()
             raise
         self.last_checkpoint = checkpoint
 

@@ -280,6 +280,21 @@ class EventProcessor:
         """
         self._ticks += 1
         self._expire_leases()
+        report = await self._balance()
+        if not self._leases and report.failed_claims and not report.claimed and report.error is None:
+            # Every claim of a processor that owns nothing lost a race: it is still
+            # invisible to the others. Look again now instead of a tick later.
+            retry = await self._balance()
+            report = BalanceReport(
+                owned=retry.owned, claimed=retry.claimed, renewed=report.renewed | retry.renewed,
+                stolen=dict(retry.stolen), lost=report.lost | retry.lost,
+                failed_claims=report.failed_claims | retry.failed_claims,
+                requests={k: report.requests.get(k, 0) + retry.requests.get(k, 0)
+                          for k in set(report.requests) | set(retry.requests)},
+                error=retry.error)
+        return report
+
+    async def _balance(self) -> BalanceReport:
         started = self._clock.monotonic()
         try:
             partition_ids = await self._source.get_partition_ids()

@@ -109,16 +109,17 @@ class PartitionPump:
                 if self._stop_reason is not None:
                     reason = self._stop_reason
                     break
-                if not ctx.is_owned:
-                    reason = CloseReason.OWNERSHIP_LOST
-                    break
                 try:
                     if self._receiver is None:
+                        if not ctx.is_owned:
+                            reason = CloseReason.OWNERSHIP_LOST
+                            break
                         self._receiver = await self._source.open_receiver(
                             ctx.partition_id, consumer_group=ctx.consumer_group, starting_position=position,
                             owner_level=ctx.epoch, prefetch=self._prefetch)
                     events = await self._receiver.receive(self._max_batch_size, self._max_wait_time)
                 except OwnershipLostError as error:
+                    ctx._ownership_lost()
                     logger.info("partition %s of %s/%s: receiver taken over (%s); owner %s stops",
                                 ctx.partition_id, ctx.eventhub_name, ctx.consumer_group, error, ctx.owner_id)
                     await self._report(error)
@@ -134,10 +135,17 @@ class PartitionPump:
                     backoff = min(backoff * 2, _MAX_BACKOFF)
                     continue
                 if not events and self._max_wait_time is None:
+                    if not ctx.is_owned:
+                        reason = CloseReason.OWNERSHIP_LOST
+                        break
                     continue
                 # The claim may have ended while we waited for events: never dispatch then.
-                if self._stop_reason is not None or not ctx.is_owned:
+                # (One ownership check per batch: it is on the hot path.)
+                if self._stop_reason is not None:
                     continue
+                if not ctx.is_owned:
+                    reason = CloseReason.OWNERSHIP_LOST
+                    break
                 if events:
                     ctx.last_event = events[-1]
                 self._dispatching = True

@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import base64
 import binascii
+import inspect
 import logging
 import re
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from email.utils import parsedate_to_datetime
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 from urllib.parse import urlsplit, urlunsplit
 
 from eventprocessor.errors import ConfigurationError
@@ -95,13 +96,10 @@ class ServerClock:
     it sent the last page, so every record listed was written no later than it.
     """
 
-    def __init__(self, on_response: Optional[Callable[[], None]] = None) -> None:
+    def __init__(self) -> None:
         self.latest: Optional[datetime] = None
-        self._on_response = on_response
 
     def hook(self, pipeline_response: Any) -> None:
-        if self._on_response is not None:
-            self._on_response()
         when = server_date(getattr(pipeline_response.http_response, "headers", None))
         if when is not None and (self.latest is None or when > self.latest):
             self.latest = when
@@ -290,6 +288,11 @@ def resolve_credential(credential: Any, account_url: str, *, sas_as_string: bool
     if credential is None or isinstance(credential, (AzureNamedKeyCredential, AzureSasCredential)):
         return credential
     if hasattr(credential, "get_token"):
+        if not inspect.iscoroutinefunction(credential.get_token):
+            raise ConfigurationError(
+                f"{type(credential).__name__} is a synchronous credential; these stores are async, use the "
+                "credential from azure.identity.aio"
+            )
         return credential
     if isinstance(credential, dict):
         name, key = credential.get("account_name"), credential.get("account_key")

@@ -11,7 +11,8 @@ Entity layout of the official table checkpoint store draft
         sequencenumber (str), offset (str), ownerid (str), epoch (Int64)
 
 ``epoch`` and the checkpoint's ``ownerid`` are ours; records without them read as
-epoch 0 (ownership) and ``None`` (checkpoint). Names are used as given (Table keys are
+epoch 0 (ownership) and ``None`` (checkpoint). A checkpoint without an offset stores
+``"-1"`` (Event Hubs' start of stream), as in :mod:`stores.blob`. Names are used as given (Table keys are
 case-sensitive); they may not contain ``/ \\ # ?``, control characters or whitespace
 (the service rejects the first ones, whitespace would make the key ambiguous), which
 is checked before any request with a ``ConfigurationError``.
@@ -53,7 +54,7 @@ import logging
 from collections import Counter
 from dataclasses import replace
 from datetime import datetime, timezone
-from typing import Any, Dict, Iterable, List, Optional, Tuple
+from typing import Any, Dict, Iterable, List, NoReturn, Optional, Tuple
 
 from azure.core import MatchConditions
 from azure.core.exceptions import (
@@ -91,6 +92,12 @@ from ._azure import (
     resolve_credential,
     safe_url,
 )
+
+# What a checkpoint without an offset stores: the official processor reads the offset as
+# a string and starts *after* it, and "-1" is Event Hubs' start-of-stream position, so it
+# re-reads from the start instead of failing on "" (which its blob reader turns into
+# "None"). A real offset is never "-1", so reading it back as ``None`` is exact.
+_NO_OFFSET = "-1"
 
 __all__ = ["TableCheckpointStore"]
 
@@ -346,21 +353,21 @@ class TableCheckpointStore(CheckpointStore):
         except (ResourceExistsError, ResourceModifiedError, ResourceNotFoundError) as error:
             if isinstance(error, ResourceNotFoundError) and claim.etag is None:
                 self._forget_table_if_gone(error)
-                return self._claim_failed(claim, error)
+                self._claim_failed(claim, error)
             logger.debug(
                 "processor %s lost the claim of partition %s (hub %s, consumer group %s): %s",
                 claim.owner_id, claim.partition_id, claim.eventhub_name, claim.consumer_group, describe_error(error),
             )
             return None
         except Exception as error:  # HTTP or network errors after the retries: never success
-            return self._claim_failed(claim, error)
+            self._claim_failed(claim, error)
         logger.debug(
             "processor %s claimed partition %s (hub %s, consumer group %s, epoch %s)",
             claim.owner_id or "<release>", claim.partition_id, claim.eventhub_name, claim.consumer_group, claim.epoch,
         )
         return replace(claim, etag=response["etag"], last_modified_time=response.get("date"))
 
-    def _claim_failed(self, claim: Ownership, error: BaseException) -> Ownership:
+    def _claim_failed(self, claim: Ownership, error: BaseException) -> NoReturn:
         logger.warning(
             "processor %s: claim of partition %s (hub %s, consumer group %s) failed: %s",
             claim.owner_id, claim.partition_id, claim.eventhub_name, claim.consumer_group, describe_error(error),
@@ -398,7 +405,7 @@ class TableCheckpointStore(CheckpointStore):
             "PartitionKey": _partition_key(scope, "Checkpoint"),
             "RowKey": row,
             "sequencenumber": str(seq),
-            "offset": "" if checkpoint.offset is None else str(checkpoint.offset),
+            "offset": _NO_OFFSET if checkpoint.offset is None else str(checkpoint.offset),
             "ownerid": owner_id,
             "epoch": _int64(epoch),
         }
@@ -524,7 +531,7 @@ class TableCheckpointStore(CheckpointStore):
             consumer_group=scope[2],
             partition_id=entity["RowKey"],
             sequence_number=sequence_number,
-            offset=str(offset) if offset not in (None, "") else None,
+            offset=str(offset) if offset not in (None, "", _NO_OFFSET) else None,
             owner_id=owner if isinstance(owner, str) and owner else None,
             epoch=epoch,
         )

@@ -130,11 +130,14 @@ def test_renews_only_what_the_store_says_it_owns_with_the_store_etag_once_old_en
     assert decision.claims == ()
 
 
-async def test_greedy_claims_fair_share_in_one_tick():
+async def test_greedy_newcomer_shows_itself_with_one_claim_then_takes_its_fair_share():
     cluster = Cluster(32, strategy=GREEDY)
     await cluster.seed_ownership({str(p): "A" for p in range(16)})
-    decision = await cluster.tick("B")
-    assert len(decision.claims) == 16
+    first = await cluster.tick("B")
+    assert len(first.claims) == 1  # invisible until it owns something
+    second = await cluster.tick("B")
+    assert len(second.claims) == 15  # the rest of its fair share at once
+    assert await cluster.live_counts(["A", "B"]) == {"A": 16, "B": 16}
 
 
 async def test_lockstep_visible_processors_never_collide_on_unowned_partitions():

@@ -282,3 +282,40 @@ async def test_sas_and_key_never_reach_logs_or_errors(azurite: Any, caplog: pyte
     async with service:
         for name in (container, container + "u", container + "k", container + "c"):
             await service.delete_container(name)
+
+
+async def test_token_credentials_must_be_async() -> None:
+    from azure.identity import ClientSecretCredential
+    from azure.identity.aio import ClientSecretCredential as AsyncClientSecretCredential
+
+    sync = ClientSecretCredential("tenant", "client", "s3cr3t-client-secret")
+    with pytest.raises(ConfigurationError, match="azure.identity.aio"):
+        BlobCheckpointStore("https://acct.blob.core.windows.net", "checkpoints", credential=sync)
+    async with AsyncClientSecretCredential("tenant", "client", "s3cr3t-client-secret") as credential:
+        for store in (BlobCheckpointStore("https://acct.blob.core.windows.net", "checkpoints", credential=credential),
+                      TableCheckpointStore("https://acct.table.core.windows.net", "checkpoints",
+                                           credential=credential)):
+            _no_secret([repr(store)], "s3cr3t")
+            await store.close()
+
+
+async def test_container_and_table_are_created_on_first_use(azurite: Any, caplog: pytest.LogCaptureFixture) -> None:
+    from azure.data.tables.aio import TableServiceClient
+    from azure.storage.blob.aio import BlobServiceClient
+
+    caplog.set_level(logging.INFO, logger="stores")
+    container, table = f"first-{uuid.uuid4().hex[:10]}", f"first{uuid.uuid4().hex[:10]}"
+    async with BlobCheckpointStore.from_connection_string(azurite.connection_string, container) as blob, \
+            TableCheckpointStore.from_connection_string(azurite.connection_string, table) as tables:
+        assert (await blob.list_ownership(NS, HUB, CG)).ownerships == ()
+        assert (await tables.list_ownership(NS, HUB, CG)).ownerships == ()
+        await blob.list_checkpoints(NS, HUB, CG)  # once only
+    created = [r.getMessage() for r in caplog.records if "created" in r.getMessage()]
+    assert len(created) == 2
+    assert any(container in m for m in created) and any(table in m for m in created)
+    async with BlobServiceClient.from_connection_string(azurite.connection_string) as service:
+        await service.get_container_client(container).get_container_properties()
+        await service.delete_container(container)
+    async with TableServiceClient.from_connection_string(azurite.connection_string) as service:
+        assert [t.name async for t in service.query_tables("TableName eq @t", parameters={"t": table})] == [table]
+        await service.delete_table(table)

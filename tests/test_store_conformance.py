@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
+import re
 import time
 import uuid
 from dataclasses import dataclass, replace
@@ -46,6 +47,8 @@ class Backend:
     # plants a malformed record; returns the name the store's warning must mention
     plant: Callable[[str, str], Awaitable[str]]
     server_clock: Optional[SkewableServerClock] = None
+    # another client of the same storage with extra SDK options (None in memory)
+    make_client: Optional[Callable[..., CheckpointStore]] = None
 
     @property
     def scope(self) -> Tuple[str, str, str]:
@@ -157,7 +160,9 @@ async def backend(request: pytest.FixtureRequest) -> AsyncIterator[Backend]:
         raw = ContainerClient.from_connection_string(azurite.connection_string, container)
         try:
             await store.list_ownership(NAMESPACE, HUB, consumer_group)  # creates the container
-            yield Backend("blob", store, peer, consumer_group, _blob_planter(raw, consumer_group))
+            yield Backend("blob", store, peer, consumer_group, _blob_planter(raw, consumer_group),
+                          make_client=lambda **kw: BlobCheckpointStore.from_connection_string(
+                              azurite.connection_string, container, **kw))
         finally:
             await raw.delete_container()
             await raw.close()
@@ -175,7 +180,9 @@ async def backend(request: pytest.FixtureRequest) -> AsyncIterator[Backend]:
     raw = TableClient.from_connection_string(azurite.connection_string, table_name)
     try:
         await store.list_ownership(NAMESPACE, HUB, consumer_group)  # creates the table
-        yield Backend("table", store, peer, consumer_group, _table_planter(raw, consumer_group))
+        yield Backend("table", store, peer, consumer_group, _table_planter(raw, consumer_group),
+                      make_client=lambda **kw: TableCheckpointStore.from_connection_string(
+                          azurite.connection_string, table_name, **kw))
     finally:
         await raw.delete_table()
         await raw.close()
@@ -427,6 +434,56 @@ async def test_1024_partitions(backend: Backend) -> None:
         assert record.epoch == 1 + int(pid) % 3
         assert record.etag == by_pid[pid].etag
         assert (record.fully_qualified_namespace, record.eventhub_name, record.consumer_group) == backend.scope
+
+
+# ------------------------------------------------------------------- other failures
+
+
+def _failing_transport(should_fail: Callable[[str], bool]) -> Any:
+    """A real HTTP transport to Azurite that drops the requests ``should_fail`` picks, as a
+    reset connection would (fault injection on the wire; the storage is not mocked)."""
+    from azure.core.exceptions import ServiceResponseError
+    from azure.core.pipeline.transport import AioHttpTransport
+
+    class FailingTransport(AioHttpTransport):
+        async def send(self, request: Any, **kwargs: Any) -> Any:
+            if should_fail(request.url):
+                raise ServiceResponseError("injected: connection reset by peer")
+            return await super().send(request, **kwargs)
+
+    return FailingTransport()
+
+
+def _is_partition_3(url: str) -> bool:
+    return bool(re.search(r"/(ownership|checkpoint)/3(\?|$)", url)) or "RowKey='3'" in url
+
+
+async def test_an_unexpected_failure_is_never_a_won_claim(backend: Backend) -> None:
+    if backend.make_client is None:
+        pytest.skip("the in-memory store has no failure mode besides lost races")
+    from eventprocessor.errors import ClaimOwnershipError
+
+    created = await backend.store.claim_ownership([backend.ownership(str(p), "a") for p in range(6)])
+    async with backend.make_client(transport=_failing_transport(_is_partition_3), retry_total=0) as flaky:
+        with pytest.raises(ClaimOwnershipError) as raised:
+            await flaky.claim_ownership([replace(r, owner_id="b", epoch=2) for r in created])
+    error = raised.value
+    assert sorted(r.partition_id for r in error.claimed) == ["0", "1", "2", "4", "5"], "won claims are kept"
+    assert set(error.failures) == {"3"} and isinstance(error.failures["3"], CheckpointStoreError)
+    assert "3" in str(error)
+    stored = await backend.records()
+    assert stored["3"].owner_id == "a" and all(stored[p].owner_id == "b" for p in "01245")
+
+
+async def test_an_unexpected_checkpoint_failure_is_not_ownership_lost(backend: Backend) -> None:
+    if backend.make_client is None:
+        pytest.skip("the in-memory store has no failure mode besides lost races")
+    await backend.store.claim_ownership([backend.ownership("3", "a")])
+    async with backend.make_client(transport=_failing_transport(_is_partition_3), retry_total=0) as flaky:
+        with pytest.raises(CheckpointStoreError) as raised:
+            await flaky.update_checkpoint(backend.checkpoint("3", 1), owner_id="a", epoch=1)
+    assert not isinstance(raised.value, OwnershipLostError)
+    assert await backend.checkpoints() == {}
 
 
 # ------------------------------------------------------------------------ server time

@@ -1,0 +1,172 @@
+"""Interop with the official ``azure-eventhub-checkpointstoreblob-aio`` on Azurite:
+what it writes, ``BlobCheckpointStore`` reads, and the reverse, so a deployment can
+switch SDKs in either direction and resume from the same checkpoints."""
+from __future__ import annotations
+
+import asyncio
+import uuid
+from dataclasses import replace
+from typing import Any, AsyncIterator, Dict, List, Tuple
+
+import pytest
+
+from eventprocessor import EventProcessor, LoadBalancingStrategy, PartitionProcessor
+from eventprocessor.errors import OwnershipLostError
+from eventprocessor.records import Checkpoint, Ownership
+from eventprocessor.sources import MemoryEventSource
+from stores import BlobCheckpointStore
+
+pytest.importorskip("azure.eventhub.extensions.checkpointstoreblobaio")
+from azure.eventhub.extensions.checkpointstoreblobaio import (  # noqa: E402
+    BlobCheckpointStore as OfficialBlobCheckpointStore,
+)
+
+NS = "Interop.servicebus.windows.net"  # mixed case: both stores lower-case blob names
+HUB = "Orders"
+
+
+@pytest.fixture
+async def stores(azurite: Any) -> AsyncIterator[Tuple[BlobCheckpointStore, Any, str]]:
+    container = f"interop-{uuid.uuid4().hex[:10]}"
+    consumer_group = f"cg-{uuid.uuid4().hex[:6]}"
+    ours = BlobCheckpointStore.from_connection_string(azurite.connection_string, container)
+    # The official store rejects UseDevelopmentStorage=true and does not create its container.
+    official = OfficialBlobCheckpointStore.from_connection_string(azurite.connection_string, container)
+    await ours.list_ownership(NS, HUB, consumer_group)  # creates the container
+    try:
+        yield ours, official, consumer_group
+    finally:
+        await ours._container.delete_container()
+        await ours.close()
+        await official.close()
+
+
+def _official_ownership(cg: str, pid: str, owner: str, etag: Any = None) -> Dict[str, Any]:
+    return {"fully_qualified_namespace": NS, "eventhub_name": HUB, "consumer_group": cg,
+            "partition_id": pid, "owner_id": owner, "etag": etag}
+
+
+def _official_checkpoint(cg: str, pid: str, seq: int, offset: str) -> Dict[str, Any]:
+    return {"fully_qualified_namespace": NS, "eventhub_name": HUB, "consumer_group": cg,
+            "partition_id": pid, "sequence_number": seq, "offset": offset}
+
+
+async def test_records_written_by_the_official_store_are_read_by_ours(stores: Any) -> None:
+    ours, official, cg = stores
+    claimed = await official.claim_ownership([_official_ownership(cg, "0", "legacy-a"),
+                                              _official_ownership(cg, "1", "legacy-b")])
+    assert len(claimed) == 2
+    await official.update_checkpoint(_official_checkpoint(cg, "0", 100, "12345"))
+    await official.update_checkpoint(_official_checkpoint(cg, "1", 7, "99"))
+
+    listing = await ours.list_ownership(NS, HUB, cg)
+    records = {r.partition_id: r for r in listing.ownerships}
+    assert {p: (r.owner_id, r.epoch) for p, r in records.items()} == {"0": ("legacy-a", 0), "1": ("legacy-b", 0)}
+    official_etags = {o["partition_id"]: o["etag"] for o in claimed}
+    for pid, record in records.items():
+        assert record.etag.strip('"') == official_etags[pid].strip('"')
+        assert abs(record.last_modified_time.timestamp() - claimed[int(pid)]["last_modified_time"]) < 1
+        assert (record.fully_qualified_namespace, record.eventhub_name, record.consumer_group) == (NS, HUB, cg)
+
+    checkpoints = {c.partition_id: c for c in await ours.list_checkpoints(NS, HUB, cg)}
+    assert checkpoints == {
+        "0": Checkpoint(NS, HUB, cg, "0", 100, "12345", owner_id=None, epoch=None),
+        "1": Checkpoint(NS, HUB, cg, "1", 7, "99", owner_id=None, epoch=None),
+    }
+
+    # Ours takes over with the official record's etag and checkpoints, fenced, over its blob.
+    [taken] = await ours.claim_ownership([replace(records["0"], owner_id="new", epoch=1)])
+    await ours.update_checkpoint(Checkpoint(NS, HUB, cg, "0", 101, "12400"), owner_id="new", epoch=1)
+    # and a stale official renewal now loses
+    assert await official.claim_ownership([_official_ownership(cg, "0", "legacy-a", claimed[0]["etag"])]) == []
+    assert (await ours.list_checkpoints(NS, HUB, cg))[0].sequence_number == 101
+    assert taken.epoch == 1
+
+
+async def test_records_written_by_ours_are_read_by_the_official_store(stores: Any) -> None:
+    ours, official, cg = stores
+    won = await ours.claim_ownership([Ownership(NS, HUB, cg, str(p), f"owner-{p % 2}", epoch=p + 1) for p in range(4)])
+    for record in won:
+        await ours.update_checkpoint(Checkpoint(NS, HUB, cg, record.partition_id, 10 + int(record.partition_id),
+                                                str(1000 + int(record.partition_id))),
+                                     owner_id=record.owner_id, epoch=record.epoch)
+    await ours.update_checkpoint(Checkpoint(NS, HUB, cg, "3", 20, None), owner_id="owner-1", epoch=4)
+
+    listed = {o["partition_id"]: o for o in await official.list_ownership(NS, HUB, cg)}
+    assert {p: o["owner_id"] for p, o in listed.items()} == {"0": "owner-0", "1": "owner-1", "2": "owner-0",
+                                                            "3": "owner-1"}
+    ours_by_pid = {r.partition_id: r for r in won}
+    for pid, record in listed.items():
+        assert record["etag"].strip('"') == ours_by_pid[pid].etag.strip('"')
+        assert record["last_modified_time"] == ours_by_pid[pid].last_modified_time.timestamp()
+
+    checkpoints = {c["partition_id"]: c for c in await official.list_checkpoints(NS, HUB, cg)}
+    assert {p: (c["sequence_number"], c["offset"]) for p, c in checkpoints.items()} == {
+        "0": (10, "1000"), "1": (11, "1001"), "2": (12, "1002"),
+        "3": (20, "-1"),  # no offset: Event Hubs' start of stream, never "None"
+    }
+    assert (await ours.list_checkpoints(NS, HUB, cg))[3].offset is None
+
+    # The official store can take a partition back with the etag it lists.
+    renewed = await official.claim_ownership([_official_ownership(cg, "2", "legacy", listed["2"]["etag"])])
+    assert [o["owner_id"] for o in renewed] == ["legacy"]
+    with pytest.raises(OwnershipLostError):  # and our old owner is fenced out
+        await ours.update_checkpoint(Checkpoint(NS, HUB, cg, "2", 99, "1"), owner_id="owner-0", epoch=3)
+
+
+class _Recorder(PartitionProcessor):
+    seen: Dict[str, List[int]] = {}
+
+    async def process_events(self, events: List[Any], context: Any) -> None:
+        self.seen.setdefault(context.partition_id, []).extend(e.sequence_number for e in events)
+        await context.update_checkpoint()
+
+
+async def _drain(processor: EventProcessor, seen: Dict[str, List[int]], last: int, partitions: int) -> None:
+    for _ in range(2 * partitions):  # a newcomer may take one partition per tick at first
+        await processor.balance_once()
+        if len(processor.owned_partitions) == partitions:
+            break
+    for _ in range(200):  # bounded: at most ~10 s
+        if len(seen) == partitions and all(s and s[-1] == last for s in seen.values()):
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"events not delivered: {seen}")
+
+
+async def test_switch_over_resumes_from_the_same_checkpoints(stores: Any) -> None:
+    ours, official, cg = stores
+    source = MemoryEventSource(4, eventhub_name=HUB, fully_qualified_namespace=NS)
+    for i in range(10):
+        for pid in range(4):
+            await source.send(f"event {i}", partition_id=str(pid))
+    events = {str(p): source.events(str(p)) for p in range(4)}
+
+    # 1. The official SDK's era: it owned the partitions, checkpointed event 4, shut down
+    #    (its shutdown releases ownership by writing an empty owner id).
+    claimed = await official.claim_ownership([_official_ownership(cg, str(p), "legacy") for p in range(4)])
+    for pid in range(4):
+        event = events[str(pid)][4]
+        await official.update_checkpoint(_official_checkpoint(cg, str(pid), event.sequence_number, event.offset))
+    await official.claim_ownership([dict(o, owner_id="") for o in claimed])
+
+    # 2. This SDK takes over and resumes after event 4.
+    _Recorder.seen = {}
+    processor = EventProcessor(source, ours, _Recorder, consumer_group=cg,
+                               load_balancing_strategy=LoadBalancingStrategy.GREEDY)
+    try:
+        await _drain(processor, _Recorder.seen, last=9, partitions=4)
+        assert processor.owned_partitions == {"0", "1", "2", "3"}
+    finally:
+        await processor.stop()
+    assert {p: s[0] for p, s in _Recorder.seen.items()} == {str(p): 5 for p in range(4)}, "resumed after event 4"
+    assert all(s == list(range(5, 10)) for s in _Recorder.seen.values())
+
+    # 3. Back to the official SDK: it sees our checkpoints and our released ownership.
+    checkpoints = {c["partition_id"]: c for c in await official.list_checkpoints(NS, HUB, cg)}
+    assert {p: (c["sequence_number"], c["offset"]) for p, c in checkpoints.items()} == {
+        str(p): (events[str(p)][9].sequence_number, events[str(p)][9].offset) for p in range(4)}
+    ownership = await official.list_ownership(NS, HUB, cg)
+    assert len(ownership) == 4 and not any(o["owner_id"] for o in ownership), "released on stop"
+    back = await official.claim_ownership([dict(o, owner_id="legacy-again") for o in ownership])
+    assert len(back) == 4
