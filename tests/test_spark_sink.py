@@ -18,7 +18,7 @@ from typing import Callable, Dict, List, Tuple
 import pyarrow as pa
 import pytest
 
-from eventprocessor import EventProcessor, LoadBalancingStrategy
+from eventprocessor import CloseReason, EventProcessor, LoadBalancingStrategy
 from eventprocessor.clock import ManualClock
 from eventprocessor.sources import MemoryEventSource
 from eventprocessor.spark import EVENT_SCHEMA, MicroBatch, SparkSink, events_to_table, json_body
@@ -283,6 +283,69 @@ async def test_an_owner_that_lost_its_partition_mid_batch_writes_none_of_it(spar
     await sink.close()
     assert_exactly_once(read_rows(spark, out), expected)
     assert not any((out / STAGING_DIR).iterdir())
+
+
+async def test_a_zombie_whose_foreach_batch_ran_cannot_commit_after_the_new_owner_fenced(spark, tmp_path, caplog):
+    """The commit itself is conditional. The zombie is the sink's handler driven the way
+    a pump drives it, by a claim that never learns it was taken over (a paused process:
+    ``is_owned`` stays true). Its foreach_batch returns after the successor has fenced
+    the partition and written it; the commit log refuses the zombie's commit."""
+    from eventprocessor import PartitionContext
+    from eventprocessor.records import Ownership
+
+    source = MemoryEventSource(1)
+    fill(source, 50)
+    store = InMemoryCheckpointStore()
+    log_dir = tmp_path / "log"
+    [record] = await store.claim_ownership([Ownership(source.fully_qualified_namespace, source.eventhub_name,
+                                                      "$default", "0", "zombie", epoch=1)])
+    entered, release = threading.Event(), threading.Event()
+    zombie_calls: List[int] = []
+
+    def zombie_foreach_batch(df, batch_id):
+        zombie_calls.append(batch_id)
+        entered.set()
+        release.wait(60)
+
+    zombie_sink = SparkSink(foreach_batch=zombie_foreach_batch, checkpoint_location=log_dir, spark=spark,
+                            max_events=1000, max_interval=0.1)
+    context = PartitionContext(fully_qualified_namespace=source.fully_qualified_namespace,
+                               eventhub_name=source.eventhub_name, consumer_group="$default", partition_id="0",
+                               owner_id="zombie", epoch=record.epoch, checkpoint_store=store,
+                               is_owned=lambda: True)
+    handler = zombie_sink()
+    await handler.initialize(context)
+    await handler.process_events(source.events("0"), context)
+    await wait_until(entered.is_set, "the zombie's foreach_batch to start")
+
+    committed: List[Tuple[int, int, int]] = []
+
+    def successor_foreach_batch(df, batch_id, batch):
+        r = batch.ranges["0"]
+        committed.append((batch_id, r.first_sequence_number, r.last_sequence_number))
+
+    sink = SparkSink(foreach_batch=successor_foreach_batch, checkpoint_location=log_dir, spark=spark,
+                     max_events=1000, max_interval=0.1)
+    successor = EventProcessor(source, store, sink, owner_id="successor", load_balancing_interval=0.2,
+                               partition_ownership_expiration_interval=1.5)
+    await successor.start()  # claims the partition once the zombie's record expires
+    await wait_until(lambda: sink.events_committed == 50, "the successor to commit everything")
+    release.set()
+    await zombie_sink.flush()  # the zombie's batch ends: refused
+    await handler.close(CloseReason.OWNERSHIP_LOST, context)
+    await zombie_sink.close()
+    await successor.stop()
+    await sink.close()
+
+    assert zombie_sink.batches_committed == 0
+    assert f"batch {zombie_calls[0]} was aborted by a newer claim" in caplog.text
+    assert zombie_calls and len(set(zombie_calls)) == 1
+    outcomes = {batch_id: outcome for batch_id, outcome, _ranges in sink.commit_log.batches()}
+    assert outcomes[zombie_calls[0]] == "aborted"
+    assert [(first, last) for _, first, last in committed] == [(0, 49)]
+    assert outcomes[committed[0][0]] == "committed"
+    checkpoints = await store.list_checkpoints(source.fully_qualified_namespace, source.eventhub_name, "$default")
+    assert [(c.owner_id, c.sequence_number) for c in checkpoints] == [("successor", 49)]
 
 
 @pytest.mark.slow

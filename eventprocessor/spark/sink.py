@@ -631,7 +631,7 @@ class SparkSink:
         return _Attempt(sealed)
 
     def _refused(self, attempt: _Attempt, refused: BatchRefused) -> None:
-        logger.warning("sink: batch refused, partitions %s were taken over; going on with the rest",
+        logger.warning("sink: %s; partitions %s were taken over, going on with the rest", refused,
                        sorted(refused.lost))
         for claim in attempt.events:
             if claim.partition_id in refused.lost:
