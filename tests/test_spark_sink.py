@@ -182,7 +182,7 @@ async def test_foreach_batch_gets_batches_cut_by_events_bytes_and_interval(spark
         seen.append((batch_id, df.count(), batch))
 
     sink = SparkSink(foreach_batch=foreach_batch, checkpoint_location=tmp_path / "log", spark=spark,
-                     max_events=100, max_interval=0.5)
+                     max_events=100, max_interval=1.5)
     processor = EventProcessor(source, InMemoryCheckpointStore(), sink, load_balancing_interval=0.2,
                                partition_ownership_expiration_interval=5, max_batch_size=50)
     await processor.start()

@@ -88,6 +88,10 @@ def add_user_columns(table: pa.Table, decode: Optional[Decoder], derived: Sequen
 
     The one derived column is ``enqueued_date`` (the UTC date of ``enqueued_time``),
     handy for ``partition_by="enqueued_date"``.
+
+    Example::
+
+        table = add_user_columns(events_to_table(batches), json_body(schema), derived=["enqueued_date"])
     """
     if "enqueued_date" in derived and "enqueued_date" not in table.column_names:
         table = table.append_column("enqueued_date", pc.cast(table["enqueued_time"], pa.date32()))

@@ -61,6 +61,11 @@ class PartitionRange:
 
     ``first_sequence_number`` and ``last_sequence_number`` are inclusive; ``owner_id``
     and ``epoch`` identify the claim that read them.
+
+    Example::
+
+        PartitionRange("0", first_sequence_number=100, last_sequence_number=199, last_offset="199",
+                       count=100, owner_id="worker-1", epoch=3)
     """
 
     partition_id: str

@@ -39,6 +39,13 @@ class MicroBatch:
     ``batch_id`` is the batch's version in the commit log: unique across every
     processor writing to the same log, and always the same data. ``ranges`` maps each
     partition id to its inclusive sequence-number range, with the claim that read it.
+
+    Example::
+
+        def foreach_batch(df, batch_id, batch):
+            for pid, r in batch.ranges.items():
+                print(pid, r.first_sequence_number, r.last_sequence_number)
+            df.write.mode("overwrite").parquet(f"/data/out/batch_id={batch_id}")
     """
 
     batch_id: int
@@ -277,6 +284,21 @@ class SparkSink:
     :data:`~eventprocessor.spark.EVENT_SCHEMA`, plus ``decode``'s columns) built from
     Arrow, and goes to ``foreach_batch(df, batch_id[, batch])`` or, by default, is
     appended as Parquet to ``path`` partitioned by ``partition_by``.
+
+    * ``path``: the Parquet table (a POSIX path); or ``foreach_batch`` plus
+      ``checkpoint_location`` (the commit log's directory).
+    * ``partition_by``: column(s) of the table's directories, e.g. ``"partition_id"``,
+      ``"enqueued_date"`` or a column of ``decode``; ``None`` for none.
+    * ``decode``: Arrow table of the batch -> extra columns (see :func:`json_body`).
+    * ``spark``, or ``master`` and ``spark_conf``: the session (see :func:`spark_session`).
+    * ``write_options``: options of the Parquet writer (e.g. ``{"compression": "zstd"}``).
+    * ``retry_interval``: a batch whose write fails (Spark error, a raising
+      ``foreach_batch`` or ``decode``) is retried with the same ``batch_id`` after this
+      many seconds, until it succeeds or its partitions move; ``last_error`` keeps the
+      error. Events of the other partitions wait meanwhile (back-pressure).
+
+    One sink serves one event loop and one event hub/consumer group; several
+    processors (in one or many processes) may write to the same ``path``.
 
     Example::
 
@@ -736,8 +758,10 @@ class SparkSink:
         moved = self._writer.publish(batch.batch_id)
         _hook("after_publish")
         steps = dict(attempt.timings, write=written - started, commit=time.perf_counter() - written)
-        logger.info("sink: committed batch %s: %d events from partitions %s (%d files); seconds: %s",
-                    batch.batch_id, batch.event_count, sorted(batch.ranges), moved,
+        ctx = next(iter(attempt.events)).context
+        logger.info("sink: owner %s committed batch %s of %s/%s: %d events from partitions %s (%d files); "
+                    "seconds: %s", ctx.owner_id, batch.batch_id, ctx.eventhub_name, ctx.consumer_group,
+                    batch.event_count, sorted(batch.ranges), moved,
                     " ".join(f"{name} {value:.3f}" for name, value in steps.items()))
         return batch
 
