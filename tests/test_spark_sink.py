@@ -352,8 +352,9 @@ async def test_a_zombie_whose_foreach_batch_ran_cannot_commit_after_the_new_owne
 @pytest.mark.azurite
 async def test_sigkill_at_every_step_of_a_batch_then_restart_writes_each_event_once(spark, azurite, tmp_path):
     """Four processes die by SIGKILL in their first batch: after the data is staged
-    (before the commit), after the commit (before the files move), after the files
-    moved (before the store checkpoint), and after the checkpoint. A fifth finishes.
+    (before the commit), after the commit with only one of the batch's files moved
+    into the table, after all files moved (before the store checkpoint), and after the
+    checkpoint. A fifth finishes.
     Ownership and checkpoints live in a BlobCheckpointStore on Azurite, so each
     restart is a new claim (higher epoch) resuming from the store's checkpoints. Each
     event is in the table once."""
@@ -365,7 +366,7 @@ async def test_sigkill_at_every_step_of_a_batch_then_restart_writes_each_event_o
     env = dict(os.environ, PYTHONPATH=str(ROOT), SPARK_LOCAL_IP="127.0.0.1",
                EVENTPROCESSOR_TEST_STORAGE=azurite.connection_string)
     logs = []
-    for kill_at in ("after_write", "after_commit", "after_publish", "after_checkpoint", None):
+    for kill_at in ("after_write", "mid_publish", "after_publish", "after_checkpoint", None):
         run_env = dict(env)
         if kill_at:
             run_env["EVENTPROCESSOR_SPARK_KILL_AT"] = kill_at
@@ -381,7 +382,7 @@ async def test_sigkill_at_every_step_of_a_batch_then_restart_writes_each_event_o
             assert f"killing this process at {kill_at}" in stderr
         else:
             assert process.returncode == 0, stderr[-3000:]
-    assert "rolled committed batch" in logs[2], "the batch committed before the kill was not rolled forward"
+    assert "rolled committed batch" in logs[2], "the half-published batch was not rolled forward"
     expected = {(str(p), i): f"{p}:{i}".encode() for p in range(partitions) for i in range(events)}
     assert_exactly_once(read_rows(spark, out), expected)
     assert not any((out / STAGING_DIR).iterdir())

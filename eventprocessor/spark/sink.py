@@ -170,6 +170,8 @@ class _ParquetWriter:
                 try:
                     os.rename(Path(root) / name, destination_dir / f"b{batch_id:012d}-{name}")
                     moved += 1
+                    if moved == 1:
+                        _hook("mid_publish")
                 except FileNotFoundError:
                     pass  # another publisher moved it
         shutil.rmtree(source, ignore_errors=True)
@@ -768,7 +770,9 @@ class SparkSink:
 
 def _hook(point: str) -> None:
     """Crash injection for the kill tests: ``EVENTPROCESSOR_SPARK_KILL_AT=<point>``
-    SIGKILLs this process at that point of the first batch."""
+    SIGKILLs this process the first time it reaches that point: ``after_write`` (data
+    staged, not committed), ``after_commit``, ``mid_publish`` (one file moved into the
+    table), ``after_publish`` (before the store checkpoints), ``after_checkpoint``."""
     if os.environ.get("EVENTPROCESSOR_SPARK_KILL_AT") == point:
         import signal
 
