@@ -236,9 +236,11 @@ class _Attempt:
         self.batch: Optional[MicroBatch] = None
         self.df: Any = None
         self.timings: Dict[str, float] = {}
+        self.byte_count: Optional[int] = None  # of the events as sealed; None once some were dropped
 
     def drop(self, partition_ids) -> None:
         self.events = {c: e for c, e in self.events.items() if c.partition_id not in partition_ids}
+        self.byte_count = None
 
     def ranges(self) -> List[PartitionRange]:
         return [
@@ -507,7 +509,10 @@ class SparkSink:
             await self._fence(claim)  # the fence in initialize failed; raising here makes the pump retry
         if claim.lost or self._claims.get(claim.partition_id) is not claim:
             return  # a stale claim: its events belong to the new owner
-        fresh = [e for e in events if e.sequence_number > claim.last_sequence_number]
+        if events and events[0].sequence_number > claim.last_sequence_number:
+            fresh = events  # the common case: nothing to skip, nothing to copy
+        else:
+            fresh = [e for e in events if e.sequence_number > claim.last_sequence_number]
         if len(fresh) < len(events):
             await self._catch_up_checkpoint(claim, events)
         if not fresh:
@@ -633,6 +638,14 @@ class SparkSink:
             take[claim] += extra
             room -= extra
         sealed: Dict[_Claim, List[Event]] = {}
+        if self._buffered_bytes <= self.max_bytes:
+            # Everything buffered fits the byte budget: no need to size each event.
+            for claim in claims:
+                sealed[claim] = claim.events[:take[claim]]
+                del claim.events[:take[claim]]
+            nbytes = sum(len(e.body) for events in sealed.values() for e in events) \
+                if any(claim.events for claim in claims) else self._buffered_bytes
+            return self._sealed(sealed, nbytes)
         nbytes = 0
         for claim in claims:
             count = 0
@@ -647,12 +660,17 @@ class SparkSink:
                 del claim.events[:count]
             if count < take[claim]:
                 break  # the byte budget is spent
+        return self._sealed(sealed, nbytes)
+
+    def _sealed(self, sealed: Dict[_Claim, List[Event]], nbytes: int) -> _Attempt:
         self._buffered_events -= sum(len(events) for events in sealed.values())
         self._buffered_bytes -= nbytes
         if self._buffered_events:
             self._first_buffered_at = asyncio.get_running_loop().time()
         self._space.set()  # type: ignore[union-attr]
-        return _Attempt(sealed)
+        attempt = _Attempt(sealed)
+        attempt.byte_count = nbytes
+        return attempt
 
     def _refused(self, attempt: _Attempt, refused: BatchRefused) -> None:
         logger.warning("sink: %s; partitions %s were taken over, going on with the rest", refused,
@@ -720,7 +738,8 @@ class SparkSink:
             batch_id=attempt.batch_id,
             ranges={r.partition_id: r for r in ranges},
             event_count=sum(r.count for r in ranges),
-            byte_count=sum(len(e.body) for events in attempt.events.values() for e in events),
+            byte_count=attempt.byte_count if attempt.byte_count is not None
+            else sum(len(e.body) for events in attempt.events.values() for e in events),
         )
         planned = time.perf_counter()
         table = events_to_table([(claim.partition_id, events) for claim, events in attempt.events.items()])
