@@ -164,7 +164,9 @@ def _markdown(results: Sequence[Round], args: argparse.Namespace, command: str) 
     best_sink = max(r.sink_rows_per_s for r in results)
     best_ratio = best_sink / best_direct
     median_ratio = statistics.median(r.ratio for r in results)
-    verdict = "meets" if best_ratio >= 0.8 else "misses"
+    def verdict(value: float) -> str:
+        return "meets" if value >= 0.8 else "misses"
+
     lines = [
         "## Spark sink: rows/s into Parquet",
         "",
@@ -180,11 +182,15 @@ def _markdown(results: Sequence[Round], args: argparse.Namespace, command: str) 
         f"{statistics.median(r.direct_rows_per_s for r in results):,.0f} |",
         f"| EventProcessor + SparkSink (exactly-once Parquet) | {best_sink:,.0f} | "
         f"{statistics.median(r.sink_rows_per_s for r in results):,.0f} |",
-        f"| **ratio sink / direct** | **{best_ratio:.2f}** ({verdict} the 0.8 target) | {median_ratio:.2f} "
-        "(median of per-round ratios) |",
+        f"| **ratio sink / direct** | **{best_ratio:.2f}** ({verdict(best_ratio)} the 0.8 target) | "
+        f"**{median_ratio:.2f}** (median of per-round ratios; {verdict(median_ratio)} the 0.8 target) |",
         "",
         "The machine is shared (2 cores, other jobs running), so single runs swing by 2x; the best run of "
-        "each path is the one least disturbed, as `timeit` reports the minimum.",
+        "each path is the one least disturbed, as `timeit` reports the minimum. The median of the per-round "
+        "ratios is the conservative figure.",
+        "The sink writes each batch with the Hadoop committer's algorithm 2 and no `_SUCCESS` marker (its own "
+        "staging and commit log make the committer's second rename pass redundant); direct uses Spark's "
+        "defaults.",
         "Per round: " + ", ".join(f"{r.ratio:.2f}" for r in results) + ".",
         "The sink's time includes reading from the source, event -> Arrow conversion, the commit log "
         "(plan, outcome), staging and moving the files, and one fenced checkpoint per partition per batch.",

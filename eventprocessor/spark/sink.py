@@ -140,7 +140,11 @@ class _ParquetWriter:
         self.path = path
         self.staging = path / STAGING_DIR
         self.partition_by = list(partition_by)
-        self.options = dict(options)
+        # The sink's own commit (staging + commit log) makes the Hadoop committer's
+        # second round of renames redundant: task output may go straight to the staging
+        # directory, which nobody reads until the batch is committed.
+        self.options = {"mapreduce.fileoutputcommitter.algorithm.version": "2",
+                        "mapreduce.fileoutputcommitter.marksuccessfuljobs": "false", **dict(options)}
 
     def _dir(self, batch_id: int) -> Path:
         return self.staging / f"{batch_id:012d}"
