@@ -448,7 +448,7 @@ async def claim_concurrently(
     for claim, result in zip(claims, results):
         if isinstance(result, Exception):
             failures[claim.partition_id] = result
-        elif result is not None:
+        elif isinstance(result, Ownership):
             won.append(result)
     if failures:
         detail = ", ".join(f"{pid}: {error}" for pid, error in sorted(failures.items()))

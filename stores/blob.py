@@ -201,7 +201,8 @@ class BlobCheckpointStore(CheckpointStore):
         # ~10 s, so retry quickly and let the next tick try again.
         retry_total = options.pop("retry_total", RETRY_TOTAL)
         options.setdefault(
-            "retry_policy", LinearRetry(backoff=RETRY_BACKOFF, random_jitter_range=RETRY_BACKOFF / 2,
+            # The SDK annotates these as int but computes with floats; sub-second values work.
+            "retry_policy", LinearRetry(backoff=RETRY_BACKOFF, random_jitter_range=RETRY_BACKOFF / 2,  # type: ignore[arg-type]
                                         retry_total=retry_total)
         )
         self._container = ContainerClient(self._account_url, self._container_name, credential=resolved, **options)
@@ -435,7 +436,7 @@ class BlobCheckpointStore(CheckpointStore):
                 self.request_counts["update_checkpoint"] += 1
                 props = await checkpoint_blob.set_blob_metadata(
                     metadata, etag=etag, match_condition=MatchConditions.IfNotModified)
-            return _quoted(props["etag"])
+            return str(_quoted(props["etag"]))
 
         await self._ensure_container()
         await write_fenced(

@@ -359,7 +359,7 @@ class TableCheckpointStore(CheckpointStore):
         await write_fenced(
             checkpoint, owner_id, epoch,
             verify_owner=lambda: self._verify_owner(_partition_key(scope, "Ownership"), checkpoint, owner_id, epoch),
-            read_etag=lambda: self._read_checkpoint_etag(entity["PartitionKey"], checkpoint, owner_id, epoch),
+            read_etag=lambda: self._read_checkpoint_etag(str(entity["PartitionKey"]), checkpoint, owner_id, epoch),
             write=write, etags=self._checkpoint_etags, cache_key=cache_key, log=logger,
         )
 
