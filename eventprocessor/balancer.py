@@ -26,7 +26,7 @@ import enum
 import hashlib
 import random
 from collections import Counter
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Collection, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from .records import Ownership, OwnershipListing
@@ -258,7 +258,7 @@ def decide(
             stolen_from[pid] = active[pid].owner_id
     return BalanceDecision(
         owned=mine,
-        renewals=tuple(replace(r) for r in renewals),
+        renewals=renewals,
         claims=tuple(claims),
         stolen_from=stolen_from,
         active_owners=len(view),

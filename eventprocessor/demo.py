@@ -9,9 +9,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+import uuid
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Set, Tuple
+from typing import TYPE_CHECKING, Dict, List, Optional, Set, Tuple
 
 from rich.console import Console
 from rich.live import Live
@@ -23,6 +24,9 @@ from .errors import OwnershipLostError
 from .partition import PartitionProcessor
 from .processor import EventProcessor
 from .sources import MemoryEventSource
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .emulator import Azurite
 
 __all__ = ["DemoConfig", "DemoResult", "run_demo"]
 
@@ -87,7 +91,7 @@ def _balanced(live: List[EventProcessor], partitions: int) -> bool:
     return len(union) == partitions and sum(counts) == partitions and max(counts) - min(counts) <= 1
 
 
-async def _open_store(config: DemoConfig, console: Console) -> Tuple[CheckpointStore, str, object]:
+async def _open_store(config: DemoConfig, console: Console) -> Tuple[CheckpointStore, str, Optional["Azurite"]]:
     if config.store == "memory":
         from stores import InMemoryCheckpointStore
 
@@ -97,15 +101,14 @@ async def _open_store(config: DemoConfig, console: Console) -> Tuple[CheckpointS
     from .emulator import Azurite, port_open, start_azurite
     from stores import BlobCheckpointStore
 
-    import uuid
-
     if port_open(10000) and port_open(10002):
         emulator = Azurite(10000, 10001, 10002)
         console.print("[bold]Store:[/] using the Azurite already running at 127.0.0.1:10000 (blob)",
                       soft_wrap=True)
     else:
         emulator = start_azurite()
-        console.print(f"[bold]Store:[/] no Azurite was running; started one (pid {emulator.process.pid}) "
+        pid = emulator.process.pid if emulator.process is not None else "?"
+        console.print(f"[bold]Store:[/] no Azurite was running; started one (pid {pid}) "
                       f"at 127.0.0.1:{emulator.blob_port} (blob), 127.0.0.1:{emulator.table_port} (table); "
                       "it stops when the demo ends", soft_wrap=True)
     container = f"demo-{uuid.uuid4().hex[:12]}"

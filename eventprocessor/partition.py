@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import enum
 import logging
-from typing import TYPE_CHECKING, Awaitable, Callable, List, Optional
+from typing import TYPE_CHECKING, Callable, List, Optional
 
 from .errors import OwnershipLostError
 from .events import Event

@@ -356,17 +356,19 @@ class EventProcessor:
         now = self._clock.monotonic()
         to_start: List[Tuple[Ownership, float]] = []
         for pid, (record, deadline) in owned.items():
-            lease = self._leases.get(pid)
-            if lease is not None:
-                lease.record = record
-                lease.deadline = max(lease.deadline, deadline)
+            existing = self._leases.get(pid)
+            if existing is not None:
+                existing.record = record
+                existing.deadline = max(existing.deadline, deadline)
             elif deadline > now:
                 to_start.append((record, deadline))
         if to_start:
             await self._start_pumps(to_start)
 
-        for pid, exc in failures.items():
-            await self._report(exc, self._leases.get(pid))
+        for pid, failure in failures.items():
+            # A failed renewal concerns that partition's handler; a failed new claim
+            # concerns no handler yet, only the error handler.
+            await self._report(failure, self._leases.get(pid), broadcast=False)
         if error is not None and not failures:
             await self._report(error, None)
         claimed = frozenset(c.partition_id for c in decision.claims if c.partition_id in won_by_pid)
@@ -451,11 +453,14 @@ class EventProcessor:
             logger.debug("processor %s starts partition %s (epoch %d) from %s", self._owner_id, pid,
                          record.epoch, position)
 
-    async def _report(self, error: Exception, lease: Optional[_Lease]) -> None:
-        targets = []
+    async def _report(self, error: Exception, lease: Optional[_Lease], *, broadcast: bool = True) -> None:
+        """Report ``error`` to the handler of ``lease``, or with no lease (a tick-wide
+        failure, such as the store being unreachable) to every handler at risk when
+        ``broadcast``; then to ``error_handler``."""
+        targets: List[PartitionPump] = []
         if lease is not None and lease.pump is not None:
             targets = [lease.pump]
-        elif lease is None:
+        elif lease is None and broadcast:
             targets = [l.pump for l in self._leases.values() if l.pump is not None]
         for pump in targets:
             try:

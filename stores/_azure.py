@@ -1,5 +1,6 @@
 """What the Blob and Table stores share: connection strings, credentials, names, retries,
-error descriptions and the server's clock.
+error descriptions, the server's clock, argument checks, concurrent conditional claims
+and the fenced checkpoint write loop (the storage calls themselves stay in each store).
 
 Nothing here ever puts a key, a SAS token or a whole connection string into a message:
 errors name the *part* that is wrong ("AccountKey is not valid base64"), URLs are
@@ -8,18 +9,22 @@ and error code only.
 """
 from __future__ import annotations
 
+import asyncio
 import base64
 import binascii
 import inspect
 import logging
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from email.utils import parsedate_to_datetime
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Awaitable, Callable, Dict, Hashable, List, NoReturn, Optional, Sequence, Tuple, TypeVar
 from urllib.parse import urlsplit, urlunsplit
 
-from eventprocessor.errors import ConfigurationError
+from azure.core.exceptions import AzureError, ResourceExistsError, ResourceModifiedError, ResourceNotFoundError
+
+from eventprocessor.errors import CheckpointStoreError, ClaimOwnershipError, ConfigurationError, OwnershipLostError
+from eventprocessor.records import Checkpoint, Ownership
 
 logger = logging.getLogger(__name__)
 
@@ -34,6 +39,16 @@ CONNECTION_TIMEOUT = 5.0
 READ_TIMEOUT = 30.0
 RETRY_TOTAL = 3
 RETRY_BACKOFF = 1.0
+
+# What a checkpoint without an offset stores: the official processor reads the offset as
+# a string and starts *after* it, and "-1" is Event Hubs' start-of-stream position, so it
+# re-reads from the start instead of failing on "" (which its blob reader turns into
+# "None"). A real offset is never "-1", so reading it back as ``None`` is exact.
+NO_OFFSET = "-1"
+
+# The answers to a conditional write that mean another writer got there first: 409 for
+# create-if-absent on an existing record, 412 for a stale etag, 404 for a vanished one.
+LOST_RACE = (ResourceExistsError, ResourceModifiedError, ResourceNotFoundError)
 
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 
@@ -119,6 +134,15 @@ def check_name_part(value: Any, what: str, *, forbidden: str) -> str:
     if _CONTROL.search(value):
         raise ConfigurationError(f"{what} {value!r} contains control characters")
     return value
+
+
+def check_scope(namespace: Any, eventhub: Any, consumer_group: Any, *, forbidden: str) -> Tuple[str, str, str]:
+    """Validate the (namespace, event hub, consumer group) that every record key starts with."""
+    return (
+        check_name_part(namespace, "fully_qualified_namespace", forbidden=forbidden),
+        check_name_part(eventhub, "eventhub_name", forbidden=forbidden),
+        check_name_part(consumer_group, "consumer_group", forbidden=forbidden),
+    )
 
 
 _CONTAINER = re.compile(r"^[a-z0-9](?:[a-z0-9]|-(?=[a-z0-9])){2,62}$")
@@ -366,3 +390,236 @@ def first_failure(results: List[Any]) -> Optional[BaseException]:
         if isinstance(item, BaseException) and not isinstance(item, Exception):
             return item
     return None
+
+
+# ------------------------------------------------------------------ argument checks
+
+
+def check_claim(claim: Any) -> None:
+    """Refuse a claim no store could write, before any request is sent."""
+    if not isinstance(claim, Ownership):
+        raise ConfigurationError(f"claims must be Ownership records, got {type(claim).__name__}")
+    if not isinstance(claim.owner_id, str):
+        raise ConfigurationError("owner_id must be a string")
+    if not isinstance(claim.epoch, int) or isinstance(claim.epoch, bool) or claim.epoch < 0:
+        raise ConfigurationError(f"epoch of partition {claim.partition_id!r} must be a non-negative int")
+
+
+def check_checkpoint(checkpoint: Any, owner_id: Any, epoch: Any) -> None:
+    """Refuse a checkpoint or fence no store could write, before any request is sent."""
+    if not isinstance(checkpoint, Checkpoint):
+        raise ConfigurationError(f"expected a Checkpoint, got {type(checkpoint).__name__}")
+    seq = checkpoint.sequence_number
+    if not isinstance(seq, int) or isinstance(seq, bool):
+        raise ConfigurationError(
+            f"sequence_number of partition {checkpoint.partition_id!r} must be an int, got {type(seq).__name__}")
+    if not isinstance(owner_id, str) or not owner_id:
+        raise ConfigurationError("owner_id must be a non-empty string")
+    if not isinstance(epoch, int) or isinstance(epoch, bool) or epoch < 0:
+        raise ConfigurationError("epoch must be a non-negative int")
+
+
+# ------------------------------------------------------------------ claims
+
+_Prepared = TypeVar("_Prepared")
+
+
+async def claim_concurrently(
+    claims: Sequence[Ownership],
+    prepared: Sequence[_Prepared],
+    claim_one: Callable[[Ownership, _Prepared], Awaitable[Optional[Ownership]]],
+    where: str,
+) -> List[Ownership]:
+    """Run ``claim_one(claim, prepared)`` for every claim at once; return the ones won.
+
+    ``claim_one`` returns ``None`` for a lost race and raises for anything else. The
+    failures are raised together as one ``ClaimOwnershipError`` that carries the claims
+    won in the same call, so the caller can still dispatch those; ``where`` names the
+    container or table in its message. A cancellation or other ``BaseException`` of any
+    claim is re-raised as it is.
+    """
+    results = await asyncio.gather(
+        *(claim_one(c, p) for c, p in zip(claims, prepared)), return_exceptions=True)
+    fatal = first_failure(results)
+    if fatal is not None:
+        raise fatal
+    won: List[Ownership] = []
+    failures: Dict[str, Exception] = {}
+    for claim, result in zip(claims, results):
+        if isinstance(result, Exception):
+            failures[claim.partition_id] = result
+        elif isinstance(result, Ownership):
+            won.append(result)
+    if failures:
+        detail = ", ".join(f"{pid}: {error}" for pid, error in sorted(failures.items()))
+        raise ClaimOwnershipError(
+            f"{len(failures)} of {len(claims)} claims in {where} failed ({detail})",
+            claimed=won,
+            failures=failures,
+        )
+    return won
+
+
+async def claim_conditionally(
+    claim: Ownership,
+    write: Callable[[], Awaitable[Tuple[Optional[str], Optional[datetime]]]],
+    forget_if_gone: Callable[[BaseException], None],
+    log: logging.Logger,
+) -> Optional[Ownership]:
+    """One claim: ``write()`` (create-if-absent or etag-conditional, the store's call)
+    returns the new record's etag and last-modified time.
+
+    A lost race (409/412, or 404 for a record that vanished) returns ``None``. A 404 on
+    create means the container or table is gone: ``forget_if_gone`` lets the store
+    re-create it, and the claim fails. Any other error fails the claim with
+    ``CheckpointStoreError``: an unknown error is never success.
+    """
+    try:
+        etag, last_modified = await write()
+    except LOST_RACE as error:
+        if isinstance(error, ResourceNotFoundError) and claim.etag is None:
+            forget_if_gone(error)
+            claim_failed(log, claim, error)
+        log.debug(
+            "processor %s lost the claim of partition %s (hub %s, consumer group %s): %s",
+            claim.owner_id, claim.partition_id, claim.eventhub_name, claim.consumer_group, describe_error(error),
+        )
+        return None
+    except Exception as error:  # HTTP or network errors after the retries: never success
+        claim_failed(log, claim, error)
+    log.debug(
+        "processor %s claimed partition %s (hub %s, consumer group %s, epoch %s)",
+        claim.owner_id or "<release>", claim.partition_id, claim.eventhub_name, claim.consumer_group, claim.epoch,
+    )
+    return replace(claim, etag=etag, last_modified_time=last_modified)
+
+
+def claim_failed(log: logging.Logger, claim: Ownership, error: BaseException) -> NoReturn:
+    log.warning(
+        "processor %s: claim of partition %s (hub %s, consumer group %s) failed: %s",
+        claim.owner_id, claim.partition_id, claim.eventhub_name, claim.consumer_group, describe_error(error),
+    )
+    failure = CheckpointStoreError(f"claim of partition {claim.partition_id} failed: {describe_error(error)}")
+    failure.__cause__ = error
+    raise failure
+
+
+# ------------------------------------------------------------------ fenced checkpoints
+
+_Record = TypeVar("_Record")
+_Key = TypeVar("_Key", bound=Hashable)
+
+
+async def read_ownership_record(
+    checkpoint: Checkpoint,
+    owner_id: str,
+    epoch: int,
+    read: Callable[[], Awaitable[_Record]],
+    forget_if_gone: Callable[[BaseException], None],
+) -> _Record:
+    """``read()`` the partition's ownership record for the fence: no record means the
+    partition is not ours (``OwnershipLostError``), any other error is a
+    ``CheckpointStoreError``."""
+    try:
+        return await read()
+    except ResourceNotFoundError as error:
+        forget_if_gone(error)
+        raise OwnershipLostError(
+            f"checkpoint of partition {checkpoint.partition_id} refused: {owner_id} (epoch {epoch}) does "
+            "not own it, there is no ownership record", partition_id=checkpoint.partition_id,
+        ) from error
+    except AzureError as error:
+        raise CheckpointStoreError(
+            f"reading ownership of partition {checkpoint.partition_id} failed: {describe_error(error)}"
+        ) from error
+
+
+def require_owner(
+    checkpoint: Checkpoint, owner_id: str, epoch: int, holder: Optional[str], held_epoch: Optional[int], shown_epoch: Any
+) -> None:
+    """Raise ``OwnershipLostError`` unless the record names ``(owner_id, epoch)``;
+    ``shown_epoch`` is the stored epoch as the message quotes it."""
+    if holder != owner_id or held_epoch != epoch:
+        raise OwnershipLostError(
+            f"checkpoint of partition {checkpoint.partition_id} refused: {owner_id} (epoch {epoch}) does not "
+            f"own it, {holder or 'nobody'} does (epoch {shown_epoch})",
+            partition_id=checkpoint.partition_id,
+        )
+
+
+async def read_checkpoint_record(checkpoint: Checkpoint, read: Callable[[], Awaitable[_Record]]) -> Optional[_Record]:
+    """``read()`` the stored checkpoint; ``None`` when there is none yet."""
+    try:
+        return await read()
+    except ResourceNotFoundError:
+        return None
+    except AzureError as error:
+        raise CheckpointStoreError(
+            f"reading checkpoint of partition {checkpoint.partition_id} failed: {describe_error(error)}"
+        ) from error
+
+
+def refuse_later_epoch(checkpoint: Checkpoint, owner_id: str, epoch: int, stored_epoch: Optional[int]) -> None:
+    """A checkpoint written by a later epoch is never overwritten by an earlier one."""
+    if stored_epoch is not None and stored_epoch > epoch:
+        raise OwnershipLostError(
+            f"checkpoint of partition {checkpoint.partition_id} refused: it was written by epoch "
+            f"{stored_epoch}, later than {owner_id}'s epoch {epoch}", partition_id=checkpoint.partition_id,
+        )
+
+
+
+async def write_fenced(
+    checkpoint: Checkpoint,
+    owner_id: str,
+    epoch: int,
+    *,
+    verify_owner: Callable[[], Awaitable[None]],
+    read_etag: Callable[[], Awaitable[Optional[str]]],
+    write: Callable[[Optional[str]], Awaitable[str]],
+    etags: Dict[_Key, str],
+    cache_key: _Key,
+    log: logging.Logger,
+) -> None:
+    """The fenced checkpoint write, with the storage calls passed in.
+
+    Per attempt: ``verify_owner()`` (raises ``OwnershipLostError`` unless
+    ``(owner_id, epoch)`` holds the partition), then the checkpoint's etag from
+    ``etags[cache_key]`` (the store's own last write) or from ``read_etag()`` (``None``:
+    no checkpoint yet; raises ``OwnershipLostError`` for a later epoch's), then
+    ``write(etag)``: create-if-absent for ``None``, else a write ``If-Match`` the etag,
+    returning the new etag, which is cached. A lost race (409/412/404) drops the cached
+    etag and tries once more, re-verifying and re-reading; a second one, or any other
+    Azure error, raises ``CheckpointStoreError``.
+    """
+    for attempt in (1, 2):
+        await verify_owner()
+        etag = None if attempt == 2 else etags.get(cache_key)
+        if etag is None:
+            etag = await read_etag()
+        try:
+            new_etag = await write(etag)
+        except LOST_RACE as error:
+            etags.pop(cache_key, None)
+            log.info(
+                "processor %s: checkpoint of partition %s (hub %s, consumer group %s) changed under it "
+                "(%s, attempt %d)", owner_id, checkpoint.partition_id, checkpoint.eventhub_name,
+                checkpoint.consumer_group, describe_error(error), attempt,
+            )
+            continue
+        except AzureError as error:
+            etags.pop(cache_key, None)
+            raise CheckpointStoreError(
+                f"checkpoint of partition {checkpoint.partition_id} failed: {describe_error(error)}"
+            ) from error
+        etags[cache_key] = new_etag
+        log.debug(
+            "processor %s checkpointed partition %s (hub %s, consumer group %s) at sequence number %s",
+            owner_id, checkpoint.partition_id, checkpoint.eventhub_name, checkpoint.consumer_group,
+            checkpoint.sequence_number,
+        )
+        return
+    raise CheckpointStoreError(
+        f"checkpoint of partition {checkpoint.partition_id} by {owner_id} (epoch {epoch}) was changed by "
+        "another writer twice while it owned the partition; not written"
+    )

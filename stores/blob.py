@@ -103,50 +103,43 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import Counter
-from dataclasses import replace
-from typing import Any, Dict, Iterable, List, NoReturn, Optional, Tuple
+from typing import Any, Dict, Iterable, List, Optional, Tuple
 
 from azure.core import MatchConditions
-from azure.core.exceptions import (
-    AzureError,
-    ResourceExistsError,
-    ResourceModifiedError,
-    ResourceNotFoundError,
-)
+from azure.core.exceptions import AzureError, ResourceExistsError
 from azure.storage.blob.aio import ContainerClient, LinearRetry
 
 from eventprocessor.checkpoint_store import CheckpointStore
-from eventprocessor.errors import (
-    CheckpointStoreError,
-    ClaimOwnershipError,
-    ConfigurationError,
-    OwnershipLostError,
-)
+from eventprocessor.errors import CheckpointStoreError
 from eventprocessor.records import Checkpoint, Ownership, OwnershipListing
 
 from ._azure import (
+    NO_OFFSET,
     RETRY_BACKOFF,
     RETRY_TOTAL,
     ServerClock,
     WarnOnce,
     account_name_from_url,
     check_account_url,
+    check_checkpoint,
+    check_claim,
     check_container_name,
     check_name_part,
+    check_scope,
+    claim_concurrently,
+    claim_conditionally,
     client_options,
     describe_error,
-    first_failure,
     parse_connection_string,
     parse_int,
+    read_checkpoint_record,
+    read_ownership_record,
+    refuse_later_epoch,
+    require_owner,
     resolve_credential,
     safe_url,
+    write_fenced,
 )
-
-# What a checkpoint without an offset stores: the official processor reads the offset as
-# a string and starts *after* it, and "-1" is Event Hubs' start-of-stream position, so it
-# re-reads from the start instead of failing on "" (which its blob reader turns into
-# "None"). A real offset is never "-1", so reading it back as ``None`` is exact.
-_NO_OFFSET = "-1"
 
 __all__ = ["BlobCheckpointStore"]
 
@@ -164,11 +157,7 @@ def _quoted(etag: Optional[str]) -> Optional[str]:
 
 
 def _scope_parts(namespace: str, eventhub: str, consumer_group: str) -> _Scope:
-    return (
-        check_name_part(namespace, "fully_qualified_namespace", forbidden="/\\"),
-        check_name_part(eventhub, "eventhub_name", forbidden="/\\"),
-        check_name_part(consumer_group, "consumer_group", forbidden="/\\"),
-    )
+    return check_scope(namespace, eventhub, consumer_group, forbidden="/\\")
 
 
 def _prefix(scope: _Scope, kind: str) -> str:
@@ -212,7 +201,8 @@ class BlobCheckpointStore(CheckpointStore):
         # ~10 s, so retry quickly and let the next tick try again.
         retry_total = options.pop("retry_total", RETRY_TOTAL)
         options.setdefault(
-            "retry_policy", LinearRetry(backoff=RETRY_BACKOFF, random_jitter_range=RETRY_BACKOFF / 2,
+            # The SDK annotates these as int but computes with floats; sub-second values work.
+            "retry_policy", LinearRetry(backoff=RETRY_BACKOFF, random_jitter_range=RETRY_BACKOFF / 2,  # type: ignore[arg-type]
                                         retry_total=retry_total)
         )
         self._container = ContainerClient(self._account_url, self._container_name, credential=resolved, **options)
@@ -387,42 +377,19 @@ class BlobCheckpointStore(CheckpointStore):
             return []
         names = [self._check_claim(claim) for claim in claims]
         await self._ensure_container()
-        results = await asyncio.gather(
-            *(self._claim_one(c, name) for c, name in zip(claims, names)), return_exceptions=True)
-        fatal = first_failure(results)
-        if fatal is not None:
-            raise fatal
-        won: List[Ownership] = []
-        failures: Dict[str, Exception] = {}
-        for claim, result in zip(claims, results):
-            if isinstance(result, Exception):
-                failures[claim.partition_id] = result
-            elif result is not None:
-                won.append(result)
-        if failures:
-            detail = ", ".join(f"{pid}: {error}" for pid, error in sorted(failures.items()))
-            raise ClaimOwnershipError(
-                f"{len(failures)} of {len(claims)} claims in container {self._container_name} failed ({detail})",
-                claimed=won,
-                failures=failures,
-            )
-        return won
+        return await claim_concurrently(claims, names, self._claim_one, f"container {self._container_name}")
 
     @staticmethod
     def _check_claim(claim: Ownership) -> str:
-        if not isinstance(claim, Ownership):
-            raise ConfigurationError(f"claims must be Ownership records, got {type(claim).__name__}")
-        if not isinstance(claim.owner_id, str):
-            raise ConfigurationError("owner_id must be a string")
-        if not isinstance(claim.epoch, int) or isinstance(claim.epoch, bool) or claim.epoch < 0:
-            raise ConfigurationError(f"epoch of partition {claim.partition_id!r} must be a non-negative int")
+        check_claim(claim)
         scope = _scope_parts(claim.fully_qualified_namespace, claim.eventhub_name, claim.consumer_group)
         return _blob_name(scope, "ownership", claim.partition_id)
 
     async def _claim_one(self, claim: Ownership, name: str) -> Optional[Ownership]:
         blob = self._container.get_blob_client(name)
         metadata = {"ownerid": claim.owner_id, "epoch": str(claim.epoch)}
-        try:
+
+        async def write() -> Tuple[Optional[str], Any]:
             if claim.etag is None:
                 self.request_counts["create_ownership"] += 1
                 props = await blob.upload_blob(_EMPTY, overwrite=True, if_none_match="*", metadata=metadata)
@@ -430,32 +397,9 @@ class BlobCheckpointStore(CheckpointStore):
                 self.request_counts["update_ownership"] += 1
                 props = await blob.set_blob_metadata(
                     metadata, etag=claim.etag, match_condition=MatchConditions.IfNotModified)
-        except (ResourceExistsError, ResourceModifiedError, ResourceNotFoundError) as error:
-            if isinstance(error, ResourceNotFoundError) and claim.etag is None:
-                self._forget_container_if_gone(error)
-                self._claim_failed(claim, error)
-            logger.debug(
-                "processor %s lost the claim of partition %s (hub %s, consumer group %s): %s",
-                claim.owner_id, claim.partition_id, claim.eventhub_name, claim.consumer_group,
-                describe_error(error),
-            )
-            return None
-        except Exception as error:  # HTTP or network errors after the retries: never success
-            self._claim_failed(claim, error)
-        logger.debug(
-            "processor %s claimed partition %s (hub %s, consumer group %s, epoch %s)",
-            claim.owner_id or "<release>", claim.partition_id, claim.eventhub_name, claim.consumer_group, claim.epoch,
-        )
-        return replace(claim, etag=_quoted(props["etag"]), last_modified_time=props["last_modified"])
+            return _quoted(props["etag"]), props["last_modified"]
 
-    def _claim_failed(self, claim: Ownership, error: BaseException) -> NoReturn:
-        logger.warning(
-            "processor %s: claim of partition %s (hub %s, consumer group %s) failed: %s",
-            claim.owner_id, claim.partition_id, claim.eventhub_name, claim.consumer_group, describe_error(error),
-        )
-        failure = CheckpointStoreError(f"claim of partition {claim.partition_id} failed: {describe_error(error)}")
-        failure.__cause__ = error
-        raise failure
+        return await claim_conditionally(claim, write, self._forget_container_if_gone, logger)
 
     # ----------------------------------------------------------------- checkpoints
 
@@ -471,115 +415,54 @@ class BlobCheckpointStore(CheckpointStore):
                 Checkpoint("ns", "hub", "$default", "0", sequence_number=41, offset="8192"),
                 owner_id=me, epoch=3)
         """
-        self._check_checkpoint(checkpoint, owner_id, epoch)
+        check_checkpoint(checkpoint, owner_id, epoch)
         scope = _scope_parts(checkpoint.fully_qualified_namespace, checkpoint.eventhub_name, checkpoint.consumer_group)
         ownership_blob = self._container.get_blob_client(_blob_name(scope, "ownership", checkpoint.partition_id))
         checkpoint_blob = self._container.get_blob_client(_blob_name(scope, "checkpoint", checkpoint.partition_id))
         cache_key = (*scope, checkpoint.partition_id, owner_id)
         metadata = {
             "sequencenumber": str(checkpoint.sequence_number),
-            "offset": _NO_OFFSET if checkpoint.offset is None else str(checkpoint.offset),
+            "offset": NO_OFFSET if checkpoint.offset is None else str(checkpoint.offset),
             "ownerid": owner_id,
             "epoch": str(epoch),
         }
-        await self._ensure_container()
-        for attempt in (1, 2):
-            await self._verify_owner(ownership_blob, checkpoint, owner_id, epoch)
-            etag = None if attempt == 2 else self._checkpoint_etags.get(cache_key)
-            exists = True
+
+        async def write(etag: Optional[str]) -> str:
             if etag is None:
-                etag = await self._read_checkpoint_etag(checkpoint_blob, checkpoint, owner_id, epoch)
-                exists = etag is not None
-            try:
-                if not exists:
-                    self.request_counts["create_checkpoint"] += 1
-                    props = await checkpoint_blob.upload_blob(
-                        _EMPTY, overwrite=True, if_none_match="*", metadata=metadata)
-                else:
-                    self.request_counts["update_checkpoint"] += 1
-                    props = await checkpoint_blob.set_blob_metadata(
-                        metadata, etag=etag, match_condition=MatchConditions.IfNotModified)
-            except (ResourceExistsError, ResourceModifiedError, ResourceNotFoundError) as error:
-                self._checkpoint_etags.pop(cache_key, None)
-                logger.info(
-                    "processor %s: checkpoint of partition %s (hub %s, consumer group %s) changed under it "
-                    "(%s, attempt %d)", owner_id, checkpoint.partition_id, checkpoint.eventhub_name,
-                    checkpoint.consumer_group, describe_error(error), attempt,
-                )
-                continue
-            except AzureError as error:
-                self._checkpoint_etags.pop(cache_key, None)
-                raise CheckpointStoreError(
-                    f"checkpoint of partition {checkpoint.partition_id} failed: {describe_error(error)}"
-                ) from error
-            self._checkpoint_etags[cache_key] = _quoted(props["etag"])
-            logger.debug(
-                "processor %s checkpointed partition %s (hub %s, consumer group %s) at sequence number %s",
-                owner_id, checkpoint.partition_id, checkpoint.eventhub_name, checkpoint.consumer_group,
-                checkpoint.sequence_number,
-            )
-            return
-        raise CheckpointStoreError(
-            f"checkpoint of partition {checkpoint.partition_id} by {owner_id} (epoch {epoch}) was changed by "
-            "another writer twice while it owned the partition; not written"
+                self.request_counts["create_checkpoint"] += 1
+                props = await checkpoint_blob.upload_blob(
+                    _EMPTY, overwrite=True, if_none_match="*", metadata=metadata)
+            else:
+                self.request_counts["update_checkpoint"] += 1
+                props = await checkpoint_blob.set_blob_metadata(
+                    metadata, etag=etag, match_condition=MatchConditions.IfNotModified)
+            return str(_quoted(props["etag"]))
+
+        await self._ensure_container()
+        await write_fenced(
+            checkpoint, owner_id, epoch,
+            verify_owner=lambda: self._verify_owner(ownership_blob, checkpoint, owner_id, epoch),
+            read_etag=lambda: self._read_checkpoint_etag(checkpoint_blob, checkpoint, owner_id, epoch),
+            write=write, etags=self._checkpoint_etags, cache_key=cache_key, log=logger,
         )
 
-    @staticmethod
-    def _check_checkpoint(checkpoint: Checkpoint, owner_id: str, epoch: int) -> None:
-        if not isinstance(checkpoint, Checkpoint):
-            raise ConfigurationError(f"expected a Checkpoint, got {type(checkpoint).__name__}")
-        seq = checkpoint.sequence_number
-        if not isinstance(seq, int) or isinstance(seq, bool):
-            raise ConfigurationError(
-                f"sequence_number of partition {checkpoint.partition_id!r} must be an int, got {type(seq).__name__}")
-        if not isinstance(owner_id, str) or not owner_id:
-            raise ConfigurationError("owner_id must be a non-empty string")
-        if not isinstance(epoch, int) or isinstance(epoch, bool) or epoch < 0:
-            raise ConfigurationError("epoch must be a non-negative int")
-
     async def _verify_owner(self, blob: Any, checkpoint: Checkpoint, owner_id: str, epoch: int) -> None:
-        try:
-            self.request_counts["read_ownership"] += 1
-            props = await blob.get_blob_properties()
-        except ResourceNotFoundError as error:
-            self._forget_container_if_gone(error)
-            raise OwnershipLostError(
-                f"checkpoint of partition {checkpoint.partition_id} refused: {owner_id} (epoch {epoch}) does "
-                "not own it, there is no ownership record", partition_id=checkpoint.partition_id,
-            ) from error
-        except AzureError as error:
-            raise CheckpointStoreError(
-                f"reading ownership of partition {checkpoint.partition_id} failed: {describe_error(error)}"
-            ) from error
+        self.request_counts["read_ownership"] += 1
+        props = await read_ownership_record(
+            checkpoint, owner_id, epoch, blob.get_blob_properties, self._forget_container_if_gone)
         metadata = _lower_keys(props.metadata)
-        holder = metadata.get("ownerid")
-        held_epoch = parse_int(metadata.get("epoch", "0"))
-        if holder != owner_id or held_epoch != epoch:
-            raise OwnershipLostError(
-                f"checkpoint of partition {checkpoint.partition_id} refused: {owner_id} (epoch {epoch}) does not "
-                f"own it, {holder or 'nobody'} does (epoch {metadata.get('epoch', '0')})",
-                partition_id=checkpoint.partition_id,
-            )
+        stored = metadata.get("epoch", "0")
+        require_owner(checkpoint, owner_id, epoch, metadata.get("ownerid"), parse_int(stored), stored)
 
     async def _read_checkpoint_etag(
         self, blob: Any, checkpoint: Checkpoint, owner_id: str, epoch: int
     ) -> Optional[str]:
         """The stored checkpoint's etag (None when absent); refuses a later owner's checkpoint."""
-        try:
-            self.request_counts["read_checkpoint"] += 1
-            props = await blob.get_blob_properties()
-        except ResourceNotFoundError:
+        self.request_counts["read_checkpoint"] += 1
+        props = await read_checkpoint_record(checkpoint, blob.get_blob_properties)
+        if props is None:
             return None
-        except AzureError as error:
-            raise CheckpointStoreError(
-                f"reading checkpoint of partition {checkpoint.partition_id} failed: {describe_error(error)}"
-            ) from error
-        stored_epoch = parse_int(_lower_keys(props.metadata).get("epoch"))
-        if stored_epoch is not None and stored_epoch > epoch:
-            raise OwnershipLostError(
-                f"checkpoint of partition {checkpoint.partition_id} refused: it was written by epoch "
-                f"{stored_epoch}, later than {owner_id}'s epoch {epoch}", partition_id=checkpoint.partition_id,
-            )
+        refuse_later_epoch(checkpoint, owner_id, epoch, parse_int(_lower_keys(props.metadata).get("epoch")))
         return _quoted(props.etag)
 
     async def list_checkpoints(
@@ -632,7 +515,7 @@ class BlobCheckpointStore(CheckpointStore):
             consumer_group=scope[2],
             partition_id=partition_id,
             sequence_number=sequence_number,
-            offset=offset if offset and offset != _NO_OFFSET else None,
+            offset=offset if offset and offset != NO_OFFSET else None,
             owner_id=metadata.get("ownerid") or None,
             epoch=epoch,
         )

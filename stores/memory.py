@@ -152,7 +152,7 @@ class InMemoryCheckpointStore(CheckpointStore):
             )
         previous = self._checkpoints.get(scope, {}).get(checkpoint.partition_id)
         previous_epoch = getattr(previous[0], "epoch", None) if previous is not None else None
-        if _is_count(previous_epoch) and previous_epoch > epoch:
+        if isinstance(previous_epoch, int) and _is_count(previous_epoch) and previous_epoch > epoch:
             raise OwnershipLostError(
                 f"checkpoint of partition {checkpoint.partition_id} refused: it was written by epoch "
                 f"{previous_epoch}, later than {owner_id}'s epoch {epoch}",

@@ -52,52 +52,45 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import Counter
-from dataclasses import replace
 from datetime import datetime, timezone
-from typing import Any, Dict, Iterable, List, NoReturn, Optional, Tuple
+from typing import Any, Dict, Iterable, List, Optional, Tuple
 
 from azure.core import MatchConditions
-from azure.core.exceptions import (
-    AzureError,
-    ResourceExistsError,
-    ResourceModifiedError,
-    ResourceNotFoundError,
-)
+from azure.core.exceptions import AzureError, ResourceExistsError
 from azure.data.tables import EdmType, EntityProperty, UpdateMode
 from azure.data.tables.aio import TableClient
 
 from eventprocessor.checkpoint_store import CheckpointStore
-from eventprocessor.errors import (
-    CheckpointStoreError,
-    ClaimOwnershipError,
-    ConfigurationError,
-    OwnershipLostError,
-)
+from eventprocessor.errors import CheckpointStoreError
 from eventprocessor.records import Checkpoint, Ownership, OwnershipListing
 
 from ._azure import (
+    NO_OFFSET,
     RETRY_BACKOFF,
     RETRY_TOTAL,
     ServerClock,
     WarnOnce,
     account_name_from_url,
     check_account_url,
+    check_checkpoint,
+    check_claim,
     check_name_part,
+    check_scope,
     check_table_name,
+    claim_concurrently,
+    claim_conditionally,
     client_options,
     describe_error,
-    first_failure,
     parse_connection_string,
     parse_int,
+    read_checkpoint_record,
+    read_ownership_record,
+    refuse_later_epoch,
+    require_owner,
     resolve_credential,
     safe_url,
+    write_fenced,
 )
-
-# What a checkpoint without an offset stores: the official processor reads the offset as
-# a string and starts *after* it, and "-1" is Event Hubs' start-of-stream position, so it
-# re-reads from the start instead of failing on "" (which its blob reader turns into
-# "None"). A real offset is never "-1", so reading it back as ``None`` is exact.
-_NO_OFFSET = "-1"
 
 __all__ = ["TableCheckpointStore"]
 
@@ -108,11 +101,7 @@ _Scope = Tuple[str, str, str]
 
 
 def _scope_parts(namespace: str, eventhub: str, consumer_group: str) -> _Scope:
-    return (
-        check_name_part(namespace, "fully_qualified_namespace", forbidden=_FORBIDDEN),
-        check_name_part(eventhub, "eventhub_name", forbidden=_FORBIDDEN),
-        check_name_part(consumer_group, "consumer_group", forbidden=_FORBIDDEN),
-    )
+    return check_scope(namespace, eventhub, consumer_group, forbidden=_FORBIDDEN)
 
 
 def _partition_key(scope: _Scope, kind: str) -> str:
@@ -304,35 +293,11 @@ class TableCheckpointStore(CheckpointStore):
             return []
         entities = [self._ownership_entity(claim) for claim in claims]
         await self._ensure_table()
-        results = await asyncio.gather(
-            *(self._claim_one(c, e) for c, e in zip(claims, entities)), return_exceptions=True)
-        fatal = first_failure(results)
-        if fatal is not None:
-            raise fatal
-        won: List[Ownership] = []
-        failures: Dict[str, Exception] = {}
-        for claim, result in zip(claims, results):
-            if isinstance(result, Exception):
-                failures[claim.partition_id] = result
-            elif result is not None:
-                won.append(result)
-        if failures:
-            detail = ", ".join(f"{pid}: {error}" for pid, error in sorted(failures.items()))
-            raise ClaimOwnershipError(
-                f"{len(failures)} of {len(claims)} claims in table {self._table_name} failed ({detail})",
-                claimed=won,
-                failures=failures,
-            )
-        return won
+        return await claim_concurrently(claims, entities, self._claim_one, f"table {self._table_name}")
 
     @staticmethod
     def _ownership_entity(claim: Ownership) -> Dict[str, Any]:
-        if not isinstance(claim, Ownership):
-            raise ConfigurationError(f"claims must be Ownership records, got {type(claim).__name__}")
-        if not isinstance(claim.owner_id, str):
-            raise ConfigurationError("owner_id must be a string")
-        if not isinstance(claim.epoch, int) or isinstance(claim.epoch, bool) or claim.epoch < 0:
-            raise ConfigurationError(f"epoch of partition {claim.partition_id!r} must be a non-negative int")
+        check_claim(claim)
         scope = _scope_parts(claim.fully_qualified_namespace, claim.eventhub_name, claim.consumer_group)
         return {
             "PartitionKey": _partition_key(scope, "Ownership"),
@@ -342,7 +307,7 @@ class TableCheckpointStore(CheckpointStore):
         }
 
     async def _claim_one(self, claim: Ownership, entity: Dict[str, Any]) -> Optional[Ownership]:
-        try:
+        async def write() -> Tuple[Optional[str], Optional[datetime]]:
             if claim.etag is None:
                 self.request_counts["create_ownership"] += 1
                 response = await self._table.create_entity(entity)
@@ -350,31 +315,9 @@ class TableCheckpointStore(CheckpointStore):
                 self.request_counts["update_ownership"] += 1
                 response = await self._table.update_entity(
                     entity, mode=UpdateMode.REPLACE, etag=claim.etag, match_condition=MatchConditions.IfNotModified)
-        except (ResourceExistsError, ResourceModifiedError, ResourceNotFoundError) as error:
-            if isinstance(error, ResourceNotFoundError) and claim.etag is None:
-                self._forget_table_if_gone(error)
-                self._claim_failed(claim, error)
-            logger.debug(
-                "processor %s lost the claim of partition %s (hub %s, consumer group %s): %s",
-                claim.owner_id, claim.partition_id, claim.eventhub_name, claim.consumer_group, describe_error(error),
-            )
-            return None
-        except Exception as error:  # HTTP or network errors after the retries: never success
-            self._claim_failed(claim, error)
-        logger.debug(
-            "processor %s claimed partition %s (hub %s, consumer group %s, epoch %s)",
-            claim.owner_id or "<release>", claim.partition_id, claim.eventhub_name, claim.consumer_group, claim.epoch,
-        )
-        return replace(claim, etag=response["etag"], last_modified_time=response.get("date"))
+            return response["etag"], response.get("date")
 
-    def _claim_failed(self, claim: Ownership, error: BaseException) -> NoReturn:
-        logger.warning(
-            "processor %s: claim of partition %s (hub %s, consumer group %s) failed: %s",
-            claim.owner_id, claim.partition_id, claim.eventhub_name, claim.consumer_group, describe_error(error),
-        )
-        failure = CheckpointStoreError(f"claim of partition {claim.partition_id} failed: {describe_error(error)}")
-        failure.__cause__ = error
-        raise failure
+        return await claim_conditionally(claim, write, self._forget_table_if_gone, logger)
 
     # ----------------------------------------------------------------- checkpoints
 
@@ -389,108 +332,54 @@ class TableCheckpointStore(CheckpointStore):
                 Checkpoint("ns", "hub", "$default", "0", sequence_number=41, offset="8192"),
                 owner_id=me, epoch=3)
         """
-        if not isinstance(checkpoint, Checkpoint):
-            raise ConfigurationError(f"expected a Checkpoint, got {type(checkpoint).__name__}")
-        seq = checkpoint.sequence_number
-        if not isinstance(seq, int) or isinstance(seq, bool):
-            raise ConfigurationError(
-                f"sequence_number of partition {checkpoint.partition_id!r} must be an int, got {type(seq).__name__}")
-        if not isinstance(owner_id, str) or not owner_id:
-            raise ConfigurationError("owner_id must be a non-empty string")
-        if not isinstance(epoch, int) or isinstance(epoch, bool) or epoch < 0:
-            raise ConfigurationError("epoch must be a non-negative int")
+        check_checkpoint(checkpoint, owner_id, epoch)
         scope = _scope_parts(checkpoint.fully_qualified_namespace, checkpoint.eventhub_name, checkpoint.consumer_group)
         row = _row_key(checkpoint.partition_id)
         entity = {
             "PartitionKey": _partition_key(scope, "Checkpoint"),
             "RowKey": row,
-            "sequencenumber": str(seq),
-            "offset": _NO_OFFSET if checkpoint.offset is None else str(checkpoint.offset),
+            "sequencenumber": str(checkpoint.sequence_number),
+            "offset": NO_OFFSET if checkpoint.offset is None else str(checkpoint.offset),
             "ownerid": owner_id,
             "epoch": _int64(epoch),
         }
         cache_key = (*scope, row, owner_id)
-        await self._ensure_table()
-        for attempt in (1, 2):
-            await self._verify_owner(_partition_key(scope, "Ownership"), checkpoint, owner_id, epoch)
-            etag = None if attempt == 2 else self._checkpoint_etags.get(cache_key)
-            exists = True
+
+        async def write(etag: Optional[str]) -> str:
             if etag is None:
-                etag = await self._read_checkpoint_etag(entity["PartitionKey"], checkpoint, owner_id, epoch)
-                exists = etag is not None
-            try:
-                if not exists:
-                    self.request_counts["create_checkpoint"] += 1
-                    response = await self._table.create_entity(entity)
-                else:
-                    self.request_counts["update_checkpoint"] += 1
-                    response = await self._table.update_entity(
-                        entity, mode=UpdateMode.REPLACE, etag=etag, match_condition=MatchConditions.IfNotModified)
-            except (ResourceExistsError, ResourceModifiedError, ResourceNotFoundError) as error:
-                self._checkpoint_etags.pop(cache_key, None)
-                logger.info(
-                    "processor %s: checkpoint of partition %s (hub %s, consumer group %s) changed under it "
-                    "(%s, attempt %d)", owner_id, checkpoint.partition_id, checkpoint.eventhub_name,
-                    checkpoint.consumer_group, describe_error(error), attempt,
-                )
-                continue
-            except AzureError as error:
-                self._checkpoint_etags.pop(cache_key, None)
-                raise CheckpointStoreError(
-                    f"checkpoint of partition {checkpoint.partition_id} failed: {describe_error(error)}"
-                ) from error
-            self._checkpoint_etags[cache_key] = response["etag"]
-            logger.debug(
-                "processor %s checkpointed partition %s (hub %s, consumer group %s) at sequence number %s",
-                owner_id, checkpoint.partition_id, checkpoint.eventhub_name, checkpoint.consumer_group, seq,
-            )
-            return
-        raise CheckpointStoreError(
-            f"checkpoint of partition {checkpoint.partition_id} by {owner_id} (epoch {epoch}) was changed by "
-            "another writer twice while it owned the partition; not written"
+                self.request_counts["create_checkpoint"] += 1
+                response = await self._table.create_entity(entity)
+            else:
+                self.request_counts["update_checkpoint"] += 1
+                response = await self._table.update_entity(
+                    entity, mode=UpdateMode.REPLACE, etag=etag, match_condition=MatchConditions.IfNotModified)
+            return response["etag"]
+
+        await self._ensure_table()
+        await write_fenced(
+            checkpoint, owner_id, epoch,
+            verify_owner=lambda: self._verify_owner(_partition_key(scope, "Ownership"), checkpoint, owner_id, epoch),
+            read_etag=lambda: self._read_checkpoint_etag(str(entity["PartitionKey"]), checkpoint, owner_id, epoch),
+            write=write, etags=self._checkpoint_etags, cache_key=cache_key, log=logger,
         )
 
     async def _verify_owner(self, partition_key: str, checkpoint: Checkpoint, owner_id: str, epoch: int) -> None:
-        try:
-            self.request_counts["read_ownership"] += 1
-            entity = await self._table.get_entity(partition_key, checkpoint.partition_id)
-        except ResourceNotFoundError as error:
-            self._forget_table_if_gone(error)
-            raise OwnershipLostError(
-                f"checkpoint of partition {checkpoint.partition_id} refused: {owner_id} (epoch {epoch}) does "
-                "not own it, there is no ownership record", partition_id=checkpoint.partition_id,
-            ) from error
-        except AzureError as error:
-            raise CheckpointStoreError(
-                f"reading ownership of partition {checkpoint.partition_id} failed: {describe_error(error)}"
-            ) from error
-        holder = entity.get("ownerid")
+        self.request_counts["read_ownership"] += 1
+        entity = await read_ownership_record(
+            checkpoint, owner_id, epoch, lambda: self._table.get_entity(partition_key, checkpoint.partition_id),
+            self._forget_table_if_gone)
         held_epoch = parse_int(entity.get("epoch", 0))
-        if holder != owner_id or held_epoch != epoch:
-            raise OwnershipLostError(
-                f"checkpoint of partition {checkpoint.partition_id} refused: {owner_id} (epoch {epoch}) does not "
-                f"own it, {holder or 'nobody'} does (epoch {held_epoch})",
-                partition_id=checkpoint.partition_id,
-            )
+        require_owner(checkpoint, owner_id, epoch, entity.get("ownerid"), held_epoch, held_epoch)
 
     async def _read_checkpoint_etag(
         self, partition_key: str, checkpoint: Checkpoint, owner_id: str, epoch: int
     ) -> Optional[str]:
-        try:
-            self.request_counts["read_checkpoint"] += 1
-            entity = await self._table.get_entity(partition_key, checkpoint.partition_id)
-        except ResourceNotFoundError:
+        self.request_counts["read_checkpoint"] += 1
+        entity = await read_checkpoint_record(
+            checkpoint, lambda: self._table.get_entity(partition_key, checkpoint.partition_id))
+        if entity is None:
             return None
-        except AzureError as error:
-            raise CheckpointStoreError(
-                f"reading checkpoint of partition {checkpoint.partition_id} failed: {describe_error(error)}"
-            ) from error
-        stored_epoch = parse_int(entity.get("epoch"))
-        if stored_epoch is not None and stored_epoch > epoch:
-            raise OwnershipLostError(
-                f"checkpoint of partition {checkpoint.partition_id} refused: it was written by epoch "
-                f"{stored_epoch}, later than {owner_id}'s epoch {epoch}", partition_id=checkpoint.partition_id,
-            )
+        refuse_later_epoch(checkpoint, owner_id, epoch, parse_int(entity.get("epoch")))
         return entity.metadata["etag"]
 
     async def list_checkpoints(
@@ -531,7 +420,7 @@ class TableCheckpointStore(CheckpointStore):
             consumer_group=scope[2],
             partition_id=entity["RowKey"],
             sequence_number=sequence_number,
-            offset=str(offset) if offset not in (None, "", _NO_OFFSET) else None,
+            offset=str(offset) if offset not in (None, "", NO_OFFSET) else None,
             owner_id=owner if isinstance(owner, str) and owner else None,
             epoch=epoch,
         )

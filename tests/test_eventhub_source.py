@@ -88,3 +88,17 @@ async def test_unreachable_hub_is_reported_and_the_processor_keeps_running(caplo
     assert errors, "the connection failure was not reported"
     assert processor.ticks >= 2 and processor.owned_partitions == frozenset()
     assert SECRET not in caplog.text
+
+
+async def test_token_credential_constructor_builds_a_client_per_consumer_group():
+    from azure.core.credentials import AzureNamedKeyCredential
+
+    source = EventHubSource("example.servicebus.windows.net", "telemetry",
+                            AzureNamedKeyCredential("listen", SECRET))
+    receiver = await source.open_receiver("0", consumer_group="analytics", starting_position=EventPosition.earliest(),
+                                          owner_level=3, prefetch=10)
+    client = source._clients["analytics"]
+    assert client.eventhub_name == "telemetry" and client._consumer_group == "analytics"
+    assert SECRET not in repr(source) and SECRET not in repr(receiver)
+    await receiver.close()
+    await source.close()

@@ -102,11 +102,13 @@ class _EventHubReceiver(PartitionReceiver):
     async def receive(self, max_batch_size: int, max_wait_time: Optional[float]) -> List[Event]:
         if self._task is None:
             self._start(max_batch_size, max_wait_time)
+        task = self._task
+        assert task is not None
         getter = asyncio.ensure_future(self._queue.get())
-        done, _pending = await asyncio.wait({getter, self._task}, return_when=asyncio.FIRST_COMPLETED)  # type: ignore[arg-type]
+        done, _pending = await asyncio.wait({getter, task}, return_when=asyncio.FIRST_COMPLETED)
         if getter not in done:
             getter.cancel()
-            error = self._task.exception() if self._task and not self._task.cancelled() else None  # type: ignore[union-attr]
+            error = task.exception() if not task.cancelled() else None
             raise error or RuntimeError(f"receiving from partition {self.partition_id} stopped")
         item = getter.result()
         if isinstance(item, Exception):
@@ -193,8 +195,8 @@ class EventHubSource(EventSource):
                     self._conn_str, consumer_group=consumer_group, eventhub_name=self.eventhub_name,
                     **self._client_kwargs)
             else:
-                client = EventHubConsumerClient(self.fully_qualified_namespace, self.eventhub_name, self._credential,
-                                                consumer_group=consumer_group, **self._client_kwargs)
+                client = EventHubConsumerClient(self.fully_qualified_namespace, self.eventhub_name, consumer_group,
+                                                self._credential, **self._client_kwargs)
             self._clients[consumer_group] = client
         return client
 

@@ -222,9 +222,9 @@ class MemoryEventSource(EventSource):
             target = int(position.value)  # type: ignore[arg-type]
             return bisect.bisect_left(offsets, target) if position.inclusive else bisect.bisect_right(offsets, target)
         times = [e.enqueued_time for e in events]
-        if position.inclusive:
-            return bisect.bisect_left(times, position.value)  # type: ignore[arg-type]
-        return bisect.bisect_right(times, position.value)  # type: ignore[arg-type]
+        when = position.value
+        assert isinstance(when, datetime)
+        return bisect.bisect_left(times, when) if position.inclusive else bisect.bisect_right(times, when)
 
     async def open_receiver(self, partition_id: str, *, consumer_group: str,
                             starting_position: EventPosition, owner_level: Optional[int],
@@ -240,7 +240,7 @@ class MemoryEventSource(EventSource):
         group = partition.receivers.setdefault(consumer_group, [])
         exclusive = [r for r in group if r.owner_level is not None]
         if exclusive:
-            highest = max(r.owner_level for r in exclusive)  # type: ignore[type-var]
+            highest = max(r.owner_level for r in exclusive if r.owner_level is not None)
             if owner_level is None or owner_level < highest:
                 raise ReceiverDisconnectedError(
                     f"cannot open a receiver on partition {partition_id} with owner level {owner_level}: "
