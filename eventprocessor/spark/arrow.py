@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import io
 import logging
-from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -98,7 +98,7 @@ def add_user_columns(table: pa.Table, decode: Optional[Decoder], derived: Sequen
     if decode is None:
         return table
     extra = decode(table)
-    columns: Mapping[str, object] = (
+    columns: Mapping[str, Any] = (
         {name: extra[name] for name in extra.column_names} if isinstance(extra, pa.Table) else extra
     )
     for name, column in columns.items():

@@ -195,6 +195,13 @@ class CommitLog:
         finally:
             os.unlink(temp)
 
+    def _read_outcome(self, version: int) -> str:
+        """The outcome of a batch whose outcome file is known to exist."""
+        data = self._read(self._outcome_path(version))
+        if data is None:  # outcome files are never deleted
+            raise RuntimeError(f"commit log {self.location}: outcome of batch {version} vanished")
+        return str(data["outcome"])
+
     @staticmethod
     def _read(path: Path) -> Optional[dict]:
         try:
@@ -323,7 +330,7 @@ class CommitLog:
                         self._resolve(batch, ABORTED)
                         aborted.append(batch)
                     else:
-                        self._resolve(batch, self._read(self._outcome_path(batch))["outcome"])
+                        self._resolve(batch, self._read_outcome(batch))
             hwm = self._state.high_water_marks.get(partition_id)
         logger.info(
             "commit log %s: owner %s fenced partition %s at epoch %s (version %s, high-water mark %s, aborted %s)",
@@ -367,7 +374,7 @@ class CommitLog:
         """Mark the batch committed. False when a fencer aborted it first."""
         with self._lock:
             won = self._create_exclusive(self._outcome_path(batch_id), {"outcome": COMMITTED})
-            outcome = COMMITTED if won else self._read(self._outcome_path(batch_id))["outcome"]
+            outcome = COMMITTED if won else self._read_outcome(batch_id)
             self._resolve(batch_id, outcome)
             return outcome == COMMITTED
 
@@ -375,7 +382,7 @@ class CommitLog:
         """Give up a batch. False when it was already committed."""
         with self._lock:
             won = self._create_exclusive(self._outcome_path(batch_id), {"outcome": ABORTED})
-            outcome = ABORTED if won else self._read(self._outcome_path(batch_id))["outcome"]
+            outcome = ABORTED if won else self._read_outcome(batch_id)
             self._resolve(batch_id, outcome)
             return outcome == ABORTED
 

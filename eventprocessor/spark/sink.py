@@ -761,9 +761,11 @@ class SparkSink:
             # Committed, but publishing failed: only roll forward, never write again.
             self._writer.publish(attempt.committed.batch_id)
             return attempt.committed
-        if attempt.df is None or attempt.batch_id is None:
+        if attempt.df is None or attempt.batch_id is None or attempt.batch is None:
             self._prepare_blocking(attempt)
-        batch, ranges = attempt.batch, list(attempt.batch.ranges.values())
+        batch = attempt.batch
+        assert batch is not None, "preparing a batch sets it"
+        ranges = list(batch.ranges.values())
         logger.debug("sink: writing batch %s", batch.batch_id)
         started = time.perf_counter()
         self._writer.write(attempt.df, batch)
