@@ -768,7 +768,18 @@ class SparkSink:
         ranges = list(batch.ranges.values())
         logger.debug("sink: writing batch %s", batch.batch_id)
         started = time.perf_counter()
-        self._writer.write(attempt.df, batch)
+        try:
+            self._writer.write(attempt.df, batch)
+        except Exception as error:
+            # A newer claim may have aborted the batch and removed its staging
+            # directory under the running job: that is a refusal, not a failure.
+            log.refresh()
+            if log.outcome(batch.batch_id) == ABORTED:
+                self._writer.discard(batch.batch_id)
+                lost = log.lost_partitions(ranges) or [r.partition_id for r in ranges]
+                raise BatchRefused(f"batch {batch.batch_id} was aborted by a newer claim while it was written",
+                                   lost) from error
+            raise
         written = time.perf_counter()
         _hook("after_write")
         # Last cheap check before the commit point; the commit log is the real fence.
