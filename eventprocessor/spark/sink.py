@@ -677,8 +677,8 @@ class SparkSink:
         return attempt
 
     def _refused(self, attempt: _Attempt, refused: BatchRefused) -> None:
-        logger.warning("sink: %s; partitions %s were taken over, going on with the rest", refused,
-                       sorted(refused.lost))
+        logger.warning("sink: %s; dropping the events of %s (their new owner reads them), going on with the rest",
+                       refused, sorted(refused.lost))
         for claim in attempt.events:
             if claim.partition_id in refused.lost:
                 claim.lost = True
