@@ -391,3 +391,12 @@ async def test_sigkill_at_every_step_of_a_batch_then_restart_writes_each_event_o
     async with store:
         checkpoints = await store.list_checkpoints("memory.local", "hub", "$default")
     assert {c.partition_id: c.sequence_number for c in checkpoints} == {str(p): events - 1 for p in range(partitions)}
+
+
+def test_the_benchmark_runs_end_to_end_at_a_small_size(spark, capsys):
+    """Keeps ``python -m benchmarks.spark_sink`` working; no timing is asserted."""
+    from benchmarks import spark_sink
+
+    assert spark_sink.main(["--events", "2000", "--batch", "1000", "--rounds", "1", "--no-record"]) == 0
+    out = capsys.readouterr().out
+    assert "ratio sink / direct" in out and "round 1:" in out
