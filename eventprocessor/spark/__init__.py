@@ -91,12 +91,17 @@ So, for the Parquet writer, each event is in the table exactly once whatever
 process dies when: a crash before step 4 leaves only staged files that are deleted
 and events that are read again; a crash after step 4 is rolled forward and the events
 are skipped by high-water mark. A zombie owner cannot commit a partition's events
-once the new owner's fence is in the log.
+once the new owner's fence is in the log. Visibility is per file, not per batch: a
+reader listing the table while a batch is being moved (or before a crashed move is
+rolled forward) can see part of that batch, never an uncommitted one. Log entries
+are fsynced; Spark's local Parquet files are not, so the guarantee covers process
+crashes, not a host losing power.
 
 For ``foreach_batch``, the sink guarantees the same for its commit log, and calls
 ``foreach_batch`` at least once per committed batch: a batch whose function ran but
-did not commit (crash, or a partition taken over mid-batch) comes again later, with
-a new ``batch_id``, for the same or later sequence ranges. A retry after an exception
+did not commit (crash, or a partition taken over mid-batch) has its events delivered
+again later, in a batch with a new ``batch_id`` that may be cut differently. A retry
+after an exception
 in ``foreach_batch`` keeps the ``batch_id`` and the data. Make the function
 idempotent on ``batch_id`` (e.g. overwrite ``.../batch_id=N``), or on the
 ``(partition_id, sequence_number)`` ranges of :class:`MicroBatch`.
