@@ -24,8 +24,23 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from eventprocessor import EventProcessor, LoadBalancingStrategy  # noqa: E402
 from eventprocessor.sources import MemoryEventSource  # noqa: E402
-from eventprocessor.spark import SparkSink, spark_session  # noqa: E402
+from eventprocessor.spark import SparkSink, sink as sink_module, spark_session  # noqa: E402
 from stores import BlobCheckpointStore  # noqa: E402
+
+
+def install_kill_point() -> None:
+    """SIGKILL this process the first time the sink reaches ``$EVENTPROCESSOR_SPARK_KILL_AT``."""
+    point = os.environ.get("EVENTPROCESSOR_SPARK_KILL_AT")
+    if not point:
+        return
+    import signal
+
+    def kill_at(reached: str) -> None:
+        if reached == point:
+            logging.getLogger(__name__).warning("killing this process at %s", point)
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    sink_module.fault_hook = kill_at
 
 
 async def run(path: str, partitions: int, events: int, max_events: int, container: str, deadline: float) -> int:
@@ -66,6 +81,7 @@ def main() -> int:
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     logging.getLogger("py4j").setLevel(logging.WARNING)
+    install_kill_point()
     return asyncio.run(run(args.path, args.partitions, args.events, args.max_events, args.container,
                            time.monotonic() + args.timeout))
 

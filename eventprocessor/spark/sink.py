@@ -804,13 +804,14 @@ class SparkSink:
         return batch
 
 
-def _hook(point: str) -> None:
-    """Crash injection for the kill tests: ``EVENTPROCESSOR_SPARK_KILL_AT=<point>``
-    SIGKILLs this process the first time it reaches that point: ``after_write`` (data
-    staged, not committed), ``after_commit``, ``mid_publish`` (one file moved into the
-    table), ``after_publish`` (before the store checkpoints), ``after_checkpoint``."""
-    if os.environ.get("EVENTPROCESSOR_SPARK_KILL_AT") == point:
-        import signal
+#: Fault-injection point for tests: called with the name of each step of a batch
+#: (``after_write``: data staged, not committed; ``after_commit``; ``mid_publish``: one
+#: file moved into the table; ``after_publish``: before the store checkpoints;
+#: ``after_checkpoint``). ``None`` in normal use. The kill tests set it to a function
+#: that SIGKILLs the process at one of them.
+fault_hook: Optional[Callable[[str], None]] = None
 
-        logger.warning("sink: killing this process at %s (EVENTPROCESSOR_SPARK_KILL_AT)", point)
-        os.kill(os.getpid(), signal.SIGKILL)
+
+def _hook(point: str) -> None:
+    if fault_hook is not None:
+        fault_hook(point)
