@@ -235,12 +235,13 @@ async def run_demo(config: DemoConfig, console: Optional[Console] = None) -> Dem
         producing.clear()
         if not producer.done():
             producer.cancel()
+        refresher.cancel()
+        if live is not None:  # the final picture, while the survivors still own everything
+            live.update(_table(config, processors, alive, ledger, len(produced), phase))
         for p in processors:
             if alive[p.owner_id] == "running":
                 await p.stop()
-        refresher.cancel()
         if live is not None:
-            live.update(_table(config, processors, alive, ledger, len(produced), phase))
             live.stop()
         await store.close()
         if emulator is not None:
