@@ -358,7 +358,7 @@ def rebalance_table(outcomes: Sequence[Outcome]) -> str:
     head = ("| Scenario | Schedule | Strategy | Ticks: limit | ours | official | Moves: min | ours | official "
             "| Steals: ours | official | 412s: ours | official | Requests: ours | official "
             "| Max believers / dispatching: ours | official |")
-    rows = [head, "|" + "---|" * 17]
+    rows = _header(head)
     for ours, off in _pairs(outcomes):
         rows.append(
             f"| {ours.scenario} | {ours.schedule} | {ours.strategy.value} | {ours.limit_ticks} | "
@@ -369,6 +369,11 @@ def rebalance_table(outcomes: Sequence[Outcome]) -> str:
     return "\n".join(rows)
 
 
+def _header(head: str) -> List[str]:
+    """A markdown header row and its rule, with the column count taken from the header."""
+    return [head, "|" + "---|" * (head.count("|") - 1)]
+
+
 def _overlap(p: PhaseResult) -> str:
     return f"{p.max_believers} / {p.max_dispatchers}"
 
@@ -377,7 +382,7 @@ def failover_table(outcomes: Sequence[Outcome]) -> str:
     head = ("| Scenario | Schedule | Strategy | Orphans / survivors | Ticks past record expiry: limit | ours | official "
             "| Crash to re-owned (s): ours | official | Ticks to balanced: limit | ours | official "
             "| Moves: min | ours | official | Steals: ours | official | Max believers / dispatching: ours | official |")
-    rows = [head, "|" + "---|" * 19]
+    rows = _header(head)
     for ours, off in _pairs(outcomes):
         e, f = ours.extra, off.extra
         rows.append(
@@ -398,7 +403,7 @@ def steady_table(outcomes: Sequence[Outcome]) -> str:
             "(list / renew / claim): ours | official | Total requests: ours | official "
             "| Storage transactions per hour: ours | official | ours / official "
             "| Max believers / dispatching: ours | official |")
-    rows = [head, "|" + "---|" * 15]
+    rows = _header(head)
     for ours, off in _pairs(outcomes):
         def kinds(p: PhaseResult) -> str:
             return " / ".join(f"{_per_tick(p, k):.2f}" for k in ("list_ownership", "renew", "claim"))
@@ -418,7 +423,7 @@ def skew_table(outcomes: Sequence[Outcome]) -> str:
             "| Partition-seconds it dispatched what the store gave to another (after cold start): ours | official "
             "| Cold start ticks: ours | official | Failover ticks past expiry: ours | official "
             "| Ownership changes: ours | official |")
-    rows = [head, "|" + "---|" * 12]
+    rows = _header(head)
     for ours, off in _pairs(outcomes):
         e, f = ours.extra, off.extra
         rows.append(
