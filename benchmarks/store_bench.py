@@ -1,11 +1,14 @@
 """Checkpoint-store benchmark: our stores against the official blob store, on one Azurite.
 
-Run it with ``python -m benchmarks.store_bench`` (or ``eventprocessor bench store-bench``).
+Run it with ``python -m benchmarks.store_bench`` (or ``eventprocessor bench store-bench``);
+``--record`` writes the table into ``benchmarks/RESULTS.md``.
 It starts its own Azurite on free loopback ports, and for each partition count (32 and
 1024 by default) measures, store after store in the same run:
 
 * claims/s: claiming every partition from nothing (create-if-absent), then re-claiming
   every partition with its etag (the renewal every tick does);
+* fences/s (our stores): the fence a new owner writes right after winning a claim
+  (``fence_checkpoint``: read ownership, read checkpoint, conditional write);
 * checkpoints/s: steady-state checkpoint writes by the owner (after one untimed write
   per partition, so first-write creates are not counted);
 * list-ownership latency: median and p95 of repeated listings of all N records;
@@ -24,7 +27,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
-import shlex
+import os
 import statistics
 import sys
 import time
@@ -33,11 +36,16 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
-from azure.core.pipeline.transport import AioHttpTransport
+try:
+    from azure.core.pipeline.transport import AioHttpTransport
+except ImportError:  # no [blob] extra: --help and the in-memory dry run still work; main() says what to install
+    AioHttpTransport = object  # type: ignore[misc,assignment]
 
 from eventprocessor.records import Checkpoint, Ownership
+from eventprocessor_cli.user_errors import require, require_azurite
 
-from .results import machine_line, write_section
+from . import program
+from .results import machine_line
 
 __all__ = ["main", "measure", "CountingTransport", "StoreResult", "Summary"]
 
@@ -105,6 +113,10 @@ class StoreUnderTest:
     async def reclaim(self, partition_id: str) -> bool:
         raise NotImplementedError
 
+    async def fence(self, partition_id: str) -> bool:
+        """What a new owner does after its claim, before it checkpoints (fenced stores only)."""
+        raise NotImplementedError
+
     async def checkpoint(self, partition_id: str, sequence_number: int) -> None:
         raise NotImplementedError
 
@@ -156,6 +168,10 @@ class ContractStore(StoreUnderTest):
         for record in won:
             self._owned[record.partition_id] = record
         return bool(won)
+
+    async def fence(self, partition_id: str) -> bool:
+        await self._store.fence_checkpoint(self._owned[partition_id])
+        return True
 
     async def checkpoint(self, partition_id: str, sequence_number: int) -> None:
         record = self._owned[partition_id]
@@ -252,6 +268,7 @@ class Phase:
     seconds: float
     methods: Optional[Counter]
     failures: int = 0
+    cpu_seconds: float = 0.0  # this (client) process only; Azurite is another process
 
     @property
     def requests(self) -> Optional[int]:
@@ -273,6 +290,7 @@ class StoreResult:
     partitions: int
     create: Phase
     reclaim: Phase
+    fence: Optional[Phase]
     checkpoint: Phase
     list_ms: List[float] = field(default_factory=list)
     list_requests: Optional[float] = None
@@ -301,6 +319,11 @@ class Summary:
 
     def requests(self, phase: str) -> Optional[float]:
         return self._median([getattr(r, phase).requests_per_op for r in self.rounds])
+
+    def cpu_ms(self, phase: str) -> float:
+        """Client CPU per operation (ms), median over rounds: steadier than throughput
+        on a machine shared with other work."""
+        return statistics.median(1000 * getattr(r, phase).cpu_seconds / getattr(r, phase).ops for r in self.rounds)
 
     def methods(self, phase: str) -> str:
         """Requests per operation by HTTP method, e.g. ``HEAD 1.00 + PUT 1.00``, summed over rounds."""
@@ -376,12 +399,12 @@ async def _timed(
     shard: Callable[[Any], int],
 ) -> Phase:
     before = adapter.request_counts()
-    start = time.perf_counter()
+    start, cpu_start = time.perf_counter(), time.process_time()
     failures = await _run_sharded(work, concurrency, operation, shard)
-    seconds = time.perf_counter() - start
+    seconds, cpu_seconds = time.perf_counter() - start, time.process_time() - cpu_start
     after = adapter.request_counts()
     methods = None if before is None or after is None else after - before
-    return Phase(ops=len(work), seconds=seconds, methods=methods, failures=failures)
+    return Phase(ops=len(work), seconds=seconds, methods=methods, failures=failures, cpu_seconds=cpu_seconds)
 
 
 async def measure(
@@ -395,6 +418,7 @@ async def measure(
     await adapter.open()
     create = await _timed(adapter, ids, concurrency, adapter.create_claim, by_partition)
     reclaim = await _timed(adapter, ids, concurrency, adapter.reclaim, by_partition)
+    fence = await _timed(adapter, ids, concurrency, adapter.fence, by_partition) if adapter.fenced else None
 
     # Checkpoints go to the first min(N, ops) partitions, round-robin; one untimed
     # write each first, so the timed phase is the steady state (no first-write creates).
@@ -420,7 +444,7 @@ async def measure(
     after = adapter.request_counts()
     list_requests = None if before is None or after is None else sum((after - before).values()) / list_repeats
     return StoreResult(
-        adapter.name, adapter.fenced, partitions, create, reclaim, checkpoint, list_ms, list_requests
+        adapter.name, adapter.fenced, partitions, create, reclaim, fence, checkpoint, list_ms, list_requests
     )
 
 
@@ -485,9 +509,16 @@ def _ratio(a: Optional[float], b: Optional[float]) -> str:
     return f"{a / b:.2f}x"
 
 
+def _load_average() -> str:
+    try:
+        return f"{os.getloadavg()[0]:.1f}"
+    except OSError:  # not on every platform
+        return "n/a"
+
+
 def render(
     results: List[StoreResult], *, command: str, concurrency: int, checkpoint_ops: int, list_repeats: int,
-    rounds: int,
+    rounds: int, load: str = "",
 ) -> str:
     summaries = summarize(results)
     lines = [
@@ -495,24 +526,27 @@ def render(
         "",
         f"Command: `{command}`",
         "",
-        machine_line(),
+        machine_line() + (f" 1-minute load average at start and end: {load}." if load else ""),
         "",
         f"Azurite (in-memory persistence) on 127.0.0.1, started by the benchmark; the Python client and "
         f"Azurite share the machine. Concurrency: {concurrency} asyncio workers in one process, each owning "
         f"a disjoint set of partitions. Each store gets a fresh container/table per round; {rounds} "
         f"round(s), the store order rotated each round; rates are the median over rounds (min-max in "
         f"brackets). Claims: every partition created once (create-if-absent), then re-claimed once with "
-        f"its etag. Checkpoints: {checkpoint_ops} timed steady-state writes (after one untimed write per "
+        f"its etag. Fences (our stores; the official one has none): every partition fenced once after its "
+        f"claim, as a new owner does before reading where to resume. Checkpoints: {checkpoint_ops} timed steady-state writes (after one untimed write per "
         f"target partition; targets are the first min(N, {checkpoint_ops}) partitions). Listing: "
         f"{list_repeats} sequential listings of all N records per round, pooled. Requests: HTTP requests "
         f"counted at the transport (retries included), per operation.",
         "",
-        "| Store | Partitions | create claims/s | req/create | re-claims/s | req/re-claim | "
+        "| Store | Partitions | create claims/s | req/create | re-claims/s | req/re-claim | fences/s | req/fence | "
         "checkpoints/s | req/checkpoint | list median ms | list p95 ms | req/list |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
 
     def rate(summary: Summary, phase: str) -> str:
+        if getattr(summary.rounds[0], phase) is None:
+            return "n/a"
         spread = summary.spread(phase)
         return f"{summary.rate(phase):.0f}" + (f" ({spread})" if spread else "")
 
@@ -520,6 +554,7 @@ def render(
         lines.append(
             f"| {g.store} | {g.partitions} | {rate(g, 'create')} | {_fmt(g.requests('create'), 2)} | "
             f"{rate(g, 'reclaim')} | {_fmt(g.requests('reclaim'), 2)} | "
+            f"{rate(g, 'fence')} | {_fmt(g.requests('fence') if g.fenced else None, 2)} | "
             f"{rate(g, 'checkpoint')} | {_fmt(g.requests('checkpoint'), 2)} | "
             f"{g.list_median:.1f} | {g.list_p95:.1f} | {_fmt(g.list_requests, 1)} |"
         )
@@ -542,7 +577,8 @@ def render(
                 f"| {g.store} vs {peer.store} | {g.partitions} | "
                 f"{_ratio(g.rate('checkpoint'), peer.rate('checkpoint'))} | "
                 f"{_ratio(g.requests('checkpoint'), peer.requests('checkpoint'))} | "
-                f"{g.methods('checkpoint')} vs {peer.methods('checkpoint')} |"
+                f"{g.cpu_ms('checkpoint'):.2f} vs {peer.cpu_ms('checkpoint'):.2f} | "
+                f"{g.methods('checkpoint')} vs {peer.methods('checkpoint')} | {g.methods('fence')} |"
             )
     if ratio_rows:
         lines += [
@@ -550,11 +586,13 @@ def render(
             "Cost of fencing, as ratios of steady-state checkpoint throughput and of HTTP requests per "
             "checkpoint (throughput below 1x and requests above 1x are what fencing costs). Our stores "
             "have no unfenced mode, so the unfenced reference is the official blob store (same blob "
-            "layout, same Azure transport); the table row compares across backends.",
+            "layout, same Azure transport); the table row compares across backends. Our checkpoints are "
+            "conditional on the etag of the owner's fence or last write; the fence itself is paid once per "
+            "claim (last column).",
             "",
             "| Fenced vs unfenced | Partitions | checkpoints/s ratio | requests/checkpoint ratio | "
-            "requests per checkpoint by method |",
-            "|---|---:|---:|---:|---|",
+            "client CPU ms/checkpoint | requests per checkpoint by method | requests per fence by method |",
+            "|---|---:|---:|---:|---:|---|---|",
             *ratio_rows,
         ]
     return "\n".join(lines) + "\n"
@@ -563,8 +601,8 @@ def render(
 # --------------------------------------------------------------------------- main
 
 
-def _parse(argv: Optional[List[str]]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.store_bench", description=__doc__.split("\n")[0])
+def _parser(prog: Optional[str]) -> argparse.ArgumentParser:
+    parser = program.parser("store_bench", __doc__, prog)
     parser.add_argument(
         "--partitions", default=",".join(map(str, DEFAULT_PARTITIONS)),
         help="comma-separated partition counts (default: %(default)s)",
@@ -586,8 +624,10 @@ def _parse(argv: Optional[List[str]]) -> argparse.Namespace:
         "--rounds", type=int, default=DEFAULT_ROUNDS,
         help="rounds over all stores, order rotated each round; medians reported (default: %(default)s)",
     )
-    parser.add_argument("--no-write", action="store_true", help="print only; do not update benchmarks/RESULTS.md")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def _check(parser: argparse.ArgumentParser, args: argparse.Namespace) -> argparse.Namespace:
     try:
         args.partitions = [int(p) for p in args.partitions.split(",") if p.strip()]
     except ValueError:
@@ -631,28 +671,44 @@ async def _run(args: argparse.Namespace, connection_string: Optional[str]) -> Li
     return results
 
 
-def main(argv: Optional[List[str]] = None) -> int:
-    """Run the benchmark; print the table and record it in benchmarks/RESULTS.md.
+# What each store needs beyond the core install: extras, and packages no extra provides.
+_NEEDS = {
+    "ours-blob": (["blob"], []),
+    "official-blob": (["blob"], [("azure.eventhub.extensions.checkpointstoreblobaio",
+                                  "azure-eventhub-checkpointstoreblob-aio")]),
+    "ours-table": (["table"], []),
+    "memory": ([], []),
+}
 
-    Example::
 
-        python -m benchmarks.store_bench --partitions 32,1024
+def main(argv: Optional[List[str]] = None, prog: Optional[str] = None) -> int:
+    """Run the benchmark and print the table; with ``--record``, write it to
+    benchmarks/RESULTS.md. Example::
+
+        python -m benchmarks.store_bench --partitions 32,1024 --record
     """
+    parser = _parser(prog)
+
+    def body(args: argparse.Namespace) -> int:
+        return _run_and_report(_check(parser, args), program.recorded_command("store_bench", argv))
+
+    return program.run(parser, body, argv)
+
+
+def _run_and_report(args: argparse.Namespace, command: str) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    args = _parse(argv)
-    shown = sys.argv[1:] if argv is None else argv
-    command = " ".join(["python -m benchmarks.store_bench", *(shlex.quote(a) for a in shown)])
+    require(purpose=f"store-bench with --stores {','.join(args.stores)}",
+            extras=sorted({extra for kind in args.stores for extra in _NEEDS[kind][0]}),
+            packages=[package for kind in args.stores for package in _NEEDS[kind][1]])
     azurite = None
     connection_string = None
     if any(kind != "memory" for kind in args.stores):
-        from eventprocessor.emulator import AzuriteUnavailable, start_azurite
+        require_azurite("store-bench")
+        from emulators.azurite import start_azurite
 
-        try:
-            azurite = start_azurite()
-        except AzuriteUnavailable as error:
-            print(f"store_bench: Azurite could not start: {error}", file=sys.stderr)
-            return 2
+        azurite = start_azurite()
         connection_string = azurite.connection_string
+    load_at_start = _load_average()
     try:
         results = asyncio.run(_run(args, connection_string))
     finally:
@@ -664,11 +720,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     markdown = render(
         results, command=command, concurrency=args.concurrency,
         checkpoint_ops=args.checkpoint_ops, list_repeats=args.list_repeats, rounds=args.rounds,
+        load=f"{load_at_start} / {_load_average()}",
     )
-    print(markdown)
-    if not args.no_write:
-        path = write_section("store_bench", markdown)
-        print(f"recorded in {path}", file=sys.stderr)
+    program.report("store_bench", markdown, args.record)
     return 0
 
 

@@ -5,11 +5,32 @@ behind the store's back ("copies in and out" comes for free).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Optional, Tuple
+from typing import Mapping, Optional, Tuple
 
-__all__ = ["Ownership", "Checkpoint", "OwnershipListing"]
+__all__ = ["Ownership", "Checkpoint", "OwnershipListing", "UnreadableOwnership", "Member", "MemberListing",
+           "MAX_EPOCH", "MAX_SEQUENCE_NUMBER", "MAX_ENTRY_BYTES", "partition_sort_key"]
+
+MAX_EPOCH = 2**63 - 1
+"""Epochs are Event Hubs owner levels, signed 64-bit integers. A record whose epoch is
+above ``MAX_EPOCH - 1`` can never be claimed again with a higher one, so stores report
+it as unreadable rather than hand it out."""
+
+MAX_SEQUENCE_NUMBER = 2**63 - 1
+"""Event Hubs sequence numbers are signed 64-bit integers."""
+
+MAX_ENTRY_BYTES = 15 * 64 * 1024
+"""The most data one log entry (``CheckpointStore.create_entry``) holds, on every store:
+983,040 bytes. Azure Table entities hold at most 1 MiB, in properties of at most 64 KiB,
+so the Table store splits an entry into 15 binary properties; the other stores keep
+the same limit, so that a log works the same on all of them."""
+
+
+def partition_sort_key(partition_id: str) -> Tuple[int, object]:
+    """Partition ids in the order people expect: numbers by value ("2" before "10"),
+    then any other ids by text."""
+    return (0, int(partition_id)) if partition_id.isdigit() else (1, partition_id)
 
 
 @dataclass(frozen=True)
@@ -20,6 +41,8 @@ class Ownership:
     are set by the store on every write (``None`` on a claim for a partition that has
     no record yet). ``epoch`` grows by one every time the owner changes; it is the
     receiver's owner level and the fencing token of checkpoints. A renewal keeps it.
+    ``requested_by`` is the processor that asked the owner to hand the partition over
+    (graceful handoff), ``""`` when nobody asked.
     """
 
     fully_qualified_namespace: str
@@ -30,6 +53,7 @@ class Ownership:
     last_modified_time: Optional[datetime] = None
     etag: Optional[str] = None
     epoch: int = 0
+    requested_by: str = ""
 
     @property
     def is_released(self) -> bool:
@@ -42,6 +66,7 @@ class Checkpoint:
 
     Consumers resume *after* ``sequence_number``. ``owner_id`` and ``epoch`` record
     who wrote it (``None`` when written by another SDK, such as the official store).
+    ``last_modified_time`` is when the store last wrote it (set by stores on listing).
     """
 
     fully_qualified_namespace: str
@@ -52,6 +77,7 @@ class Checkpoint:
     offset: Optional[str] = None
     owner_id: Optional[str] = None
     epoch: Optional[int] = None
+    last_modified_time: Optional[datetime] = None
 
 
 @dataclass(frozen=True)
@@ -64,4 +90,47 @@ class OwnershipListing:
     """
 
     ownerships: Tuple[Ownership, ...]
+    server_time: datetime
+    unreadable: Tuple["UnreadableOwnership", ...] = ()
+
+
+@dataclass(frozen=True)
+class UnreadableOwnership:
+    """An ownership record the store holds but cannot read: corrupted, written by a
+    foreign program, or with an epoch out of range.
+
+    Its partition is treated as owned by an unknown processor until the record is older
+    than the expiration interval; then it may be claimed like an expired record, with a
+    write conditional on ``etag``. ``reason`` says what is wrong, for the log.
+    """
+
+    partition_id: str
+    etag: str
+    last_modified_time: Optional[datetime]
+    reason: str
+
+
+@dataclass(frozen=True)
+class Member:
+    """One live processor of a consumer group: its heartbeat record.
+
+    Processors that own nothing are visible to the balancer through these records.
+    ``properties`` carries what peers may need to know (the strategy, an ordinal for
+    static assignment, whether it can hand partitions over); values are strings.
+    """
+
+    fully_qualified_namespace: str
+    eventhub_name: str
+    consumer_group: str
+    owner_id: str
+    last_modified_time: Optional[datetime] = None
+    etag: Optional[str] = None
+    properties: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class MemberListing:
+    """The member records of one consumer group, and the store's clock when listed."""
+
+    members: Tuple[Member, ...]
     server_time: datetime

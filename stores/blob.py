@@ -1,96 +1,49 @@
 """Checkpoint store on Azure Blob Storage, layout-compatible with the official
 ``azure-eventhub-checkpointstoreblob-aio``.
 
+The protocol (claims, fences, checkpoints, write tokens, members, log entries,
+timeouts) is :mod:`stores._protocol`; this module is its Blob backend.
+
 Layout
 ======
-One container; zero-length blobs whose names are lower-cased::
+One container; blob names are lower-cased::
 
-    {namespace}/{eventhub}/{consumer_group}/ownership/{partition_id}
-        metadata: ownerid, epoch
-    {namespace}/{eventhub}/{consumer_group}/checkpoint/{partition_id}
-        metadata: sequencenumber, offset, ownerid, epoch
+    {namespace}/{eventhub}/{consumer_group}/ownership/{partition_id}       (empty)
+        metadata: ownerid, epoch, [requestedby], writetoken
+    {namespace}/{eventhub}/{consumer_group}/checkpoint/{partition_id}      (empty)
+        metadata: sequencenumber, offset, ownerid, epoch, writetoken
+    {namespace}/{eventhub}/{consumer_group}/ownership-member/{encoded owner_id}  (empty)
+        metadata: the member's properties
+    {namespace}/{eventhub}/{consumer_group}/log/{encoded log}/{encoded entry}
+        body: the entry's data; metadata: writetoken
 
 ``ownerid``, ``sequencenumber`` and ``offset`` are exactly what the official store
 writes and reads, so a deployment can switch to this SDK and back and resume from the
-same checkpoints. ``epoch`` (ownership and checkpoint) and ``ownerid`` (checkpoint)
-are extra metadata the official store ignores. An ownership blob without ``epoch``
-(written by the official store) has epoch 0; a checkpoint without it has epoch
-``None``. A checkpoint without an offset is written with ``offset="-1"`` (Event Hubs'
-start of stream): the official processor then re-reads the partition from the start
-rather than failing, and this store reads it back as ``offset=None``.
+same checkpoints. ``epoch``, ``requestedby``, ``writetoken`` and the checkpoint's
+``ownerid`` are extra metadata the official store ignores (and drops when it rewrites a
+blob: an ownership blob it wrote reads as epoch 0, a checkpoint as epoch ``None``). The
+official store lists only ``ownership/`` and ``checkpoint/``, so it never sees members
+or log entries. Member blobs sit beside ``ownership/`` on purpose: one listing of the
+prefix ``.../ownership`` returns both, so a balancing tick costs one request. Owner, log and entry names are encoded by
+:func:`stores._protocol.encode_name` (``[a-z0-9._-]`` kept, anything else ``%xx``).
 
-Claims
-======
-* ``etag=None``: ``upload_blob(b"", overwrite=True, if_none_match="*")``, a real
-  create-if-absent (409 when the blob exists). The official store uses
-  ``set_blob_metadata(if_none_match="*")``, which *succeeds* on an existing blob, so two
-  of its processors can both "create" the same partition; this store never does that.
-* with an etag: ``set_blob_metadata(etag=..., match_condition=IfNotModified)`` (412 when
-  stale).
-* 409/412 (and 404 for a record that vanished) mean the race was lost: the claim is left
-  out of the result. Anything else is an error: it raises ``ClaimOwnershipError``
-  carrying the claims won in the same call. All claims of a call run concurrently.
+A *placeholder* checkpoint (a partition fenced by a new owner before it ever had a
+checkpoint) has ``sequencenumber="-1"`` and ``offset="-1"``. This store lists it as
+"no checkpoint". The official store lists it as ``sequence_number=-1, offset="-1"``, and
+an official processor that takes the partition over starts from ``"-1"``, the start of
+the stream, instead of its configured initial position: it may re-read events, it never
+skips any.
 
-Server time
-===========
-``list_ownership`` returns the ``Date`` header of the listing response (the last page
-when paged) as ``server_time``. The balancer judges expiry as ``server_time -
-last_modified``; both come from the storage service, so a processor whose own clock is
-minutes off neither steals live partitions nor keeps expired ones. Both have 1-second
-resolution.
-
-Fenced checkpoints
-==================
-``update_checkpoint(checkpoint, owner_id=..., epoch=...)`` does, in order:
-
-1. **Ownership check** (1 request, HEAD): read the ownership blob's properties and
-   require ``ownerid == owner_id`` and ``epoch == epoch``; otherwise raise
-   ``OwnershipLostError``.
-2. **Conditional write** (1 request): write the checkpoint blob's metadata
-   ``If-Match`` the checkpoint etag this store got from its own last write for
-   ``(owner_id, partition)``. With no cached etag it first reads the checkpoint blob
-   (1 more HEAD) and refuses with ``OwnershipLostError`` if the stored checkpoint
-   carries a higher epoch than ours; if the blob does not exist it creates it with
-   ``If-None-Match: *``.
-3. On 409/412 (somebody else wrote the checkpoint since): back to 1 (ownership check,
-   re-read, write) once; a second conflict raises ``CheckpointStoreError``.
-
-Cost: **2 requests** per checkpoint in the steady state (3 for the first checkpoint
-an owner writes for a partition through this store instance, 5 after a conflict),
-against 1 unconditional write for the official store.
-
-Measured on loopback Azurite (2-core machine, one client, sequential calls):
-8.5 ms per fenced checkpoint against 2.9 ms for the official store's unfenced write;
-``python -m benchmarks.store_bench`` gives the throughput ratio under concurrency.
-
-Why the new owner's checkpoint cannot be lost. Let the old owner O hold epoch *e* and
-the new owner N steal the partition with epoch *e+1*. Step 1 and step 2 of O are two
-requests one round trip apart (about 3 ms on loopback Azurite, the latency of one
-storage request in general), so the steal can fall between them (the window):
-
-* If N has already written a checkpoint when O's write arrives, the checkpoint etag O
-  conditions on is older than N's write (it came from O's own write or read, both
-  before N's write, or O would have seen epoch *e+1* and refused). The write fails with
-  412, O re-checks ownership, finds N, and raises ``OwnershipLostError``. N's checkpoint
-  stays.
-* If N has not written yet, O's write in the window lands. It records an event O really
-  processed, and N's first write replaces it: N reads the etag (or gets 412 on a stale
-  one, re-checks that it still owns the partition, re-reads and writes). Nothing of N's
-  is lost; at worst N re-processes events O had already processed, the at-least-once
-  guarantee every Event Hubs consumer has anyway.
-* Any later write by O fails at step 1, because the ownership blob names N.
-
-So after a steal, only an old-owner write that had already passed step 1 can still
-land (one per call in flight, normally one), only in that window and only before the
-new owner's first checkpoint; the old owner's writes never overwrite the new owner's
-checkpoint.
-
-Bad records
-===========
-Blobs under the prefix that are not ours (deeper paths, missing ``ownerid`` or
-``sequencenumber``, non-integer numbers, a bad epoch) are skipped with a warning that
-names the blob (once per blob version), and listing goes on. A corrupted ownership blob
-therefore keeps its partition unclaimable until someone deletes it.
+Requests
+========
+* claim: ``upload_blob(b"", if_none_match="*")`` when there is no record (a real
+  create-if-absent: 409 when the blob exists; the official store uses
+  ``set_blob_metadata(if_none_match="*")``, which *succeeds* on an existing blob), else
+  ``set_blob_metadata`` If-Match the etag (412 when stale): 1 request;
+* fence: HEAD ownership, HEAD checkpoint, conditional write: 3 requests;
+* checkpoint after a fence: ``set_blob_metadata`` If-Match the cached etag: 1 request
+  (3 without a fence: HEAD ownership, HEAD checkpoint, write);
+* listing: one request per 5000 blobs; ``server_time`` is the last page's ``Date``.
 
 Example::
 
@@ -100,87 +53,182 @@ Example::
 """
 from __future__ import annotations
 
-import asyncio
 import logging
-from collections import Counter
-from typing import Any, Dict, Iterable, List, Optional, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from azure.core import MatchConditions
-from azure.core.exceptions import AzureError, ResourceExistsError
-from azure.storage.blob.aio import ContainerClient, LinearRetry
+from azure.core.exceptions import ResourceExistsError
+from azure.storage.blob.aio import BlobClient, ContainerClient, LinearRetry
 
-from eventprocessor.checkpoint_store import CheckpointStore
-from eventprocessor.errors import CheckpointStoreError
-from eventprocessor.records import Checkpoint, Ownership, OwnershipListing
+from ._account import DEFAULT_OPERATION_TIMEOUT, RETRY_BACKOFF, RETRY_TOTAL, check_container_name
+from ._azure_records import AzureCheckpointStore, AzureRecords, ServerClock
+from ._protocol import MEMBER, OWNERSHIP, Fields, Kind, RecordListing, RecordMissing, Scope, StoredRecord
 
-from ._azure import (
-    NO_OFFSET,
-    RETRY_BACKOFF,
-    RETRY_TOTAL,
-    ServerClock,
-    WarnOnce,
-    account_name_from_url,
-    check_account_url,
-    check_checkpoint,
-    check_claim,
-    check_container_name,
-    check_name_part,
-    check_scope,
-    claim_concurrently,
-    claim_conditionally,
-    client_options,
-    describe_error,
-    parse_connection_string,
-    parse_int,
-    read_checkpoint_record,
-    read_ownership_record,
-    refuse_later_epoch,
-    require_owner,
-    resolve_credential,
-    safe_url,
-    write_fenced,
-)
-
-__all__ = ["BlobCheckpointStore"]
+__all__ = ["BlobCheckpointStore", "BlobRecords"]
 
 logger = logging.getLogger(__name__)
 
-_EMPTY = b""
-_Scope = Tuple[str, str, str]
+
+_CACHED_BLOB_CLIENTS = 4096
 
 
-def _quoted(etag: Optional[str]) -> Optional[str]:
+def _quoted(etag: Optional[str]) -> str:
     # Listing returns etags bare, every other call quoted; one form lets callers compare.
     if etag is None or etag.startswith('"') or etag.startswith("W/"):
-        return etag
+        return etag or ""
     return f'"{etag}"'
 
 
-def _scope_parts(namespace: str, eventhub: str, consumer_group: str) -> _Scope:
-    return check_scope(namespace, eventhub, consumer_group, forbidden="/\\")
+def _metadata(fields: Fields) -> Dict[str, str]:
+    return {name: str(value) for name, value in fields.items()}
 
 
-def _prefix(scope: _Scope, kind: str) -> str:
-    return f"{scope[0]}/{scope[1]}/{scope[2]}/{kind}/".lower()
+def _fields(metadata: Optional[Mapping[str, Optional[str]]]) -> Dict[str, str]:
+    # A listing returns an empty value (a released owner) as None.
+    return {k.lower(): v or "" for k, v in (metadata or {}).items()}
 
 
-def _blob_name(scope: _Scope, kind: str, partition_id: str) -> str:
-    check_name_part(partition_id, "partition_id", forbidden="/\\")
-    return _prefix(scope, kind) + partition_id.lower()
+def _written(blob: BlobClient, key: str, fields: Fields, response: Mapping[str, Any]) -> StoredRecord:
+    return StoredRecord(key, _quoted(response["etag"]), response["last_modified"], dict(fields), blob.blob_name)
 
 
-def _lower_keys(metadata: Optional[Dict[str, str]]) -> Dict[str, str]:
-    return {k.lower(): v for k, v in (metadata or {}).items()}
+class BlobRecords(AzureRecords[ContainerClient]):
+    """The Blob backend: one zero-length blob per record, fields in its metadata."""
+
+    forbidden = "/\\"
+    gone_codes = frozenset({"ContainerNotFound"})
+
+    def __init__(self, home: str, home_name: str, client: ContainerClient, account_name: Optional[str]) -> None:
+        super().__init__(home, home_name, client, account_name)
+        self._blobs: Dict[str, BlobClient] = {}  # least recently used first
 
 
-class BlobCheckpointStore(CheckpointStore):
+    async def _create_home(self) -> None:
+        self.request_counts["container_exists"] += 1
+        if await self.client.exists():
+            return
+        try:
+            self.request_counts["create_container"] += 1
+            await self.client.create_container()
+            logger.info("created blob container %s in account %s for checkpoints", self.home_name,
+                        self.account_name)
+        except ResourceExistsError:
+            pass  # created by another processor meanwhile
+
+    @staticmethod
+    def prefix(kind: Kind, scope: Scope) -> str:
+        segment = f"log/{kind.log}" if kind.name == "entry" else _SEGMENTS.get(kind.name, kind.name)
+        return f"{scope[0]}/{scope[1]}/{scope[2]}/{segment}/".lower()
+
+    def _blob(self, kind: Kind, scope: Scope, key: str) -> BlobClient:
+        # Building a BlobClient costs more client CPU than the request it sends (the
+        # pipeline is rebuilt), so the hot ones are kept, as the official store does.
+        name = self.prefix(kind, scope) + key.lower()
+        blob = self._blobs.pop(name, None) or self.client.get_blob_client(name)
+        self._blobs[name] = blob
+        if len(self._blobs) > _CACHED_BLOB_CLIENTS:
+            del self._blobs[next(iter(self._blobs))]
+        return blob
+
+    async def read(self, kind: Kind, scope: Scope, key: str, *, with_data: bool = False) -> Optional[StoredRecord]:
+        blob = self._blob(kind, scope, key)
+
+        async def get() -> StoredRecord:
+            data = b""
+            if with_data:
+                downloader = await blob.download_blob()
+                data, props = await downloader.readall(), downloader.properties
+            else:
+                props = await blob.get_blob_properties()
+            return StoredRecord(key, _quoted(props.etag), props.last_modified, _fields(props.metadata), blob.blob_name,
+                                data)
+
+        try:
+            return await self._send("read", kind, get)
+        except RecordMissing:
+            return None
+
+    async def create(self, kind: Kind, scope: Scope, key: str, fields: Fields, data: bytes = b"") -> StoredRecord:
+        blob = self._blob(kind, scope, key)
+        props = await self._send("create", kind, lambda: blob.upload_blob(
+            data, overwrite=True, if_none_match="*", metadata=_metadata(fields)))
+        return _written(blob, key, fields, props)
+
+    async def replace(self, kind: Kind, scope: Scope, key: str, fields: Fields, etag: str) -> StoredRecord:
+        blob = self._blob(kind, scope, key)
+        props = await self._send("replace", kind, lambda: blob.set_blob_metadata(
+            _metadata(fields), etag=etag, match_condition=MatchConditions.IfNotModified))
+        return _written(blob, key, fields, props)
+
+    async def upsert(self, kind: Kind, scope: Scope, key: str, fields: Fields) -> StoredRecord:
+        blob = self._blob(kind, scope, key)
+        props = await self._send("upsert", kind, lambda: blob.upload_blob(
+            b"", overwrite=True, metadata=_metadata(fields)))
+        return _written(blob, key, fields, props)
+
+    async def delete(self, kind: Kind, scope: Scope, key: str) -> None:
+        blob = self._blob(kind, scope, key)
+        try:
+            await self._send("delete", kind, blob.delete_blob)
+        except RecordMissing:
+            pass
+
+    async def _list_blobs(self, kind: Kind, name_starts_with: str) -> Tuple[List[Any], ServerClock]:
+        clock = ServerClock()
+
+        def hook(response: Any) -> None:
+            self.request_counts[f"list_{kind.name}"] += 1
+            clock.hook(response)
+
+        async def collect() -> List[Any]:
+            return [blob async for blob in self.client.list_blobs(
+                name_starts_with=name_starts_with, include=["metadata"], raw_response_hook=hook)]
+
+        return await self._send("list", kind, collect, count=False), clock  # the hook counts the pages
+
+    async def list(self, kind: Kind, scope: Scope, prefix: str = "") -> RecordListing:
+        base = self.prefix(kind, scope)
+        blobs, clock = await self._list_blobs(kind, base + prefix.lower())
+        listing = RecordListing(records=[], server_time=clock.latest)
+        for blob in blobs:
+            _file(listing, blob, base)
+        return listing
+
+    async def list_ownership_and_members(self, scope: Scope) -> Tuple[RecordListing, RecordListing]:
+        """One listing of ``.../ownership`` returns ``ownership/`` and ``ownership-member/``."""
+        bases = {OWNERSHIP: self.prefix(OWNERSHIP, scope), MEMBER: self.prefix(MEMBER, scope)}
+        blobs, clock = await self._list_blobs(OWNERSHIP, bases[OWNERSHIP].rstrip("/"))
+        listings = {kind: RecordListing(records=[], server_time=clock.latest) for kind in bases}
+        for blob in blobs:
+            kind = MEMBER if blob.name.startswith(bases[MEMBER]) else OWNERSHIP
+            _file(listings[kind], blob, bases[kind])
+        return listings[OWNERSHIP], listings[MEMBER]
+
+
+_SEGMENTS = {"member": "ownership-member"}
+
+
+def _file(listing: RecordListing, blob: Any, base: str) -> None:
+    """Put a listed blob in ``listing``: a record directly under ``base``, else foreign."""
+    rest = blob.name[len(base):] if blob.name.startswith(base) else ""
+    if not rest or "/" in rest:
+        listing.foreign.append((blob.name, blob.etag))
+        return
+    listing.records.append(StoredRecord(rest, _quoted(blob.etag), blob.last_modified, _fields(blob.metadata),
+                                        blob.name))
+
+
+class BlobCheckpointStore(AzureCheckpointStore):
     """Checkpoint store on Azure Blob Storage (async, aiohttp transport).
 
     ``credential`` may be an async TokenCredential (``azure.identity.aio``), a SAS token
     string, an account key string, ``AzureNamedKeyCredential``/``AzureSasCredential``,
-    or ``None`` when ``account_url`` carries a SAS token. Other keyword arguments go to
-    ``azure.storage.blob.aio.ContainerClient`` (for example ``retry_policy`` or
-    ``transport``). The container is created on first use when missing.
+    or ``None`` when ``account_url`` carries a SAS token. ``operation_timeout`` (seconds,
+    default 10, ``None`` for no deadline) bounds every call, retries included: see
+    README "Timeouts". Other keyword arguments go to
+    ``azure.storage.blob.aio.ContainerClient`` (for example ``retry_policy``,
+    ``retry_total``, ``transport``, ``connection_timeout``, ``read_timeout``). The
+    container is created on first use when missing.
 
     Example::
 
@@ -191,331 +239,26 @@ class BlobCheckpointStore(CheckpointStore):
             listing = await store.list_ownership("ns.servicebus.windows.net", "hub", "$default")
     """
 
-    def __init__(self, account_url: str, container_name: str, *, credential: Any = None, **kwargs: Any) -> None:
-        self._account_url = check_account_url(account_url)
-        self._container_name = check_container_name(container_name)
-        self._account_name = account_name_from_url(self._account_url)
-        resolved = resolve_credential(credential, self._account_url, sas_as_string=True)
-        options = client_options(kwargs)
-        # The storage default waits 15 s and more between retries; a balancing tick is
-        # ~10 s, so retry quickly and let the next tick try again.
+    _check_name = staticmethod(check_container_name)
+    _service = "blob"
+    _home = "container"
+    _sas_as_string = True
+
+    def __init__(self, account_url: str, container_name: str, *, credential: Any = None,
+                 operation_timeout: Optional[float] = DEFAULT_OPERATION_TIMEOUT, **kwargs: Any) -> None:
+        super().__init__(account_url, container_name, credential=credential, operation_timeout=operation_timeout,
+                         client_options=kwargs)
+
+    def _backend_for(self, credential: Any, options: Dict[str, Any]) -> BlobRecords:
         retry_total = options.pop("retry_total", RETRY_TOTAL)
         options.setdefault(
             # The SDK annotates these as int but computes with floats; sub-second values work.
             "retry_policy", LinearRetry(backoff=RETRY_BACKOFF, random_jitter_range=RETRY_BACKOFF / 2,  # type: ignore[arg-type]
                                         retry_total=retry_total)
         )
-        self._container = ContainerClient(self._account_url, self._container_name, credential=resolved, **options)
-        self._ready = False
-        self._ready_lock = asyncio.Lock()
-        self._closed = False
-        self._checkpoint_etags: Dict[Tuple[str, str, str, str, str], str] = {}
-        self._warn = WarnOnce(logger)
-        self.request_counts: Counter = Counter()
-        """Requests sent, by kind (listing pages count one each)."""
-
-    @classmethod
-    def from_connection_string(cls, conn_str: str, container_name: str, **kwargs: Any) -> "BlobCheckpointStore":
-        """Create a store from an Azure Storage connection string.
-
-        ``UseDevelopmentStorage=true`` means Azurite on its default ports. A malformed
-        string raises ``ConfigurationError`` naming the part that is wrong, never its
-        value.
-
-        Example::
-
-            store = BlobCheckpointStore.from_connection_string(
-                "UseDevelopmentStorage=true", "checkpoints")
-        """
-        account = parse_connection_string(conn_str, "blob")
-        return cls(account.endpoint, container_name, credential=account.credential, **kwargs)
-
-    def __repr__(self) -> str:
-        return (
-            f"BlobCheckpointStore(account={self._account_name!r}, endpoint={safe_url(self._account_url)!r}, "
-            f"container={self._container_name!r})"
-        )
+        container = ContainerClient(self._account_url, self._home_name, credential=credential, **options)
+        return BlobRecords("container", self._home_name, container, self._account_name)
 
     @property
     def container_name(self) -> str:
-        return self._container_name
-
-    async def __aenter__(self) -> "BlobCheckpointStore":
-        await self._container.__aenter__()
-        return self
-
-    async def close(self) -> None:
-        if self._closed:
-            return
-        self._closed = True
-        await self._container.close()
-
-    # ------------------------------------------------------------------ plumbing
-
-    async def _ensure_container(self) -> None:
-        if self._ready:
-            return
-        async with self._ready_lock:
-            if self._ready:
-                return
-            try:
-                self.request_counts["container_exists"] += 1
-                exists = await self._container.exists()
-                if not exists:
-                    try:
-                        self.request_counts["create_container"] += 1
-                        await self._container.create_container()
-                        logger.info("created blob container %s in account %s for checkpoints",
-                                    self._container_name, self._account_name)
-                    except ResourceExistsError:
-                        pass  # created by another processor meanwhile
-            except AzureError as error:
-                if getattr(error, "status_code", None) != 403:
-                    raise CheckpointStoreError(
-                        f"cannot use blob container {self._container_name}: {describe_error(error)}"
-                    ) from error
-                # A SAS scoped to the container may list and write blobs but not read
-                # the container's properties; the first real request tells if it is missing.
-                logger.debug("no permission to check container %s; assuming it exists", self._container_name)
-            self._ready = True
-
-    def _forget_container_if_gone(self, error: BaseException) -> None:
-        code = getattr(error, "error_code", None)
-        if str(getattr(code, "value", code)) == "ContainerNotFound":
-            self._ready = False
-
-    async def _list(self, prefix: str, clock: Optional[ServerClock] = None) -> List[Any]:
-        await self._ensure_container()
-        clock = clock or ServerClock()
-
-        def hook(response: Any) -> None:
-            self.request_counts["list"] += 1
-            clock.hook(response)
-
-        try:
-            return [blob async for blob in self._container.list_blobs(
-                name_starts_with=prefix, include=["metadata"], raw_response_hook=hook)]
-        except AzureError as error:
-            self._forget_container_if_gone(error)
-            raise CheckpointStoreError(
-                f"listing {prefix!r} in container {self._container_name} failed: {describe_error(error)}"
-            ) from error
-
-    def _partition_of(self, name: str, prefix: str) -> Optional[str]:
-        rest = name[len(prefix):]
-        if not rest or "/" in rest:
-            return None
-        return rest
-
-    # ------------------------------------------------------------------ ownership
-
-    async def list_ownership(
-        self, fully_qualified_namespace: str, eventhub_name: str, consumer_group: str
-    ) -> OwnershipListing:
-        """All ownership records of the consumer group and the service's current time.
-
-        Example::
-
-            listing = await store.list_ownership("ns.servicebus.windows.net", "hub", "$default")
-            ages = {o.partition_id: listing.server_time - o.last_modified_time
-                    for o in listing.ownerships}
-        """
-        scope = _scope_parts(fully_qualified_namespace, eventhub_name, consumer_group)
-        prefix = _prefix(scope, "ownership")
-        clock = ServerClock()
-        blobs = await self._list(prefix, clock)
-        records: List[Ownership] = []
-        for blob in blobs:
-            record = self._ownership_from_blob(blob, prefix, scope)
-            if record is not None:
-                records.append(record)
-        if clock.latest is None:
-            raise CheckpointStoreError(
-                f"listing ownership in container {self._container_name} returned no Date header"
-            )
-        return OwnershipListing(ownerships=tuple(records), server_time=clock.latest)
-
-    def _ownership_from_blob(self, blob: Any, prefix: str, scope: _Scope) -> Optional[Ownership]:
-        partition_id = self._partition_of(blob.name, prefix)
-        key = (blob.name, blob.etag)
-        if partition_id is None:
-            self._warn(key, "skipping foreign blob %r in container %s: not an ownership record",
-                       blob.name, self._container_name)
-            return None
-        metadata = _lower_keys(blob.metadata)
-        if "ownerid" not in metadata:
-            self._warn(key, "skipping ownership blob %r in container %s: no ownerid metadata",
-                       blob.name, self._container_name)
-            return None
-        # A listing returns an empty value (a released record) as None.
-        owner_id = metadata["ownerid"] or ""
-        epoch = parse_int(metadata.get("epoch", "0"))
-        if epoch is None or epoch < 0:
-            self._warn(key, "skipping ownership blob %r in container %s: epoch is not a non-negative integer",
-                       blob.name, self._container_name)
-            return None
-        return Ownership(
-            fully_qualified_namespace=scope[0],
-            eventhub_name=scope[1],
-            consumer_group=scope[2],
-            partition_id=partition_id,
-            owner_id=owner_id,
-            last_modified_time=blob.last_modified,
-            etag=_quoted(blob.etag),
-            epoch=epoch,
-        )
-
-    async def claim_ownership(self, ownerships: Iterable[Ownership]) -> List[Ownership]:
-        """Conditionally write each claim, concurrently; return the ones won.
-
-        Example::
-
-            won = await store.claim_ownership([replace(record, owner_id=me, epoch=record.epoch + 1)])
-        """
-        claims = list(ownerships)
-        if not claims:
-            return []
-        names = [self._check_claim(claim) for claim in claims]
-        await self._ensure_container()
-        return await claim_concurrently(claims, names, self._claim_one, f"container {self._container_name}")
-
-    @staticmethod
-    def _check_claim(claim: Ownership) -> str:
-        check_claim(claim)
-        scope = _scope_parts(claim.fully_qualified_namespace, claim.eventhub_name, claim.consumer_group)
-        return _blob_name(scope, "ownership", claim.partition_id)
-
-    async def _claim_one(self, claim: Ownership, name: str) -> Optional[Ownership]:
-        blob = self._container.get_blob_client(name)
-        metadata = {"ownerid": claim.owner_id, "epoch": str(claim.epoch)}
-
-        async def write() -> Tuple[Optional[str], Any]:
-            if claim.etag is None:
-                self.request_counts["create_ownership"] += 1
-                props = await blob.upload_blob(_EMPTY, overwrite=True, if_none_match="*", metadata=metadata)
-            else:
-                self.request_counts["update_ownership"] += 1
-                props = await blob.set_blob_metadata(
-                    metadata, etag=claim.etag, match_condition=MatchConditions.IfNotModified)
-            return _quoted(props["etag"]), props["last_modified"]
-
-        return await claim_conditionally(claim, write, self._forget_container_if_gone, logger)
-
-    # ----------------------------------------------------------------- checkpoints
-
-    async def update_checkpoint(self, checkpoint: Checkpoint, *, owner_id: str, epoch: int) -> None:
-        """Write ``checkpoint`` if ``(owner_id, epoch)`` still owns the partition.
-
-        See the module docstring for the mechanism and its cost. Raises
-        ``OwnershipLostError`` (checkpoint not written) when the partition was taken.
-
-        Example::
-
-            await store.update_checkpoint(
-                Checkpoint("ns", "hub", "$default", "0", sequence_number=41, offset="8192"),
-                owner_id=me, epoch=3)
-        """
-        check_checkpoint(checkpoint, owner_id, epoch)
-        scope = _scope_parts(checkpoint.fully_qualified_namespace, checkpoint.eventhub_name, checkpoint.consumer_group)
-        ownership_blob = self._container.get_blob_client(_blob_name(scope, "ownership", checkpoint.partition_id))
-        checkpoint_blob = self._container.get_blob_client(_blob_name(scope, "checkpoint", checkpoint.partition_id))
-        cache_key = (*scope, checkpoint.partition_id, owner_id)
-        metadata = {
-            "sequencenumber": str(checkpoint.sequence_number),
-            "offset": NO_OFFSET if checkpoint.offset is None else str(checkpoint.offset),
-            "ownerid": owner_id,
-            "epoch": str(epoch),
-        }
-
-        async def write(etag: Optional[str]) -> str:
-            if etag is None:
-                self.request_counts["create_checkpoint"] += 1
-                props = await checkpoint_blob.upload_blob(
-                    _EMPTY, overwrite=True, if_none_match="*", metadata=metadata)
-            else:
-                self.request_counts["update_checkpoint"] += 1
-                props = await checkpoint_blob.set_blob_metadata(
-                    metadata, etag=etag, match_condition=MatchConditions.IfNotModified)
-            return str(_quoted(props["etag"]))
-
-        await self._ensure_container()
-        await write_fenced(
-            checkpoint, owner_id, epoch,
-            verify_owner=lambda: self._verify_owner(ownership_blob, checkpoint, owner_id, epoch),
-            read_etag=lambda: self._read_checkpoint_etag(checkpoint_blob, checkpoint, owner_id, epoch),
-            write=write, etags=self._checkpoint_etags, cache_key=cache_key, log=logger,
-        )
-
-    async def _verify_owner(self, blob: Any, checkpoint: Checkpoint, owner_id: str, epoch: int) -> None:
-        self.request_counts["read_ownership"] += 1
-        props = await read_ownership_record(
-            checkpoint, owner_id, epoch, blob.get_blob_properties, self._forget_container_if_gone)
-        metadata = _lower_keys(props.metadata)
-        stored = metadata.get("epoch", "0")
-        require_owner(checkpoint, owner_id, epoch, metadata.get("ownerid"), parse_int(stored), stored)
-
-    async def _read_checkpoint_etag(
-        self, blob: Any, checkpoint: Checkpoint, owner_id: str, epoch: int
-    ) -> Optional[str]:
-        """The stored checkpoint's etag (None when absent); refuses a later owner's checkpoint."""
-        self.request_counts["read_checkpoint"] += 1
-        props = await read_checkpoint_record(checkpoint, blob.get_blob_properties)
-        if props is None:
-            return None
-        refuse_later_epoch(checkpoint, owner_id, epoch, parse_int(_lower_keys(props.metadata).get("epoch")))
-        return _quoted(props.etag)
-
-    async def list_checkpoints(
-        self, fully_qualified_namespace: str, eventhub_name: str, consumer_group: str
-    ) -> List[Checkpoint]:
-        """All checkpoints of the consumer group; bad records are skipped with a warning.
-
-        Example::
-
-            positions = {c.partition_id: c.sequence_number
-                         for c in await store.list_checkpoints("ns", "hub", "$default")}
-        """
-        scope = _scope_parts(fully_qualified_namespace, eventhub_name, consumer_group)
-        prefix = _prefix(scope, "checkpoint")
-        result: List[Checkpoint] = []
-        for blob in await self._list(prefix):
-            record = self._checkpoint_from_blob(blob, prefix, scope)
-            if record is not None:
-                result.append(record)
-        return result
-
-    def _checkpoint_from_blob(self, blob: Any, prefix: str, scope: _Scope) -> Optional[Checkpoint]:
-        partition_id = self._partition_of(blob.name, prefix)
-        key = (blob.name, blob.etag)
-        if partition_id is None:
-            self._warn(key, "skipping foreign blob %r in container %s: not a checkpoint record",
-                       blob.name, self._container_name)
-            return None
-        metadata = _lower_keys(blob.metadata)
-        if "sequencenumber" not in metadata:
-            self._warn(key, "skipping checkpoint blob %r in container %s: no sequencenumber metadata",
-                       blob.name, self._container_name)
-            return None
-        sequence_number = parse_int(metadata["sequencenumber"])
-        if sequence_number is None:
-            self._warn(key, "skipping checkpoint blob %r in container %s: sequencenumber is not an integer",
-                       blob.name, self._container_name)
-            return None
-        epoch: Optional[int] = None
-        if "epoch" in metadata:
-            epoch = parse_int(metadata["epoch"])
-            if epoch is None or epoch < 0:
-                self._warn(key, "skipping checkpoint blob %r in container %s: epoch is not a non-negative integer",
-                           blob.name, self._container_name)
-                return None
-        offset = metadata.get("offset")
-        return Checkpoint(
-            fully_qualified_namespace=scope[0],
-            eventhub_name=scope[1],
-            consumer_group=scope[2],
-            partition_id=partition_id,
-            sequence_number=sequence_number,
-            offset=offset if offset and offset != NO_OFFSET else None,
-            owner_id=metadata.get("ownerid") or None,
-            epoch=epoch,
-        )
+        return self._home_name

@@ -1,72 +1,119 @@
-"""An in-process checkpoint store with the semantics of the real ones.
+"""An in-process checkpoint store that runs the real protocol.
 
-Used by unit tests, the demo and the benchmarks' simulator. It keeps the contract
-exactly: records are immutable and re-created on every write, each write gets a new
-random etag, a claim with ``etag=None`` fails if the record exists, a stale etag
-fails, checkpoints are fenced (never over a checkpoint of a later epoch), malformed
-records are refused on write and skipped with a warning on listing (nothing in this
-process should produce them, but the conformance suite plants some to prove the
-listing survives them), and time comes from an injectable clock.
+``InMemoryCheckpointStore`` is :class:`~stores._protocol.ProtocolStore` (the claim,
+fence, checkpoint, member and log-entry protocol the Blob and Table stores run) over
+:class:`InMemoryRecords`, a backend with the service's semantics: every write gets a
+new random etag and the injected clock's time, create-if-absent fails on an existing
+record, a stale etag fails, records are copied in and out. Used by unit tests, the demo
+and the benchmarks' simulator; its calls never suspend, so a simulator can drive them
+without an event loop.
 """
 from __future__ import annotations
 
-import logging
 import uuid
-from collections import Counter
 from dataclasses import replace
 from datetime import datetime, timezone
-from typing import Callable, Dict, Iterable, List, Optional, Tuple
+from typing import Any, Callable, Dict, Mapping, Optional, Tuple
 
-from eventprocessor.checkpoint_store import CheckpointStore
-from eventprocessor.errors import ConfigurationError, OwnershipLostError
-from eventprocessor.records import Checkpoint, Ownership, OwnershipListing
+from ._protocol import (MEMBER, OWNERSHIP, EtagMismatch, Fields, Kind, ProtocolStore, RecordBackend, RecordExists,
+                        RecordListing, RecordMissing, Scope, StoredRecord)
 
-__all__ = ["InMemoryCheckpointStore"]
-
-logger = logging.getLogger(__name__)
-
-_Scope = Tuple[str, str, str]
+__all__ = ["InMemoryCheckpointStore", "InMemoryRecords"]
 
 
 def _utcnow() -> datetime:
     return datetime.now(timezone.utc)
 
 
-def _new_etag() -> str:
-    return f'"{uuid.uuid4().hex}"'
+class InMemoryRecords(RecordBackend):
+    """Records in dicts, with the semantics of a storage service (see module docstring).
+
+    Keys containing ``/`` (planted by tests) list as foreign objects, as blobs at deeper
+    paths do.
+    """
+
+    where = "the in-memory store"
+    sequential = True
+
+    def __init__(self, clock: Callable[[], datetime]) -> None:
+        super().__init__()
+        self._clock = clock
+        self._tables: Dict[Tuple[Kind, Scope], Dict[str, StoredRecord]] = {}
+
+    def _table(self, kind: Kind, scope: Scope) -> Dict[str, StoredRecord]:
+        return self._tables.setdefault((kind, scope), {})
+
+    def _store(self, kind: Kind, scope: Scope, key: str, fields: Mapping[str, Any], data: bytes) -> StoredRecord:
+        record = StoredRecord(key=key, etag=f'"{uuid.uuid4().hex}"', last_modified=self._clock(), fields=dict(fields),
+                              name=f"{kind.name} record {key!r}", data=bytes(data))
+        self._table(kind, scope)[key] = record
+        return replace(record, fields=dict(record.fields))
+
+    def _count(self, operation: str, kind: Kind) -> None:
+        self.request_counts[f"{operation}_{kind.name}"] += 1
+
+    async def read(self, kind: Kind, scope: Scope, key: str, *, with_data: bool = False) -> Optional[StoredRecord]:
+        self._count("read", kind)
+        record = self._table(kind, scope).get(key)
+        if record is None:
+            return None
+        return replace(record, fields=dict(record.fields), data=record.data if with_data else b"")
+
+    async def create(self, kind: Kind, scope: Scope, key: str, fields: Fields, data: bytes = b"") -> StoredRecord:
+        self._count("create", kind)
+        if key in self._table(kind, scope):
+            raise RecordExists(f"{kind.name} record {key!r} exists")
+        return self._store(kind, scope, key, fields, data)
+
+    async def replace(self, kind: Kind, scope: Scope, key: str, fields: Fields, etag: str) -> StoredRecord:
+        self._count("replace", kind)
+        current = self._table(kind, scope).get(key)
+        if current is None:
+            raise RecordMissing(f"{kind.name} record {key!r} does not exist")
+        if current.etag != etag:
+            raise EtagMismatch(f"{kind.name} record {key!r} changed")
+        return self._store(kind, scope, key, fields, current.data)
+
+    async def upsert(self, kind: Kind, scope: Scope, key: str, fields: Fields) -> StoredRecord:
+        self._count("upsert", kind)
+        return self._store(kind, scope, key, fields, b"")
+
+    async def delete(self, kind: Kind, scope: Scope, key: str) -> None:
+        self._count("delete", kind)
+        self._table(kind, scope).pop(key, None)
+
+    async def list(self, kind: Kind, scope: Scope, prefix: str = "") -> RecordListing:
+        self._count("list", kind)
+        return self._listing(kind, scope, prefix)
+
+    async def list_ownership_and_members(self, scope: Scope) -> Tuple[RecordListing, RecordListing]:
+        """One request, as the Blob and Table backends make it."""
+        self._count("list", OWNERSHIP)
+        return self._listing(OWNERSHIP, scope, ""), self._listing(MEMBER, scope, "")
+
+    def _listing(self, kind: Kind, scope: Scope, prefix: str) -> RecordListing:
+        listing = RecordListing(records=[], server_time=self._clock())
+        for key, record in self._table(kind, scope).items():
+            if not key.startswith(prefix):
+                continue
+            if "/" in key:
+                listing.foreign.append((record.name, record.etag))
+            else:
+                listing.records.append(replace(record, fields=dict(record.fields), data=b""))
+        return listing
+
+    def plant(self, kind: Kind, scope: Scope, key: str, fields: Mapping[str, Any], data: bytes = b"") -> None:
+        """Write a raw record unconditionally and unchecked, as a foreign program or a
+        corruption would (for tests)."""
+        self._store(kind, scope, key, fields, data)
 
 
-def _is_count(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
-
-
-def _ownership_problem(record: object) -> Optional[str]:
-    if not isinstance(record, Ownership):
-        return f"not an Ownership record ({type(record).__name__})"
-    if not isinstance(record.owner_id, str):
-        return "owner_id is not a string"
-    if not _is_count(record.epoch):
-        return "epoch is not a non-negative integer"
-    return None
-
-
-def _checkpoint_problem(record: object) -> Optional[str]:
-    if not isinstance(record, Checkpoint):
-        return f"not a Checkpoint record ({type(record).__name__})"
-    seq = record.sequence_number
-    if not isinstance(seq, int) or isinstance(seq, bool):
-        return "sequence_number is not an integer"
-    if record.epoch is not None and not _is_count(record.epoch):
-        return "epoch is not a non-negative integer"
-    return None
-
-
-class InMemoryCheckpointStore(CheckpointStore):
-    """Checkpoint store held in this process.
+class InMemoryCheckpointStore(ProtocolStore):
+    """Checkpoint store held in this process, running the real store protocol.
 
     ``clock`` returns the store's "server" time as an aware datetime; inject one to
-    simulate time or clock skew. ``request_counts`` counts requests by kind the way a
-    remote store would bill them (one per record written, one per listing).
+    simulate time or clock skew. ``request_counts`` counts requests by kind, one per
+    record read, written or listed, the way a remote store would bill them.
 
     Example::
 
@@ -74,97 +121,45 @@ class InMemoryCheckpointStore(CheckpointStore):
         processor = EventProcessor(source, store, MyProcessor)
     """
 
-    def __init__(self, *, clock: Optional[Callable[[], datetime]] = None) -> None:
+    def __init__(self, *, clock: Optional[Callable[[], datetime]] = None,
+                 _records: Optional[InMemoryRecords] = None) -> None:
         self._clock = clock or _utcnow
-        self._ownership: Dict[_Scope, Dict[str, Ownership]] = {}
-        self._checkpoints: Dict[_Scope, Dict[str, Tuple[Checkpoint, str]]] = {}
-        self.request_counts: Counter = Counter()
-        self._warned: set = set()
+        self._records = _records or InMemoryRecords(self._clock)
+        super().__init__(self._records, operation_timeout=None)
+
+    def new_client(self) -> "InMemoryCheckpointStore":
+        """Another client of the same records, with its own fence cache, as a second
+        process would have (``request_counts`` are shared: they count the "service").
+
+        Example::
+
+            store = InMemoryCheckpointStore()
+            processors = [EventProcessor(source, store.new_client(), MyProcessor) for _ in range(4)]
+        """
+        return InMemoryCheckpointStore(clock=self._clock, _records=self._records)
 
     def __repr__(self) -> str:
-        return f"InMemoryCheckpointStore(scopes={len(self._ownership)})"
+        return "InMemoryCheckpointStore()"
 
     def now(self) -> datetime:
+        """The store's clock."""
         return self._clock()
 
-    async def list_ownership(
-        self, fully_qualified_namespace: str, eventhub_name: str, consumer_group: str
-    ) -> OwnershipListing:
-        self.request_counts["list_ownership"] += 1
+    def wipe(self) -> None:
+        """Drop every record of every client of this storage, as a storage account
+        restored empty or an emulator restarted without persistence would; for tests
+        of store data loss."""
+        self._records._tables.clear()
+
+    def plant_record(self, kind: str, fully_qualified_namespace: str, eventhub_name: str, consumer_group: str,
+                     key: str, fields: Mapping[str, Any]) -> None:
+        """Write a raw ``ownership``/``checkpoint``/``member`` record behind the protocol's
+        back, as corruption or a foreign program would; for tests of bad records.
+        ``key`` is the partition id (the encoded owner id for members).
+
+        Example::
+
+            store.plant_record("ownership", "ns", "hub", "$default", "7", {"epoch": "1"})  # no ownerid
+        """
         scope = (fully_qualified_namespace, eventhub_name, consumer_group)
-        records = self._ownership.get(scope, {})
-        valid = tuple(r for pid, r in records.items() if self._usable("ownership", scope, pid, r, _ownership_problem))
-        return OwnershipListing(ownerships=valid, server_time=self._clock())
-
-    def _usable(self, kind: str, scope: _Scope, pid: str, record: object, check: Callable[[object], Optional[str]]) -> bool:
-        problem = check(record)
-        if problem is None:
-            return True
-        key = (kind, scope, pid, id(record))
-        log = logger.debug if key in self._warned else logger.warning
-        self._warned.add(key)
-        log("skipping %s record of partition %s (namespace %s, hub %s, consumer group %s): %s",
-            kind, pid, scope[0], scope[1], scope[2], problem)
-        return False
-
-    async def claim_ownership(self, ownerships: Iterable[Ownership]) -> List[Ownership]:
-        claims = list(ownerships)
-        for claim in claims:
-            problem = _ownership_problem(claim)
-            if problem is not None:
-                raise ConfigurationError(f"invalid claim: {problem}")
-        won: List[Ownership] = []
-        for claim in claims:
-            self.request_counts["claim_ownership"] += 1
-            scope = (claim.fully_qualified_namespace, claim.eventhub_name, claim.consumer_group)
-            records = self._ownership.setdefault(scope, {})
-            current = records.get(claim.partition_id)
-            if claim.etag is None:
-                if current is not None:
-                    logger.debug("create of partition %s lost: record exists", claim.partition_id)
-                    continue
-            elif current is None or current.etag != claim.etag:
-                logger.debug("claim of partition %s lost: etag is stale", claim.partition_id)
-                continue
-            record = replace(claim, etag=_new_etag(), last_modified_time=self._clock())
-            records[claim.partition_id] = record
-            won.append(record)
-        return won
-
-    async def update_checkpoint(self, checkpoint: Checkpoint, *, owner_id: str, epoch: int) -> None:
-        problem = _checkpoint_problem(checkpoint)
-        if problem is not None:
-            raise ConfigurationError(f"invalid checkpoint: {problem}")
-        if not isinstance(owner_id, str) or not owner_id:
-            raise ConfigurationError("owner_id must be a non-empty string")
-        if not _is_count(epoch):
-            raise ConfigurationError("epoch must be a non-negative int")
-        self.request_counts["update_checkpoint"] += 1
-        scope = (checkpoint.fully_qualified_namespace, checkpoint.eventhub_name, checkpoint.consumer_group)
-        current = self._ownership.get(scope, {}).get(checkpoint.partition_id)
-        if current is None or current.owner_id != owner_id or current.epoch != epoch:
-            holder = "nobody" if current is None or current.is_released else current.owner_id
-            raise OwnershipLostError(
-                f"checkpoint of partition {checkpoint.partition_id} refused: {owner_id} (epoch {epoch}) "
-                f"does not own it, {holder} does"
-                + ("" if current is None else f" (epoch {current.epoch})"),
-                partition_id=checkpoint.partition_id,
-            )
-        previous = self._checkpoints.get(scope, {}).get(checkpoint.partition_id)
-        previous_epoch = getattr(previous[0], "epoch", None) if previous is not None else None
-        if isinstance(previous_epoch, int) and _is_count(previous_epoch) and previous_epoch > epoch:
-            raise OwnershipLostError(
-                f"checkpoint of partition {checkpoint.partition_id} refused: it was written by epoch "
-                f"{previous_epoch}, later than {owner_id}'s epoch {epoch}",
-                partition_id=checkpoint.partition_id,
-            )
-        stored = replace(checkpoint, owner_id=owner_id, epoch=epoch)
-        self._checkpoints.setdefault(scope, {})[checkpoint.partition_id] = (stored, _new_etag())
-
-    async def list_checkpoints(
-        self, fully_qualified_namespace: str, eventhub_name: str, consumer_group: str
-    ) -> List[Checkpoint]:
-        self.request_counts["list_checkpoints"] += 1
-        scope = (fully_qualified_namespace, eventhub_name, consumer_group)
-        records = self._checkpoints.get(scope, {})
-        return [c for pid, (c, _etag) in records.items() if self._usable("checkpoint", scope, pid, c, _checkpoint_problem)]
+        self._records.plant(Kind(kind), scope, key, fields)

@@ -4,15 +4,17 @@ switch SDKs in either direction and resume from the same checkpoints."""
 from __future__ import annotations
 
 import asyncio
+import types
 import uuid
 from dataclasses import replace
 from typing import Any, AsyncIterator, Dict, List, Tuple
 
 import pytest
+from azure.storage.blob.aio import ContainerClient
 
 from eventprocessor import EventProcessor, LoadBalancingStrategy, PartitionProcessor
 from eventprocessor.errors import OwnershipLostError
-from eventprocessor.records import Checkpoint, Ownership
+from eventprocessor.records import Checkpoint, Member, Ownership
 from eventprocessor.sources import MemoryEventSource
 from stores import BlobCheckpointStore
 
@@ -36,8 +38,9 @@ async def stores(azurite: Any) -> AsyncIterator[Tuple[BlobCheckpointStore, Any, 
     try:
         yield ours, official, consumer_group
     finally:
-        await ours._container.delete_container()
         await ours.close()
+        async with ContainerClient.from_connection_string(azurite.connection_string, container) as raw:
+            await raw.delete_container()
         await official.close()
 
 
@@ -83,7 +86,7 @@ async def test_records_written_by_the_official_store_are_read_by_ours(stores: An
     assert taken.epoch == 1
 
 
-async def test_records_written_by_ours_are_read_by_the_official_store(stores: Any) -> None:
+async def test_records_written_by_ours_are_read_by_the_official_store(stores: Any, azurite: Any) -> None:
     ours, official, cg = stores
     won = await ours.claim_ownership([Ownership(NS, HUB, cg, str(p), f"owner-{p % 2}", epoch=p + 1) for p in range(4)])
     for record in won:
@@ -107,11 +110,64 @@ async def test_records_written_by_ours_are_read_by_the_official_store(stores: An
     }
     assert (await ours.list_checkpoints(NS, HUB, cg))[3].offset is None
 
-    # The official store can take a partition back with the etag it lists.
+    # The official store can take a partition back with the etag it lists. It does not
+    # fence (its claims leave the checkpoint record alone), so our old owner's client,
+    # holding the etag of its own last checkpoint, is stopped by the official
+    # processor's first checkpoint, not by its claim; a client that verifies ownership
+    # is refused at once.
     renewed = await official.claim_ownership([_official_ownership(cg, "2", "legacy", listed["2"]["etag"])])
     assert [o["owner_id"] for o in renewed] == ["legacy"]
-    with pytest.raises(OwnershipLostError):  # and our old owner is fenced out
+    async with BlobCheckpointStore.from_connection_string(azurite.connection_string, ours.container_name) as fresh:
+        with pytest.raises(OwnershipLostError):
+            await fresh.update_checkpoint(Checkpoint(NS, HUB, cg, "2", 99, "1"), owner_id="owner-0", epoch=3)
+    await official.update_checkpoint(_official_checkpoint(cg, "2", 50, "5000"))
+    with pytest.raises(OwnershipLostError):
         await ours.update_checkpoint(Checkpoint(NS, HUB, cg, "2", 99, "1"), owner_id="owner-0", epoch=3)
+    assert {c["partition_id"]: c["sequence_number"] for c in await official.list_checkpoints(NS, HUB, cg)}["2"] == 50
+
+
+async def test_the_official_sdk_still_works_beside_our_new_records(stores: Any) -> None:
+    """Fenced placeholders, a handoff request, a release, members, log entries and write
+    tokens in the container: the official store still lists every ownership and
+    checkpoint record, and the official load balancer still claims over ours (it just
+    cannot hand off)."""
+    from azure.eventhub import LoadBalancingStrategy as OfficialStrategy
+    from azure.eventhub.aio._eventprocessor._ownership_manager import OwnershipManager
+
+    ours, official, cg = stores
+    won = await ours.claim_ownership([Ownership(NS, HUB, cg, str(p), "ours", epoch=1) for p in range(4)])
+    for record in won:
+        await ours.fence_checkpoint(record)
+    await ours.update_checkpoint(Checkpoint(NS, HUB, cg, "0", 10, "1000"), owner_id="ours", epoch=1)
+    listed = {o.partition_id: o for o in (await ours.list_ownership(NS, HUB, cg)).ownerships}
+    assert await ours.claim_ownership([replace(listed["1"], requested_by="other")])
+    assert await ours.release_ownership(listed["3"])
+    await ours.write_member(Member(NS, HUB, cg, "ours", properties={"handoff": "yes"}))
+    assert await ours.create_entry(NS, HUB, cg, "commits", "000000000000.json", b'{"type": "fence"}')
+
+    ownership = {o["partition_id"]: o["owner_id"] for o in await official.list_ownership(NS, HUB, cg)}
+    assert ownership == {"0": "ours", "1": "ours", "2": "ours", "3": None}  # as it lists its own releases
+    checkpoints = {c["partition_id"]: (c["sequence_number"], c["offset"])
+                   for c in await official.list_checkpoints(NS, HUB, cg)}
+    # Placeholders read as sequence number -1 at offset "-1": an official processor
+    # starts those partitions from the start of the stream.
+    assert checkpoints == {"0": (10, "1000"), "1": (-1, "-1"), "2": (-1, "-1"), "3": (-1, "-1")}
+
+    async def partition_ids() -> List[str]:
+        return ["0", "1", "2", "3"]
+
+    client = types.SimpleNamespace(_address=types.SimpleNamespace(hostname=NS), eventhub_name=HUB,
+                                   get_partition_ids=partition_ids)
+    manager = OwnershipManager(client, cg, "official", official, 60.0, OfficialStrategy.GREEDY, None)
+    assert "3" in await manager.claim_ownership(), "the released partition is claimed over our record"
+    manager.ownership_timeout = 0.0  # ours have all expired for it now
+    await asyncio.sleep(0.01)
+    await manager.claim_ownership()
+    after = {o.partition_id: o for o in (await ours.list_ownership(NS, HUB, cg)).ownerships}
+    assert {p: (o.owner_id, o.requested_by) for p, o in after.items()} == {p: ("official", "") for p in "0123"}
+    assert (await manager.get_checkpoints())["0"]["sequence_number"] == 10
+    assert [m.owner_id for m in (await ours.list_members(NS, HUB, cg)).members] == ["ours"]
+    assert await ours.read_entry(NS, HUB, cg, "commits", "000000000000.json") == b'{"type": "fence"}'
 
 
 class _Recorder(PartitionProcessor):

@@ -12,13 +12,16 @@ from benchmarks import store_bench
 
 
 def test_dry_run_on_the_memory_store_renders_every_column(tmp_path, capsys, monkeypatch):
-    written = {}
-    monkeypatch.setattr(store_bench, "write_section", lambda name, md: written.setdefault(name, md) and tmp_path)
+    from benchmarks import results
+
+    monkeypatch.setattr(results, "RESULTS", tmp_path / "RESULTS.md")
     code = store_bench.main(
-        ["--stores", "memory", "--partitions", "4,9", "--checkpoint-ops", "12", "--list-repeats", "3", "--rounds", "2"]
+        ["--stores", "memory", "--partitions", "4,9", "--checkpoint-ops", "12", "--list-repeats", "3", "--rounds", "2",
+         "--record"]
     )
     assert code == 0
-    table = written["store_bench"]
+    recorded = (tmp_path / "RESULTS.md").read_text()
+    table = recorded.split("<!-- BEGIN store_bench -->\n")[1].split("<!-- END store_bench -->")[0]
     assert table in capsys.readouterr().out
     rows = [line for line in table.splitlines() if line.startswith("| ours in-memory")]
     assert [row.split("|")[2].strip() for row in rows] == ["4", "9"]
@@ -48,6 +51,7 @@ async def test_official_store_costs_are_counted_at_the_transport(azurite):
     # The official store tries set_blob_metadata first (404 on a new blob), then uploads.
     assert result.create.requests_per_op == 2.0
     assert result.reclaim.requests_per_op == 1.0
+    assert result.fence is None, "the official store does not fence"
     assert result.checkpoint.requests_per_op == 1.0
     assert result.list_requests == 1.0
     assert len(result.list_ms) == 2
@@ -62,6 +66,9 @@ async def test_our_blob_store_runs_through_the_contract_adapter(azurite):
     finally:
         await adapter.close()
     assert result.create.failures == result.reclaim.failures == 0
-    # A real create-if-absent is one request; fencing costs at least one read per checkpoint.
+    # A real create-if-absent is one request; the fence three (two reads and a write), after
+    # which a fenced checkpoint is one conditional write.
     assert result.create.requests_per_op == 1.0
-    assert result.checkpoint.requests_per_op is not None and result.checkpoint.requests_per_op >= 2.0
+    assert result.fence is not None and result.fence.requests_per_op == 3.0
+    assert result.fence.methods == {"HEAD": 12, "PUT": 6}
+    assert result.checkpoint.requests_per_op == 1.0 and result.checkpoint.methods == {"PUT": 12}

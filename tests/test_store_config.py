@@ -16,7 +16,7 @@ import pytest
 from eventprocessor.errors import CheckpointStoreError, ConfigurationError, OwnershipLostError
 from eventprocessor.records import Checkpoint, Ownership
 from stores import BlobCheckpointStore, TableCheckpointStore
-from stores._azure import parse_connection_string
+from stores._account import parse_connection_string
 
 # Looks like a real key (valid base64, 64 bytes) and is easy to search for.
 FAKE_KEY = base64.b64encode(b"topsecret-key-material-" + b"k" * 41).decode()

@@ -1,8 +1,12 @@
 """One contract, three stores: the same tests against InMemory, Blob-on-Azurite and
-Table-on-Azurite (``eventprocessor/checkpoint_store.py`` states the contract).
+Table-on-Azurite (``eventprocessor/checkpoint_store.py`` states the contract,
+``stores/_protocol.py`` the protocol all three run).
 
 Every test gets a fresh container / table and a fresh consumer group. Races are real:
-on Azurite the two contenders are two store instances with their own HTTP sessions.
+the two contenders are two store clients with their own fence caches (on Azurite, with
+their own HTTP sessions). Interleavings that real time cannot force are forced
+deterministically by hooking a client's record reads (the storage itself is never
+mocked: every write goes to the real store).
 """
 from __future__ import annotations
 
@@ -12,17 +16,20 @@ import random
 import re
 import time
 import uuid
+from collections import Counter
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta, timezone
-from typing import Any, AsyncIterator, Awaitable, Callable, List, Optional, Tuple
+from typing import Any, AsyncIterator, Awaitable, Callable, Dict, List, Optional, Tuple
 
 import pytest
 
 from eventprocessor.balancer import LoadBalancingStrategy, decide
 from eventprocessor.checkpoint_store import CheckpointStore
-from eventprocessor.errors import CheckpointStoreError, OwnershipLostError
-from eventprocessor.records import Checkpoint, Ownership
+from eventprocessor.errors import (CheckpointStoreError, ClaimOwnershipError, ConfigurationError, OwnershipLostError,
+                                   StaleEpochError)
+from eventprocessor.records import MAX_ENTRY_BYTES, MAX_EPOCH, Checkpoint, Member, Ownership
 from stores import InMemoryCheckpointStore
+from stores._protocol import CHECKPOINT, EtagMismatch, Kind, RecordExists
 
 NAMESPACE = "conformance.servicebus.windows.net"
 HUB = "hub"
@@ -42,10 +49,11 @@ class SkewableServerClock:
 class Backend:
     name: str
     store: CheckpointStore
-    peer: CheckpointStore  # a second client of the same storage (the same object in memory)
+    peer: CheckpointStore  # a second client of the same storage, with its own fence cache
     consumer_group: str
-    # plants a malformed record; returns the name the store's warning must mention
-    plant: Callable[[str, str], Awaitable[str]]
+    # plants a malformed record; returns the name the store's warning must mention, or
+    # None when this store cannot hold such a record
+    plant: Callable[[str, str], Awaitable[Optional[str]]]
     server_clock: Optional[SkewableServerClock] = None
     # another client of the same storage with extra SDK options (None in memory)
     make_client: Optional[Callable[..., CheckpointStore]] = None
@@ -60,6 +68,9 @@ class Backend:
     def checkpoint(self, pid: str, seq: int) -> Checkpoint:
         return Checkpoint(NAMESPACE, HUB, self.consumer_group, pid, sequence_number=seq, offset=str(seq * 100))
 
+    def member(self, owner: str, **properties: str) -> Member:
+        return Member(NAMESPACE, HUB, self.consumer_group, owner, properties=properties)
+
     async def listing(self, store: Optional[CheckpointStore] = None):
         return await (store or self.store).list_ownership(*self.scope)
 
@@ -69,68 +80,93 @@ class Backend:
     async def checkpoints(self) -> dict:
         return {c.partition_id: c for c in await self.store.list_checkpoints(*self.scope)}
 
+    async def claim(self, store: CheckpointStore, pid: str, owner: str) -> Ownership:
+        """Claim ``pid`` for ``owner`` one epoch above whatever is there, as a processor does."""
+        current = (await self.records(store)).get(pid)
+        claim = (self.ownership(pid, owner) if current is None
+                 else replace(current, owner_id=owner, epoch=current.epoch + 1, requested_by=""))
+        [won] = await store.claim_ownership([claim])
+        return won
+
+
+def hook_reads(store: Any, kind: Kind, after_read: Callable[[Any], Awaitable[None]]) -> None:
+    """Run ``after_read(record)`` once, right after ``store``'s next real read of a
+    ``kind`` record: whatever it does happens between that read and the write that follows."""
+    backend = store._backend
+    real_read = backend.read
+    pending = [True]
+
+    async def read(kind_: Kind, *args: Any, **kwargs: Any) -> Any:
+        record = await real_read(kind_, *args, **kwargs)
+        if kind_ == kind and pending:
+            pending.clear()
+            await after_read(record)
+        return record
+
+    backend.read = read
+
 
 # ------------------------------------------------------------------ corruption planters
 
+# kind -> (record kind, fields) of a malformed record, for stores that keep fields as strings
+# (blob metadata); the Table and memory planters adapt.
+_PLANTS: Dict[str, Tuple[str, Dict[str, Any]]] = {
+    "ownership-no-owner": ("ownership", {"epoch": "1"}),
+    "ownership-bad-epoch": ("ownership", {"ownerid": "someone", "epoch": "abc"}),
+    "ownership-epoch-too-big": ("ownership", {"ownerid": "someone", "epoch": str(MAX_EPOCH)}),
+    "ownership-foreign": ("ownership", {"note": "not ours"}),
+    "checkpoint-bad-sequence": ("checkpoint", {"sequencenumber": "abc", "offset": "1"}),
+    "checkpoint-bad-epoch": ("checkpoint", {"sequencenumber": "5", "offset": "1", "epoch": "-1"}),
+    "checkpoint-sequence-too-big": ("checkpoint", {"sequencenumber": str(2**63), "offset": "1"}),
+    "foreign-checkpoint": ("checkpoint", {}),
+}
 
-def _memory_planter(store: InMemoryCheckpointStore, consumer_group: str) -> Callable[[str, str], Awaitable[str]]:
-    scope = (NAMESPACE, HUB, consumer_group)
 
-    async def plant(kind: str, pid: str) -> str:
-        # Nothing in-process writes these (claims and checkpoints are validated), so
-        # plant them behind the API, as a bug or a bad deserializer would.
-        if kind == "ownership-no-owner":
-            record: Any = Ownership(*scope, pid, owner_id=None, etag='"x"', epoch=1)  # type: ignore[arg-type]
-            store._ownership.setdefault(scope, {})[pid] = record
-        elif kind == "ownership-bad-epoch":
-            store._ownership.setdefault(scope, {})[pid] = Ownership(*scope, pid, "someone", etag='"x"', epoch="abc")  # type: ignore[arg-type]
-        elif kind == "foreign-ownership":
-            store._ownership.setdefault(scope, {})[pid] = {"ownerid": "not-a-record"}  # type: ignore[assignment]
-        elif kind == "checkpoint-bad-sequence":
-            store._checkpoints.setdefault(scope, {})[pid] = (Checkpoint(*scope, pid, "abc"), '"x"')  # type: ignore[arg-type]
-        elif kind == "checkpoint-bad-epoch":
-            store._checkpoints.setdefault(scope, {})[pid] = (Checkpoint(*scope, pid, 5, epoch=-1), '"x"')
-        elif kind == "foreign-checkpoint":
-            store._checkpoints.setdefault(scope, {})[pid] = ("garbage", '"x"')  # type: ignore[assignment]
-        else:
-            raise AssertionError(kind)
-        return f"partition {pid}"
+def _memory_planter(store: InMemoryCheckpointStore, consumer_group: str) -> Callable[[str, str], Awaitable[Optional[str]]]:
+    async def plant(kind: str, pid: str) -> Optional[str]:
+        if kind == "foreign-deeper":
+            store.plant_record("ownership", NAMESPACE, HUB, consumer_group, f"{pid}/notes.txt", {"ownerid": "x"})
+            return f"ownership record '{pid}/notes.txt'"
+        if kind == "ownership-owner-not-string":
+            store.plant_record("ownership", NAMESPACE, HUB, consumer_group, pid, {"ownerid": 42})
+            return f"ownership record '{pid}'"
+        record_kind, fields = _PLANTS[kind]
+        store.plant_record(record_kind, NAMESPACE, HUB, consumer_group, pid, fields)
+        return f"{record_kind} record '{pid}'"
 
     return plant
 
 
-def _blob_planter(container: Any, consumer_group: str) -> Callable[[str, str], Awaitable[str]]:
+def _blob_planter(container: Any, consumer_group: str) -> Callable[[str, str], Awaitable[Optional[str]]]:
     base = f"{NAMESPACE}/{HUB}/{consumer_group}".lower()
 
-    async def plant(kind: str, pid: str) -> str:
-        name, metadata, data = {
-            "ownership-no-owner": (f"{base}/ownership/{pid}", {"epoch": "1"}, b""),
-            "ownership-bad-epoch": (f"{base}/ownership/{pid}", {"ownerid": "someone", "epoch": "abc"}, b""),
-            "foreign-ownership": (f"{base}/ownership/{pid}/notes.txt", {"ownerid": "x"}, b"hello"),
-            "checkpoint-bad-sequence": (f"{base}/checkpoint/{pid}", {"sequencenumber": "abc", "offset": "1"}, b""),
-            "checkpoint-bad-epoch": (f"{base}/checkpoint/{pid}",
-                                     {"sequencenumber": "5", "offset": "1", "epoch": "-1"}, b""),
-            "foreign-checkpoint": (f"{base}/checkpoint/{pid}", {}, b"not a checkpoint"),
-        }[kind]
+    async def plant(kind: str, pid: str) -> Optional[str]:
+        if kind == "ownership-owner-not-string":
+            return None  # blob metadata is always text
+        if kind == "foreign-deeper":
+            name, metadata, data = f"{base}/ownership/{pid}/notes.txt", {"ownerid": "x"}, b"hello"
+        else:
+            record_kind, metadata = _PLANTS[kind]
+            name, data = f"{base}/{record_kind}/{pid}", (b"" if metadata else b"not a record")
         await container.get_blob_client(name).upload_blob(data, overwrite=True, metadata=metadata)
         return name
 
     return plant
 
 
-def _table_planter(table: Any, consumer_group: str) -> Callable[[str, str], Awaitable[str]]:
+def _table_planter(table: Any, consumer_group: str) -> Callable[[str, str], Awaitable[Optional[str]]]:
     prefix = f"{NAMESPACE} {HUB} {consumer_group}"
 
-    async def plant(kind: str, pid: str) -> str:
-        pk_kind, fields = {
-            "ownership-no-owner": ("Ownership", {"epoch": 1}),
-            "ownership-bad-epoch": ("Ownership", {"ownerid": "someone", "epoch": "abc"}),
-            "foreign-ownership": ("Ownership", {"ownerid": 42}),
-            "checkpoint-bad-sequence": ("Checkpoint", {"sequencenumber": "abc", "offset": "1"}),
-            "checkpoint-bad-epoch": ("Checkpoint", {"sequencenumber": "5", "offset": "1", "epoch": -1}),
-            "foreign-checkpoint": ("Checkpoint", {"note": "not a checkpoint"}),
-        }[kind]
-        await table.upsert_entity({"PartitionKey": f"{prefix} {pk_kind}", "RowKey": pid, **fields})
+    async def plant(kind: str, pid: str) -> Optional[str]:
+        if kind == "foreign-deeper":
+            return None  # a table has no deeper paths
+        if kind == "ownership-owner-not-string":
+            record_kind, fields = "ownership", {"ownerid": 42}
+        else:
+            record_kind, fields = _PLANTS[kind]
+        if record_kind == "checkpoint" and "epoch" in fields:
+            fields = dict(fields, epoch=int(fields["epoch"]))  # the Table store writes Int64 epochs
+        await table.upsert_entity({"PartitionKey": f"{prefix} {record_kind.capitalize()}", "RowKey": pid, **fields})
         return f"RowKey={pid!r}"
 
     return plant
@@ -145,7 +181,8 @@ async def backend(request: pytest.FixtureRequest) -> AsyncIterator[Backend]:
     if request.param == "memory":
         clock = SkewableServerClock()
         store = InMemoryCheckpointStore(clock=clock)
-        yield Backend("memory", store, store, consumer_group, _memory_planter(store, consumer_group), clock)
+        yield Backend("memory", store, store.new_client(), consumer_group, _memory_planter(store, consumer_group),
+                      clock)
         return
 
     azurite = request.getfixturevalue("azurite")
@@ -273,129 +310,205 @@ async def test_release_then_claim_by_another_owner(backend: Backend) -> None:
 # ----------------------------------------------------------------------- checkpoints
 
 
-async def _steal(backend: Backend, pid: str = "0") -> Tuple[Ownership, Ownership]:
-    [old] = await backend.store.claim_ownership([backend.ownership(pid, "old", epoch=1)])
-    await backend.store.update_checkpoint(backend.checkpoint(pid, 10), owner_id="old", epoch=1)
-    listed = (await backend.records(backend.peer))[pid]
-    [new] = await backend.peer.claim_ownership([replace(listed, owner_id="new", epoch=listed.epoch + 1)])
-    return old, new
+async def _fenced_owner(backend: Backend, pid: str = "0", seq: Optional[int] = 10) -> Ownership:
+    """"old" claims ``pid`` on ``backend.store``, fences it and checkpoints ``seq``."""
+    old = await backend.claim(backend.store, pid, "old")
+    assert await backend.store.fence_checkpoint(old) is None
+    if seq is not None:
+        await backend.store.update_checkpoint(backend.checkpoint(pid, seq), owner_id="old", epoch=old.epoch)
+    return old
 
 
-async def test_fenced_checkpoint_after_steal_new_owner_wrote_first(backend: Backend) -> None:
-    _old, new = await _steal(backend)
-    await backend.peer.update_checkpoint(backend.checkpoint("0", 20), owner_id="new", epoch=new.epoch)
+async def test_fence_returns_the_position_to_resume_from_and_hides_placeholders(backend: Backend) -> None:
+    old = await _fenced_owner(backend, "0", seq=10)
+    await _fenced_owner(backend, "1", seq=None)  # fenced, never checkpointed: a placeholder
+    assert set(await backend.checkpoints()) == {"0"}, "a placeholder is not a checkpoint"
+
+    new = await backend.claim(backend.peer, "0", "new")
+    resume = await backend.peer.fence_checkpoint(new)
+    assert resume is not None
+    assert (resume.sequence_number, resume.offset, resume.owner_id, resume.epoch) == (10, "1000", "old", old.epoch)
+    stored = (await backend.checkpoints())["0"]
+    assert (stored.sequence_number, stored.offset, stored.owner_id, stored.epoch) == (10, "1000", "new", 2), \
+        "the fence keeps the position and names the new owner"
+
+    other = await backend.claim(backend.peer, "1", "new")
+    assert await backend.peer.fence_checkpoint(other) is None, "a placeholder resumes nowhere"
+
+
+async def test_after_b_claims_and_fences_a_checkpoint_write_fails_and_b_stays(backend: Backend) -> None:
+    old = await _fenced_owner(backend)
+    new = await backend.claim(backend.peer, "0", "new")
+    await backend.peer.fence_checkpoint(new)
 
     with pytest.raises(OwnershipLostError) as raised:
-        await backend.store.update_checkpoint(backend.checkpoint("0", 15), owner_id="old", epoch=1)
+        await backend.store.update_checkpoint(backend.checkpoint("0", 15), owner_id="old", epoch=old.epoch)
     assert raised.value.partition_id == "0"
-
-    stored = (await backend.checkpoints())["0"]
-    assert (stored.sequence_number, stored.owner_id, stored.epoch) == (20, "new", 2)
-
-
-async def test_fenced_checkpoint_after_steal_new_owner_not_written_yet(backend: Backend) -> None:
-    _old, new = await _steal(backend)
-    with pytest.raises(OwnershipLostError):
-        await backend.store.update_checkpoint(backend.checkpoint("0", 15), owner_id="old", epoch=1)
-    stored = (await backend.checkpoints())["0"]
-    assert (stored.sequence_number, stored.owner_id, stored.epoch) == (10, "old", 1), "refused write left no trace"
-
+    assert not isinstance(raised.value, StaleEpochError), "the partition was taken, not its epoch lost"
     await backend.peer.update_checkpoint(backend.checkpoint("0", 20), owner_id="new", epoch=new.epoch)
     with pytest.raises(OwnershipLostError):
-        await backend.store.update_checkpoint(backend.checkpoint("0", 25), owner_id="old", epoch=1)
+        await backend.store.update_checkpoint(backend.checkpoint("0", 25), owner_id="old", epoch=old.epoch)
     stored = (await backend.checkpoints())["0"]
     assert (stored.sequence_number, stored.owner_id, stored.epoch) == (20, "new", 2)
+
+
+async def test_a_first_ever_write_after_b_fenced_fails(backend: Backend) -> None:
+    """A has claimed, never fenced and never checkpointed. It verifies its ownership and
+    finds no checkpoint; before its create-if-absent arrives, B claims and fences
+    (creating the placeholder). A's create gets 409 and A stops; B's record stays."""
+    old = await backend.claim(backend.store, "0", "old")
+    fenced: List[Ownership] = []
+
+    async def b_claims_and_fences(record: Any) -> None:
+        assert record is None, "A saw no checkpoint"
+        new = await backend.claim(backend.peer, "0", "new")
+        await backend.peer.fence_checkpoint(new)
+        fenced.append(new)
+
+    hook_reads(backend.store, CHECKPOINT, b_claims_and_fences)
+    before = Counter(backend.store.request_counts)
+    with pytest.raises(OwnershipLostError):
+        await backend.store.update_checkpoint(backend.checkpoint("0", 15), owner_id="old", epoch=old.epoch)
+    assert fenced and (Counter(backend.store.request_counts) - before)["create_checkpoint"] >= 1, \
+        "A's create reached the store"
+    assert await backend.checkpoints() == {}, "only B's placeholder is there"
+    await backend.peer.update_checkpoint(backend.checkpoint("0", 20), owner_id="new", epoch=fenced[0].epoch)
+    assert (await backend.checkpoints())["0"].sequence_number == 20
+
+
+async def test_a_verified_write_racing_a_steal_never_overwrites_the_new_owner(backend: Backend) -> None:
+    """A, without a fence of its own, verifies that it owns the partition and reads the
+    checkpoint etag; then B claims, fences and checkpoints; then A's write arrives. It
+    fails (412), A re-reads, sees B's epoch, and stops."""
+    old = await backend.claim(backend.store, "0", "old")
+    await backend.peer.update_checkpoint(backend.checkpoint("0", 10), owner_id="old", epoch=old.epoch)
+
+    async def b_steals(record: Any) -> None:
+        new = await backend.claim(backend.peer, "0", "new")
+        await backend.peer.fence_checkpoint(new)
+        await backend.peer.update_checkpoint(backend.checkpoint("0", 20), owner_id="new", epoch=new.epoch)
+
+    hook_reads(backend.store, CHECKPOINT, b_steals)
+    with pytest.raises(OwnershipLostError):
+        await backend.store.update_checkpoint(backend.checkpoint("0", 15), owner_id="old", epoch=old.epoch)
+    stored = (await backend.checkpoints())["0"]
+    assert (stored.sequence_number, stored.owner_id, stored.epoch) == (20, "new", 2)
+
+
+async def test_an_old_owner_write_before_the_fence_is_where_the_new_owner_resumes(backend: Backend) -> None:
+    """The old owner checkpoints after the new owner's claim but before its fence: the
+    write lands (the old owner really processed those events), the fence keeps it as
+    the position to resume from, and every later write of the old owner fails."""
+    old = await _fenced_owner(backend)
+    new = await backend.claim(backend.peer, "0", "new")
+    await backend.store.update_checkpoint(backend.checkpoint("0", 15), owner_id="old", epoch=old.epoch)
+    resume = await backend.peer.fence_checkpoint(new)
+    assert resume is not None and (resume.sequence_number, resume.owner_id) == (15, "old")
+    with pytest.raises(OwnershipLostError):
+        await backend.store.update_checkpoint(backend.checkpoint("0", 16), owner_id="old", epoch=old.epoch)
+    await backend.peer.update_checkpoint(backend.checkpoint("0", 20), owner_id="new", epoch=new.epoch)
+    assert (await backend.checkpoints())["0"].sequence_number == 20
+
+
+async def test_one_request_per_checkpoint_after_the_fence(backend: Backend) -> None:
+    won = await backend.claim(backend.store, "0", "a")
+    counts = backend.store.request_counts  # type: ignore[attr-defined]
+    before = Counter(counts)
+    assert await backend.store.fence_checkpoint(won) is None
+    assert Counter(counts) - before == Counter(read_ownership=1, read_checkpoint=1, create_checkpoint=1)
+
+    before = Counter(counts)
+    for seq in range(10):
+        await backend.store.update_checkpoint(backend.checkpoint("0", seq), owner_id="a", epoch=won.epoch)
+    assert Counter(counts) - before == Counter(replace_checkpoint=10), "one conditional write per checkpoint"
+    [renewed] = await backend.store.claim_ownership([won])  # a renewal keeps the fence
+    before = Counter(counts)
+    await backend.store.update_checkpoint(backend.checkpoint("0", 10), owner_id="a", epoch=renewed.epoch)
+    assert Counter(counts) - before == Counter(replace_checkpoint=1)
+    assert (await backend.checkpoints())["0"].sequence_number == 10
+
+
+async def test_without_a_fence_a_checkpoint_verifies_ownership_first(backend: Backend) -> None:
+    won = await backend.claim(backend.store, "0", "a")
+    counts = backend.store.request_counts  # type: ignore[attr-defined]
+    before = Counter(counts)
+    await backend.store.update_checkpoint(backend.checkpoint("0", 1), owner_id="a", epoch=won.epoch)
+    assert Counter(counts) - before == Counter(read_ownership=1, read_checkpoint=1, create_checkpoint=1)
+    before = Counter(counts)
+    await backend.store.update_checkpoint(backend.checkpoint("0", 2), owner_id="a", epoch=won.epoch)
+    assert Counter(counts) - before == Counter(replace_checkpoint=1), "its own write is as good as a fence"
+
+
+async def test_the_fence_cache_is_per_epoch(backend: Backend) -> None:
+    """A processor re-claims its own partition at a new epoch (its lease had run out)
+    and fences again; a pump of its first claim, still running, must not write with the
+    new fence's etag (a cache keyed by owner alone would let it)."""
+    first = await _fenced_owner(backend, seq=10)
+    again = await backend.claim(backend.store, "0", "old")
+    assert again.epoch == first.epoch + 1
+    await backend.store.fence_checkpoint(again)
+    await backend.store.update_checkpoint(backend.checkpoint("0", 20), owner_id="old", epoch=again.epoch)
+    with pytest.raises(OwnershipLostError):
+        await backend.store.update_checkpoint(backend.checkpoint("0", 15), owner_id="old", epoch=first.epoch)
+    stored = (await backend.checkpoints())["0"]
+    assert (stored.sequence_number, stored.epoch) == (20, again.epoch)
+
+
+async def test_another_client_of_the_same_owner_is_not_a_conflict(backend: Backend) -> None:
+    """The same (owner, epoch) wrote through another client: the cached etag is stale,
+    the write gets 412, the re-read shows this very owner, and it retries with that etag."""
+    won = await _fenced_owner(backend, seq=10)
+    await backend.peer.update_checkpoint(backend.checkpoint("0", 12), owner_id="old", epoch=won.epoch)
+    await backend.store.update_checkpoint(backend.checkpoint("0", 13), owner_id="old", epoch=won.epoch)
+    assert (await backend.checkpoints())["0"].sequence_number == 13
 
 
 async def test_checkpoint_without_ownership_or_after_release_is_refused(backend: Backend) -> None:
     with pytest.raises(OwnershipLostError):
         await backend.store.update_checkpoint(backend.checkpoint("0", 1), owner_id="a", epoch=1)
     [mine] = await backend.store.claim_ownership([backend.ownership("0", "a", epoch=1)])
+    await backend.store.fence_checkpoint(mine)
     await backend.store.update_checkpoint(backend.checkpoint("0", 2), owner_id="a", epoch=1)
     with pytest.raises(OwnershipLostError):  # same owner, wrong epoch
         await backend.store.update_checkpoint(backend.checkpoint("0", 3), owner_id="a", epoch=2)
     assert await backend.store.release_ownership(mine)
     with pytest.raises(OwnershipLostError):
         await backend.store.update_checkpoint(backend.checkpoint("0", 4), owner_id="a", epoch=1)
+    with pytest.raises(OwnershipLostError):
+        await backend.store.fence_checkpoint(mine)
     assert (await backend.checkpoints())["0"].sequence_number == 2
 
 
-async def test_old_owner_write_racing_a_steal_never_overwrites_the_new_owner(backend: Backend) -> None:
-    """The window between the ownership check and the write, forced open: the old
-    owner's check is made to pass although the partition was stolen and the new owner
-    has checkpointed. Its conditional write must fail and leave the new checkpoint."""
-    if backend.name == "memory":
-        pytest.skip("the in-memory store checks and writes atomically: there is no window")
-    _old, new = await _steal(backend)
-    await backend.peer.update_checkpoint(backend.checkpoint("0", 20), owner_id="new", epoch=new.epoch)
-
-    store: Any = backend.store
-    real_verify = store._verify_owner
-    calls = []
-
-    async def stale_first_check(*args: Any, **kwargs: Any) -> None:
-        calls.append(args)
-        if len(calls) == 1:
-            return  # the check "happened before the steal"
-        await real_verify(*args, **kwargs)
-
-    store._verify_owner = stale_first_check
-    with pytest.raises(OwnershipLostError):
-        await backend.store.update_checkpoint(backend.checkpoint("0", 15), owner_id="old", epoch=1)
-    assert len(calls) == 2, "the conflict made it re-check ownership"
-    stored = (await backend.checkpoints())["0"]
-    assert (stored.sequence_number, stored.owner_id, stored.epoch) == (20, "new", 2)
-
-
-async def test_old_owner_write_landing_in_the_window_is_replaced_by_the_new_owner(backend: Backend) -> None:
-    """The other order: the old owner's write lands after the steal, between the new
-    owner's read of the checkpoint etag and its first write. The new owner's write hits
-    412, re-checks that it still owns the partition, re-reads and writes: its checkpoint
-    wins, and the old owner's next write is refused."""
-    if backend.name == "memory":
-        pytest.skip("the in-memory store checks and writes atomically: there is no window")
-    _old, new = await _steal(backend)
-    old_store: Any = backend.store
-    new_store: Any = backend.peer
-    real_verify = old_store._verify_owner
-    real_read = new_store._read_checkpoint_etag
-    landed = []
-
-    async def stale_check(*args: Any, **kwargs: Any) -> None:
-        if not landed:
-            return  # the old owner checked just before the steal
-        await real_verify(*args, **kwargs)
-
-    async def read_then_old_owner_lands(*args: Any, **kwargs: Any) -> Any:
-        etag = await real_read(*args, **kwargs)
-        if not landed:
-            await old_store.update_checkpoint(backend.checkpoint("0", 15), owner_id="old", epoch=1)
-            landed.append(True)
-        return etag
-
-    old_store._verify_owner = stale_check
-    new_store._read_checkpoint_etag = read_then_old_owner_lands
-    await new_store.update_checkpoint(backend.checkpoint("0", 20), owner_id="new", epoch=new.epoch)
-    assert landed
-    assert new_store.request_counts["read_checkpoint"] == 2, "the conflict made the new owner re-read"
-    stored = (await backend.checkpoints())["0"]
-    assert (stored.sequence_number, stored.owner_id, stored.epoch) == (20, "new", 2)
-
-    with pytest.raises(OwnershipLostError):
-        await old_store.update_checkpoint(backend.checkpoint("0", 16), owner_id="old", epoch=1)
-    assert (await backend.checkpoints())["0"].sequence_number == 20
-
-
 async def test_checkpoint_of_a_later_epoch_is_never_overwritten(backend: Backend) -> None:
-    # A partition back with "a" at epoch 3 while the checkpoint says epoch 5 (a store
-    # restored from backup, say): "a" must not roll it back.
-    await backend.store.claim_ownership([backend.ownership("0", "b", epoch=5)])
+    # A partition back with "a" at epoch 3 while the checkpoint says epoch 5 (the
+    # ownership record lost its epoch): "a" must not roll it back, and is told to
+    # claim above 5.
+    [b] = await backend.store.claim_ownership([backend.ownership("0", "b", epoch=5)])
+    await backend.store.fence_checkpoint(b)
     await backend.store.update_checkpoint(backend.checkpoint("0", 50), owner_id="b", epoch=5)
     listed = (await backend.records())["0"]
-    await backend.store.claim_ownership([replace(listed, owner_id="a", epoch=3)])
-    with pytest.raises(OwnershipLostError):
+    [a] = await backend.store.claim_ownership([replace(listed, owner_id="a", epoch=3)])
+    with pytest.raises(StaleEpochError) as raised:
         await backend.peer.update_checkpoint(backend.checkpoint("0", 40), owner_id="a", epoch=3)
+    assert raised.value.stored_epoch == 5
+    with pytest.raises(StaleEpochError) as raised:
+        await backend.peer.fence_checkpoint(a)
+    assert raised.value.stored_epoch == 5 and raised.value.partition_id == "0"
     assert (await backend.checkpoints())["0"].sequence_number == 50
+
+    [again] = await backend.store.claim_ownership([replace(a, owner_id="a", epoch=6)])
+    resume = await backend.peer.fence_checkpoint(again)
+    assert resume is not None and resume.sequence_number == 50
+
+
+async def test_fence_by_a_processor_that_does_not_own_the_partition_is_refused(backend: Backend) -> None:
+    won = await backend.claim(backend.store, "0", "a")
+    with pytest.raises(OwnershipLostError) as raised:
+        await backend.store.fence_checkpoint(replace(won, owner_id="b"))
+    assert not isinstance(raised.value, StaleEpochError)
+    with pytest.raises(OwnershipLostError):
+        await backend.store.fence_checkpoint(backend.ownership("9", "a"))  # no record at all
+    assert await backend.checkpoints() == {}
 
 
 async def test_list_after_many_writes(backend: Backend) -> None:
@@ -542,56 +655,284 @@ async def test_expiry_is_judged_on_the_store_clock_not_a_skewed_local_clock(
 # ---------------------------------------------------------------------- bad records
 
 
-CORRUPTIONS = [
-    ("ownership-no-owner", "7"),
-    ("ownership-bad-epoch", "8"),
-    ("foreign-ownership", "9"),
-    ("checkpoint-bad-sequence", "1"),
-    ("checkpoint-bad-epoch", "2"),
-    ("foreign-checkpoint", "3"),
+UNREADABLE_OWNERSHIP = [
+    ("ownership-no-owner", "7", "no ownerid"),
+    ("ownership-bad-epoch", "8", "not an integer"),
+    ("ownership-epoch-too-big", "9", "out of range"),
+    ("ownership-foreign", "6", "no ownerid"),
+    ("ownership-owner-not-string", "5", "not a string"),
 ]
 
 
-async def test_corrupted_and_foreign_records_are_skipped_with_a_warning(
+async def test_unreadable_ownership_records_are_reported_and_can_be_claimed_over(
+    backend: Backend, caplog: pytest.LogCaptureFixture
+) -> None:
+    await backend.store.claim_ownership([backend.ownership("0", "a")])
+    planted = {pid: (await backend.plant(kind, pid), reason) for kind, pid, reason in UNREADABLE_OWNERSHIP}
+    planted = {pid: value for pid, value in planted.items() if value[0] is not None}
+    deeper = await backend.plant("foreign-deeper", "4")
+
+    caplog.set_level(logging.WARNING)
+    listing = await backend.listing()
+    assert [o.partition_id for o in listing.ownerships] == ["0"]
+    unreadable = {u.partition_id: u for u in listing.unreadable}
+    assert set(unreadable) == set(planted), "a foreign object at a deeper path is no partition's record"
+    for pid, (name, reason) in planted.items():
+        assert reason in unreadable[pid].reason
+        assert unreadable[pid].etag and unreadable[pid].last_modified_time is not None
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    for name, _reason in list(planted.values()) + ([(deeper, "")] if deeper else []):
+        assert any(name in message for message in warnings), f"no warning names {name}"
+    caplog.clear()
+    await backend.listing()
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING], "one warning per bad record, not per tick"
+
+    # Its partition cannot be checkpointed by anyone, and once expired it is claimed
+    # over with a write conditional on the unreadable record's etag, at an epoch the
+    # claimer chose.
+    some = next(iter(planted))
+    with pytest.raises(OwnershipLostError, match="unreadable"):
+        await backend.store.update_checkpoint(backend.checkpoint(some, 1), owner_id="someone", epoch=1)
+    kind = next(k for k, p, _r in UNREADABLE_OWNERSHIP if p == some)
+    await backend.plant(kind, some)  # rewritten meanwhile: the etag listed is stale now
+    won = await backend.peer.claim_ownership(
+        [backend.ownership(pid, "b", etag=unreadable[pid].etag, epoch=7) for pid in planted])
+    assert {r.partition_id for r in won} == set(planted) - {some}, "a stale etag still loses"
+    [fresh] = (await backend.listing()).unreadable
+    assert await backend.peer.claim_ownership([backend.ownership(some, "b", etag=fresh.etag, epoch=7)])
+    listing = await backend.listing()
+    assert listing.unreadable == ()
+    assert {o.partition_id: (o.owner_id, o.epoch) for o in listing.ownerships if o.partition_id in planted} == {
+        pid: ("b", 7) for pid in planted}
+
+
+BAD_CHECKPOINTS = [
+    ("checkpoint-bad-sequence", "1"),
+    ("checkpoint-bad-epoch", "2"),
+    ("foreign-checkpoint", "3"),
+    ("checkpoint-sequence-too-big", "4"),
+]
+
+
+async def test_corrupted_and_foreign_checkpoints_are_skipped_with_a_warning(
     backend: Backend, caplog: pytest.LogCaptureFixture
 ) -> None:
     await backend.store.claim_ownership([backend.ownership(p, "a") for p in ("0", "1")])
     await backend.store.update_checkpoint(backend.checkpoint("0", 5), owner_id="a", epoch=1)
-    planted = {kind: await backend.plant(kind, pid) for kind, pid in CORRUPTIONS}
+    planted = {kind: await backend.plant(kind, pid) for kind, pid in BAD_CHECKPOINTS}
 
     caplog.set_level(logging.WARNING)
-    records = await backend.records()
     checkpoints = await backend.checkpoints()
-    assert set(records) == {"0", "1"}
     assert set(checkpoints) == {"0"} and checkpoints["0"].sequence_number == 5
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     for kind, name in planted.items():
         assert any(name in message for message in warnings), f"no warning names {kind} record {name}"
-
     caplog.clear()
-    await backend.records()
     await backend.checkpoints()
     assert not [r for r in caplog.records if r.levelno >= logging.WARNING], "one warning per bad record, not per tick"
 
-    # The owner repairs a corrupted checkpoint by writing over it.
+    # The owner repairs a corrupted checkpoint by writing over it, or by fencing it.
     await backend.store.update_checkpoint(backend.checkpoint("1", 7), owner_id="a", epoch=1)
     assert (await backend.checkpoints())["1"].sequence_number == 7
+    [two] = await backend.store.claim_ownership([backend.ownership("2", "a")])
+    assert await backend.store.fence_checkpoint(two) is None, "an unreadable checkpoint is no position"
+    await backend.store.update_checkpoint(backend.checkpoint("2", 9), owner_id="a", epoch=1)
+    assert (await backend.checkpoints())["2"].sequence_number == 9
 
 
 # ------------------------------------------------------------------ errors and input
 
 
 async def test_claim_with_invalid_input_is_a_configuration_error(backend: Backend) -> None:
-    from eventprocessor.errors import ConfigurationError
-
     with pytest.raises(ConfigurationError):
         await backend.store.claim_ownership([backend.ownership("0", "a", epoch=-1)])
     with pytest.raises(ConfigurationError):
         await backend.store.update_checkpoint(
             replace(backend.checkpoint("0", 1), sequence_number="12"), owner_id="a", epoch=1)  # type: ignore[arg-type]
+    with pytest.raises(ConfigurationError, match="owner_id"):
+        await backend.store.claim_ownership([backend.ownership("0", "caf\u00e9")])
     assert await backend.records() == {}
+
+
+@pytest.mark.parametrize("epoch", [-1, MAX_EPOCH, 2**63, 2**64])
+async def test_epochs_out_of_range_are_refused_on_write_naming_partition_and_value(backend: Backend, epoch: int) -> None:
+    with pytest.raises(ConfigurationError) as raised:
+        await backend.store.claim_ownership([backend.ownership("p7", "a", epoch=epoch)])
+    assert "'p7'" in str(raised.value) and str(epoch) in str(raised.value)
+    with pytest.raises(ConfigurationError, match=str(epoch)):
+        await backend.store.update_checkpoint(backend.checkpoint("p7", 1), owner_id="a", epoch=epoch)
+    with pytest.raises(ConfigurationError, match=str(epoch)):
+        await backend.store.fence_checkpoint(backend.ownership("p7", "a", epoch=epoch))
+    assert await backend.records() == {}
+
+
+@pytest.mark.parametrize("sequence_number", [-1, -2, 2**63])
+async def test_sequence_numbers_out_of_range_are_refused_on_write(backend: Backend, sequence_number: int) -> None:
+    [won] = await backend.store.claim_ownership([backend.ownership("p3", "a")])
+    with pytest.raises(ConfigurationError) as raised:
+        await backend.store.update_checkpoint(backend.checkpoint("p3", sequence_number), owner_id="a", epoch=1)
+    assert "'p3'" in str(raised.value) and str(sequence_number) in str(raised.value)
+    assert await backend.checkpoints() == {}
+    assert won.epoch == 1
+
+
+async def test_the_highest_epoch_and_sequence_number_round_trip(backend: Backend) -> None:
+    top = MAX_EPOCH - 1
+    [won] = await backend.store.claim_ownership([backend.ownership("0", "a", epoch=top)])
+    await backend.store.fence_checkpoint(won)
+    await backend.store.update_checkpoint(backend.checkpoint("0", 2**63 - 1), owner_id="a", epoch=top)
+    assert (await backend.records())["0"].epoch == top
+    stored = (await backend.checkpoints())["0"]
+    assert (stored.sequence_number, stored.epoch) == (2**63 - 1, top)
 
 
 def test_checkpoint_store_error_is_not_ownership_lost() -> None:
     # Callers tell a lost race from a broken store by type.
     assert not issubclass(CheckpointStoreError, OwnershipLostError)
+
+
+# ------------------------------------------------------------------ handoff requests
+
+
+async def test_a_handoff_request_is_persisted_and_cleared(backend: Backend) -> None:
+    won = await backend.claim(backend.store, "0", "a")
+    listed = (await backend.records(backend.peer))["0"]
+    [asked] = await backend.peer.claim_ownership([replace(listed, requested_by="b")])  # keeps owner and epoch
+    record = (await backend.records())["0"]
+    assert (record.owner_id, record.epoch, record.requested_by, record.etag) == ("a", won.epoch, "b", asked.etag)
+    assert await backend.store.claim_ownership([won]) == [], "the owner's renewal with its old etag loses"
+    assert await backend.store.release_ownership(record), "the owner hands over"
+    handed = (await backend.records())["0"]
+    assert (handed.owner_id, handed.requested_by, handed.epoch) == ("", "", won.epoch)
+    [taken] = await backend.peer.claim_ownership([replace(handed, owner_id="b", epoch=handed.epoch + 1)])
+    assert (await backend.records())["0"].requested_by == ""
+    assert taken.owner_id == "b"
+
+
+# --------------------------------------------------------------------------- members
+
+
+async def test_members_are_written_listed_and_deleted(backend: Backend) -> None:
+    odd = "Proc A/#1?%"  # upper case and characters no blob name or RowKey may hold
+    written = await backend.store.write_member(backend.member(odd, strategy="balanced", ordinal="3"))
+    await backend.peer.write_member(backend.member("proc a/#1?%"))  # differs only in case: another member
+    assert written.etag and written.last_modified_time is not None
+    listing = await backend.store.list_members(*backend.scope)
+    members = {m.owner_id: m for m in listing.members}
+    assert set(members) == {odd, "proc a/#1?%"}
+    assert dict(members[odd].properties) == {"strategy": "balanced", "ordinal": "3"}
+    assert members[odd].etag == written.etag
+    assert timedelta(seconds=-1) <= listing.server_time - members[odd].last_modified_time < timedelta(seconds=30)
+
+    again = await backend.store.write_member(backend.member(odd, strategy="greedy"))
+    assert again.etag != written.etag and dict(again.properties) == {"strategy": "greedy"}
+    await backend.store.delete_member(again)
+    await backend.store.delete_member(again)  # twice is fine
+    assert [m.owner_id for m in (await backend.peer.list_members(*backend.scope)).members] == ["proc a/#1?%"]
+    assert (await backend.listing()).ownerships == (), "members are not ownership records"
+
+
+@pytest.mark.parametrize("properties", [{"Upper": "x"}, {"writetoken": "x"}, {"ok": "caf\u00e9"}, {"ok": 3}])
+async def test_bad_member_properties_are_refused(backend: Backend, properties: Dict[str, Any]) -> None:
+    with pytest.raises(ConfigurationError):
+        await backend.store.write_member(Member(*backend.scope, "me", properties=properties))
+    assert (await backend.store.list_members(*backend.scope)).members == ()
+
+
+# ----------------------------------------------------------------------- log entries
+
+
+async def test_of_two_concurrent_creators_of_an_entry_exactly_one_wins(backend: Backend) -> None:
+    names = [f"{i:012d}.json" for i in range(6)]
+    results = await asyncio.gather(*(
+        client.create_entry(*backend.scope, "commits", name, f"{who}-{name}".encode())
+        for name in names for who, client in (("a", backend.store), ("b", backend.peer))))
+    for index, name in enumerate(names):
+        a_won, b_won = results[2 * index], results[2 * index + 1]
+        assert a_won != b_won, f"exactly one creator of {name} wins"
+        winner = "a" if a_won else "b"
+        assert await backend.peer.read_entry(*backend.scope, "commits", name) == f"{winner}-{name}".encode()
+
+
+async def test_entries_list_by_prefix_sorted_read_and_delete(backend: Backend) -> None:
+    log = "Spark Commits/1"  # encoded like any name
+    for name in ["b-2", "a-10", "a-2", "B-1", ".hidden", "a"]:
+        assert await backend.store.create_entry(*backend.scope, log, name, name.encode())
+    assert await backend.store.create_entry(*backend.scope, log, "a-2", b"again") is False
+    assert await backend.store.read_entry(*backend.scope, log, "a-2") == b"a-2", "a lost create changes nothing"
+    assert await backend.store.list_entries(*backend.scope, log) == sorted(["b-2", "a-10", "a-2", "B-1", ".hidden", "a"])
+    assert await backend.store.list_entries(*backend.scope, log, prefix="a-") == ["a-10", "a-2"]
+    assert await backend.store.list_entries(*backend.scope, log, prefix="B") == ["B-1"]
+    assert await backend.store.list_entries(*backend.scope, log, prefix=".") == [".hidden"]
+    assert await backend.store.list_entries(*backend.scope, "other") == []
+    await backend.store.delete_entry(*backend.scope, log, "a-10")
+    await backend.store.delete_entry(*backend.scope, log, "a-10")  # twice is fine
+    assert await backend.store.read_entry(*backend.scope, log, "a-10") is None
+    assert await backend.store.read_entry(*backend.scope, log, "never") is None
+    assert await backend.store.list_entries(*backend.scope, log, prefix="a") == ["a", "a-2"]
+    assert await backend.checkpoints() == {} and (await backend.listing()).ownerships == ()
+
+
+async def test_entry_size_limit(backend: Backend) -> None:
+    largest = random.Random(3).randbytes(MAX_ENTRY_BYTES)
+    assert await backend.store.create_entry(*backend.scope, "big", "full", largest)
+    assert await backend.peer.read_entry(*backend.scope, "big", "full") == largest
+    assert await backend.store.create_entry(*backend.scope, "big", "empty", b"")
+    assert await backend.peer.read_entry(*backend.scope, "big", "empty") == b""
+    with pytest.raises(ConfigurationError, match=str(MAX_ENTRY_BYTES)):
+        await backend.store.create_entry(*backend.scope, "big", "too-big", largest + b"x")
+    assert await backend.store.list_entries(*backend.scope, "big") == ["empty", "full"]
+
+
+# ------------------------------------------------------------------ ambiguous writes
+
+
+def lose_first_response(store: Any, operation: str) -> List[bool]:
+    """The next ``create`` or ``replace`` of ``store`` lands, but the caller gets the
+    conflict the transport's retry would have met (409/412) instead of its response.
+    (On Azurite, ``tests/test_store_faults.py`` does the same with a real lost response.)"""
+    backend = store._backend
+    real = getattr(backend, operation)
+    fired: List[bool] = []
+
+    async def landed_then_conflict(*args: Any, **kwargs: Any) -> Any:
+        record = await real(*args, **kwargs)
+        if fired:
+            return record
+        fired.append(True)
+        raise (RecordExists if operation == "create" else EtagMismatch)("the retry met the first attempt")
+
+    setattr(backend, operation, landed_then_conflict)
+    return fired
+
+
+async def test_a_write_whose_response_was_lost_is_recognised_by_its_token(backend: Backend) -> None:
+    lose_first_response(backend.store, "create")
+    [won] = await backend.store.claim_ownership([backend.ownership("0", "a")])
+    assert (await backend.records())["0"].etag == won.etag, "reported won, with the record's real etag"
+
+    lose_first_response(backend.store, "replace")
+    [renewed] = await backend.store.claim_ownership([won])
+    assert (await backend.records())["0"].etag == renewed.etag
+
+    lose_first_response(backend.store, "create")
+    assert await backend.store.fence_checkpoint(renewed) is None
+    lose_first_response(backend.store, "replace")
+    await backend.store.update_checkpoint(backend.checkpoint("0", 4), owner_id="a", epoch=renewed.epoch)
+    assert (await backend.checkpoints())["0"].sequence_number == 4
+    counts = Counter(backend.store.request_counts)  # type: ignore[attr-defined]
+    await backend.store.update_checkpoint(backend.checkpoint("0", 5), owner_id="a", epoch=renewed.epoch)
+    assert Counter(backend.store.request_counts) - counts == Counter(replace_checkpoint=1), \
+        "the etag of the recognised write was cached"
+
+    lose_first_response(backend.store, "create")
+    assert await backend.store.create_entry(*backend.scope, "log", "e1", b"data") is True
+
+
+async def test_a_real_conflict_is_still_a_lost_race(backend: Backend) -> None:
+    [won] = await backend.store.claim_ownership([backend.ownership("0", "a")])
+    [stolen] = await backend.peer.claim_ownership([replace(won, owner_id="b", epoch=2)])
+    assert await backend.store.claim_ownership([won]) == []
+    assert (await backend.records())["0"].etag == stolen.etag
+
+

@@ -1,0 +1,312 @@
+"""How the Blob and Table stores reach their storage account: connection strings,
+credentials, account URLs, container and table names, client timeouts, and descriptions
+of errors and URLs that are safe to show.
+
+Nothing here ever puts a key, a SAS token or a whole connection string into a message:
+errors name the *part* that is wrong ("AccountKey is not valid base64"), URLs are
+shown without their query string, and Azure exceptions are described by type, status
+and error code only.
+"""
+from __future__ import annotations
+
+import base64
+import binascii
+import inspect
+import math
+import re
+from dataclasses import dataclass
+from typing import Any, Dict, Optional
+from urllib.parse import urlsplit, urlunsplit
+
+from eventprocessor.errors import ConfigurationError
+
+DEV_ACCOUNT_NAME = "devstoreaccount1"
+# The emulator's fixed, publicly documented key (the same in every Azurite). Not a secret.
+DEV_ACCOUNT_KEY = "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw=="
+_DEV_PORTS = {"blob": 10000, "queue": 10001, "table": 10002}
+
+
+@dataclass(frozen=True)
+class StorageAccount:
+    """Where a store's service lives and how to authenticate: the parsed connection string."""
+
+    endpoint: str
+    account_name: Optional[str]
+    credential: Any  # AzureNamedKeyCredential, AzureSasCredential or None
+
+    def __repr__(self) -> str:
+        return f"StorageAccount(endpoint={safe_url(self.endpoint)!r}, account_name={self.account_name!r})"
+
+
+def safe_url(url: str) -> str:
+    """``url`` without query string, fragment or user info: what may be logged."""
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return "<unparseable url>"
+    netloc = parts.hostname or ""
+    if parts.port:
+        netloc = f"{netloc}:{parts.port}"
+    return urlunsplit((parts.scheme, netloc, parts.path, "", ""))
+
+
+def describe_error(error: BaseException) -> str:
+    """Type, HTTP status and service error code of ``error``; never its message, which
+    for some Azure errors quotes request details."""
+    parts = [type(error).__name__]
+    status = getattr(error, "status_code", None)
+    if status is not None:
+        parts.append(f"HTTP {status}")
+    code = getattr(error, "error_code", None)
+    if code:
+        parts.append(str(getattr(code, "value", code)))
+    return " ".join(parts)
+
+
+# --------------------------------------------------------------------------- names
+
+
+_CONTAINER = re.compile(r"^[a-z0-9](?:[a-z0-9]|-(?=[a-z0-9])){2,62}$")
+
+
+def check_container_name(name: Any) -> str:
+    """Azure container rules: 3-63 characters, lower-case letters, digits and single
+    hyphens, starting and ending with a letter or digit."""
+    if not isinstance(name, str) or not name:
+        raise ConfigurationError("container_name must be a non-empty string")
+    if not _CONTAINER.match(name):
+        raise ConfigurationError(
+            f"container name {name!r} is invalid: use 3-63 lower-case letters, digits and single "
+            "hyphens, starting and ending with a letter or digit"
+        )
+    return name
+
+
+_TABLE = re.compile(r"^[A-Za-z][A-Za-z0-9]{2,62}$")
+
+
+def check_table_name(name: Any) -> str:
+    """Azure table rules: 3-63 letters and digits, starting with a letter, not 'tables'."""
+    if not isinstance(name, str) or not name:
+        raise ConfigurationError("table_name must be a non-empty string")
+    if not _TABLE.match(name) or name.lower() == "tables":
+        raise ConfigurationError(
+            f"table name {name!r} is invalid: use 3-63 letters and digits, starting with a letter "
+            "(and not the reserved name 'tables')"
+        )
+    return name
+
+
+# ------------------------------------------------------------------ connection strings
+
+
+def _is_base64(value: str) -> bool:
+    try:
+        return bool(value) and len(base64.b64decode(value, validate=True)) > 0
+    except (binascii.Error, ValueError):
+        return False
+
+
+def parse_connection_string(conn_str: Any, service: str) -> StorageAccount:
+    """Parse an Azure Storage connection string for ``service`` ("blob" or "table").
+
+    Accepts ``UseDevelopmentStorage=true`` (optionally with ``DevelopmentStorageProxyUri``)
+    and explicit strings with ``AccountName``/``AccountKey`` or ``SharedAccessSignature``
+    and either ``BlobEndpoint``/``TableEndpoint`` or ``DefaultEndpointsProtocol`` +
+    ``EndpointSuffix``. Errors name the faulty part, never its value.
+    """
+    from azure.core.credentials import AzureNamedKeyCredential, AzureSasCredential
+
+    if not isinstance(conn_str, str):
+        raise ConfigurationError(f"connection string must be a str, got {type(conn_str).__name__}")
+    if not conn_str.strip():
+        raise ConfigurationError("connection string is empty")
+    settings: Dict[str, str] = {}
+    for index, segment in enumerate(s for s in conn_str.strip().split(";") if s.strip()):
+        key, sep, value = segment.partition("=")
+        key = key.strip()
+        if not sep or not key:
+            raise ConfigurationError(
+                f"connection string is malformed: segment {index + 1} is not of the form Key=Value"
+            )
+        folded = key.lower()
+        if folded in settings:
+            raise ConfigurationError(f"connection string is malformed: {key} is given twice")
+        settings[folded] = value.strip()
+
+    if {"endpoint", "sharedaccesskeyname", "sharedaccesskey", "entitypath"} & settings.keys():
+        raise ConfigurationError(
+            "this looks like an Event Hubs connection string (it has Endpoint/SharedAccessKeyName); "
+            "the checkpoint store needs an Azure Storage account connection string"
+        )
+
+    if "usedevelopmentstorage" in settings:
+        if settings["usedevelopmentstorage"].lower() != "true":
+            raise ConfigurationError("UseDevelopmentStorage must be 'true' when given")
+        proxy = settings.get("developmentstorageproxyuri", "http://127.0.0.1")
+        parts = urlsplit(proxy)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ConfigurationError("DevelopmentStorageProxyUri must be an http(s) URL")
+        endpoint = f"{parts.scheme}://{parts.hostname}:{_DEV_PORTS[service]}/{DEV_ACCOUNT_NAME}"
+        return StorageAccount(endpoint, DEV_ACCOUNT_NAME, AzureNamedKeyCredential(DEV_ACCOUNT_NAME, DEV_ACCOUNT_KEY))
+
+    account_name = settings.get("accountname") or None
+    account_key = settings.get("accountkey")
+    sas = settings.get("sharedaccesssignature")
+    if account_key is not None and sas is not None:
+        raise ConfigurationError("connection string has both AccountKey and SharedAccessSignature; give one")
+    if account_key is not None:
+        if not account_name:
+            raise ConfigurationError("connection string has an AccountKey but no AccountName")
+        if not _is_base64(account_key):
+            raise ConfigurationError("connection string AccountKey is not valid base64")
+        credential: Any = AzureNamedKeyCredential(account_name, account_key)
+    elif sas is not None:
+        if not sas.lstrip("?"):
+            raise ConfigurationError("connection string SharedAccessSignature is empty")
+        if "sig=" not in sas:
+            raise ConfigurationError("connection string SharedAccessSignature has no 'sig=' field")
+        credential = AzureSasCredential(sas.lstrip("?"))
+    else:
+        raise ConfigurationError(
+            "connection string has neither AccountKey nor SharedAccessSignature; use one, or "
+            "construct the store with an account URL and a credential"
+        )
+
+    endpoint_key = f"{service}endpoint"
+    if settings.get(endpoint_key):
+        endpoint = settings[endpoint_key].rstrip("/")
+        parts = urlsplit(endpoint)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ConfigurationError(f"connection string {service.capitalize()}Endpoint is not an http(s) URL")
+        if parts.query:
+            raise ConfigurationError(
+                f"connection string {service.capitalize()}Endpoint must not carry a query string; "
+                "put a SAS token in SharedAccessSignature"
+            )
+    else:
+        if not account_name:
+            raise ConfigurationError(
+                f"connection string has neither {service.capitalize()}Endpoint nor AccountName"
+            )
+        protocol = settings.get("defaultendpointsprotocol", "https").lower()
+        if protocol not in ("http", "https"):
+            raise ConfigurationError("connection string DefaultEndpointsProtocol must be http or https")
+        suffix = settings.get("endpointsuffix", "core.windows.net").strip(".")
+        if not suffix or "/" in suffix:
+            raise ConfigurationError("connection string EndpointSuffix is not a host suffix")
+        endpoint = f"{protocol}://{account_name}.{service}.{suffix}"
+    return StorageAccount(endpoint, account_name or account_name_from_url(endpoint), credential)
+
+
+def account_name_from_url(url: str) -> Optional[str]:
+    """The account name of a service URL: the first path segment for emulator-style
+    URLs (IP address or localhost), else the first DNS label."""
+    parts = urlsplit(url)
+    host = parts.hostname or ""
+    if host in ("localhost",) or re.match(r"^[0-9.]+$", host) or ":" in host:
+        first = parts.path.strip("/").split("/")[0]
+        return first or None
+    return host.split(".")[0] or None
+
+
+def check_account_url(url: Any) -> str:
+    if not isinstance(url, str) or not url.strip():
+        raise ConfigurationError("account_url must be a non-empty http(s) URL")
+    parts = urlsplit(url.strip())
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ConfigurationError(f"account_url {safe_url(url)!r} is not an http(s) URL")
+    return url.strip()
+
+
+def resolve_credential(credential: Any, account_url: str, *, sas_as_string: bool) -> Any:
+    """Turn the user's credential into what the Azure SDK client takes.
+
+    * ``None``: anonymous, or a SAS token already in ``account_url``;
+    * a ``str`` with ``sig=``: a SAS token;
+    * another ``str`` that is base64: the account key (account name taken from the URL);
+    * a dict ``{"account_name", "account_key"}``, ``AzureNamedKeyCredential``,
+      ``AzureSasCredential`` or an (async) token credential: passed on.
+    """
+    from azure.core.credentials import AzureNamedKeyCredential, AzureSasCredential
+
+    if credential is None or isinstance(credential, (AzureNamedKeyCredential, AzureSasCredential)):
+        return credential
+    if hasattr(credential, "get_token"):
+        if not inspect.iscoroutinefunction(credential.get_token):
+            raise ConfigurationError(
+                f"{type(credential).__name__} is a synchronous credential; these stores are async, use the "
+                "credential from azure.identity.aio"
+            )
+        return credential
+    if isinstance(credential, dict):
+        name, key = credential.get("account_name"), credential.get("account_key")
+        if not isinstance(name, str) or not isinstance(key, str) or not name:
+            raise ConfigurationError("credential dict needs string 'account_name' and 'account_key'")
+        if not _is_base64(key):
+            raise ConfigurationError("credential account_key is not valid base64")
+        return AzureNamedKeyCredential(name, key)
+    if isinstance(credential, str):
+        token = credential.strip().lstrip("?")
+        if "sig=" in token:
+            return token if sas_as_string else AzureSasCredential(token)
+        if _is_base64(token):
+            name = account_name_from_url(account_url)
+            if not name:
+                raise ConfigurationError("cannot tell the account name from account_url for this account key")
+            return AzureNamedKeyCredential(name, token)
+        raise ConfigurationError(
+            "credential string is neither a SAS token (no 'sig=' field) nor a base64 account key"
+        )
+    raise ConfigurationError(
+        f"unsupported credential type {type(credential).__name__}: use a TokenCredential, a SAS token, "
+        "an account key, AzureNamedKeyCredential or AzureSasCredential"
+    )
+
+
+# --------------------------------------------------------------------------- timeouts
+
+DEFAULT_OPERATION_TIMEOUT = 10.0
+"""Seconds one store call may take, retries included, unless the user says otherwise."""
+
+RETRY_TOTAL = 2
+RETRY_BACKOFF = 0.5
+
+
+@dataclass(frozen=True)
+class ClientTimeouts:
+    """The transport settings that keep one store call inside ``operation_timeout``.
+
+    A black-holed endpoint (accepts the connection, never answers) costs one
+    ``read_timeout`` per attempt; an unreachable one costs one ``connection_timeout``.
+    With ``RETRY_TOTAL`` retries ``RETRY_BACKOFF`` apart, the attempts would add up to
+    a little more than ``operation_timeout``; the store cuts the call at
+    ``operation_timeout`` whatever the transport does (see ``stores._protocol``).
+    """
+
+    operation_timeout: Optional[float]
+    connection_timeout: float
+    read_timeout: float
+
+    @classmethod
+    def for_operation(cls, operation_timeout: Any) -> "ClientTimeouts":
+        """Derive the transport timeouts from ``operation_timeout`` (seconds, or ``None``
+        for no overall deadline; the transport timeouts then derive from the default)."""
+        if operation_timeout is not None and (
+            isinstance(operation_timeout, bool) or not isinstance(operation_timeout, (int, float))
+            or not math.isfinite(operation_timeout) or operation_timeout <= 0
+        ):
+            raise ConfigurationError(
+                f"operation_timeout must be a positive number of seconds or None, got {operation_timeout!r}")
+        basis = float(operation_timeout if operation_timeout is not None else DEFAULT_OPERATION_TIMEOUT)
+        return cls(
+            operation_timeout=None if operation_timeout is None else float(operation_timeout),
+            connection_timeout=min(5.0, basis / 4),
+            read_timeout=basis / 2,
+        )
+
+    def client_options(self, kwargs: Dict[str, Any]) -> Dict[str, Any]:
+        """These timeouts under the user's own keyword arguments (which win)."""
+        options: Dict[str, Any] = {"connection_timeout": self.connection_timeout, "read_timeout": self.read_timeout}
+        options.update(kwargs)
+        return options
