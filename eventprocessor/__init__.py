@@ -29,18 +29,28 @@ Example::
 """
 from .balancer import LoadBalancingStrategy
 from .checkpoint_store import CheckpointStore
+from .delivery import PoisonPolicy
 from .errors import (CheckpointStoreError, ClaimOwnershipError, ConfigurationError, EventProcessorError,
-                     OwnershipLostError, ReceiverDisconnectedError)
+                     EventSourceError, HandlerTimeoutError, InvalidCheckpointError, OwnershipLostError,
+                     PoisonEventsError, ReceiverDisconnectedError, StaleEpochError, StoreDataLostError,
+                     StoreTimeoutError)
 from .events import Event, EventPosition
 from .partition import CloseReason, PartitionContext, PartitionProcessor
-from .processor import BalanceReport, EventProcessor
-from .records import Checkpoint, Ownership, OwnershipListing
+from .processor import BalanceReport, EventProcessor, ProcessorStats, Timing
+from .records import Checkpoint, Member, MemberListing, Ownership, OwnershipListing, UnreadableOwnership
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "EventProcessor", "PartitionProcessor", "PartitionContext", "CloseReason", "LoadBalancingStrategy",
-    "EventPosition", "Event", "OwnershipLostError", "ReceiverDisconnectedError", "CheckpointStoreError",
-    "ClaimOwnershipError", "ConfigurationError", "EventProcessorError", "CheckpointStore", "Ownership",
-    "Checkpoint", "OwnershipListing", "BalanceReport", "__version__",
+    # running a processor
+    "EventProcessor", "PartitionProcessor", "PartitionContext", "CloseReason", "EventPosition", "Event",
+    "LoadBalancingStrategy", "PoisonPolicy", "ProcessorStats", "Timing", "BalanceReport",
+    # errors
+    "EventProcessorError", "ConfigurationError", "OwnershipLostError", "ReceiverDisconnectedError",
+    "InvalidCheckpointError", "PoisonEventsError", "HandlerTimeoutError", "CheckpointStoreError",
+    "ClaimOwnershipError", "StoreTimeoutError", "StoreDataLostError", "StaleEpochError", "EventSourceError",
+    # the store contract, for store implementers
+    "CheckpointStore", "Ownership", "Checkpoint", "OwnershipListing", "UnreadableOwnership", "Member",
+    "MemberListing",
+    "__version__",
 ]

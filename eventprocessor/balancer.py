@@ -26,23 +26,33 @@ import enum
 import hashlib
 import random
 from collections import Counter
-from dataclasses import dataclass, field
-from typing import Collection, Dict, List, Mapping, Optional, Sequence, Tuple
+from dataclasses import dataclass, field, replace
+from typing import Collection, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
-from .records import Ownership, OwnershipListing
+from .records import Ownership, OwnershipListing, UnreadableOwnership, partition_sort_key
 
-__all__ = ["LoadBalancingStrategy", "BalanceDecision", "decide", "fair_share"]
+__all__ = ["LoadBalancingStrategy", "BalanceDecision", "decide", "fair_share", "static_assignment",
+           "HANDOFF_PROPERTY", "ORDINAL_PROPERTY"]
+
+HANDOFF_PROPERTY = "handoff"
+"""Member property: ``"1"`` when the member answers handoff requests."""
+ORDINAL_PROPERTY = "ordinal"
+"""Member property: the member's ordinal, for the STATIC strategy."""
 
 
 class LoadBalancingStrategy(str, enum.Enum):
-    """How fast a processor takes its share.
+    """How a processor takes its share.
 
-    ``BALANCED`` claims at most one new partition per tick (the seed's protocol: smooth,
-    few conflicts). ``GREEDY`` claims up to its whole fair share in one tick.
+    ``GREEDY`` (the default) claims up to its whole fair share in one tick. ``BALANCED``
+    claims at most one new partition per tick (the seed's protocol: smooth, few
+    conflicts). ``STATIC`` gives each processor a fixed share by its ``ordinal`` out of
+    ``replica_count`` (StatefulSet style); a missing member's share is spread over the
+    others only once that member's record has expired, and moves back when it returns.
     """
 
     BALANCED = "balanced"
     GREEDY = "greedy"
+    STATIC = "static"
 
 
 @dataclass(frozen=True)
@@ -62,6 +72,11 @@ class BalanceDecision:
     stolen_from: Mapping[str, str] = field(default_factory=dict)
     active_owners: int = 0
     expired: Tuple[str, ...] = ()
+    handoff_requests: Tuple[Ownership, ...] = ()
+    """Records to rewrite as they are but with ``requested_by`` = this processor: asks
+    their live owners to hand the partitions over (graceful handoff)."""
+    awaiting_handoff: Tuple[str, ...] = ()
+    """Partitions this processor asked for and is still waiting on."""
 
 
 def fair_share(partition_count: int, owner_count: int) -> Tuple[int, int]:
@@ -73,10 +88,6 @@ def fair_share(partition_count: int, owner_count: int) -> Tuple[int, int]:
 
 def _rank(text: str) -> bytes:
     return hashlib.blake2b(text.encode("utf-8"), digest_size=8).digest()
-
-
-def _partition_sort_key(partition_id: str) -> Tuple[int, object]:
-    return (0, int(partition_id)) if partition_id.isdigit() else (1, partition_id)
 
 
 @dataclass(frozen=True)
@@ -93,6 +104,7 @@ def _plan(
     unowned: Sequence[str],
     partition_count: int,
     per_owner_limit: Optional[int],
+    balance_factor: int = 1,
 ) -> _Plan:
     """The plan every reader of the same snapshot agrees on.
 
@@ -118,6 +130,8 @@ def _plan(
         if remaining[victim] == 0:
             del remaining[victim]
 
+    if balance_factor > 1:
+        surplus = surplus[:_moves_needed(counts, len(unowned), balance_factor)]
     pool: List[Tuple[str, Optional[str]]] = [(p, None) for p in sorted(unowned, key=_rank)]
     pool += [(p, v) for p, v in surplus]
     needs = {m: targets[m] - counts[m] for m in members if counts[m] < targets[m]}
@@ -137,6 +151,53 @@ def _plan(
     return _Plan(targets=targets, deal=deal, pool=[p for p, _v in pool], victims=victims)
 
 
+def _moves_needed(counts: Mapping[str, int], unowned: int, balance_factor: int) -> int:
+    """How many partitions must move between live owners so that, once the unowned ones
+    went to the least loaded, the most loaded holds at most ``balance_factor`` more than
+    the least loaded (KIP-441's balance factor: a smaller imbalance is left alone)."""
+    load = sorted(counts.values())
+    if not load:
+        return 0
+    for _ in range(unowned):
+        load[0] += 1
+        load.sort()
+    moves = 0
+    while load[-1] - load[0] > balance_factor:
+        load[-1] -= 1
+        load[0] += 1
+        load.sort()
+        moves += 1
+    return moves
+
+
+def static_assignment(partition_ids: Collection[str], ordinals: Mapping[str, int],
+                      replica_count: int) -> Dict[str, str]:
+    """The STATIC strategy's target owner of every partition.
+
+    Partition ``i`` (in partition-id order) belongs to the member whose ordinal is
+    ``i % replica_count``. The partitions of ordinals with no live member are dealt
+    round-robin, in order, to the live members by ordinal. ``ordinals`` maps live member
+    ids to their ordinals; of two members claiming one ordinal the smaller id keeps it.
+    """
+    holder: Dict[int, str] = {}
+    for member, ordinal in sorted(ordinals.items()):
+        holder.setdefault(ordinal, member)
+    live = [holder[o] for o in sorted(holder)]
+    if not live:
+        return {}
+    targets: Dict[str, str] = {}
+    orphans: List[str] = []
+    for index, pid in enumerate(sorted(partition_ids, key=partition_sort_key)):
+        assigned = holder.get(index % replica_count)
+        if assigned is None:
+            orphans.append(pid)
+        else:
+            targets[pid] = assigned
+    for index, pid in enumerate(orphans):
+        targets[pid] = live[index % len(live)]
+    return targets
+
+
 def _random_surplus(plan: _Plan, owned_by: Mapping[str, Sequence[str]], wanted: int,
                     rng: random.Random) -> List[str]:
     """Up to ``wanted`` partitions taken at random from the owners above their target,
@@ -145,7 +206,7 @@ def _random_surplus(plan: _Plan, owned_by: Mapping[str, Sequence[str]], wanted: 
     surplus = Counter(plan.victims.values())
     candidates: List[str] = []
     for victim in sorted(surplus, key=_rank):
-        theirs = sorted(owned_by[victim], key=_partition_sort_key)
+        theirs = sorted(owned_by[victim], key=partition_sort_key)
         candidates += rng.sample(theirs, surplus[victim])
     rng.shuffle(candidates)
     return candidates[:wanted]
@@ -161,23 +222,39 @@ def decide(
     consumer_group: str,
     strategy: LoadBalancingStrategy,
     expiration_interval: float,
-    renew_after: float,
     rng: random.Random,
+    renew_after: float = 0.0,
+    members: Optional[Mapping[str, Mapping[str, str]]] = None,
+    balance_factor: int = 1,
+    handoff_timeout: Optional[float] = None,
+    requests_made: Optional[Mapping[str, float]] = None,
+    replica_count: int = 0,
 ) -> BalanceDecision:
-    """Decide this tick's renewals and claims for ``owner_id``.
+    """Decide this tick's claims and handoff requests for ``owner_id``.
 
     A record is live when its owner id is set and ``listing.server_time -
     last_modified_time <= expiration_interval``: expiry is judged on the store's clock.
-    Only live records owned by ``owner_id`` are renewed, with the store's etag, and only
-    once they are ``renew_after`` seconds old. In ``BALANCED`` mode at most one new
-    partition is claimed; in ``GREEDY`` mode up to the fair share.
+    In ``BALANCED`` mode at most one new partition is claimed; in ``GREEDY`` mode up to
+    the fair share; in ``STATIC`` mode the partitions of this member's ordinal (see
+    :func:`static_assignment`).
+
+    ``members`` maps the live member records (id → properties) when the store keeps
+    them: processors that own nothing then count in the plan, and a member whose
+    ``handoff`` property is ``"1"`` is asked to hand a partition over instead of having it
+    stolen; the steal happens only if the request is ``handoff_timeout`` seconds old
+    (``requests_made`` gives the age of this processor's pending requests). Without
+    ``members`` (a store that keeps none), a processor that owns nothing is invisible
+    and claims one partition first, as the seed's protocol does. ``balance_factor``
+    is the imbalance tolerated before any partition moves between live owners.
+
+    ``renewals`` are listed for the record only: the renewer renews on its own schedule.
 
     Example::
 
         decision = decide(listing, ["0", "1", "2"], "me", fully_qualified_namespace="ns",
                           eventhub_name="hub", consumer_group="$default",
-                          strategy=LoadBalancingStrategy.BALANCED, expiration_interval=60,
-                          renew_after=30, rng=random.Random(1))
+                          strategy=LoadBalancingStrategy.GREEDY, expiration_interval=60,
+                          rng=random.Random(1))
     """
     now = listing.server_time
     wanted = set(partition_ids)
@@ -200,48 +277,90 @@ def decide(
             expired.append(pid)
         else:
             active[pid] = record
+    # Unreadable records (corrupted, foreign) hold their partition for an unknown owner
+    # until they are older than the expiration; then they are claimed like expired ones,
+    # conditional on their etag. While held, they count for nobody's share.
+    blocked: set = set()
+    reclaimable: Dict[str, UnreadableOwnership] = {}
+    for bad in listing.unreadable:
+        if bad.partition_id not in wanted or bad.partition_id in records:
+            continue
+        modified = bad.last_modified_time
+        if modified is not None and (now - modified).total_seconds() <= expiration_interval:
+            blocked.add(bad.partition_id)
+        else:
+            reclaimable[bad.partition_id] = bad
+            expired.append(bad.partition_id)
 
     owned_by: Dict[str, List[str]] = {}
     for pid, record in active.items():
         owned_by.setdefault(record.owner_id, []).append(pid)
     counts = {owner: len(pids) for owner, pids in owned_by.items()}
-    unowned = [pid for pid in wanted if pid not in active]
-    mine = tuple(sorted((active[p] for p in owned_by.get(owner_id, ())), key=lambda r: _partition_sort_key(r.partition_id)))
+    unowned = [pid for pid in wanted if pid not in active and pid not in blocked]
+    available = len(wanted) - len(blocked)
+    mine = tuple(sorted((active[p] for p in owned_by.get(owner_id, ())),
+                        key=lambda r: partition_sort_key(r.partition_id)))
     renewals = tuple(r for r in mine if age(r) >= renew_after)
+    visible = members is not None and owner_id in members
 
-    limit = 1 if strategy is LoadBalancingStrategy.BALANCED else None
-    if not counts.get(owner_id):
-        # Nobody can see a processor that owns nothing, so its fair share (and everyone
-        # else's) would be computed without it. It claims one partition first, to show
-        # up in every snapshot; from the next tick on every plan includes it. In GREEDY
-        # mode this costs one tick, and in exchange starters don't all claim everything
-        # and early newcomers don't take partitions that later ones must steal back.
-        limit = 1
-    view = dict(counts)
-    view.setdefault(owner_id, 0)
-    plan = _plan(view, owned_by, unowned, len(wanted), limit)
-    take = list(plan.deal.get(owner_id, ()))
-
-    if counts.get(owner_id, 0) == 0 and take:
-        # Nobody else can see this processor yet, so their plans leave it out. Pick at
-        # random among what their plans do not hand out this tick: unowned partitions
-        # first, else the surplus of over-loaded owners.
-        others = {m: c for m, c in counts.items() if m != owner_id}
-        taken_by_others = set()
-        if others:
-            other_plan = _plan(others, owned_by, unowned, len(wanted), limit)
-            taken_by_others = {p for ps in other_plan.deal.values() for p in ps}
-        unclaimed = [p for p in plan.pool if p not in plan.victims]
-        free = [p for p in unclaimed if p not in taken_by_others] or unclaimed
-        if free:
-            take = rng.sample(sorted(free, key=_partition_sort_key), min(len(take), len(free)))
-        else:
-            take = _random_surplus(plan, owned_by, len(take), rng)
+    if strategy is LoadBalancingStrategy.STATIC:
+        ordinals = {m: int(p[ORDINAL_PROPERTY]) for m, p in (members or {}).items()
+                    if p.get(ORDINAL_PROPERTY, "").isdigit()}
+        targets = static_assignment(wanted - blocked, ordinals, replica_count) if replica_count > 0 else {}
+        take = sorted((pid for pid, member in targets.items() if member == owner_id and
+                       (pid not in active or active[pid].owner_id != owner_id)), key=partition_sort_key)
+    else:
+        limit = 1 if strategy is LoadBalancingStrategy.BALANCED else None
+        if not counts.get(owner_id) and not visible:
+            # Nobody can see a processor that owns nothing and has no member record, so
+            # its fair share (and everyone else's) would be computed without it. It
+            # claims one partition first, to show up in every snapshot.
+            limit = 1
+        view = dict(counts)
+        for member in members or ():
+            view.setdefault(member, 0)
+        view.setdefault(owner_id, 0)
+        plan = _plan(view, owned_by, unowned, available, limit, balance_factor)
+        take = list(plan.deal.get(owner_id, ()))
+        if counts.get(owner_id, 0) == 0 and take and not visible:
+            # Nobody else can see this processor yet, so their plans leave it out. Pick at
+            # random among what their plans do not hand out this tick: unowned partitions
+            # first, else the surplus of over-loaded owners.
+            others = {m: c for m, c in counts.items() if m != owner_id}
+            taken_by_others = set()
+            if others:
+                other_plan = _plan(others, owned_by, unowned, available, limit, balance_factor)
+                taken_by_others = {p for ps in other_plan.deal.values() for p in ps}
+            unclaimed = [p for p in plan.pool if p not in plan.victims]
+            free = [p for p in unclaimed if p not in taken_by_others] or unclaimed
+            if free:
+                take = rng.sample(sorted(free, key=partition_sort_key), min(len(take), len(free)))
+            else:
+                take = _random_surplus(plan, owned_by, len(take), rng)
 
     claims: List[Ownership] = []
+    requests: List[Ownership] = []
+    awaiting: List[str] = []
     stolen_from: Dict[str, str] = {}
+    made = requests_made or {}
     for pid in take:
-        previous = records.get(pid)
+        current = active.get(pid)
+        if current is not None and handoff_timeout is not None and members is not None \
+                and members.get(current.owner_id, {}).get(HANDOFF_PROPERTY) == "1":
+            # A live owner that can hand over: ask, and steal only if it does not answer.
+            requester = current.requested_by
+            if requester == owner_id:
+                if made.get(pid, 0.0) < handoff_timeout:
+                    awaiting.append(pid)
+                    continue
+            elif requester and requester in members:
+                awaiting.append(pid)  # another live member asked first; it is its move
+                continue
+            else:
+                requests.append(replace(current, requested_by=owner_id))
+                awaiting.append(pid)
+                continue
+        previous: Optional[Union[Ownership, UnreadableOwnership]] = records.get(pid) or reclaimable.get(pid)
         claims.append(
             Ownership(
                 fully_qualified_namespace=fully_qualified_namespace,
@@ -251,16 +370,20 @@ def decide(
                 owner_id=owner_id,
                 etag=previous.etag if previous is not None else None,
                 last_modified_time=previous.last_modified_time if previous is not None else None,
-                epoch=(previous.epoch + 1) if previous is not None else 1,
+                # An unreadable record's epoch is unknown: the processor raises the claim
+                # above every epoch it has seen, and the checkpoint fence above the stored one.
+                epoch=(previous.epoch + 1) if isinstance(previous, Ownership) else 1,
             )
         )
-        if pid in active:
-            stolen_from[pid] = active[pid].owner_id
+        if current is not None:
+            stolen_from[pid] = current.owner_id
     return BalanceDecision(
         owned=mine,
         renewals=renewals,
         claims=tuple(claims),
         stolen_from=stolen_from,
-        active_owners=len(view),
-        expired=tuple(sorted(expired, key=_partition_sort_key)),
+        active_owners=len(set(counts) | set(members or ()) | {owner_id}),
+        expired=tuple(sorted(expired, key=partition_sort_key)),
+        handoff_requests=tuple(requests),
+        awaiting_handoff=tuple(awaiting),
     )

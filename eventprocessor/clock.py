@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Protocol, runtime_checkable
+from typing import Optional, Protocol, runtime_checkable
 
 __all__ = ["Clock", "SystemClock", "ManualClock"]
 
@@ -23,10 +23,24 @@ class Clock(Protocol):
 
 
 class SystemClock:
-    """The real clock: ``time.monotonic`` and ``asyncio.sleep``."""
+    """The event loop's clock: ``loop.time()`` and ``asyncio.sleep``.
+
+    With the default loop that is ``time.monotonic``; under
+    :class:`~eventprocessor.testing.VirtualTimeLoop` it is virtual time, so the processor's
+    leases, ticks and timeouts all follow the loop.
+    """
+
+    def __init__(self) -> None:
+        self._loop: Optional[asyncio.AbstractEventLoop] = None
 
     def monotonic(self) -> float:
-        return time.monotonic()
+        try:
+            self._loop = asyncio.get_running_loop()
+        except RuntimeError:
+            # Read from synchronous code (a property, a test): the loop we last ran on.
+            if self._loop is None or self._loop.is_closed():
+                return time.monotonic()
+        return self._loop.time()
 
     async def sleep(self, seconds: float) -> None:
         await asyncio.sleep(seconds)

@@ -9,6 +9,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Dict, Optional, Union
 
+from .errors import ConfigurationError
+
 __all__ = ["Event", "EventPosition"]
 
 
@@ -29,12 +31,15 @@ class Event:
     enqueued_time: datetime
     partition_key: Optional[str] = None
     properties: Dict[str, Any] = field(default_factory=dict)
+    partition_id: Optional[str] = None
+    """The partition the event was read from (set by the sources)."""
 
     def body_as_str(self, encoding: str = "UTF-8") -> str:
         return self.body.decode(encoding)
 
 
 _KINDS = ("earliest", "latest", "sequence_number", "offset", "enqueued_time")
+_MAX_LONG = 2**63 - 1
 
 
 @dataclass(frozen=True)
@@ -55,7 +60,21 @@ class EventPosition:
 
     def __post_init__(self) -> None:
         if self.kind not in _KINDS:
-            raise ValueError(f"unknown event position kind {self.kind!r}; expected one of {_KINDS}")
+            raise ConfigurationError(f"unknown event position kind {self.kind!r}; expected one of {_KINDS}")
+        if not isinstance(self.inclusive, bool):
+            raise ConfigurationError(f"inclusive must be True or False, got {self.inclusive!r}")
+        value = self.value
+        if self.kind == "sequence_number":
+            if isinstance(value, bool) or not isinstance(value, int) or not -1 <= value <= _MAX_LONG:
+                raise ConfigurationError(
+                    f"sequence_number must be an int from -1 to 2**63-1, got {type(value).__name__} {value!r}")
+        elif self.kind == "offset":
+            if not isinstance(value, str) or not value.lstrip("-").isdigit():
+                raise ConfigurationError(f"offset must be a string of digits (as Event Hubs gives it), got {value!r}")
+        elif self.kind == "enqueued_time":
+            if not isinstance(value, datetime) or value.tzinfo is None:
+                raise ConfigurationError(
+                    f"enqueued_time must be a timezone-aware datetime (use datetime.timezone.utc), got {value!r}")
 
     @classmethod
     def earliest(cls) -> "EventPosition":
@@ -67,14 +86,13 @@ class EventPosition:
 
     @classmethod
     def from_sequence_number(cls, sequence_number: int, *, inclusive: bool = False) -> "EventPosition":
-        return cls("sequence_number", int(sequence_number), inclusive)
+        return cls("sequence_number", sequence_number, inclusive)
 
     @classmethod
-    def from_offset(cls, offset: str, *, inclusive: bool = False) -> "EventPosition":
-        return cls("offset", str(offset), inclusive)
+    def from_offset(cls, offset: Union[str, int], *, inclusive: bool = False) -> "EventPosition":
+        return cls("offset", str(offset) if isinstance(offset, int) and not isinstance(offset, bool) else offset,
+                   inclusive)
 
     @classmethod
     def from_enqueued_time(cls, enqueued_time: datetime, *, inclusive: bool = False) -> "EventPosition":
-        if enqueued_time.tzinfo is None:
-            raise ValueError("enqueued_time must be timezone-aware (use datetime.timezone.utc)")
         return cls("enqueued_time", enqueued_time, inclusive)

@@ -5,12 +5,13 @@ import enum
 import logging
 from typing import TYPE_CHECKING, Callable, List, Optional
 
-from .errors import OwnershipLostError
+from .errors import InvalidCheckpointError, OwnershipLostError
 from .events import Event
 from .records import Checkpoint
 
 if TYPE_CHECKING:  # pragma: no cover
     from .checkpoint_store import CheckpointStore
+    from .sources.base import LastEnqueuedEventProperties
 
 __all__ = ["CloseReason", "PartitionContext", "PartitionProcessor"]
 
@@ -25,6 +26,10 @@ class CloseReason(enum.Enum):
     OWNERSHIP_LOST = "ownership_lost"
     """Another processor took the partition, a renewal failed, the receiver was
     disconnected by a higher owner level, or the lease ran out (self-fencing)."""
+    HANDOFF = "handoff"
+    """Another processor asked for the partition (rebalancing, scale-out): this claim
+    finished its batch and hands the partition over. ``update_checkpoint`` still works
+    inside ``close``, and the next owner resumes from the last checkpoint."""
 
 
 class PartitionContext:
@@ -51,7 +56,9 @@ class PartitionContext:
         epoch: int,
         checkpoint_store: "CheckpointStore",
         is_owned: Callable[[], bool],
+        may_checkpoint: Optional[Callable[[], bool]] = None,
         on_ownership_lost: Optional[Callable[[], None]] = None,
+        on_checkpoint: Optional[Callable[[Checkpoint], None]] = None,
     ) -> None:
         self.fully_qualified_namespace = fully_qualified_namespace
         self.eventhub_name = eventhub_name
@@ -61,15 +68,40 @@ class PartitionContext:
         self.epoch = epoch
         self.last_event: Optional[Event] = None
         self.last_checkpoint: Optional[Checkpoint] = None
+        self._last_enqueued: Optional["LastEnqueuedEventProperties"] = None
         self._store = checkpoint_store
         self._is_owned = is_owned
+        self._may_checkpoint = may_checkpoint or is_owned
         self._on_ownership_lost = on_ownership_lost
+        self._on_checkpoint = on_checkpoint
 
     def __repr__(self) -> str:
         return (
             f"PartitionContext(eventhub_name={self.eventhub_name!r}, consumer_group={self.consumer_group!r}, "
             f"partition_id={self.partition_id!r}, owner_id={self.owner_id!r}, epoch={self.epoch})"
         )
+
+    @property
+    def last_enqueued_event_properties(self) -> Optional["LastEnqueuedEventProperties"]:
+        """The partition's newest event (sequence number, offset, enqueued time) and when
+        the source reported it; set when the processor runs with
+        ``track_last_enqueued_event_properties=True``, else None."""
+        return self._last_enqueued
+
+    @property
+    def lag(self) -> Optional[int]:
+        """Events enqueued after the last one delivered here (None while unknown)."""
+        newest, delivered = self._last_enqueued, self.last_event
+        if newest is None:
+            return None
+        if delivered is None:
+            base = self.last_checkpoint.sequence_number if self.last_checkpoint is not None else -1
+            return max(0, newest.sequence_number - base)
+        return max(0, newest.sequence_number - delivered.sequence_number)
+
+    def _received(self, newest: Optional["LastEnqueuedEventProperties"]) -> None:
+        if newest is not None:
+            self._last_enqueued = newest
 
     @property
     def is_owned(self) -> bool:
@@ -80,8 +112,13 @@ class PartitionContext:
         if self._on_ownership_lost is not None:
             self._on_ownership_lost()
 
-    async def update_checkpoint(self, event: Optional[Event] = None) -> None:
+    async def update_checkpoint(self, event: Optional[Event] = None, *, allow_rewind: bool = False) -> None:
         """Record that processing got as far as ``event`` (default: the last delivered).
+
+        ``event`` must be an event of this partition delivered in this claim. A position
+        before the last checkpoint is refused unless ``allow_rewind=True`` (to replay on
+        purpose); the same position again is a no-op. Refusals raise
+        :class:`InvalidCheckpointError` and write nothing.
 
         Raises :class:`OwnershipLostError` when this processor no longer owns the
         partition; the stored checkpoint is then left as the current owner wrote it.
@@ -89,7 +126,11 @@ class PartitionContext:
         event = event if event is not None else self.last_event
         if event is None:
             return
-        if not self._is_owned():
+        self._check_checkpoint_event(event, allow_rewind)
+        last = self.last_checkpoint
+        if last is not None and last.sequence_number == event.sequence_number and last.epoch == self.epoch:
+            return
+        if not self._may_checkpoint():
             raise OwnershipLostError(
                 f"partition {self.partition_id} is no longer owned by {self.owner_id}",
                 partition_id=self.partition_id,
@@ -112,6 +153,30 @@ class PartitionContext:
             self._ownership_lost()
             raise
         self.last_checkpoint = checkpoint
+        if self._on_checkpoint is not None:
+            self._on_checkpoint(checkpoint)
+
+
+    def _check_checkpoint_event(self, event: Event, allow_rewind: bool) -> None:
+        if not isinstance(event, Event):
+            raise InvalidCheckpointError(f"update_checkpoint takes an Event, got {type(event).__name__}")
+        if event.partition_id is not None and event.partition_id != self.partition_id:
+            raise InvalidCheckpointError(
+                f"update_checkpoint on partition {self.partition_id} with an event of partition "
+                f"{event.partition_id} (sequence number {event.sequence_number}): each partition's context "
+                "checkpoints only its own events")
+        delivered = self.last_event
+        if delivered is None or event.sequence_number > delivered.sequence_number:
+            raise InvalidCheckpointError(
+                f"update_checkpoint on partition {self.partition_id} with sequence number {event.sequence_number}, "
+                f"which was not delivered in this claim (last delivered: "
+                f"{'none' if delivered is None else delivered.sequence_number}); checkpointing it would skip events")
+        last = self.last_checkpoint
+        if last is not None and event.sequence_number < last.sequence_number and not allow_rewind:
+            raise InvalidCheckpointError(
+                f"update_checkpoint on partition {self.partition_id} would move the checkpoint back from sequence "
+                f"number {last.sequence_number} to {event.sequence_number}; pass allow_rewind=True to replay on "
+                "purpose")
 
 
 class PartitionProcessor:
@@ -128,9 +193,18 @@ class PartitionProcessor:
         EventProcessor(source, store, Printer)
 
     ``process_events`` is awaited for each batch, one batch at a time per partition.
-    If it raises, ``process_error`` gets the exception and the partition resumes from
-    its last checkpoint, so no event is lost (some are delivered again).
+    If it raises, ``process_error`` gets the exception and the batch is delivered again
+    (a bounded number of times: see the processor's ``max_delivery_attempts`` and
+    ``on_poison``), so no event is lost.
     """
+
+    checkpoint_on_release: bool = True
+    """When a claim ends gracefully (the processor stops, or hands the partition over to
+    a processor that asked for it), checkpoint the last event of the last batch that
+    ``process_events`` completed, once ``close`` has returned, unless ``close`` already
+    checkpointed at or past it. That is what makes planned moves free of duplicates.
+    Handlers that acknowledge events only after ``process_events`` returns (they buffer
+    and write later) set this to False and checkpoint in ``close`` themselves."""
 
     async def initialize(self, context: PartitionContext) -> None:
         """Called once before the first batch of this claim."""
@@ -151,6 +225,3 @@ class PartitionProcessor:
 
     async def close(self, reason: CloseReason, context: PartitionContext) -> None:
         """Called once when the claim ends."""
-
-
-PartitionProcessorFactory = Callable[[], PartitionProcessor]

@@ -1,25 +1,34 @@
 """PartitionPump: one task per owned partition, from receiver to handler.
 
-It receives batches with the claim's owner level, awaits ``process_events``, and stops
-dispatching as soon as the claim is no longer current (lost, self-fenced, or stopped).
-A failing handler goes to ``process_error`` and the partition resumes from its last
-checkpoint; the pump itself never dies from user code.
+All user code of a claim runs on the pump's own task: the factory, ``initialize``,
+``process_events`` and ``close``; ``process_error`` runs on tasks of its own. None of it
+ever runs on the balancing or renewal tasks, so a slow or hung handler delays nothing but
+its own partition.
+
+The pump receives batches with the claim's owner level, checks before every batch that
+the claim may still dispatch, and stops when it may not. A batch the handler is working
+on is finished, never interrupted, unless the pump is cancelled (a hung handler at
+shutdown).
 """
 from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Optional
+from typing import Awaitable, Callable, List, Optional, Set
 
 from .clock import Clock
-from .errors import OwnershipLostError
-from .events import EventPosition
+from .delivery import Outcome, PoisonPolicy, RetryPolicy, deliver
+from .errors import ConfigurationError, HandlerTimeoutError, OwnershipLostError, PoisonEventsError
+from .events import Event, EventPosition
 from .partition import CloseReason, PartitionContext, PartitionProcessor
 from .sources.base import EventSource, PartitionReceiver
+from .telemetry import Telemetry
 
-__all__ = ["PartitionPump"]
+__all__ = ["PartitionPump", "DeadLetter"]
 
 logger = logging.getLogger(__name__)
+
+DeadLetter = Callable[[List[Event], Exception, PartitionContext], Awaitable[None]]
 
 _MAX_BACKOFF = 5.0
 
@@ -31,35 +40,73 @@ class PartitionPump:
         self,
         *,
         context: PartitionContext,
-        processor: PartitionProcessor,
+        factory: Callable[[], PartitionProcessor],
         source: EventSource,
         starting_position: EventPosition,
         max_batch_size: int,
         max_wait_time: Optional[float],
         prefetch: int,
         clock: Clock,
+        handler_timeout: Optional[float] = None,
+        retry_policy: RetryPolicy = RetryPolicy(),
+        on_poison: PoisonPolicy = PoisonPolicy.SKIP,
+        dead_letter: Optional[DeadLetter] = None,
+        on_user_code_error: Optional[Callable[[str, Exception], None]] = None,
+        track_last_enqueued_event_properties: bool = False,
+        telemetry: Optional[Telemetry] = None,
     ) -> None:
         self.context = context
-        self.processor = processor
+        self.processor: Optional[PartitionProcessor] = None
+        self._processor: PartitionProcessor = PartitionProcessor()  # the made one, once the factory ran
+        self._factory = factory
         self._source = source
         self._claim_start = starting_position
         self._max_batch_size = max_batch_size
         self._max_wait_time = max_wait_time
         self._prefetch = prefetch
         self._clock = clock
+        self._handler_timeout = handler_timeout
+        self._retry_policy = retry_policy
+        self._on_poison = on_poison
+        self._dead_letter = dead_letter
+        self._on_user_code_error = on_user_code_error
+        self._track_last_enqueued = track_last_enqueued_event_properties
+        self._telemetry = telemetry
+        self.parked: Optional[PoisonEventsError] = None
+        """Set when the partition was parked on a poison event (``on_poison=PARK``)."""
         self._stop_reason: Optional[CloseReason] = None
         self._dispatching = False
         self._receiver: Optional[PartitionReceiver] = None
+        self._error_tasks: Set[asyncio.Task] = set()
+        self._early_errors: List[Exception] = []
         self.batches_dispatched = 0
         self.events_dispatched = 0
+        self.batch_started: Optional[float] = None
+        """When the ``process_events`` call in progress started (None between calls)."""
+        self._batch_reported = False
+        self.last_completed: Optional[Event] = None
+        """The last event of the last batch ``process_events`` completed."""
+        self.failure: Optional[BaseException] = None
+        """Why the pump ended by itself (factory failed, takeover), if it did."""
+        self.close_reason: Optional[CloseReason] = None
         self.task: Optional[asyncio.Task] = None
 
     def __repr__(self) -> str:
         return f"PartitionPump(partition_id={self.context.partition_id!r}, epoch={self.context.epoch})"
 
     @property
+    def alive(self) -> bool:
+        """True until the pump's task has finished (``close`` included)."""
+        return self.task is not None and not self.task.done()
+
+    @property
     def stopping(self) -> bool:
         return self._stop_reason is not None
+
+    @property
+    def dispatching(self) -> bool:
+        """True while a batch is in the handler."""
+        return self._dispatching
 
     def start(self) -> asyncio.Task:
         self.task = asyncio.create_task(self._run(), name=f"pump-{self.context.partition_id}")
@@ -73,6 +120,28 @@ class PartitionPump:
         if self.task is not None and not self._dispatching and not self.task.done():
             self.task.cancel()
 
+    def cancel(self) -> None:
+        """Cancel the task even in the middle of a batch (a handler that does not return)."""
+        if self._stop_reason is None:
+            self._stop_reason = CloseReason.SHUTDOWN
+        if self.task is not None and not self.task.done():
+            self.task.cancel()
+
+    def report_error(self, error: Exception) -> None:
+        """Hand ``error`` to the handler's ``process_error`` on a task of its own, so that
+        the caller (the balancing or renewal task) never waits for user code."""
+        if self.processor is None:
+            if self.task is not None and not self.task.done():
+                self._early_errors.append(error)  # delivered once the handler exists
+            return
+        task = asyncio.get_running_loop().create_task(self._report(error), name=f"process-error-{self.context.partition_id}")
+        self._error_tasks.add(task)
+        task.add_done_callback(self._error_tasks.discard)
+
+    def _receiver_options(self) -> dict:
+        # Asked only when wanted, so that sources written before the option still work.
+        return {"track_last_enqueued_event_properties": True} if self._track_last_enqueued else {}
+
     def _resume_position(self) -> EventPosition:
         checkpoint = self.context.last_checkpoint
         if checkpoint is not None:
@@ -80,12 +149,21 @@ class PartitionPump:
         return self._claim_start
 
     async def _report(self, error: Exception) -> None:
+        if self.processor is None:
+            return
         try:
             await self.processor.process_error(error, self.context)
-        except Exception:  # user code must not kill the pump
-            logger.exception("process_error raised for partition %s of %s/%s (owner %s)",
-                             self.context.partition_id, self.context.eventhub_name,
-                             self.context.consumer_group, self.context.owner_id)
+        except Exception as failure:  # user code must not kill the pump
+            self._user_code_failed("process_error", failure)
+
+    def _user_code_failed(self, where: str, failure: Exception) -> None:
+        """``process_error`` or ``close`` raised: tell the processor (which reports it to
+        ``error_handler``, once per kind), never as a traceback per call."""
+        if self._on_user_code_error is not None:
+            self._on_user_code_error(where, failure)
+        else:
+            logger.warning("%s raised for partition %s of %s/%s: %r", where, self.context.partition_id,
+                           self.context.eventhub_name, self.context.consumer_group, failure)
 
     async def _close_receiver(self) -> None:
         receiver, self._receiver = self._receiver, None
@@ -95,13 +173,137 @@ class PartitionPump:
             except Exception:
                 logger.debug("closing receiver of partition %s failed", self.context.partition_id, exc_info=True)
 
+    def _make_processor(self) -> PartitionProcessor:
+        processor = self._factory()
+        if not isinstance(processor, PartitionProcessor):
+            raise ConfigurationError(
+                f"the partition processor factory returned {type(processor).__name__}, not a PartitionProcessor")
+        return processor
+
+    def overdue(self, now: float) -> Optional[HandlerTimeoutError]:
+        """The processor's watchdog asks, every few seconds: has ``process_events`` been
+        running longer than ``handler_timeout``? Returns the error to report, once per
+        batch (the handler is not interrupted; other partitions are not held up)."""
+        started, limit = self.batch_started, self._handler_timeout
+        if started is None or limit is None or self._batch_reported or now - started < limit:
+            return None
+        self._batch_reported = True
+        ctx = self.context
+        return HandlerTimeoutError(
+            f"process_events for partition {ctx.partition_id} of {ctx.eventhub_name}/{ctx.consumer_group} has "
+            f"not returned after {limit:g} s (batch from sequence number "
+            f"{ctx.last_event.sequence_number if ctx.last_event else '-'}); still waiting for it",
+            partition_id=ctx.partition_id)
+
+    async def _deliver(self, batch: List[Event]) -> None:
+        """One delivery of ``batch`` to the handler: the hot path. Timed for the handler
+        watchdog (``overdue``) and, when a provider is set, for OpenTelemetry."""
+        ctx = self.context
+        if batch:
+            ctx.last_event = batch[-1]  # what update_checkpoint() defaults to: this delivery's last
+        self.batch_started = self._clock.monotonic()
+        self._batch_reported = False
+        try:
+            telemetry = self._telemetry
+            if telemetry is not None and telemetry.active:
+                with telemetry.batch(ctx.partition_id, batch):
+                    await self._processor.process_events(batch, ctx)
+            else:
+                await self._processor.process_events(batch, ctx)
+        finally:
+            self.batch_started = None
+        self.batches_dispatched += 1
+        self.events_dispatched += len(batch)
+        if batch:
+            self.last_completed = batch[-1]
+
+    async def _failed(self, error: Exception, batch: List[Event], attempt: int) -> None:
+        ctx = self.context
+        logger.warning("partition %s of %s/%s: handler failed on %d events from sequence number %s (attempt %d of "
+                       "%d): %r", ctx.partition_id, ctx.eventhub_name, ctx.consumer_group, len(batch),
+                       batch[0].sequence_number if batch else "-", attempt, self._retry_policy.max_delivery_attempts,
+                       error)
+        await self._report(error)
+
+    def _may_continue(self) -> bool:
+        return self._stop_reason is None and self.context.is_owned
+
+    async def _recover(self, events: List[Event], first_failure: Exception) -> bool:
+        """The handler raised on ``events``: redeliver under the retry and poison policy
+        (:mod:`eventprocessor.delivery`). Returns True when the partition must park."""
+        await self._failed(first_failure, events, 1)
+        if not events:  # an empty batch on the max_wait_time timer: nothing to redeliver
+            return False
+        policy = self._retry_policy
+        if policy.max_delivery_attempts > 1 and self._may_continue():
+            await self._clock.sleep(policy.delay(1))
+        remaining, failed_once = events, True
+        while remaining:
+            outcome: Outcome = await deliver(self._deliver, remaining, policy=policy, clock=self._clock,
+                                             report=self._failed, may_continue=self._may_continue,
+                                             failed_once=failed_once)
+            failed_once = False
+            if outcome.poison is None:
+                return False
+            poison, ctx = outcome.poison, self.context
+            poisoned = PoisonEventsError(
+                f"partition {ctx.partition_id} of {ctx.eventhub_name}/{ctx.consumer_group}: the handler failed on "
+                f"the event at sequence number {poison.event.sequence_number} in all {poison.attempts} attempts "
+                f"({poison.error!r}); policy {self._on_poison.value}",
+                events=[poison.event], attempts=poison.attempts, partition_id=ctx.partition_id)
+            poisoned.__cause__ = poison.error
+            logger.error("%s", poisoned)
+            await self._report(poisoned)
+            if self._on_poison is PoisonPolicy.PARK or not await self._skip(poison.event, poisoned):
+                self.parked = poisoned
+                logger.error("partition %s of %s/%s is parked: it is not dispatched until the processor restarts",
+                             ctx.partition_id, ctx.eventhub_name, ctx.consumer_group)
+                return True
+            remaining = poison.rest
+        return False
+
+    async def _skip(self, event: Event, error: PoisonEventsError) -> bool:
+        """Dead-letter ``event`` (if a hook is set) and checkpoint past it. False if it
+        cannot be skipped safely (the hook failed)."""
+        ctx = self.context
+        if self._dead_letter is not None:
+            try:
+                await self._dead_letter([event], error, ctx)
+            except Exception as hook_error:
+                logger.error("partition %s: the dead_letter hook failed (%r); parking instead of skipping",
+                             ctx.partition_id, hook_error)
+                await self._report(hook_error)
+                return False
+        try:
+            await ctx.update_checkpoint(event)
+        except Exception as checkpoint_error:
+            logger.warning("partition %s: could not checkpoint past the skipped event %d: %r", ctx.partition_id,
+                           event.sequence_number, checkpoint_error)
+        return True
+
+    async def _wait_parked(self) -> None:
+        """A parked partition keeps its claim and waits, idle, to be stopped."""
+        await self._close_receiver()
+        while self._stop_reason is None:
+            self._dispatching = False
+            await self._clock.sleep(3600)
+
     async def _run(self) -> None:
         ctx = self.context
         reason = CloseReason.SHUTDOWN
         backoff = 0.1
         try:
             try:
-                await self.processor.initialize(ctx)
+                self.processor = self._make_processor()
+            except Exception as error:
+                self.failure = error  # the processor reports it (once per kind) when the pump ends
+                return
+            processor = self._processor = self.processor
+            for early in self._early_errors:
+                self.report_error(early)
+            self._early_errors.clear()
+            try:
+                await processor.initialize(ctx)
             except Exception as error:
                 await self._report(error)
             position = self._claim_start
@@ -116,9 +318,12 @@ class PartitionPump:
                             break
                         self._receiver = await self._source.open_receiver(
                             ctx.partition_id, consumer_group=ctx.consumer_group, starting_position=position,
-                            owner_level=ctx.epoch, prefetch=self._prefetch)
+                            owner_level=ctx.epoch, prefetch=self._prefetch, **self._receiver_options())
                     events = await self._receiver.receive(self._max_batch_size, self._max_wait_time)
+                    if self._track_last_enqueued:
+                        ctx._received(self._receiver.last_enqueued_event_properties)
                 except OwnershipLostError as error:
+                    self.failure = error
                     ctx._ownership_lost()
                     logger.info("partition %s of %s/%s: receiver taken over (%s); owner %s stops",
                                 ctx.partition_id, ctx.eventhub_name, ctx.consumer_group, error, ctx.owner_id)
@@ -135,9 +340,6 @@ class PartitionPump:
                     backoff = min(backoff * 2, _MAX_BACKOFF)
                     continue
                 if not events and self._max_wait_time is None:
-                    if not ctx.is_owned:
-                        reason = CloseReason.OWNERSHIP_LOST
-                        break
                     continue
                 # The claim may have ended while we waited for events: never dispatch then.
                 # (One ownership check per batch: it is on the hot path.)
@@ -146,22 +348,15 @@ class PartitionPump:
                 if not ctx.is_owned:
                     reason = CloseReason.OWNERSHIP_LOST
                     break
-                if events:
-                    ctx.last_event = events[-1]
                 self._dispatching = True
                 try:
-                    await self.processor.process_events(events, ctx)
-                    self.batches_dispatched += 1
-                    self.events_dispatched += len(events)
-                    backoff = 0.1
-                except Exception as error:
-                    logger.warning("partition %s of %s/%s: handler failed, resuming from the last checkpoint: %r",
-                                   ctx.partition_id, ctx.eventhub_name, ctx.consumer_group, error)
-                    await self._report(error)
-                    await self._close_receiver()
-                    position = self._resume_position()
-                    await self._clock.sleep(backoff)
-                    backoff = min(backoff * 2, _MAX_BACKOFF)
+                    await self._deliver(events)
+                except Exception as failure:
+                    if await self._recover(events, failure):
+                        reason = self._stop_reason or CloseReason.SHUTDOWN
+                        await self._wait_parked()
+                        reason = self._stop_reason or reason
+                        break
                 finally:
                     self._dispatching = False
         except asyncio.CancelledError:
@@ -169,9 +364,27 @@ class PartitionPump:
             if self._stop_reason is None:
                 raise
         finally:
+            self.close_reason = reason
             await self._close_receiver()
-            try:
-                await self.processor.close(reason, ctx)
-            except Exception:
-                logger.exception("close raised for partition %s of %s/%s (owner %s)", ctx.partition_id,
-                                 ctx.eventhub_name, ctx.consumer_group, ctx.owner_id)
+            if self.processor is not None:
+                try:
+                    await self.processor.close(reason, ctx)
+                except Exception as failure:
+                    self._user_code_failed("close", failure)
+                if reason in (CloseReason.SHUTDOWN, CloseReason.HANDOFF):
+                    await self._checkpoint_on_release(self.processor)
+
+    async def _checkpoint_on_release(self, processor: PartitionProcessor) -> None:
+        """A graceful end: checkpoint what ``process_events`` completed, so the next owner
+        starts right after it (see ``PartitionProcessor.checkpoint_on_release``)."""
+        done, ctx = self.last_completed, self.context
+        if done is None or not getattr(processor, "checkpoint_on_release", True):
+            return
+        last = ctx.last_checkpoint
+        if last is not None and last.epoch == ctx.epoch and last.sequence_number >= done.sequence_number:
+            return
+        try:
+            await ctx.update_checkpoint(done)
+        except Exception as error:
+            logger.warning("partition %s of %s/%s: the checkpoint on release failed (%r); the next owner resumes "
+                           "from the previous one", ctx.partition_id, ctx.eventhub_name, ctx.consumer_group, error)

@@ -1,27 +1,43 @@
-"""EventProcessor end to end on the in-memory store and source (real time, short intervals)."""
+"""EventProcessor end to end on the in-memory store and source, on virtual time.
+
+Every test runs on :class:`~eventprocessor.testing.VirtualTimeLoop`: leases, ticks,
+retries and handler work take virtual seconds, so the tests are fast and deterministic,
+and they still run the real processor, store and source code.
+"""
 from __future__ import annotations
 
 import asyncio
 from collections import defaultdict
-from typing import Callable, Dict, List, Set, Tuple
+from typing import Dict, List, Set, Tuple
 
 import pytest
 
-from eventprocessor import (CheckpointStoreError, CloseReason, ConfigurationError, EventProcessor, EventPosition,
-                            OwnershipLostError, PartitionProcessor)
+from eventprocessor import (CloseReason, ConfigurationError, EventPosition, EventProcessor, InvalidCheckpointError,
+                            OwnershipLostError, PartitionProcessor, PoisonEventsError)
 from eventprocessor.sources import MemoryEventSource
+from eventprocessor.testing import run_virtual, virtual_utc_clock
 from stores import InMemoryCheckpointStore
 
-FAST = dict(load_balancing_interval=0.1, partition_ownership_expiration_interval=1.0)
+FAST = dict(load_balancing_interval=0.5, partition_ownership_expiration_interval=6.0)
 
 
-async def eventually(condition: Callable[[], bool], timeout: float = 20.0, what: str = "condition") -> None:
+async def until(condition, *, timeout: float = 60.0, what: str = "condition") -> float:
+    """Wait (virtual time) until ``condition()``; returns the loop time it held."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
     while not condition():
         if loop.time() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        await asyncio.sleep(0.02)
+            raise AssertionError(f"timed out after {timeout} virtual seconds waiting for {what}")
+        await asyncio.sleep(0.05)
+    return loop.time()
+
+
+def new_store() -> InMemoryCheckpointStore:
+    return InMemoryCheckpointStore(clock=virtual_utc_clock())
+
+
+def new_source(partitions: int) -> MemoryEventSource:
+    return MemoryEventSource(partitions, clock=virtual_utc_clock())
 
 
 class AuditedStore(InMemoryCheckpointStore):
@@ -29,98 +45,84 @@ class AuditedStore(InMemoryCheckpointStore):
     the partition at that moment."""
 
     def __init__(self) -> None:
-        super().__init__()
+        super().__init__(clock=virtual_utc_clock())
         self.accepted: List[Tuple[str, str, int, int, str, int]] = []
-        self.refused = 0
 
     async def update_checkpoint(self, checkpoint, *, owner_id, epoch):
-        try:
-            await super().update_checkpoint(checkpoint, owner_id=owner_id, epoch=epoch)
-        except OwnershipLostError:
-            self.refused += 1
-            raise
-        scope = (checkpoint.fully_qualified_namespace, checkpoint.eventhub_name, checkpoint.consumer_group)
-        current = self._ownership[scope][checkpoint.partition_id]
+        await super().update_checkpoint(checkpoint, owner_id=owner_id, epoch=epoch)
+        listing = await self.list_ownership(checkpoint.fully_qualified_namespace, checkpoint.eventhub_name,
+                                            checkpoint.consumer_group)
+        current = {r.partition_id: r for r in listing.ownerships}[checkpoint.partition_id]
         self.accepted.append((checkpoint.partition_id, owner_id, epoch, checkpoint.sequence_number,
                               current.owner_id, current.epoch))
 
 
-class Recorder(PartitionProcessor):
-    processed: Dict[str, Set[Tuple[str, int]]] = defaultdict(set)
-    deliveries: List[Tuple[str, int]] = []
-    closes: List[Tuple[str, CloseReason]] = []
-
-    async def process_events(self, events, context):
-        for event in events:
-            self.processed[context.owner_id].add((context.partition_id, event.sequence_number))
-            self.deliveries.append((context.partition_id, event.sequence_number))
-        try:
-            await context.update_checkpoint()
-        except OwnershipLostError:
-            pass
-
-    async def close(self, reason, context):
-        self.closes.append((context.partition_id, reason))
-
-
 def recorder_class():
-    return type("Rec", (Recorder,), {"processed": defaultdict(set), "deliveries": [], "closes": []})
+    class Recorder(PartitionProcessor):
+        processed: Dict[str, Set[Tuple[str, int]]] = defaultdict(set)
+        closes: List[Tuple[str, CloseReason]] = []
+
+        async def process_events(self, events, context):
+            for event in events:
+                self.processed[context.owner_id].add((context.partition_id, event.sequence_number))
+            try:
+                await context.update_checkpoint()
+            except OwnershipLostError:
+                pass
+
+        async def close(self, reason, context):
+            self.closes.append((context.partition_id, reason))
+
+    return Recorder
 
 
-async def test_four_processors_32_partitions_balance_then_stop_and_crash_lose_nothing():
-    source = MemoryEventSource(32)
-    store = AuditedStore()
-    handler = recorder_class()
-    processors = [EventProcessor(source, store, handler, owner_id=f"p{i}", **FAST) for i in range(4)]
-    produced: List[Tuple[str, int]] = []
-    stop_producing = asyncio.Event()
+def test_four_processors_32_partitions_balance_then_stop_and_crash_lose_nothing():
+    async def scenario():
+        source, store, handler = new_source(32), AuditedStore(), recorder_class()
+        processors = [EventProcessor(source, store, handler, owner_id=f"p{i}", **FAST) for i in range(4)]
+        produced: List[Tuple[str, int]] = []
+        stop_producing = asyncio.Event()
 
-    async def produce():
-        i = 0
-        while not stop_producing.is_set():
-            event = await source.send(f"e{i}", partition_id=str(i % 32))
-            produced.append((str(i % 32), event.sequence_number))
-            i += 1
-            if i % 64 == 0:
-                await asyncio.sleep(0.005)
+        async def produce():
+            i = 0
+            while not stop_producing.is_set():
+                event = await source.send(f"e{i}", partition_id=str(i % 32))
+                produced.append((str(i % 32), event.sequence_number))
+                i += 1
+                await asyncio.sleep(0.002)
 
-    producer = asyncio.create_task(produce())
-    for p in processors:
-        await p.start()
-    await eventually(lambda: sorted(len(p.owned_partitions) for p in processors) == [8, 8, 8, 8]
-                     and len(set().union(*(p.owned_partitions for p in processors))) == 32, what="balance")
+        producer = asyncio.ensure_future(produce())
+        for p in processors:
+            await p.start()
+        await until(lambda: sorted(len(p.owned_partitions) for p in processors) == [8, 8, 8, 8]
+                    and len(set().union(*(p.owned_partitions for p in processors))) == 32, what="balance")
+        await processors[0].stop()  # graceful: releases its partitions
+        await processors[1].stop(release=False)  # crash: its records expire
+        survivors = processors[2:]
+        await until(lambda: sorted(len(p.owned_partitions) for p in survivors) == [16, 16]
+                    and len(set().union(*(p.owned_partitions for p in survivors))) == 32, what="failover")
+        stop_producing.set()
+        await producer
+        processed = lambda: set().union(*handler.processed.values())  # noqa: E731
+        await until(lambda: set(produced) <= processed(), what="every event processed")
+        for p in survivors:
+            await p.stop()
+        listing = await store.list_ownership(source.fully_qualified_namespace, source.eventhub_name, "$default")
+        return produced, processed(), store.accepted, listing
 
-    await processors[0].stop()  # graceful: releases its partitions
-    await processors[1].stop(release=False)  # crash: its records expire
-    survivors = processors[2:]
-    await eventually(lambda: sorted(len(p.owned_partitions) for p in survivors) == [16, 16]
-                     and len(set().union(*(p.owned_partitions for p in survivors))) == 32, what="failover")
-    stop_producing.set()
-    await producer
-    processed = lambda: set().union(*handler.processed.values())  # noqa: E731
-    await eventually(lambda: set(produced) <= processed(), what="every event processed")
-    for p in survivors:
-        await p.stop()
-
-    assert set(produced) <= processed()
-    assert len(produced) > 1000
+    produced, processed, accepted, listing = run_virtual(scenario())
+    assert set(produced) <= processed and len(produced) > 1000
     # no checkpoint was ever accepted from anyone but the current owner at that moment
-    assert store.accepted and all(owner == cur_owner and epoch == cur_epoch
-                                  for _pid, owner, epoch, _seq, cur_owner, cur_epoch in store.accepted)
-    # so stored checkpoints never move backwards
+    assert accepted and all(owner == cur_owner and epoch == cur_epoch
+                            for _pid, owner, epoch, _seq, cur_owner, cur_epoch in accepted)
     last: Dict[str, int] = {}
-    for pid, _owner, _epoch, seq, _co, _ce in store.accepted:
+    for pid, _owner, _epoch, seq, _co, _ce in accepted:  # so stored checkpoints never move backwards
         assert seq >= last.get(pid, -1)
         last[pid] = seq
-    # the stopped processor closed with SHUTDOWN and released: nothing was left to expire
-    listing = await store.list_ownership(source.fully_qualified_namespace, source.eventhub_name, "$default")
-    assert all(r.owner_id == "" for r in listing.ownerships)
+    assert all(r.owner_id == "" for r in listing.ownerships)  # everyone left gracefully at the end
 
 
-async def test_handler_errors_go_to_process_error_and_the_partition_resumes_from_its_checkpoint():
-    source = MemoryEventSource(1)
-    for i in range(10):
-        await source.send(str(i))
+def test_a_failing_batch_is_redelivered_from_memory_then_succeeds():
     errors: List[Exception] = []
     delivered: List[int] = []
 
@@ -129,26 +131,93 @@ async def test_handler_errors_go_to_process_error_and_the_partition_resumes_from
 
         async def process_events(self, events, context):
             delivered.extend(e.sequence_number for e in events)
-            if events[0].sequence_number == 0:
-                await context.update_checkpoint(events[3])
             if not Flaky.failed and events[-1].sequence_number >= 5:
                 Flaky.failed = True
                 raise RuntimeError("boom in handler")
+            await context.update_checkpoint()
 
         async def process_error(self, error, context):
             errors.append(error)
 
-    processor = EventProcessor(source, InMemoryCheckpointStore(), Flaky, max_batch_size=6, **FAST)
-    async with processor:
-        await eventually(lambda: delivered.count(9) >= 1 and Flaky.failed, what="redelivery")
+    async def scenario():
+        source = new_source(1)
+        for i in range(10):
+            await source.send(str(i))
+        p = EventProcessor(source, new_store(), Flaky, max_batch_size=6, **FAST)
+        async with p:
+            await until(lambda: 9 in delivered, what="the rest of the partition")
+
+    run_virtual(scenario())
     assert [str(e) for e in errors] == ["boom in handler"]
-    # first delivery 0..5 failed after checkpointing 3; the partition resumed at 4
-    assert delivered[:6] == [0, 1, 2, 3, 4, 5] and delivered[6] == 4
-    assert sorted(set(delivered)) == list(range(10))
+    assert delivered[:12] == [0, 1, 2, 3, 4, 5] * 2  # the same batch again, once
+    assert delivered[12:] == [6, 7, 8, 9]
 
 
-async def test_slow_handler_stalls_neither_other_partitions_nor_the_balancing_loop():
-    source = MemoryEventSource(4)
+def test_an_event_that_always_fails_is_retried_a_bounded_number_of_times_then_skipped():
+    """Issue 12 row: a handler that raised on one event every time saw its batch
+    redelivered every 5 s, forever, and the events after it were never processed."""
+    seen: Dict[int, int] = defaultdict(int)
+    poison_errors: List[PoisonEventsError] = []
+    dead: List[int] = []
+
+    class Picky(PartitionProcessor):
+        async def process_events(self, events, context):
+            for e in events:
+                seen[e.sequence_number] += 1
+            if any(e.sequence_number == 17 for e in events):
+                raise ValueError("cannot parse event 17")
+            await context.update_checkpoint()
+
+        async def process_error(self, error, context):
+            if isinstance(error, PoisonEventsError):
+                poison_errors.append(error)
+
+    async def dead_letter(events, error, context):
+        dead.extend(e.sequence_number for e in events)
+
+    async def scenario():
+        source, store = new_source(1), new_store()
+        for i in range(40):
+            await source.send(str(i))
+        p = EventProcessor(source, store, Picky, max_batch_size=25, max_delivery_attempts=3, dead_letter=dead_letter,
+                           **FAST)
+        async with p:
+            done = await until(lambda: seen[39] >= 1, what="events after the poison one")
+            await asyncio.sleep(60)  # nothing more is redelivered
+        checkpoints = await store.list_checkpoints("memory.local", "hub", "$default")
+        return done, checkpoints
+
+    done, checkpoints = run_virtual(scenario())
+    assert seen[17] == 3 + 3  # three times in its batch, three times alone: finite
+    assert all(seen[i] >= 1 for i in range(40))
+    assert [e.events[0].sequence_number for e in poison_errors] == [17]
+    assert poison_errors[0].attempts == 3 and isinstance(poison_errors[0].__cause__, ValueError)
+    assert dead == [17]
+    assert checkpoints[0].sequence_number == 39
+    assert done < 30
+
+
+def test_park_policy_stops_only_the_poisoned_partition():
+    class Picky(PartitionProcessor):
+        async def process_events(self, events, context):
+            if context.partition_id == "0":
+                raise ValueError("always")
+
+    async def scenario():
+        source = new_source(2)
+        await source.send("x", partition_id="0")
+        p = EventProcessor(source, new_store(), Picky, on_poison="park", max_delivery_attempts=2, **FAST)
+        async with p:
+            await until(lambda: p.pump("0") is not None and p.pump("0").parked is not None, what="parked")
+            await source.send("y", partition_id="1")
+            await until(lambda: p.pump("1") is not None and p.pump("1").events_dispatched == 1, what="other runs")
+            parked_still_owned = "0" in p.leases
+        return parked_still_owned
+
+    assert run_virtual(scenario())
+
+
+def test_slow_handler_stalls_neither_other_partitions_nor_the_balancing_loop():
     gate = asyncio.Event()
     done: Set[str] = set()
 
@@ -158,21 +227,23 @@ async def test_slow_handler_stalls_neither_other_partitions_nor_the_balancing_lo
                 await gate.wait()
             done.add(context.partition_id)
 
-    processor = EventProcessor(source, InMemoryCheckpointStore(), Slow, load_balancing_strategy="greedy", **FAST)
-    async with processor:
-        await eventually(lambda: len(processor.owned_partitions) == 4, what="all owned")
-        for pid in "0123":
-            await source.send("x", partition_id=pid)
-        await eventually(lambda: done == {"1", "2", "3"}, what="other partitions processed")
-        ticks = processor.ticks
-        await eventually(lambda: processor.ticks >= ticks + 3, what="loop keeps ticking")
-        gate.set()
-        await eventually(lambda: "0" in done, what="slow partition finished")
+    async def scenario():
+        source = new_source(4)
+        p = EventProcessor(source, new_store(), Slow, **FAST)
+        async with p:
+            await until(lambda: len(p.owned_partitions) == 4, what="all owned")
+            for pid in "0123":
+                await source.send("x", partition_id=pid)
+            await until(lambda: done == {"1", "2", "3"}, what="other partitions processed")
+            ticks = p.ticks
+            await until(lambda: p.ticks >= ticks + 3, what="the loop keeps ticking")
+            gate.set()
+            await until(lambda: "0" in done, what="slow partition finished")
+
+    run_virtual(scenario())
 
 
-async def test_steal_closes_old_claim_with_ownership_lost_and_fences_its_checkpoint():
-    source = MemoryEventSource(2)
-    store = InMemoryCheckpointStore()
+def test_steal_closes_old_claim_with_ownership_lost_and_fences_its_checkpoint():
     contexts = {}
     closes = []
 
@@ -183,128 +254,157 @@ async def test_steal_closes_old_claim_with_ownership_lost_and_fences_its_checkpo
         async def close(self, reason, context):
             closes.append((context.owner_id, context.partition_id, reason))
 
-    a = EventProcessor(source, store, Keep, owner_id="a", **FAST)
-    await a.start()
-    await eventually(lambda: a.owned_partitions == {"0", "1"}, what="a owns both")
-    b = EventProcessor(source, store, Keep, owner_id="b", **FAST)
-    await b.start()
-    await eventually(lambda: len(b.owned_partitions) == 1 and len(a.owned_partitions) == 1, what="steal")
-    (stolen,) = b.owned_partitions
-    await eventually(lambda: ("a", stolen, CloseReason.OWNERSHIP_LOST) in closes, what="close(OWNERSHIP_LOST)")
-    await source.send("e", partition_id=stolen)
-    new_ctx = contexts[("b", stolen)]
-    await eventually(lambda: new_ctx.last_event is not None, what="b received")
-    await new_ctx.update_checkpoint()
-    old_ctx = contexts[("a", stolen)]
-    old_ctx.last_event = new_ctx.last_event
-    with pytest.raises(OwnershipLostError):
-        await old_ctx.update_checkpoint()
-    # even bypassing the local check, the store refuses the old epoch
-    with pytest.raises(OwnershipLostError):
-        await store.update_checkpoint(new_ctx.last_checkpoint, owner_id="a", epoch=old_ctx.epoch)
-    (cp,) = [c for c in await store.list_checkpoints("memory.local", "hub", "$default") if c.partition_id == stolen]
-    assert (cp.owner_id, cp.epoch) == ("b", new_ctx.epoch)
-    await a.stop()
-    await b.stop()
+    async def scenario():
+        source, store = new_source(2), new_store()
+        a = EventProcessor(source, store, Keep, owner_id="a", handoff_timeout=None, **FAST)
+        await a.start()
+        await until(lambda: a.owned_partitions == {"0", "1"}, what="a owns both")
+        b = EventProcessor(source, store, Keep, owner_id="b", handoff_timeout=None, **FAST)
+        await b.start()
+        await until(lambda: len(b.owned_partitions) == 1 and len(a.owned_partitions) == 1, what="steal")
+        (stolen,) = b.owned_partitions
+        await until(lambda: ("a", stolen, CloseReason.OWNERSHIP_LOST) in closes, what="close(OWNERSHIP_LOST)")
+        await source.send("e", partition_id=stolen)
+        new_ctx = contexts[("b", stolen)]
+        await until(lambda: new_ctx.last_event is not None, what="b received")
+        await new_ctx.update_checkpoint()
+        old_ctx = contexts[("a", stolen)]
+        old_ctx.last_event = new_ctx.last_event
+        with pytest.raises(OwnershipLostError):
+            await old_ctx.update_checkpoint()
+        with pytest.raises(OwnershipLostError):  # even bypassing the local check, the store refuses
+            await store.update_checkpoint(new_ctx.last_checkpoint, owner_id="a", epoch=old_ctx.epoch)
+        (cp,) = [c for c in await store.list_checkpoints("memory.local", "hub", "$default")
+                 if c.partition_id == stolen]
+        await a.stop()
+        await b.stop()
+        return stolen, cp, new_ctx.epoch
+
+    stolen, cp, epoch = run_virtual(scenario())
+    assert (cp.owner_id, cp.epoch) == ("b", epoch)
     assert ("b", stolen, CloseReason.SHUTDOWN) in closes
 
 
-async def test_stop_releases_so_another_processor_claims_without_waiting_for_expiry():
-    source = MemoryEventSource(4)
-    store = InMemoryCheckpointStore()
-    slow = dict(load_balancing_interval=0.1, partition_ownership_expiration_interval=30.0)
-    a = EventProcessor(source, store, PartitionProcessor, owner_id="a", load_balancing_strategy="greedy", **slow)
-    await a.start()
-    await eventually(lambda: len(a.owned_partitions) == 4, what="a owns all")
-    await a.stop()
-    listing = await store.list_ownership("memory.local", "hub", "$default")
+def test_stop_releases_so_another_processor_claims_without_waiting_for_expiry():
+    async def scenario():
+        source, store = new_source(4), new_store()
+        slow = dict(load_balancing_interval=0.5, partition_ownership_expiration_interval=300.0)
+        a = EventProcessor(source, store, PartitionProcessor, owner_id="a", **slow)
+        await a.start()
+        await until(lambda: len(a.owned_partitions) == 4, what="a owns all")
+        await a.stop()
+        listing = await store.list_ownership("memory.local", "hub", "$default")
+        b = EventProcessor(source, store, PartitionProcessor, owner_id="b", **slow)
+        await b.start()
+        started = asyncio.get_running_loop().time()
+        taken = await until(lambda: len(b.owned_partitions) == 4, what="b claims released partitions")
+        await b.stop()
+        return listing, taken - started
+
+    listing, took = run_virtual(scenario())
     assert {r.owner_id for r in listing.ownerships} == {""}
-    b = EventProcessor(source, store, PartitionProcessor, owner_id="b", load_balancing_strategy="greedy", **slow)
-    await b.start()
-    await eventually(lambda: len(b.owned_partitions) == 4, timeout=5, what="b claims released partitions")
-    await b.stop()
+    assert took < 3  # a few ticks, not the 300 s expiration
 
 
-class FlakyStore(InMemoryCheckpointStore):
-    """The in-memory store with an outage switch (fault injection, not a mock)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.down = False
-
-    def _check(self):
-        if self.down:
-            raise CheckpointStoreError("store unreachable (injected outage)")
-
-    async def list_ownership(self, *args):
-        self._check()
-        return await super().list_ownership(*args)
-
-    async def claim_ownership(self, ownerships):
-        self._check()
-        return await super().claim_ownership(ownerships)
-
-
-async def test_self_fencing_stops_dispatch_before_the_lease_could_expire_on_the_store():
-    source = MemoryEventSource(2)
-    store = FlakyStore()
-    closes = []
-    errors = []
-
-    class Watch(PartitionProcessor):
-        async def close(self, reason, context):
-            closes.append(reason)
-
-        async def process_error(self, error, context):
-            errors.append(error)
-
-    loop = asyncio.get_running_loop()
-    processor = EventProcessor(source, store, Watch, load_balancing_strategy="greedy",
-                               load_balancing_interval=0.1, partition_ownership_expiration_interval=2.0)
-    await processor.start()
-    await eventually(lambda: len(processor.owned_partitions) == 2, what="owns both")
-    listing = await store.list_ownership("memory.local", "hub", "$default")
-    last_write = max(r.last_modified_time for r in listing.ownerships)
-    store.down = True
-    await eventually(lambda: not processor.owned_partitions, timeout=10, what="self-fenced")
-    fenced_at = store.now()
-    # stopped dispatching before the records could be judged expired by the store
-    assert (fenced_at - last_write).total_seconds() < 2.0
-    await eventually(lambda: closes == [CloseReason.OWNERSHIP_LOST] * 2, what="close(OWNERSHIP_LOST)")
-    assert any(isinstance(e, CheckpointStoreError) for e in errors)
-    store.down = False
-    await eventually(lambda: len(processor.owned_partitions) == 2, what="recovers after the outage")
-    await processor.stop()
-    del loop
-
-
-def test_configuration_errors_name_the_problem():
-    source, store = MemoryEventSource(1), InMemoryCheckpointStore()
-    with pytest.raises(ConfigurationError, match="load_balancing_interval"):
-        EventProcessor(source, store, PartitionProcessor, load_balancing_interval=0)
-    with pytest.raises(ConfigurationError, match="longer than load_balancing_interval"):
-        EventProcessor(source, store, PartitionProcessor, load_balancing_interval=10,
-                       partition_ownership_expiration_interval=5)
-    with pytest.raises(ConfigurationError, match="load_balancing_strategy"):
-        EventProcessor(source, store, PartitionProcessor, load_balancing_strategy="fastest")
-    with pytest.raises(ConfigurationError, match="PartitionProcessor"):
-        EventProcessor(source, store, object)  # type: ignore[arg-type]
-
-
-async def test_factory_callable_and_initial_position_per_partition():
-    source = MemoryEventSource(2)
-    for i in range(4):
-        await source.send(str(i), partition_id=str(i % 2))
+def test_factory_callable_and_initial_position_per_partition():
     seen: List[Tuple[str, int]] = []
 
     class Collect(PartitionProcessor):
         async def process_events(self, events, context):
             seen.extend((context.partition_id, e.sequence_number) for e in events)
 
-    processor = EventProcessor(source, InMemoryCheckpointStore(), lambda: Collect(),
-                               load_balancing_strategy="greedy",
-                               initial_event_position={"0": EventPosition.from_sequence_number(0),
-                                                       "1": EventPosition.earliest()}, **FAST)
-    async with processor:
-        await eventually(lambda: len(seen) == 3, what="3 events")
+    async def scenario():
+        source = new_source(2)
+        for i in range(4):
+            await source.send(str(i), partition_id=str(i % 2))
+        p = EventProcessor(source, new_store(), lambda: Collect(),
+                           initial_event_position={"0": EventPosition.from_sequence_number(0),
+                                                   "1": EventPosition.earliest()}, **FAST)
+        async with p:
+            await until(lambda: len(seen) == 3, what="3 events")
+
+    run_virtual(scenario())
     assert sorted(seen) == [("0", 1), ("1", 0), ("1", 1)]
+
+
+def test_checkpoints_are_refused_for_other_partitions_undelivered_events_and_rewinds():
+    """Issue 12 row: update_checkpoint in partition 0's handler with an event of partition
+    1 was accepted, and partition 0 resumed at partition 1's position."""
+    outcomes: Dict[str, object] = {}
+    contexts = {}
+
+    class Mixer(PartitionProcessor):
+        async def process_events(self, events, context):
+            contexts[context.partition_id] = (context, events)
+
+    async def scenario():
+        source, store = new_source(2), new_store()
+        for i in range(6):
+            await source.send(str(i), partition_id=str(i % 2))
+        p = EventProcessor(source, store, Mixer, **FAST)
+        async with p:
+            await until(lambda: len(contexts) == 2, what="both partitions delivered")
+            ctx0, events0 = contexts["0"]
+            _ctx1, events1 = contexts["1"]
+            await ctx0.update_checkpoint(events0[1])
+            for name, call in {
+                "other partition": lambda: ctx0.update_checkpoint(events1[-1]),
+                "rewind": lambda: ctx0.update_checkpoint(events0[0]),
+            }.items():
+                try:
+                    await call()
+                except InvalidCheckpointError as error:
+                    outcomes[name] = error
+            await ctx0.update_checkpoint(events0[0], allow_rewind=True)
+            outcomes["rewound"] = (await store.list_checkpoints("memory.local", "hub", "$default"))
+        return outcomes
+
+    outcomes = run_virtual(scenario())
+    assert "event of partition 1" in str(outcomes["other partition"])
+    assert "back from sequence number 1 to 0" in str(outcomes["rewind"])
+    rewound = {c.partition_id: c.sequence_number for c in outcomes["rewound"]}
+    assert rewound == {"0": 0}
+
+
+def test_a_factory_that_returns_the_wrong_type_is_reported_once_and_stops_the_processor():
+    """Issue 12 row: a factory that returns 42 printed 26 tracebacks in 3 s and never
+    reached error_handler."""
+    reported: List[Exception] = []
+
+    async def on_error(error, context):
+        reported.append(error)
+
+    async def scenario():
+        p = EventProcessor(new_source(4), new_store(), lambda: 42, error_handler=on_error, **FAST)
+        with pytest.raises(ConfigurationError, match="returned int, not a PartitionProcessor"):
+            await asyncio.wait_for(p.run(), 30)
+        return p.is_running
+
+    assert run_virtual(scenario()) is False
+    assert len(reported) == 1 and isinstance(reported[0], ConfigurationError)
+
+
+def test_a_failing_process_error_reaches_error_handler_once():
+    reported: List[Exception] = []
+
+    class Bad(PartitionProcessor):
+        async def process_events(self, events, context):
+            raise RuntimeError("handler")
+
+        async def process_error(self, error, context):
+            raise KeyError("process_error itself is broken")
+
+    async def on_error(error, context):
+        reported.append(error)
+
+    async def scenario():
+        source = new_source(2)
+        for i in range(10):
+            await source.send(str(i))
+        p = EventProcessor(source, new_store(), Bad, error_handler=on_error, max_delivery_attempts=3, **FAST)
+        async with p:
+            await asyncio.sleep(20)
+
+    run_virtual(scenario())
+    broken = [e for e in reported if isinstance(e, KeyError)]
+    assert len(broken) == 1

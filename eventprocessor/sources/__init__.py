@@ -4,10 +4,10 @@
 """
 from typing import Any
 
-from .base import EventSource, PartitionReceiver
+from .base import EventSource, LastEnqueuedEventProperties, PartitionProperties, PartitionReceiver
 from .memory import MemoryEventSource, MemoryPartitionReceiver
 
-__all__ = ["EventSource", "PartitionReceiver", "MemoryEventSource", "MemoryPartitionReceiver", "EventHubSource"]
+__all__ = ["EventSource", "PartitionReceiver", "LastEnqueuedEventProperties", "PartitionProperties", "MemoryEventSource", "MemoryPartitionReceiver", "EventHubSource"]
 
 
 def __getattr__(name: str) -> Any:

@@ -6,11 +6,36 @@ in-process; an adapter over ``azure.eventhub.aio.EventHubConsumerClient`` fits i
 from __future__ import annotations
 
 import abc
+from dataclasses import dataclass
+from datetime import datetime
 from typing import List, Optional
 
 from ..events import Event, EventPosition
 
-__all__ = ["EventSource", "PartitionReceiver"]
+__all__ = ["EventSource", "PartitionReceiver", "LastEnqueuedEventProperties", "PartitionProperties"]
+
+
+@dataclass(frozen=True)
+class PartitionProperties:
+    """What the source says about one partition now (Event Hubs' partition properties)."""
+
+    partition_id: str
+    beginning_sequence_number: int
+    last_enqueued_sequence_number: int
+    last_enqueued_offset: str
+    last_enqueued_time_utc: Optional[datetime]
+    is_empty: bool
+
+
+@dataclass(frozen=True)
+class LastEnqueuedEventProperties:
+    """The newest event of a partition when the receiver last heard from the source
+    (``track_last_enqueued_event_properties``), and when it heard it."""
+
+    sequence_number: int
+    offset: str
+    enqueued_time: Optional[datetime]
+    retrieval_time: Optional[datetime]
 
 
 class PartitionReceiver(abc.ABC):
@@ -29,6 +54,12 @@ class PartitionReceiver(abc.ABC):
     @abc.abstractmethod
     async def close(self) -> None:
         """Close the receiver. Safe to call twice."""
+
+    @property
+    def last_enqueued_event_properties(self) -> Optional[LastEnqueuedEventProperties]:
+        """The partition's newest event as of the last receive, when the receiver was
+        opened with ``track_last_enqueued_event_properties=True``; else None."""
+        return None
 
 
 class EventSource(abc.ABC):
@@ -50,8 +81,15 @@ class EventSource(abc.ABC):
         starting_position: EventPosition,
         owner_level: Optional[int],
         prefetch: int,
+        track_last_enqueued_event_properties: bool = False,
     ) -> PartitionReceiver:
-        """Open a receiver. ``owner_level`` is the exclusive-receiver epoch."""
+        """Open a receiver. ``owner_level`` is the exclusive-receiver epoch;
+        ``track_last_enqueued_event_properties`` asks the source to report the partition's
+        newest event with every receive (for lag)."""
+
+    async def get_partition_properties(self, partition_id: str) -> PartitionProperties:
+        """The partition's newest event and bounds, for lag (``eventprocessor status``)."""
+        raise NotImplementedError(f"{type(self).__name__} does not report partition properties")
 
     async def close(self) -> None:
         """Close connections. Safe to call twice."""

@@ -16,7 +16,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Union
 
 from ..errors import ConfigurationError, ReceiverDisconnectedError
 from ..events import Event, EventPosition
-from .base import EventSource, PartitionReceiver
+from .base import EventSource, LastEnqueuedEventProperties, PartitionProperties, PartitionReceiver
 
 __all__ = ["MemoryEventSource"]
 
@@ -46,7 +46,7 @@ class MemoryPartitionReceiver(PartitionReceiver):
     """A receiver on one partition of a :class:`MemoryEventSource`."""
 
     def __init__(self, source: "MemoryEventSource", partition_id: str, consumer_group: str,
-                 index: int, owner_level: Optional[int]) -> None:
+                 index: int, owner_level: Optional[int], track_last_enqueued: bool = False) -> None:
         self._source = source
         self.partition_id = partition_id
         self.consumer_group = consumer_group
@@ -54,6 +54,18 @@ class MemoryPartitionReceiver(PartitionReceiver):
         self._index = index
         self._disconnected_by: Optional[int] = None
         self._closed = False
+        self._track = track_last_enqueued
+        self._last_enqueued: Optional[LastEnqueuedEventProperties] = None
+
+    @property
+    def last_enqueued_event_properties(self) -> Optional[LastEnqueuedEventProperties]:
+        return self._last_enqueued
+
+    def _note_last_enqueued(self, events: List[Event]) -> None:
+        if self._track and events:
+            newest = events[-1]
+            self._last_enqueued = LastEnqueuedEventProperties(newest.sequence_number, newest.offset,
+                                                              newest.enqueued_time, self._source._clock())
 
     def __repr__(self) -> str:
         return (f"MemoryPartitionReceiver(partition_id={self.partition_id!r}, "
@@ -85,6 +97,7 @@ class MemoryPartitionReceiver(PartitionReceiver):
             if self._index < len(partition.events):
                 batch = partition.events[self._index:self._index + max_batch_size]
                 self._index += len(batch)
+                self._note_last_enqueued(partition.events)
                 return batch
             timeout = None if deadline is None else deadline - loop.time()
             if timeout is not None and timeout <= 0:
@@ -122,8 +135,11 @@ class MemoryEventSource(EventSource):
     def __init__(self, partition_count: int, *, eventhub_name: str = "hub",
                  fully_qualified_namespace: str = "memory.local",
                  clock: Optional[Callable[[], datetime]] = None) -> None:
-        if partition_count < 1:
-            raise ConfigurationError(f"partition_count must be at least 1, got {partition_count}")
+        if isinstance(partition_count, bool) or not isinstance(partition_count, int) or partition_count < 1:
+            raise ConfigurationError(f"partition_count must be an int of at least 1, got {partition_count!r}")
+        for name, value in (("eventhub_name", eventhub_name), ("fully_qualified_namespace", fully_qualified_namespace)):
+            if not isinstance(value, str) or not value:
+                raise ConfigurationError(f"{name} must be a non-empty string, got {value!r}")
         self.eventhub_name = eventhub_name
         self.fully_qualified_namespace = fully_qualified_namespace
         self._clock = clock or _utcnow
@@ -195,6 +211,7 @@ class MemoryEventSource(EventSource):
             enqueued_time=self._clock(),
             partition_key=partition_key,
             properties=dict(properties or {}),
+            partition_id=partition_id,
         )
         partition.events.append(event)
         partition.next_offset += max(len(body), 1)
@@ -204,6 +221,17 @@ class MemoryEventSource(EventSource):
     def events(self, partition_id: str) -> List[Event]:
         """A copy of every event in a partition, for tests."""
         return list(self._partitions[partition_id].events)
+
+    async def get_partition_properties(self, partition_id: str) -> PartitionProperties:
+        if partition_id not in self._partitions:
+            raise ConfigurationError(f"partition {partition_id!r} does not exist")
+        events = self._partitions[partition_id].events
+        newest = events[-1] if events else None
+        return PartitionProperties(
+            partition_id=partition_id, beginning_sequence_number=0,
+            last_enqueued_sequence_number=newest.sequence_number if newest else -1,
+            last_enqueued_offset=newest.offset if newest else "-1",
+            last_enqueued_time_utc=newest.enqueued_time if newest else None, is_empty=newest is None)
 
     def last_sequence_number(self, partition_id: str) -> int:
         return len(self._partitions[partition_id].events) - 1
@@ -228,7 +256,8 @@ class MemoryEventSource(EventSource):
 
     async def open_receiver(self, partition_id: str, *, consumer_group: str,
                             starting_position: EventPosition, owner_level: Optional[int],
-                            prefetch: int = 300) -> MemoryPartitionReceiver:
+                            prefetch: int = 300,
+                            track_last_enqueued_event_properties: bool = False) -> MemoryPartitionReceiver:
         """Open a receiver. Event Hubs' epoch rules: an owner-level receiver disconnects
         the receivers of the consumer group with a lower or equal owner level (and all
         receivers without one); it cannot open while a higher one is open."""
@@ -252,6 +281,7 @@ class MemoryEventSource(EventSource):
                 receiver._disconnect(owner_level)
                 group.remove(receiver)
         receiver = MemoryPartitionReceiver(self, partition_id, consumer_group,
-                                           self._start_index(partition, starting_position), owner_level)
+                                           self._start_index(partition, starting_position), owner_level,
+                                           track_last_enqueued_event_properties)
         group.append(receiver)
         return receiver

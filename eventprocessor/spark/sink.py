@@ -262,7 +262,14 @@ class _Attempt:
 
 
 class _SinkPartitionProcessor(PartitionProcessor):
-    """The per-claim handler the sink hands the processor."""
+    """The per-claim handler the sink hands the processor.
+
+    ``process_events`` only buffers: an event is safe once its batch is committed, and
+    the sink checkpoints it then. So the pump must not checkpoint "the last event whose
+    ``process_events`` returned" when the claim ends; ``close`` commits what is buffered
+    on a stop or a handoff instead, while the claim still holds its lease."""
+
+    checkpoint_on_release = False
 
     def __init__(self, sink: "SparkSink") -> None:
         self._sink = sink
@@ -571,7 +578,7 @@ class SparkSink:
 
     async def _close(self, claim: _Claim, reason: CloseReason) -> None:
         try:
-            if reason is CloseReason.SHUTDOWN and not claim.lost:
+            if reason in (CloseReason.SHUTDOWN, CloseReason.HANDOFF) and not claim.lost:
                 await self.flush()
         finally:
             self._drop(claim)

@@ -1,0 +1,215 @@
+"""Run asyncio code on virtual time: for tests of anything about timing.
+
+:class:`VirtualTimeLoop` is an ordinary selector event loop whose clock only moves when
+nothing is ready to run: then it jumps straight to the next timer. ``asyncio.sleep``,
+``asyncio.wait_for``, ``loop.call_later`` and the processor's default clock all follow
+it, so a test of a 60-second lease runs in milliseconds, and the same code path runs as
+in production (no clock is patched, nothing is mocked).
+
+Real I/O still works (the loop polls its selector before jumping), but time does not
+wait for it: keep sockets, subprocesses and threads out of virtual-time tests.
+
+:class:`FaultyStore` puts switchable faults (latency, a black hole, an outage, errors,
+lost answers) in front of any checkpoint store, to test handlers and settings against
+the faults production meets.
+
+Example::
+
+    from eventprocessor.testing import run_virtual
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        start = loop.time()
+        await asyncio.sleep(3600)
+        return loop.time() - start
+
+    assert run_virtual(main()) == 3600.0      # returns at once
+"""
+from __future__ import annotations
+
+import asyncio
+import random
+import selectors
+from collections import Counter
+from datetime import datetime, timedelta, timezone
+from typing import Any, Awaitable, Callable, Iterable, List, Optional, Tuple, TypeVar
+
+from .checkpoint_store import CheckpointStore
+from .errors import CheckpointStoreError
+from .records import Checkpoint, Member, MemberListing, Ownership, OwnershipListing
+
+__all__ = ["VirtualTimeLoop", "run_virtual", "virtual_utc_clock", "VIRTUAL_EPOCH", "FaultyStore"]
+
+_T = TypeVar("_T")
+
+VIRTUAL_EPOCH = datetime(2026, 1, 1, tzinfo=timezone.utc)
+"""The wall-clock time that virtual time 0 stands for (see :func:`virtual_utc_clock`)."""
+
+
+class _VirtualSelector:
+    """Wraps the loop's selector: polls for real I/O without blocking, and when there is
+    none, moves the loop's virtual clock forward by the time the loop meant to wait."""
+
+    def __init__(self, inner: selectors.BaseSelector, loop: "VirtualTimeLoop") -> None:
+        self._inner = inner
+        self._loop = loop
+
+    def select(self, timeout: Optional[float] = None) -> List[Tuple[selectors.SelectorKey, int]]:
+        events = self._inner.select(0)
+        if events:
+            return events
+        if timeout is None:
+            # Nothing scheduled and nothing ready: only another thread could wake the
+            # loop (call_soon_threadsafe writes to the self-pipe). Wait for it for real.
+            return self._inner.select(0.05)
+        if timeout > 0:
+            self._loop.advance(timeout)
+        return []
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+
+class VirtualTimeLoop(asyncio.SelectorEventLoop):
+    """An event loop on virtual time. ``time()`` starts at ``start`` and moves only
+    when the loop would otherwise sleep, jumping to the next scheduled callback.
+
+    Example::
+
+        loop = VirtualTimeLoop()
+        loop.run_until_complete(asyncio.sleep(60))
+        assert loop.time() == 60.0
+        loop.close()
+    """
+
+    def __init__(self, start: float = 0.0) -> None:
+        super().__init__()
+        self._virtual_now = float(start)
+        self._selector = _VirtualSelector(self._selector, self)  # type: ignore
+        # Timers due within this much of "now" run now. Virtual time is exact: keep it tiny
+        # so that a timer never runs before its time by more than float rounding.
+        self._clock_resolution = 1e-9
+
+    def time(self) -> float:
+        return self._virtual_now
+
+    def advance(self, seconds: float) -> None:
+        """Move virtual time forward (the loop does this by itself when idle)."""
+        if seconds < 0:
+            raise ValueError("virtual time cannot go backwards")
+        self._virtual_now += seconds
+
+
+def run_virtual(main: Awaitable[_T], *, start: float = 0.0, debug: bool = False) -> _T:
+    """Run ``main`` to completion on a fresh :class:`VirtualTimeLoop`, then close it.
+
+    Tasks still pending at the end are cancelled and awaited, as ``asyncio.run`` does.
+    """
+    loop = VirtualTimeLoop(start)
+    loop.set_debug(debug)
+    try:
+        asyncio.set_event_loop(loop)
+        return loop.run_until_complete(main)
+    finally:
+        try:
+            pending = [t for t in asyncio.all_tasks(loop) if not t.done()]
+            for task in pending:
+                task.cancel()
+            if pending:
+                loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
+            loop.run_until_complete(loop.shutdown_asyncgens())
+            loop.run_until_complete(loop.shutdown_default_executor())
+        finally:
+            asyncio.set_event_loop(None)
+            loop.close()
+
+
+def virtual_utc_clock(epoch: datetime = VIRTUAL_EPOCH) -> Callable[[], datetime]:
+    """A wall clock for stores and sources that follows the running loop's time:
+    ``epoch`` plus ``loop.time()`` seconds. Pass it as ``InMemoryCheckpointStore(clock=...)``
+    so that the store's notion of "now" moves with virtual time."""
+
+    def now() -> datetime:
+        return epoch + timedelta(seconds=asyncio.get_running_loop().time())
+
+    return now
+
+
+_WRITES = {"claim_ownership", "update_checkpoint", "fence_checkpoint", "write_member", "release_ownership"}
+
+
+class FaultyStore(CheckpointStore):
+    """A store with switchable faults. Every switch can be flipped while processors run.
+
+    * ``latency``: seconds added before every call (uniform in [0, latency] with
+      ``jitter``, else exactly ``latency``);
+    * ``hang``: calls never answer (a black-holed endpoint);
+    * ``down``: calls fail at once with ``CheckpointStoreError`` (an outage);
+    * ``error_rate``: probability that a call fails before reaching the store;
+    * ``lost_answer_rate``: probability that a write reaches the store and is applied,
+      but its answer is lost (the caller gets an error);
+    * ``only``: if set, faults apply only to these operations.
+    """
+
+    def __init__(self, inner: CheckpointStore, *, rng: Optional[random.Random] = None) -> None:
+        self.inner = inner
+        self.rng = rng or random.Random(0)
+        self.latency = 0.0
+        self.jitter = False
+        self.hang = False
+        self.down = False
+        self.error_rate = 0.0
+        self.lost_answer_rate = 0.0
+        self.only: Optional[set] = None
+        self.calls: Counter = Counter()
+        self.injected: Counter = Counter()
+
+    def clear(self) -> None:
+        self.latency, self.hang, self.down, self.error_rate, self.lost_answer_rate = 0.0, False, False, 0.0, 0.0
+        self.only = None
+
+    def __getattr__(self, name: str) -> Any:  # request_counts, now(), ... of the inner store
+        return getattr(self.inner, name)
+
+    async def _through(self, operation: str, call: Callable[[], Awaitable[_T]]) -> _T:
+        self.calls[operation] += 1
+        applies = self.only is None or operation in self.only
+        if applies and self.latency:
+            await asyncio.sleep(self.rng.uniform(0, self.latency) if self.jitter else self.latency)
+        if applies and self.hang:
+            self.injected["hang"] += 1
+            await asyncio.Event().wait()
+        if applies and (self.down or (self.error_rate and self.rng.random() < self.error_rate)):
+            self.injected["error"] += 1
+            raise CheckpointStoreError(f"{operation}: injected store failure")
+        result = await call()
+        if applies and operation in _WRITES and self.lost_answer_rate and self.rng.random() < self.lost_answer_rate:
+            self.injected["lost_answer"] += 1
+            raise CheckpointStoreError(f"{operation}: injected lost answer (the write was applied)")
+        return result
+
+    async def list_ownership(self, *scope: str) -> OwnershipListing:
+        return await self._through("list_ownership", lambda: self.inner.list_ownership(*scope))
+
+    async def claim_ownership(self, ownerships: Iterable[Ownership]) -> List[Ownership]:
+        claims = list(ownerships)
+        return await self._through("claim_ownership", lambda: self.inner.claim_ownership(claims))
+
+    async def fence_checkpoint(self, ownership: Ownership) -> Optional[Checkpoint]:
+        return await self._through("fence_checkpoint", lambda: self.inner.fence_checkpoint(ownership))
+
+    async def update_checkpoint(self, checkpoint: Checkpoint, *, owner_id: str, epoch: int) -> None:
+        await self._through("update_checkpoint",
+                            lambda: self.inner.update_checkpoint(checkpoint, owner_id=owner_id, epoch=epoch))
+
+    async def list_checkpoints(self, *scope: str) -> List[Checkpoint]:
+        return await self._through("list_checkpoints", lambda: self.inner.list_checkpoints(*scope))
+
+    async def list_members(self, *scope: str) -> MemberListing:
+        return await self._through("list_members", lambda: self.inner.list_members(*scope))
+
+    async def write_member(self, member: Member) -> Member:
+        return await self._through("write_member", lambda: self.inner.write_member(member))
+
+    async def delete_member(self, member: Member) -> None:
+        await self._through("delete_member", lambda: self.inner.delete_member(member))
