@@ -1,24 +1,41 @@
-"""The azure-eventhub adapter: configuration, conversion, and an unreachable hub.
+"""The azure-eventhub adapter: configuration, conversion, receiving, and how it fails.
 
-No Event Hub (or its Docker-only emulator) is reachable here, so the receive path is
-exercised against a closed loopback port: the processor must report the failure and
-keep running, owning nothing."""
+Receiving and failures run against the session's Event Hubs emulator (the official
+client talks to it unchanged), so every path here carries real AMQP traffic.
+"""
 from __future__ import annotations
 
 import asyncio
 import logging
 import socket
+import time
 from datetime import datetime, timezone
+from typing import Any, List
 
 import pytest
 
-from eventprocessor import ConfigurationError, EventPosition, EventProcessor, PartitionProcessor
-from eventprocessor.sources.eventhub import EventHubSource, to_event, to_starting_position
+from eventprocessor import (ConfigurationError, EventPosition, EventProcessor, EventSourceError, PartitionProcessor,
+                            ReceiverDisconnectedError)
+from eventprocessor.sources.eventhub import (EventHubSource, lean_receive_supported, message_to_event, to_event,
+                                             to_starting_position)
 from stores import InMemoryCheckpointStore
 
 SECRET = "c2VjcmV0LWtleS1kby1ub3QtbGVhaw=="
 CONN = f"Endpoint=sb://example.servicebus.windows.net/;SharedAccessKeyName=listen;SharedAccessKey={SECRET};EntityPath=telemetry"
 
+
+def _closed_port() -> int:
+    with socket.socket() as sock:  # a loopback port with nothing listening
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _emulator_conn(port: int, key: str = SECRET, hub: str = "hub") -> str:
+    return (f"Endpoint=sb://127.0.0.1:{port};SharedAccessKeyName=k;SharedAccessKey={key};EntityPath={hub};"
+            "UseDevelopmentEmulator=true")
+
+
+# ----------------------------------------------------------------------------- configuration
 
 def test_from_connection_string_reads_namespace_and_hub_and_hides_the_key():
     source = EventHubSource.from_connection_string(CONN)
@@ -40,7 +57,13 @@ def test_hub_name_must_agree_with_entity_path():
         EventHubSource.from_connection_string(CONN, eventhub_name="other")
 
 
-def test_positions_map_to_receive_batch_arguments():
+@pytest.mark.parametrize("option, value", [("operation_timeout", 0), ("partition_ids_ttl", -1)])
+def test_bad_timeouts_are_configuration_errors(option, value):
+    with pytest.raises(ConfigurationError, match=option):
+        EventHubSource.from_connection_string(CONN, **{option: value})
+
+
+def test_positions_map_to_receive_arguments():
     when = datetime(2026, 1, 1, tzinfo=timezone.utc)
     assert to_starting_position(EventPosition.earliest()) == ("-1", False)
     assert to_starting_position(EventPosition.latest()) == ("@latest", False)
@@ -49,45 +72,33 @@ def test_positions_map_to_receive_batch_arguments():
     assert to_starting_position(EventPosition.from_enqueued_time(when)) == (when, False)
 
 
-def test_event_data_converts_with_the_same_attribute_names():
+def test_event_data_and_raw_messages_convert_to_the_same_event():
     from azure.eventhub import EventData
+    from azure.eventhub._pyamqp.message import Message
 
-    data = EventData(b"payload")
-    data.properties = {b"kind": "reading", "unit": "C"}
-    event = to_event(data)
-    assert event.body == b"payload" and event.body_as_str() == "payload"
-    assert event.properties == {"kind": "reading", "unit": "C"}
-    for name in ("sequence_number", "offset", "enqueued_time", "partition_key"):
-        assert hasattr(event, name)
+    annotations = {b"x-opt-sequence-number": 41, b"x-opt-offset": b"8192",
+                   b"x-opt-enqueued-time": 1_767_225_600_123, b"x-opt-partition-key": b"device-7"}
+    message = Message(data=[b"pay", b"load"], message_annotations=annotations,
+                      application_properties={b"kind": b"reading", "unit": "C"})
+    lean = message_to_event(message)
+    public = to_event(EventData._from_message(message))
+    assert lean == public
+    assert lean.body == b"payload" and lean.sequence_number == 41 and lean.offset == "8192"
+    assert lean.partition_key == "device-7" and lean.properties == {"kind": b"reading", "unit": "C"}
+    assert lean.enqueued_time == datetime(2026, 1, 1, 0, 0, 0, 123000, tzinfo=timezone.utc)
 
 
-async def test_unreachable_hub_is_reported_and_the_processor_keeps_running(caplog):
-    with socket.socket() as sock:  # a loopback port with nothing listening
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    conn = (f"Endpoint=sb://127.0.0.1:{port};SharedAccessKeyName=k;SharedAccessKey={SECRET};"
-            "EntityPath=hub;UseDevelopmentEmulator=true")
-    source = EventHubSource.from_connection_string(conn, retry_total=0)
-    errors = []
+def test_the_installed_azure_eventhub_offers_the_lean_receive_path():
+    """Fails loudly when azure-eventhub changes the consumer internals EventHubSource
+    drives. It still works then (through receive_batch), but slower: update
+    eventprocessor/sources/eventhub.py."""
+    import azure.eventhub
+    from azure.eventhub.aio import EventHubConsumerClient
 
-    async def on_error(error, context):
-        errors.append(error)
-
-    caplog.set_level(logging.DEBUG)
-    processor = EventProcessor(source, InMemoryCheckpointStore(), PartitionProcessor, error_handler=on_error,
-                               load_balancing_interval=0.2, partition_ownership_expiration_interval=2)
-    await processor.start()
-    try:
-        for _ in range(300):
-            if processor.ticks >= 2 and errors:
-                break
-            await asyncio.sleep(0.1)
-    finally:
-        await processor.stop()
-        await source.close()
-    assert errors, "the connection failure was not reported"
-    assert processor.ticks >= 2 and processor.owned_partitions == frozenset()
-    assert SECRET not in caplog.text
+    assert lean_receive_supported(EventHubConsumerClient), (
+        f"azure-eventhub {azure.eventhub.__version__} no longer offers _create_consumer / EventHubConsumer._open: "
+        "EventHubSource falls back to receive_batch")
+    assert EventHubSource.from_connection_string(CONN).uses_lean_receive
 
 
 async def test_token_credential_constructor_builds_a_client_per_consumer_group():
@@ -102,3 +113,279 @@ async def test_token_credential_constructor_builds_a_client_per_consumer_group()
     assert SECRET not in repr(source) and SECRET not in repr(receiver)
     await receiver.close()
     await source.close()
+
+
+# ----------------------------------------------------------------------------- receiving
+
+async def _produce(conn: str, hub: str, per_partition: int, partitions: int = 4) -> None:
+    from azure.eventhub import EventData
+    from azure.eventhub.aio import EventHubProducerClient
+
+    producer = EventHubProducerClient.from_connection_string(conn, eventhub_name=hub)
+    async with producer:
+        for pid in range(partitions):
+            await producer.send_batch([EventData(f"{pid}-{i}") for i in range(per_partition)], partition_id=str(pid))
+
+
+async def _drain(receiver, count: int, batch: int = 50, timeout: float = 20.0) -> List[Any]:
+    events: List[Any] = []
+    deadline = time.monotonic() + timeout
+    while len(events) < count and time.monotonic() < deadline:
+        events.extend(await receiver.receive(batch, 0.5))
+    return events
+
+
+@pytest.mark.eventhubs
+async def test_receivers_start_where_asked_and_return_small_batches(eventhubs_emulator, hub):
+    conn = eventhubs_emulator.connection_string
+    await _produce(conn, hub, 30)
+    source = EventHubSource.from_connection_string(conn, eventhub_name=hub)
+    try:
+        assert await source.get_partition_ids() == ["0", "1", "2", "3"]
+        cases = [(EventPosition.earliest(), 0), (EventPosition.from_sequence_number(9), 10),
+                 (EventPosition.from_sequence_number(9, inclusive=True), 9)]
+        receivers = [await source.open_receiver("2", consumer_group=group, starting_position=position,
+                                                owner_level=None, prefetch=20)
+                     for (position, _first), group in zip(cases, ["$default", "cg1", "cg2"])]
+        results = await asyncio.gather(*(_drain(r, 30 - first, batch=7) for r, (_p, first) in zip(receivers, cases)))
+        for (position, first), events in zip(cases, results):
+            assert [e.sequence_number for e in events] == list(range(first, 30)), position
+            assert [e.body for e in events] == [f"2-{i}".encode() for i in range(first, 30)]
+        assert all(len(batch) <= 7 for batch in [await receivers[0].receive(7, 0.2)])
+        for receiver in receivers:
+            await receiver.close()
+        latest = await source.open_receiver("2", consumer_group="$default", starting_position=EventPosition.latest(),
+                                            owner_level=None, prefetch=20)
+        assert await latest.receive(10, 1.0) == []  # nothing new yet: an empty batch after max_wait_time
+        await latest.close()
+    finally:
+        await source.close()
+
+
+@pytest.mark.eventhubs
+async def test_a_higher_owner_level_takes_the_partition_from_a_receiver(eventhubs_emulator, hub):
+    conn = eventhubs_emulator.connection_string
+    await _produce(conn, hub, 5)
+    source = EventHubSource.from_connection_string(conn, eventhub_name=hub)
+    try:
+        old = await source.open_receiver("1", consumer_group="$default", starting_position=EventPosition.earliest(),
+                                         owner_level=1, prefetch=10)
+        assert len(await _drain(old, 5)) == 5
+        new = await source.open_receiver("1", consumer_group="$default", starting_position=EventPosition.earliest(),
+                                         owner_level=2, prefetch=10)
+        assert len(await _drain(new, 5)) == 5
+        with pytest.raises(ReceiverDisconnectedError) as info:
+            await asyncio.wait_for(old.receive(10, None), 10)
+        assert info.value.partition_id == "1"
+        stale = await source.open_receiver("1", consumer_group="$default", starting_position=EventPosition.earliest(),
+                                           owner_level=1, prefetch=10)
+        with pytest.raises(ReceiverDisconnectedError):
+            await stale.receive(10, 1.0)
+        for receiver in (old, new, stale):
+            await receiver.close()
+    finally:
+        await source.close()
+
+
+@pytest.mark.eventhubs
+async def test_a_processor_consumes_the_hub_and_a_successor_resumes_from_its_checkpoints(eventhubs_emulator, hub):
+    conn = eventhubs_emulator.connection_string
+    await _produce(conn, hub, 50)
+    store = InMemoryCheckpointStore()
+    seen: List[tuple] = []
+
+    class Recorder(PartitionProcessor):
+        async def process_events(self, events, context):
+            seen.extend((context.partition_id, e.sequence_number) for e in events)
+            await context.update_checkpoint()
+
+    async def run_until(count: int) -> None:
+        source = EventHubSource.from_connection_string(conn, eventhub_name=hub)
+        processor = EventProcessor(source, store, Recorder, load_balancing_strategy="greedy",
+                                   load_balancing_interval=0.3, partition_ownership_expiration_interval=3)
+        try:
+            async with processor:
+                deadline = time.monotonic() + 30
+                while len(seen) < count and time.monotonic() < deadline:
+                    await asyncio.sleep(0.05)
+        finally:
+            await source.close()
+
+    await run_until(200)
+    assert sorted(seen) == sorted((str(p), s) for p in range(4) for s in range(50))
+    checkpoints = await store.list_checkpoints(EventHubSource.from_connection_string(conn, eventhub_name=hub)
+                                               .fully_qualified_namespace, hub, "$default")
+    assert {c.partition_id: c.sequence_number for c in checkpoints} == {str(p): 49 for p in range(4)}
+    await _produce(conn, hub, 10)
+    await run_until(240)
+    assert sorted(seen[200:]) == sorted((str(p), s) for p in range(4) for s in range(50, 60))
+
+
+# ----------------------------------------------------------------------------- failures
+
+async def test_an_unreachable_hub_fails_fast_naming_namespace_and_hub_never_the_key():
+    source = EventHubSource.from_connection_string(_emulator_conn(_closed_port()))
+    started = time.monotonic()
+    with pytest.raises(EventSourceError) as info:
+        await source.get_partition_ids()
+    elapsed = time.monotonic() - started
+    await source.close()
+    error = info.value
+    assert error.reason == "unreachable" and elapsed < 5.0
+    assert error.eventhub_name == "hub" and error.fully_qualified_namespace.startswith("127.0.0.1:")
+    assert "'hub'" in str(error) and "127.0.0.1" in str(error) and SECRET not in str(error)
+
+
+async def test_an_unresolvable_host_fails_fast_too():
+    conn = ("Endpoint=sb://no-such-namespace.invalid;SharedAccessKeyName=k;"
+            f"SharedAccessKey={SECRET};EntityPath=hub;UseDevelopmentEmulator=true")
+    source = EventHubSource.from_connection_string(conn)
+    started = time.monotonic()
+    with pytest.raises(EventSourceError) as info:
+        await source.get_partition_ids()
+    await source.close()
+    assert info.value.reason == "unreachable" and time.monotonic() - started < 5.0
+    assert "no-such-namespace.invalid" in str(info.value) and SECRET not in str(info.value)
+
+
+async def test_a_host_that_never_answers_times_out_within_the_operation_timeout():
+    async def silent(reader, writer):
+        await reader.read()  # accept, then say nothing
+
+    server = await asyncio.start_server(silent, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    source = EventHubSource.from_connection_string(_emulator_conn(port), operation_timeout=1.5)
+    started = time.monotonic()
+    try:
+        with pytest.raises(EventSourceError) as info:
+            await source.get_partition_ids()
+    finally:
+        await source.close()
+        server.close()
+    assert info.value.reason == "timeout" and 1.4 < time.monotonic() - started < 4.0
+
+
+@pytest.mark.eventhubs
+async def test_unknown_hub_and_consumer_group_are_not_found_errors(eventhubs_emulator, hub):
+    conn = eventhubs_emulator.connection_string
+    missing = EventHubSource.from_connection_string(conn, eventhub_name="no-such-hub")
+    with pytest.raises(EventSourceError) as info:
+        await missing.get_partition_ids()
+    await missing.close()
+    assert info.value.reason == "not-found" and "'no-such-hub'" in str(info.value)
+    source = EventHubSource.from_connection_string(conn, eventhub_name=hub)
+    receiver = await source.open_receiver("0", consumer_group="no-such-group",
+                                          starting_position=EventPosition.earliest(), owner_level=1, prefetch=10)
+    with pytest.raises(EventSourceError) as info:
+        await receiver.receive(10, 5)
+    await receiver.close()
+    await source.close()
+    assert info.value.reason == "not-found" and "'no-such-group'" in str(info.value)
+
+
+@pytest.mark.eventhubs
+async def test_a_position_past_the_end_is_refused(eventhubs_emulator, hub):
+    source = EventHubSource.from_connection_string(eventhubs_emulator.connection_string, eventhub_name=hub)
+    receiver = await source.open_receiver("3", consumer_group="$default",
+                                          starting_position=EventPosition.from_sequence_number(500), owner_level=1,
+                                          prefetch=10)
+    with pytest.raises(EventSourceError) as info:
+        await receiver.receive(10, 5)
+    await receiver.close()
+    await source.close()
+    assert info.value.reason == "refused" and "partition '3'" in str(info.value)
+
+
+async def test_a_rejected_credential_is_an_unauthorized_error_without_the_key(caplog):
+    from emulators.eventhubs import EventHubsEmulator
+
+    caplog.set_level(logging.DEBUG)
+    async with EventHubsEmulator(eventhubs=["hub"], partitions=2, sas_key="the-right-key") as emulator:
+        source = EventHubSource.from_connection_string(_emulator_conn(emulator.port, key=SECRET))
+        with pytest.raises(EventSourceError) as info:
+            await source.get_partition_ids()
+        receiver = await source.open_receiver("0", consumer_group="$default",
+                                              starting_position=EventPosition.earliest(), owner_level=1, prefetch=5)
+        with pytest.raises(EventSourceError) as on_receive:
+            await receiver.receive(5, 5)
+        await receiver.close()
+        await source.close()
+    assert info.value.reason == "unauthorized" and on_receive.value.reason == "unauthorized"
+    assert SECRET not in str(info.value) + str(on_receive.value) + caplog.text
+
+
+async def test_an_unreachable_hub_reaches_the_error_handler_within_5_seconds(caplog):
+    """The issue's row: start() with an unreachable hub gave no error for 12 s and then
+    blamed the store. Now the source error reaches error_handler at the first tick."""
+    source = EventHubSource.from_connection_string(_emulator_conn(_closed_port()))
+    errors: List[Exception] = []
+
+    async def on_error(error, context):
+        errors.append(error)
+
+    caplog.set_level(logging.DEBUG)
+    processor = EventProcessor(source, InMemoryCheckpointStore(), PartitionProcessor, error_handler=on_error,
+                               load_balancing_interval=0.2, partition_ownership_expiration_interval=2)
+    started = time.monotonic()
+    await processor.start()
+    try:
+        while not errors and time.monotonic() - started < 5.0:
+            await asyncio.sleep(0.05)
+        first_error_after = time.monotonic() - started
+        while processor.ticks < 3 and time.monotonic() - started < 15:
+            await asyncio.sleep(0.05)
+    finally:
+        await processor.stop()
+        await source.close()
+    assert errors, "the unreachable hub was not reported within 5 s"
+    assert first_error_after < 5.0
+    assert isinstance(errors[0], EventSourceError) and errors[0].reason == "unreachable"
+    assert errors[0].eventhub_name == "hub"
+    assert processor.ticks >= 3 and processor.owned_partitions == frozenset()  # it keeps trying
+    assert SECRET not in caplog.text
+
+
+async def test_a_source_failure_is_not_logged_as_a_store_failure(caplog):
+    source = EventHubSource.from_connection_string(_emulator_conn(_closed_port()))
+    caplog.set_level(logging.DEBUG)
+    processor = EventProcessor(source, InMemoryCheckpointStore(), PartitionProcessor,
+                               load_balancing_interval=0.2, partition_ownership_expiration_interval=2)
+    await processor.start()
+    try:
+        started = time.monotonic()
+        while processor.ticks < 2 and time.monotonic() - started < 10:
+            await asyncio.sleep(0.05)
+    finally:
+        await processor.stop()
+        await source.close()
+    errors = [r for r in caplog.records if r.levelno >= logging.ERROR and r.name.startswith("eventprocessor")]
+    assert errors and all("ownership" not in r.getMessage() for r in caplog.records
+                          if r.name.startswith("eventprocessor.processor"))
+
+
+@pytest.mark.eventhubs
+async def test_the_public_receive_batch_fallback_reads_and_is_fenced_too(eventhubs_emulator, hub):
+    """What a future azure-eventhub without the internals gets: slower, same behaviour."""
+    conn = eventhubs_emulator.connection_string
+    await _produce(conn, hub, 12)
+    source = EventHubSource.from_connection_string(conn, eventhub_name=hub)
+    source._lean = False  # as if lean_receive_supported() had said no
+    lean = EventHubSource.from_connection_string(conn, eventhub_name=hub)
+    try:
+        fallback = await source.open_receiver("0", consumer_group="$default",
+                                              starting_position=EventPosition.from_sequence_number(1),
+                                              owner_level=1, prefetch=10)
+        assert type(fallback).__name__ == "_BatchReceiver"
+        events = await _drain(fallback, 10)
+        assert [e.sequence_number for e in events] == list(range(2, 12))
+        assert events[0].body == b"0-2" and events[0].partition_key is None
+        taker = await lean.open_receiver("0", consumer_group="$default", starting_position=EventPosition.latest(),
+                                         owner_level=2, prefetch=10)
+        assert await taker.receive(10, 0.5) == []
+        with pytest.raises(ReceiverDisconnectedError):
+            await asyncio.wait_for(_drain(fallback, 1000, timeout=15), 20)
+        await fallback.close()
+        await taker.close()
+    finally:
+        await source.close()
+        await lean.close()

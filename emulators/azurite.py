@@ -15,7 +15,7 @@ import subprocess
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import List, Optional
+from typing import List, Optional, Tuple
 
 __all__ = ["Azurite", "AzuriteUnavailable", "find_azurite", "start_azurite", "DEV_ACCOUNT_NAME"]
 
@@ -122,8 +122,10 @@ def port_open(port: int, host: str = _HOST, timeout: float = 0.2) -> bool:
         return False
 
 
-def start_azurite(*, timeout: float = 30.0, executable: Optional[Path] = None) -> Azurite:
-    """Start Azurite on free loopback ports and wait until blob and table accept.
+def start_azurite(*, timeout: float = 30.0, executable: Optional[Path] = None,
+                  ports: Optional[Tuple[int, int, int]] = None) -> Azurite:
+    """Start Azurite on free loopback ports (or on ``ports``: blob, queue, table, to
+    restart one where it was) and wait until blob and table accept.
 
     Raises :class:`AzuriteUnavailable` with the reason (not installed, node missing,
     exited early with its output, or not listening in time).
@@ -138,7 +140,7 @@ def start_azurite(*, timeout: float = 30.0, executable: Optional[Path] = None) -
         raise AzuriteUnavailable("node is not on PATH; Azurite needs Node.js")
     last_error = ""
     for _attempt in range(3):
-        blob, queue, table = _free_ports(3)
+        blob, queue, table = ports if ports is not None else _free_ports(3)
         args = [
             str(binary), "--silent", "--inMemoryPersistence", "--loose", "--skipApiVersionCheck",
             "--disableTelemetry",

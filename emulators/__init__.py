@@ -1,0 +1,9 @@
+"""Local stand-ins for the cloud services this SDK talks to, for tests, demos and samples.
+
+* :mod:`emulators.fault_proxy`: a loopback TCP proxy that injects network faults
+  (latency, a black hole, resets, lost responses) between a client and a service.
+* :mod:`emulators.azurite`: starts and stops Azurite (the Azure Storage emulator, an npm
+  package) on loopback, for the Blob and Table checkpoint stores.
+
+Nothing in the SDK (``eventprocessor``, ``stores``) imports this package.
+"""

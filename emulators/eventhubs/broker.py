@@ -1,0 +1,496 @@
+"""The emulated namespace: event hubs, their partitions (in-memory logs) and consumer groups.
+
+Pure bookkeeping, no I/O: the server feeds it encoded messages and asks it for
+positions; receivers register here so that the owner-level (epoch) rules are applied
+in one place.
+
+Storage. Each partition keeps its events in memory, oldest first, as ready-to-send
+message bytes (the sender's sections with the service annotations added). A
+partition keeps at most ``max_events_per_partition`` events and none older than
+``retention_seconds``; older ones are dropped, as retention drops them on the service.
+Sequence numbers start at 0 and never repeat; offsets are the byte position of the
+event in the partition (the service's offsets are byte positions too), as strings.
+"""
+from __future__ import annotations
+
+import bisect
+import functools
+import struct
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, List, Optional, Protocol, Tuple
+
+from .codec import AMQPDecodeError, decode, skip
+from .frames import split_sections
+
+__all__ = [
+    "Namespace", "EventHub", "Partition", "StartPosition", "BrokerError", "ReceiverHandle", "partition_for_key",
+    "parse_selector", "ANNOTATION_KEYS",
+]
+
+# The service annotations, as encoded symbol keys.
+_SEQ_KEY = b"\xa3\x15x-opt-sequence-number"
+_OFFSET_KEY = b"\xa3\x0cx-opt-offset"
+_TIME_KEY = b"\xa3\x13x-opt-enqueued-time"
+_PKEY_KEY = b"\xa3\x13x-opt-partition-key"
+ANNOTATION_KEYS = {b"x-opt-sequence-number", b"x-opt-offset", b"x-opt-enqueued-time", b"x-opt-partition-key"}
+_ANNOTATIONS = struct.Struct(">Bq")
+_TIMESTAMP = struct.Struct(">Bq")
+
+
+class BrokerError(Exception):
+    """A request the service would refuse: ``condition`` is the AMQP error condition."""
+
+    def __init__(self, condition: str, description: str) -> None:
+        super().__init__(description)
+        self.condition = condition
+        self.description = description
+
+
+class ReceiverHandle(Protocol):
+    """What the broker needs from a receiver link: its owner level, a way to wake it
+    when events arrive, and a way to disconnect it (epoch stealing)."""
+
+    owner_level: Optional[int]
+    name: str
+
+    def wake(self) -> None: ...
+
+    def disconnect(self, condition: str, description: str) -> None: ...
+
+
+# ----------------------------------------------------------------------------- partition keys
+
+def _rot(x: int, k: int) -> int:
+    return ((x << k) | (x >> (32 - k))) & 0xFFFFFFFF
+
+
+def _lookup3(data: bytes) -> Tuple[int, int]:
+    """Bob Jenkins' lookup3 ``hashlittle2`` with zero seeds: returns (c, b)."""
+    length = len(data)
+    a = b = c = (0xDEADBEEF + length) & 0xFFFFFFFF
+    pos = 0
+    while length > 12:
+        a = (a + int.from_bytes(data[pos:pos + 4], "little")) & 0xFFFFFFFF
+        b = (b + int.from_bytes(data[pos + 4:pos + 8], "little")) & 0xFFFFFFFF
+        c = (c + int.from_bytes(data[pos + 8:pos + 12], "little")) & 0xFFFFFFFF
+        a = (a - c) & 0xFFFFFFFF; a ^= _rot(c, 4); c = (c + b) & 0xFFFFFFFF  # noqa: E702
+        b = (b - a) & 0xFFFFFFFF; b ^= _rot(a, 6); a = (a + c) & 0xFFFFFFFF  # noqa: E702
+        c = (c - b) & 0xFFFFFFFF; c ^= _rot(b, 8); b = (b + a) & 0xFFFFFFFF  # noqa: E702
+        a = (a - c) & 0xFFFFFFFF; a ^= _rot(c, 16); c = (c + b) & 0xFFFFFFFF  # noqa: E702
+        b = (b - a) & 0xFFFFFFFF; b ^= _rot(a, 19); a = (a + c) & 0xFFFFFFFF  # noqa: E702
+        c = (c - b) & 0xFFFFFFFF; c ^= _rot(b, 4); b = (b + a) & 0xFFFFFFFF  # noqa: E702
+        pos += 12
+        length -= 12
+    if length == 0:
+        return c, b
+    tail = data[pos:] + b"\x00" * (12 - length)
+    a = (a + int.from_bytes(tail[0:4], "little")) & 0xFFFFFFFF
+    b = (b + int.from_bytes(tail[4:8], "little")) & 0xFFFFFFFF
+    c = (c + int.from_bytes(tail[8:12], "little")) & 0xFFFFFFFF
+    c ^= b; c = (c - _rot(b, 14)) & 0xFFFFFFFF  # noqa: E702
+    a ^= c; a = (a - _rot(c, 11)) & 0xFFFFFFFF  # noqa: E702
+    b ^= a; b = (b - _rot(a, 25)) & 0xFFFFFFFF  # noqa: E702
+    c ^= b; c = (c - _rot(b, 16)) & 0xFFFFFFFF  # noqa: E702
+    a ^= c; a = (a - _rot(c, 4)) & 0xFFFFFFFF  # noqa: E702
+    b ^= a; b = (b - _rot(a, 14)) & 0xFFFFFFFF  # noqa: E702
+    c ^= b; c = (c - _rot(b, 24)) & 0xFFFFFFFF  # noqa: E702
+    return c, b
+
+
+@functools.lru_cache(maxsize=65536)
+def partition_for_key(partition_key: str, partition_count: int) -> int:
+    """The partition index of a key: stable across runs and processes.
+
+    The same mapping as azure-eventhub's buffered producer (lookup3 over the key's
+    UTF-8 bytes, folded to a signed 16-bit value, modulo the partition count). Whether
+    the service maps keys the same way is not published; what matters here is that a
+    key always lands in the same partition.
+    """
+    if not partition_key:
+        return 0
+    c, b = _lookup3(partition_key.encode("utf-8"))
+    folded = (c ^ b) & 0xFFFF
+    signed = folded - 0x10000 if folded >= 0x8000 else folded
+    return abs(signed % partition_count)
+
+
+# ----------------------------------------------------------------------------- positions
+
+@dataclass(frozen=True)
+class StartPosition:
+    """A receiver's starting point, parsed from its selector filter."""
+
+    kind: str  # "offset", "sequence_number", "enqueued_time", "start", "latest"
+    value: int = 0
+    inclusive: bool = False
+
+
+def parse_selector(expression: Optional[str]) -> StartPosition:
+    """Parse ``amqp.annotation.x-opt-offset > '123'`` and its siblings.
+
+    Raises :class:`BrokerError` (``amqp:invalid-field``) for anything else.
+    """
+    if expression is None:
+        return StartPosition("latest")
+    text = expression.strip()
+    for name, kind in (("amqp.annotation.x-opt-offset", "offset"),
+                       ("amqp.annotation.x-opt-sequence-number", "sequence_number"),
+                       ("amqp.annotation.x-opt-enqueued-time", "enqueued_time")):
+        if text.lower().startswith(name):
+            rest = text[len(name):].strip()
+            break
+    else:
+        raise BrokerError("amqp:invalid-field", f"unsupported selector filter {expression!r}")
+    if rest.startswith(">="):
+        inclusive, rest = True, rest[2:].strip()
+    elif rest.startswith(">"):
+        inclusive, rest = False, rest[1:].strip()
+    else:
+        raise BrokerError("amqp:invalid-field", f"unsupported comparison in selector filter {expression!r}")
+    if len(rest) < 2 or rest[0] != "'" or rest[-1] != "'":
+        raise BrokerError("amqp:invalid-field", f"the value in selector filter {expression!r} must be quoted")
+    value = rest[1:-1]
+    if kind == "offset" and value == "@latest":
+        return StartPosition("latest")
+    if kind == "offset" and value == "-1":
+        return StartPosition("start")
+    try:
+        number = int(value)
+    except ValueError:
+        raise BrokerError("amqp:invalid-field", f"the value in selector filter {expression!r} is not a number") \
+            from None
+    return StartPosition(kind, number, inclusive)
+
+
+# ----------------------------------------------------------------------------- storage
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+class Partition:
+    """One partition: an append-only log with a bounded, moving start."""
+
+    def __init__(self, hub: "EventHub", partition_id: str) -> None:
+        self.hub = hub
+        self.partition_id = partition_id
+        # Parallel lists from ``_head`` on: payloads, offsets, enqueued times (ms),
+        # and where each payload's header section ends (delivery annotations go after it).
+        self._payloads: List[bytes] = []
+        self._header_ends: List[int] = []
+        self._offsets: List[int] = []
+        self._times: List[int] = []
+        self._head = 0
+        self.begin_sequence_number = 0  # of the oldest retained event
+        self.next_sequence_number = 0
+        self.next_offset = 0
+        self.last_enqueued_time = 0
+        self.receivers: Dict[str, List[ReceiverHandle]] = {}
+
+    # -- reading
+    @property
+    def retained(self) -> int:
+        return self.next_sequence_number - self.begin_sequence_number
+
+    @property
+    def is_empty(self) -> bool:
+        return self.retained == 0
+
+    @property
+    def last_sequence_number(self) -> int:
+        return self.next_sequence_number - 1
+
+    @property
+    def last_offset(self) -> int:
+        return self._offsets[-1] if self.retained else -1
+
+    def event(self, sequence_number: int) -> Tuple[bytes, int, int, int]:
+        """(payload, header end, offset, enqueued ms) of a retained event."""
+        index = self._head + sequence_number - self.begin_sequence_number
+        return self._payloads[index], self._header_ends[index], self._offsets[index], self._times[index]
+
+    def payload_slice(self, first: int, count: int) -> List[bytes]:
+        index = self._head + first - self.begin_sequence_number
+        return self._payloads[index:index + count]
+
+    def resolve(self, position: StartPosition) -> int:
+        """The sequence number of the first event a receiver at ``position`` gets.
+
+        Raises :class:`BrokerError` (``com.microsoft:argument-out-of-range``) for a
+        sequence number or offset past the end of the partition, as the service does,
+        so that a checkpoint from another life of the hub is not silently waited on.
+        """
+        if position.kind == "latest":
+            return self.next_sequence_number
+        if position.kind == "start":
+            return self.begin_sequence_number
+        if position.kind == "sequence_number":
+            first = position.value if position.inclusive else position.value + 1
+            if first > self.next_sequence_number:
+                raise BrokerError(
+                    "com.microsoft:argument-out-of-range",
+                    f"The supplied sequence number '{position.value}' is invalid. The last sequence number in the "
+                    f"system is '{self.last_sequence_number}' (partition {self.partition_id} of "
+                    f"{self.hub.name}).")
+            return max(first, self.begin_sequence_number)
+        if position.kind == "offset":
+            if position.value > self.next_offset:  # past where the next event will be
+                raise BrokerError(
+                    "com.microsoft:argument-out-of-range",
+                    f"The supplied offset '{position.value}' is invalid. The last offset in the system is "
+                    f"'{self.last_offset}' (partition {self.partition_id} of {self.hub.name}).")
+            offsets = self._offsets
+            if position.inclusive:
+                index = bisect.bisect_left(offsets, position.value, self._head)
+            else:
+                index = bisect.bisect_right(offsets, position.value, self._head)
+            return self.begin_sequence_number + index - self._head
+        if position.kind == "enqueued_time":
+            times = self._times
+            if position.inclusive:
+                index = bisect.bisect_left(times, position.value, self._head)
+            else:
+                index = bisect.bisect_right(times, position.value, self._head)
+            return self.begin_sequence_number + index - self._head
+        raise BrokerError("amqp:invalid-field", f"unknown position kind {position.kind!r}")
+
+    # -- writing
+    def append(self, messages: List[Tuple[bytes, bytes, int, bytes]], partition_key: Optional[bytes]) -> None:
+        """Store messages, each given as (header section, the sender's message-annotation
+        entries, their item count, the other sections), stamping the service annotations."""
+        now = max(_now_ms(), self.last_enqueued_time)
+        key_entry = b""
+        key_pairs = 0
+        if partition_key is not None:
+            key_entry = _PKEY_KEY + (b"\xa1" + bytes((len(partition_key),)) + partition_key
+                                     if len(partition_key) <= 255
+                                     else b"\xb1" + len(partition_key).to_bytes(4, "big") + partition_key)
+            key_pairs = 2
+        time_entry = _TIME_KEY + _TIMESTAMP.pack(0x83, now)
+        payloads, header_ends, offsets, times = self._payloads, self._header_ends, self._offsets, self._times
+        sequence = self.next_sequence_number
+        offset = self.next_offset
+        for header, extra_entries, extra_count, rest in messages:
+            offset_text = str(offset).encode()
+            body = (_SEQ_KEY + _ANNOTATIONS.pack(0x81, sequence)
+                    + _OFFSET_KEY + b"\xa1" + bytes((len(offset_text),)) + offset_text
+                    + time_entry + key_entry + extra_entries)
+            count = 6 + key_pairs + extra_count
+            if len(body) + 1 <= 255:
+                annotations = b"\x00\x53\x72\xc1" + bytes((len(body) + 1, count)) + body
+            else:
+                annotations = (b"\x00\x53\x72\xd1" + (len(body) + 4).to_bytes(4, "big")
+                               + count.to_bytes(4, "big") + body)
+            payload = header + annotations + rest
+            payloads.append(payload)
+            header_ends.append(len(header))
+            offsets.append(offset)
+            times.append(now)
+            offset += len(payload)
+            sequence += 1
+        self.next_sequence_number = sequence
+        self.next_offset = offset
+        self.last_enqueued_time = now
+        self._drop_old(now)
+        for group in self.receivers.values():
+            for receiver in group:
+                receiver.wake()
+
+    def _drop_old(self, now: int) -> None:
+        limits = self.hub.namespace
+        excess = self.retained - limits.max_events_per_partition
+        cutoff = now - int(limits.retention_seconds * 1000)
+        head, times = self._head, self._times
+        if excess > 0:
+            head += excess
+        while head < len(times) and times[head] < cutoff:
+            head += 1
+        if head == self._head:
+            return
+        self.begin_sequence_number += head - self._head
+        self._head = head
+        if head > 1024 and head * 2 > len(times):
+            del self._payloads[:head], self._header_ends[:head], self._offsets[:head], self._times[:head]
+            self._head = 0
+
+    # -- receivers and owner levels
+    def add_receiver(self, consumer_group: str, receiver: ReceiverHandle) -> None:
+        """Apply Event Hubs' owner-level rules, then register ``receiver``.
+
+        A receiver with owner level e2 disconnects every receiver with a lower or equal
+        level and every receiver without one; it is refused if one with a higher level
+        is connected. A receiver without an owner level is refused while one with a
+        level is connected, and at most 5 such receivers share a partition per group.
+        """
+        group = self.receivers.setdefault(consumer_group.casefold(), [])
+        level = receiver.owner_level
+        holders = [r for r in group if r.owner_level is not None]
+        if level is None:
+            if holders:
+                top = max(r.owner_level for r in holders)  # type: ignore[type-var]
+                raise BrokerError(
+                    "amqp:link:stolen",
+                    f"Receiver '{receiver.name}' without an owner level cannot connect to partition "
+                    f"{self.partition_id} of {self.hub.name} (consumer group {consumer_group}): a receiver with "
+                    f"owner level '{top}' is connected.")
+            if len(group) >= 5:
+                raise BrokerError(
+                    "amqp:resource-limit-exceeded",
+                    f"Exceeded the maximum number of allowed receivers per partition in a consumer group which is "
+                    f"5 (partition {self.partition_id} of {self.hub.name}, consumer group {consumer_group}).")
+            group.append(receiver)
+            return
+        higher = [r for r in holders if r.owner_level > level]  # type: ignore[operator]
+        if higher:
+            raise BrokerError(
+                "amqp:link:stolen",
+                f"Receiver '{receiver.name}' with owner level '{level}' cannot connect to partition "
+                f"{self.partition_id} of {self.hub.name} (consumer group {consumer_group}): a receiver with the "
+                f"higher owner level '{higher[0].owner_level}' is connected.")
+        for other in list(group):
+            group.remove(other)
+            other.disconnect(
+                "amqp:link:stolen",
+                f"New receiver '{receiver.name}' with higher epoch of '{level}' is created hence current receiver "
+                f"'{other.name}' with epoch '{other.owner_level}' is getting disconnected (partition "
+                f"{self.partition_id} of {self.hub.name}, consumer group {consumer_group}).")
+        group.append(receiver)
+
+    def remove_receiver(self, consumer_group: str, receiver: ReceiverHandle) -> None:
+        group = self.receivers.get(consumer_group.casefold())
+        if group and receiver in group:
+            group.remove(receiver)
+
+
+@dataclass
+class EventHub:
+    namespace: "Namespace"
+    name: str
+    partition_count: int
+    consumer_groups: Dict[str, str] = field(default_factory=dict)  # casefolded -> as configured
+    created_at: int = field(default_factory=_now_ms)
+    partitions: List[Partition] = field(default_factory=list)
+    _round_robin: int = 0
+
+    def __post_init__(self) -> None:
+        self.partitions = [Partition(self, str(index)) for index in range(self.partition_count)]
+        self.consumer_groups.setdefault("$default", "$Default")
+
+    @property
+    def partition_ids(self) -> List[str]:
+        return [p.partition_id for p in self.partitions]
+
+    def partition(self, partition_id: str) -> Partition:
+        try:
+            index = int(partition_id)
+        except (TypeError, ValueError):
+            index = -1
+        if not 0 <= index < self.partition_count or str(index) != partition_id:
+            raise BrokerError(
+                "com.microsoft:argument-out-of-range",
+                f"The specified partition '{partition_id}' is invalid for event hub '{self.name}': partition ids "
+                f"are 0 to {self.partition_count - 1}.")
+        return self.partitions[index]
+
+    def check_consumer_group(self, consumer_group: str) -> None:
+        if consumer_group.casefold() not in self.consumer_groups:
+            raise BrokerError(
+                "amqp:not-found",
+                f"The messaging entity '{self.namespace.host}:eventhub:{self.name}~consumergroups/{consumer_group}' "
+                "could not be found.")
+
+    def route(self, partition_key: Optional[str]) -> Partition:
+        """Where a send without a partition id goes: by key hash, else round robin."""
+        if partition_key is not None:
+            return self.partitions[partition_for_key(partition_key, self.partition_count)]
+        self._round_robin = (self._round_robin + 1) % self.partition_count
+        return self.partitions[self._round_robin]
+
+
+@dataclass
+class Namespace:
+    """Every event hub of the emulator, with the storage limits that apply to all."""
+
+    host: str = "localhost"
+    max_events_per_partition: int = 100_000
+    retention_seconds: float = 3600.0
+    max_message_size: int = 1024 * 1024
+    hubs: Dict[str, EventHub] = field(default_factory=dict)
+
+    def add_hub(self, name: str, partition_count: int, consumer_groups: Optional[List[str]] = None) -> EventHub:
+        hub = EventHub(self, name, partition_count)
+        for group in consumer_groups or []:
+            hub.consumer_groups[group.casefold()] = group
+        self.hubs[name.casefold()] = hub
+        return hub
+
+    def hub(self, name: str) -> EventHub:
+        try:
+            return self.hubs[name.casefold()]
+        except KeyError:
+            raise BrokerError("amqp:not-found",
+                              f"The messaging entity 'sb://{self.host}/{name}' could not be found.") from None
+
+
+# ----------------------------------------------------------------------------- message parsing
+
+def split_message(message: Any) -> Tuple[bytes, bytes, int, bytes, Optional[str]]:
+    """Split a sender's message into (header section, its message-annotation entries
+    minus the service's own keys, their item count, the other sections, its partition key).
+
+    Delivery annotations are dropped (they are hop-by-hop); the service stamps its own
+    sequence number, offset and enqueued time, so a sender cannot forge them.
+    """
+    header = b""
+    entries = b""
+    entry_count = 0
+    rest = bytearray()
+    partition_key: Optional[str] = None
+    for code, start, value_start, end in split_sections(message):
+        if code == 0x70:
+            header = bytes(message[start:end])
+        elif code == 0x71:
+            continue
+        elif code == 0x72:
+            kept, kept_count, partition_key = _filter_annotations(message, value_start, end)
+            entries += kept
+            entry_count += kept_count
+        else:
+            rest += message[start:end]
+    return header, entries, entry_count, bytes(rest), partition_key
+
+
+def _filter_annotations(message: Any, value_start: int, end: int) -> Tuple[bytes, int, Optional[str]]:
+    constructor = message[value_start]
+    if constructor == 0xC1:
+        pos, count = value_start + 3, message[value_start + 2]
+    elif constructor == 0xD1:
+        pos, count = value_start + 9, int.from_bytes(message[value_start + 5:value_start + 9], "big")
+    elif constructor == 0x40:
+        return b"", 0, None
+    else:
+        raise AMQPDecodeError("message annotations are not a map")
+    kept = bytearray()
+    kept_count = 0
+    partition_key: Optional[str] = None
+    for _ in range(count // 2):
+        key_end = skip(message, pos)
+        value_end = skip(message, key_end)
+        key, _ = decode(message, pos)
+        name = key.encode() if isinstance(key, str) else key
+        if name == b"x-opt-partition-key":
+            value, _ = decode(message, key_end)
+            if value is not None:
+                partition_key = value.decode("utf-8") if isinstance(value, bytes) else str(value)
+        elif name not in ANNOTATION_KEYS:
+            kept += message[pos:value_end]
+            kept_count += 2
+        pos = value_end
+    if pos > end:
+        raise AMQPDecodeError("message annotations run past their section")
+    return bytes(kept), kept_count, partition_key
+
+
+WakeCallback = Callable[[], None]
+AnyMessage = Any

@@ -1,0 +1,95 @@
+"""A minimal AMQP 1.0 client for protocol-level tests of the emulator.
+
+The conformance tests use the official ``azure-eventhub`` client for everything it can
+express. A few properties are below what it exposes: exactly how many transfers a
+given credit yields, what a refused attach looks like on the wire, and how the server
+treats bytes that are not AMQP. This peer speaks just enough AMQP for those.
+"""
+from __future__ import annotations
+
+import asyncio
+from typing import Any, Dict, List, Optional, Tuple
+
+from emulators.eventhubs import frames as F
+from emulators.eventhubs.codec import Described, Symbol
+
+__all__ = ["RawPeer"]
+
+
+class RawPeer:
+    """One connection: header, optional SASL, open and one session on channel 0."""
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.reader = reader
+        self.writer = writer
+        self.next_handle = 0
+
+    @classmethod
+    async def connect(cls, port: int, *, sasl: bool = True, open_session: bool = True) -> "RawPeer":
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        peer = cls(reader, writer)
+        if sasl:
+            writer.write(F.SASL_HEADER)
+            assert await reader.readexactly(8) == F.SASL_HEADER
+            mechanisms = await peer.frame()
+            assert mechanisms[1].code == F.SASL_MECHANISMS
+            writer.write(F.sasl_frame(F.performative(F.SASL_INIT, [Symbol("ANONYMOUS"), b"", None])))
+            outcome = await peer.frame()
+            assert outcome[1].code == F.SASL_OUTCOME and outcome[1].fields[0] == 0
+        if open_session:
+            writer.write(F.AMQP_HEADER)
+            assert await reader.readexactly(8) == F.AMQP_HEADER
+            writer.write(F.open_frame("raw-peer", hostname="127.0.0.1", max_frame_size=65536, channel_max=8,
+                                      idle_timeout_ms=None))
+            assert (await peer.frame())[1].code == F.OPEN
+            writer.write(F.begin_frame(0, remote_channel=None, next_outgoing_id=0, incoming_window=100000,
+                                       outgoing_window=100000, handle_max=64))
+            assert (await peer.frame())[1].code == F.BEGIN
+        return peer
+
+    async def frame(self, timeout: float = 5.0) -> Tuple[int, F.Performative]:
+        """The next non-empty frame: (channel, performative)."""
+        while True:
+            header = await asyncio.wait_for(self.reader.readexactly(8), timeout)
+            size, doff, _kind, channel = F.read_frame_header(header)
+            body = await asyncio.wait_for(self.reader.readexactly(size - 8), timeout)
+            if size > doff * 4:
+                return channel, F.decode_performative(body[doff * 4 - 8:])
+
+    async def frames_until_quiet(self, quiet: float = 0.5) -> List[F.Performative]:
+        """Every frame until none arrives for ``quiet`` seconds or the server closes."""
+        frames = []
+        while True:
+            try:
+                frames.append((await self.frame(timeout=quiet))[1])
+            except (asyncio.TimeoutError, asyncio.IncompleteReadError):
+                return frames
+
+    def attach_receiver(self, address: str, *, selector: Optional[str] = None,
+                        owner_level: Optional[int] = None) -> int:
+        handle = self.next_handle
+        self.next_handle += 1
+        filters = None
+        if selector is not None:
+            filters = {Symbol("apache.org:selector-filter:string"):
+                       Described(Symbol("apache.org:selector-filter:string"), selector)}
+        properties: Optional[Dict[Any, Any]] = {Symbol("com.microsoft:epoch"): owner_level} \
+            if owner_level is not None else None
+        self.writer.write(F.attach_frame(
+            0, name=f"raw-receiver-{handle}", handle=handle, role=True, snd_settle_mode=2, rcv_settle_mode=0,
+            source=F.source(address, filters), target=F.target("raw"), initial_delivery_count=None,
+            max_message_size=None, properties=properties))
+        return handle
+
+    def flow(self, handle: int, *, delivery_count: int, link_credit: int, next_incoming_id: int = 0) -> None:
+        self.writer.write(F.flow_frame(0, next_incoming_id=next_incoming_id, incoming_window=100000,
+                                       next_outgoing_id=0, outgoing_window=100000, handle=handle,
+                                       delivery_count=delivery_count, link_credit=link_credit))
+
+    async def close(self) -> None:
+        self.writer.close()
+        try:
+            await self.writer.wait_closed()
+        except (ConnectionError, OSError):
+            pass
+
