@@ -6,6 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -24,7 +26,7 @@ def test_core_requirements_and_extras():
     core = cfg["options"]["install_requires"]
     assert "pyspark" not in core and "azure" not in core
     extras = cfg["options.extras_require"]
-    for extra in ("blob", "table", "eventhub", "spark", "all"):
+    for extra in ("blob", "table", "eventhub", "spark", "otel", "all"):
         assert extras[extra].strip(), extra
     assert "pyspark" in extras["spark"] and "pyspark" in extras["all"]
 
@@ -32,3 +34,37 @@ def test_core_requirements_and_extras():
 def test_packages_ship_py_typed():
     assert (ROOT / "eventprocessor" / "py.typed").exists()
     assert (ROOT / "stores" / "py.typed").exists()
+    for package in ("emulators", "eventprocessor_cli"):
+        assert (ROOT / package / "py.typed").exists()
+
+
+# Who may import whom. The SDK core is at the bottom; the stores build on it; the
+# command line, the local emulators, the samples and the benchmarks sit on top.
+LAYERS = {
+    "eventprocessor": {"eventprocessor"},
+    "stores": {"eventprocessor", "stores"},
+    "emulators": {"emulators"},
+    "eventprocessor_cli": {"eventprocessor", "stores", "emulators", "eventprocessor_cli", "benchmarks"},
+}
+OURS = set(LAYERS) | {"benchmarks", "samples", "tests"}
+
+
+def _imported_roots(path: Path):
+    import ast
+
+    tree = ast.parse(path.read_text(), filename=str(path))
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                yield alias.name.split(".")[0], node.lineno
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            yield node.module.split(".")[0], node.lineno
+
+
+@pytest.mark.parametrize("package", sorted(LAYERS))
+def test_no_module_imports_a_layer_above_its_own(package):
+    allowed = LAYERS[package]
+    wrong = [f"{path.relative_to(ROOT)}:{line} imports {root}"
+             for path in sorted((ROOT / package).rglob("*.py"))
+             for root, line in _imported_roots(path) if root in OURS and root not in allowed]
+    assert not wrong, "\n".join(wrong)

@@ -1,8 +1,10 @@
 """The main job: several processors and a producer in one process, shown live.
 
 ``eventprocessor demo`` runs, over a MemoryEventSource and the in-memory store (or Blob
-storage on a local Azurite with ``--store azurite``): convergence, a graceful scale-in,
-a crash and its failover, then a summary that counts lost and duplicate events.
+storage on a local Azurite with ``--store azurite``, and the real AMQP path with
+``--source emulator``: ``EventHubSource`` on the local Event Hubs emulator, fed by the
+official producer): convergence, a graceful scale-in, a crash and its failover, then a
+summary that counts lost and duplicate events.
 """
 from __future__ import annotations
 
@@ -12,36 +14,40 @@ import time
 import uuid
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Dict, List, Optional, Set, Tuple
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Set, Tuple
 
 from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
-from .balancer import LoadBalancingStrategy
-from .checkpoint_store import CheckpointStore
-from .errors import OwnershipLostError
-from .partition import PartitionProcessor
-from .processor import EventProcessor
-from .sources import MemoryEventSource
+from eventprocessor import (CheckpointStore, EventProcessor, LoadBalancingStrategy, OwnershipLostError,
+                            PartitionProcessor)
+from eventprocessor.sources import MemoryEventSource
+
+from .user_errors import CommandError, require, require_azurite
 
 if TYPE_CHECKING:  # pragma: no cover
-    from .emulator import Azurite
+    from emulators.azurite import Azurite
 
 __all__ = ["DemoConfig", "DemoResult", "run_demo"]
 
 logger = logging.getLogger(__name__)
+
+# Azurite's default ports (blob, queue, table): an Azurite already running there is used.
+AZURITE_PORTS = (10000, 10001, 10002)
+STORE_PROBE_TIMEOUT = 15.0
 
 
 @dataclass
 class DemoConfig:
     partitions: int = 16
     processors: int = 4
-    strategy: LoadBalancingStrategy = LoadBalancingStrategy.BALANCED
+    strategy: LoadBalancingStrategy = LoadBalancingStrategy.GREEDY
     interval: float = 0.5
     expiration: float = 4.0
     rate: float = 400.0
     store: str = "memory"
+    source: str = "memory"
     timeout: float = 60.0
 
 
@@ -57,6 +63,7 @@ class DemoResult:
     scale_in_seconds: Optional[float] = None
     failover_seconds: Optional[float] = None
     store_location: str = "in-memory"
+    source_location: str = "in-memory"
     phases: List[str] = field(default_factory=list)
 
 
@@ -98,22 +105,107 @@ async def _open_store(config: DemoConfig, console: Console) -> Tuple[CheckpointS
         return InMemoryCheckpointStore(), "in-memory store", None
     if config.store != "azurite":
         raise ValueError(f"unknown store {config.store!r}; use 'memory' or 'azurite'")
-    from .emulator import Azurite, port_open, start_azurite
+    purpose = "`eventprocessor demo --store azurite`"
+    require(purpose=purpose, extras=["blob"])
+    from emulators.azurite import Azurite, port_open, start_azurite
+
+    if port_open(AZURITE_PORTS[0]) and port_open(AZURITE_PORTS[2]):
+        emulator = Azurite(*AZURITE_PORTS)
+        started = False
+    else:
+        require_azurite(purpose)
+        emulator = start_azurite()
+        started = True
+    try:
+        store, location = await _blob_store(emulator)
+    except BaseException:
+        emulator.stop()
+        raise
+    if started:
+        pid = emulator.process.pid if emulator.process is not None else "?"
+        _say(console, f"Store: no Azurite was running; started one (pid {pid}) at 127.0.0.1:{emulator.blob_port} "
+                      f"(blob), 127.0.0.1:{emulator.table_port} (table); it stops when the demo ends")
+    else:
+        _say(console, f"Store: using the Azurite already running at 127.0.0.1:{emulator.blob_port} (blob)")
+    return store, location, emulator
+
+
+async def _blob_store(emulator: "Azurite") -> Tuple[CheckpointStore, str]:
+    """A Blob store on ``emulator``, after one listing shows that it answers."""
     from stores import BlobCheckpointStore
 
-    if port_open(10000) and port_open(10002):
-        emulator = Azurite(10000, 10001, 10002)
-        console.print("[bold]Store:[/] using the Azurite already running at 127.0.0.1:10000 (blob)",
-                      soft_wrap=True)
-    else:
-        emulator = start_azurite()
-        pid = emulator.process.pid if emulator.process is not None else "?"
-        console.print(f"[bold]Store:[/] no Azurite was running; started one (pid {pid}) "
-                      f"at 127.0.0.1:{emulator.blob_port} (blob), 127.0.0.1:{emulator.table_port} (table); "
-                      "it stops when the demo ends", soft_wrap=True)
     container = f"demo-{uuid.uuid4().hex[:12]}"
     store = BlobCheckpointStore.from_connection_string(emulator.connection_string, container)
-    return store, f"blob {container} @ 127.0.0.1:{emulator.blob_port}", emulator
+    try:
+        await asyncio.wait_for(store.list_ownership("demo.local", "demo-hub", "$default"), STORE_PROBE_TIMEOUT)
+    except Exception as error:
+        await store.close()
+        problem = " ".join(str(error).split()) or type(error).__name__
+        if emulator.started_here:
+            raise CommandError(f"the Azurite started at 127.0.0.1:{emulator.blob_port} does not answer "
+                               f"({problem}); run again with --debug for details") from error
+        raise CommandError(
+            f"the service on 127.0.0.1:{emulator.blob_port} does not answer as Azurite Blob storage ({problem}): "
+            f"stop it, or free ports {AZURITE_PORTS[0]}-{AZURITE_PORTS[2]} so that the demo starts its own "
+            "Azurite") from error
+    return store, f"blob {container} @ 127.0.0.1:{emulator.blob_port}"
+
+
+def _say(console: Console, message: str) -> None:
+    """One line, shown as written: no markup (a ``[failover]`` label stays), no wrapping."""
+    console.print(message, markup=False, highlight=False, soft_wrap=True)
+
+
+class _EmulatorFeed:
+    """The real AMQP path: the Event Hubs emulator in this event loop, the official
+    producer sending keyed batches, and an ``EventHubSource`` for the processors."""
+
+    def __init__(self, partitions: int) -> None:
+        try:
+            from azure.eventhub import EventData  # noqa: F401
+        except ImportError:
+            raise RuntimeError("--source emulator needs azure-eventhub: pip install eventprocessor[eventhub]") \
+                from None
+        from emulators.eventhubs import EventHubsEmulator
+
+        self.emulator = EventHubsEmulator(eventhubs=["demo-hub"], partitions=partitions)
+        self.producer: Any = None
+        self.source: Any = None
+        self.sent = 0
+
+    async def start(self) -> str:
+        from azure.eventhub.aio import EventHubProducerClient
+
+        from eventprocessor.sources.eventhub import EventHubSource
+
+        await self.emulator.start()
+        conn = self.emulator.connection_string
+        self.producer = EventHubProducerClient.from_connection_string(conn, eventhub_name="demo-hub")
+        self.source = EventHubSource.from_connection_string(conn, eventhub_name="demo-hub", partition_ids_ttl=5.0)
+        return f"Event Hubs emulator at 127.0.0.1:{self.emulator.port} (AMQP)"
+
+    async def send(self, count: int) -> None:
+        from azure.eventhub import EventData
+
+        key = f"device-{(self.sent // max(1, count)) % 97}"
+        await self.producer.send_batch([EventData(f"reading {self.sent + i}") for i in range(count)],
+                                       partition_key=key)
+        self.sent += count
+
+    async def produced(self) -> Set[Tuple[str, int]]:
+        """Every (partition, sequence number) the hub holds, read from its properties."""
+        result: Set[Tuple[str, int]] = set()
+        for pid in await self.producer.get_partition_ids():
+            last = (await self.producer.get_partition_properties(pid))["last_enqueued_sequence_number"]
+            result.update((pid, seq) for seq in range(last + 1))
+        return result
+
+    async def close(self) -> None:
+        if self.producer is not None:
+            await self.producer.close()
+        if self.source is not None:
+            await self.source.close()
+        await self.emulator.stop()
 
 
 def _table(config: DemoConfig, processors: List[EventProcessor], alive: Dict[str, str], ledger: _Ledger,
@@ -141,8 +233,21 @@ async def run_demo(config: DemoConfig, console: Optional[Console] = None) -> Dem
     """
     console = console or Console()
     result = DemoResult()
+    if config.source not in ("memory", "emulator"):
+        raise ValueError(f"unknown source {config.source!r}; use 'memory' or 'emulator'")
     store, result.store_location, emulator = await _open_store(config, console)
-    source = MemoryEventSource(config.partitions, eventhub_name="demo-hub")
+    feed = _EmulatorFeed(config.partitions) if config.source == "emulator" else None
+    if feed is not None:
+        try:
+            result.source_location = await feed.start()
+        except BaseException:
+            await store.close()
+            if emulator is not None:
+                emulator.stop()
+            raise
+        source = feed.source
+    else:
+        source = MemoryEventSource(config.partitions, eventhub_name="demo-hub")
     ledger = _Ledger()
     handler = _handler(ledger)
     processors = [
@@ -159,18 +264,31 @@ async def run_demo(config: DemoConfig, console: Optional[Console] = None) -> Dem
     interactive = console.is_terminal
 
     async def produce() -> None:
+        if feed is not None:
+            # Batches every 50 ms at the requested rate; sequence numbers come from the hub.
+            per_batch = max(1, int(config.rate / 20)) if config.rate > 0 else 50
+            while producing.is_set():
+                await feed.send(per_batch)
+                await asyncio.sleep(0.05)
+            return
         period = 1.0 / config.rate if config.rate > 0 else 0.01
         while producing.is_set():
             event = await source.send(f"reading {len(produced)}", partition_key=f"device-{len(produced) % 97}")
             produced.append((source.partition_for_key(f"device-{len(produced) % 97}"), event.sequence_number))
             await asyncio.sleep(period)
 
+    def shares(among: List[EventProcessor]) -> str:
+        return " ".join(f"{p.owner_id}={len(p.owned_partitions) if alive[p.owner_id] == 'running' else alive[p.owner_id]}"
+                        for p in among)
+
     def say(message: str) -> None:
-        result.phases.append(message)
+        # The phase label goes first and is printed literally, so piped output reads in order.
+        line = f"[{phase}] {message}"
+        result.phases.append(line)
         if interactive:
-            console.log(message)
+            console.log(line, markup=False, highlight=False)
         else:
-            console.print(message, soft_wrap=True)
+            _say(console, line)
 
     async def wait_until(condition, what: str) -> float:
         started = time.monotonic()
@@ -181,10 +299,12 @@ async def run_demo(config: DemoConfig, console: Optional[Console] = None) -> Dem
             await asyncio.sleep(0.05)
             if not interactive and time.monotonic() - last_status > 1.0:
                 last_status = time.monotonic()
-                owned = " ".join(f"{p.owner_id}={len(p.owned_partitions)}" for p in processors)
-                console.print(f"  [{phase}] tick {max(p.ticks for p in processors)}: {owned}; "
-                              f"processed {len(ledger.seen)}/{len(produced)}", soft_wrap=True)
+                say(f"tick {max(p.ticks for p in processors)}: {shares(processors)}; "
+                    f"processed {len(ledger.seen)}/{sent()}")
         return time.monotonic() - started
+
+    def sent() -> int:
+        return feed.sent if feed is not None else len(produced)
 
     live: Optional[Live] = None
     if interactive:
@@ -194,56 +314,64 @@ async def run_demo(config: DemoConfig, console: Optional[Console] = None) -> Dem
     async def refresh() -> None:
         while True:
             if live is not None:
-                live.update(_table(config, processors, alive, ledger, len(produced), phase))
+                live.update(_table(config, processors, alive, ledger, sent(), phase))
             await asyncio.sleep(0.125)
 
     refresher = asyncio.create_task(refresh())
     producer = asyncio.create_task(produce())
     try:
         say(f"{config.processors} processors, {config.partitions} partitions, {config.strategy.value} strategy, "
-            f"interval {config.interval}s, expiration {config.expiration}s, {result.store_location}")
+            f"interval {config.interval}s, expiration {config.expiration}s, {result.store_location}, "
+            f"source: {result.source_location}")
         phase = "converging"
         for p in processors:
             await p.start()
         result.time_to_balance = await wait_until(lambda: _balanced(processors, config.partitions), "balance")
         result.ticks_to_balance = max(p.ticks for p in processors)
-        say(f"balanced in {result.time_to_balance:.1f}s ({result.ticks_to_balance} ticks): "
-            + ", ".join(f"{p.owner_id}={len(p.owned_partitions)}" for p in processors))
+        say(f"balanced in {result.time_to_balance:.1f}s ({result.ticks_to_balance} ticks): {shares(processors)}")
         await asyncio.sleep(config.interval * 2)
         running = list(processors)
         if len(running) >= 3:
             phase = "scale-in"
             leaving = running.pop(0)
+            say(f"{leaving.owner_id} stops gracefully and releases its {len(leaving.owned_partitions)} partitions")
             alive[leaving.owner_id] = "stopped"
             await leaving.stop()
             result.scale_in_seconds = await wait_until(lambda: _balanced(running, config.partitions), "scale-in")
-            say(f"{leaving.owner_id} stopped gracefully (released); rebalanced in {result.scale_in_seconds:.1f}s")
+            say(f"rebalanced in {result.scale_in_seconds:.1f}s: {shares(running)}")
         if len(running) >= 2:
             phase = "failover"
             crashed = running.pop(0)
+            say(f"{crashed.owner_id} crashed (no release); its {len(crashed.owned_partitions)} partitions wait "
+                f"for their ownership to expire ({config.expiration}s)")
             alive[crashed.owner_id] = "crashed"
             await crashed.stop(release=False)
             result.failover_seconds = await wait_until(lambda: _balanced(running, config.partitions), "failover")
-            say(f"{crashed.owner_id} crashed (no release); its partitions were taken over after expiry in "
-                f"{result.failover_seconds:.1f}s")
+            say(f"its partitions were taken over after expiry in {result.failover_seconds:.1f}s: {shares(running)}")
         phase = "draining"
         producing.clear()
         await producer
+        if feed is not None:
+            produced[:] = sorted(await feed.produced())
+        say(f"the producer stopped after {len(produced)} events; waiting until every one is processed")
         await wait_until(lambda: set(produced) <= ledger.seen, "draining")
         phase = "done"
+        say(f"all {len(produced)} events processed")
     finally:
         producing.clear()
         if not producer.done():
             producer.cancel()
         refresher.cancel()
         if live is not None:  # the final picture, while the survivors still own everything
-            live.update(_table(config, processors, alive, ledger, len(produced), phase))
+            live.update(_table(config, processors, alive, ledger, sent(), phase))
         for p in processors:
             if alive[p.owner_id] == "running":
                 await p.stop()
         if live is not None:
             live.stop()
         await store.close()
+        if feed is not None:
+            await feed.close()
         if emulator is not None:
             emulator.stop()
     result.produced = len(produced)
@@ -268,6 +396,7 @@ def summary_table(result: DemoResult) -> Table:
         ("scale-in rebalance", f"{result.scale_in_seconds:.1f}s" if result.scale_in_seconds is not None else "-"),
         ("crash failover", f"{result.failover_seconds:.1f}s" if result.failover_seconds is not None else "-"),
         ("store", result.store_location),
+        ("source", result.source_location),
     ]
     for name, value in rows:
         table.add_row(name, value)

@@ -1,0 +1,192 @@
+"""Failures a user can fix, each said in one line with what to do.
+
+The command line (and the benchmark programs, which share it) checks what a command
+needs before it starts: the optional extras (``[blob]``, ``[spark]``...), other Python
+packages, and tools such as Java or Azurite. A missing piece raises
+:class:`MissingRequirementError`, whose message is the exact command to run. Anything
+else a user can cause (an unreachable store, Azurite that does not start, a timeout)
+is turned into one line by :func:`one_line_message`; ``--debug`` shows the traceback
+instead.
+"""
+from __future__ import annotations
+
+import importlib.util
+import logging
+import os
+import shutil
+from pathlib import Path
+from typing import Dict, Iterable, List, Optional, Sequence, Tuple
+
+__all__ = [
+    "CHECKOUT", "CommandError", "MissingRequirementError", "install_command", "missing_modules", "one_line_message",
+    "require", "require_azurite", "require_java", "source_checkout",
+]
+
+logger = logging.getLogger(__name__)
+
+# The modules each extra of setup.cfg brings; tests/test_cli.py keeps the two in step.
+EXTRA_MODULES: Dict[str, Tuple[str, ...]] = {
+    "blob": ("azure.storage.blob", "azure.core", "aiohttp"),
+    "table": ("azure.data.tables", "azure.core", "aiohttp"),
+    "eventhub": ("azure.eventhub",),
+    "spark": ("pyspark", "pyarrow", "pandas"),
+}
+
+# Who to blame for a ModuleNotFoundError nobody checked for, longest prefix first.
+_MODULE_EXTRA = [
+    ("azure.storage", "blob"), ("azure.data", "table"), ("azure.eventhub", "eventhub"),
+    ("azure.core", "blob"), ("aiohttp", "blob"), ("azure", "all"),
+    ("pyspark", "spark"), ("pyarrow", "spark"), ("pandas", "spark"),
+]
+
+CHECKOUT = Path(__file__).resolve().parent.parent
+
+
+def source_checkout() -> Optional[Path]:
+    """The source checkout this package runs from (an editable install), or None."""
+    if (CHECKOUT / "setup.cfg").is_file() and (CHECKOUT / "eventprocessor").is_dir():
+        return CHECKOUT
+    return None
+
+
+class CommandError(Exception):
+    """A failure the user can fix. The message says what happened and what to do."""
+
+
+class MissingRequirementError(CommandError, ImportError):
+    """Something a command needs is not installed. The message is the command to run.
+
+    Example::
+
+        try:
+            require(extras=["blob"], purpose="--store azurite")
+        except MissingRequirementError as error:
+            print(error)   # --store azurite needs ...: run `cd /src && pip install -e '.[blob]'`
+    """
+
+
+def missing_modules(modules: Iterable[str]) -> List[str]:
+    """The modules of ``modules`` that cannot be imported (without importing them)."""
+    missing = []
+    for name in modules:
+        try:
+            found = importlib.util.find_spec(name) is not None
+        except (ImportError, ValueError):  # a missing parent package, or a stub without a spec
+            found = False
+        if not found:
+            missing.append(name)
+    return missing
+
+
+def install_command(extras: Sequence[str] = (), packages: Sequence[str] = ()) -> str:
+    """The one command that installs ``extras`` of this project and other ``packages``.
+
+    From a source checkout it is ``cd <checkout> && pip install -e '.[blob]'``,
+    otherwise ``pip install 'eventprocessor[blob]'``.
+    """
+    words = []
+    checkout = source_checkout()
+    if extras:
+        wanted = ",".join(sorted(set(extras)))
+        words.append(f"-e '.[{wanted}]'" if checkout else f"'eventprocessor[{wanted}]'")
+    words.extend(packages)
+    command = "pip install " + " ".join(words)
+    return f"cd {checkout} && {command}" if checkout and extras else command
+
+
+def require(*, purpose: str, extras: Sequence[str] = (), packages: Sequence[Tuple[str, str]] = ()) -> None:
+    """Raise :class:`MissingRequirementError` unless every extra and package is importable.
+
+    ``packages`` are ``(module, pip name)`` pairs for what no extra provides. Nothing is
+    imported. Example::
+
+        require(purpose="store-bench", extras=["blob"],
+                packages=[("azure.eventhub.extensions.checkpointstoreblobaio",
+                           "azure-eventhub-checkpointstoreblob-aio")])
+    """
+    unknown = [extra for extra in extras if extra not in EXTRA_MODULES]
+    if unknown:
+        raise ValueError(f"unknown extra(s) {unknown}; known: {sorted(EXTRA_MODULES)}")
+    missing_extras = [extra for extra in extras if missing_modules(EXTRA_MODULES[extra])]
+    missing_packages = [pip_name for module, pip_name in packages if missing_modules([module])]
+    if not missing_extras and not missing_packages:
+        return
+    what = []
+    if missing_extras:
+        what.append(f"the [{','.join(missing_extras)}] extra" + ("s" if len(missing_extras) > 1 else ""))
+    if missing_packages:
+        what.append("the package" + ("s " if len(missing_packages) > 1 else " ") + ", ".join(missing_packages))
+    verb = "is" if len(missing_extras) + len(missing_packages) == 1 else "are"
+    raise MissingRequirementError(
+        f"{purpose} needs {' and '.join(what)}, which {verb} not installed: "
+        f"run `{install_command(missing_extras, missing_packages)}`")
+
+
+def require_azurite(purpose: str) -> None:
+    """Raise :class:`MissingRequirementError` unless Azurite and Node.js can be started."""
+    from emulators.azurite import find_azurite
+
+    binary = find_azurite()
+    if binary is None or not binary.exists():
+        checkout = source_checkout()
+        how = (f"cd {checkout} && npm ci" if checkout and (checkout / "package.json").exists()
+               else "npm install -g azurite")
+        where = f" ($AZURITE_BIN is {binary})" if os.environ.get("AZURITE_BIN") else ""
+        raise MissingRequirementError(
+            f"{purpose} needs the Azurite storage emulator, which is not installed{where}: run `{how}` "
+            "(needs Node.js 20+ and npm)")
+    if shutil.which("node") is None:
+        raise MissingRequirementError(
+            f"{purpose} needs Node.js to run Azurite ({binary}), and `node` is not on PATH: "
+            "install Node.js 20 or newer")
+
+
+def require_java(purpose: str) -> None:
+    """Raise :class:`MissingRequirementError` unless a ``java`` executable can be found."""
+    home = os.environ.get("JAVA_HOME")
+    if home and (Path(home) / "bin" / "java").exists():
+        return
+    if shutil.which("java"):
+        return
+    raise MissingRequirementError(
+        f"{purpose} needs Java 17 for Spark, and there is no `java` on PATH nor in $JAVA_HOME: install a JDK 17 "
+        "(for example `sudo apt-get install openjdk-17-jre-headless`) and try again")
+
+
+def _extra_for_module(name: str) -> Optional[str]:
+    for prefix, extra in _MODULE_EXTRA:
+        if name == prefix or name.startswith(prefix + "."):
+            return extra
+    return None
+
+
+def one_line_message(error: BaseException) -> Optional[str]:
+    """One line that says what went wrong and what to do, for failures a user can fix.
+
+    None for anything else (a bug: show it with its traceback, or with a hint to use
+    ``--debug``). Messages of our own errors never contain secrets, so they are shown
+    as they are.
+    """
+    from eventprocessor.errors import EventProcessorError
+
+    if isinstance(error, CommandError):
+        return _flat(error)
+    if isinstance(error, ModuleNotFoundError) and error.name:
+        extra = _extra_for_module(error.name)
+        if extra is not None:
+            return (f"the module {error.name!r} is not installed; it comes with the [{extra}] extra: "
+                    f"run `{install_command([extra])}`")
+        return None
+    if type(error).__name__ == "AzuriteUnavailable":  # emulators.azurite; not imported for a check
+        return f"Azurite is not available: {_flat(error)}"
+    if isinstance(error, EventProcessorError):
+        return f"{type(error).__name__}: {_flat(error)}"
+    if isinstance(error, TimeoutError):
+        return _flat(error) or "timed out"
+    if isinstance(error, ConnectionError):
+        return f"{type(error).__name__}: {_flat(error)}"
+    return None
+
+
+def _flat(error: BaseException) -> str:
+    return " ".join(str(error).split())
