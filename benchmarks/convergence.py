@@ -1,16 +1,19 @@
 """Rebalance convergence benchmark: this SDK's EventProcessor beside azure-eventhub's own
-load balancer, under one virtual clock.
+processor, under one virtual clock, with events flowing.
 
-Every scenario runs four ways (this SDK and the official ``OwnershipManager``, each in
-BALANCED and GREEDY mode) with the same seed, the same store semantics and the same
-request accounting (:mod:`benchmarks.simulation`). Results go to stdout, to this
-benchmark's section of ``benchmarks/RESULTS.md`` and, as PNG plots, to
-``benchmarks/results/``.
+Every scenario runs four ways (this SDK and the official processor, each in BALANCED and
+GREEDY mode) with the same seed, the same store semantics, the same request accounting
+and the same traffic (:mod:`benchmarks.simulation`). Duplicates, overlaps, pauses and
+failover times are measured from the batches the handlers were actually given. Results
+go to stdout and, with ``--record``, to this benchmark's section of
+``benchmarks/RESULTS.md`` and, as PNG plots, to ``benchmarks/results/``.
 
 Run::
 
-    python -m benchmarks.convergence            # full run, a few minutes
-    python -m benchmarks.convergence --quick    # small sizes only, seconds
+    python -m benchmarks.convergence --record   # full run (a few minutes), written to RESULTS.md
+    python -m benchmarks.convergence --quick    # small sizes only, seconds; printed, never recorded
+
+(or ``eventprocessor bench convergence ...`` from any directory).
 """
 from __future__ import annotations
 
@@ -18,26 +21,36 @@ import argparse
 import asyncio
 import logging
 import math
+import statistics
 import sys
 import time
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from eventprocessor import LoadBalancingStrategy
 
-from .results import RESULTS_DIR, machine_line, write_section
-from .simulation import PhaseResult, Simulation, minimal_moves, simulation
+from eventprocessor_cli.user_errors import require
 
-__all__ = ["main", "run_all", "Outcome"]
+from . import program
+from .results import RESULTS_DIR, machine_line
+from .simulation import PhaseResult, Simulation, Traffic, minimal_moves, simulation
+
+__all__ = ["main", "run_all", "Outcome", "Plan", "FULL", "QUICK", "ours_requests_per_hour",
+           "official_requests_per_hour"]
 
 logger = logging.getLogger(__name__)
 
-BALANCED, GREEDY = LoadBalancingStrategy.BALANCED, LoadBalancingStrategy.GREEDY
+BALANCED, GREEDY, STATIC = LoadBalancingStrategy.BALANCED, LoadBalancingStrategy.GREEDY, LoadBalancingStrategy.STATIC
 IMPLEMENTATIONS = ("ours", "official")
 STRATEGIES = (BALANCED, GREEDY)
 SCHEDULES = ("staggered", "lockstep")
 INTERVAL = 10.0
 EXPIRATION = 60.0
+OFFICIAL_DEFAULTS = (30.0, 180.0)  # EventHubConsumerClient: load_balancing_interval, 6 x that
+TRAFFIC = Traffic(events_per_second=4.0, step=1.0)
+WORK = 0.05  # virtual seconds a handler spends on each batch
+BUSY_WORK = 0.5  # the busy-handler variant: half of every second inside a batch
+PRE_ROLL = 3.0  # seconds of traffic before a scenario's event: every partition has a checkpoint
 
 
 @dataclass
@@ -74,14 +87,44 @@ def one_per_tick_limit(before: Dict[str, Optional[str]], live: Sequence[str], pa
     return max(max(0, floor + (1 if i < extra else 0) - counts[o]) for i, o in enumerate(ordered))
 
 
+def ours_requests_per_hour(partitions: int, instances: int, interval: float, expiration: float,
+                           renewal_age: Optional[float] = None) -> float:
+    """This SDK's steady-state storage requests per hour: each processor lists ownership
+    and members in one request per tick (``N / I``), rewrites each owned record once per
+    renewal age (``P / R``, ``R = E / 2`` by default) and its member record every quarter
+    of the expiration (``4N / E``)."""
+    renewal = expiration / 2 if renewal_age is None else renewal_age
+    return 3600.0 * (instances / interval + partitions / renewal + 4 * instances / expiration)
+
+
+def official_requests_per_hour(partitions: int, instances: int, interval: float, jitter: float = 0.2) -> float:
+    """The official processor's: each tick lists ownership once and rewrites every owned
+    record (``(N + P) / tick``); its loop sleeps ``interval x (1 + U(0, jitter))``."""
+    return 3600.0 * (instances + partitions) / (interval * (1 + jitter / 2))
+
+
 def _max_ticks(partitions: int, instances: int) -> int:
     return 4 * math.ceil(partitions / max(1, instances)) + 40
 
 
-async def _warm(sim: Simulation, instances: int, *, skews: Sequence[float] = ()) -> None:
+def _sim(impl: str, strategy: LoadBalancingStrategy, partitions: int, schedule: str, seed: int, **kwargs: Any) -> Any:
+    options: Dict[str, Any] = dict(schedule=schedule, seed=seed, interval=INTERVAL, expiration=EXPIRATION,
+                                   traffic=TRAFFIC, work=WORK)
+    options.update(kwargs)
+    return simulation(impl, strategy, partitions, **options)
+
+
+async def _warm(sim: Simulation, instances: int, *, skews: Sequence[float] = (), **options: Any) -> None:
     for i in range(instances):
-        sim.add_instance(skew=skews[i] if i < len(skews) else 0.0)
+        sim.add_instance(skew=skews[i] if i < len(skews) else 0.0, **options)
     await sim.run_until_balanced(_max_ticks(len(sim.partition_ids), instances))
+
+
+async def _traffic_on(sim: Simulation) -> None:
+    """Start the producer and run until every owned partition has been delivered and
+    checkpointed."""
+    sim.start_traffic()
+    await sim.run_until(sim.scheduler.now + PRE_ROLL)
 
 
 def _samples(sim: Simulation) -> List[Tuple[float, Dict[str, int]]]:
@@ -89,31 +132,40 @@ def _samples(sim: Simulation) -> List[Tuple[float, Dict[str, int]]]:
 
 
 def _outcome(sim: Simulation, scenario: str, phase: PhaseResult, **kwargs: Any) -> Outcome:
+    extra = kwargs.pop("extra", {})
+    extra.setdefault("undelivered", sim.undelivered() if sim.traffic is not None else 0)
     return Outcome(scenario=scenario, schedule=sim.schedule, strategy=sim.strategy,
-                   implementation=sim.implementation, phase=phase, samples=_samples(sim), **kwargs)
+                   implementation=sim.implementation, phase=phase, samples=_samples(sim), extra=extra, **kwargs)
+
+
+def _orphans_of(sim: Simulation, names: Sequence[str]) -> List[str]:
+    owners = sim.owner_map()
+    return [pid for pid, owner in owners.items() if owner in set(names)]
 
 
 # --------------------------------------------------------------------------- scenarios
 
 
 async def cold_start(impl: str, strategy: LoadBalancingStrategy, schedule: str, seed: int,
-                     partitions: int, instances: int) -> Outcome:
-    async with simulation(impl, strategy, partitions, schedule=schedule, seed=seed,
-                          interval=INTERVAL, expiration=EXPIRATION) as sim:
+                     partitions: int, instances: int, *, traffic: bool = True) -> Outcome:
+    async with _sim(impl, strategy, partitions, schedule, seed) as sim:
+        if traffic:
+            sim.start_traffic()
         mark = sim.mark()
         for _ in range(instances):
             sim.add_instance()
         phase = await sim.run_until_balanced(_max_ticks(partitions, instances), mark=mark)
         limit = math.ceil(partitions / instances) if strategy is BALANCED else 1
+        extra = {"traffic": traffic, "undelivered": sim.undelivered() if traffic else 0}
         return _outcome(sim, f"cold start P={partitions} N={instances}", phase, limit_ticks=limit, min_moves=0,
-                        event_tick=0.0)
+                        event_tick=0.0, extra=extra)
 
 
 async def scale_out(impl: str, strategy: LoadBalancingStrategy, schedule: str, seed: int,
-                    partitions: int, instances: int, added: int) -> Outcome:
-    async with simulation(impl, strategy, partitions, schedule=schedule, seed=seed,
-                          interval=INTERVAL, expiration=EXPIRATION) as sim:
+                    partitions: int, instances: int, added: int, *, work: float = WORK) -> Outcome:
+    async with _sim(impl, strategy, partitions, schedule, seed, work=work) as sim:
         await _warm(sim, instances)
+        await _traffic_on(sim)
         before = sim.owner_map()
         event_tick = sim.scheduler.now / INTERVAL
         mark = sim.mark()
@@ -122,21 +174,22 @@ async def scale_out(impl: str, strategy: LoadBalancingStrategy, schedule: str, s
         live = [i.owner_id for i in sim.alive]
         phase = await sim.run_until_balanced(_max_ticks(partitions, instances + added), mark=mark)
         limit = one_per_tick_limit(before, live, sim.partition_ids) if strategy is BALANCED else 1
-        return _outcome(sim, f"scale out P={partitions} N={instances}->{instances + added}", phase,
+        busy = "" if work == WORK else f", busy handlers ({work * 1000:.0f} ms per batch)"
+        return _outcome(sim, f"scale out P={partitions} N={instances}->{instances + added}{busy}", phase,
                         limit_ticks=limit, min_moves=minimal_moves(before, live, sim.partition_ids),
                         event_tick=event_tick)
 
 
 async def scale_in(impl: str, strategy: LoadBalancingStrategy, schedule: str, seed: int,
                    partitions: int, instances: int, removed: int) -> Outcome:
-    async with simulation(impl, strategy, partitions, schedule=schedule, seed=seed,
-                          interval=INTERVAL, expiration=EXPIRATION) as sim:
+    async with _sim(impl, strategy, partitions, schedule, seed) as sim:
         await _warm(sim, instances)
+        await _traffic_on(sim)
+        await sim.run_to_mid_batch()
         before = sim.owner_map()
         event_tick = sim.scheduler.now / INTERVAL
         mark = sim.mark()
-        for instance in list(sim.alive[:removed]):
-            await sim.stop(instance)
+        await sim.stop(*sim.alive[:removed])
         live = [i.owner_id for i in sim.alive]
         phase = await sim.run_until_balanced(_max_ticks(partitions, instances), mark=mark)
         limit = one_per_tick_limit(before, live, sim.partition_ids) if strategy is BALANCED else 1
@@ -146,25 +199,23 @@ async def scale_in(impl: str, strategy: LoadBalancingStrategy, schedule: str, se
 
 
 async def crash(impl: str, strategy: LoadBalancingStrategy, schedule: str, seed: int,
-                partitions: int, instances: int, crashed: int, *, skews: Sequence[float] = (),
-                label: Optional[str] = None) -> Outcome:
-    async with simulation(impl, strategy, partitions, schedule=schedule, seed=seed,
-                          interval=INTERVAL, expiration=EXPIRATION) as sim:
-        await _warm(sim, instances, skews=skews)
-        # Crash the last instances, so a skewed first instance survives.
+                partitions: int, instances: int, crashed: int) -> Outcome:
+    async with _sim(impl, strategy, partitions, schedule, seed) as sim:
+        await _warm(sim, instances)
+        await _traffic_on(sim)
+        await sim.run_to_mid_batch()
         victims = list(sim.alive[-crashed:])
         before = sim.owner_map()
-        names = {v.owner_id for v in victims}
-        orphans = [pid for pid, owner in before.items() if owner in names]
+        orphans = _orphans_of(sim, [v.owner_id for v in victims])
         expiry = sim.record_expiry(orphans)
         crash_time = sim.scheduler.now
-        event_tick = crash_time / INTERVAL
         mark = sim.mark()
         for victim in victims:
             await sim.crash(victim)
         live = [i.owner_id for i in sim.alive]
         reowned = await sim.run_until_reowned(orphans, _max_ticks(partitions, instances) + EXPIRATION / INTERVAL)
         phase = await sim.run_until_balanced(_max_ticks(partitions, instances) + EXPIRATION / INTERVAL, mark=mark)
+        resumed = sim.resumed_at(orphans, crash_time)
         forced = math.ceil(len(orphans) / max(1, len(live))) if strategy is BALANCED else 1
         to_expiry = sim.ticks_between(crash_time, expiry) if expiry > crash_time else 0
         limit = to_expiry + (one_per_tick_limit(before, live, sim.partition_ids) if strategy is BALANCED else 1)
@@ -172,22 +223,20 @@ async def crash(impl: str, strategy: LoadBalancingStrategy, schedule: str, seed:
             "orphans": len(orphans),
             "survivors": len(live),
             "forced_ticks": forced,
-            "crash_time": crash_time,
-            "expiry": expiry,
-            "reowned_at": reowned,
             "failover_s": None if reowned is None else reowned - crash_time,
+            "resumed_s": None if resumed is None else resumed - crash_time,
             "ticks_past_expiry": None if reowned is None else max(0.0, reowned - expiry) / INTERVAL,
         }
-        return _outcome(sim, label or f"crash P={partitions} N={instances}, {crashed} crash", phase,
+        return _outcome(sim, f"crash P={partitions} N={instances}, {crashed} crash", phase,
                         limit_ticks=limit, min_moves=minimal_moves(before, live, sim.partition_ids),
-                        extra=extra, event_tick=event_tick)
+                        extra=extra, event_tick=crash_time / INTERVAL)
 
 
 async def growth(impl: str, strategy: LoadBalancingStrategy, schedule: str, seed: int,
                  partitions: int, instances: int, added: int) -> Outcome:
-    async with simulation(impl, strategy, partitions, schedule=schedule, seed=seed,
-                          interval=INTERVAL, expiration=EXPIRATION) as sim:
+    async with _sim(impl, strategy, partitions, schedule, seed) as sim:
         await _warm(sim, instances)
+        await _traffic_on(sim)
         before = sim.owner_map()
         event_tick = sim.scheduler.now / INTERVAL
         mark = sim.mark()
@@ -200,16 +249,134 @@ async def growth(impl: str, strategy: LoadBalancingStrategy, schedule: str, seed
                         event_tick=event_tick)
 
 
+async def rolling_restart(impl: str, strategy: LoadBalancingStrategy, schedule: str, seed: int,
+                          partitions: int, instances: int, downtime: float = 5.0) -> Outcome:
+    """Each instance in turn is stopped (while every partition is inside a batch) and
+    replaced, ``downtime`` seconds later, by a new one; the next goes once the group is
+    balanced again."""
+    async with _sim(impl, strategy, partitions, schedule, seed) as sim:
+        await _warm(sim, instances)
+        await _traffic_on(sim)
+        mark = sim.mark()
+        originals = list(sim.alive)
+        for old in originals:
+            await sim.run_to_mid_batch()
+            await sim.stop(old)
+            await sim.run_until(sim.scheduler.now + downtime)
+            sim.add_instance()
+            await sim.run_until_balanced(_max_ticks(partitions, instances), settle_ticks=2)
+        phase = sim.result(mark, balanced_at=sim._balanced_since)
+        pauses = sim.deliveries.longest_pauses(mark["at"], sim.scheduler.now)
+        extra = {"pause_max": max(pauses.values(), default=0.0),
+                 "pause_median": statistics.median(pauses.values()) if pauses else 0.0,
+                 "downtime": downtime}
+        return _outcome(sim, f"rolling restart P={partitions} N={instances}", phase, extra=extra)
+
+
+async def standbys(impl: str, strategy: LoadBalancingStrategy, schedule: str, seed: int,
+                   partitions: int, instances: int) -> Outcome:
+    """More instances than partitions: the extra ones stand by. One owner crashes."""
+    async with _sim(impl, strategy, partitions, schedule, seed) as sim:
+        await _warm(sim, instances)
+        await _traffic_on(sim)
+        await sim.run_to_mid_batch()
+        counts = sim.counts()
+        idle = {owner for owner, count in counts.items() if count == 0}
+        victim = next(i for i in sim.alive if counts[i.owner_id] > 0)
+        orphans = _orphans_of(sim, [victim.owner_id])
+        expiry = sim.record_expiry(orphans)
+        crash_time = sim.scheduler.now
+        mark = sim.mark()
+        await sim.crash(victim)
+        await sim.run_until_reowned(orphans, EXPIRATION / INTERVAL + 10)
+        phase = await sim.run_until_balanced(EXPIRATION / INTERVAL + 10, mark=mark, settle_ticks=2)
+        resumed = sim.resumed_at(orphans, crash_time)
+        takers = {b.owner_id for pid in orphans
+                  for b in [sim.deliveries.first_batch(pid, crash_time, {i.owner_id for i in sim.alive})] if b}
+        member_expiry = sim.ledger.member_expiry(victim.owner_id)
+        extra = {"standbys": len(idle), "expected_standbys": max(0, instances - partitions),
+                 "by_standby": bool(takers) and takers <= idle,
+                 "resumed_s": None if resumed is None else resumed - crash_time,
+                 "expiry_s": expiry - crash_time,
+                 "member_expiry_s": None if member_expiry is None else member_expiry - crash_time}
+        return _outcome(sim, f"standbys P={partitions} N={instances}, 1 owner crashes", phase, extra=extra,
+                        event_tick=crash_time / INTERVAL)
+
+
+async def static_assignment(schedule: str, seed: int, partitions: int, replicas: int, crashed_ordinal: int) -> Outcome:
+    """STATIC: shares by ordinal; ordinal ``crashed_ordinal`` crashes, then returns."""
+    async with _sim("ours", STATIC, partitions, schedule, seed) as sim:
+        sim.start_traffic()
+        mark = sim.mark()
+        members = [sim.add_instance(ordinal=k, replica_count=replicas) for k in range(replicas)]
+        cold = await sim.run_until_balanced(_max_ticks(partitions, replicas), mark=mark)
+        shares = {k: sorted((pid for pid, o in sim.owner_map().items() if o == m.owner_id), key=int)
+                  for k, m in enumerate(members)}
+        expected = {k: [str(i) for i in range(partitions) if i % replicas == k] for k in range(replicas)}
+        await sim.run_to_mid_batch()
+        victim = members[crashed_ordinal]
+        orphans = _orphans_of(sim, [victim.owner_id])
+        expiry = sim.record_expiry(orphans)
+        member_expiry = sim.ledger.member_expiry(victim.owner_id)
+        crash_time = sim.scheduler.now
+        crash_mark = sim.mark()
+        await sim.crash(victim)
+        await sim.run_until_reowned(orphans, EXPIRATION / INTERVAL + 10)
+        after_crash = await sim.run_until_balanced(EXPIRATION / INTERVAL + 10, mark=crash_mark, settle_ticks=2)
+        resumed = sim.resumed_at(orphans, crash_time)
+        return_mark = sim.mark()
+        back = sim.add_instance(ordinal=crashed_ordinal, replica_count=replicas)
+
+        def share_back() -> bool:
+            owners = sim.owner_map()
+            return all(owners[pid] == back.owner_id for pid in expected[crashed_ordinal])
+
+        await sim.run_until(sim.scheduler.now + 10 * INTERVAL, stop_when=share_back)
+        returned_at = sim.scheduler.now if share_back() else None
+        await sim.run_until(sim.scheduler.now + 2 * INTERVAL)
+        returned = sim.result(return_mark, balanced_at=returned_at)
+        extra = {
+            "cold_ticks": cold.ticks_to_balanced, "shares_ok": shares == expected,
+            "crash": after_crash, "resumed_s": None if resumed is None else resumed - crash_time,
+            "expiry_s": expiry - crash_time, "return": returned,
+            "member_expiry_s": None if member_expiry is None else member_expiry - crash_time,
+        }
+        return _outcome(sim, f"static P={partitions} replica_count={replicas}: ordinal {crashed_ordinal} crashes, "
+                        "then returns", cold, extra=extra)
+
+
+async def balance_factor(strategy: LoadBalancingStrategy, schedule: str, seed: int, factor: int, partitions: int,
+                         instances: int, added: int) -> Outcome:
+    async with _sim("ours", strategy, partitions, schedule, seed, balance_tolerance=factor,
+                    processor_options={"balance_factor": factor}) as sim:
+        await _warm(sim, instances)
+        await _traffic_on(sim)
+        before = sim.owner_map()
+        mark = sim.mark()
+        for _ in range(added):
+            sim.add_instance()
+        live = [i.owner_id for i in sim.alive]
+        phase = await sim.run_until_balanced(_max_ticks(partitions, instances + added), mark=mark)
+        counts = sim.counts()
+        extra = {"factor": factor, "spread": max(counts.values()) - min(counts.values()),
+                 "counts": sorted(counts.values())}
+        return _outcome(sim, f"balance_factor={factor}: scale out P={partitions} N={instances}->{instances + added}",
+                        phase, min_moves=minimal_moves(before, live, sim.partition_ids), extra=extra)
+
+
 async def steady(impl: str, strategy: LoadBalancingStrategy, schedule: str, seed: int, partitions: int,
-                 instances: int, ticks: int, *, latency: float = 0.0, jitter: float = 0.0,
-                 label: str = "") -> Outcome:
-    async with simulation(impl, strategy, partitions, schedule=schedule, seed=seed, interval=INTERVAL,
-                          expiration=EXPIRATION, latency=latency, tick_jitter=jitter) as sim:
+                 instances: int, ticks: int, *, latency: float = 0.0, jitter: float = 0.0, interval: float = INTERVAL,
+                 expiration: float = EXPIRATION, renewal_age: Optional[float] = None, label: str = "") -> Outcome:
+    """No traffic: storage requests of a balanced group, per hour."""
+    options = {} if renewal_age is None else {"ownership_renewal_age": renewal_age}
+    async with simulation(impl, strategy, partitions, schedule=schedule, seed=seed, interval=interval,
+                          expiration=expiration, latency=latency, tick_jitter=jitter,
+                          processor_options=options) as sim:
         await _warm(sim, instances)
         mark = sim.mark()
-        await sim.run_until(sim.scheduler.now + ticks * INTERVAL)
+        await sim.run_until(sim.scheduler.now + ticks * interval)
         phase = sim.result(mark, balanced_at=mark["at"] if sim.is_balanced() else None)
-        per_hour = sum(phase.requests.values()) / phase.duration * 3600.0
+        per_hour = phase.coordination_requests / phase.duration * 3600.0
         extra = {"per_hour": per_hour, "latency": latency, "jitter": jitter, "ticks": ticks}
         return Outcome(scenario=label or f"steady P={partitions} N={instances}", schedule=schedule,
                        strategy=strategy, implementation=impl, phase=phase, extra=extra)
@@ -217,41 +384,149 @@ async def steady(impl: str, strategy: LoadBalancingStrategy, schedule: str, seed
 
 async def skewed(impl: str, strategy: LoadBalancingStrategy, schedule: str, seed: int, partitions: int,
                  instances: int, skew: float, ticks: int) -> Outcome:
-    """One instance's local clock is ``skew`` seconds ahead. Cold start, a steady stretch,
-    then the crash of one other instance; the skewed instance is watched throughout."""
-    async with simulation(impl, strategy, partitions, schedule=schedule, seed=seed,
-                          interval=INTERVAL, expiration=EXPIRATION) as sim:
+    """One instance's local clock is ``skew`` seconds ahead. Cold start, a steady stretch
+    with traffic, then the crash of one other instance."""
+    async with _sim(impl, strategy, partitions, schedule, seed) as sim:
         watched = sim.add_instance(skew=skew)
         for _ in range(instances - 1):
             sim.add_instance()
-        sim.watch(watched.owner_id)
-        mark = sim.mark()
-        cold = await sim.run_until_balanced(_max_ticks(partitions, instances), mark=mark)
+        cold = await sim.run_until_balanced(_max_ticks(partitions, instances))
         # Cold-start steals are the strategy's own business (greedy newcomers steal by
         # design); what the skew may cause is counted from here on.
         steals_before = sim.ledger.steals_by.get(watched.owner_id, 0)
-        stale_before = sim.watched_stale_seconds
+        await _traffic_on(sim)
+        mark = sim.mark()
         await sim.run_until(sim.scheduler.now + ticks * INTERVAL)
+        await sim.run_to_mid_batch()
+        # What the skew causes is measured up to the crash; the crash's own cost (the
+        # batches in flight) is the same for both and is in the failover table.
+        phase = sim.result(mark, balanced_at=cold.balanced_at)
         victim = sim.alive[-1]
-        before = sim.owner_map()
-        orphans = [pid for pid, owner in before.items() if owner == victim.owner_id]
+        orphans = _orphans_of(sim, [victim.owner_id])
         expiry = sim.record_expiry(orphans)
-        crash_time = sim.scheduler.now
         await sim.crash(victim)
         reowned = await sim.run_until_reowned(orphans, _max_ticks(partitions, instances) + EXPIRATION / INTERVAL)
         await sim.run_until(sim.scheduler.now + 10 * INTERVAL)
-        phase = sim.result(mark, balanced_at=cold.balanced_at)
         extra = {
             "skew": skew,
             "steals_by_skewed": sim.ledger.steals_by.get(watched.owner_id, 0) - steals_before,
-            "stale_seconds": sim.watched_stale_seconds - stale_before,
             "orphans": len(orphans),
-            "failover_s": None if reowned is None else reowned - crash_time,
             "ticks_past_expiry": None if reowned is None else max(0.0, reowned - expiry) / INTERVAL,
             "cold_ticks": cold.ticks_to_balanced,
         }
-        return Outcome(scenario=f"clock skew +{skew:.0f}s, P={partitions} N={instances}", schedule=schedule,
-                       strategy=strategy, implementation=impl, phase=phase, extra=extra)
+        return _outcome(sim, f"clock skew +{skew:.0f}s, P={partitions} N={instances}", phase, extra=extra)
+
+
+# --------------------------------------------------------------------------- equal cost
+
+
+@dataclass
+class Setting:
+    """One implementation at one timing: what it costs and how fast it fails over."""
+
+    label: str
+    implementation: str
+    interval: float
+    expiration: float
+    renewal_age: Optional[float]
+    formula_per_hour: float
+    measured_per_hour: float = 0.0
+    resumed: List[float] = field(default_factory=list)  # crash to resumed, one per crash instant
+    duplicates: List[int] = field(default_factory=list)
+
+    @property
+    def mean_resumed(self) -> Optional[float]:
+        return statistics.mean(self.resumed) if self.resumed else None
+
+
+async def failover_at(setting: Setting, seed: int, partitions: int, instances: int, offset: float) -> Tuple[float, int]:
+    """Crash one of ``instances`` (GREEDY, jittered loops) ``offset`` seconds after the
+    group settled; return (seconds from the crash to the last orphan's first batch at a
+    survivor, duplicates)."""
+    options = {} if setting.renewal_age is None else {"ownership_renewal_age": setting.renewal_age}
+    async with simulation(setting.implementation, GREEDY, partitions, schedule="jittered", seed=seed,
+                          interval=setting.interval, expiration=setting.expiration, traffic=TRAFFIC, work=WORK,
+                          processor_options=options) as sim:
+        await _warm(sim, instances)
+        await sim.run_until(sim.scheduler.now + offset)
+        await _traffic_on(sim)
+        await sim.run_to_mid_batch()
+        victim = sim.alive[-1]
+        orphans = _orphans_of(sim, [victim.owner_id])
+        crash_time = sim.scheduler.now
+        mark = sim.mark()
+        await sim.crash(victim)
+        await sim.run_until(crash_time + setting.expiration + 20 * setting.interval,
+                            stop_when=lambda: sim.resumed_at(orphans, crash_time) is not None)
+        resumed = sim.resumed_at(orphans, crash_time)
+        if resumed is None:
+            raise RuntimeError(f"{setting.label}: orphans {orphans} were never resumed")
+        return resumed - crash_time, sim.result(mark).duplicates
+
+
+def equal_cost_candidates(target_per_hour: float, partitions: int, instances: int, intervals: Sequence[float],
+                          renewal_fraction: float = 0.5) -> List[Tuple[float, float]]:
+    """For each interval, the shortest whole-second expiration whose formula cost is at
+    most ``target_per_hour``, with the renewal age at ``renewal_fraction`` of it."""
+    found = []
+    for interval in intervals:
+        spare = target_per_hour / 3600.0 - instances / interval
+        if spare <= 0:
+            continue
+        expiration = math.ceil((partitions / renewal_fraction + 4 * instances) / spare)
+        if expiration > interval:
+            found.append((interval, float(expiration)))
+    return found
+
+
+async def equal_cost(plan: "Plan", seed: int, say: Callable[[str], None]) -> Dict[str, Any]:
+    """Measure the official processor's storage requests per hour at its defaults, pick
+    this SDK's settings that measure the same, and compare crash-to-resumed times."""
+    p, n = plan.equal_cost_size
+    offsets = [(k + 0.5) * OFFICIAL_DEFAULTS[1] / plan.crash_instants for k in range(plan.crash_instants)]
+
+    async def measure_cost(setting: Setting) -> None:
+        outcome = await steady(setting.implementation, GREEDY, "jittered", seed, p, n, plan.cost_ticks,
+                               interval=setting.interval, expiration=setting.expiration,
+                               renewal_age=setting.renewal_age, label=setting.label)
+        setting.measured_per_hour = outcome.extra["per_hour"]
+
+    async def measure_failover(setting: Setting) -> None:
+        for offset in offsets:
+            seconds, duplicates = await failover_at(setting, seed, p, n, offset)
+            setting.resumed.append(seconds)
+            setting.duplicates.append(duplicates)
+
+    started = time.perf_counter()
+    official = Setting("official, defaults", "official", *OFFICIAL_DEFAULTS, None,
+                       official_requests_per_hour(p, n, OFFICIAL_DEFAULTS[0]))
+    defaults = Setting("this SDK, defaults", "ours", INTERVAL, EXPIRATION, None,
+                       ours_requests_per_hour(p, n, INTERVAL, EXPIRATION))
+    for setting in (official, defaults):
+        await measure_cost(setting)
+    candidates = []
+    for fraction in plan.renewal_fractions:
+        for interval, expiration in equal_cost_candidates(official.measured_per_hour, p, n, plan.equal_cost_intervals,
+                                                          fraction):
+            renewal = None if fraction == 0.5 else round(fraction * expiration, 1)
+            label = f"this SDK, I={interval:g} s E={expiration:g} s" + ("" if renewal is None else f" R={renewal:g} s")
+            candidate = Setting(label, "ours", interval, expiration, renewal,
+                                ours_requests_per_hour(p, n, interval, expiration, renewal))
+            await measure_cost(candidate)
+            candidates.append(candidate)
+    # Equal cost is measured: keep candidates within 3 % of the official's measured cost.
+    matching = [c for c in candidates if abs(c.measured_per_hour / official.measured_per_hour - 1) <= 0.03]
+    for setting in [official, defaults] + matching:
+        await measure_failover(setting)
+    # The issue's row: interval and expiration chosen, renewal age at its default (E/2).
+    plain = [c for c in matching if c.renewal_age is None]
+    chosen = min(plain, key=lambda c: c.mean_resumed or math.inf) if plain else None
+    longer = [c for c in matching if c.renewal_age is not None]
+    best_longer = min(longer, key=lambda c: c.mean_resumed or math.inf) if longer else None
+    say(f"  equal-cost failover ({len(offsets)} crash instants, {len(candidates)} candidates) "
+        f"{time.perf_counter() - started:6.1f} s")
+    return {"official": official, "defaults": defaults, "candidates": candidates, "matching": matching,
+            "chosen": chosen, "best_longer_renewal": best_longer, "size": (p, n), "offsets": offsets}
 
 
 # --------------------------------------------------------------------------- plan
@@ -264,66 +539,120 @@ class Plan:
     scale_in: Sequence[Tuple[int, int, int]]
     crashes: Sequence[Tuple[int, int, int]]
     growth: Sequence[Tuple[int, int, int]]
+    rolling: Sequence[Tuple[int, int]]
+    busy_scale_out: Sequence[Tuple[int, int, int]]
+    standbys: Sequence[Tuple[int, int]]
+    static: Sequence[Tuple[int, int, int]]
+    balance_factors: Sequence[int]
     steady_ticks: int
     skew_ticks: int
+    balance_factor_size: Tuple[int, int, int] = (32, 4, 1)
+    steady_size: Tuple[int, int] = (32, 4)
+    skew_size: Tuple[int, int] = (32, 4)
+    equal_cost_size: Tuple[int, int] = (32, 4)
+    equal_cost_intervals: Sequence[float] = (10.0, 15.0, 20.0, 25.0, 30.0)
+    renewal_fractions: Sequence[float] = (0.5, 0.75)  # ownership_renewal_age / expiration (0.5: the default)
+    crash_instants: int = 6
+    cost_ticks: int = 300
+    schedules: Sequence[str] = SCHEDULES
+    traffic_limit: int = 128  # larger cold starts run without traffic
 
 
 FULL = Plan(
     cold_sizes=[(32, 4), (128, 8), (100, 10), (1024, 64)],
     scale_out=[(32, 4, 1), (32, 4, 4), (128, 8, 1), (128, 8, 8)],
+    busy_scale_out=[(32, 4, 4)],
     scale_in=[(32, 5, 1), (128, 8, 4)],
     crashes=[(32, 4, 1), (32, 8, 4), (128, 8, 4)],
     growth=[(20, 4, 5)],
+    rolling=[(32, 4)],
+    standbys=[(4, 8)],
+    static=[(32, 4, 2)],
+    balance_factors=[1, 2, 3],
     steady_ticks=1000,
-    skew_ticks=50,
-)
-QUICK = Plan(
-    cold_sizes=[(32, 4)],
-    scale_out=[(32, 4, 1), (32, 4, 4)],
-    scale_in=[(32, 5, 1)],
-    crashes=[(32, 4, 1), (32, 8, 4)],
-    growth=[(20, 4, 5)],
-    steady_ticks=100,
     skew_ticks=20,
 )
+QUICK = Plan(
+    cold_sizes=[(12, 3)],
+    scale_out=[(12, 3, 1)],
+    busy_scale_out=[(12, 3, 1)],
+    scale_in=[(12, 4, 1)],
+    crashes=[(12, 3, 1)],
+    growth=[(6, 2, 2)],
+    rolling=[(6, 2)],
+    standbys=[(2, 4)],
+    static=[(8, 4, 2)],
+    balance_factors=[1, 3],
+    steady_ticks=30,
+    skew_ticks=2,
+    balance_factor_size=(9, 2, 1),
+    steady_size=(12, 3),
+    skew_size=(12, 3),
+    equal_cost_size=(12, 3),
+    equal_cost_intervals=(30.0,),
+    renewal_fractions=(0.5,),
+    crash_instants=1,
+    cost_ticks=30,
+    schedules=("staggered",),
+)
 
 
-async def run_all(plan: Plan, seed: int = 1, progress: bool = True) -> Dict[str, List[Outcome]]:
-    """Run every scenario of ``plan`` four ways; returns outcomes grouped by section."""
-    sections: Dict[str, List[Outcome]] = {"rebalance": [], "failover": [], "steady": [], "skew": []}
+async def run_all(plan: Plan, seed: int = 1, progress: bool = True) -> Dict[str, Any]:
+    """Run every scenario of ``plan``; returns outcomes grouped by section."""
+    sections: Dict[str, Any] = {"rebalance": [], "failover": [], "rolling": [], "standbys": [], "static": [],
+                                "balance_factor": [], "steady": [], "skew": []}
 
     def say(text: str) -> None:
         if progress:
             print(text, file=sys.stderr, flush=True)
 
-    async def each(section: str, make: Any, *, schedules: Sequence[str] = SCHEDULES) -> None:
-        for schedule in schedules:
+    def done(section: str, outcome: Outcome, started: float) -> None:
+        sections[section].append(outcome)
+        say(f"  {outcome.scenario[:60]:<60} {outcome.schedule:<9} {outcome.strategy.value:<8} "
+            f"{outcome.implementation:<8} {time.perf_counter() - started:6.1f} s")
+
+    async def each(section: str, make: Any, *, schedules: Optional[Sequence[str]] = None) -> None:
+        for schedule in schedules or plan.schedules:
             for strategy in STRATEGIES:
                 for impl in IMPLEMENTATIONS:
                     started = time.perf_counter()
-                    outcome = await make(impl, strategy, schedule)
-                    sections[section].append(outcome)
-                    say(f"  {outcome.scenario:<45} {schedule:<9} {strategy.value:<8} {impl:<8} "
-                        f"{time.perf_counter() - started:6.1f} s")
+                    done(section, await make(impl, strategy, schedule), started)
 
     for p, n in plan.cold_sizes:
-        await each("rebalance", lambda i, s, sc, p=p, n=n: cold_start(i, s, sc, seed, p, n))
+        traffic = p <= plan.traffic_limit
+        await each("rebalance", lambda i, s, sc, p=p, n=n, t=traffic: cold_start(i, s, sc, seed, p, n, traffic=t))
     for p, n, k in plan.scale_out:
         await each("rebalance", lambda i, s, sc, p=p, n=n, k=k: scale_out(i, s, sc, seed, p, n, k))
+    for p, n, k in plan.busy_scale_out:
+        await each("rebalance", lambda i, s, sc, p=p, n=n, k=k: scale_out(i, s, sc, seed, p, n, k, work=BUSY_WORK))
     for p, n, k in plan.scale_in:
         await each("rebalance", lambda i, s, sc, p=p, n=n, k=k: scale_in(i, s, sc, seed, p, n, k))
-    for p, n, k in plan.crashes:
-        await each("failover", lambda i, s, sc, p=p, n=n, k=k: crash(i, s, sc, seed, p, n, k))
     for p, n, k in plan.growth:
         await each("rebalance", lambda i, s, sc, p=p, n=n, k=k: growth(i, s, sc, seed, p, n, k))
-    t = plan.steady_ticks
-    await each("steady", lambda i, s, sc: steady(i, s, sc, seed, 32, 4, t, label=f"steady {t} ticks P=32 N=4"),
-               schedules=("staggered", "lockstep"))
-    await each("steady", lambda i, s, sc: steady(i, s, sc, seed, 32, 4, t, latency=INTERVAL / 2, jitter=0.2,
-                                                 label=f"steady {t} ticks P=32 N=4, latency<=I/2, jitter 20%"),
+    for p, n, k in plan.crashes:
+        await each("failover", lambda i, s, sc, p=p, n=n, k=k: crash(i, s, sc, seed, p, n, k))
+    for p, n in plan.rolling:
+        await each("rolling", lambda i, s, sc, p=p, n=n: rolling_restart(i, s, sc, seed, p, n))
+    for p, n in plan.standbys:
+        await each("standbys", lambda i, s, sc, p=p, n=n: standbys(i, s, sc, seed, p, n))
+    for p, replicas, ordinal in plan.static:
+        for schedule in plan.schedules:
+            started = time.perf_counter()
+            done("static", await static_assignment(schedule, seed, p, replicas, ordinal), started)
+    bp, bn, bk = plan.balance_factor_size
+    for strategy in STRATEGIES:
+        for factor in plan.balance_factors:
+            started = time.perf_counter()
+            done("balance_factor", await balance_factor(strategy, "staggered", seed, factor, bp, bn, bk), started)
+    t, (sp, sn) = plan.steady_ticks, plan.steady_size
+    await each("steady", lambda i, s, sc: steady(i, s, sc, seed, sp, sn, t, label=f"steady {t} ticks P={sp} N={sn}"))
+    await each("steady", lambda i, s, sc: steady(i, s, sc, seed, sp, sn, t, latency=INTERVAL / 2, jitter=0.2,
+                                                 label=f"steady {t} ticks P={sp} N={sn}, latency<=I/2, jitter 20%"),
                schedules=("staggered",))
-    await each("skew", lambda i, s, sc: skewed(i, s, sc, seed, 32, 4, 300.0, plan.skew_ticks),
+    kp, kn = plan.skew_size
+    await each("skew", lambda i, s, sc: skewed(i, s, sc, seed, kp, kn, 300.0, plan.skew_ticks),
                schedules=("staggered",))
+    sections["equal_cost"] = await equal_cost(plan, seed, say)
     return sections
 
 
@@ -354,132 +683,305 @@ def _num(value: Optional[float], fmt: str = "{:.1f}") -> str:
     return "never" if value is None else fmt.format(value)
 
 
-def rebalance_table(outcomes: Sequence[Outcome]) -> str:
-    head = ("| Scenario | Schedule | Strategy | Ticks: limit | ours | official | Moves: min | ours | official "
-            "| Steals: ours | official | 412s: ours | official | Requests: ours | official "
-            "| Max believers / dispatching: ours | official |")
-    rows = _header(head)
-    for ours, off in _pairs(outcomes):
-        rows.append(
-            f"| {ours.scenario} | {ours.schedule} | {ours.strategy.value} | {ours.limit_ticks} | "
-            f"{_ticks(ours.phase)} | {_ticks(off.phase)} | {ours.min_moves} | {ours.phase.moves} | {off.phase.moves} | "
-            f"{ours.phase.steals} | {off.phase.steals} | {ours.phase.failed_claims} | {off.phase.failed_claims} | "
-            f"{sum(ours.phase.requests.values())} | {sum(off.phase.requests.values())} | "
-            f"{_overlap(ours.phase)} | {_overlap(off.phase)} |")
-    return "\n".join(rows)
-
-
 def _header(head: str) -> List[str]:
     """A markdown header row and its rule, with the column count taken from the header."""
     return [head, "|" + "---|" * (head.count("|") - 1)]
 
 
 def _overlap(p: PhaseResult) -> str:
-    return f"{p.max_believers} / {p.max_dispatchers}"
+    return f"{p.overlap_seconds:.2f} ({p.max_deliverers})"
+
+
+def _dups(o: Outcome) -> str:
+    """Duplicates, and events never delivered when there are any (a loss)."""
+    lost = o.extra.get("undelivered", 0)
+    return f"{o.phase.duplicates}" + (f" (**{lost} never delivered**)" if lost else "")
+
+
+def rebalance_table(outcomes: Sequence[Outcome]) -> str:
+    head = ("| Scenario | Schedule | Strategy | Ticks: limit | ours | official | Moves: min | ours | official "
+            "| Steals: ours | official | Handoffs: ours | 412s: ours | official | Requests: ours | official "
+            "| Duplicate events: ours | official | Overlap s (max deliverers): ours | official |")
+    rows = _header(head)
+    for ours, off in _pairs(outcomes):
+        rows.append(
+            f"| {ours.scenario}{'' if ours.extra.get('traffic', True) else ' (no traffic)'} | {ours.schedule} | "
+            f"{ours.strategy.value} | {ours.limit_ticks} | {_ticks(ours.phase)} | {_ticks(off.phase)} | "
+            f"{ours.min_moves} | {ours.phase.moves} | {off.phase.moves} | {ours.phase.steals} | {off.phase.steals} | "
+            f"{ours.phase.handoffs} | {ours.phase.failed_claims} | {off.phase.failed_claims} | "
+            f"{ours.phase.coordination_requests} | {off.phase.coordination_requests} | {_dups(ours)} | {_dups(off)} | "
+            f"{_overlap(ours.phase)} | {_overlap(off.phase)} |")
+    return "\n".join(rows)
 
 
 def failover_table(outcomes: Sequence[Outcome]) -> str:
     head = ("| Scenario | Schedule | Strategy | Orphans / survivors | Ticks past record expiry: limit | ours | official "
-            "| Crash to re-owned (s): ours | official | Ticks to balanced: limit | ours | official "
-            "| Moves: min | ours | official | Steals: ours | official | Max believers / dispatching: ours | official |")
+            "| Crash to re-owned (s): ours | official | Crash to resumed (s): ours | official "
+            "| Ticks to balanced: limit | ours | official | Moves: min | ours | official | Steals: ours | official "
+            "| Duplicate events: ours | official | Overlap s (max deliverers): ours | official |")
     rows = _header(head)
     for ours, off in _pairs(outcomes):
         e, f = ours.extra, off.extra
         rows.append(
             f"| {ours.scenario} | {ours.schedule} | {ours.strategy.value} | {e['orphans']} / {e['survivors']} | "
             f"{e['forced_ticks']} | {_num(e['ticks_past_expiry'])} | {_num(f['ticks_past_expiry'])} | "
-            f"{_num(e['failover_s'], '{:.0f}')} | {_num(f['failover_s'], '{:.0f}')} | {ours.limit_ticks} | "
+            f"{_num(e['failover_s'], '{:.0f}')} | {_num(f['failover_s'], '{:.0f}')} | "
+            f"{_num(e['resumed_s'], '{:.1f}')} | {_num(f['resumed_s'], '{:.1f}')} | {ours.limit_ticks} | "
             f"{_ticks(ours.phase)} | {_ticks(off.phase)} | {ours.min_moves} | {ours.phase.moves} | {off.phase.moves} | "
-            f"{ours.phase.steals} | {off.phase.steals} | {_overlap(ours.phase)} | {_overlap(off.phase)} |")
+            f"{ours.phase.steals} | {off.phase.steals} | {_dups(ours)} | {_dups(off)} | "
+            f"{_overlap(ours.phase)} | {_overlap(off.phase)} |")
     return "\n".join(rows)
 
 
-def _per_tick(p: PhaseResult, kind: str) -> float:
-    return p.requests.get(kind, 0) / max(1, p.instance_ticks)
+def rolling_table(outcomes: Sequence[Outcome]) -> str:
+    head = ("| Scenario | Schedule | Strategy | Duplicate events: ours | official "
+            "| Longest pause of any partition (s): ours | official | Median partition's longest pause (s): ours "
+            "| official | Steals: ours | official | Handoffs: ours | Overlap s (max deliverers): ours | official |")
+    rows = _header(head)
+    for ours, off in _pairs(outcomes):
+        e, f = ours.extra, off.extra
+        rows.append(
+            f"| {ours.scenario} | {ours.schedule} | {ours.strategy.value} | {_dups(ours)} | {_dups(off)} | "
+            f"{e['pause_max']:.1f} | {f['pause_max']:.1f} | {e['pause_median']:.1f} | {f['pause_median']:.1f} | "
+            f"{ours.phase.steals} | {off.phase.steals} | {ours.phase.handoffs} | {_overlap(ours.phase)} | "
+            f"{_overlap(off.phase)} |")
+    return "\n".join(rows)
+
+
+def standbys_table(outcomes: Sequence[Outcome]) -> str:
+    head = ("| Scenario | Schedule | Strategy | Standbys before the crash: ours | official "
+            "| Taken over by a standby: ours | official | Orphan's record expired after the crash (s): ours | official "
+            "| Crashed member's record expired (s): ours | Crash to resumed (s): ours | official "
+            "| Duplicate events: ours | official |")
+    rows = _header(head)
+    for ours, off in _pairs(outcomes):
+        e, f = ours.extra, off.extra
+        rows.append(
+            f"| {ours.scenario} | {ours.schedule} | {ours.strategy.value} | {e['standbys']} | {f['standbys']} | "
+            f"{'yes' if e['by_standby'] else 'no'} | {'yes' if f['by_standby'] else 'no'} | {e['expiry_s']:.1f} | "
+            f"{f['expiry_s']:.1f} | {_num(e['member_expiry_s'])} | {_num(e['resumed_s'])} | {_num(f['resumed_s'])} | "
+            f"{_dups(ours)} | {_dups(off)} |")
+    return "\n".join(rows)
+
+
+def static_table(outcomes: Sequence[Outcome]) -> str:
+    head = ("| Scenario | Schedule | Cold start ticks | Shares by ordinal | Orphans' records expired after the crash (s) "
+            "| Crashed member's record expired (s) | Crash to resumed (s) | Claims of live records after the crash "
+            "| Duplicates after the crash | Return: ticks until its share is back | Handoffs | Steals "
+            "| Duplicate events |")
+    rows = _header(head)
+    for o in outcomes:
+        e = o.extra
+        crashed, back = e["crash"], e["return"]
+        rows.append(
+            f"| {o.scenario} | {o.schedule} | {_ticks(o.phase)} | {'yes' if e['shares_ok'] else 'no'} | "
+            f"{e['expiry_s']:.1f} | {_num(e['member_expiry_s'])} | {_num(e['resumed_s'])} | {crashed.steals} | "
+            f"{crashed.duplicates} | {_ticks(back)} | {back.handoffs} | {back.steals} | {back.duplicates} |")
+    return "\n".join(rows)
+
+
+def balance_factor_table(outcomes: Sequence[Outcome]) -> str:
+    head = ("| Scenario | Strategy | Ticks | Moves (minimum for a spread of 1) | Handoffs | Steals "
+            "| Final partitions per instance | Duplicate events |")
+    rows = _header(head)
+    for o in outcomes:
+        rows.append(
+            f"| {o.scenario} | {o.strategy.value} | {_ticks(o.phase)} | {o.phase.moves} ({o.min_moves}) | "
+            f"{o.phase.handoffs} | {o.phase.steals} | {', '.join(map(str, o.extra['counts']))} | {_dups(o)} |")
+    return "\n".join(rows)
+
+
+def _per_tick(p: PhaseResult, *kinds: str) -> float:
+    return sum(p.requests.get(kind, 0) for kind in kinds) / max(1, p.instance_ticks)
 
 
 def steady_table(outcomes: Sequence[Outcome]) -> str:
     head = ("| Scenario | Schedule | Strategy | Ownership changes: ours | official | Requests per instance-tick "
-            "(list / renew / claim): ours | official | Total requests: ours | official "
-            "| Storage transactions per hour: ours | official | ours / official "
-            "| Max believers / dispatching: ours | official |")
+            "(lists / record rewrites / member writes): ours | official | Total requests: ours | official "
+            "| Storage requests per hour: ours | official | ours / official |")
     rows = _header(head)
     for ours, off in _pairs(outcomes):
         def kinds(p: PhaseResult) -> str:
-            return " / ".join(f"{_per_tick(p, k):.2f}" for k in ("list_ownership", "renew", "claim"))
+            return " / ".join(f"{_per_tick(p, *k):.2f}" for k in (("list_ownership", "list_members"),
+                                                                  ("renew", "claim"), ("write_member",)))
 
         ratio = ours.extra["per_hour"] / off.extra["per_hour"] if off.extra["per_hour"] else float("nan")
         rows.append(
             f"| {ours.scenario} | {ours.schedule} | {ours.strategy.value} | {ours.phase.owner_changes} | "
             f"{off.phase.owner_changes} | {kinds(ours.phase)} | {kinds(off.phase)} | "
-            f"{sum(ours.phase.requests.values())} | {sum(off.phase.requests.values())} | "
-            f"{ours.extra['per_hour']:.0f} | {off.extra['per_hour']:.0f} | {ratio:.2f} | "
-            f"{_overlap(ours.phase)} | {_overlap(off.phase)} |")
+            f"{ours.phase.coordination_requests} | {off.phase.coordination_requests} | "
+            f"{ours.extra['per_hour']:.0f} | {off.extra['per_hour']:.0f} | {ratio:.2f} |")
     return "\n".join(rows)
 
 
 def skew_table(outcomes: Sequence[Outcome]) -> str:
     head = ("| Scenario | Strategy | Live partitions stolen by the skewed instance after cold start: ours | official "
-            "| Partition-seconds it dispatched what the store gave to another (after cold start): ours | official "
+            "| Duplicate events after cold start, before the crash: ours | official "
+            "| Overlap s (max deliverers), same stretch: ours | official "
             "| Cold start ticks: ours | official | Failover ticks past expiry: ours | official "
-            "| Ownership changes: ours | official |")
+            "| Ownership changes, same stretch: ours | official |")
     rows = _header(head)
     for ours, off in _pairs(outcomes):
         e, f = ours.extra, off.extra
         rows.append(
             f"| {ours.scenario} | {ours.strategy.value} | {e['steals_by_skewed']} | {f['steals_by_skewed']} | "
-            f"{e['stale_seconds']:.0f} | {f['stale_seconds']:.0f} | {_num(e['cold_ticks'], '{}')} | "
-            f"{_num(f['cold_ticks'], '{}')} | {_num(e['ticks_past_expiry'])} | {_num(f['ticks_past_expiry'])} | "
-            f"{ours.phase.owner_changes} | {off.phase.owner_changes} |")
+            f"{_dups(ours)} | {_dups(off)} | {_overlap(ours.phase)} | {_overlap(off.phase)} | "
+            f"{_num(e['cold_ticks'], '{}')} | {_num(f['cold_ticks'], '{}')} | {_num(e['ticks_past_expiry'])} | "
+            f"{_num(f['ticks_past_expiry'])} | {ours.phase.owner_changes} | {off.phase.owner_changes} |")
     return "\n".join(rows)
 
 
-def check_targets(sections: Dict[str, List[Outcome]]) -> List[Tuple[str, bool, str]]:
-    """The issue's targets for this SDK, each with pass/miss and the evidence."""
+def equal_cost_table(result: Dict[str, Any]) -> str:
+    official: Setting = result["official"]
+    head = ("| Implementation and settings | Interval / expiration / renewal age (s) | Requests per hour: formula "
+            "| measured | vs official | Crash to resumed (s): mean | min | max | mean vs official "
+            "| Duplicate events per crash (mean) |")
+    rows = _header(head)
+    shown = [official, result["defaults"]] + list(result["candidates"])
+    base = official.mean_resumed
+    for s in shown:
+        renewal = s.renewal_age if s.renewal_age is not None else (s.expiration / 2 if s.implementation == "ours"
+                                                                    else s.interval)
+        chosen = " **(chosen)**" if s is result["chosen"] else \
+            " (best with a longer renewal age)" if s is result.get("best_longer_renewal") else ""
+        if s.resumed:
+            times = (f"{statistics.mean(s.resumed):.1f} | {min(s.resumed):.1f} | {max(s.resumed):.1f} | "
+                     f"{(s.mean_resumed or 0) / base:.2f}" if base else "n/a")
+            dups = f"{statistics.mean(s.duplicates):.1f}"
+        else:
+            times, dups = "not run (cost not within 3 %) | | | ", ""
+        rows.append(f"| {s.label}{chosen} | {s.interval:g} / {s.expiration:g} / {renewal:g} | "
+                    f"{s.formula_per_hour:.0f} | {s.measured_per_hour:.0f} | "
+                    f"{s.measured_per_hour / official.measured_per_hour:.2f} | {times} | {dups} |")
+    return "\n".join(rows)
+
+
+def equal_cost_summary(eq: Dict[str, Any]) -> List[str]:
+    """What the equal-cost measurements say about the defaults, in sentences."""
+    off, chosen, longer, defaults = eq["official"], eq["chosen"], eq.get("best_longer_renewal"), eq["defaults"]
+    if not off.mean_resumed:
+        return []
+    lines = []
+    if chosen is not None:
+        lines.append(f"- At the official's cost ({off.measured_per_hour:.0f} requests/hour measured), the best "
+                     f"interval and expiration ({chosen.label}, renewal age E/2) resume after a crash in "
+                     f"{chosen.mean_resumed:.1f} s on average: {chosen.mean_resumed / off.mean_resumed:.2f}x the "
+                     f"official's {off.mean_resumed:.1f} s "
+                     f"({'meets' if chosen.mean_resumed <= off.mean_resumed / 2 else 'misses'} the issue's target of "
+                     "at most half).")
+    if longer is not None and longer.mean_resumed:
+        lines.append(f"- With a longer renewal age at the same cost ({longer.label}), "
+                     f"{longer.mean_resumed:.1f} s: {longer.mean_resumed / off.mean_resumed:.2f}x.")
+    if defaults.mean_resumed:
+        lines.append(f"- The current defaults ({INTERVAL:g} s / {EXPIRATION:g} s) cost "
+                     f"{defaults.measured_per_hour / off.measured_per_hour:.2f}x the official's requests and resume in "
+                     f"{defaults.mean_resumed:.1f} s ({defaults.mean_resumed / off.mean_resumed:.2f}x).")
+    return lines
+
+
+def check_targets(sections: Dict[str, Any]) -> List[Tuple[str, bool, str]]:
+    """The issues' targets for this SDK, each with pass/miss and the evidence."""
     checks: List[Tuple[str, bool, str]] = []
     ours = lambda section: [o for o in sections[section] if o.implementation == "ours"]  # noqa: E731
     for o in ours("rebalance"):
+        name = f"{o.scenario} {o.schedule} {o.strategy.value}"
         if o.scenario.startswith("cold start"):
             t = o.phase.ticks_to_balanced
             if o.strategy is BALANCED:
                 ok = t is not None and t <= o.limit_ticks + 1 and o.phase.steals == 0
-                checks.append((f"{o.scenario} {o.schedule} balanced: <= ceil(P/N)+1 = {o.limit_ticks + 1} ticks, "
-                               "0 steals", ok, f"{t} ticks, {o.phase.steals} steals"))
+                checks.append((f"{name}: <= ceil(P/N)+1 = {o.limit_ticks + 1} ticks, 0 steals", ok,
+                               f"{t} ticks, {o.phase.steals} steals"))
             else:
-                ok = t is not None and t <= 2
-                checks.append((f"{o.scenario} {o.schedule} greedy: <= 2 ticks", ok, f"{t} ticks"))
+                checks.append((f"{name}: 1 tick", t == 1, f"{t} ticks"))
         elif o.scenario.startswith("scale out"):
-            ok = o.phase.moves == o.min_moves
-            checks.append((f"{o.scenario} {o.schedule} {o.strategy.value}: moves = minimum {o.min_moves}", ok,
-                           f"{o.phase.moves} moves"))
-    for o in ours("failover"):
-        e = o.extra
-        allowed = e["forced_ticks"]
+            ok = o.phase.moves == o.min_moves and o.phase.duplicates == 0
+            checks.append((f"{name}: moves = minimum {o.min_moves}, 0 duplicates", ok,
+                           f"{o.phase.moves} moves, {o.phase.duplicates} duplicates"))
+        elif o.scenario.startswith("graceful scale in"):
+            checks.append((f"{name}: 0 duplicates", o.phase.duplicates == 0, f"{o.phase.duplicates} duplicates"))
+    for ours_o, off_o in _pairs(sections["failover"]):
+        e = ours_o.extra
         got = e["ticks_past_expiry"]
-        ok = got is not None and got <= allowed + 1e-9
-        checks.append((f"{o.scenario} {o.schedule} {o.strategy.value}: orphans re-owned within expiry + "
-                       f"{allowed} tick(s)", ok, f"{_num(got)} ticks past expiry"))
+        ok = got is not None and got <= e["forced_ticks"] + 1e-9
+        name = f"{ours_o.scenario} {ours_o.schedule} {ours_o.strategy.value}"
+        checks.append((f"{name}: orphans re-owned within expiry + {e['forced_ticks']} tick(s)", ok,
+                       f"{_num(got)} ticks past expiry"))
+        checks.append((f"{name}: duplicates <= the official's", ours_o.phase.duplicates <= off_o.phase.duplicates,
+                       f"{ours_o.phase.duplicates} vs {off_o.phase.duplicates}"))
+    for o in ours("rolling"):
+        checks.append((f"{o.scenario} {o.schedule} {o.strategy.value}: 0 duplicates", o.phase.duplicates == 0,
+                       f"{o.phase.duplicates} duplicates, longest pause {o.extra['pause_max']:.1f} s"))
+    for o in ours("standbys"):
+        e = o.extra
+        bound = e["expiry_s"] + INTERVAL
+        ok = e["standbys"] == e["expected_standbys"] and e["by_standby"] and e["resumed_s"] is not None \
+            and e["resumed_s"] <= bound
+        checks.append((f"{o.scenario} {o.schedule} {o.strategy.value}: {e['expected_standbys']} standbys; one takes "
+                       "over within the expiration (by the first tick after the orphan's record expired)", ok,
+                       f"{e['standbys']} standbys, by a standby: {'yes' if e['by_standby'] else 'no'}, resumed "
+                       f"{_num(e['resumed_s'])} s after the crash; record expired after {e['expiry_s']:.1f} s "
+                       f"(bound {bound:.1f} s), the crashed member's record after {_num(e['member_expiry_s'])} s"))
+    for o in sections["static"]:
+        e = o.extra
+        taken_late = e["resumed_s"] is not None and e["member_expiry_s"] is not None \
+            and e["resumed_s"] >= e["member_expiry_s"]
+        ok = e["shares_ok"] and taken_late and e["return"].ticks_to_balanced is not None \
+            and e["return"].steals == 0 and e["return"].duplicates == 0
+        checks.append((f"{o.scenario} {o.schedule}: shares by ordinal; the crashed ordinal's share is taken only once "
+                       "its member record expired; it returns by handoff with 0 duplicates", ok,
+                       f"shares {'ok' if e['shares_ok'] else 'wrong'}; resumed {_num(e['resumed_s'])} s after the "
+                       f"crash, member record expired after {_num(e['member_expiry_s'])} s; returned in "
+                       f"{_ticks(e['return'])} ticks with {e['return'].handoffs} handoffs, {e['return'].steals} steals, "
+                       f"{e['return'].duplicates} duplicates"))
+    by_factor: Dict[str, Dict[int, Outcome]] = {}
+    for o in sections["balance_factor"]:
+        by_factor.setdefault(o.strategy.value, {})[o.extra["factor"]] = o
+    for strategy, factors in by_factor.items():
+        one = factors.get(1)
+        for factor, o in sorted(factors.items()):
+            ok = o.extra["spread"] <= factor and o.phase.duplicates == 0 and \
+                (one is None or o.phase.moves <= one.phase.moves)
+            checks.append((f"balance_factor={factor} {strategy}: spread <= {factor}, moves <= factor 1's, "
+                           "0 duplicates", ok,
+                           f"spread {o.extra['spread']}, {o.phase.moves} moves, {o.phase.duplicates} duplicates"))
     for o in ours("steady"):
-        ok = o.phase.owner_changes == 0
-        checks.append((f"{o.scenario} {o.schedule} {o.strategy.value}: 0 ownership changes", ok,
-                       f"{o.phase.owner_changes} changes"))
+        checks.append((f"{o.scenario} {o.schedule} {o.strategy.value}: 0 ownership changes",
+                       o.phase.owner_changes == 0, f"{o.phase.owner_changes} changes"))
     for ours_o, off_o in _pairs(sections["steady"]):
-        ok = ours_o.extra["per_hour"] <= 0.5 * off_o.extra["per_hour"]
-        checks.append((f"{ours_o.scenario} {ours_o.schedule} {ours_o.strategy.value}: transactions/hour <= half "
-                       "the official", ok,
-                       f"{ours_o.extra['per_hour']:.0f} vs {off_o.extra['per_hour']:.0f} "
-                       f"({ours_o.extra['per_hour'] / off_o.extra['per_hour']:.2f})"))
+        ratio = ours_o.extra["per_hour"] / off_o.extra["per_hour"]
+        # With store latency the official loop ticks less often (each tick waits for its
+        # writes), so it makes fewer requests per hour while renewing less often; the
+        # half-cost target is for equal work, without latency.
+        slowed = bool(ours_o.extra.get("latency"))
+        limit = 1.0 if slowed else 0.5
+        checks.append((f"{ours_o.scenario} {ours_o.schedule} {ours_o.strategy.value}: storage requests/hour <= "
+                       f"{'the official' if slowed else 'half the official'}'s at the same settings", ratio <= limit,
+                       f"{ours_o.extra['per_hour']:.0f} vs {off_o.extra['per_hour']:.0f} ({ratio:.2f})"))
     for o in ours("skew"):
         e = o.extra
-        ok = e["steals_by_skewed"] == 0 and e["stale_seconds"] == 0
-        checks.append((f"{o.scenario} {o.strategy.value}: skewed instance steals no live partition and keeps "
-                       "no lost one", ok, f"{e['steals_by_skewed']} steals, {e['stale_seconds']:.0f} stale "
-                       "partition-seconds"))
-    worst = max((o.phase.max_dispatchers for s in sections.values() for o in s if o.implementation == "ours"),
-                default=0)
-    overlap = sum(o.phase.overlap_seconds for s in sections.values() for o in s if o.implementation == "ours")
-    checks.append(("no two instances dispatch one partition at the same virtual time", worst <= 1,
-                   f"max {worst} dispatching one partition; {overlap:.1f} partition-seconds of overlap in all runs"))
+        ok = e["steals_by_skewed"] == 0 and o.phase.duplicates == 0
+        checks.append((f"{o.scenario} {o.strategy.value}: the skewed instance steals no live partition; 0 "
+                       "duplicates before the crash", ok, f"{e['steals_by_skewed']} steals, {o.phase.duplicates} duplicates"))
+    eq = sections.get("equal_cost")
+    if eq:
+        official, chosen = eq["official"], eq["chosen"]
+        if chosen is None:
+            checks.append(("equal-cost failover: settings with the official's requests/hour (within 3 %)", False,
+                           "no candidate matched"))
+        else:
+            ratio = (chosen.mean_resumed or math.inf) / (official.mean_resumed or math.inf)
+            checks.append((f"equal-cost failover ({chosen.label}, {chosen.measured_per_hour:.0f} vs "
+                           f"{official.measured_per_hour:.0f} requests/hour): crash to resumed <= half the official's",
+                           ratio <= 0.5, f"mean {chosen.mean_resumed:.1f} s vs {official.mean_resumed:.1f} s "
+                           f"({ratio:.2f})"))
+    runs = [o for key, s in sections.items() if key != "equal_cost" for o in s if o.implementation == "ours"]
+    worst = max((o.phase.max_deliverers for o in runs), default=0)
+    overlap = sum(o.phase.overlap_seconds for o in runs)
+    checks.append(("no two claims of this SDK deliver one partition at the same virtual instant (measured from the "
+                   "handlers' batches)", worst <= 1 and overlap == 0,
+                   f"max {worst} deliverers of one partition; {overlap:.2f} partition-seconds of overlap in all runs"))
+    lost = sum(o.extra.get("undelivered", 0) for o in runs)
+    checks.append(("no event left undelivered (this SDK, every run with traffic)", lost == 0, f"{lost} events"))
     return checks
 
 
@@ -487,7 +989,7 @@ def check_targets(sections: Dict[str, List[Outcome]]) -> List[Tuple[str, bool, s
 
 
 def plot(outcomes: Sequence[Outcome], scenario: str, filename: str) -> Optional[str]:
-    """Partitions per instance over ticks, this SDK beside the official balancer
+    """Partitions per instance over ticks, this SDK beside the official processor
     (rows: strategies; staggered schedule)."""
     try:
         import matplotlib
@@ -519,9 +1021,9 @@ def plot(outcomes: Sequence[Outcome], scenario: str, filename: str) -> Optional[
                         linewidth=1)
             if o.event_tick:
                 ax.axvline(o.event_tick, color="grey", linestyle="--", linewidth=1)
-            name = "this SDK" if impl == "ours" else "azure-eventhub OwnershipManager"
+            name = "this SDK" if impl == "ours" else "azure-eventhub EventProcessor"
             ax.set_title(f"{name}, {strategy.value}: {_ticks(o.phase)} ticks, {o.phase.moves} moves, "
-                         f"{o.phase.steals} steals", fontsize=9)
+                         f"{o.phase.steals} steals, {o.phase.duplicates} duplicate events", fontsize=9)
             ax.set_xlabel("tick (load-balancing intervals)")
             ax.set_ylabel("partitions owned")
             ax.grid(alpha=0.3)
@@ -538,50 +1040,89 @@ def plot(outcomes: Sequence[Outcome], scenario: str, filename: str) -> Optional[
 # --------------------------------------------------------------------------- main
 
 
-NOTES = [
-    "- Storage traffic. The official loop lists once and rewrites every owned record every tick "
-    "(N lists + P writes per interval). This SDK lists once per tick and renews a record only once it is "
-    "`min(expiration/2, expiration - 3 x interval)` = 30 s old; its lease ends `expiration - max(2 s, 10%)` = 54 s "
-    "after the renewal was sent, so two more ticks (24 s) can fail before it self-fences, and another 6 s pass "
-    "before any peer may see the record expired on the store's clock.",
-    "- Partition growth: the official `OwnershipManager` fetches the partition ids once and caches them for the "
-    "life of the processor (`cached_parition_ids`), so it never claims partitions added later (*never*).",
-    "- Clock skew: the official balancer compares the store's `last_modified_time` with its own `time.time()`; "
-    "an instance 5 minutes ahead sees every record as expired and takes live partitions every tick. This SDK "
-    "judges expiry as `listing.server_time - last_modified_time`, both from the store, and times its own lease "
-    "with a monotonic clock, so the skew changes nothing.",
-    "- Greedy: a processor that owns nothing is in nobody's snapshot, so it first claims one partition to show "
-    "up, and claims the rest of its fair share on its next tick, when every plan includes it (if all its "
-    "claims lost races it re-lists at once). Cold start therefore takes 2 ticks instead of 1, and in exchange "
-    "starters don't all grab everything and early newcomers don't take partitions later ones must steal back: "
-    "0 steals at cold start and scale-out moves equal to the minimum.",
-    "- *Max believers* counts instances listing a partition in `owned_partitions`; *dispatching* counts live "
-    "pumps. The victim of a steal drops the partition as soon as the new owner's receiver (higher owner level) "
-    "disconnects its own, or at its next tick, whichever comes first.",
-]
+def notes(sections: Dict[str, Any]) -> List[str]:
+    eq = sections["equal_cost"]
+    p, n = eq["size"]
+    return [
+        "- Duplicates come from the batches: an event handed to a handler that some handler had been given before "
+        "counts once per extra delivery (a batch cut short by a cancellation counts: its handler had the events). "
+        "The official processor cannot hand a partition over: it steals, the new owner resumes from the last "
+        "checkpoint, and the victim's batch in flight (or the batch its own next tick cancels) is delivered again. "
+        f"How many events that is depends on how busy handlers are (here {WORK * 1000:.0f} ms per "
+        f"{TRAFFIC.step:g} s; {BUSY_WORK * 1000:.0f} ms in the busy-handler rows): its column shows what a steal "
+        "costs at that load. Its graceful stop cancels the receive tasks, so the batches in flight are delivered "
+        "again too. Crashes, stops and rolling restarts are timed half-way through a batch of every partition, the "
+        "worst moment, the same for both; a crash then costs both SDKs exactly the batches in flight.",
+        "- This SDK moves partitions between live processors by handoff: the processor that needs one marks the "
+        "record (`requested_by`), the owner sees the mark at its next tick, its pump finishes the batch, "
+        "checkpoints it, closes with HANDOFF and writes the record over to the claimer, which adopts it at its "
+        "next tick. A stop does the same towards nobody. Steals happen only after `handoff_timeout` (30 s) without "
+        "an answer. The price is time: a moved partition pauses from the owner's close to the claimer's next tick "
+        "(up to one interval), and in BALANCED mode under lockstep ticks each move takes two ticks (the mark is "
+        "seen one tick later, the handoff one more), which is why some scale-out tick counts exceed the "
+        "one-per-tick limit and the rolling-restart pauses are longer than the official's, which starts the "
+        "stolen partition at once (and delivers its batch twice).",
+        "- A crashed processor's member record keeps it in every plan until that record expires too, so the "
+        "orphans can be dealt to the dead member meanwhile: where the standbys' and crashes' crash-to-resumed "
+        "times exceed the orphans' record expiry by more than a tick, they follow the crashed member's record "
+        "expiry (standbys table). After a crash, GREEDY survivors each take only their own share of the plan, "
+        "and the extra slots move to whoever holds the most as they claim, so the last orphans can wait a second "
+        "round of ticks.",
+        "- Storage traffic. Both are billed one request per listing and one per record written. The official "
+        "loop lists once and rewrites every owned record every tick: `(N + P) / tick`. This SDK lists ownership "
+        "and members every tick and rewrites each owned record and its member record once it is `renewal age` "
+        "(E/2 by default) old: `2N / I + (P + N) / R` per second. The member listing (new with membership) is "
+        "why the same-settings ratio rose from the 0.41 of the earlier recording to the figure in the steady "
+        "table. Checkpoint writes are the application's cadence and the same for both; they are left out of "
+        "every request count.",
+        "- Equal-cost failover: the official processor at its defaults (30 s interval, 180 s expiration, loop "
+        "sleeping 30 s x (1 + U(0, 0.2))) and this SDK at its defaults and at settings whose formula cost is at "
+        "most the official's measured cost (for each interval, the shortest whole-second expiration; renewal age "
+        "E/2, and 0.75 E as a second set), each crashed at "
+        f"{len(eq['offsets'])} instants spread over 180 s (P={p}, N={n}, GREEDY, each SDK's own loop jitter). "
+        "Candidates whose measured cost is within 3 % of the official's measured cost are crashed; among those "
+        "with the default renewal age, the one with the shortest mean crash-to-resumed time is *chosen* (the "
+        "issue's row). Resumed = the last orphan's first batch at a survivor.",
+        "- Partition growth: the official `OwnershipManager` fetches the partition ids once and caches them for the "
+        "life of the processor (`cached_parition_ids`), so it never claims partitions added later (*never*); "
+        "their events are never delivered.",
+        "- Clock skew: the official balancer compares the store's `last_modified_time` with its own `time.time()`; "
+        "an instance 5 minutes ahead sees every record as expired and takes live partitions every tick. This SDK "
+        "judges expiry as `listing.server_time - last_modified_time`, both from the store, and times its own lease "
+        "with a monotonic clock, so the skew changes nothing.",
+        "- Greedy cold start: every processor writes its member record before its first tick, so every plan "
+        "counts all of them and each takes its own share in its first tick.",
+    ]
 
 
-def render(sections: Dict[str, List[Outcome]], command: str, elapsed: float, plots: Sequence[str]) -> str:
+def render(sections: Dict[str, Any], command: str, elapsed: float, plots: Sequence[str]) -> str:
     checks = check_targets(sections)
     lines = [
-        "## Rebalance convergence: this SDK vs azure-eventhub's load balancer",
+        "## Rebalance convergence: this SDK vs azure-eventhub's processor",
         "",
         f"Command: `{command}` ({elapsed:.0f} s). {machine_line()}",
         "",
         f"Virtual time; load-balancing interval {INTERVAL:.0f} s and ownership expiration {EXPIRATION:.0f} s for "
-        "both. *ours* is `eventprocessor.EventProcessor` ticked with `balance_once()`; *official* is "
-        "`azure.eventhub.aio._eventprocessor._ownership_manager.OwnershipManager` driven like its "
-        "EventProcessor loop. Both use a store with Blob semantics (create-if-absent, If-Match etags, store-side "
-        "last-modified time), billed one request per listing and one per record written. *staggered*: each "
-        "instance at its own random phase; *lockstep*: all instances list the same snapshot, then all write (writes "
-        "of one instant interleave at random). Ticks count load-balancing rounds to the start of the final balanced "
-        "stretch (every partition owned by a live instance, max-min <= 1, held for expiry + 2 ticks). A move gives a "
-        "partition to a new owner; a steal is a move from a record that had not expired. *Max believers*: the most "
-        "instances that believed they owned one partition at one virtual instant (this SDK: "
-        "`EventProcessor.owned_partitions`; official: the partition ids its last claim returned, which is what its "
-        "loop dispatches). *Max dispatching*: the same, counting for this SDK only claims whose pump is still live "
-        "(a takeover opens the new owner's receiver with a higher owner level, which disconnects the old one at "
-        "once). Sampled after every event that can change them.",
+        "both unless a table says otherwise. *ours* is `eventprocessor.EventProcessor` with its defaults (other "
+        "than the timing a table names); its renewer, lease keeper, heartbeat and pumps run on the virtual clock "
+        "and each tick is one `balance_once()`. "
+        "*official* is "
+        "`azure.eventhub.aio._eventprocessor._ownership_manager.OwnershipManager` driven and dispatched like its "
+        "`EventProcessor` (claim, `get_checkpoints()` for new partitions, one receive task each with owner level "
+        "0, cancel what the claim no longer returns, release when a task ends, unfenced checkpoints). Both use a "
+        "store with Blob semantics (create-if-absent, If-Match etags, store-side last-modified time). Traffic: "
+        f"{TRAFFIC.per_step} events per partition every {TRAFFIC.step:g} s into one `MemoryEventSource` (same "
+        f"receiver semantics for both: a new receiver with an equal or higher owner level disconnects the old "
+        f"one); each handler spends {WORK * 1000:.0f} ms per batch and then checkpoints it. Traffic starts "
+        f"{PRE_ROLL:g} s before each scenario's event (at t=0 for cold starts; cold starts above "
+        "P=128 run without). *staggered*: each instance at its own random phase; *lockstep*: all instances list "
+        "the same snapshot, then all write (writes of one instant interleave at random). Ticks count load-balancing "
+        "rounds to the start of the final balanced stretch (every partition owned by a live instance, max-min <= 1, "
+        "held for expiry + 2 ticks). A move gives a partition to a new owner; a steal is a claim of a record that "
+        "had not expired; a handoff is a record written over by its owner. *Duplicate events*, *overlap* "
+        "(partition-seconds during which batches of two different claims of one partition were both in their "
+        "handlers) and *max deliverers* (the most claims inside a batch of one partition at one instant) are "
+        "measured from what the handlers were given. Requests exclude checkpoint writes.",
         "",
         "### Targets (this SDK)",
         "",
@@ -592,37 +1133,75 @@ def render(sections: Dict[str, List[Outcome]], command: str, elapsed: float, plo
     lines += ["", "### Cold start, scale out, scale in, partition growth", "", rebalance_table(sections["rebalance"])]
     lines += ["", "### Crash and failover", "",
               "Limit: a record can only be taken once expired; after that the one-per-tick rule forces "
-              "`ceil(orphans / survivors)` ticks in BALANCED mode and 1 in GREEDY mode.", "",
+              "`ceil(orphans / survivors)` ticks in BALANCED mode and 1 in GREEDY mode. *Re-owned*: the store "
+              "names a survivor for every orphan; *resumed*: every orphan's first batch at a survivor.", "",
               failover_table(sections["failover"])]
-    lines += ["", "### Steady state", "", steady_table(sections["steady"])]
+    lines += ["", "### Rolling restart", "",
+              "Each instance in turn stops (half-way through a batch of every partition) and a new one starts 5 s "
+              "later; the next stops once the group has been balanced for 2 ticks. Pauses are gaps between "
+              "consecutive batches of one partition (1 s apart in steady state).", "",
+              rolling_table(sections["rolling"])]
+    lines += ["", "### Standbys", "",
+              "More instances than partitions: after the cold start the extra ones own nothing; then an owner "
+              "crashes.", "", standbys_table(sections["standbys"])]
+    lines += ["", "### Static assignment and balance factor (this SDK only)", "",
+              "STATIC: partition i belongs to ordinal `i % replica_count`; a missing ordinal's share is spread "
+              "over the others once its member record expired (its partitions' records may still be live: those "
+              "claims count as claims of live records), and goes back by handoff when it returns. The official "
+              "processor has no equivalent.", "", static_table(sections["static"]), "",
+              "`balance_factor`: the imbalance left alone between live owners (KIP-441); the official processor "
+              "has no equivalent.", "", balance_factor_table(sections["balance_factor"])]
+    lines += ["", "### Steady state", "", "Without traffic: storage requests of a balanced group.", "",
+              steady_table(sections["steady"])]
+    eq = sections["equal_cost"]
+    p, n = eq["size"]
+    off, chosen = eq["official"], eq["chosen"]
+    lines += ["", "### Failover at equal cost", "",
+              f"P={p}, N={n}, GREEDY, each SDK's own loop timing. Requests per hour, formulas: this SDK "
+              "`3600 x (2N/I + (P+N)/R)` (ownership and member listings per tick; record and member rewrites per "
+              "renewal age R = E/2); official `3600 x (N+P) / (1.1 I)` (one listing and one rewrite per owned "
+              f"record per tick, ticks every I x (1 + U(0, 0.2))). Crash to resumed is measured at "
+              f"{len(eq['offsets'])} crash instants, {', '.join(f'{o:.0f}' for o in eq['offsets'])} s after the "
+              "group settled.", "", equal_cost_table(eq), ""]
+    lines += equal_cost_summary(eq)
     lines += ["", "### Clock skew", "",
               "One instance's local clock is 5 minutes ahead of the store; after a cold start and a steady stretch "
-              "another instance crashes.", "", skew_table(sections["skew"])]
-    lines += ["", "### Notes", "", *NOTES]
+              "with traffic another instance crashes.", "", skew_table(sections["skew"])]
+    lines += ["", "### Notes", "", *notes(sections)]
     if plots:
         lines += ["", "### Plots", ""] + [f"![{name}](results/{name})" for name in plots]
     return "\n".join(lines)
 
 
-def main(argv: Optional[List[str]] = None) -> int:
-    """Run the benchmark; print the tables, write RESULTS.md and the plots. Example::
+def main(argv: Optional[List[str]] = None, prog: Optional[str] = None) -> int:
+    """Run the benchmark and print the tables; with ``--record``, also write RESULTS.md and
+    the plots. Example::
 
-        python -m benchmarks.convergence --quick --no-write
+        python -m benchmarks.convergence --quick
     """
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.convergence", description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="small sizes only (seconds, for smoke tests)")
+    parser = program.parser("convergence", __doc__, prog)
+    parser.add_argument("--quick", action="store_true",
+                        help="small sizes only (seconds, for smoke tests; never recorded)")
     parser.add_argument("--seed", type=int, default=1)
-    parser.add_argument("--no-write", action="store_true", help="do not touch RESULTS.md or the plots")
-    args = parser.parse_args(argv)
+
+    def body(args: argparse.Namespace) -> int:
+        if args.record and args.quick:
+            parser.error("--record needs a full run: --quick results are partial and never recorded")
+        require(purpose="the convergence benchmark (it runs azure-eventhub's own load balancer beside this SDK's)",
+                extras=["eventhub"])
+        return _run(args, program.recorded_command("convergence", argv))
+
+    return program.run(parser, body, argv)
+
+
+def _run(args: argparse.Namespace, command: str) -> int:
     logging.basicConfig(level=logging.ERROR)
     plan = QUICK if args.quick else FULL
-    command = "python -m benchmarks.convergence" + (" --quick" if args.quick else "") + (
-        f" --seed {args.seed}" if args.seed != 1 else "")
     started = time.perf_counter()
     sections = asyncio.run(run_all(plan, seed=args.seed))
     elapsed = time.perf_counter() - started
     plots: List[str] = []
-    if not args.no_write:
+    if args.record:
         big_cold = f"cold start P={plan.cold_sizes[-1][0]} N={plan.cold_sizes[-1][1]}"
         cold = next((f"cold start P={p} N={n}" for p, n in plan.cold_sizes if (p, n) == (128, 8)), big_cold)
         doubling = next((s for s in (f"scale out P={p} N={n}->{n + k}" for p, n, k in plan.scale_out if k == n)), None)
@@ -635,10 +1214,7 @@ def main(argv: Optional[List[str]] = None) -> int:
             if made:
                 plots.append(made)
     text = render(sections, command, elapsed, plots)
-    print(text)
-    if not args.no_write:
-        path = write_section("convergence", text)
-        print(f"\nwrote {path}", file=sys.stderr)
+    program.report("convergence", text, args.record)
     missed = [name for name, ok, _e in check_targets(sections) if not ok]
     if missed:
         print(f"\n{len(missed)} target(s) missed (see the table)", file=sys.stderr)

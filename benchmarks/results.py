@@ -10,7 +10,9 @@ from typing import Optional
 RESULTS = Path(__file__).resolve().parent / "RESULTS.md"
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 
-_HEADER = "# Benchmark results\n\nEach section is written by the benchmark named in it; re-run its command to refresh it.\n"
+_HEADER = ("# Benchmark results\n\nEach section is written by the benchmark named in it, only when run with `--record`; "
+           "re-run its command with `--record` to refresh it (from the checkout root, or as "
+           "`eventprocessor bench NAME --record` from anywhere).\n")
 
 
 def machine_line() -> str:

@@ -1,16 +1,29 @@
-"""A discrete-event simulator that runs real load-balancing code under virtual time.
+"""A discrete-event simulator that runs real load-balancing and dispatch code under
+virtual time, and records what every handler was given.
 
 Two kinds of instance run side by side over stores with the same semantics and the same
-request accounting:
+request accounting, reading one :class:`~eventprocessor.sources.MemoryEventSource`:
 
-* :class:`OursInstance` wraps this SDK's :class:`~eventprocessor.EventProcessor`; every
-  tick is one ``await processor.balance_once()``, with an injected virtual clock and RNG.
+* :class:`OursInstance` wraps this SDK's :class:`~eventprocessor.EventProcessor`: its
+  renewer, lease keeper, member heartbeat and partition pumps run on their own on the
+  virtual clock, and every balancing tick is one ``await processor.balance_once()``.
 * :class:`OfficialInstance` wraps azure-eventhub's async ``OwnershipManager`` (the load
-  balancer inside ``azure.eventhub.aio.EventProcessor``) and mimics that processor's loop
-  body: claim, fetch checkpoints for new partitions, dispatch what the claim returned.
-  The official code reads ``time.time()`` and ``random`` at module level, so while a
+  balancer inside ``azure.eventhub.aio.EventProcessor``) and reproduces that processor's
+  dispatch (``event_processor.py``): after each ``claim_ownership()`` it starts one
+  receive task per newly claimed partition from the checkpoint ``get_checkpoints()``
+  returned, with owner level 0 (what the official processor uses with a checkpoint
+  store; equal owner levels disconnect the older receiver), cancels the tasks of
+  partitions its claim no longer returned, and releases a partition when its task ends.
+  Its handler checkpoints through the official ``PartitionContext`` (unfenced). The
+  official code reads ``time.time()`` and ``random`` at module level, so while a
   simulation runs both names are replaced by per-instance shims (see
   :func:`official_module_patched`).
+
+With :class:`Traffic`, a producer appends events to every partition at a steady rate and
+both SDKs' handlers record each batch (:class:`Deliveries`): partition, owner, claim,
+first and last sequence number, virtual start and end (a handler spends ``work``
+seconds per batch, then checkpoints it). Duplicates, overlaps, pauses and the time to
+resume after a crash are measured from those records, never derived from beliefs.
 
 Time only moves when every coroutine of the simulation is blocked on virtual time, so a
 thousand ticks take seconds and a run is a deterministic function of its seed. Store
@@ -20,14 +33,17 @@ the same snapshot before any of them writes.
 
 Example::
 
-    sim = Simulation("ours", LoadBalancingStrategy.BALANCED, partitions=32, seed=1)
-    for _ in range(4):
-        sim.add_instance()
-    result = await sim.run_until_balanced(max_ticks=50)
+    async with simulation("ours", LoadBalancingStrategy.GREEDY, 32, traffic=Traffic()) as sim:
+        sim.start_traffic()
+        for _ in range(4):
+            sim.add_instance()
+        result = await sim.run_until_balanced(max_ticks=50)
+        print(result.ticks_to_balanced, result.duplicates)
 """
 from __future__ import annotations
 
 import asyncio
+import bisect
 import contextlib
 import contextvars
 import heapq
@@ -41,10 +57,13 @@ from collections import Counter
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from types import SimpleNamespace
-from typing import Any, Callable, Dict, FrozenSet, Iterable, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, FrozenSet, Iterable, Iterator, List, Optional, Sequence, Set, Tuple
 
 from eventprocessor.checkpoint_store import CheckpointStore
-from eventprocessor.records import Checkpoint, Ownership, OwnershipListing
+from eventprocessor.errors import CheckpointStoreError, OwnershipLostError
+from eventprocessor.events import EventPosition
+from eventprocessor.records import Checkpoint, Member, MemberListing, Ownership, OwnershipListing
+from eventprocessor.sources import MemoryEventSource
 
 __all__ = [
     "EPOCH",
@@ -53,9 +72,14 @@ __all__ = [
     "Ledger",
     "SimulatedStore",
     "OfficialSimStore",
+    "Traffic",
+    "Batch",
+    "Deliveries",
     "OursInstance",
     "OfficialInstance",
+    "PhaseResult",
     "Simulation",
+    "simulation",
     "official_module_patched",
     "minimal_moves",
 ]
@@ -67,6 +91,7 @@ EPOCH_SECONDS = EPOCH.timestamp()
 NAMESPACE = "memory.local"
 EVENTHUB = "hub"
 CONSUMER_GROUP = "$default"
+SCHEDULES = ("staggered", "lockstep", "jittered")
 
 
 # --------------------------------------------------------------------------- scheduler
@@ -80,7 +105,9 @@ class VirtualScheduler:
     """Virtual time: a heap of (time, sequence) wake-ups, run in order.
 
     Events at the same virtual time run in the order they were scheduled, which is
-    what sequences a lockstep tick (all lists before any write).
+    what sequences a lockstep tick (all lists before any write). A wake-up whose waiter
+    was cancelled (a store call's time-out timer, once the call answered) is dropped
+    without running.
     """
 
     def __init__(self) -> None:
@@ -88,9 +115,12 @@ class VirtualScheduler:
         self._heap: List[Tuple[float, int, Callable[[], None]]] = []
         self._seq = itertools.count()
         self._groups: Dict[float, List[Any]] = {}
+        self._cancelled: Set[int] = set()
 
-    def call_at(self, when: float, callback: Callable[[], None]) -> None:
-        heapq.heappush(self._heap, (max(when, self.now), next(self._seq), callback))
+    def call_at(self, when: float, callback: Callable[[], None]) -> int:
+        seq = next(self._seq)
+        heapq.heappush(self._heap, (max(when, self.now), seq, callback))
+        return seq
 
     async def sleep_until(self, when: float) -> None:
         future = asyncio.get_running_loop().create_future()
@@ -99,8 +129,13 @@ class VirtualScheduler:
             if not future.done():
                 future.set_result(None)
 
-        self.call_at(when, wake)
-        await future
+        seq = self.call_at(when, wake)
+        try:
+            await future
+        except asyncio.CancelledError:
+            if future.cancelled():
+                self._cancelled.add(seq)
+            raise
 
     async def sleep(self, seconds: float) -> None:
         await self.sleep_until(self.now + max(0.0, seconds))
@@ -133,12 +168,32 @@ class VirtualScheduler:
         return await future
 
     def next_time(self) -> Optional[float]:
-        return self._heap[0][0] if self._heap else None
+        heap = self._heap
+        while heap and heap[0][1] in self._cancelled:
+            self._cancelled.discard(heapq.heappop(heap)[1])
+        return heap[0][0] if heap else None
 
     def pop(self) -> Callable[[], None]:
+        self.next_time()
         when, _seq, callback = heapq.heappop(self._heap)
         self.now = when
         return callback
+
+    def pop_due(self) -> List[Callable[[], None]]:
+        """Every live wake-up of the earliest instant, in scheduling order (one drain of
+        the event loop then serves them all: same order, far fewer drains)."""
+        when = self.next_time()
+        due: List[Callable[[], None]] = []
+        heap = self._heap
+        while heap and heap[0][0] == when:
+            _when, seq, callback = heapq.heappop(heap)
+            if seq in self._cancelled:
+                self._cancelled.discard(seq)
+                continue
+            due.append(callback)
+        if when is not None:
+            self.now = when
+        return due
 
     @staticmethod
     async def drain(limit: int = 100_000) -> None:
@@ -195,9 +250,17 @@ class _Record:
 class Ledger:
     """What the store saw, in the same terms for both implementations.
 
-    Every executed request is reported here with the virtual time it executed at. A
-    *move* is a write that gives a partition to an owner other than its last non-empty
-    owner; a *steal* is a move taken from a record that had not expired.
+    Every executed request is reported here with the virtual time it executed at and
+    the instance that sent it. Ownership writes are told apart by who wrote what:
+
+    * ``renew``: the owner rewrites its own record;
+    * ``request``: another processor marks a live record as requested (graceful handoff);
+    * ``handoff``: the owner writes its record over to another processor;
+    * ``claim``: a processor writes a record to itself that named someone else (or no
+      record existed); a *steal* if that record was live;
+    * ``release``: the owner clears its record.
+
+    A *move* gives a partition to an owner other than its last non-empty owner.
     """
 
     expiration: float
@@ -206,43 +269,54 @@ class Ledger:
     requests: Counter = field(default_factory=Counter)
     moves: int = 0
     steals: int = 0
+    handoffs: int = 0
     failed_claims: int = 0
     owner_changes: int = 0
     steals_by: Counter = field(default_factory=Counter)
     version: int = 0
-    touched: set = field(default_factory=set)  # owners whose records were overwritten since last looked
+    members: Dict[str, float] = field(default_factory=dict)  # member id -> last heartbeat (virtual s)
 
-    def listed(self) -> None:
-        self.requests["list_ownership"] += 1
+    def count(self, kind: str) -> None:
+        """A request that changes no ownership record (lists, checkpoints, members)."""
+        self.requests[kind] += 1
 
-    def checkpoints_listed(self) -> None:
-        self.requests["list_checkpoints"] += 1
+    def member_written(self, owner: str, now: float) -> None:
+        self.requests["write_member"] += 1
+        self.members[owner] = now
 
-    def checkpoint_written(self) -> None:
-        self.requests["update_checkpoint"] += 1
+    def member_expiry(self, owner: str) -> Optional[float]:
+        """When peers stop counting ``owner``'s member record (None if it never wrote
+        one): the processor treats a member as gone after half the expiration
+        (``Timing.member_expiration``)."""
+        written = self.members.get(owner)
+        return None if written is None else written + self.expiration / 2
 
-    def write(self, partition_id: str, owner: str, won: bool, now: float) -> None:
+    def write(self, partition_id: str, owner: str, won: bool, now: float, writer: Optional[str] = None) -> None:
+        writer = owner if writer is None else writer
         self.version += 1
         previous = self.records.get(partition_id)
-        if won and previous is not None and previous.owner:
-            self.touched.add(previous.owner)
+        previous_owner = previous.owner if previous is not None else ""
         if not owner:
             kind = "release"
-        elif previous is not None and previous.owner == owner:
-            kind = "renew"
+        elif previous_owner == owner:
+            kind = "renew" if writer == owner else "request"
+        elif writer != owner:
+            kind = "handoff"
         else:
             kind = "claim"
         self.requests[kind] += 1
         if not won:
             self.failed_claims += 1
             return
-        if previous is None or previous.owner != owner:
+        if previous_owner != owner:
             self.owner_changes += 1
         if owner:
             before = self.last_owner.get(partition_id)
             if before is not None and before != owner:
                 self.moves += 1
-                if previous is not None and previous.owner == before and now - previous.modified <= self.expiration:
+                if kind == "handoff":
+                    self.handoffs += 1
+                elif previous is not None and previous.owner == before and now - previous.modified <= self.expiration:
                     self.steals += 1
                     self.steals_by[owner] += 1
             self.last_owner[partition_id] = owner
@@ -267,6 +341,7 @@ class Ledger:
             "requests": Counter(self.requests),
             "moves": self.moves,
             "steals": self.steals,
+            "handoffs": self.handoffs,
             "failed_claims": self.failed_claims,
             "owner_changes": self.owner_changes,
         }
@@ -320,54 +395,104 @@ def _run_now(result: Any) -> Any:
     raise SimulationStalled("a store write suspended; simulated stores must complete at once")
 
 
-class SimulatedStore(CheckpointStore):
-    """This SDK's :class:`~stores.InMemoryCheckpointStore` behind virtual latency.
+class _Crashed(CheckpointStoreError):
+    """The instance behind this store view crashed: it sends nothing any more."""
 
-    Each request executes at the midpoint of its round trip; a batch claim is one
-    round trip (a real store issues the writes concurrently) but is billed one request
-    per record, like the inner store's ``request_counts``.
+
+class SimulatedStore(CheckpointStore):
+    """One instance's view of this SDK's :class:`~stores.InMemoryCheckpointStore`, behind
+    virtual latency.
+
+    Every instance gets its own view (:meth:`for_instance`) over the same inner store,
+    ledger and latency, so the ledger knows who wrote each record, and a crashed
+    instance's view refuses every further request (a dead process sends nothing). Each
+    request executes at the midpoint of its round trip; a batch claim is one round trip
+    (a real store issues the writes concurrently) but is billed one request per record,
+    like the inner store's ``request_counts``. Member records (heartbeats and their
+    listing) cost requests too.
     """
 
     def __init__(self, inner: CheckpointStore, scheduler: VirtualScheduler, ledger: Ledger,
-                 latency: float = 0.0, rng: Optional[random.Random] = None) -> None:
+                 latency: float = 0.0, rng: Optional[random.Random] = None, *, writer: str = "") -> None:
         self._inner = inner
         self._ledger = ledger
         self._latency = _Latency(scheduler, latency, rng or random.Random(0))
         self._scheduler = scheduler
+        self.writer = writer
+        self.dead = False
 
-    async def list_ownership(self, fully_qualified_namespace: str, eventhub_name: str,
-                             consumer_group: str) -> OwnershipListing:
-        async def execute() -> OwnershipListing:
-            self._ledger.listed()
-            return await self._inner.list_ownership(fully_qualified_namespace, eventhub_name, consumer_group)
+    def for_instance(self, owner_id: str) -> "SimulatedStore":
+        view = SimulatedStore(self._inner, self._scheduler, self._ledger, writer=owner_id)
+        view._latency = self._latency
+        return view
+
+    def _check(self) -> None:
+        if self.dead:
+            raise _Crashed(f"{self.writer} crashed; it sends no more requests")
+
+    async def _call(self, kind: str, call: Callable[[], Any]) -> Any:
+        self._check()
+
+        async def execute() -> Any:
+            self._ledger.count(kind)
+            return await call()
 
         return await self._latency.round_trip(execute)
 
+    async def list_ownership(self, fully_qualified_namespace: str, eventhub_name: str,
+                             consumer_group: str) -> OwnershipListing:
+        return await self._call("list_ownership", lambda: self._inner.list_ownership(
+            fully_qualified_namespace, eventhub_name, consumer_group))
+
     async def claim_ownership(self, ownerships: Iterable[Ownership]) -> List[Ownership]:
+        self._check()
         claims = list(ownerships)
 
         def execute(claim: Ownership) -> Optional[Ownership]:
             won = _run_now(self._inner.claim_ownership([claim]))
-            self._ledger.write(claim.partition_id, claim.owner_id, bool(won), self._scheduler.now)
+            self._ledger.write(claim.partition_id, claim.owner_id, bool(won), self._scheduler.now, self.writer)
             return won[0] if won else None
 
         results = await self._latency.writes(claims, execute)
         return [record for record in results if record is not None]
 
     async def update_checkpoint(self, checkpoint: Checkpoint, *, owner_id: str, epoch: int) -> None:
-        async def execute() -> None:
-            self._ledger.checkpoint_written()
-            await self._inner.update_checkpoint(checkpoint, owner_id=owner_id, epoch=epoch)
-
-        await self._latency.round_trip(execute)
+        await self._call("update_checkpoint", lambda: self._inner.update_checkpoint(
+            checkpoint, owner_id=owner_id, epoch=epoch))
 
     async def list_checkpoints(self, fully_qualified_namespace: str, eventhub_name: str,
                                consumer_group: str) -> List[Checkpoint]:
-        async def execute() -> List[Checkpoint]:
-            self._ledger.checkpoints_listed()
-            return await self._inner.list_checkpoints(fully_qualified_namespace, eventhub_name, consumer_group)
+        return await self._call("list_checkpoints", lambda: self._inner.list_checkpoints(
+            fully_qualified_namespace, eventhub_name, consumer_group))
+
+    async def list_ownership_and_members(self, fully_qualified_namespace: str, eventhub_name: str,
+                                         consumer_group: str) -> Any:
+        """One request, as the Blob and Table stores make it: the tick's listing."""
+        return await self._call("list_ownership", lambda: self._inner.list_ownership_and_members(
+            fully_qualified_namespace, eventhub_name, consumer_group))
+
+    async def list_members(self, fully_qualified_namespace: str, eventhub_name: str,
+                           consumer_group: str) -> MemberListing:
+        return await self._call("list_members", lambda: self._inner.list_members(
+            fully_qualified_namespace, eventhub_name, consumer_group))
+
+    async def write_member(self, member: Member) -> Member:
+        self._check()
+
+        async def execute() -> Member:
+            self._ledger.member_written(member.owner_id, self._scheduler.now)
+            return await self._inner.write_member(member)
 
         return await self._latency.round_trip(execute)
+
+    async def delete_member(self, member: Member) -> None:
+        await self._call("delete_member", lambda: self._inner.delete_member(member))
+
+
+@dataclass
+class _OfficialRecords:
+    ownership: Dict[str, Dict[str, Any]] = field(default_factory=dict)
+    checkpoints: Dict[str, Dict[str, Any]] = field(default_factory=dict)
 
 
 class OfficialSimStore:
@@ -375,63 +500,235 @@ class OfficialSimStore:
 
     Like the Blob store the official SDK ships: ``last_modified_time`` is the *store's*
     time (float seconds), the etag changes on every write, a record without an etag is
-    create-if-absent and a stale etag fails. Records are copied in and out, because the
-    official balancer mutates the dicts it is given (the official in-memory store hands
-    out its live dicts, which would let one instance's plan rewrite another's view).
+    create-if-absent and a stale etag fails; checkpoints are written unconditionally.
+    Records are copied in and out, because the official balancer mutates the dicts it is
+    given (the official in-memory store hands out its live dicts, which would let one
+    instance's plan rewrite another's view). One view per instance (:meth:`for_instance`),
+    as for :class:`SimulatedStore`.
     """
 
     def __init__(self, scheduler: VirtualScheduler, ledger: Ledger, latency: float = 0.0,
-                 rng: Optional[random.Random] = None) -> None:
-        self._records: Dict[str, Dict[str, Any]] = {}
-        self._checkpoints: Dict[str, Dict[str, Any]] = {}
+                 rng: Optional[random.Random] = None, *, writer: str = "") -> None:
+        self._records = _OfficialRecords()
         self._ledger = ledger
         self._scheduler = scheduler
         self._latency = _Latency(scheduler, latency, rng or random.Random(0))
+        self.writer = writer
+        self.dead = False
+
+    def for_instance(self, owner_id: str) -> "OfficialSimStore":
+        view = OfficialSimStore(self._scheduler, self._ledger, writer=owner_id)
+        view._records, view._latency = self._records, self._latency
+        return view
+
+    def _check(self) -> None:
+        if self.dead:
+            raise _Crashed(f"{self.writer} crashed; it sends no more requests")
 
     def server_time(self) -> float:
         return EPOCH_SECONDS + self._scheduler.now
 
     async def list_ownership(self, fully_qualified_namespace: str, eventhub_name: str, consumer_group: str,
                              **kwargs: Any) -> List[Dict[str, Any]]:
+        self._check()
+
         def execute() -> List[Dict[str, Any]]:
-            self._ledger.listed()
-            return [dict(record) for record in self._records.values()]
+            self._ledger.count("list_ownership")
+            return [dict(record) for record in self._records.ownership.values()]
 
         return await self._latency.round_trip(execute)
 
     async def claim_ownership(self, ownership_list: Iterable[Dict[str, Any]], **kwargs: Any) -> List[Dict[str, Any]]:
+        self._check()
         claims = [dict(claim) for claim in ownership_list]
 
         def execute(claim: Dict[str, Any]) -> Optional[Dict[str, Any]]:
             pid = claim["partition_id"]
-            current = self._records.get(pid)
+            current = self._records.ownership.get(pid)
             etag = claim.get("etag")
             ok = (current is None and etag is None) or (current is not None and etag is not None
                                                           and etag == current["etag"])
-            self._ledger.write(pid, claim.get("owner_id") or "", ok, self._scheduler.now)
+            self._ledger.write(pid, claim.get("owner_id") or "", ok, self._scheduler.now, self.writer)
             if not ok:
                 return None
             record = dict(claim, etag=str(uuid.uuid4()), last_modified_time=self.server_time())
-            self._records[pid] = record
+            self._records.ownership[pid] = record
             return dict(record)
 
         results = await self._latency.writes(claims, execute)
         return [record for record in results if record is not None]
 
     async def update_checkpoint(self, checkpoint: Dict[str, Any], **kwargs: Any) -> None:
+        self._check()
+
         def execute() -> None:
-            self._ledger.checkpoint_written()
-            self._checkpoints[checkpoint["partition_id"]] = dict(checkpoint)
+            self._ledger.count("update_checkpoint")
+            self._records.checkpoints[checkpoint["partition_id"]] = dict(checkpoint)
 
         await self._latency.round_trip(execute)
 
     async def list_checkpoints(self, fully_qualified_namespace: str, eventhub_name: str, consumer_group: str,
                                **kwargs: Any) -> List[Dict[str, Any]]:
+        self._check()
+
         def execute() -> List[Dict[str, Any]]:
-            self._ledger.checkpoints_listed()
-            return [dict(c) for c in self._checkpoints.values()]
+            self._ledger.count("list_checkpoints")
+            return [dict(c) for c in self._records.checkpoints.values()]
 
         return await self._latency.round_trip(execute)
+
+
+# --------------------------------------------------------------------------- deliveries
+
+
+@dataclass(frozen=True)
+class Traffic:
+    """A steady producer: every ``step`` virtual seconds, ``events_per_second * step``
+    events are appended to every partition, at ``phase`` x ``step`` past each step
+    boundary (half-way by default, so that production never lands on the instants where
+    lockstep ticks run: whether a steal finds a batch in flight is then up to the
+    handlers' load, not to an alignment of two grids)."""
+
+    events_per_second: float = 4.0
+    step: float = 1.0
+    phase: float = 0.5
+
+    @property
+    def per_step(self) -> int:
+        return max(1, round(self.events_per_second * self.step))
+
+
+@dataclass
+class Batch:
+    """One batch in one handler: which claim got which events, and when (virtual s)."""
+
+    partition_id: str
+    owner_id: str
+    claim: int  # this SDK: the claim's epoch; official: a serial per receive task
+    first: int
+    last: int
+    start: float
+    end: Optional[float] = None
+    duplicates: int = 0  # events of this batch some handler had been given before
+
+    @property
+    def key(self) -> Tuple[str, int]:
+        return (self.owner_id, self.claim)
+
+
+class Deliveries:
+    """Every batch every handler received, and what that says.
+
+    * duplicates: events handed to a handler that some handler had been given before;
+    * overlap: partition-seconds during which batches of two different claims of one
+      partition were both in their handlers, and the most claims at once;
+    * pauses: the longest gap between consecutive batches of a partition;
+    * resumption: a partition's first batch after an instant, by given owners.
+    """
+
+    def __init__(self, scheduler: VirtualScheduler) -> None:
+        self._scheduler = scheduler
+        self.batches: List[Batch] = []
+        self._starts: List[float] = []
+        self._times_delivered: Dict[str, List[int]] = {}
+        self._by_partition: Dict[str, List[Batch]] = {}
+
+    def begin(self, partition_id: str, owner_id: str, claim: int, first: int, last: int) -> Batch:
+        seen = self._times_delivered.setdefault(partition_id, [])
+        if len(seen) <= last:
+            seen.extend([0] * (last + 1 - len(seen)))
+        duplicates = 0
+        for seq in range(first, last + 1):
+            if seen[seq]:
+                duplicates += 1
+            seen[seq] += 1
+        now = self._scheduler.now
+        batch = Batch(partition_id, owner_id, claim, first, last, now, duplicates=duplicates)
+        self.batches.append(batch)
+        self._starts.append(now)
+        self._by_partition.setdefault(partition_id, []).append(batch)
+        return batch
+
+    def end(self, batch: Batch) -> None:
+        if batch.end is None:
+            batch.end = self._scheduler.now
+
+    def since(self, start: float) -> List[Batch]:
+        return self.batches[bisect.bisect_left(self._starts, start):]
+
+    def duplicates(self, start: float = 0.0) -> int:
+        return sum(b.duplicates for b in self.since(start))
+
+    def events(self, start: float = 0.0) -> int:
+        return sum(b.last - b.first + 1 for b in self.since(start))
+
+    def overlap(self, start: float, until: float) -> Tuple[float, int]:
+        """(partition-seconds with two or more claims delivering, most claims at once)
+        between ``start`` and ``until``."""
+        seconds = 0.0
+        most = 0
+        for batches in self._by_partition.values():
+            points: List[Tuple[float, int, Tuple[str, int]]] = []
+            for b in batches:
+                end = until if b.end is None else min(b.end, until)
+                begin = max(b.start, start)
+                if end > begin:
+                    points.append((begin, 1, b.key))
+                    points.append((end, 0, b.key))
+                elif start <= b.start <= until:
+                    most = max(most, 1)  # an instantaneous batch: one deliverer
+            if not points:
+                continue
+            # Ends sort before starts at one instant: touching batches do not overlap.
+            points.sort(key=lambda p: (p[0], p[1]))
+            open_claims: Counter = Counter()
+            previous = points[0][0]
+            for when, is_start, key in points:
+                if len(open_claims) >= 2:
+                    seconds += when - previous
+                previous = when
+                if is_start:
+                    open_claims[key] += 1
+                    most = max(most, len(open_claims))
+                else:
+                    open_claims[key] -= 1
+                    if open_claims[key] <= 0:
+                        del open_claims[key]
+        return seconds, most
+
+    def first_batch(self, partition_id: str, after: float, owners: Optional[Set[str]] = None) -> Optional[Batch]:
+        for b in self._by_partition.get(partition_id, ()):
+            if b.start >= after and (owners is None or b.owner_id in owners):
+                return b
+        return None
+
+    def longest_pauses(self, start: float, until: float) -> Dict[str, float]:
+        """Per partition, the longest time between the end of one batch and the start of
+        the next (any claims), for batches starting between ``start`` and ``until``."""
+        result: Dict[str, float] = {}
+        for pid, batches in self._by_partition.items():
+            inside = [b for b in batches if start <= b.start <= until]
+            longest = 0.0
+            reach: Optional[float] = None
+            for b in inside:
+                if reach is not None:
+                    longest = max(longest, b.start - reach)
+                end = b.end if b.end is not None else until
+                reach = end if reach is None else max(reach, end)
+            result[pid] = longest
+        return result
+
+    def undelivered(self, source: MemoryEventSource, partition_ids: Iterable[str], enqueued_before: datetime) -> int:
+        """Events enqueued before ``enqueued_before`` that no handler was ever given."""
+        missing = 0
+        for pid in partition_ids:
+            seen = self._times_delivered.get(pid, [])
+            for event in source.events(pid):
+                if event.enqueued_time >= enqueued_before:
+                    break
+                if event.sequence_number >= len(seen) or not seen[event.sequence_number]:
+                    missing += 1
+        return missing
 
 
 # --------------------------------------------------------------------------- official module patch
@@ -472,7 +769,7 @@ def official_module_patched() -> Iterator[Any]:
     from azure.eventhub.aio._eventprocessor import _ownership_manager as module
 
     saved = (module.time, module.random)
-    module.time, module.random = _TimeShim(), _RandomShim()
+    module.time, module.random = _TimeShim(), _RandomShim()  # type: ignore[assignment]
     try:
         yield module
     finally:
@@ -483,92 +780,103 @@ def official_module_patched() -> Iterator[Any]:
 
 
 class _Instance:
+    """What the simulation drives: ``join`` once, then ``tick`` every interval, until
+    ``stop`` (graceful) or ``crash``."""
+
     owner_id: str
     clock: VirtualClock
+    dead: bool = False
 
-    @property
-    def owned(self) -> FrozenSet[str]:
-        """What the instance believes it owns."""
-        raise NotImplementedError
-
-    @property
-    def dispatching(self) -> FrozenSet[str]:
-        """What the instance could still deliver events of right now."""
-        return self.owned
+    async def join(self) -> None:
+        """Start: called once, before the first tick."""
 
     async def tick(self) -> None:
         raise NotImplementedError
 
     async def stop(self) -> None:
-        """Graceful shutdown: release what it owns."""
+        """Graceful shutdown: finish and release what it owns."""
         raise NotImplementedError
 
     async def crash(self) -> None:
-        """Die without releasing anything."""
+        """Die now: handlers are interrupted, nothing more reaches the store. Must not
+        wait on virtual time (leftover clean-up goes to :attr:`teardown`)."""
         raise NotImplementedError
 
+    teardown: Optional["asyncio.Future[Any]"] = None
 
-class _QuietPartitionProcessor:
-    """Built lazily (the core may not be importable when this module loads): a handler
-    that counts errors instead of logging each one (stolen partitions' receivers are
-    disconnected by design, thousands of times in a large run)."""
 
-    errors = 0
-    cls: Any = None
+def _recording_processor(instance: "OursInstance", deliveries: Deliveries, work: float) -> Any:
+    """A PartitionProcessor class for one instance: it records each batch, spends
+    ``work`` virtual seconds on it and checkpoints its last event."""
+    from eventprocessor import PartitionProcessor
 
-    @classmethod
-    def get(cls) -> Any:
-        if cls.cls is None:
-            from eventprocessor import PartitionProcessor
+    class Recorder(PartitionProcessor):
+        async def process_events(self, events: Any, context: Any) -> None:
+            if not events or instance.dead:
+                return
+            batch = deliveries.begin(context.partition_id, context.owner_id, context.epoch,
+                                     events[0].sequence_number, events[-1].sequence_number)
+            try:
+                await instance.clock.sleep(work)
+            finally:
+                deliveries.end(batch)
+            if instance.dead:
+                return
+            try:
+                await context.update_checkpoint()
+            except (OwnershipLostError, CheckpointStoreError):  # the claim ended meanwhile
+                instance.checkpoint_failures += 1
 
-            class Quiet(PartitionProcessor):
-                async def process_error(self, error: Exception, context: Any) -> None:
-                    _QuietPartitionProcessor.errors += 1
+        async def process_error(self, error: Exception, context: Any) -> None:
+            # Stolen partitions' receivers are disconnected by design: count, don't log.
+            instance.errors += 1
 
-            cls.cls = Quiet
-        return cls.cls
+    return Recorder
 
 
 class OursInstance(_Instance):
     """This SDK's real EventProcessor, ticked through ``balance_once``."""
 
-    def __init__(self, processor: Any, clock: VirtualClock) -> None:
+    def __init__(self, processor: Any, clock: VirtualClock, store: SimulatedStore) -> None:
         self.processor = processor
         self.owner_id = processor.owner_id
         self.clock = clock
-        self.reports: List[Any] = []
-        self._dead = False
+        self.store = store
+        self.dead = False
+        self.errors = 0
+        self.checkpoint_failures = 0
+        self.teardown = None
 
     @property
     def owned(self) -> FrozenSet[str]:
-        if self._dead:
+        if self.dead:
             return frozenset()
         return frozenset(self.processor.owned_partitions)
 
-    @property
-    def dispatching(self) -> FrozenSet[str]:
-        """Owned partitions whose pump is still live (not stopped by a takeover of its
-        receiver): the ones whose events could still reach the handler."""
-        if self._dead:
-            return frozenset()
-        live = set()
-        for pid in self.processor.owned_partitions:
-            pump = self.processor.pump(pid)
-            if pump is not None and pump.task is not None and not pump.task.done() and not pump.stopping:
-                live.add(pid)
-        return frozenset(live)
+    async def join(self) -> None:
+        # As EventProcessor.start does: the renewer, lease keeper and member heartbeat
+        # run on their own (on the virtual clock); the balancing loop writes the member
+        # record before its first tick. The simulation drives the ticks themselves.
+        self.processor._start_background(balancing=False)
+        await self.processor._join()
 
     async def tick(self) -> None:
-        report = await self.processor.balance_once()
-        self.reports.append(report)
+        await self.processor.balance_once()
 
     async def stop(self) -> None:
         await self.processor.stop()
-        self._dead = True
+        self.dead = True
 
     async def crash(self) -> None:
-        self._dead = True
-        await self.processor.stop(release=False)
+        self.dead = True
+        self.store.dead = True
+        for pid in list(self.processor.leases):
+            pump = self.processor.pump(pid)
+            if pump is not None:
+                pump.cancel()
+        # The tasks of a dead process just stop; stop(release=False) cancels them (its
+        # store calls fail at once: the view is dead).
+        self.teardown = asyncio.ensure_future(self.processor.stop(release=False))
 
 
 class _StandInClient:
@@ -584,46 +892,146 @@ class _StandInClient:
 
 
 class OfficialInstance(_Instance):
-    """azure-eventhub's OwnershipManager, driven like its EventProcessor.start loop."""
+    """azure-eventhub's OwnershipManager, driven and dispatched like its EventProcessor
+    (``azure/eventhub/aio/_eventprocessor/event_processor.py``: ``start``,
+    ``_create_tasks_for_claimed_ownership``, ``_cancel_tasks_for_partitions``,
+    ``_receive``, ``_close_consumer``, ``stop``)."""
 
     def __init__(self, owner_id: str, store: OfficialSimStore, partition_ids: Callable[[], List[str]],
-                 strategy: Any, expiration: float, clock: VirtualClock, rng: random.Random) -> None:
+                 strategy: Any, expiration: float, clock: VirtualClock, rng: random.Random, *,
+                 source: Optional[MemoryEventSource] = None, deliveries: Optional[Deliveries] = None,
+                 work: float = 0.0, max_batch_size: int = 300) -> None:
         from azure.eventhub.aio._eventprocessor._ownership_manager import OwnershipManager
 
         self.owner_id = owner_id
         self.clock = clock
+        self.store = store
+        self.dead = False
+        self.teardown = None
+        self.errors = 0
         self._context = _OfficialContext(clock=clock, rng=rng)
-        self._manager = OwnershipManager(_StandInClient(partition_ids), CONSUMER_GROUP, owner_id, store,
-                                         expiration, strategy, None)
+        # Duck-typed stand-ins: the client and store offer exactly what the manager calls.
+        self._manager = OwnershipManager(_StandInClient(partition_ids), CONSUMER_GROUP, owner_id,  # type: ignore[arg-type]
+                                         store, expiration, strategy, None)  # type: ignore[arg-type]
+        self._source = source
+        self._deliveries = deliveries
+        self._work = work
+        self._max_batch_size = max_batch_size
         self._owned: FrozenSet[str] = frozenset()
+        self._tasks: Dict[str, "asyncio.Task[None]"] = {}
+        self._consumers: Dict[str, Any] = {}
+        self._running = True
+        self._claims = itertools.count(1)
 
     @property
     def owned(self) -> FrozenSet[str]:
+        """The partition ids its last claim returned (what its loop dispatches)."""
         return self._owned
 
     async def tick(self) -> None:
         token = _CURRENT_OFFICIAL.set(self._context)
         try:
-            claimed = set(await self._manager.claim_ownership())
-            if claimed - self._owned:
-                await self._manager.get_checkpoints()
-            # The official loop cancels the tasks of partitions missing from the claim
-            # result and starts tasks for new ones: what it dispatches is what it claimed.
+            claimed = await self._manager.claim_ownership()
             self._owned = frozenset(claimed)
+            if claimed:
+                existing = set(self._tasks)
+                to_cancel = existing - set(claimed)
+                newly_claimed = set(claimed) - existing
+                if newly_claimed:
+                    checkpoints = await self._manager.get_checkpoints()
+                    self._create_tasks(newly_claimed, checkpoints)
+            else:
+                to_cancel = set(self._tasks)
+            self._cancel(to_cancel)
         finally:
             _CURRENT_OFFICIAL.reset(token)
+
+    def _create_tasks(self, partition_ids: Iterable[str], checkpoints: Dict[str, Dict[str, Any]]) -> None:
+        if self._source is None:
+            return
+        for pid in sorted(partition_ids, key=_partition_order):
+            if pid not in self._tasks or self._tasks[pid].done():
+                # Created under this instance's context: its time shim follows the task.
+                self._tasks[pid] = asyncio.get_running_loop().create_task(self._receive(pid, checkpoints.get(pid)))
+
+    def _cancel(self, partition_ids: Iterable[str]) -> None:
+        for pid in partition_ids:
+            task = self._tasks.get(pid)
+            if task:
+                task.cancel()
+                if pid not in self._consumers:  # cancelled before the consumer was created
+                    del self._tasks[pid]
+
+    async def _receive(self, partition_id: str, checkpoint: Optional[Dict[str, Any]]) -> None:
+        from azure.eventhub.aio._eventprocessor.partition_context import PartitionContext
+
+        assert self._source is not None
+        claim = next(self._claims)
+        offset = checkpoint.get("offset") if checkpoint else None
+        # The benchmark starts both SDKs at the earliest event when there is no checkpoint.
+        position = EventPosition.from_offset(offset) if offset else EventPosition.earliest()
+        context = PartitionContext(NAMESPACE, EVENTHUB, CONSUMER_GROUP, partition_id, self.store)  # type: ignore[arg-type]
+        try:
+            self._consumers[partition_id] = await self._source.open_receiver(
+                partition_id, consumer_group=CONSUMER_GROUP, starting_position=position, owner_level=0,
+                prefetch=300)
+            while self._running:
+                try:
+                    # The official consumer calls the handler from inside receive(), so a
+                    # failing handler (or checkpoint) ends the partition like a lost link.
+                    events = await self._consumers[partition_id].receive(self._max_batch_size, None)
+                    await self._handle(context, claim, events)
+                except asyncio.CancelledError:
+                    raise
+                except Exception:  # e.g. disconnected by a newer receiver: process_error, close
+                    self.errors += 1
+                    break
+        finally:
+            await asyncio.shield(self._close_consumer(partition_id))
+
+    async def _handle(self, context: Any, claim: int, events: List[Any]) -> None:
+        if not events or self._deliveries is None:
+            return
+        batch = self._deliveries.begin(context.partition_id, self.owner_id, claim,
+                                       events[0].sequence_number, events[-1].sequence_number)
+        try:
+            await self.clock.sleep(self._work)
+        finally:
+            self._deliveries.end(batch)
+        await context.update_checkpoint(events[-1])
+
+    async def _close_consumer(self, partition_id: str) -> None:
+        try:
+            consumer = self._consumers.pop(partition_id, None)
+            if consumer is not None:
+                await consumer.close()
+            if not self.dead:  # a dead process releases nothing
+                await self._manager.release_ownership(partition_id)
+        finally:
+            self._tasks.pop(partition_id, None)
 
     async def stop(self) -> None:
         token = _CURRENT_OFFICIAL.set(self._context)
         try:
-            owned, self._owned = sorted(self._owned), frozenset()
-            for pid in owned:  # EventProcessor.stop closes each partition, releasing it
-                await self._manager.release_ownership(pid)
+            self._running = False
+            self._cancel(list(self._tasks))
+            while self._tasks:
+                await asyncio.gather(*list(self._tasks.values()), return_exceptions=True)
+            self._owned = frozenset()
         finally:
             _CURRENT_OFFICIAL.reset(token)
 
     async def crash(self) -> None:
+        self.dead = True
+        self.store.dead = True
+        self._running = False
         self._owned = frozenset()
+        for task in list(self._tasks.values()):
+            task.cancel()
+
+
+def _partition_order(pid: str) -> Tuple[int, Any]:
+    return (0, int(pid)) if pid.isdigit() else (1, pid)
 
 
 # --------------------------------------------------------------------------- minimal moves
@@ -661,21 +1069,33 @@ class Sample:
 
 @dataclass
 class PhaseResult:
-    """Metrics of one phase of a scenario (from ``mark`` to the end of a run call)."""
+    """Metrics of one phase of a scenario (from ``mark`` to the end of a run call).
+
+    Ownership figures come from the store's ledger; ``duplicates``, ``overlap_seconds``,
+    ``max_deliverers`` and ``events`` from what the handlers were given.
+    """
 
     ticks_to_balanced: Optional[float]
     balanced_at: Optional[float]
     moves: int
     steals: int
+    handoffs: int
     failed_claims: int
     owner_changes: int
     requests: Counter
     instance_ticks: int
     duration: float
-    max_believers: int
-    max_dispatchers: int
-    overlap_seconds: float  # partition-seconds during which two or more instances dispatched it
+    duplicates: int = 0
+    overlap_seconds: float = 0.0  # partition-seconds with two or more claims delivering
+    max_deliverers: int = 0  # the most claims delivering one partition at one instant
+    events: int = 0  # events handed to handlers in the phase
     reowned_at: Optional[float] = None
+
+    @property
+    def coordination_requests(self) -> int:
+        """Requests of balancing and leases: all but checkpoint writes, whose cadence is
+        the application's and the same for both SDKs here."""
+        return sum(n for kind, n in self.requests.items() if kind != "update_checkpoint")
 
 
 class Simulation:
@@ -683,19 +1103,28 @@ class Simulation:
 
     ``implementation`` is ``"ours"`` or ``"official"``; ``strategy`` is this SDK's
     ``LoadBalancingStrategy`` (mapped to the official enum for the official one).
-    ``schedule`` is ``"staggered"`` (each instance at its own random phase, plus
-    ``tick_jitter`` x interval of random extra wait per tick) or ``"lockstep"`` (all
-    instances tick at the same instants and list the same snapshot before anyone
-    writes). ``latency`` is the maximum store round trip in seconds (uniform draw).
+    ``schedule`` is ``"staggered"`` (each instance at its own random phase, then a full
+    interval after each tick plus ``tick_jitter`` x interval of random extra wait),
+    ``"lockstep"`` (all instances tick at the same instants and list the same snapshot
+    before anyone writes) or ``"jittered"`` (random phases, and each SDK's own loop
+    timing: this SDK waits ``interval x U(0.9, 1.1)`` from the start of a tick, the
+    official loop ``interval x (1 + U(0, 0.2))`` after it). ``latency`` is the maximum
+    store round trip in seconds (uniform draw). With ``traffic``, a producer appends
+    events once :meth:`start_traffic` is called, and handlers spend ``work`` seconds per
+    batch.
+    ``processor_options`` go to every :class:`~eventprocessor.EventProcessor` (this
+    SDK only); ``balance_tolerance`` is the spread of partition counts that counts as
+    balanced (a ``balance_factor`` above 1 leaves a larger one on purpose).
     """
 
     def __init__(self, implementation: str, strategy: Any, partitions: int, *, interval: float = 10.0,
                  expiration: float = 60.0, schedule: str = "staggered", latency: float = 0.0,
-                 tick_jitter: float = 0.0, seed: int = 0) -> None:
+                 tick_jitter: float = 0.0, seed: int = 0, traffic: Optional[Traffic] = None, work: float = 0.05,
+                 processor_options: Optional[Dict[str, Any]] = None, balance_tolerance: int = 1) -> None:
         if implementation not in ("ours", "official"):
             raise ValueError(f"unknown implementation {implementation!r}; expected 'ours' or 'official'")
-        if schedule not in ("staggered", "lockstep"):
-            raise ValueError(f"unknown schedule {schedule!r}; expected 'staggered' or 'lockstep'")
+        if schedule not in SCHEDULES:
+            raise ValueError(f"unknown schedule {schedule!r}; expected one of {SCHEDULES}")
         if partitions < 1 or interval <= 0 or expiration <= 0:
             raise ValueError("partitions, interval and expiration must be positive")
         self.implementation = implementation
@@ -705,43 +1134,34 @@ class Simulation:
         self.schedule = schedule
         self.tick_jitter = tick_jitter
         self.seed = seed
+        self.traffic = traffic
+        self.work = work
+        self.processor_options = dict(processor_options or {})
+        self.balance_tolerance = balance_tolerance
         self._rng = random.Random(seed)
         self.scheduler = VirtualScheduler()
         self.ledger = Ledger(expiration=expiration)
+        self.deliveries = Deliveries(self.scheduler)
         self.partition_ids: List[str] = [str(i) for i in range(partitions)]
         self.instances: List[_Instance] = []
         self.alive: List[_Instance] = []
         self._drivers: Dict[str, asyncio.Task] = {}
+        self._producer: Optional[asyncio.Task] = None
         self._instance_ticks = 0
         self._origin = 0.0
         self.samples: List[Sample] = []
-        self._max_believers = 0
-        self._max_dispatchers = 0
-        self._overlap_seconds = 0.0
-        self._last_event_time = 0.0
-        self._current_overlaps = 0
         self._balanced_since: Optional[float] = None
         self._dirty = True
         self._seen_version = -1
-        self._stale: set = set()
-        self._suspects: Dict[str, float] = {}
-        self._views: Dict[str, Tuple[FrozenSet[str], FrozenSet[str]]] = {}
-        self._believers: Counter = Counter()
-        self._dispatchers: Counter = Counter()
-        self._by_owner: Dict[str, _Instance] = {}
-        self._watched: Optional[str] = None
-        self._watched_stale = 0
-        self.watched_stale_seconds = 0.0
+        self.source = MemoryEventSource(partitions, eventhub_name=EVENTHUB, fully_qualified_namespace=NAMESPACE,
+                                        clock=lambda: EPOCH + timedelta(seconds=self.scheduler.now))
         if implementation == "ours":
-            from eventprocessor.sources import MemoryEventSource
             from stores import InMemoryCheckpointStore
 
-            self.source = MemoryEventSource(partitions, eventhub_name=EVENTHUB, fully_qualified_namespace=NAMESPACE)
             inner = InMemoryCheckpointStore(clock=lambda: EPOCH + timedelta(seconds=self.scheduler.now))
             self.store: Any = SimulatedStore(inner, self.scheduler, self.ledger, latency,
                                              random.Random(self._rng.random()))
         else:
-            self.source = None
             self.store = OfficialSimStore(self.scheduler, self.ledger, latency, random.Random(self._rng.random()))
 
     # ---- membership and topology
@@ -749,37 +1169,43 @@ class Simulation:
     def _new_owner_id(self) -> str:
         return f"{self.implementation}-{len(self.instances):03d}"
 
-    def add_instance(self, *, skew: float = 0.0) -> _Instance:
-        """Create an instance; it starts ticking when the simulation runs.
+    def add_instance(self, *, skew: float = 0.0, owner_id: Optional[str] = None, **options: Any) -> _Instance:
+        """Create an instance; it joins at once and starts ticking when the simulation runs.
 
-        ``skew`` is how far its local clock is ahead of the store's, in seconds.
+        ``skew`` is how far its local clock is ahead of the store's, in seconds;
+        ``options`` are extra :class:`~eventprocessor.EventProcessor` arguments (this SDK).
         """
-        owner_id = self._new_owner_id()
+        owner_id = owner_id or self._new_owner_id()
         clock = VirtualClock(self.scheduler, skew)
         rng = random.Random(self._rng.random())
+        store = self.store.for_instance(owner_id)
         if self.implementation == "ours":
             from eventprocessor import EventProcessor
 
-            processor = EventProcessor(
-                self.source, self.store, _QuietPartitionProcessor.get(), consumer_group=CONSUMER_GROUP, owner_id=owner_id,
-                load_balancing_strategy=self.strategy, load_balancing_interval=self.interval,
-                partition_ownership_expiration_interval=self.expiration, clock=clock, rng=rng,
-            )
-            instance: _Instance = OursInstance(processor, clock)
+            settings = {"load_balancing_strategy": self.strategy, "load_balancing_interval": self.interval,
+                        "partition_ownership_expiration_interval": self.expiration, **self.processor_options,
+                        **options}
+            holder: Dict[str, Any] = {}
+            processor = EventProcessor(self.source, store, lambda: holder["cls"](), consumer_group=CONSUMER_GROUP,
+                                       owner_id=owner_id, clock=clock, rng=rng, **settings)
+            instance: _Instance = OursInstance(processor, clock, store)
+            holder["cls"] = _recording_processor(instance, self.deliveries, self.work)  # type: ignore[arg-type]
         else:
             from azure.eventhub import LoadBalancingStrategy as OfficialStrategy
 
+            if options:
+                raise ValueError(f"the official processor has no options {sorted(options)}")
             official = OfficialStrategy(self.strategy.value) if hasattr(self.strategy, "value") else self.strategy
-            instance = OfficialInstance(owner_id, self.store, lambda: list(self.partition_ids), official,
-                                        self.expiration, clock, rng)
+            instance = OfficialInstance(owner_id, store, lambda: list(self.partition_ids), official,
+                                        self.expiration, clock, rng, source=self.source,
+                                        deliveries=self.deliveries, work=self.work)
         return self.join(instance)
 
     def join(self, instance: _Instance) -> _Instance:
-        """Schedule ``instance`` (any object with ``owner_id``, ``owned``, ``tick``,
-        ``stop`` and ``crash``) to tick in this simulation from now on."""
+        """Schedule ``instance`` (any object with ``owner_id``, ``join``, ``tick``, ``stop``
+        and ``crash``) to join now and tick in this simulation from then on."""
         self.instances.append(instance)
         self.alive.append(instance)
-        self._by_owner[instance.owner_id] = instance
         if self.schedule == "lockstep":
             k = math.floor((self.scheduler.now - self._origin) / self.interval + 1e-9)
             first = self._origin + k * self.interval
@@ -790,19 +1216,42 @@ class Simulation:
         self._drivers[instance.owner_id] = asyncio.get_running_loop().create_task(self._drive(instance, first))
         return instance
 
+    def start_traffic(self) -> None:
+        """Start the producer (``traffic``) now, at the next step boundary of virtual time.
+        Idempotent."""
+        if self.traffic is None:
+            raise ValueError("this simulation has no traffic; pass traffic=Traffic(...)")
+        if self._producer is None:
+            self._producer = asyncio.get_running_loop().create_task(self._produce(self.traffic))
+
+    async def _produce(self, traffic: Traffic) -> None:
+        body = b"x"
+        await self.scheduler.sleep_until(self._next_production(traffic))
+        while True:
+            for pid in self.partition_ids:
+                for _ in range(traffic.per_step):
+                    self.source.append(body, partition_id=pid)
+            await self.scheduler.sleep(traffic.step)
+
     async def _drive(self, instance: _Instance, first: float) -> None:
+        await instance.join()
         await self.scheduler.sleep_until(first)
+        rng = random.Random(self._rng.random())
         while True:
             started = self.scheduler.now
             await instance.tick()
             self._instance_ticks += 1
             self._dirty = True
-            self._stale.add(instance.owner_id)
             if self.schedule == "lockstep":
                 await self.scheduler.sleep_until(started + self.interval)
+            elif self.schedule == "jittered":
+                if self.implementation == "ours":  # EventProcessor._balancing_loop
+                    await self.scheduler.sleep_until(started + self.interval * rng.uniform(0.9, 1.1))
+                else:  # azure-eventhub EventProcessor.start
+                    await self.scheduler.sleep(self.interval + self.interval * rng.random() * 0.2)
             else:
                 # Both processors' run loops sleep a full interval after a tick completes.
-                await self.scheduler.sleep(self.interval + self._rng.uniform(0.0, self.tick_jitter * self.interval))
+                await self.scheduler.sleep(self.interval + rng.uniform(0.0, self.tick_jitter * self.interval))
 
     async def _halt(self, instance: _Instance) -> None:
         task = self._drivers.pop(instance.owner_id)
@@ -812,30 +1261,32 @@ class Simulation:
         self.alive.remove(instance)
 
     async def crash(self, instance: _Instance) -> None:
-        """Kill ``instance`` now: no release, its records expire on their own."""
+        """Kill ``instance`` now: its handlers stop mid-batch, it releases nothing and
+        sends nothing more; its records expire on their own."""
         await self._halt(instance)
         await instance.crash()
         await self.scheduler.drain()
-        self._stale.add(instance.owner_id)
         self._observe()
 
-    async def stop(self, instance: _Instance) -> None:
-        """Stop ``instance`` gracefully now (it releases what it owns)."""
-        await self._halt(instance)
-        # Stopping releases ownership through the store, whose requests complete only
-        # as virtual time runs: run the simulation until the stop is done.
-        stopping = asyncio.get_running_loop().create_task(instance.stop())
+    async def stop(self, *instances: _Instance) -> None:
+        """Stop ``instances`` gracefully, all at once, while the others run on."""
+        for instance in instances:
+            await self._halt(instance)
+        # Stopping finishes batches and releases ownership through the store, which takes
+        # virtual time: run the simulation until every stop is done.
+        loop = asyncio.get_running_loop()
+        stopping = asyncio.gather(*(loop.create_task(instance.stop()) for instance in instances))
         await self._run_while_pending(stopping)
         await stopping
-        self._stale.add(instance.owner_id)
         self._observe()
 
-    async def _run_while_pending(self, task: "asyncio.Task[Any]") -> None:
+    async def _run_while_pending(self, task: "asyncio.Future[Any]") -> None:
         await self.scheduler.drain()
         while not task.done():
             if self.scheduler.next_time() is None:
                 raise SimulationStalled("a stop is waiting on something that virtual time cannot bring")
-            self.scheduler.pop()()
+            for wake in self.scheduler.pop_due():
+                wake()
             await self.scheduler.drain()
             if self._dirty or self._seen_version != self.ledger.version:
                 self._observe()
@@ -844,14 +1295,18 @@ class Simulation:
         for instance in list(self.alive):
             await self._halt(instance)
             await instance.crash()
-        if self.source is not None:
-            await self.source.close()
+        for instance in self.instances:
+            if instance.teardown is not None and not instance.teardown.done():
+                await self._run_while_pending(instance.teardown)
+        if self._producer is not None:
+            self._producer.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._producer
+        await self.scheduler.drain()
+        await self.source.close()
 
     def add_partitions(self, count: int) -> None:
-        start = len(self.partition_ids)
-        self.partition_ids.extend(str(i) for i in range(start, start + count))
-        if self.source is not None:
-            self.source.add_partitions(count)
+        self.partition_ids.extend(self.source.add_partitions(count))
 
     # ---- observation
 
@@ -874,57 +1329,15 @@ class Simulation:
             if owner not in alive:
                 return False
             counts[owner] += 1
-        return max(counts.values()) - min(counts.values()) <= 1
+        return max(counts.values()) - min(counts.values()) <= self.balance_tolerance
 
-    def watch(self, owner_id: str) -> None:
-        """Account the partition-seconds during which ``owner_id`` dispatches a partition
-        whose live record belongs to someone else (or to nobody)."""
-        self._watched = owner_id
-
-    def _observe(self, *, everyone: bool = False) -> None:
-        """Update beliefs, overlaps and balance after an event.
-
-        Only instances that may have changed are re-read: the ones whose tick ended,
-        and the previous owners of records that were overwritten (their pumps see the
-        takeover). ``everyone`` re-reads all (leases also run out with time alone).
-        """
+    def _observe(self) -> None:
+        """Track when the assignment became (and stayed) balanced."""
         self._dirty = False
         self._seen_version = self.ledger.version
-        now = self.scheduler.now
-        self._overlap_seconds += self._current_overlaps * (now - self._last_event_time)
-        self.watched_stale_seconds += self._watched_stale * (now - self._last_event_time)
-        self._last_event_time = now
-        # A takeover reaches the previous owner's pump only once the new owner's pump
-        # opens its receiver (after the new owner's tick ends), so previous owners stay
-        # under watch for one interval after their record was overwritten.
-        for owner in self.ledger.touched:
-            self._suspects[owner] = now + self.interval
-        self.ledger.touched.clear()
-        self._suspects = {o: until for o, until in self._suspects.items() if until >= now}
-        stale = set(self._by_owner) if everyone else (self._stale | set(self._suspects))
-        self._stale.clear()
-        for owner in stale:
-            instance = self._by_owner.get(owner)
-            if instance is None:
-                continue
-            old_owned, old_dispatching = self._views.get(owner, (frozenset(), frozenset()))
-            owned, dispatching = instance.owned, instance.dispatching
-            if owned != old_owned:
-                self._believers.subtract(old_owned)
-                self._believers.update(owned)
-            if dispatching != old_dispatching:
-                self._dispatchers.subtract(old_dispatching)
-                self._dispatchers.update(dispatching)
-            self._views[owner] = (owned, dispatching)
-        self._max_believers = max(self._max_believers, max(self._believers.values(), default=0))
-        self._max_dispatchers = max(self._max_dispatchers, max(self._dispatchers.values(), default=0))
-        self._current_overlaps = sum(1 for n in self._dispatchers.values() if n > 1)
-        if self._watched is not None:
-            _owned, dispatching = self._views.get(self._watched, (frozenset(), frozenset()))
-            self._watched_stale = sum(1 for pid in dispatching if self.ledger.live_owner(pid, now) != self._watched)
         if self.is_balanced():
             if self._balanced_since is None:
-                self._balanced_since = now
+                self._balanced_since = self.scheduler.now
         else:
             self._balanced_since = None
 
@@ -940,10 +1353,11 @@ class Simulation:
                 self.scheduler.now = max(self.scheduler.now, next_sample)
                 self._sample()
                 next_sample += self.interval
-            self.scheduler.pop()()
+            for wake in self.scheduler.pop_due():
+                wake()
             await self.scheduler.drain()
-            # Beliefs change only when a tick ends (or an instance stops) and the store
-            # only on writes; observing after other events would find nothing new.
+            # The balance changes only when a tick ends or the store is written (and with
+            # time alone, which the samples catch at every tick boundary).
             if self._dirty or self._seen_version != self.ledger.version:
                 self._observe()
             if stop_when is not None and stop_when():
@@ -956,17 +1370,28 @@ class Simulation:
         self._observe()
 
     def _sample(self) -> None:
-        self._observe(everyone=True)
+        self._observe()
         self.samples.append(Sample((self.scheduler.now - self._origin) / self.interval, self.counts()))
+
+    def _next_production(self, traffic: Traffic) -> float:
+        offset = traffic.phase * traffic.step
+        return math.ceil((self.scheduler.now - offset) / traffic.step - 1e-9) * traffic.step + offset
+
+    async def run_to_mid_batch(self) -> None:
+        """With traffic: run to half a handler's work after the next production instant,
+        when every owned partition is inside a batch (the worst moment for a crash or a
+        stop, and the same moment for both SDKs)."""
+        if self.traffic is None:
+            return
+        upcoming = self._next_production(self.traffic)
+        if upcoming <= self.scheduler.now + 1e-9:
+            upcoming += self.traffic.step
+        await self.run_until(upcoming + min(self.work, self.traffic.step) / 2)
 
     # ---- phases
 
     def mark(self) -> Dict[str, Any]:
         """Start measuring a phase now; pass the result to :meth:`result`."""
-        self._max_believers = 0
-        self._max_dispatchers = 0
-        self._overlap_seconds = 0.0
-        self._last_event_time = self.scheduler.now
         return {"at": self.scheduler.now, "ledger": self.ledger.snapshot(), "ticks": self._instance_ticks}
 
     def result(self, mark: Dict[str, Any], *, balanced_at: Optional[float] = None,
@@ -974,21 +1399,29 @@ class Simulation:
         before = mark["ledger"]
         after = self.ledger.snapshot()
         start = mark["at"]
+        overlap, deliverers = self.deliveries.overlap(start, self.scheduler.now)
         return PhaseResult(
             ticks_to_balanced=None if balanced_at is None else self.ticks_between(start, balanced_at),
             balanced_at=balanced_at,
             moves=after["moves"] - before["moves"],
             steals=after["steals"] - before["steals"],
+            handoffs=after["handoffs"] - before["handoffs"],
             failed_claims=after["failed_claims"] - before["failed_claims"],
             owner_changes=after["owner_changes"] - before["owner_changes"],
             requests=after["requests"] - before["requests"],
             instance_ticks=self._instance_ticks - mark["ticks"],
             duration=self.scheduler.now - start,
-            max_believers=self._max_believers,
-            max_dispatchers=self._max_dispatchers,
-            overlap_seconds=self._overlap_seconds,
+            duplicates=self.deliveries.duplicates(start),
+            overlap_seconds=overlap,
+            max_deliverers=deliverers,
+            events=self.deliveries.events(start),
             reowned_at=reowned_at,
         )
+
+    def undelivered(self, grace: float = 5.0) -> int:
+        """Events enqueued more than ``grace`` seconds ago that no handler was given."""
+        cutoff = EPOCH + timedelta(seconds=self.scheduler.now - grace)
+        return self.deliveries.undelivered(self.source, self.partition_ids, cutoff)
 
     def ticks_between(self, start: float, end: float) -> int:
         """Tick rounds from ``start`` to ``end``: a change made by the k-th tick after
@@ -1020,10 +1453,8 @@ class Simulation:
     async def run_until_reowned(self, orphans: Sequence[str], max_ticks: float) -> Optional[float]:
         """Run until every partition in ``orphans`` has a live owner among the alive
         instances; return that virtual time (None if it did not happen)."""
-        alive = lambda: {i.owner_id for i in self.alive}  # noqa: E731
-
         def done() -> bool:
-            names = alive()
+            names = {i.owner_id for i in self.alive}
             now = self.scheduler.now
             return all(self.ledger.live_owner(pid, now) in names for pid in orphans)
 
@@ -1032,6 +1463,18 @@ class Simulation:
             return self.scheduler.now
         await self.run_until(deadline, stop_when=done)
         return self.scheduler.now if done() else None
+
+    def resumed_at(self, orphans: Sequence[str], after: float) -> Optional[float]:
+        """When the last of ``orphans`` got its first batch from an alive instance after
+        ``after`` (None if one never did)."""
+        names = {i.owner_id for i in self.alive}
+        latest = after
+        for pid in orphans:
+            batch = self.deliveries.first_batch(pid, after, names)
+            if batch is None:
+                return None
+            latest = max(latest, batch.start)
+        return latest
 
     def record_expiry(self, partition_ids: Iterable[str]) -> float:
         """The virtual time at which the newest of these records expires."""

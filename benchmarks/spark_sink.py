@@ -19,7 +19,7 @@ Both run a full round as a warm-up first. The rounds alternate which path goes f
 events in a fresh source). The best and the median rows/s of each are reported, with
 the ratio of the best runs (the least disturbed on a shared machine; target: sink >=
 0.8 x direct at batches of 10k events) and the median of the per-round ratios.
-Results go to ``benchmarks/RESULTS.md`` (section ``spark_sink``).
+With ``--record``, results go to ``benchmarks/RESULTS.md`` (section ``spark_sink``).
 """
 from __future__ import annotations
 
@@ -27,7 +27,6 @@ import argparse
 import asyncio
 import json
 import logging
-import shlex
 import shutil
 import statistics
 import sys
@@ -198,29 +197,40 @@ def _markdown(results: Sequence[Round], args: argparse.Namespace, command: str) 
     return "\n".join(lines)
 
 
-def main(argv: Optional[List[str]] = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.spark_sink", description=__doc__.split("\n")[0])
+def main(argv: Optional[List[str]] = None, prog: Optional[str] = None) -> int:
+    """Measure and print both paths; with ``--record``, write the table to RESULTS.md. Example::
+
+        python -m benchmarks.spark_sink --events 20000 --batch 5000 --rounds 2
+    """
+    from . import program
+
+    parser = program.parser("spark_sink", __doc__, prog)
     parser.add_argument("--events", type=int, default=100_000, help="events per round (default 100000)")
     parser.add_argument("--batch", type=int, default=10_000, help="events per micro-batch (default 10000)")
     parser.add_argument("--partitions", type=int, default=4)
     parser.add_argument("--rounds", type=int, default=6)
     parser.add_argument("--body-size", type=int, default=120)
     parser.add_argument("--master", default="local[2]")
-    parser.add_argument("--no-record", action="store_true", help="print only; leave RESULTS.md alone")
-    args = parser.parse_args(argv)
-    if args.events < args.batch or args.batch < args.partitions:
-        parser.error("need events >= batch >= partitions")
+
+    def body(args: argparse.Namespace) -> int:
+        if args.events < args.batch or args.batch < args.partitions:
+            parser.error("need events >= batch >= partitions")
+        from eventprocessor_cli.user_errors import require, require_java
+
+        require(purpose="the spark-sink benchmark", extras=["spark"])
+        require_java("the spark-sink benchmark")
+        return _run(args, program.recorded_command("spark_sink", argv))
+
+    return program.run(parser, body, argv)
+
+
+def _run(args: argparse.Namespace, command: str) -> int:
+    from . import program
+
     logging.basicConfig(level=logging.WARNING)
     results = measure(args.events, args.batch, args.partitions, args.rounds, args.body_size, args.master)
-    command = "python -m benchmarks.spark_sink" + (" " + shlex.join(argv if argv is not None else sys.argv[1:])
-                                                   if (argv if argv is not None else sys.argv[1:]) else "")
     markdown = _markdown(results, args, command)
-    print(markdown)
-    if not args.no_record:
-        from benchmarks.results import write_section
-
-        path = write_section("spark_sink", markdown)
-        print(f"recorded in {path}")
+    program.report("spark_sink", markdown, args.record)
     return 0
 
 

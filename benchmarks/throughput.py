@@ -13,8 +13,8 @@ bare loop from opening its receivers.
 
 Run::
 
-    python -m benchmarks.throughput              # writes its section of RESULTS.md
-    python -m benchmarks.throughput --events-per-partition 2000 --rounds 1 --no-write   # smoke
+    python -m benchmarks.throughput --record     # writes its section of RESULTS.md
+    python -m benchmarks.throughput --events-per-partition 2000 --rounds 1   # smoke, printed only
 """
 from __future__ import annotations
 
@@ -32,7 +32,8 @@ from eventprocessor.events import EventPosition
 from eventprocessor.sources import MemoryEventSource
 from stores import InMemoryCheckpointStore
 
-from .results import machine_line, write_section
+from . import program
+from .results import machine_line
 
 __all__ = ["main", "measure_processor", "measure_bare", "Measurement"]
 
@@ -68,16 +69,18 @@ async def measure_processor(source: MemoryEventSource, total: int, consumer_grou
     """Dispatch rate of the processor's pumps once it owns every partition.
 
     The balancing ticks are driven by hand (``balance_once`` until every partition is
-    owned; a processor that sees nobody claims one partition first, so it takes two
-    ticks) and not timed; the clock starts when the last pumps are started and only
-    events dispatched after that instant count.
+    owned) and not timed. Each pump's first batch waits at a gate until every partition
+    is owned; the clock starts when the gate opens, and every event counts from there.
     """
     done = asyncio.Event()
+    gate = asyncio.Event()
     seen = 0
 
     class NoOp(PartitionProcessor):
         async def process_events(self, events, context):  # type: ignore[no-untyped-def]
             nonlocal seen
+            if not gate.is_set():
+                await gate.wait()
             seen += len(events)
             if seen >= total:
                 done.set()
@@ -95,6 +98,7 @@ async def measure_processor(source: MemoryEventSource, total: int, consumer_grou
     else:
         raise RuntimeError("the processor did not claim every partition in 10 ticks")
     started, seen_before = time.perf_counter(), seen
+    gate.set()
     try:
         await done.wait()
         finished = time.perf_counter()
@@ -140,18 +144,24 @@ async def run(per_partition: int, rounds: int) -> tuple:
     return processor, bare
 
 
-def main(argv: Optional[List[str]] = None) -> int:
-    """Measure, print and record the ratio. Example::
+def main(argv: Optional[List[str]] = None, prog: Optional[str] = None) -> int:
+    """Measure and print the ratio; with ``--record``, write it to RESULTS.md. Example::
 
         python -m benchmarks.throughput --rounds 3
     """
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.throughput", description=__doc__.splitlines()[0])
+    parser = program.parser("throughput", __doc__, prog)
     parser.add_argument("--events-per-partition", type=int, default=30_000)
     parser.add_argument("--rounds", type=int, default=15)
-    parser.add_argument("--no-write", action="store_true", help="do not touch RESULTS.md")
-    args = parser.parse_args(argv)
-    if args.events_per_partition < 1 or args.rounds < 1:
-        parser.error("--events-per-partition and --rounds must be at least 1")
+
+    def body(args: argparse.Namespace) -> int:
+        if args.events_per_partition < 1 or args.rounds < 1:
+            parser.error("--events-per-partition and --rounds must be at least 1")
+        return _run(args, program.recorded_command("throughput", argv))
+
+    return program.run(parser, body, argv)
+
+
+def _run(args: argparse.Namespace, command: str) -> int:
     logging.basicConfig(level=logging.WARNING)
     processor, bare = asyncio.run(run(args.events_per_partition, args.rounds))
     best_p = max(processor, key=lambda m: m.per_second)
@@ -159,9 +169,6 @@ def main(argv: Optional[List[str]] = None) -> int:
     ratios = sorted(p.per_second / b.per_second for p, b in zip(processor, bare))
     ratio = statistics.median(ratios)
     best_ratio = best_p.per_second / best_b.per_second
-    command = "python -m benchmarks.throughput" + (
-        f" --events-per-partition {args.events_per_partition}" if args.events_per_partition != 30_000 else "") + (
-        f" --rounds {args.rounds}" if args.rounds != 15 else "")
     rounds = ", ".join(f"{p.per_second:,.0f} / {b.per_second:,.0f}" for p, b in zip(processor, bare))
     text = "\n".join([
         "## Throughput: EventProcessor vs a bare asyncio loop",
@@ -185,9 +192,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         f"all {PARTITIONS} partitions (untimed; events dispatched meanwhile are not counted): "
         f"{min(p.startup for p in processor) * 1000:.1f} ms (best round).",
     ])
-    print(text)
-    if not args.no_write:
-        write_section("throughput", text)
+    program.report("throughput", text, args.record)
     return 0
 
 

@@ -43,7 +43,7 @@ async def open_store(kind: str) -> Tuple[CheckpointStore, Optional[Any]]:
         from stores import InMemoryCheckpointStore
 
         return InMemoryCheckpointStore(), None
-    from eventprocessor.emulator import Azurite, port_open, start_azurite
+    from emulators.azurite import Azurite, port_open, start_azurite
     from stores import BlobCheckpointStore
 
     if port_open(10000):

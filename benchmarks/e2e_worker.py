@@ -1,0 +1,312 @@
+"""One consumer process of the end-to-end runs: this SDK's processor, or the official one.
+
+``--impl ours``: an ``EventProcessor`` with ``EventHubSource`` and this SDK's
+``BlobCheckpointStore``. ``--impl official``: azure-eventhub's ``EventHubConsumerClient``
+with ``azure-eventhub-checkpointstoreblob-aio``'s ``BlobCheckpointStore``. Both read the
+same hub and checkpoint every ``--checkpoint-every`` batches, with the same batch size
+and prefetch. Used by ``benchmarks/e2e.py`` and ``tests/test_eventhub_e2e.py``.
+
+Connection strings come from the environment (``EVENTPROCESSOR_E2E_HUB`` for the hub,
+``EVENTPROCESSOR_E2E_STORAGE`` for storage) so that they never show in a process
+listing. It prints JSON lines on stdout:
+
+- ``{"event": "started", ...}`` once, with the namespace and the hub;
+- ``{"event": "batch", "p": partition, "s": [first, last], "t": unix time}`` for each
+  delivered batch (``--report events``), written and flushed *before* its checkpoint,
+  so a SIGKILL never hides a delivery;
+- ``{"event": "owned", "owned": [...]}`` when the set of dispatched partitions changes (ours);
+- ``{"event": "stats", "events": n, "cpu": seconds, "t": unix time}`` four times a second;
+- ``{"event": "first", "cpu": ..., "t": ...}`` at the first delivery and ``{"event": "done", ...}``
+  when ``--expect`` events have been delivered (process CPU seconds and wall time).
+
+SIGTERM stops it gracefully.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import os
+import signal
+import sys
+import time
+from typing import Any, Dict, List, Optional
+
+HUB_ENV = "EVENTPROCESSOR_E2E_HUB"
+STORAGE_ENV = "EVENTPROCESSOR_E2E_STORAGE"
+
+logger = logging.getLogger("e2e_worker")
+
+
+def _emit(record: Dict[str, Any]) -> None:
+    sys.stdout.write(json.dumps(record, separators=(",", ":")) + "\n")
+    sys.stdout.flush()
+
+
+class _Tally:
+    """What this process delivered: counts for the stats line, and the batch lines."""
+
+    def __init__(self, report_events: bool, expect: int) -> None:
+        self.report_events = report_events
+        self.expect = expect
+        self.events = 0
+
+    def delivered(self, partition_id: str, sequence_numbers: List[int]) -> None:
+        if self.events == 0:
+            _emit({"event": "first", "cpu": time.process_time(), "t": time.time()})
+        self.events += len(sequence_numbers)
+        if self.expect and self.events >= self.expect and self.events - len(sequence_numbers) < self.expect:
+            _emit({"event": "done", "events": self.events, "cpu": time.process_time(), "t": time.time()})
+        if self.report_events and sequence_numbers:
+            first, last = sequence_numbers[0], sequence_numbers[-1]
+            contiguous = last - first + 1 == len(sequence_numbers)
+            _emit({"event": "batch", "p": partition_id, "s": [first, last] if contiguous else sequence_numbers,
+                   "c": int(contiguous), "t": time.time()})
+
+
+def _parse(argv: Optional[List[str]]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--impl", choices=["ours", "official"], default="ours")
+    parser.add_argument("--hub", required=True)
+    parser.add_argument("--container", required=True)
+    parser.add_argument("--owner-id", required=True)
+    parser.add_argument("--consumer-group", default="$default")
+    parser.add_argument("--interval", type=float, default=0.5, help="load-balancing interval, seconds")
+    parser.add_argument("--expiry", type=float, default=3.0, help="ownership expiration interval, seconds")
+    parser.add_argument("--strategy", choices=["balanced", "greedy"], default="greedy")
+    parser.add_argument("--batch", type=int, default=300, help="max batch size")
+    parser.add_argument("--prefetch", type=int, default=300)
+    parser.add_argument("--checkpoint-every", type=int, default=1, help="checkpoint every N batches")
+    parser.add_argument("--report", choices=["events", "counts"], default="events")
+    parser.add_argument("--expect", type=int, default=0, help="say 'done' (with the CPU time) at this many events")
+    return parser.parse_args(argv)
+
+
+async def _ours(args: argparse.Namespace, tally: _Tally, stop: asyncio.Event) -> None:
+    from eventprocessor import EventProcessor, OwnershipLostError, PartitionProcessor
+    from eventprocessor.sources.eventhub import EventHubSource
+    from stores.blob import BlobCheckpointStore
+
+    every = max(1, args.checkpoint_every)
+
+    class Handler(PartitionProcessor):
+        batches = 0
+
+        async def process_events(self, events, context):
+            tally.delivered(context.partition_id, [e.sequence_number for e in events])
+            self.batches += 1
+            if self.batches % every == 0:
+                try:
+                    await context.update_checkpoint()
+                except OwnershipLostError:
+                    pass  # the next owner resumes from its own checkpoint
+
+    source = EventHubSource.from_connection_string(os.environ[HUB_ENV], eventhub_name=args.hub)
+    store = BlobCheckpointStore.from_connection_string(os.environ[STORAGE_ENV], args.container)
+    processor = EventProcessor(source, store, Handler, owner_id=args.owner_id, consumer_group=args.consumer_group,
+                               load_balancing_strategy=args.strategy, load_balancing_interval=args.interval,
+                               partition_ownership_expiration_interval=args.expiry, max_batch_size=args.batch,
+                               prefetch=args.prefetch)
+    _emit({"event": "started", "owner": args.owner_id, "pid": os.getpid(), "impl": "ours",
+           "namespace": source.fully_qualified_namespace, "eventhub": source.eventhub_name})
+    try:
+        await processor.start()
+        last: Optional[List[str]] = None
+        while not stop.is_set():
+            owned = sorted(processor.owned_partitions, key=lambda pid: (len(pid), pid))
+            if owned != last:
+                _emit({"event": "owned", "owned": owned, "ticks": processor.ticks, "t": time.time()})
+                last = owned
+            try:
+                await asyncio.wait_for(stop.wait(), timeout=0.1)
+            except asyncio.TimeoutError:
+                pass
+    finally:
+        await processor.stop()
+        await store.close()
+        await source.close()
+
+
+async def _official(args: argparse.Namespace, tally: _Tally, stop: asyncio.Event) -> None:
+    from azure.eventhub.aio import EventHubConsumerClient
+    from azure.eventhub.extensions.checkpointstoreblobaio import BlobCheckpointStore
+
+    every = max(1, args.checkpoint_every)
+    batches: Dict[str, int] = {}
+
+    async def on_event_batch(context, events):
+        if not events:
+            return
+        tally.delivered(context.partition_id, [e.sequence_number for e in events])
+        batches[context.partition_id] = batches.get(context.partition_id, 0) + 1
+        if batches[context.partition_id] % every == 0:
+            await context.update_checkpoint(events[-1])
+
+    store = BlobCheckpointStore.from_connection_string(os.environ[STORAGE_ENV], args.container)
+    client = EventHubConsumerClient.from_connection_string(
+        os.environ[HUB_ENV], consumer_group=args.consumer_group, eventhub_name=args.hub, checkpoint_store=store,
+        load_balancing_interval=args.interval, partition_ownership_expiration_interval=args.expiry,
+        load_balancing_strategy=args.strategy)
+    _emit({"event": "started", "owner": args.owner_id, "pid": os.getpid(), "impl": "official",
+           "namespace": client._address.hostname, "eventhub": args.hub})
+    async with client:
+        task = asyncio.create_task(client.receive_batch(on_event_batch, max_batch_size=args.batch,
+                                                        prefetch=args.prefetch, starting_position="-1"))
+        try:
+            await stop.wait()
+        finally:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+    await store.close()
+
+
+async def _amain(args: argparse.Namespace) -> int:
+    for name in (HUB_ENV, STORAGE_ENV):
+        if not os.environ.get(name):
+            print(f"e2e_worker: {name} is not set", file=sys.stderr)
+            return 2
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    loop.add_signal_handler(signal.SIGTERM, stop.set)
+    tally = _Tally(args.report == "events", args.expect)
+
+    async def stats() -> None:
+        while True:
+            _emit({"event": "stats", "events": tally.events, "cpu": time.process_time(), "t": time.time()})
+            await asyncio.sleep(0.25)
+
+    reporter = asyncio.create_task(stats())
+    try:
+        await (_ours if args.impl == "ours" else _official)(args, tally, stop)
+    finally:
+        reporter.cancel()
+    _emit({"event": "stats", "events": tally.events, "cpu": time.process_time(), "t": time.time()})
+    _emit({"event": "stopped", "owner": args.owner_id})
+    return 0
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    logging.basicConfig(level=logging.WARNING, stream=sys.stderr, format="%(levelname)s %(name)s: %(message)s")
+    return asyncio.run(_amain(_parse(argv)))
+
+
+
+# ----------------------------------------------------------------------------- the parent's side
+
+class WorkerHandle:
+    """A worker process seen from its parent: what it delivered, owns and costs.
+
+    ``deliveries`` maps (partition, sequence number) to how many times it was delivered
+    by this worker; ``first_delivery`` the wall time of each partition's first batch
+    after ``mark()``.
+    """
+
+    def __init__(self, owner_id: str, process: "asyncio.subprocess.Process", stderr_path: str) -> None:
+        self.owner_id = owner_id
+        self.process = process
+        self.stderr_path = stderr_path
+        self.started: Optional[Dict[str, Any]] = None
+        self.owned: List[str] = []
+        self.events = 0
+        self.cpu = 0.0
+        self.stats_at = 0.0
+        self.stats: List[tuple] = []  # (wall time, events, CPU seconds)
+        self.deliveries: Dict[tuple, int] = {}
+        self.batches: List[tuple] = []  # (wall time, partition, first, last)
+        self.first: Optional[Dict[str, Any]] = None
+        self.done: Optional[Dict[str, Any]] = None
+        self.lines: List[str] = []
+        self.reader: Optional["asyncio.Task[None]"] = None
+
+    @property
+    def alive(self) -> bool:
+        return self.process.returncode is None
+
+    async def read(self) -> None:
+        assert self.process.stdout is not None
+        async for raw in self.process.stdout:
+            line = raw.decode(errors="replace").strip()
+            if not line:
+                continue
+            self.lines.append(line)
+            del self.lines[:-20]
+            try:
+                record = json.loads(line)
+            except ValueError:
+                continue
+            kind = record.get("event")
+            if kind == "batch":
+                span = record["s"]
+                numbers = range(span[0], span[1] + 1) if record.get("c") else span
+                partition = record["p"]
+                for number in numbers:
+                    key = (partition, number)
+                    self.deliveries[key] = self.deliveries.get(key, 0) + 1
+                self.batches.append((record["t"], partition, min(numbers), max(numbers)))
+            elif kind == "stats":
+                self.events, self.cpu, self.stats_at = record["events"], record["cpu"], record["t"]
+                self.stats.append((record["t"], record["events"], record["cpu"]))
+            elif kind == "owned":
+                self.owned = record["owned"]
+            elif kind == "started":
+                self.started = record
+            elif kind == "first":
+                self.first = record
+            elif kind == "done":
+                self.done = record
+
+    def kill(self) -> None:
+        if self.process.returncode is None:
+            try:
+                self.process.send_signal(signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+    async def stop(self, timeout: float = 20.0) -> None:
+        """SIGTERM (a graceful stop that releases ownership), then SIGKILL."""
+        if self.process.returncode is None:
+            try:
+                self.process.send_signal(signal.SIGTERM)
+                await asyncio.wait_for(self.process.wait(), timeout)
+            except (ProcessLookupError, asyncio.TimeoutError):
+                self.kill()
+        await self.process.wait()
+        if self.reader is not None:
+            try:
+                await asyncio.wait_for(self.reader, 5)
+            except (asyncio.TimeoutError, asyncio.CancelledError):
+                self.reader.cancel()
+
+    def diagnostics(self) -> str:
+        try:
+            with open(self.stderr_path, errors="replace") as handle:
+                stderr = handle.read()[-2000:]
+        except OSError:
+            stderr = ""
+        return (f"--- {self.owner_id} (returncode {self.process.returncode})\nstdout tail:\n"
+                + "\n".join(self.lines[-5:]) + f"\nstderr tail:\n{stderr}")
+
+
+async def spawn_worker(owner_id: str, *, hub: str, container: str, hub_connection_string: str,
+                       storage_connection_string: str, log_dir: str, extra: Optional[List[str]] = None) -> WorkerHandle:
+    """Start ``python -m benchmarks.e2e_worker`` with the connection strings in its environment."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ)
+    env[HUB_ENV] = hub_connection_string
+    env[STORAGE_ENV] = storage_connection_string
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH", "")) if p)
+    env["PYTHONUNBUFFERED"] = "1"
+    stderr_path = os.path.join(log_dir, f"{owner_id}.stderr")
+    with open(stderr_path, "wb") as stderr:
+        process = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "benchmarks.e2e_worker", "--hub", hub, "--container", container,
+            "--owner-id", owner_id, *(extra or []),
+            stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE, stderr=stderr, cwd=root, env=env)
+    handle = WorkerHandle(owner_id, process, stderr_path)
+    handle.reader = asyncio.create_task(handle.read())
+    return handle
+
+
+if __name__ == "__main__":
+    sys.exit(main())

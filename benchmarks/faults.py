@@ -1,0 +1,248 @@
+"""Faults: what production meets, each against its documented bound.
+
+Every scenario runs real EventProcessors with events flowing, injects one fault, and
+measures from what the handlers received: the time from the end of the fault until
+every partition is dispatched by exactly one live pump and every event is processed
+(recovery), events lost (must be 0), duplicate deliveries, and the longest time two
+claims delivered one partition at once (overlap). Each row names the bound the README's
+timing model gives for it.
+
+Two transports:
+
+* **virtual**: the in-memory store behind :class:`~eventprocessor.testing.FaultyStore`
+  on virtual time (the same code as in production; a minute of fault costs milliseconds);
+* **azurite**: the Blob store on a real Azurite through a loopback TCP fault proxy
+  (``emulators/fault_proxy.py``), in real time with generous bounds (``--azurite``).
+
+Run::
+
+    python -m benchmarks.faults                 # virtual transport, seconds
+    python -m benchmarks.faults --azurite       # also on Azurite, a few minutes
+    python -m benchmarks.faults --azurite --record
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import math
+from dataclasses import dataclass
+from typing import Awaitable, Callable, List, Optional
+
+from eventprocessor import EventProcessor, PartitionProcessor
+from eventprocessor.testing import run_virtual
+
+from . import program
+from .harness import Cluster
+from .results import machine_line
+
+__all__ = ["main", "Row", "VIRTUAL_SCENARIOS"]
+
+INTERVAL = 1.0
+EXPIRATION = 12.0
+PARTITIONS = 8
+PROCESSORS = 2
+RATE = 40.0  # events per second, round robin
+WORK = 0.05  # virtual seconds a handler spends per batch
+
+
+@dataclass
+class Row:
+    fault: str
+    transport: str
+    bound: str
+    bound_seconds: float
+    recovered: Optional[float]
+    produced: int
+    lost: int
+    duplicates: int
+    overlap: float
+    note: str = ""
+
+    @property
+    def within(self) -> bool:
+        return self.recovered is not None and self.recovered <= self.bound_seconds and self.lost == 0
+
+
+def _options(**extra: object) -> dict:
+    return dict(load_balancing_interval=INTERVAL, partition_ownership_expiration_interval=EXPIRATION, **extra)
+
+
+def _recovery_bound(timing) -> float:
+    """README "Timing": E + 1 s + (ceil(P/N) + 2)·1.1·I + T."""
+    return timing.expiration + 1.0 + (math.ceil(PARTITIONS / PROCESSORS) + 2) * 1.1 * timing.interval \
+        + timing.store_timeout
+
+
+async def _run(fault: str, inject: Callable[[Cluster, List[EventProcessor]], Awaitable[str]], *,
+               bound: Optional[str] = None, bound_of: Callable[[object], float] = _recovery_bound,
+               **options: object) -> Row:
+    cluster = Cluster(PARTITIONS, seed=5, work=WORK, **_options(**options))
+    processors = [cluster.add(f"p{i}", store=cluster.link()) for i in range(PROCESSORS)]
+    for p in processors:
+        await p.start()
+    producer = asyncio.ensure_future(cluster.produce_for(150, rate=RATE))
+    await cluster.wait_until(lambda: cluster.settled(processors), timeout=60)
+    await asyncio.sleep(30)  # some history (checkpoints) before the fault
+    note = await inject(cluster, processors)
+    loop = asyncio.get_running_loop()
+    fault_over = loop.time()
+    limit = bound_of(processors[0].timing)
+    recovered = await cluster.wait_until(lambda: cluster.settled(processors), timeout=limit + 60, step=0.05)
+    await producer
+    await cluster.wait_until(lambda: set(cluster.produced) <= cluster.ledger.processed(), timeout=60)
+    for p in processors:
+        await p.stop()
+    overlaps = cluster.ledger.overlaps()
+    return Row(fault=fault, transport="virtual", bound=bound or "E + 1 s + (⌈P/N⌉+2)·1.1·I + T",
+               bound_seconds=limit, recovered=None if recovered is None else recovered - fault_over,
+               produced=len(cluster.produced), lost=len(set(cluster.produced) - cluster.ledger.processed()),
+               duplicates=cluster.ledger.duplicates(), overlap=max((o for *_x, o in overlaps), default=0.0),
+               note=note)
+
+
+async def slow_store(cluster: Cluster, processors: List[EventProcessor]) -> str:
+    for p in processors:
+        p.store_calls.inner.latency = 1.5
+    await asyncio.sleep(20)
+    for p in processors:
+        p.store_calls.inner.clear()
+    return "every call +1.5 s for 20 s"
+
+
+async def black_hole(cluster: Cluster, processors: List[EventProcessor]) -> str:
+    for p in processors:
+        p.store_calls.inner.hang = True
+    await asyncio.sleep(30)
+    for p in processors:
+        p.store_calls.inner.clear()
+    fenced = sum(p.stats.self_fenced for p in processors)
+    return f"no answer for 30 s; {fenced} leases self-fenced"
+
+
+async def outage(cluster: Cluster, processors: List[EventProcessor]) -> str:
+    for p in processors:
+        p.store_calls.inner.down = True
+    await asyncio.sleep(30)
+    for p in processors:
+        p.store_calls.inner.clear()
+    return "every call fails for 30 s"
+
+
+async def partitioned(cluster: Cluster, processors: List[EventProcessor]) -> str:
+    processors[0].store_calls.inner.hang = True  # one processor cannot reach the store
+    await asyncio.sleep(40)
+    processors[0].store_calls.inner.clear()
+    return "one processor's link black-holed for 40 s; the other takes over"
+
+
+async def lost_answers(cluster: Cluster, processors: List[EventProcessor]) -> str:
+    for p in processors:
+        p.store_calls.inner.lost_answer_rate = 0.5
+    await asyncio.sleep(20)
+    for p in processors:
+        p.store_calls.inner.clear()
+    return "half of all writes applied but unanswered for 20 s"
+
+
+async def wiped(cluster: Cluster, processors: List[EventProcessor]) -> str:
+    cluster.memory.wipe()
+    await asyncio.sleep(1)
+    reported = sum(p.stats.store_data_lost for p in processors)
+    return f"store emptied (like Azurite restarted in memory); reported {reported} times"
+
+
+async def crash(cluster: Cluster, processors: List[EventProcessor]) -> str:
+    victim = processors.pop()
+    await victim.stop(release=False)
+    return "a processor dies without releasing (SIGKILL)"
+
+
+VIRTUAL_SCENARIOS = [
+    ("slow store (every call +1.5 s, 20 s)", slow_store, {}),
+    ("black-holed store (30 s)", black_hole, {}),
+    ("store outage (30 s)", outage, {}),
+    ("one processor cut off from the store (40 s)", partitioned, {}),
+    ("lost answers (50 % of writes, 20 s)", lost_answers, {}),
+    ("store wiped (data loss), default policy", wiped, {}),
+    ("store wiped, refuse_checkpoint_rewind=True", wiped, {"refuse_checkpoint_rewind": True}),
+    ("crash of one processor", crash, {}),
+]
+
+
+async def hung_handler_stop() -> Row:
+    """stop() with a handler that never returns: bounded by shutdown_timeout + T."""
+
+    class Hangs(PartitionProcessor):
+        async def process_events(self, events, context):
+            if context.partition_id == "0":
+                await asyncio.Event().wait()
+
+    cluster = Cluster(PARTITIONS, seed=1)
+    p = EventProcessor(cluster.source, cluster.store, Hangs, owner_id="p", shutdown_timeout=5.0, **_options())
+    await p.start()
+    await cluster.wait_until(lambda: len(p.owned_partitions) == PARTITIONS, timeout=10)
+    await cluster.produce(PARTITIONS)
+    await asyncio.sleep(1)
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    await p.stop()
+    took = loop.time() - started
+    bound = p.timing.shutdown_timeout + p.timing.store_timeout
+    return Row(fault="stop() with a handler that never returns", transport="virtual",
+               bound="shutdown_timeout + T", bound_seconds=bound, recovered=took, produced=PARTITIONS, lost=0,
+               duplicates=0, overlap=0.0, note="time for stop() to return; the hung partition is left to expire")
+
+
+def run_virtual_rows() -> List[Row]:
+    rows = []
+    for name, inject, options in VIRTUAL_SCENARIOS:
+        rows.append(run_virtual(_run(name, inject, **options)))
+    rows.append(run_virtual(hung_handler_stop()))
+    return rows
+
+
+def table(rows: List[Row]) -> str:
+    lines = ["| Fault | Transport | Bound | Bound (s) | Recovered after (s) | Events | Lost | Duplicates "
+             "| Overlap (s) | Note |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        recovered = "never" if r.recovered is None else f"{r.recovered:.1f}"
+        lines.append(f"| {r.fault} | {r.transport} | {r.bound} | {r.bound_seconds:.1f} | {recovered} | {r.produced} "
+                     f"| {r.lost} | {r.duplicates} | {r.overlap:.2f} | {r.note} |")
+    return "\n".join(lines)
+
+
+def main(argv: Optional[List[str]] = None, prog: Optional[str] = None) -> int:
+    """Run the fault scenarios and print the table; ``--record`` writes it to RESULTS.md."""
+    parser = program.parser("faults", __doc__, prog)
+    parser.add_argument("--azurite", action="store_true",
+                        help="also run the scenarios on Azurite through the TCP fault proxy (real time)")
+
+    def body(args: argparse.Namespace) -> int:
+        logging.basicConfig(level=logging.CRITICAL)
+        rows = run_virtual_rows()
+        if args.azurite:
+            from .faults_azurite import run_azurite_rows
+
+            rows += run_azurite_rows()
+        settings = (f"{PROCESSORS} processors, {PARTITIONS} partitions, {RATE:.0f} events/s, interval {INTERVAL:g} s, "
+                    f"expiration {EXPIRATION:g} s (lease, renewal age and store timeout derived: README \"Timing\"), "
+                    "GREEDY, handlers checkpoint after every batch.")
+        markdown = "\n".join([
+            "## Faults", "", f"Command: `{program.recorded_command('faults', argv)}`. {machine_line()}", "",
+            f"Settings: {settings} Recovery is measured from the end of the fault until every partition is "
+            "dispatched by exactly one live pump and every event produced so far is processed; events, lost and "
+            "duplicates are counted from what the handlers received. Overlap is the longest time two claims were "
+            "both inside a batch of one partition (a batch in hand when a takeover lands finishes).", "",
+            table(rows), "",
+            "All within bound: " + ("yes" if all(r.within for r in rows) else
+                                    "NO: " + ", ".join(r.fault for r in rows if not r.within)),
+        ])
+        program.report("faults", markdown, args.record)
+        return 0 if all(r.within for r in rows) else 1
+
+    return program.run(parser, body, argv)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    raise SystemExit(main())

@@ -1,0 +1,190 @@
+"""A small cluster of real EventProcessors on virtual time, and what their handlers saw.
+
+Used by the processor's fault tests and by the deterministic fault harness. Everything
+runs on :class:`~eventprocessor.testing.VirtualTimeLoop`: the in-memory store's server
+clock, the processors' clocks, the source's waits and the handlers' work all follow the
+loop, so minutes of leases and outages take milliseconds and a run is a function of its
+seed.
+"""
+from __future__ import annotations
+
+import asyncio
+import random
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional, Set, Tuple
+
+from eventprocessor import EventProcessor, OwnershipLostError, PartitionProcessor
+from eventprocessor.errors import CheckpointStoreError
+from eventprocessor.sources import MemoryEventSource
+from eventprocessor.testing import FaultyStore, virtual_utc_clock
+from stores import InMemoryCheckpointStore
+
+
+
+@dataclass
+class Delivery:
+    """One batch in one handler: when it started and ended (virtual seconds)."""
+
+    partition_id: str
+    owner_id: str
+    epoch: int
+    first: int
+    last: int
+    started: float
+    ended: Optional[float] = None
+
+
+@dataclass
+class Ledger:
+    """Every batch every handler received, and every error and close it saw."""
+
+    deliveries: List[Delivery] = field(default_factory=list)
+    errors: List[Tuple[str, str, Exception]] = field(default_factory=list)
+    closes: List[Tuple[str, str, Any]] = field(default_factory=list)
+    received: Dict[Tuple[str, int], int] = field(default_factory=lambda: defaultdict(int))
+
+    def processed(self) -> Set[Tuple[str, int]]:
+        return set(self.received)
+
+    def duplicates(self) -> int:
+        return sum(count - 1 for count in self.received.values() if count > 1)
+
+    def overlaps(self) -> List[Tuple[Delivery, Delivery, float]]:
+        """Pairs of batches of one partition handled by two different claims at once,
+        with how long they overlapped."""
+        by_partition: Dict[str, List[Delivery]] = defaultdict(list)
+        for d in self.deliveries:
+            by_partition[d.partition_id].append(d)
+        found = []
+        for batches in by_partition.values():
+            batches.sort(key=lambda d: d.started)
+            for i, a in enumerate(batches):
+                a_end = a.ended if a.ended is not None else float("inf")
+                for b in batches[i + 1:]:
+                    if b.started >= a_end:
+                        break
+                    if (a.owner_id, a.epoch) != (b.owner_id, b.epoch):
+                        b_end = b.ended if b.ended is not None else float("inf")
+                        found.append((a, b, min(a_end, b_end) - b.started))
+        return found
+
+
+def recording_handler(ledger: Ledger, *, work: float = 0.0, rng: Optional[random.Random] = None,
+                      checkpoint: bool = True) -> type:
+    """A handler class that records every batch into ``ledger``, spends up to ``work``
+    virtual seconds on it, and checkpoints its last event."""
+
+    class Recorder(PartitionProcessor):
+        async def process_events(self, events, context):
+            loop = asyncio.get_running_loop()
+            delivery = Delivery(context.partition_id, context.owner_id, context.epoch, events[0].sequence_number,
+                                events[-1].sequence_number, loop.time())
+            ledger.deliveries.append(delivery)
+            for event in events:
+                ledger.received[(context.partition_id, event.sequence_number)] += 1
+            if work:
+                await asyncio.sleep(rng.uniform(0, work) if rng is not None else work)
+            delivery.ended = loop.time()
+            if checkpoint:
+                try:
+                    await context.update_checkpoint()
+                except (OwnershipLostError, CheckpointStoreError):
+                    pass
+
+        async def process_error(self, error, context):
+            ledger.errors.append((context.owner_id, context.partition_id, error))
+
+        async def close(self, reason, context):
+            ledger.closes.append((context.owner_id, context.partition_id, reason))
+
+    return Recorder
+
+
+class Cluster:
+    """Processors over one in-memory store (behind a :class:`FaultyStore`) and one
+    :class:`MemoryEventSource`, on the running (virtual) loop."""
+
+    def __init__(self, partitions: int, *, seed: int = 0, work: float = 0.0, **processor_options: Any) -> None:
+        self.rng = random.Random(seed)
+        self.source = MemoryEventSource(partitions, clock=virtual_utc_clock())
+        self.memory = InMemoryCheckpointStore(clock=virtual_utc_clock())
+        self.store = FaultyStore(self.memory, rng=random.Random(self.rng.random()))
+        self.ledger = Ledger()
+        self.handler = recording_handler(self.ledger, work=work, rng=random.Random(self.rng.random()))
+        self.options = dict(processor_options)
+        self.processors: List[EventProcessor] = []
+        self.produced: List[Tuple[str, int]] = []
+        self.errors: List[Exception] = []
+
+    def add(self, owner_id: Optional[str] = None, *, store: Optional[FaultyStore] = None,
+            **overrides: Any) -> EventProcessor:
+        """A new processor; by default on the shared faulty store, or on ``store`` (for
+        faults that hit one processor's link to the store only)."""
+        options = {**self.options, **overrides}
+
+        async def on_error(error, context):
+            self.errors.append(error)
+
+        processor = EventProcessor(self.source, store or self.store, self.handler,
+                                   owner_id=owner_id or f"p{len(self.processors)}",
+                                   rng=random.Random(self.rng.random()), error_handler=on_error, **options)
+        self.processors.append(processor)
+        return processor
+
+    def link(self) -> FaultyStore:
+        """A processor's own faulty link to the shared store."""
+        return FaultyStore(self.memory, rng=random.Random(self.rng.random()))
+
+    async def produce(self, count: int) -> None:
+        """Send ``count`` events, round robin over the partitions."""
+        for _ in range(count):
+            pid = str(len(self.produced) % self.source.partition_count)
+            event = await self.source.send(f"e{len(self.produced)}", partition_id=pid)
+            self.produced.append((pid, event.sequence_number))
+
+    async def produce_for(self, seconds: float, rate: float) -> None:
+        """Send ``rate`` events per virtual second, round robin, for ``seconds``."""
+        loop = asyncio.get_running_loop()
+        end = loop.time() + seconds
+        while loop.time() < end:
+            await self.produce(1)
+            await asyncio.sleep(1.0 / rate)
+
+    def owners(self) -> Dict[str, List[str]]:
+        """Partition -> the processors that may dispatch it right now."""
+        owners: Dict[str, List[str]] = defaultdict(list)
+        for p in self.processors:
+            for pid in p.owned_partitions:
+                owners[pid].append(p.owner_id)
+        return owners
+
+    def live_pumps(self) -> Dict[str, List[str]]:
+        """Partition -> processors that hold it with a live pump."""
+        pumps: Dict[str, List[str]] = defaultdict(list)
+        for p in self.processors:
+            for pid in p.owned_partitions:
+                pump = p.pump(pid)
+                if pump is not None and pump.alive:
+                    pumps[pid].append(p.owner_id)
+        return pumps
+
+    def settled(self, running: List[EventProcessor]) -> bool:
+        """Every partition dispatched by exactly one running processor with a live pump,
+        and every produced event processed."""
+        pumps = self.live_pumps()
+        names = {p.owner_id for p in running}
+        every = all(len([o for o in pumps.get(str(i), []) if o in names]) == 1
+                    for i in range(self.source.partition_count))
+        return every and set(self.produced) <= self.ledger.processed()
+
+    async def wait_until(self, condition, *, timeout: float, step: float = 0.25) -> Optional[float]:
+        """Poll ``condition`` every ``step`` virtual seconds; return when it held (the loop
+        time), or None after ``timeout``."""
+        loop = asyncio.get_running_loop()
+        end = loop.time() + timeout
+        while loop.time() <= end:
+            if condition():
+                return loop.time()
+            await asyncio.sleep(step)
+        return None

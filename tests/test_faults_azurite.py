@@ -1,0 +1,47 @@
+"""Issue 11's rows that were seen on Azurite, on Azurite: real processors on the Blob
+store, through a loopback TCP fault proxy, in real time with generous bounds (the same
+scenarios run on virtual time in ``tests/test_processor_faults.py``; full lengths in
+``python -m benchmarks.faults --azurite``)."""
+from __future__ import annotations
+
+import pytest
+
+from eventprocessor import StoreDataLostError
+
+from benchmarks.faults_azurite import black_hole, restarted_empty, run_scenario, slow_store
+
+pytestmark = [pytest.mark.azurite, pytest.mark.slow]
+
+
+async def test_slow_store_leaves_every_partition_with_one_live_pump_and_loses_nothing(azurite):
+    run = await run_scenario("slow store", slow_store(12.0), azurite, traffic=40.0)
+    assert run.lost == 0
+    assert run.recovered_after is not None and run.recovered_after <= run.bound, run
+    assert run.overlap < 1.0
+
+
+async def test_a_black_holed_store_self_fences_in_time_and_is_recovered_from(azurite):
+    run = await run_scenario("black hole", black_hole(20.0), azurite, traffic=50.0)
+    assert run.lost == 0
+    assert run.self_fenced > 0  # the leases ended on the processors' own clocks
+    assert run.recovered_after is not None and run.recovered_after <= run.bound, run
+    assert run.overlap < 1.0
+
+
+@pytest.mark.parametrize("refuse", [False, True])
+async def test_azurite_restarted_empty_is_reported_and_refuse_checkpoint_rewind_replays_little(refuse):
+    run = await restarted_empty(refuse=refuse, traffic=30.0, processors=1)
+    assert run.lost == 0
+    assert any(isinstance(e, StoreDataLostError) for e in run.errors)  # loudly: error_handler (and an ERROR log)
+    assert run.recovered_after is not None and run.recovered_after <= run.bound, run
+    before = run.processed_before_fault  # measured from the handlers when Azurite was stopped
+    assert before > 0, run
+    if refuse:
+        # what was checkpointed before the restart is not processed again: only events
+        # delivered between the restart and its detection (their checkpoints failed)
+        assert run.duplicates < before / 3, run
+    else:
+        # the default restarts from the initial position: what was processed before the
+        # restart is processed again (every one of those events, give or take the few
+        # whose first delivery was still in a handler when Azurite went away)
+        assert run.duplicates >= before * 0.9, run
