@@ -328,3 +328,44 @@ def test_leases_move_only_along_the_life_cycle():
 
     seen = run_virtual(scenario())
     assert LeaseState.OWNED in seen
+
+
+@pytest.mark.parametrize("fields", [{"ownerid": "someone", "epoch": "not a number"},
+                                    {"note": "written by another program"},
+                                    {"ownerid": "someone", "epoch": str(2**63)}],
+                         ids=["corrupted", "foreign", "epoch 2**63"])
+def test_an_unreadable_ownership_record_is_claimed_over_once_it_has_expired(fields, caplog):
+    """Rows 7 and 9: a corrupted, foreign or out-of-range record. Before: its partition
+    could never be claimed again (a warning every tick, forever), and an epoch of 2**63
+    overflowed. Now the partition waits for the record to expire, like a crashed owner's,
+    then is claimed over (a write conditional on the bad record's etag) at an epoch in
+    range, and the warning is logged once."""
+
+    async def scenario():
+        cluster = Cluster(4, **QUICK)
+        source = cluster.source
+        cluster.memory.plant_record("ownership", source.fully_qualified_namespace, source.eventhub_name,
+                                    "$default", "2", fields)
+        a = cluster.add(load_balancing_strategy="greedy")
+        await a.start()
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        await cluster.wait_until(lambda: len(a.owned_partitions) == 3, timeout=10, step=0.1)
+        assert "2" not in a.owned_partitions
+        at = await cluster.wait_until(lambda: "2" in a.owned_partitions, timeout=60, step=0.1)
+        await cluster.produce(8)
+        await cluster.wait_until(lambda: set(cluster.produced) <= cluster.ledger.processed(), timeout=10)
+        epoch = a.pump("2").context.epoch
+        await a.stop()
+        return None if at is None else at - started, epoch, cluster
+
+    caplog.set_level(logging.WARNING)
+    took, epoch, cluster = run_virtual(scenario())
+    expiration = QUICK["partition_ownership_expiration_interval"]
+    assert took is not None, "the partition of the unreadable record was never claimed"
+    assert expiration <= took <= expiration + 1.0 + 2 * 1.1 * QUICK["load_balancing_interval"]
+    assert 1 <= epoch < 2**63
+    assert set(cluster.produced) <= cluster.ledger.processed()
+    bad = [r for r in caplog.records if r.levelno == logging.WARNING and "'2'" in r.getMessage()
+           and "ownership record" in r.getMessage()]
+    assert len(bad) == 1, [r.getMessage() for r in bad]
