@@ -97,6 +97,11 @@ class ProcessorStats:
     store_data_lost: int = 0
 
 
+RENEWAL_WINDOW = 15.0
+"""Seconds of lease left when an owned record is rewritten by default (see
+:meth:`Timing.default_renewal_age`)."""
+
+
 @dataclass(frozen=True)
 class Timing:
     """The processor's timing model, derived from its arguments (all in seconds).
@@ -130,13 +135,27 @@ class Timing:
         return self.expiration / 2
 
     @staticmethod
+    def safety_margin_for(expiration: float) -> float:
+        """``max(2 s, E/10)``, or ``E/4`` below 8 s: covers the store's one-second
+        timestamps and clock drift."""
+        return max(2.0, 0.1 * expiration) if expiration > 8.0 else expiration / 4
+
+    @staticmethod
+    def default_renewal_age(expiration: float) -> float:
+        """A record is rewritten when ``RENEWAL_WINDOW`` (15 s) of its lease remain, or
+        at half its expiration if that is later (short expirations): long leases are
+        rewritten rarely, and three store calls still fit before a lease could lapse."""
+        lease_length = expiration - Timing.safety_margin_for(expiration)
+        return max(expiration / 2, lease_length - RENEWAL_WINDOW)
+
+    @staticmethod
     def derive(*, interval: float, expiration: float, renewal_age: Optional[float],
                store_timeout: Optional[float], shutdown_timeout: float,
                handler_timeout: Optional[float]) -> "Timing":
-        margin = max(2.0, 0.1 * expiration) if expiration > 8.0 else expiration / 4
+        margin = Timing.safety_margin_for(expiration)
         lease_length = expiration - margin
         if renewal_age is None:
-            renewal_age = expiration / 2
+            renewal_age = Timing.default_renewal_age(expiration)
         if renewal_age >= lease_length:
             raise ConfigurationError(
                 f"ownership_renewal_age={renewal_age:g} must be shorter than the lease "
@@ -218,8 +237,8 @@ class EventProcessor:
         consumer_group: str = "$default",
         owner_id: Optional[str] = None,
         load_balancing_strategy: Union[LoadBalancingStrategy, str] = LoadBalancingStrategy.GREEDY,
-        load_balancing_interval: float = 20.0,
-        partition_ownership_expiration_interval: float = 90.0,
+        load_balancing_interval: float = 15.0,
+        partition_ownership_expiration_interval: float = 75.0,
         ownership_renewal_age: Optional[float] = None,
         store_timeout: Optional[float] = None,
         shutdown_timeout: float = 30.0,

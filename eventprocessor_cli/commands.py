@@ -215,7 +215,7 @@ They are never printed.
                                    "[eventhub]). Prefer the variable.")
 @click.option("--eventhub-credential", type=click.Choice(["default"]),
               help="Read the newest events and the lag from --namespace with DefaultAzureCredential.")
-@click.option("--expiration", default=60.0, show_default=True, type=click.FloatRange(min=0, min_open=True),
+@click.option("--expiration", default=75.0, show_default=True, type=click.FloatRange(min=0, min_open=True),
               help="The processors' partition_ownership_expiration_interval, in seconds: a record older than this "
                    "(on the store's clock) is shown expired.")
 @click.option("--timeout", default=10.0, show_default=True, type=click.FloatRange(min=0, min_open=True),
