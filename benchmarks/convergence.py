@@ -879,7 +879,7 @@ def equal_cost_table(result: Dict[str, Any]) -> str:
             dups = f"{statistics.mean(s.duplicates):.1f}"
         else:
             times, dups = "not run (cost not within 3 %) | | | ", ""
-        rows.append(f"| {s.label}{chosen} | {s.interval:g} / {s.expiration:g} / {renewal:.1f} | "
+        rows.append(f"| {s.label}{chosen} | {s.interval:g} / {s.expiration:g} / {round(renewal, 1):g} | "
                     f"{s.formula_per_hour:.0f} | {s.measured_per_hour:.0f} | "
                     f"{s.measured_per_hour / official.measured_per_hour:.2f} | {times} | {dups} |")
     return "\n".join(rows)
