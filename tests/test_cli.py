@@ -63,8 +63,21 @@ def assert_one_line_error(out: subprocess.CompletedProcess, *needles: str) -> st
     return lines[0]
 
 
-EVERY_COMMAND = [[], ["demo"], ["bench"], ["bench", "convergence"], ["bench", "throughput"],
-                 ["bench", "store-bench"], ["bench", "spark-sink"]]
+def _every_command() -> list:
+    """Every command and subcommand the CLI registers (benchmarks added later included)."""
+    import click
+
+    found: list = [[]]
+    context = click.Context(main)
+    for name in main.list_commands(context):
+        found.append([name])
+        command = main.get_command(context, name)
+        if isinstance(command, click.Group):
+            found += [[name, sub] for sub in command.list_commands(click.Context(command, parent=context))]
+    return found
+
+
+EVERY_COMMAND = _every_command()
 
 
 @pytest.mark.parametrize("args", EVERY_COMMAND)
