@@ -29,6 +29,7 @@ Example::
 """
 from .balancer import LoadBalancingStrategy
 from .checkpoint_store import CheckpointStore
+from .consumer_client import ConsumerPartitionContext, EventHubConsumerClient
 from .delivery import PoisonPolicy
 from .errors import (CheckpointStoreError, ClaimOwnershipError, ConfigurationError, EventProcessorError,
                      EventSourceError, HandlerTimeoutError, InvalidCheckpointError, OwnershipLostError,
@@ -45,6 +46,8 @@ __all__ = [
     # running a processor
     "EventProcessor", "PartitionProcessor", "PartitionContext", "CloseReason", "EventPosition", "Event",
     "LoadBalancingStrategy", "PoisonPolicy", "ProcessorStats", "Timing", "BalanceReport",
+    # the drop-in for azure-eventhub's EventHubConsumerClient (callbacks)
+    "EventHubConsumerClient", "ConsumerPartitionContext",
     # errors
     "EventProcessorError", "ConfigurationError", "OwnershipLostError", "ReceiverDisconnectedError",
     "InvalidCheckpointError", "PoisonEventsError", "HandlerTimeoutError", "CheckpointStoreError",
