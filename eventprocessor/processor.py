@@ -48,7 +48,7 @@ from .renewer import LeaseRenewer
 from .sources.base import EventSource
 from .telemetry import Telemetry
 
-__all__ = ["EventProcessor", "BalanceReport", "Timing", "ProcessorStats"]
+__all__ = ["EventProcessor", "BalanceReport", "Timing", "ProcessorStats", "OWNERSHIP_LOG_FIELDS", "OWNERSHIP_REASONS"]
 
 logger = logging.getLogger(__name__)
 
@@ -1013,12 +1013,15 @@ class EventProcessor:
     def _ownership_changed(self, reason: str, partition_id: str, epoch: int, detail: str,
                            level: int = logging.INFO) -> None:
         """One log line and one metric per ownership change, saying why. The structured
-        fields (``owner_id``, ``partition_id``, ``epoch``, ``reason``, ``eventhub_name``,
-        ``consumer_group``) are on the log record for JSON formatters."""
+        fields (:data:`OWNERSHIP_LOG_FIELDS`: ``eventprocessor.owner_id``, ``.partition_id``,
+        ``.epoch``, ``.reason``, ``.eventhub_name``, ``.consumer_group``) are attributes of
+        the log record, for JSON formatters and OpenTelemetry's logging handler."""
         logger.log(level, "processor %s: partition %s %s (epoch %d): %s", self._describe, partition_id,
                    _REASON_WORDS.get(reason, reason), epoch, detail,
-                   extra={"owner_id": self._owner_id, "partition_id": partition_id, "epoch": epoch, "reason": reason,
-                          "eventhub_name": self._source.eventhub_name, "consumer_group": self._consumer_group})
+                   extra={"eventprocessor.owner_id": self._owner_id, "eventprocessor.partition_id": partition_id,
+                          "eventprocessor.epoch": epoch, "eventprocessor.reason": reason,
+                          "eventprocessor.eventhub_name": self._source.eventhub_name,
+                          "eventprocessor.consumer_group": self._consumer_group})
         self._telemetry.ownership_changed(reason, partition_id)
 
     async def _write_releases(self, leases: List[Lease]) -> None:
@@ -1294,6 +1297,12 @@ _END_REASONS = {
     LeaseEnd.PUMP_ENDED: "released",
     LeaseEnd.STORE_LOST: "store_lost",
 }
+OWNERSHIP_LOG_FIELDS = ("eventprocessor.reason", "eventprocessor.owner_id", "eventprocessor.partition_id",
+                        "eventprocessor.epoch", "eventprocessor.eventhub_name", "eventprocessor.consumer_group")
+"""The attributes every ownership-change log record carries (read them with ``getattr``).
+``eventprocessor.reason`` is one of :data:`OWNERSHIP_REASONS`."""
+OWNERSHIP_REASONS = ("claimed", "expired", "stolen", "adopted", "released", "handed_off", "lost", "self_fenced",
+                     "store_lost")
 _REASON_WORDS = {
     "claimed": "claimed", "expired": "claimed after expiry", "stolen": "stolen", "adopted": "taken over",
     "released": "released", "handed_off": "handed over", "lost": "lost", "self_fenced": "self-fenced",

@@ -5,7 +5,8 @@ Run it from the repository root (needs the ``[eventhub,blob]`` extras,
 ``azure-eventhub-checkpointstoreblob-aio`` and ``npm ci``):
 
     python samples/migrate_from_azure_eventhub.py        # starts Azurite and a local Event Hubs emulator
-    STORAGE_CONNECTION_STRING=... EVENTHUB_CONNECTION_STRING=... python samples/migrate_from_azure_eventhub.py --eventhub hub
+    python samples/migrate_from_azure_eventhub.py --eventhub hub   # with STORAGE_CONNECTION_STRING and
+                                                                   # EVENTHUB_CONNECTION_STRING set
 
 ``run()`` is the user's program. It is called twice, with the two classes that differ
 between the two SDKs (``OFFICIAL`` and ``EVENTPROCESSOR``): that is the whole migration.
