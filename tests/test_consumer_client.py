@@ -551,3 +551,25 @@ def test_a_handoff_closes_the_old_owner_s_partitions_as_ownership_lost_and_loses
     delivered = [(p, s) for r in (first, second) for p, seqs in r.events.items() for s in seqs]
     assert sorted(set(delivered)) == sorted((str(p), s) for p in range(4) for s in range(20))
     assert len(delivered) == 80  # handed over at a checkpoint: no duplicates
+
+
+def test_the_official_constructor_and_the_management_calls():
+    from azure.core.credentials import AzureNamedKeyCredential
+
+    credential = AzureNamedKeyCredential("RootManageSharedAccessKey", "not-a-real-key")
+    client = EventHubConsumerClient("contoso.servicebus.windows.net", "telemetry", "$default", credential,
+                                    checkpoint_store=InMemoryCheckpointStore(), user_agent="migrated")
+    assert (client.fully_qualified_namespace, client.eventhub_name) == ("contoso.servicebus.windows.net", "telemetry")
+    assert client._source._credential is credential and "not-a-real-key" not in repr(client)
+
+    async def scenario():
+        source, store = _world(2)
+        await source.send("x", partition_id="1")
+        over_memory = EventHubConsumerClient.from_source(source, checkpoint_store=store)
+        return await over_memory.get_partition_ids(), await over_memory.get_partition_properties("1")
+
+    ids, properties = run_virtual(scenario())
+    assert ids == ["0", "1"]
+    assert {k: v for k, v in properties.items() if k != "last_enqueued_time_utc"} == {
+        "eventhub_name": "hub", "id": "1", "beginning_sequence_number": 0, "last_enqueued_sequence_number": 0,
+        "last_enqueued_offset": "0", "is_empty": False}
