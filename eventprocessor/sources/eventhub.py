@@ -349,6 +349,15 @@ class _LeanReceiver(_PartitionReceiverBase):
         consumer, self._consumer, self._handler = self._consumer, None, None
         self._buffer = deque()
         if consumer is not None:
+            # The client's close waits for its connection keep-alive task, which sleeps
+            # in one-second steps: up to a second per closed receiver, during which a
+            # partition being handed over or released waits. Stop that task first.
+            handler = getattr(consumer, "_handler", None)
+            keep_alive = getattr(handler, "_keep_alive_thread", None)
+            if isinstance(keep_alive, asyncio.Future):
+                keep_alive.cancel()
+                handler._keep_alive_thread = None  # type: ignore[union-attr]
+                await asyncio.gather(keep_alive, return_exceptions=True)
             try:
                 await consumer.close()
             except Exception:
