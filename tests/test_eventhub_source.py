@@ -163,6 +163,46 @@ async def test_receivers_start_where_asked_and_return_small_batches(eventhubs_em
 
 
 @pytest.mark.eventhubs
+async def test_a_trickle_is_delivered_as_it_arrives_not_once_the_prefetch_fills(eventhubs_emulator, hub):
+    """azure-eventhub's client reads as many frames per call as it is asked for, and only
+    stops early when the socket stays quiet for 0.2 s. Asked for the whole prefetch (300),
+    a partition receiving 5 events every 0.1 s would hold them for up to 6 s, and a
+    partition that just moved would wait that long for its first batch."""
+    from azure.eventhub import EventData
+    from azure.eventhub.aio import EventHubProducerClient
+
+    conn = eventhubs_emulator.connection_string
+    source = EventHubSource.from_connection_string(conn, eventhub_name=hub)
+    producer = EventHubProducerClient.from_connection_string(conn, eventhub_name=hub)
+    sent_at: List[float] = []
+    latencies: List[float] = []
+    try:
+        receiver = await source.open_receiver("1", consumer_group="$default",
+                                              starting_position=EventPosition.earliest(), owner_level=None,
+                                              prefetch=300)
+        assert await receiver.receive(300, 0.5) == []  # the link is open
+
+        async def receive() -> None:
+            while len(latencies) < 100:
+                for event in await receiver.receive(300, None):
+                    latencies.append(time.monotonic() - sent_at[event.sequence_number])
+
+        reading = asyncio.create_task(receive())
+        async with producer:
+            for _round in range(20):
+                await producer.send_batch([EventData(b"t") for _ in range(5)], partition_id="1")
+                sent_at.extend([time.monotonic()] * 5)  # from the moment the hub has them
+                await asyncio.sleep(0.1)
+        await asyncio.wait_for(reading, 30)
+        await receiver.close()
+    finally:
+        await source.close()
+    assert len(latencies) == 100
+    assert max(latencies) < 1.0, f"events waited up to {max(latencies):.2f} s in the receiver (median " \
+                                 f"{sorted(latencies)[50]:.2f} s)"
+
+
+@pytest.mark.eventhubs
 async def test_a_higher_owner_level_takes_the_partition_from_a_receiver(eventhubs_emulator, hub):
     conn = eventhubs_emulator.connection_string
     await _produce(conn, hub, 5)

@@ -77,6 +77,11 @@ _UNREACHABLE_MARKERS = ("failed to initiate the connection", "connect call faile
 _SECRET_PATTERNS = ((re.compile(r"SharedAccessSignature\s+\S+", re.I), "SharedAccessSignature ***"),
                     (re.compile(r"\b(sig|SharedAccessKey|SharedAccessSignature)=[^;&\s]+", re.I), r"\1=***"))
 
+# Frames the lean receiver asks the client to read per call, and how long it keeps
+# reading after the first event of a batch arrived (see _LeanReceiver.receive).
+_FRAMES_PER_READ = 4
+_GATHER_SECONDS = 0.05
+
 _SEQ = b"x-opt-sequence-number"
 _OFFSET = b"x-opt-offset"
 _ENQUEUED = b"x-opt-enqueued-time"
@@ -320,13 +325,28 @@ class _LeanReceiver(_PartitionReceiverBase):
             await self._open()
         buffer = self._buffer
         if not buffer:
+            # The client reads as many frames per call as it is asked for and returns
+            # early only when the socket stays quiet for its socket timeout (0.2 s).
+            # Asking for the whole prefetch would hold a trickle of events until the
+            # prefetch filled, so read a few frames at a time, and keep reading only
+            # while frames keep coming, for at most _GATHER_SECONDS after the first.
             loop = asyncio.get_running_loop()
             deadline = None if max_wait_time is None else loop.time() + max_wait_time
-            while not buffer:
-                if deadline is not None and loop.time() >= deadline:
+            first_at: Optional[float] = None
+            before, frames = 0, 1
+            while True:
+                if buffer:
+                    now = loop.time()
+                    if first_at is None:
+                        first_at = now
+                    if len(buffer) >= max_batch_size or len(buffer) - before < frames \
+                            or now - first_at >= _GATHER_SECONDS:
+                        break
+                elif deadline is not None and loop.time() >= deadline:
                     return []
+                before, frames = len(buffer), self._frames_to_read()
                 try:
-                    alive = await self._handler.do_work_async(batch=self._prefetch)
+                    alive = await self._handler.do_work_async(batch=frames)
                 except asyncio.CancelledError:
                     raise
                 except Exception as error:
@@ -344,6 +364,15 @@ class _LeanReceiver(_PartitionReceiverBase):
         if self._track and messages:
             self._last_enqueued = last_enqueued_of(messages[-1]) or self._last_enqueued
         return [message_to_event(message, pid) for message in messages]
+
+    def _frames_to_read(self) -> int:
+        """Frames for the next read: a few, and never more than the link credit left
+        (asked for more, the client would wait out its socket timeout at the end of
+        every credit; at 0 it grants the prefetch again before reading)."""
+        credit = getattr(getattr(self._handler, "_link", None), "current_link_credit", None)
+        if not isinstance(credit, int) or credit <= 0:
+            credit = self._prefetch
+        return max(1, min(_FRAMES_PER_READ, credit))
 
     async def _drop_consumer(self) -> None:
         consumer, self._consumer, self._handler = self._consumer, None, None
