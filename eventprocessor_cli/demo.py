@@ -23,6 +23,7 @@ from rich.table import Table
 from eventprocessor import (CheckpointStore, EventProcessor, LoadBalancingStrategy, OwnershipLostError,
                             PartitionProcessor)
 from eventprocessor.sources import MemoryEventSource
+from eventprocessor.testing import FaultyStore
 
 from .user_errors import CommandError, require, require_azurite
 
@@ -89,6 +90,18 @@ def _handler(ledger: _Ledger) -> type:
                 pass  # the next owner resumes from its own checkpoint
 
     return DemoHandler
+
+
+async def _crash(processor: EventProcessor, link: FaultyStore) -> None:
+    """Kill ``processor`` as SIGKILL would: its store link goes dead first (no release, no
+    checkpoint reaches the store), its handlers are interrupted mid-batch, then its
+    remaining tasks are cancelled (every store call they try fails at once)."""
+    link.down = True
+    for partition_id in list(processor.leases):
+        pump = processor.pump(partition_id)
+        if pump is not None:
+            pump.cancel()
+    await processor.stop(release=False)
 
 
 def _balanced(live: List[EventProcessor], partitions: int) -> bool:
@@ -250,11 +263,14 @@ async def run_demo(config: DemoConfig, console: Optional[Console] = None) -> Dem
         source = MemoryEventSource(config.partitions, eventhub_name="demo-hub")
     ledger = _Ledger()
     handler = _handler(ledger)
+    # Each processor reaches the store through a link of its own, so that a crash can
+    # cut one processor off the way a killed process is: nothing more of it reaches the store.
+    links = {f"processor-{i + 1}": FaultyStore(store) for i in range(config.processors)}
     processors = [
-        EventProcessor(source, store, handler, owner_id=f"processor-{i + 1}",
+        EventProcessor(source, link, handler, owner_id=owner_id,
                        load_balancing_strategy=config.strategy, load_balancing_interval=config.interval,
                        partition_ownership_expiration_interval=config.expiration)
-        for i in range(config.processors)
+        for owner_id, link in links.items()
     ]
     alive = {p.owner_id: "running" for p in processors}
     produced: List[Tuple[str, int]] = []
@@ -342,10 +358,10 @@ async def run_demo(config: DemoConfig, console: Optional[Console] = None) -> Dem
         if len(running) >= 2:
             phase = "failover"
             crashed = running.pop(0)
-            say(f"{crashed.owner_id} crashed (no release); its {len(crashed.owned_partitions)} partitions wait "
-                f"for their ownership to expire ({config.expiration}s)")
+            say(f"{crashed.owner_id} crashed (no release, no checkpoint of its batches in flight); its "
+                f"{len(crashed.owned_partitions)} partitions wait for their ownership to expire ({config.expiration}s)")
             alive[crashed.owner_id] = "crashed"
-            await crashed.stop(release=False)
+            await _crash(crashed, links[crashed.owner_id])
             result.failover_seconds = await wait_until(lambda: _balanced(running, config.partitions), "failover")
             say(f"its partitions were taken over after expiry in {result.failover_seconds:.1f}s: {shares(running)}")
         phase = "draining"
