@@ -80,6 +80,9 @@ def _parse(argv: Optional[List[str]]) -> argparse.Namespace:
     parser.add_argument("--checkpoint-every", type=int, default=1, help="checkpoint every N batches")
     parser.add_argument("--report", choices=["events", "counts"], default="events")
     parser.add_argument("--expect", type=int, default=0, help="say 'done' (with the CPU time) at this many events")
+    parser.add_argument("--work", type=float, default=0.0, help="seconds each batch spends in the handler")
+    parser.add_argument("--log-level", default="WARNING",
+                        help="level of this SDK's log lines on stderr (INFO shows every move); others log WARNING")
     return parser.parse_args(argv)
 
 
@@ -95,6 +98,8 @@ async def _ours(args: argparse.Namespace, tally: _Tally, stop: asyncio.Event) ->
 
         async def process_events(self, events, context):
             tally.delivered(context.partition_id, [e.sequence_number for e in events])
+            if args.work:
+                await asyncio.sleep(args.work)  # a handler that takes time: a stop or a handoff finds it mid-batch
             self.batches += 1
             if self.batches % every == 0:
                 try:
@@ -139,6 +144,8 @@ async def _official(args: argparse.Namespace, tally: _Tally, stop: asyncio.Event
         if not events:
             return
         tally.delivered(context.partition_id, [e.sequence_number for e in events])
+        if args.work:
+            await asyncio.sleep(args.work)
         batches[context.partition_id] = batches.get(context.partition_id, 0) + 1
         if batches[context.partition_id] % every == 0:
             await context.update_checkpoint(events[-1])
@@ -187,8 +194,10 @@ async def _amain(args: argparse.Namespace) -> int:
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    logging.basicConfig(level=logging.WARNING, stream=sys.stderr, format="%(levelname)s %(name)s: %(message)s")
-    return asyncio.run(_amain(_parse(argv)))
+    args = _parse(argv)
+    logging.basicConfig(level=logging.WARNING, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("eventprocessor").setLevel(args.log_level.upper())
+    return asyncio.run(_amain(args))
 
 
 
@@ -198,8 +207,8 @@ class WorkerHandle:
     """A worker process seen from its parent: what it delivered, owns and costs.
 
     ``deliveries`` maps (partition, sequence number) to how many times it was delivered
-    by this worker; ``first_delivery`` the wall time of each partition's first batch
-    after ``mark()``.
+    by this worker; ``batches`` every delivered batch as (wall time, partition, first,
+    last); ``ownership`` every change of the dispatched set as (wall time, partitions).
     """
 
     def __init__(self, owner_id: str, process: "asyncio.subprocess.Process", stderr_path: str) -> None:
@@ -208,6 +217,7 @@ class WorkerHandle:
         self.stderr_path = stderr_path
         self.started: Optional[Dict[str, Any]] = None
         self.owned: List[str] = []
+        self.ownership: List[tuple] = []  # (wall time, partitions dispatched from then on)
         self.events = 0
         self.cpu = 0.0
         self.stats_at = 0.0
@@ -249,6 +259,7 @@ class WorkerHandle:
                 self.stats.append((record["t"], record["events"], record["cpu"]))
             elif kind == "owned":
                 self.owned = record["owned"]
+                self.ownership.append((record["t"], record["owned"]))
             elif kind == "started":
                 self.started = record
             elif kind == "first":
