@@ -108,7 +108,7 @@ async def _sink(spark: Any, source: Any, out: Path, batch: int) -> Tuple[float, 
         await sink.close()
     if sink.committed_high_water_marks() != want:
         raise RuntimeError("the sink did not commit every event exactly once")
-    batches = [ranges for _id, outcome, ranges in sink.commit_log.batches() if outcome == "committed"]
+    batches = [ranges for _id, outcome, ranges in await sink.commit_log.batches() if outcome == "committed"]
     return total / elapsed, batches
 
 

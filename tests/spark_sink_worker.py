@@ -19,20 +19,22 @@ import os
 import sys
 import time
 from pathlib import Path
+from typing import Callable, Optional
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from eventprocessor import EventProcessor, LoadBalancingStrategy  # noqa: E402
 from eventprocessor.sources import MemoryEventSource  # noqa: E402
-from eventprocessor.spark import SparkSink, sink as sink_module, spark_session  # noqa: E402
+from eventprocessor.spark import SparkSink, spark_session  # noqa: E402
 from stores import BlobCheckpointStore  # noqa: E402
 
 
-def install_kill_point() -> None:
-    """SIGKILL this process the first time the sink reaches ``$EVENTPROCESSOR_SPARK_KILL_AT``."""
+def kill_point() -> Optional[Callable[[str], None]]:
+    """A step hook that SIGKILLs this process the first time the sink reaches
+    ``$EVENTPROCESSOR_SPARK_KILL_AT``."""
     point = os.environ.get("EVENTPROCESSOR_SPARK_KILL_AT")
     if not point:
-        return
+        return None
     import signal
 
     def kill_at(reached: str) -> None:
@@ -40,7 +42,7 @@ def install_kill_point() -> None:
             logging.getLogger(__name__).warning("killing this process at %s", point)
             os.kill(os.getpid(), signal.SIGKILL)
 
-    sink_module.fault_hook = kill_at
+    return kill_at
 
 
 async def run(path: str, partitions: int, events: int, max_events: int, container: str, deadline: float) -> int:
@@ -49,7 +51,7 @@ async def run(path: str, partitions: int, events: int, max_events: int, containe
         for p in range(partitions):
             source.append(f"{p}:{i}", partition_id=str(p))
     spark = spark_session("local[2]", {"spark.sql.shuffle.partitions": "2"})
-    sink = SparkSink(path, spark=spark, max_events=max_events, max_interval=0.3)
+    sink = SparkSink(path, spark=spark, max_events=max_events, max_interval=0.3, step_hook=kill_point())
     store = BlobCheckpointStore.from_connection_string(os.environ["EVENTPROCESSOR_TEST_STORAGE"], container)
     # Short leases: a killed worker's partitions expire quickly for the next one.
     processor = EventProcessor(source, store, sink, load_balancing_interval=0.2,
@@ -60,9 +62,9 @@ async def run(path: str, partitions: int, events: int, max_events: int, containe
     try:
         while time.monotonic() < deadline:
             await asyncio.sleep(0.2)
-            if sink.commit_log is not None and sink.committed_high_water_marks() == want:
+            if sink.commit_log is not None and await sink.high_water_marks() == want:
                 return 0
-        print("timed out", sink.committed_high_water_marks(), file=sys.stderr)
+        print("timed out", await sink.high_water_marks(), file=sys.stderr)
         return 2
     finally:
         await processor.stop()
@@ -81,7 +83,6 @@ def main() -> int:
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     logging.getLogger("py4j").setLevel(logging.WARNING)
-    install_kill_point()
     return asyncio.run(run(args.path, args.partitions, args.events, args.max_events, args.container,
                            time.monotonic() + args.timeout))
 

@@ -13,7 +13,7 @@ import time
 import uuid
 from collections import Counter
 from pathlib import Path
-from typing import Callable, Dict, List, Tuple
+from typing import Awaitable, Callable, Dict, List, Optional, Tuple
 
 import pyarrow as pa
 import pytest
@@ -22,7 +22,7 @@ from eventprocessor import CloseReason, EventProcessor, LoadBalancingStrategy
 from eventprocessor.clock import ManualClock
 from eventprocessor.sources import MemoryEventSource
 from eventprocessor.spark import EVENT_SCHEMA, MicroBatch, SparkSink, events_to_table, json_body
-from eventprocessor.spark.sink import STAGING_DIR
+from eventprocessor.spark import STAGING_DIR
 from stores import InMemoryCheckpointStore
 from tests.conftest import unavailable
 
@@ -52,10 +52,16 @@ def spark():
     session.stop()
 
 
-async def wait_until(condition: Callable[[], bool], what: str, timeout: float = 90.0) -> None:
-    """A safety bound, not a speed assertion: fails only if the condition never holds."""
+async def wait_until(condition: Callable[[], bool], what: str, timeout: float = 90.0,
+                     refresh: Optional[Callable[[], Awaitable[object]]] = None) -> None:
+    """A safety bound, not a speed assertion: fails only if the condition never holds.
+    ``refresh`` is awaited before each look (e.g. to read the commit log)."""
     deadline = time.monotonic() + timeout
-    while not condition():
+    while True:
+        if refresh is not None:
+            await refresh()
+        if condition():
+            return
         if time.monotonic() > deadline:
             raise AssertionError(f"gave up waiting for {what}")
         await asyncio.sleep(0.05)
@@ -119,14 +125,25 @@ def test_json_body_decodes_columns_or_a_struct_in_one_pass():
 def test_bad_configuration_is_named():
     from eventprocessor.errors import ConfigurationError
 
-    with pytest.raises(ConfigurationError, match="checkpoint_location"):
+    with pytest.raises(ConfigurationError, match="foreach_batch needs commit_log"):
         SparkSink(foreach_batch=lambda df, batch_id: None)
+    with pytest.raises(ConfigurationError, match="needs log_name"):
+        SparkSink(foreach_batch=lambda df, batch_id: None, commit_log=InMemoryCheckpointStore())
     with pytest.raises(ConfigurationError, match="max_events"):
         SparkSink("/tmp/x", max_events=0)
+    with pytest.raises(ConfigurationError, match="not a local path: pass commit_log"):
+        SparkSink("s3a://bucket/table")
     with pytest.raises(ConfigurationError, match="POSIX"):
-        SparkSink("s3://bucket/table")
+        SparkSink("s3a://bucket/table", commit_log="s3a://bucket/log")
     with pytest.raises(ConfigurationError, match="either path"):
-        SparkSink("/tmp/x", foreach_batch=lambda df, batch_id: None, checkpoint_location="/tmp/y")
+        SparkSink("/tmp/x", foreach_batch=lambda df, batch_id: None, commit_log="/tmp/y")
+    with pytest.raises(ConfigurationError, match="either master"):
+        SparkSink("/tmp/x", master="local[1]", remote="sc://127.0.0.1:1")
+    with pytest.raises(ConfigurationError, match="on_poison"):
+        SparkSink("/tmp/x", on_poison="ignore")
+    # A remote output with the commit log in the store is fine, and touches nothing yet.
+    sink = SparkSink("abfss://lake@account.dfs.core.windows.net/events", commit_log=InMemoryCheckpointStore())
+    assert sink.log_name is not None and sink.log_name.startswith("spark-sink-")
 
 
 def test_importing_eventprocessor_does_not_import_pyspark():
@@ -181,7 +198,7 @@ async def test_foreach_batch_gets_batches_cut_by_events_bytes_and_interval(spark
     def foreach_batch(df, batch_id, batch):
         seen.append((batch_id, df.count(), batch))
 
-    sink = SparkSink(foreach_batch=foreach_batch, checkpoint_location=tmp_path / "log", spark=spark,
+    sink = SparkSink(foreach_batch=foreach_batch, commit_log=tmp_path / "log", spark=spark,
                      max_events=100, max_interval=1.5)
     processor = EventProcessor(source, InMemoryCheckpointStore(), sink, load_balancing_interval=0.2,
                                partition_ownership_expiration_interval=5, max_batch_size=50)
@@ -240,7 +257,8 @@ async def test_two_processors_with_one_stopped_mid_stream_write_each_event_once(
     await producer
     total = len(expected)
     await wait_until(lambda: sum(second_sink.committed_high_water_marks().get(str(p), -1) + 1
-                                 for p in range(4)) == total, "everything committed")
+                                 for p in range(4)) == total, "everything committed",
+                     refresh=second_sink.high_water_marks)
     await second.stop()
     await first_sink.close()
     await second_sink.close()
@@ -307,7 +325,7 @@ async def test_a_zombie_whose_foreach_batch_ran_cannot_commit_after_the_new_owne
         entered.set()
         release.wait(60)
 
-    zombie_sink = SparkSink(foreach_batch=zombie_foreach_batch, checkpoint_location=log_dir, spark=spark,
+    zombie_sink = SparkSink(foreach_batch=zombie_foreach_batch, commit_log=log_dir, spark=spark,
                             max_events=1000, max_interval=0.1)
     context = PartitionContext(fully_qualified_namespace=source.fully_qualified_namespace,
                                eventhub_name=source.eventhub_name, consumer_group="$default", partition_id="0",
@@ -324,7 +342,7 @@ async def test_a_zombie_whose_foreach_batch_ran_cannot_commit_after_the_new_owne
         r = batch.ranges["0"]
         committed.append((batch_id, r.first_sequence_number, r.last_sequence_number))
 
-    sink = SparkSink(foreach_batch=successor_foreach_batch, checkpoint_location=log_dir, spark=spark,
+    sink = SparkSink(foreach_batch=successor_foreach_batch, commit_log=log_dir, spark=spark,
                      max_events=1000, max_interval=0.1)
     successor = EventProcessor(source, store, sink, owner_id="successor", load_balancing_interval=0.2,
                                partition_ownership_expiration_interval=1.5)
@@ -338,9 +356,9 @@ async def test_a_zombie_whose_foreach_batch_ran_cannot_commit_after_the_new_owne
     await sink.close()
 
     assert zombie_sink.batches_committed == 0
-    assert f"batch {zombie_calls[0]} was aborted by a newer claim" in caplog.text
+    assert f"batch {zombie_calls[0]} was aborted (partitions ['0'] fenced by a newer claim)" in caplog.text
     assert zombie_calls and len(set(zombie_calls)) == 1
-    outcomes = {batch_id: outcome for batch_id, outcome, _ranges in sink.commit_log.batches()}
+    outcomes = {batch_id: outcome for batch_id, outcome, _ranges in await sink.commit_log.batches()}
     assert outcomes[zombie_calls[0]] == "aborted"
     assert [(first, last) for _, first, last in committed] == [(0, 49)]
     assert outcomes[committed[0][0]] == "committed"

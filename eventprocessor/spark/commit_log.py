@@ -1,58 +1,95 @@
-"""The sink's commit log: a linear, append-only log of fences and micro-batches.
+"""The sink's commit log: one linear, append-only log of fences, batch plans and
+outcomes per output. It is what makes the Spark sink exactly-once, independent of the
+checkpoint store's checkpoints. Pure Python; no Spark involved.
 
-It is what makes the Spark sink exactly-once, independent of the checkpoint store.
-Pure Python and the local file system; no Spark involved.
+Where it lives (a :class:`LogStorage`)
+--------------------------------------
+* :class:`StoreLogStorage`: in the checkpoint store the processors already share
+  (Blob, Table or in-memory), as entries of a named log created with the store's
+  ETag-conditional create-if-absent (``CheckpointStore.create_entry``). Processors on
+  different hosts need nothing mounted.
+* :class:`FileLogStorage`: a directory on a POSIX file system shared by every
+  processor (local disk, NFS, a mounted volume). An entry is written to a temporary
+  file, fsynced, then hard-linked to its name (``link`` fails when the name exists) and
+  the directory is fsynced.
 
-Layout under the log directory::
+Both give the one primitive the log needs: *create an entry with its content, only if
+no entry has that name*, so of two writers of one name exactly one wins and a reader
+never sees half an entry.
 
-    000000000000.json      version 0: an entry (a fence or a batch plan)
-    000000000001.json      version 1 ...
-    000000000001.outcome   the outcome of batch 1: "committed" or "aborted"
+Entries
+-------
+Versions are dense (``000000000000``, ``000000000001``, ...). A writer appends at the
+first version it finds free, after reading every version below it, so whoever writes
+version ``v`` decided with the whole history below ``v``:
 
-Two primitives, both atomic on a POSIX file system:
+* ``fence`` (partition, owner id, epoch): a claim starts working on a partition. It is
+  refused when the log holds a fence of that partition with a higher epoch (the claim is
+  stale). It aborts every planned batch of another claim that contains the partition,
+  so the partition's committed *high-water mark* is final as of the fence.
+* ``plan`` (ranges per partition, each with the claim that read it): a batch before any
+  data is written. Its version is the ``batch_id``. Accepted only when, for each of its
+  partitions, the latest fence is the range's claim.
+* ``commit`` (``batch_id``, the files of the batch): the commit point. Accepted only
+  when the batch is still planned (not aborted by a fence or given up) and every
+  partition's latest fence is still the batch's claim. Commits that carry files get a
+  dense *publication number* (0, 1, 2, ...: the order of their commit entries), under
+  which the Parquet writer publishes them in Spark's ``_spark_metadata`` log.
+* ``abort`` (``batch_id``): the writer gives a planned batch up.
 
-* *exclusive create with content*: write a temporary file, fsync it, then
-  ``os.link`` it to its final name. ``link`` fails when the name exists, so exactly
-  one writer wins a version (or an outcome) and a reader never sees a half-written
-  entry.
-* versions are dense: a writer creates version ``v`` only after it has read every
-  version below ``v``. So whoever writes ``v`` decided with the whole history.
+Compaction and retention
+------------------------
+Every ``compact_every`` versions, the appender writes a *snapshot* (the whole state:
+fences, high-water marks, planned batches, committed batches not yet known to be
+published, recent outcomes) named ``snapshot-<version>``; readers start from the newest
+snapshot. Entries below a snapshot are deleted once this process has known that
+snapshot for ``retention`` seconds (default 15 minutes; measured on the local monotonic
+clock, so wall-clock skew does not matter), and older snapshots with them. The log so
+holds about ``retention`` worth of entries plus one compaction interval.
 
-Entries:
+Deleting an entry makes its name free again, so a writer that paused for longer than
+``retention / 2`` between reading the end of the log and appending (or between two
+reads) re-checks against the newest snapshot before it trusts what it read or wrote.
+Nothing it appends in the compacted past is ever read by anyone; a commit it cannot
+confirm is reported as refused, and its claim ends (the next owner sorts it out).
 
-* ``fence`` (partition, owner id, epoch): written when a processor starts working on
-  a partition. It is refused when the log already holds a fence of that partition
-  with a *higher* epoch (that processor is stale). Writing it aborts every batch
-  plan below it that contains the partition and has no outcome yet, so the
-  partition's committed high-water mark is final as of the fence.
-* ``batch`` (ranges per partition, each with owner id and epoch): a plan, written
-  before any data. Its version is the ``batch_id``. The plan is accepted only when,
-  for every partition in it, the latest fence in the log is this very claim.
-* ``outcome``: ``committed`` is created by the batch's writer after the data is in
-  place; ``aborted`` by a fencer (or by the writer giving up). Only one of them can
-  exist, so a stale owner racing a new owner either committed before the fence
-  (and the new owner sees it in the high-water mark) or is refused.
+One log per output and per event hub and consumer group: entries carry that scope and
+a log refuses entries of another.
 """
 from __future__ import annotations
 
+import abc
+import asyncio
+import collections
 import json
 import logging
 import os
-import threading
+import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, Iterable, List, Mapping, Optional, Tuple, Union
+from typing import (TYPE_CHECKING, Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple,
+                    Union)
 
 from ..errors import ConfigurationError, OwnershipLostError
 
-__all__ = ["CommitLog", "PartitionRange", "FenceResult", "BatchRefused", "COMMITTED", "ABORTED"]
+if TYPE_CHECKING:  # pragma: no cover
+    from ..checkpoint_store import CheckpointStore
+
+__all__ = ["CommitLog", "LogStorage", "FileLogStorage", "StoreLogStorage", "PartitionRange", "StagedFile",
+           "FenceResult", "Publication", "BatchRefused", "StaleFenceError", "COMMITTED", "ABORTED", "PLANNED"]
 
 logger = logging.getLogger(__name__)
 
+PLANNED = "planned"
 COMMITTED = "committed"
 ABORTED = "aborted"
-_FORMAT = 1
+FORMAT = 2
+SNAPSHOT_PREFIX = "snapshot-"
+_DIGITS = 12
+
+
+# ----------------------------------------------------------------------------- values
 
 
 @dataclass(frozen=True)
@@ -76,34 +113,58 @@ class PartitionRange:
     owner_id: str
     epoch: int
 
-    def to_json(self) -> dict:
-        return {
-            "partition_id": self.partition_id,
-            "first_sequence_number": self.first_sequence_number,
-            "last_sequence_number": self.last_sequence_number,
-            "last_offset": self.last_offset,
-            "count": self.count,
-            "owner_id": self.owner_id,
-            "epoch": self.epoch,
-        }
+    def to_json(self) -> Dict[str, Any]:
+        return {"partition_id": self.partition_id, "first_sequence_number": self.first_sequence_number,
+                "last_sequence_number": self.last_sequence_number, "last_offset": self.last_offset,
+                "count": self.count, "owner_id": self.owner_id, "epoch": self.epoch}
 
     @classmethod
-    def from_json(cls, data: Mapping) -> "PartitionRange":
-        return cls(
-            partition_id=str(data["partition_id"]),
-            first_sequence_number=int(data["first_sequence_number"]),
-            last_sequence_number=int(data["last_sequence_number"]),
-            last_offset=str(data["last_offset"]),
-            count=int(data["count"]),
-            owner_id=str(data["owner_id"]),
-            epoch=int(data["epoch"]),
-        )
+    def from_json(cls, data: Mapping[str, Any]) -> "PartitionRange":
+        return cls(partition_id=str(data["partition_id"]),
+                   first_sequence_number=int(data["first_sequence_number"]),
+                   last_sequence_number=int(data["last_sequence_number"]), last_offset=str(data["last_offset"]),
+                   count=int(data["count"]), owner_id=str(data["owner_id"]), epoch=int(data["epoch"]))
+
+    @property
+    def claim(self) -> Tuple[str, int]:
+        return self.owner_id, self.epoch
+
+
+@dataclass(frozen=True)
+class StagedFile:
+    """One data file of a batch: its path relative to the batch's staging directory
+    (``/``-separated, e.g. ``partition_id=0/part-00000-....parquet``), its size in bytes
+    and its modification time in epoch milliseconds, as listed before the commit."""
+
+    path: str
+    size: int
+    modification_time: int
+
+    def to_json(self) -> List[Any]:
+        return [self.path, self.size, self.modification_time]
+
+    @classmethod
+    def from_json(cls, data: Sequence[Any]) -> "StagedFile":
+        return cls(str(data[0]), int(data[1]), int(data[2]))
+
+
+Manifest = Tuple[StagedFile, ...]
+
+
+@dataclass(frozen=True)
+class Publication:
+    """A committed batch with files, and its publication number (its place in Spark's
+    ``_spark_metadata`` log)."""
+
+    number: int
+    batch_id: int
+    files: Manifest
 
 
 @dataclass(frozen=True)
 class FenceResult:
     """What a fence found: the partition's committed high-water mark (``None`` when
-    nothing was ever committed) and the batches it aborted."""
+    nothing was ever committed) and the planned batches it aborted."""
 
     version: int
     high_water_mark: Optional[int]
@@ -111,12 +172,154 @@ class FenceResult:
 
 
 class BatchRefused(Exception):
-    """A batch plan or commit was refused because these partitions were fenced by a
-    newer claim. The caller drops their events and retries with the rest."""
+    """A plan or a commit was refused: these partitions were fenced by a newer claim (or
+    the batch was given up). The caller drops their events and goes on with the rest."""
 
     def __init__(self, message: str, lost: Iterable[str]) -> None:
         super().__init__(message)
         self.lost = frozenset(lost)
+
+
+class StaleFenceError(OwnershipLostError):
+    """A claim's fence was refused: the log holds a fence of the partition with a higher
+    epoch (``logged_epoch``, by ``logged_owner``)."""
+
+    def __init__(self, message: str, *, partition_id: str, logged_owner: str, logged_epoch: int) -> None:
+        super().__init__(message, partition_id=partition_id)
+        self.logged_owner = logged_owner
+        self.logged_epoch = logged_epoch
+
+
+# ----------------------------------------------------------------------------- storage
+
+
+class LogStorage(abc.ABC):
+    """Where a :class:`CommitLog` keeps its entries: named, immutable byte strings with
+    a real create-if-absent. ``description`` names the place in messages (no secrets)."""
+
+    description: str = "?"
+
+    @abc.abstractmethod
+    async def create(self, name: str, data: bytes) -> bool:
+        """Create ``name`` holding ``data`` unless it exists. True when this call made it."""
+
+    @abc.abstractmethod
+    async def read(self, name: str) -> Optional[bytes]:
+        """The data of ``name``, or ``None``."""
+
+    @abc.abstractmethod
+    async def list(self, prefix: str = "") -> List[str]:
+        """The names starting with ``prefix``, sorted."""
+
+    @abc.abstractmethod
+    async def delete(self, name: str) -> None:
+        """Delete ``name`` if it exists."""
+
+
+class FileLogStorage(LogStorage):
+    """Entries as files of one directory on a POSIX file system (see the module
+    docstring). Blocking calls run in worker threads."""
+
+    def __init__(self, directory: Union[str, os.PathLike]) -> None:
+        self.directory = Path(directory)
+        self.description = f"directory {self.directory}"
+        self._made = False
+
+    def _ensure(self) -> None:
+        if not self._made:
+            self.directory.mkdir(parents=True, exist_ok=True)
+            self._made = True
+
+    def _create(self, name: str, data: bytes) -> bool:
+        self._ensure()
+        temp = self.directory / f".tmp-{uuid.uuid4().hex}"
+        fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        try:
+            os.write(fd, data)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        try:
+            os.link(temp, self.directory / name)
+            won = True
+        except FileExistsError:
+            won = False
+        finally:
+            os.unlink(temp)
+        fsync_directory(self.directory)
+        return won
+
+    def _read(self, name: str) -> Optional[bytes]:
+        try:
+            return (self.directory / name).read_bytes()
+        except FileNotFoundError:
+            return None
+
+    def _list(self, prefix: str) -> List[str]:
+        if not self.directory.is_dir():
+            return []
+        return sorted(p.name for p in self.directory.iterdir() if p.name.startswith(prefix)
+                      and not p.name.startswith(".tmp-"))
+
+    def _delete(self, name: str) -> None:
+        try:
+            os.unlink(self.directory / name)
+        except FileNotFoundError:
+            pass
+
+    async def create(self, name: str, data: bytes) -> bool:
+        return await asyncio.to_thread(self._create, name, data)
+
+    async def read(self, name: str) -> Optional[bytes]:
+        return await asyncio.to_thread(self._read, name)
+
+    async def list(self, prefix: str = "") -> List[str]:
+        return await asyncio.to_thread(self._list, prefix)
+
+    async def delete(self, name: str) -> None:
+        await asyncio.to_thread(self._delete, name)
+
+
+class StoreLogStorage(LogStorage):
+    """Entries of log ``log_name`` of one consumer group in a checkpoint store (its
+    ``create_entry`` / ``read_entry`` / ``list_entries`` / ``delete_entry``)."""
+
+    def __init__(self, store: "CheckpointStore", log_name: str, *, fully_qualified_namespace: str,
+                 eventhub_name: str, consumer_group: str) -> None:
+        self.store = store
+        self.log_name = log_name
+        self._scope = (fully_qualified_namespace, eventhub_name, consumer_group)
+        self.description = f"log {log_name!r} of {eventhub_name}/{consumer_group} in {type(store).__name__}"
+
+    async def create(self, name: str, data: bytes) -> bool:
+        return await self.store.create_entry(*self._scope, self.log_name, name, data)
+
+    async def read(self, name: str) -> Optional[bytes]:
+        return await self.store.read_entry(*self._scope, self.log_name, name)
+
+    async def list(self, prefix: str = "") -> List[str]:
+        return await self.store.list_entries(*self._scope, self.log_name, prefix)
+
+    async def delete(self, name: str) -> None:
+        await self.store.delete_entry(*self._scope, self.log_name, name)
+
+
+def fsync_directory(directory: Union[str, os.PathLike]) -> None:
+    """Make the entries of ``directory`` (files created, linked or renamed into it)
+    durable. A no-op where directories cannot be opened (not POSIX)."""
+    try:
+        fd = os.open(directory, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+# ----------------------------------------------------------------------------- state
 
 
 @dataclass
@@ -128,229 +331,369 @@ class _Fence:
 
 @dataclass
 class _State:
+    """What the log says after every entry below ``next_version``."""
+
     next_version: int = 0
     fences: Dict[str, _Fence] = field(default_factory=dict)
     high_water_marks: Dict[str, int] = field(default_factory=dict)
-    pending: Dict[int, Tuple[PartitionRange, ...]] = field(default_factory=dict)
+    planned: Dict[int, Tuple[PartitionRange, ...]] = field(default_factory=dict)
     outcomes: Dict[int, str] = field(default_factory=dict)
-    scope: Optional[Tuple[str, str, str]] = None
+    next_publication: int = 0
+    unpublished: Dict[int, Publication] = field(default_factory=dict)
+    published_floor: int = -1  # every publication at or below it is known to be published
+
+    def to_json(self) -> Dict[str, Any]:
+        return {
+            "next_version": self.next_version,
+            "fences": {pid: [f.owner_id, f.epoch, f.version] for pid, f in self.fences.items()},
+            "high_water_marks": dict(self.high_water_marks),
+            "planned": {str(b): [r.to_json() for r in ranges] for b, ranges in self.planned.items()},
+            "outcomes": {str(b): o for b, o in self.outcomes.items()},
+            "next_publication": self.next_publication,
+            "unpublished": {str(p.number): [p.batch_id, [f.to_json() for f in p.files]]
+                            for p in self.unpublished.values()},
+            "published_floor": self.published_floor,
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> "_State":
+        return cls(
+            next_version=int(data["next_version"]),
+            fences={pid: _Fence(str(f[0]), int(f[1]), int(f[2])) for pid, f in data["fences"].items()},
+            high_water_marks={pid: int(v) for pid, v in data["high_water_marks"].items()},
+            planned={int(b): tuple(PartitionRange.from_json(r) for r in ranges)
+                     for b, ranges in data["planned"].items()},
+            outcomes={int(b): str(o) for b, o in data["outcomes"].items()},
+            next_publication=int(data["next_publication"]),
+            unpublished={int(n): Publication(int(n), int(v[0]), tuple(StagedFile.from_json(f) for f in v[1]))
+                         for n, v in data["unpublished"].items()},
+            published_floor=int(data["published_floor"]),
+        )
+
+
+class _AlreadyDone(Exception):
+    """Raised by a validator: the entry is not needed (what it would record is in the
+    log already); ``result`` is what the append returns."""
+
+    def __init__(self, result: Any) -> None:
+        super().__init__("already in the log")
+        self.result = result
+
+
+def _entry_name(version: int) -> str:
+    return f"{version:0{_DIGITS}d}"
+
+
+def _snapshot_name(version: int) -> str:
+    return f"{SNAPSHOT_PREFIX}{version:0{_DIGITS}d}"
 
 
 class CommitLog:
     """The commit log of one output (one event hub and consumer group).
 
-    Thread-safe within a process; safe across processes and hosts sharing a POSIX
-    file system. Blocking I/O: call it from a worker thread in async code.
+    Async; one instance serves one event loop. Safe across processes and hosts that
+    share its storage.
 
     Example::
 
-        log = CommitLog("/data/out/_eventprocessor_commits",
-                        fully_qualified_namespace="ns", eventhub_name="hub", consumer_group="$default")
-        fence = log.fence("0", owner_id="a", epoch=3)      # skip events <= fence.high_water_mark
-        batch_id = log.begin([PartitionRange("0", 10, 19, "19", 10, "a", 3)])
+        log = CommitLog.in_store(store, "spark-sink-events", fully_qualified_namespace="ns",
+                                 eventhub_name="hub", consumer_group="$default")
+        fence = await log.fence("0", owner_id="a", epoch=3)   # skip events <= fence.high_water_mark
+        batch_id = await log.begin([PartitionRange("0", 10, 19, "19", 10, "a", 3)])
         ...write the data...
-        log.commit(batch_id)                               # False: fenced meanwhile, discard the data
+        await log.commit(batch_id)                            # BatchRefused: fenced meanwhile
     """
 
-    def __init__(
-        self,
-        location: Union[str, os.PathLike],
-        *,
-        fully_qualified_namespace: str,
-        eventhub_name: str,
-        consumer_group: str,
-    ) -> None:
-        self.location = Path(location)
+    def __init__(self, storage: LogStorage, *, fully_qualified_namespace: str, eventhub_name: str,
+                 consumer_group: str, retention: float = 900.0, compact_every: int = 100,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        if retention <= 0:
+            raise ConfigurationError(f"retention must be positive, got {retention}")
+        if compact_every < 2:
+            raise ConfigurationError(f"compact_every must be at least 2, got {compact_every}")
+        self.storage = storage
         self.scope = (fully_qualified_namespace, eventhub_name, consumer_group)
+        self.retention = float(retention)
+        self.compact_every = int(compact_every)
+        self._clock = clock
         self._state = _State()
-        self._lock = threading.RLock()
-        self.location.mkdir(parents=True, exist_ok=True)
+        self._loaded = False
+        self._tail_seen_at: Optional[float] = None  # when an entry was last found missing (the end)
+        self._snapshot_version = 0  # the newest snapshot known (0: none)
+        self._snapshots_seen: Dict[int, float] = {}
+        self._lock = asyncio.Lock()
+        self._cleanup: Optional["asyncio.Task[None]"] = None
+        # The ranges of recently resolved batches, to name a refused batch's partitions.
+        self._resolved_ranges: "collections.OrderedDict[int, Tuple[PartitionRange, ...]]" = collections.OrderedDict()
+        self.requests = 0
+
+    @classmethod
+    def at_path(cls, directory: Union[str, os.PathLike], **kwargs: Any) -> "CommitLog":
+        """A log in a directory of a shared POSIX file system."""
+        return cls(FileLogStorage(directory), **kwargs)
+
+    @classmethod
+    def in_store(cls, store: "CheckpointStore", log_name: str, *, fully_qualified_namespace: str,
+                 eventhub_name: str, consumer_group: str, **kwargs: Any) -> "CommitLog":
+        """A log kept in a checkpoint store, as entries of log ``log_name``."""
+        storage = StoreLogStorage(store, log_name, fully_qualified_namespace=fully_qualified_namespace,
+                                  eventhub_name=eventhub_name, consumer_group=consumer_group)
+        return cls(storage, fully_qualified_namespace=fully_qualified_namespace, eventhub_name=eventhub_name,
+                   consumer_group=consumer_group, **kwargs)
 
     def __repr__(self) -> str:
-        return f"CommitLog(location={str(self.location)!r}, next_version={self._state.next_version})"
+        return f"CommitLog({self.storage.description}, next_version={self._state.next_version})"
 
-    # -- file primitives -------------------------------------------------------------
+    # ------------------------------------------------------------------ reading
 
-    def _entry_path(self, version: int) -> Path:
-        return self.location / f"{version:012d}.json"
-
-    def _outcome_path(self, version: int) -> Path:
-        return self.location / f"{version:012d}.outcome"
-
-    def _create_exclusive(self, path: Path, payload: dict) -> bool:
-        """Create ``path`` with ``payload`` unless it exists. True when this call made it."""
-        temp = self.location / f".tmp-{uuid.uuid4().hex}"
-        data = json.dumps(payload, sort_keys=True).encode()
-        fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    def _decode(self, name: str, data: bytes) -> Dict[str, Any]:
         try:
-            os.write(fd, data)
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        try:
-            os.link(temp, path)
-            return True
-        except FileExistsError:
-            return False
-        finally:
-            os.unlink(temp)
-
-    def _read_outcome(self, version: int) -> str:
-        """The outcome of a batch whose outcome file is known to exist."""
-        data = self._read(self._outcome_path(version))
-        if data is None:  # outcome files are never deleted
-            raise RuntimeError(f"commit log {self.location}: outcome of batch {version} vanished")
-        return str(data["outcome"])
-
-    @staticmethod
-    def _read(path: Path) -> Optional[dict]:
-        try:
-            return json.loads(path.read_bytes())
-        except FileNotFoundError:
-            return None
-
-    # -- reading ---------------------------------------------------------------------
-
-    def refresh(self) -> None:
-        """Read the versions written since the last refresh and the outcomes of
-        pending batches."""
-        with self._lock:
-            state = self._state
-            while True:
-                entry = self._read(self._entry_path(state.next_version))
-                if entry is None:
-                    break
-                self._apply(state.next_version, entry)
-                state.next_version += 1
-            for version in sorted(state.pending):
-                outcome = self._read(self._outcome_path(version))
-                if outcome is not None:
-                    self._resolve(version, outcome["outcome"])
-
-    def _apply(self, version: int, entry: dict) -> None:
-        state = self._state
+            entry = json.loads(data)
+        except ValueError as error:
+            raise ConfigurationError(f"commit log {self.storage.description}: entry {name} is not JSON") from error
+        if not isinstance(entry, dict) or entry.get("format") != FORMAT:
+            raise ConfigurationError(
+                f"commit log {self.storage.description}: entry {name} has format "
+                f"{entry.get('format') if isinstance(entry, dict) else '?'}, this version reads {FORMAT}; "
+                "use a new output path (or log name) with this version")
         scope = tuple(entry.get("scope", ()))
         if scope != self.scope:
             raise ConfigurationError(
-                f"commit log {self.location} belongs to namespace/hub/consumer group {scope!r}, "
-                f"not {self.scope!r}; use one output per event hub and consumer group"
-            )
-        if entry["type"] == "fence":
-            state.fences[entry["partition_id"]] = _Fence(entry["owner_id"], int(entry["epoch"]), version)
-        elif entry["type"] == "batch":
-            state.pending[version] = tuple(PartitionRange.from_json(r) for r in entry["ranges"])
-        else:
-            raise ConfigurationError(f"commit log {self.location} has an unknown entry type at version {version}")
+                f"commit log {self.storage.description} belongs to namespace/hub/consumer group {scope!r}, "
+                f"not {self.scope!r}; use one output per event hub and consumer group")
+        return entry
 
-    def _resolve(self, version: int, outcome: str) -> None:
+    async def _read(self, name: str) -> Optional[bytes]:
+        self.requests += 1
+        return await self.storage.read(name)
+
+    async def _load_newest_snapshot(self) -> None:
+        """Jump to the newest snapshot when it is ahead of what this log has read."""
+        self.requests += 1
+        names = await self.storage.list(SNAPSHOT_PREFIX)
+        now = self._clock()
+        versions = []
+        for name in names:
+            try:
+                versions.append(int(name[len(SNAPSHOT_PREFIX):]))
+            except ValueError:
+                continue
+        for version in versions:
+            self._snapshots_seen.setdefault(version, now)
+        if not versions:
+            return
+        newest = max(versions)
+        self._snapshot_version = max(self._snapshot_version, newest)
+        if newest <= self._state.next_version and self._loaded:
+            return
+        data = await self._read(_snapshot_name(newest))
+        if data is None:  # deleted by a newer compaction meanwhile: read the listing again
+            return await self._load_newest_snapshot()
+        entry = self._decode(_snapshot_name(newest), data)
+        state = _State.from_json(entry["state"])
+        if self._loaded and state.next_version <= self._state.next_version:
+            return
+        if self._loaded:
+            logger.warning("commit log %s: this process was behind the compacted log (at version %d, the newest "
+                           "snapshot is %d); continuing from the snapshot", self.storage.description,
+                           self._state.next_version, state.next_version)
+        # What this process knows to be published stays known.
+        state.published_floor = max(state.published_floor, self._state.published_floor)
+        for number in [n for n in state.unpublished if n <= state.published_floor]:
+            del state.unpublished[number]
+        self._state = state
+
+    async def _refresh(self) -> None:
+        started = self._clock()
+        if not self._loaded or self._tail_seen_at is None or started - self._tail_seen_at >= self.retention / 2:
+            # First read, or this view is old enough that entries it has not read may have
+            # been compacted away (their names free again): start from the newest snapshot.
+            await self._load_newest_snapshot()
+            self._loaded = True
+        while True:
+            reading_at = self._clock()
+            name = _entry_name(self._state.next_version)
+            data = await self._read(name)
+            if data is None:
+                self._tail_seen_at = reading_at
+                return
+            self._apply(self._state.next_version, self._decode(name, data))
+            self._state.next_version += 1
+
+    async def refresh(self) -> None:
+        """Read the entries written since the last read."""
+        async with self._lock:
+            await self._refresh()
+
+    def _apply(self, version: int, entry: Mapping[str, Any]) -> None:
         state = self._state
-        ranges = state.pending.pop(version, None)
-        state.outcomes[version] = outcome
-        if outcome == COMMITTED and ranges:
+        kind = entry.get("type")
+        if kind == "fence":
+            pid = str(entry["partition_id"])
+            fence = _Fence(str(entry["owner_id"]), int(entry["epoch"]), version)
+            state.fences[pid] = fence
+            for planned_id, planned in list(state.planned.items()):
+                if any(r.partition_id == pid and r.claim != (fence.owner_id, fence.epoch) for r in planned):
+                    self._resolve(planned_id, ABORTED)
+        elif kind == "plan":
+            state.planned[version] = tuple(PartitionRange.from_json(r) for r in entry["ranges"])
+        elif kind == "commit":
+            batch_id = int(entry["batch_id"])
+            ranges = state.planned.get(batch_id)
+            if ranges is None:  # cannot happen: a commit is validated against the history below it
+                logger.error("commit log %s: version %d commits batch %d, which is not planned; ignoring it",
+                             self.storage.description, version, batch_id)
+                return
+            files = entry.get("files")
+            self._resolve(batch_id, COMMITTED)
             for r in ranges:
-                previous = state.high_water_marks.get(r.partition_id, -1)
-                state.high_water_marks[r.partition_id] = max(previous, r.last_sequence_number)
+                state.high_water_marks[r.partition_id] = max(state.high_water_marks.get(r.partition_id, -1),
+                                                             r.last_sequence_number)
+            if files is not None:
+                number = state.next_publication
+                state.next_publication += 1
+                state.unpublished[number] = Publication(number, batch_id,
+                                                        tuple(StagedFile.from_json(f) for f in files))
+        elif kind == "abort":
+            batch_id = int(entry["batch_id"])
+            if batch_id in state.planned:
+                self._resolve(batch_id, ABORTED)
+        else:
+            raise ConfigurationError(f"commit log {self.storage.description} has an unknown entry type {kind!r} at "
+                                     f"version {version}")
+
+    def _resolve(self, batch_id: int, outcome: str) -> None:
+        ranges = self._state.planned.pop(batch_id, None)
+        self._state.outcomes[batch_id] = outcome
+        if ranges is not None:
+            self._resolved_ranges[batch_id] = ranges
+            while len(self._resolved_ranges) > 1000:
+                self._resolved_ranges.popitem(last=False)
+
+    # ------------------------------------------------------------------ what it says
 
     def high_water_mark(self, partition_id: str) -> Optional[int]:
-        """The highest committed sequence number of the partition, as of the last refresh."""
-        with self._lock:
-            return self._state.high_water_marks.get(partition_id)
+        """The highest committed sequence number of the partition, as of the last read."""
+        return self._state.high_water_marks.get(partition_id)
 
-    def high_water_marks(self) -> Dict[str, int]:
-        """Every partition's committed high-water mark (refreshes first)."""
-        self.refresh()
-        with self._lock:
-            return dict(self._state.high_water_marks)
+    async def high_water_marks(self) -> Dict[str, int]:
+        """Every partition's committed high-water mark (reads the log first)."""
+        await self.refresh()
+        return dict(self._state.high_water_marks)
 
-    def outcome(self, version: int) -> Optional[str]:
-        """``committed``, ``aborted`` or ``None`` (pending or unknown), as of the last refresh."""
-        with self._lock:
-            return self._state.outcomes.get(version)
+    def known_high_water_marks(self) -> Dict[str, int]:
+        """Every partition's committed high-water mark as of the last read."""
+        return dict(self._state.high_water_marks)
 
-    def batch_ranges(self, version: int) -> Optional[Tuple[PartitionRange, ...]]:
-        """The ranges of a pending batch (``None`` once it has an outcome)."""
-        with self._lock:
-            return self._state.pending.get(version)
+    def outcome(self, batch_id: int) -> Optional[str]:
+        """``planned``, ``committed``, ``aborted``, or ``None`` (unknown: not read yet, or
+        compacted away), as of the last read."""
+        if batch_id in self._state.planned:
+            return PLANNED
+        return self._state.outcomes.get(batch_id)
 
-    def batches(self) -> List[Tuple[int, Optional[str], Tuple[PartitionRange, ...]]]:
-        """Every batch in the log, read from disk: ``(batch_id, outcome, ranges)``,
-        outcome ``None`` while pending. For tools and audits; it reads the whole log."""
-        found = []
-        for path in sorted(self.location.glob("*.json")):
-            entry = self._read(path)
-            if entry is None or entry.get("type") != "batch":
-                continue
-            version = int(path.stem)
-            outcome = self._read(self._outcome_path(version))
-            found.append((version, None if outcome is None else outcome["outcome"],
-                          tuple(PartitionRange.from_json(r) for r in entry["ranges"])))
-        return found
+    def is_resolved_and_published(self, batch_id: int) -> bool:
+        """True when the batch is not planned and has no committed files waiting to be
+        published: its staged files, if any are left, can go."""
+        state = self._state
+        if batch_id in state.planned:
+            return False
+        return not any(p.batch_id == batch_id for p in state.unpublished.values())
 
-    # -- writing ---------------------------------------------------------------------
+    def unpublished(self, through: Optional[int] = None) -> List[Publication]:
+        """Committed batches with files that this process does not know to be published,
+        up to publication number ``through``, in order."""
+        return [p for n, p in sorted(self._state.unpublished.items()) if through is None or n <= through]
 
-    def _append(self, payload: dict, validate) -> int:
-        """Append an entry at the next free version; ``validate()`` runs against the
-        complete history before each attempt and may raise to refuse."""
-        payload = dict(payload, scope=list(self.scope), format=_FORMAT)
-        while True:
-            with self._lock:
-                self.refresh()
-                validate()
+    def mark_published(self, through: int) -> None:
+        """Every publication up to ``through`` is in place: forget their files."""
+        state = self._state
+        state.published_floor = max(state.published_floor, through)
+        for number in [n for n in state.unpublished if n <= state.published_floor]:
+            del state.unpublished[number]
+
+    @property
+    def next_version(self) -> int:
+        return self._state.next_version
+
+    # ------------------------------------------------------------------ writing
+
+    async def _append(self, entry: Dict[str, Any], validate: Callable[[], Any]) -> Tuple[int, Any]:
+        """Append ``entry`` at the first free version. ``validate()`` runs against the
+        whole history before each attempt; it may raise to refuse, and its result is
+        returned with the version. Appends of this process go one at a time."""
+        payload = dict(entry, scope=list(self.scope), format=FORMAT)
+        data = json.dumps(payload, sort_keys=True, separators=(",", ":")).encode()
+        async with self._lock:
+            while True:
+                await self._refresh()
+                try:
+                    result = validate()
+                except _AlreadyDone as done:
+                    return -1, done.result
                 version = self._state.next_version
-                if self._create_exclusive(self._entry_path(version), payload):
+                checked_at = self._tail_seen_at
+                self.requests += 1
+                create_started = self._clock()
+                won = await self.storage.create(_entry_name(version), data)
+                if won and checked_at is not None and self._clock() - checked_at >= self.retention / 2:
+                    # This append took long enough that version `version` may have been written
+                    # and compacted away meanwhile: trust it only if no snapshot covers it.
+                    await self._load_newest_snapshot()
+                    if self._snapshot_version > version:
+                        logger.warning("commit log %s: an append at version %d took longer than half the "
+                                       "retention and the log was compacted past it; deciding again",
+                                       self.storage.description, version)
+                        self._tail_seen_at = None
+                        continue
+                if won:
                     self._apply(version, payload)
                     self._state.next_version = version + 1
-                    return version
-            # lost the race for this version: read it and decide again
+                    # Version + 1 can only be written after this one: it was free when this create began.
+                    self._tail_seen_at = create_started
+                    self._maybe_compact()
+                    return version, result
+                # Lost the race for this version: read it and decide again.
 
-    def fence(self, partition_id: str, *, owner_id: str, epoch: int) -> FenceResult:
+    async def fence(self, partition_id: str, *, owner_id: str, epoch: int) -> FenceResult:
         """Start a claim's work on ``partition_id``.
 
-        Raises :class:`OwnershipLostError` when a newer claim (higher epoch) already
-        fenced the partition. Returns the committed high-water mark, final for every
-        claim older than this one.
+        Raises :class:`StaleFenceError` (an ``OwnershipLostError``) when a newer claim
+        (higher epoch) already fenced the partition. Returns the committed high-water
+        mark, final for every claim older than this one, and the batches aborted.
         """
-
-        def validate() -> None:
+        def validate() -> List[int]:
             current = self._state.fences.get(partition_id)
-            if current is not None and current.epoch > epoch:
-                raise OwnershipLostError(
-                    f"partition {partition_id}: owner {owner_id} (epoch {epoch}) is stale, "
-                    f"{current.owner_id} (epoch {current.epoch}) fenced it in the commit log",
-                    partition_id=partition_id,
-                )
+            if current is not None and (current.epoch > epoch or
+                                        (current.epoch == epoch and current.owner_id != owner_id)):
+                raise StaleFenceError(
+                    f"partition {partition_id}: the claim of {owner_id} (epoch {epoch}) is stale: "
+                    f"{current.owner_id} (epoch {current.epoch}) fenced it in the commit log "
+                    f"({self.storage.description})", partition_id=partition_id, logged_owner=current.owner_id,
+                    logged_epoch=current.epoch)
+            return sorted(b for b, ranges in self._state.planned.items()
+                          if any(r.partition_id == partition_id and r.claim != (owner_id, epoch) for r in ranges))
 
-        payload = {"type": "fence", "partition_id": partition_id, "owner_id": owner_id, "epoch": epoch}
-        version = self._append(payload, validate)
-        aborted: List[int] = []
-        with self._lock:
-            for batch in sorted(self._state.pending):
-                if batch < version and any(r.partition_id == partition_id for r in self._state.pending[batch]):
-                    if self._create_exclusive(self._outcome_path(batch), {"outcome": ABORTED, "by": owner_id}):
-                        self._resolve(batch, ABORTED)
-                        aborted.append(batch)
-                    else:
-                        self._resolve(batch, self._read_outcome(batch))
-            hwm = self._state.high_water_marks.get(partition_id)
-        logger.info(
-            "commit log %s: owner %s fenced partition %s at epoch %s (version %s, high-water mark %s, aborted %s)",
-            self.location, owner_id, partition_id, epoch, version, hwm, aborted,
-        )
+        entry = {"type": "fence", "partition_id": partition_id, "owner_id": owner_id, "epoch": epoch}
+        version, aborted = await self._append(entry, validate)
+        hwm = self._state.high_water_marks.get(partition_id)
+        logger.info("commit log %s: owner %s fenced partition %s at epoch %s (version %s, high-water mark %s, "
+                    "aborted %s)", self.storage.description, owner_id, partition_id, epoch, version, hwm, aborted)
         return FenceResult(version=version, high_water_mark=hwm, aborted=tuple(aborted))
 
     def _lost(self, ranges: Iterable[PartitionRange]) -> List[str]:
         lost = []
         for r in ranges:
             current = self._state.fences.get(r.partition_id)
-            if current is None or (current.owner_id, current.epoch) != (r.owner_id, r.epoch):
+            if current is None or (current.owner_id, current.epoch) != r.claim:
                 lost.append(r.partition_id)
         return lost
 
-    def begin(self, ranges: Iterable[PartitionRange]) -> int:
+    async def begin(self, ranges: Iterable[PartitionRange]) -> int:
         """Write the plan of a batch; its version is the ``batch_id``.
 
-        Raises :class:`BatchRefused` naming the partitions whose claim is no longer
-        the latest fence, and ``ValueError`` if a range overlaps committed data.
+        Raises :class:`BatchRefused` naming the partitions whose claim is no longer the
+        latest fence, and ``ValueError`` if a range overlaps committed data (a bug).
         """
         ranges = tuple(ranges)
         if not ranges:
@@ -363,31 +706,149 @@ class CommitLog:
             for r in ranges:
                 hwm = self._state.high_water_marks.get(r.partition_id, -1)
                 if r.first_sequence_number <= hwm:
-                    raise ValueError(
-                        f"partition {r.partition_id}: range starting at {r.first_sequence_number} "
-                        f"overlaps committed data up to {hwm}"
-                    )
+                    raise ValueError(f"partition {r.partition_id}: range starting at {r.first_sequence_number} "
+                                     f"overlaps committed data up to {hwm}")
 
-        return self._append({"type": "batch", "ranges": [r.to_json() for r in ranges]}, validate)
+        version, _ = await self._append({"type": "plan", "ranges": [r.to_json() for r in ranges]}, validate)
+        return version
 
-    def commit(self, batch_id: int) -> bool:
-        """Mark the batch committed. False when a fencer aborted it first."""
-        with self._lock:
-            won = self._create_exclusive(self._outcome_path(batch_id), {"outcome": COMMITTED})
-            outcome = COMMITTED if won else self._read_outcome(batch_id)
-            self._resolve(batch_id, outcome)
-            return outcome == COMMITTED
+    async def commit(self, batch_id: int, files: Optional[Sequence[StagedFile]] = None) -> Optional[int]:
+        """The commit point of a planned batch, with its files (the Parquet writer) or
+        without (``foreach_batch``). Returns the publication number (``None`` without
+        files). Raises :class:`BatchRefused` when the batch was aborted first (``lost``
+        names the partitions fenced by a newer claim; all of the batch's when it was
+        given up)."""
+        async with self._lock:
+            await self._refresh()
+            ranges = self._state.planned.get(batch_id) or self._resolved_ranges.get(batch_id, ())
 
-    def abort(self, batch_id: int) -> bool:
-        """Give up a batch. False when it was already committed."""
-        with self._lock:
-            won = self._create_exclusive(self._outcome_path(batch_id), {"outcome": ABORTED})
-            outcome = ABORTED if won else self._read_outcome(batch_id)
-            self._resolve(batch_id, outcome)
-            return outcome == ABORTED
+        def validate() -> None:
+            outcome = self.outcome(batch_id)
+            if outcome == COMMITTED:
+                raise _AlreadyDone(None)
+            if outcome == PLANNED:
+                lost = self._lost(self._state.planned[batch_id])
+                if lost:
+                    raise BatchRefused(f"batch {batch_id}: partitions {sorted(lost)} were fenced by a newer claim",
+                                       lost)
+                return
+            if outcome == ABORTED:
+                lost = self._lost(ranges) or [r.partition_id for r in ranges]
+                raise BatchRefused(f"batch {batch_id} was aborted (partitions {sorted(lost)} fenced by a newer "
+                                   "claim)" if self._lost(ranges) else f"batch {batch_id} was given up", lost)
+            raise BatchRefused(f"batch {batch_id} is not in the commit log {self.storage.description} (compacted "
+                               "while this process paused?)", [r.partition_id for r in ranges])
 
-    def lost_partitions(self, ranges: Iterable[PartitionRange]) -> List[str]:
-        """The partitions of ``ranges`` fenced by a newer claim (refreshes first)."""
-        with self._lock:
-            self.refresh()
-            return self._lost(ranges)
+        entry: Dict[str, Any] = {"type": "commit", "batch_id": batch_id,
+                                 "files": None if files is None else [f.to_json() for f in files]}
+        await self._append(entry, validate)
+        return self.publication_of(batch_id)
+
+    def publication_of(self, batch_id: int) -> Optional[int]:
+        """The publication number of a committed batch not yet known to be published."""
+        for publication in self._state.unpublished.values():
+            if publication.batch_id == batch_id:
+                return publication.number
+        return None
+
+    async def abort(self, batch_id: int) -> bool:
+        """Give a planned batch up. False when it was committed (the commit won)."""
+        def validate() -> None:
+            outcome = self.outcome(batch_id)
+            if outcome != PLANNED:
+                raise _AlreadyDone(outcome)
+
+        await self._append({"type": "abort", "batch_id": batch_id}, validate)
+        return self.outcome(batch_id) != COMMITTED
+
+    async def lost_partitions(self, ranges: Iterable[PartitionRange]) -> List[str]:
+        """The partitions of ``ranges`` fenced by a newer claim (reads the log first)."""
+        await self.refresh()
+        return self._lost(ranges)
+
+    # ------------------------------------------------------------------ audits
+
+    async def entries(self) -> List[Tuple[int, Dict[str, Any]]]:
+        """Every entry still kept (not compacted away), read from the storage: for tools
+        and audits."""
+        found = []
+        for name in await self.storage.list():
+            if not name.isdigit():
+                continue
+            data = await self.storage.read(name)
+            if data is not None:
+                found.append((int(name), self._decode(name, data)))
+        return found
+
+    async def batches(self) -> List[Tuple[int, Optional[str], Tuple[PartitionRange, ...]]]:
+        """Every batch planned in the entries still kept: ``(batch_id, outcome, ranges)``,
+        outcome ``planned``, ``committed`` or ``aborted``. For tools and audits."""
+        entries = await self.entries()
+        await self.refresh()
+        return [(version, self.outcome(version), tuple(PartitionRange.from_json(r) for r in entry["ranges"]))
+                for version, entry in entries if entry["type"] == "plan"]
+
+    # ------------------------------------------------------------------ compaction
+
+    def _maybe_compact(self) -> None:
+        if self._state.next_version - self._snapshot_version < self.compact_every:
+            return
+        if self._cleanup is not None and not self._cleanup.done():
+            return
+        state = _State.from_json(self._state.to_json())  # a copy, as of now
+        self._snapshot_version = state.next_version
+        self._cleanup = asyncio.get_running_loop().create_task(self._compact(state),
+                                                               name="spark-commit-log-compaction")
+
+    async def _compact(self, state: _State) -> None:
+        """Write a snapshot of ``state``, then delete what retention allows."""
+        try:
+            # Outcomes of batches planned before the previous snapshot are not needed any more.
+            previous = max([v for v in self._snapshots_seen if v < state.next_version], default=0)
+            state.outcomes = {b: o for b, o in state.outcomes.items() if b >= previous}
+            snapshot = {"type": "snapshot", "state": state.to_json(), "scope": list(self.scope), "format": FORMAT}
+            name = _snapshot_name(state.next_version)
+            await self.storage.create(name, json.dumps(snapshot, sort_keys=True, separators=(",", ":")).encode())
+            self._snapshots_seen.setdefault(state.next_version, self._clock())
+            logger.debug("commit log %s: snapshot at version %d", self.storage.description, state.next_version)
+            await self.delete_expired()
+        except Exception as error:  # compaction is best effort: the next one tries again
+            logger.warning("commit log %s: compaction failed: %r", self.storage.description, error)
+
+    async def delete_expired(self) -> int:
+        """Delete entries and snapshots below the newest snapshot this process has known
+        for ``retention`` seconds. Returns how many names it deleted."""
+        now = self._clock()
+        old = [v for v, seen in self._snapshots_seen.items() if now - seen >= self.retention]
+        if not old:
+            return 0
+        horizon = max(old)
+        deleted = 0
+        for name in await self.storage.list():
+            if name.startswith(SNAPSHOT_PREFIX):
+                try:
+                    version = int(name[len(SNAPSHOT_PREFIX):])
+                except ValueError:
+                    continue
+            elif name.isdigit():
+                version = int(name)
+            else:
+                continue
+            if version < horizon:
+                await self.storage.delete(name)
+                deleted += 1
+        for version in [v for v in self._snapshots_seen if v < horizon]:
+            del self._snapshots_seen[version]
+        if deleted:
+            logger.info("commit log %s: deleted %d entries below version %d (retention %.0f s)",
+                        self.storage.description, deleted, horizon, self.retention)
+        return deleted
+
+    async def aclose(self) -> None:
+        """Wait for a compaction in progress."""
+        task, self._cleanup = self._cleanup, None
+        if task is not None:
+            try:
+                await task
+            except asyncio.CancelledError:
+                pass
