@@ -1,16 +1,24 @@
 """Two processors stream an in-memory event hub into one Parquet table through Spark.
 
-Run it from the repository root (needs the ``[spark]`` extra and Java)::
+Run it from the repository root (needs the ``[spark]`` extra; Java for a classic
+session in this process)::
 
-    python samples/spark_consumer.py                      # in-memory checkpoint store
-    python samples/spark_consumer.py --store azurite      # BlobCheckpointStore on Azurite
+    python samples/spark_consumer.py                                 # local[*], in-memory store
+    python samples/spark_consumer.py --store azurite                 # BlobCheckpointStore on Azurite
+    python samples/spark_consumer.py --store azurite --master spark://127.0.0.1:7077   # a standalone cluster
+    python samples/spark_consumer.py --store azurite --remote sc://127.0.0.1:15002     # Spark Connect
     python samples/spark_consumer.py --output /tmp/table --events 50000 --partitions 8
 
-Events are produced while the processors run; halfway through, one processor stops
-and the other takes its partitions over. Each micro-batch is a Spark DataFrame (the
-sink's schema plus the JSON body decoded into columns) appended to the table,
-partitioned by ``partition_id``, exactly once. At the end the sample reads the
-table back and prints the row count of each partition.
+``python -m emulators.spark_cluster`` starts a standalone master, a worker and a Spark
+Connect server on this machine and prints their URLs.
+
+Events are produced while the processors run; halfway through, one processor stops and
+the other takes its partitions over. Each micro-batch is a Spark DataFrame (the sink's
+schema plus the JSON body decoded into columns) appended to the table, partitioned by
+``partition_id``, exactly once. With ``--store azurite`` the sink's commit log is kept in
+the Blob store too, so nothing but the table needs a shared disk. The code is the same
+for every kind of session: only ``spark_session(...)`` differs. At the end the sample
+reads the table back and prints the row count of each partition.
 
 With ``--store azurite`` it uses the Azurite already listening on 127.0.0.1:10000,
 or starts one (``npm ci`` installs it) and stops it at the end.
@@ -26,7 +34,7 @@ import tempfile
 import time
 import uuid
 from pathlib import Path
-from typing import Any, List, Optional, Tuple
+from typing import Any, List, Optional, Tuple, Union
 
 import pyarrow as pa
 
@@ -70,15 +78,18 @@ async def run(args: argparse.Namespace) -> int:
         print(f"{output} is not empty; this sample's in-memory event hub starts from sequence number 0, "
               "so give it an empty directory", file=sys.stderr)
         return 2
-    spark = spark_session(args.master)
-    spark.sparkContext.setLogLevel("ERROR")
+    # The one line that differs between a local session, a cluster and Spark Connect.
+    spark = await asyncio.to_thread(spark_session, args.master, remote=args.remote)
+    print(f"spark: {'Spark Connect ' + args.remote if args.remote else args.master or 'local[*]'} (Spark {spark.version})")
     source = MemoryEventSource(args.partitions)
     store, emulator = await open_store(args.store)
+    # With a shared checkpoint store, keep the commit log in it: no shared directory needed.
+    commit_log: Union[CheckpointStore, None] = store if args.store != "memory" else None
     sinks: List[SparkSink] = []
     processors: List[EventProcessor] = []
     for i in range(2):
-        sink = SparkSink(output, spark=spark, partition_by="partition_id", decode=json_body(READING),
-                         max_events=args.max_events, max_interval=1.0)
+        sink = SparkSink(output, spark=spark, commit_log=commit_log, partition_by="partition_id",
+                         decode=json_body(READING), max_events=args.max_events, max_interval=1.0)
         sinks.append(sink)
         processors.append(EventProcessor(source, store, sink, owner_id=f"spark-consumer-{i + 1}",
                                          load_balancing_interval=0.5, partition_ownership_expiration_interval=5))
@@ -94,7 +105,7 @@ async def run(args: argparse.Namespace) -> int:
         want = {pid: source.last_sequence_number(pid) for pid in await source.get_partition_ids()
                 if source.events(pid)}
         deadline = time.monotonic() + args.timeout
-        while sinks[1].committed_high_water_marks() != want:
+        while await sinks[1].high_water_marks() != want:
             if time.monotonic() > deadline:
                 print("timed out waiting for the sink to commit every event", file=sys.stderr)
                 return 1
@@ -108,14 +119,19 @@ async def run(args: argparse.Namespace) -> int:
         if emulator is not None:
             emulator.stop()
 
-    table = spark.read.parquet(str(output))
-    rows = table.groupBy("partition_id").count().orderBy("partition_id").collect()
-    distinct = table.select("partition_id", "sequence_number").distinct().count()
-    print(f"table {output}: {table.count()} rows, {distinct} distinct events, {args.events} produced")
-    for row in rows:
-        print(f"  partition {row.partition_id}: {row['count']} rows")
-    table.groupBy("device").avg("temperature").orderBy("device").show(5)
-    return 0 if distinct == table.count() == args.events else 1
+    def report() -> Tuple[int, int]:
+        table = spark.read.parquet(str(output))
+        rows = table.groupBy("partition_id").count().orderBy("partition_id").collect()
+        total = table.count()
+        distinct = table.select("partition_id", "sequence_number").distinct().count()
+        print(f"table {output}: {total} rows, {distinct} distinct events, {args.events} produced")
+        for row in rows:
+            print(f"  partition {row.partition_id}: {row['count']} rows")
+        table.groupBy("device").avg("temperature").orderBy("device").show(5)
+        return total, distinct
+
+    total, distinct = await asyncio.to_thread(report)
+    return 0 if distinct == total == args.events else 1
 
 
 def main(argv: Optional[List[str]] = None) -> int:
@@ -126,7 +142,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--events", type=int, default=20_000)
     parser.add_argument("--rate", type=float, default=10_000, help="events per second produced")
     parser.add_argument("--max-events", type=int, default=5_000, help="events per micro-batch at most")
-    parser.add_argument("--master", default=None, help="Spark master (default: local[*])")
+    session = parser.add_mutually_exclusive_group()
+    session.add_argument("--master", default=None, help="Spark master, e.g. spark://host:7077 (default: local[*])")
+    session.add_argument("--remote", default=None, help="Spark Connect URL, e.g. sc://host:15002")
     parser.add_argument("--timeout", type=float, default=300)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Dict, Iterator
 import pytest
 
 from emulators.azurite import Azurite, AzuriteUnavailable, start_azurite
+from tests.spark_fixtures import connect_spark, spark_cluster  # noqa: F401  (the session Spark cluster)
 
 if TYPE_CHECKING:  # pragma: no cover
     from emulators.eventhubs.process import EmulatorProcess

@@ -240,8 +240,12 @@ class BatchSteps:
         moved = 0
         if attempt.publication is not None:
             publications = self.log.unpublished(through=attempt.publication)
-            moved = await asyncio.to_thread(self.writer.publish, publications)
+            published, moved = await asyncio.to_thread(self.writer.publish, publications)
             self.log.mark_published(attempt.publication)
+            others = [batch_id for batch_id in published if batch_id != attempt.batch_id]
+            if others:
+                logger.info("sink: rolled committed batch(es) %s of other writers forward before publishing batch %s",
+                            others, attempt.batch_id)
         elif attempt.skipped and attempt.batch_id is not None:
             await asyncio.to_thread(self.writer.discard, attempt.batch_id)
         attempt.move(AttemptState.PUBLISHED)

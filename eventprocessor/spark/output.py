@@ -388,18 +388,22 @@ class ParquetWriter:
         final = f"b{batch_id:012d}-{name}"
         return f"{directory}/{final}" if directory else final
 
-    def publish(self, publications: Sequence[Publication]) -> int:
-        """Publish committed batches in order (gaps first). Returns the files this call moved."""
+    def publish(self, publications: Sequence[Publication]) -> Tuple[List[int], int]:
+        """Publish committed batches in order (gaps first). Returns the batch ids this
+        call wrote a metadata entry for (the others were published already) and the
+        number of files it moved."""
         if not publications:
-            return 0
+            return [], 0
         latest = self.metadata.latest()
+        published: List[int] = []
         moved = 0
         for publication in publications:
             if publication.number > latest:
                 moved += self._publish_one(publication)
+                published.append(publication.batch_id)
                 latest = publication.number
             self.files.delete_dir(self.staging(publication.batch_id))
-        return moved
+        return published, moved
 
     def _publish_one(self, publication: Publication) -> int:
         staging = self.staging(publication.batch_id)
@@ -465,8 +469,8 @@ class ForeachBatchWriter:
     def manifest(self, batch_id: int) -> Optional[Manifest]:
         return None
 
-    def publish(self, publications: Sequence[Publication]) -> int:
-        return 0
+    def publish(self, publications: Sequence[Publication]) -> Tuple[List[int], int]:
+        return [], 0
 
     def discard(self, batch_id: int) -> None:
         pass

@@ -408,11 +408,11 @@ class SparkSink:
                 await asyncio.to_thread(self._writer.discard, batch_id)
             publications = log.unpublished()
             if publications:
-                moved = await asyncio.to_thread(self._writer.publish, publications)
+                published, moved = await asyncio.to_thread(self._writer.publish, publications)
                 log.mark_published(publications[-1].number)
-                logger.info("sink: rolled committed batch(es) %s forward into %s (%d files moved)",
-                            [p.batch_id for p in publications], self.location.spark_root if self.location else "-",
-                            moved)
+                if published:
+                    logger.info("sink: rolled committed batch(es) %s forward into %s (%d files moved)", published,
+                                self.location.spark_root if self.location else "-", moved)
             for batch_id in await asyncio.to_thread(self._writer.staged_batches):
                 if batch_id >= log.next_version or log.outcome(batch_id) == PLANNED:
                     continue  # planned (or newer than what was read): its writer or a later fence decides
