@@ -1,24 +1,31 @@
-"""Spark sink throughput: events through the sink into Parquet, against Spark writing the
-same rows directly.
+"""Spark sink throughput on a Spark cluster: events through the sink into Parquet, against
+Spark writing the same batches directly, on a classic session and over Spark Connect.
 
 Run it with ``python -m benchmarks.spark_sink`` (or ``eventprocessor bench spark-sink``).
-In one run, with one local SparkSession:
+By default it starts a standalone master, one worker and a Spark Connect server on this
+machine (:mod:`emulators.spark_cluster`) and measures both kinds of session, each in a
+process of its own: a classic session on ``spark://`` and a Spark Connect session on
+``sc://``. ``--master URL`` or ``--remote URL`` measure one session of your own instead
+(``--master local[2]`` needs no cluster).
+
+In one run, per session:
 
 * **direct**: the very batches the sink cut (same events, read back from its commit
   log), already built as Spark DataFrames (from Arrow, before the clock starts),
-  appended to Parquet partitioned by ``partition_id``, one ``write`` per batch. This
-  is the cost of Spark alone.
+  appended to Parquet partitioned by ``partition_id``, one ``write`` per batch. This is
+  the cost of Spark alone.
 * **sink**: the events in a ``MemoryEventSource``, consumed by an ``EventProcessor``
-  whose handler is a ``SparkSink`` cutting batches of ``--batch`` events; the clock
-  runs from ``start()`` until the commit log holds every event. It includes the
-  processor, the event -> Arrow conversion, the commit log, staging and moving the
-  files, and the store checkpoints.
+  whose handler is a ``SparkSink`` cutting batches of ``--batch`` events, its commit log
+  in the (in-memory) checkpoint store; the clock runs from ``start()`` until every
+  event is committed and published. It includes the processor, the event -> Arrow
+  conversion, the DataFrame, the commit log (plan, commit), staging, listing and fsyncing
+  the files, publishing them (moves and ``_spark_metadata``) and the store checkpoints.
 
 Both run a full round as a warm-up first. The rounds alternate which path goes first
 (the event log is deterministic, so the batches of the previous sink run name the same
-events in a fresh source). The best and the median rows/s of each are reported, with
-the ratio of the best runs (the least disturbed on a shared machine; target: sink >=
-0.8 x direct at batches of 10k events) and the median of the per-round ratios.
+events in a fresh source). Reported: best and median rows/s of each, the ratio of the
+best runs and the median of the per-round ratios (target: sink >= 0.9 x direct), and the
+median seconds per batch of each step of the sink (from ``SparkSink.step_timings``).
 With ``--record``, results go to ``benchmarks/RESULTS.md`` (section ``spark_sink``).
 """
 from __future__ import annotations
@@ -27,18 +34,24 @@ import argparse
 import asyncio
 import json
 import logging
+import os
 import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-__all__ = ["main", "Round"]
+__all__ = ["main", "Round", "SessionResult"]
 
 logger = logging.getLogger(__name__)
+
+TARGET = 0.9
+STEPS = ("plan", "arrow", "dataframe", "write", "list", "commit", "publish", "checkpoint")
+SINK_STEPS = ("plan", "list", "commit", "publish", "checkpoint")  # what the sink adds to Spark's write
 
 
 @dataclass(frozen=True)
@@ -51,6 +64,25 @@ class Round:
         return self.sink_rows_per_s / self.direct_rows_per_s
 
 
+@dataclass
+class SessionResult:
+    """The rounds of one session, and the median seconds per batch of each sink step."""
+
+    label: str
+    rounds: List[Round] = field(default_factory=list)
+    steps: Dict[str, float] = field(default_factory=dict)
+    batches: int = 0
+
+    def to_json(self) -> str:
+        return json.dumps({"label": self.label, "rounds": [asdict(r) for r in self.rounds], "steps": self.steps,
+                           "batches": self.batches})
+
+    @classmethod
+    def from_json(cls, text: str) -> "SessionResult":
+        data = json.loads(text)
+        return cls(data["label"], [Round(**r) for r in data["rounds"]], dict(data["steps"]), int(data["batches"]))
+
+
 def _fill(source: Any, events: int, body_size: int) -> None:
     partitions = source.partition_count
     pad = "x" * max(0, body_size - 60)
@@ -60,9 +92,10 @@ def _fill(source: Any, events: int, body_size: int) -> None:
 
 
 def _direct(spark: Any, source: Any, out: Path, batches: Sequence[Sequence[Any]]) -> float:
-    """Rows/s of Spark appending the same batches (same events, same partitions),
-    their DataFrames built beforehand."""
+    """Rows/s of Spark appending the same batches (same events, same partitions), their
+    DataFrames built beforehand."""
     from eventprocessor.spark import events_to_table
+    from eventprocessor.spark.session import create_dataframe
 
     frames = []
     for ranges in batches:
@@ -72,18 +105,18 @@ def _direct(spark: Any, source: Any, out: Path, batches: Sequence[Sequence[Any]]
             first = next(i for i, e in enumerate(events) if e.sequence_number == r.first_sequence_number)
             parts.append((r.partition_id, events[first:first + r.count]))
         table = events_to_table(parts)
-        frames.append((table.num_rows, spark.createDataFrame(table)))
+        frames.append((table.num_rows, create_dataframe(spark, table)))
     began = time.perf_counter()
     rows = 0
     for count, df in frames:
-        df.write.mode("append").partitionBy("partition_id").parquet(str(out))
+        df.write.mode("append").partitionBy("partition_id").parquet(f"file://{out}")
         rows += count
     return rows / (time.perf_counter() - began)
 
 
-async def _sink(spark: Any, source: Any, out: Path, batch: int) -> Tuple[float, List[Sequence[Any]]]:
-    """Rows/s through EventProcessor + SparkSink until the commit log has every event,
-    and the batches it cut (their ranges)."""
+async def _sink(spark: Any, source: Any, out: Path, batch: int) -> Tuple[float, List[Sequence[Any]], List[Dict]]:
+    """Rows/s through EventProcessor + SparkSink until every event is committed and
+    published, the batches it cut (their ranges), and the seconds of each step per batch."""
     from eventprocessor import EventProcessor, LoadBalancingStrategy
     from eventprocessor.spark import SparkSink
     from stores import InMemoryCheckpointStore
@@ -91,10 +124,11 @@ async def _sink(spark: Any, source: Any, out: Path, batch: int) -> Tuple[float, 
     partitions = [str(p) for p in range(source.partition_count)]
     want = {p: source.last_sequence_number(p) for p in partitions}
     total = sum(len(source.events(p)) for p in partitions)
-    sink = SparkSink(out, spark=spark, max_events=batch, max_bytes=1 << 40, max_interval=5.0)
+    store = InMemoryCheckpointStore()
+    sink = SparkSink(out, spark=spark, commit_log=store, max_events=batch, max_bytes=1 << 40, max_interval=5.0)
     # A lone processor claims one partition in its first tick and (GREEDY) the rest in
     # the second; quick ticks keep that start-up short next to the run.
-    processor = EventProcessor(source, InMemoryCheckpointStore(), sink, load_balancing_interval=0.1,
+    processor = EventProcessor(source, store, sink, load_balancing_interval=0.1,
                                partition_ownership_expiration_interval=60, max_batch_size=1000, prefetch=1000,
                                load_balancing_strategy=LoadBalancingStrategy.GREEDY)
     began = time.perf_counter()
@@ -108,32 +142,41 @@ async def _sink(spark: Any, source: Any, out: Path, batch: int) -> Tuple[float, 
         await sink.close()
     if sink.committed_high_water_marks() != want:
         raise RuntimeError("the sink did not commit every event exactly once")
+    assert sink.commit_log is not None
     batches = [ranges for _id, outcome, ranges in await sink.commit_log.batches() if outcome == "committed"]
-    return total / elapsed, batches
+    return total / elapsed, batches, list(sink.step_timings)
 
 
-def _count_rows(spark: Any, path: Path) -> int:
-    return spark.read.parquet(str(path)).count()
-
-
-def measure(events: int, batch: int, partitions: int, rounds: int, body_size: int,
-            master: str) -> List[Round]:
-    from eventprocessor.sources import MemoryEventSource
+def _session(master: Optional[str], remote: Optional[str], partitions: int) -> Any:
     from eventprocessor.spark import spark_session
 
-    spark = spark_session(master, {"spark.sql.shuffle.partitions": str(partitions)})
-    spark.sparkContext.setLogLevel("ERROR")
+    if remote is not None:
+        return spark_session(remote=remote)
+    conf = {"spark.sql.shuffle.partitions": str(partitions)}
+    if master is not None and not master.startswith("local"):
+        conf.update({"spark.driver.host": "127.0.0.1", "spark.driver.bindAddress": "127.0.0.1"})
+    spark = spark_session(master, conf)
+    spark.sparkContext.setLogLevel("ERROR")  # classic only: quiet the driver's log
+    return spark
+
+
+def measure(events: int, batch: int, partitions: int, rounds: int, body_size: int, *, master: Optional[str],
+            remote: Optional[str], label: str) -> SessionResult:
+    from eventprocessor.sources import MemoryEventSource
+
+    spark = _session(master, remote, partitions)
     workdir = Path(tempfile.mkdtemp(prefix="spark-sink-bench-"))
-    results: List[Round] = []
+    result = SessionResult(label)
+    timings: List[Dict] = []
     try:
         def fresh_source(n: int) -> Any:
             source = MemoryEventSource(partitions)
             _fill(source, n, body_size)
             return source
 
-        # Warm the JVM up on a full round of each, so neither path pays for the JIT.
+        # Warm the JVMs up on a full round of each, so neither path pays for the JIT.
         warm = fresh_source(events)
-        _rate, batches = asyncio.run(_sink(spark, warm, workdir / "warm-sink", batch))
+        _rate, batches, _timings = asyncio.run(_sink(spark, warm, workdir / "warm-sink", batch))
         _direct(spark, warm, workdir / "warm-direct", batches)
         for r in range(rounds):
             # The log is deterministic, so the ranges of one sink run name the same events
@@ -141,64 +184,91 @@ def measure(events: int, batch: int, partitions: int, rounds: int, body_size: in
             source = fresh_source(events)
             if r % 2 == 0:
                 direct = _direct(spark, source, workdir / f"direct-{r}", batches)
-                sink, batches = asyncio.run(_sink(spark, source, workdir / f"sink-{r}", batch))
+                sink, batches, steps = asyncio.run(_sink(spark, source, workdir / f"sink-{r}", batch))
             else:
-                sink, batches = asyncio.run(_sink(spark, source, workdir / f"sink-{r}", batch))
+                sink, batches, steps = asyncio.run(_sink(spark, source, workdir / f"sink-{r}", batch))
                 direct = _direct(spark, source, workdir / f"direct-{r}", batches)
-            if _count_rows(spark, workdir / f"sink-{r}") != events:
+            timings.extend(steps)
+            if spark.read.parquet(f"file://{workdir / f'sink-{r}'}").count() != events:
                 raise RuntimeError("the sink's table does not hold every event once")
-            results.append(Round(direct, sink))
-            print(f"round {r + 1}: direct {direct:,.0f} rows/s, sink {sink:,.0f} rows/s, ratio {sink / direct:.2f}")
+            result.rounds.append(Round(direct, sink))
+            print(f"{label} round {r + 1}: direct {direct:,.0f} rows/s, sink {sink:,.0f} rows/s, "
+                  f"ratio {sink / direct:.2f}", flush=True)
             shutil.rmtree(workdir / f"direct-{r}", ignore_errors=True)
             shutil.rmtree(workdir / f"sink-{r}", ignore_errors=True)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
-    return results
+    result.batches = len(timings)
+    result.steps = {step: statistics.median(t.get(step, 0.0) for t in timings) for step in STEPS} if timings else {}
+    return result
 
 
-def _markdown(results: Sequence[Round], args: argparse.Namespace, command: str) -> str:
+def _section(result: SessionResult) -> List[str]:
+    rounds = result.rounds
+    best_direct = max(r.direct_rows_per_s for r in rounds)
+    best_sink = max(r.sink_rows_per_s for r in rounds)
+    best_ratio = best_sink / best_direct
+    median_ratio = statistics.median(r.ratio for r in rounds)
+
+    def verdict(value: float) -> str:
+        return "meets" if value >= TARGET else "misses"
+
+    steps = result.steps
+    added = sum(steps.get(step, 0.0) for step in SINK_STEPS)
+    return [
+        f"| {result.label} | {best_direct:,.0f} | {statistics.median(r.direct_rows_per_s for r in rounds):,.0f} | "
+        f"{best_sink:,.0f} | {statistics.median(r.sink_rows_per_s for r in rounds):,.0f} | "
+        f"**{best_ratio:.2f}** ({verdict(best_ratio)}) | **{median_ratio:.2f}** ({verdict(median_ratio)}) | "
+        + ", ".join(f"{r.ratio:.2f}" for r in rounds) + " |",
+    ], [
+        f"| {result.label} | " + " | ".join(f"{steps.get(step, 0.0) * 1000:,.0f}" for step in STEPS)
+        + f" | **{added * 1000:,.0f}** |",
+    ]
+
+
+def _markdown(results: Sequence[SessionResult], args: argparse.Namespace, command: str, where: str) -> str:
     from benchmarks.results import machine_line
 
-    best_direct = max(r.direct_rows_per_s for r in results)
-    best_sink = max(r.sink_rows_per_s for r in results)
-    best_ratio = best_sink / best_direct
-    median_ratio = statistics.median(r.ratio for r in results)
-    def verdict(value: float) -> str:
-        return "meets" if value >= 0.8 else "misses"
-
-    lines = [
-        "## Spark sink: rows/s into Parquet",
+    throughput: List[str] = []
+    latency: List[str] = []
+    for result in results:
+        rows, steps = _section(result)
+        throughput.extend(rows)
+        latency.extend(steps)
+    return "\n".join([
+        "## Spark sink: rows/s into Parquet on a Spark cluster",
         "",
         f"`{command}`. {machine_line()}",
-        f"{args.events:,} events per round over {args.partitions} partitions, bodies of ~{args.body_size} bytes "
-        f"(JSON) plus one property, micro-batches of {args.batch:,} events, Parquet partitioned by "
-        f"`partition_id`, master `{args.master}`. {len(results)} rounds, alternating which path goes "
-        "first, after a full warm-up round of each.",
+        f"{where} {args.events:,} events per round over {args.partitions} partitions, bodies of ~{args.body_size} "
+        f"bytes (JSON) plus one property, micro-batches of {args.batch:,} events, Parquet partitioned by "
+        f"`partition_id`. {args.rounds} rounds per session, alternating which path goes first, after a full "
+        "warm-up round of each. Target: the sink at 0.9x or more of Spark writing the same batches.",
         "",
-        "| path | best rows/s | median rows/s |",
-        "|---|---:|---:|",
-        f"| Spark writing the same batches from ready DataFrames (direct) | {best_direct:,.0f} | "
-        f"{statistics.median(r.direct_rows_per_s for r in results):,.0f} |",
-        f"| EventProcessor + SparkSink (exactly-once Parquet) | {best_sink:,.0f} | "
-        f"{statistics.median(r.sink_rows_per_s for r in results):,.0f} |",
-        f"| **ratio sink / direct** | **{best_ratio:.2f}** ({verdict(best_ratio)} the 0.8 target) | "
-        f"**{median_ratio:.2f}** (median of per-round ratios; {verdict(median_ratio)} the 0.8 target) |",
+        "| session | direct best rows/s | direct median | sink best rows/s | sink median | ratio of the best runs "
+        "| median of per-round ratios | per round |",
+        "|---|---:|---:|---:|---:|---|---|---|",
+        *throughput,
         "",
-        "The machine is shared (2 cores, other jobs running), so single runs swing by 2x; the best run of "
-        "each path is the one least disturbed, as `timeit` reports the minimum. The median of the per-round "
-        "ratios is the conservative figure.",
-        "The sink writes each batch with the Hadoop committer's algorithm 2 and no `_SUCCESS` marker (its own "
-        "staging and commit log make the committer's second rename pass redundant); direct uses Spark's "
-        "defaults.",
-        "Per round: " + ", ".join(f"{r.ratio:.2f}" for r in results) + ".",
-        "The sink's time includes reading from the source, event -> Arrow conversion, the commit log "
-        "(plan, outcome), staging and moving the files, and one fenced checkpoint per partition per batch.",
-    ]
-    return "\n".join(lines)
+        "Median milliseconds per batch of each step of the sink (`SparkSink.step_timings`). `write` is Spark's own "
+        "write of the batch (what direct does); `arrow` and `dataframe` are built while the batch before is "
+        "written; **added** is what the sink adds to the write on the commit path: plan + list (and fsync) the "
+        "staged files + commit + publish (moves, fsyncs, `_spark_metadata`) + checkpoint.",
+        "",
+        "| session | " + " | ".join(STEPS) + " | added |",
+        "|---|" + "---:|" * (len(STEPS) + 1),
+        *latency,
+        "",
+        "Direct builds every DataFrame before its clock starts and writes with Spark's defaults; the sink's time "
+        "includes reading the source, converting events to Arrow and DataFrames, its commit log (in the checkpoint "
+        "store, here in memory), staging with the Hadoop committer's algorithm 2 and no `_SUCCESS`, publishing, and "
+        "one fenced checkpoint per partition per batch. The machine is shared (2 cores, other jobs running): the "
+        "best run of each path is the least disturbed one; the median of the per-round ratios is the "
+        "conservative figure.",
+    ])
 
 
 def main(argv: Optional[List[str]] = None, prog: Optional[str] = None) -> int:
-    """Measure and print both paths; with ``--record``, write the table to RESULTS.md. Example::
+    """Measure and print; with ``--record``, write the table to RESULTS.md. Example::
 
         python -m benchmarks.spark_sink --events 20000 --batch 5000 --rounds 2
     """
@@ -210,7 +280,11 @@ def main(argv: Optional[List[str]] = None, prog: Optional[str] = None) -> int:
     parser.add_argument("--partitions", type=int, default=4)
     parser.add_argument("--rounds", type=int, default=6)
     parser.add_argument("--body-size", type=int, default=120)
-    parser.add_argument("--master", default="local[2]")
+    where = parser.add_mutually_exclusive_group()
+    where.add_argument("--master", help="a classic session on this master (e.g. spark://host:7077, local[2]) "
+                                        "instead of a local cluster")
+    where.add_argument("--remote", help="a Spark Connect session (sc://host:port) instead of a local cluster")
+    parser.add_argument("--json", action="store_true", help=argparse.SUPPRESS)  # one session, a JSON line
 
     def body(args: argparse.Namespace) -> int:
         if args.events < args.batch or args.batch < args.partitions:
@@ -218,7 +292,8 @@ def main(argv: Optional[List[str]] = None, prog: Optional[str] = None) -> int:
         from eventprocessor_cli.user_errors import require, require_java
 
         require(purpose="the spark-sink benchmark", extras=["spark"])
-        require_java("the spark-sink benchmark")
+        if args.remote is None:
+            require_java("the spark-sink benchmark")
         return _run(args, program.recorded_command("spark_sink", argv))
 
     return program.run(parser, body, argv)
@@ -228,10 +303,51 @@ def _run(args: argparse.Namespace, command: str) -> int:
     from . import program
 
     logging.basicConfig(level=logging.WARNING)
-    results = measure(args.events, args.batch, args.partitions, args.rounds, args.body_size, args.master)
-    markdown = _markdown(results, args, command)
-    program.report("spark_sink", markdown, args.record)
+    sizes = (args.events, args.batch, args.partitions, args.rounds, args.body_size)
+    if args.master is not None or args.remote is not None:
+        label = f"Spark Connect `{args.remote}`" if args.remote else f"classic `{args.master}`"
+        result = measure(*sizes, master=args.master, remote=args.remote, label=label)
+        if args.json:
+            print("RESULT " + result.to_json(), flush=True)
+            return 0
+        where = f"One session: {label}."
+        program.report("spark_sink", _markdown([result], args, command, where), args.record)
+        return 0
+    results = _on_a_local_cluster(args)
+    where = ("A standalone master, one worker (3 cores, 2 GB) and a Spark Connect server started on this machine "
+             "from the pip `pyspark` package (`emulators.spark_cluster`); each session runs in a process of its own. "
+             "Classic: the driver in the benchmark's process, 2 cores of the worker (the Connect server's "
+             "application holds the third). Connect: the Connect server's application, 1 core.")
+    program.report("spark_sink", _markdown(results, args, command, where), args.record)
     return 0
+
+
+def _on_a_local_cluster(args: argparse.Namespace) -> List[SessionResult]:
+    from emulators.spark_cluster import start_spark_cluster
+
+    print("starting a Spark cluster on 127.0.0.1 (master, worker, Spark Connect)...", file=sys.stderr, flush=True)
+    cluster = start_spark_cluster()
+    results = []
+    try:
+        sizes = ["--events", str(args.events), "--batch", str(args.batch), "--partitions", str(args.partitions),
+                 "--rounds", str(args.rounds), "--body-size", str(args.body_size), "--json"]
+        env = dict(os.environ, SPARK_LOCAL_IP="127.0.0.1", PYSPARK_PYTHON=sys.executable)
+        root = Path(__file__).resolve().parent.parent
+        env["PYTHONPATH"] = os.pathsep.join([str(root), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+        for flag, url in (("--master", cluster.master_url), ("--remote", cluster.connect_url)):
+            assert url is not None
+            child = subprocess.run([sys.executable, "-m", "benchmarks.spark_sink", flag, url, *sizes], env=env,
+                                   cwd=str(root), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            for line in child.stdout.splitlines():
+                if line.startswith("RESULT "):
+                    results.append(SessionResult.from_json(line[len("RESULT "):]))
+                else:
+                    print(line, flush=True)
+            if child.returncode != 0 or len(results) == 0:
+                raise RuntimeError(f"the {flag} session failed (exit {child.returncode}): {child.stderr[-3000:]}")
+    finally:
+        cluster.stop()
+    return results
 
 
 if __name__ == "__main__":

@@ -366,6 +366,133 @@ async def test_a_zombie_whose_foreach_batch_ran_cannot_commit_after_the_new_owne
     assert [(c.owner_id, c.sequence_number) for c in checkpoints] == [("successor", 49)]
 
 
+async def test_a_reader_sees_whole_batches_only_across_compactions(spark, tmp_path):
+    """While a batch's files are being moved into the table, a plain
+    ``spark.read.parquet`` still sees exactly the batches before it: Spark reads what
+    ``_spark_metadata`` lists, and a batch is listed only once all its files are in place.
+    21 batches: the metadata log is compacted twice on the way."""
+    source = MemoryEventSource(2)
+    expected = fill(source, 420)
+    out = tmp_path / "table"
+    seen_mid_publish: List[Tuple[int, int]] = []
+
+    def look(step: str) -> None:
+        if step == "mid_publish":  # one file of the batch moved, its metadata entry not written yet
+            seen_mid_publish.append((sink.events_committed, spark.read.parquet(str(out)).count()
+                                     if (out / "_spark_metadata").exists() else 0))
+
+    sink = SparkSink(out, spark=spark, max_events=40, max_interval=0.2, step_hook=look)
+    processor = EventProcessor(source, InMemoryCheckpointStore(), sink, load_balancing_interval=0.2,
+                               partition_ownership_expiration_interval=10, max_batch_size=20, prefetch=40)
+    await processor.start()
+    await wait_until(lambda: sink.events_committed >= len(expected), "every event committed", timeout=240)
+    await processor.stop()
+    await sink.close()
+    assert sink.batches_committed == 21
+    assert len(seen_mid_publish) == 21
+    assert all(visible == committed for committed, visible in seen_mid_publish), seen_mid_publish
+    assert {"9.compact", "19.compact", "20"} <= {p.name for p in (out / "_spark_metadata").iterdir()}
+    assert_exactly_once(read_rows(spark, out), expected)
+
+
+async def test_a_failing_foreach_batch_is_retried_a_bounded_number_of_times_then_parked(spark, tmp_path):
+    """The retry policy of handler errors, for batches: the same batch_id and data each
+    time, exponential backoff, ``max_delivery_attempts`` in all; then (PARK, the sink's
+    default) the batch is given up and its partition parked: nothing is checkpointed past
+    it, nothing after it is written, and nothing waits forever."""
+    from eventprocessor.delivery import RetryPolicy
+    from eventprocessor.errors import PoisonEventsError
+
+    source = MemoryEventSource(2)
+    fill(source, 30)
+    store = InMemoryCheckpointStore()
+    calls: List[Tuple[int, str]] = []
+
+    def broken_for_partition_1(df, batch_id, batch):
+        calls.append((batch_id, ",".join(sorted(batch.ranges))))
+        if "1" in batch.ranges:
+            raise ValueError("cannot write partition 1")
+
+    sink = SparkSink(foreach_batch=broken_for_partition_1, commit_log=tmp_path / "log", spark=spark, max_events=30,
+                     max_interval=0.2, retry_policy=RetryPolicy(max_delivery_attempts=3, retry_backoff=0.05))
+    processor = EventProcessor(source, store, sink, load_balancing_interval=0.2,
+                               partition_ownership_expiration_interval=10, max_batch_size=30)
+    await processor.start()
+    await wait_until(lambda: "1" in sink.parked, "partition 1 to be parked")
+    await wait_until(lambda: sink.committed_high_water_marks().get("0") == 29, "partition 0 written")
+    source.append("more", partition_id="1")
+    source.append("more", partition_id="0")
+    await wait_until(lambda: sink.committed_high_water_marks().get("0") == 30, "partition 0 goes on")
+    await processor.stop()
+    await sink.close()
+    failing = [batch_id for batch_id, partitions in calls if "1" in partitions.split(",")]
+    assert len(failing) == 3 and len(set(failing)) == 1, "three attempts of the same batch"
+    assert isinstance(sink.parked["1"], PoisonEventsError) and isinstance(sink.last_error, PoisonEventsError)
+    assert sink.parked["1"].attempts == 3
+    assert "1" not in sink.committed_high_water_marks()
+    checkpoints = {c.partition_id: c.sequence_number for c in await store.list_checkpoints(
+        source.fully_qualified_namespace, source.eventhub_name, "$default") if c.sequence_number >= 0}
+    assert checkpoints == {"0": 30}, "nothing of the parked partition is checkpointed"
+
+
+async def test_a_poison_batch_is_skipped_through_dead_letter_when_the_policy_says_so(spark, tmp_path):
+    from eventprocessor.delivery import RetryPolicy
+
+    source = MemoryEventSource(1)
+    fill(source, 20)
+    store = InMemoryCheckpointStore()
+    written: List[int] = []
+    dead: List[Tuple[str, int, int]] = []
+
+    def first_batch_breaks(df, batch_id, batch):
+        if batch.ranges["0"].first_sequence_number == 0:
+            raise RuntimeError("poison")
+        written.append(df.count())
+
+    async def dead_letter(events, error, context):
+        dead.append((context.partition_id, events[0].sequence_number, len(events)))
+
+    sink = SparkSink(foreach_batch=first_batch_breaks, commit_log=tmp_path / "log", spark=spark, max_events=10,
+                     max_interval=0.2, retry_policy=RetryPolicy(max_delivery_attempts=2, retry_backoff=0.05),
+                     on_poison="skip", dead_letter=dead_letter)
+    processor = EventProcessor(source, store, sink, load_balancing_interval=0.2,
+                               partition_ownership_expiration_interval=10, max_batch_size=10)
+    await processor.start()
+    await wait_until(lambda: sink.committed_high_water_marks().get("0") == 19, "both batches through")
+    await processor.stop()
+    await sink.close()
+    assert dead == [("0", 0, 10)]
+    assert written == [10]
+    assert sink.events_committed == 10, "a skipped batch is not counted as written"
+    checkpoints = await store.list_checkpoints(source.fully_qualified_namespace, source.eventhub_name, "$default")
+    assert [c.sequence_number for c in checkpoints] == [19]
+
+
+async def test_a_transient_write_failure_is_retried_with_the_same_batch_id(spark, tmp_path):
+    from eventprocessor.delivery import RetryPolicy
+
+    source = MemoryEventSource(1)
+    fill(source, 10)
+    calls: List[int] = []
+
+    def flaky(df, batch_id):
+        calls.append(batch_id)
+        if len(calls) < 3:
+            raise ConnectionError("the cluster is restarting")
+        assert df.count() == 10
+
+    sink = SparkSink(foreach_batch=flaky, commit_log=tmp_path / "log", spark=spark, max_events=10,
+                     max_interval=0.2, retry_policy=RetryPolicy(max_delivery_attempts=5, retry_backoff=0.05))
+    processor = EventProcessor(source, InMemoryCheckpointStore(), sink, load_balancing_interval=0.2,
+                               partition_ownership_expiration_interval=10)
+    await processor.start()
+    await wait_until(lambda: sink.events_committed == 10, "the batch written")
+    await processor.stop()
+    await sink.close()
+    assert len(calls) == 3 and len(set(calls)) == 1
+    assert not sink.parked
+
+
 @pytest.mark.slow
 @pytest.mark.azurite
 async def test_sigkill_at_every_step_of_a_batch_then_restart_writes_each_event_once(spark, azurite, tmp_path):
@@ -415,6 +542,6 @@ def test_the_benchmark_runs_end_to_end_at_a_small_size(spark, capsys):
     """Keeps ``python -m benchmarks.spark_sink`` working; no timing is asserted."""
     from benchmarks import spark_sink
 
-    assert spark_sink.main(["--events", "2000", "--batch", "1000", "--rounds", "1", "--no-record"]) == 0
+    assert spark_sink.main(["--master", "local[2]", "--events", "2000", "--batch", "1000", "--rounds", "1"]) == 0
     out = capsys.readouterr().out
-    assert "ratio sink / direct" in out and "round 1:" in out
+    assert "ratio of the best runs" in out and "round 1:" in out and "| classic `local[2]` |" in out

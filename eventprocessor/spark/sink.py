@@ -198,8 +198,10 @@ class SparkSink:
         self._open_claims = 0
         self._cut_lock: Optional[asyncio.Lock] = None
         self._queue: Optional["asyncio.Queue[Attempt]"] = None
+        self._published: Optional["asyncio.Queue[Attempt]"] = None
         self._cutter: Optional["asyncio.Task[None]"] = None
         self._committer: Optional["asyncio.Task[None]"] = None
+        self._publisher: Optional["asyncio.Task[None]"] = None
         self.batches_committed = 0
         self.events_committed = 0
         self.last_batch: Optional[MicroBatch] = None
@@ -298,12 +300,13 @@ class SparkSink:
 
     async def flush(self) -> None:
         """Write everything buffered now, and wait until every batch is committed."""
-        if self._buffers is None or self._cut_lock is None or self._queue is None:
+        if self._buffers is None or self._cut_lock is None or self._queue is None or self._published is None:
             return
         async with self._cut_lock:
             while self._buffers.events:
                 await self._cut_and_plan()
         await self._queue.join()
+        await self._published.join()
 
     async def close(self) -> None:
         """Flush and stop the background tasks. The sink can be used again later."""
@@ -324,12 +327,16 @@ class SparkSink:
         if self._buffers is None or self._queue is None:
             self._buffers = Buffers(self._limits)
             self._cut_lock = asyncio.Lock()
-            # One batch planned and converted while the one before is written.
+            # One batch planned and converted while the one before is written, and the
+            # one before that published and checkpointed.
             self._queue = asyncio.Queue(maxsize=1)
+            self._published = asyncio.Queue(maxsize=1)
         if self._cutter is None or self._cutter.done():
             self._cutter = asyncio.create_task(self._cut_loop(), name="spark-sink-batcher")
         if self._committer is None or self._committer.done():
             self._committer = asyncio.create_task(self._commit_loop(), name="spark-sink-committer")
+        if self._publisher is None or self._publisher.done():
+            self._publisher = asyncio.create_task(self._publish_loop(), name="spark-sink-publisher")
         return self._buffers
 
     async def _stop_tasks(self) -> None:
@@ -345,6 +352,12 @@ class SparkSink:
             await self._queue.join()
             committer.cancel()
             await asyncio.gather(committer, return_exceptions=True)
+        publisher, self._publisher = self._publisher, None
+        if publisher is not None and not publisher.done():
+            assert self._published is not None
+            await self._published.join()
+            publisher.cancel()
+            await asyncio.gather(publisher, return_exceptions=True)
 
     async def _log_for(self, ctx: PartitionContext) -> CommitLog:
         if self._log is None:
@@ -617,11 +630,30 @@ class SparkSink:
                     await steps.commit(attempt)
             except BatchRefused as refused:
                 attempt = await self._refused(attempt, refused)
-        if attempt.state is not AttemptState.COMMITTED:
-            return
-        moved = await self._publish(attempt)
-        await steps.checkpoint(attempt)
-        self._committed(attempt, moved)
+        if attempt.state is AttemptState.COMMITTED:
+            # Published and checkpointed while the next batch is written.
+            assert self._published is not None
+            await self._published.put(attempt)
+
+    async def _publish_loop(self) -> None:
+        """Committed batches, in commit order: published, then checkpointed."""
+        queue = self._published
+        assert queue is not None
+        while True:
+            attempt = await queue.get()
+            try:
+                assert self._steps is not None, "a committed batch has a commit log"
+                moved = await self._publish(attempt)
+                await self._steps.checkpoint(attempt)
+                self._committed(attempt, moved)
+            except asyncio.CancelledError:
+                raise
+            except Exception as error:  # never lose the publisher to a surprise
+                self.last_error = error
+                logger.exception("sink: publishing committed batch %s failed unexpectedly; the partitions' next "
+                                 "claims roll it forward", attempt.batch_id)
+            finally:
+                queue.task_done()
 
     async def _write(self, attempt: Attempt) -> None:
         """planned -> written, under the retry policy; after the last attempt, the
