@@ -80,7 +80,8 @@ async def run(args: argparse.Namespace) -> int:
         return 2
     # The one line that differs between a local session, a cluster and Spark Connect.
     spark = await asyncio.to_thread(spark_session, args.master, remote=args.remote)
-    print(f"spark: {'Spark Connect ' + args.remote if args.remote else args.master or 'local[*]'} (Spark {spark.version})")
+    where = f"Spark Connect {args.remote.split('/;')[0]}" if args.remote else args.master or "local[*]"
+    print(f"spark: {where} (Spark {spark.version})")  # a Connect URL's parameters (a token) are not printed
     source = MemoryEventSource(args.partitions)
     store, emulator = await open_store(args.store)
     # With a shared checkpoint store, keep the commit log in it: no shared directory needed.
