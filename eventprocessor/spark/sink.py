@@ -4,7 +4,6 @@ See the package docstring (:mod:`eventprocessor.spark`) for the contract."""
 from __future__ import annotations
 
 import asyncio
-import collections
 import hashlib
 import logging
 import os
@@ -19,11 +18,12 @@ from ..events import Event
 from ..partition import CloseReason, PartitionContext, PartitionProcessor
 from ..pump import DeadLetter
 from .arrow import Decoder
-from .attempt import Attempt, AttemptState, BatchSteps, MicroBatch
+from .attempt import BatchSteps, MicroBatch
 from .claims import Buffers, Claim, ClaimState, Limits
-from .commit_log import PLANNED, BatchRefused, CommitLog, FileLogStorage, StoreLogStorage
+from .commit_log import PLANNED, CommitLog, FileLogStorage, StoreLogStorage
 from .output import (COMMITS_DIR, ForeachBatch, ForeachBatchWriter, OutputLocation, ParquetWriter, StepHook,
                      Writer)
+from .pipeline import BatchPipeline, SinkStats
 from .session import spark_session
 
 __all__ = ["SparkSink"]
@@ -193,22 +193,10 @@ class SparkSink:
         self._spark_conf = dict(spark_conf or {})
         self._spark_lock = threading.Lock()
         self._log: Optional[CommitLog] = None
-        self._steps: Optional[BatchSteps] = None
         self._buffers: Optional[Buffers] = None
+        self._pipeline: Optional[BatchPipeline] = None
         self._open_claims = 0
-        self._cut_lock: Optional[asyncio.Lock] = None
-        self._queue: Optional["asyncio.Queue[Attempt]"] = None
-        self._published: Optional["asyncio.Queue[Attempt]"] = None
-        self._cutter: Optional["asyncio.Task[None]"] = None
-        self._committer: Optional["asyncio.Task[None]"] = None
-        self._publisher: Optional["asyncio.Task[None]"] = None
-        self.batches_committed = 0
-        self.events_committed = 0
-        self.last_batch: Optional[MicroBatch] = None
-        self.last_error: Optional[BaseException] = None
-        self.parked: Dict[str, PoisonEventsError] = {}
-        self.step_timings: Deque[Dict[str, float]] = collections.deque(maxlen=10_000)
-        """Seconds each step took, per committed batch (the last 10,000)."""
+        self.stats = SinkStats()
 
     def _commit_log_target(self, commit_log: Union[str, os.PathLike, CheckpointStore, None],
                            log_name: Optional[str], foreach: bool) -> Union[str, CheckpointStore]:
@@ -270,6 +258,34 @@ class SparkSink:
     def max_interval(self, value: float) -> None:
         self._limits.max_interval = float(value)
 
+    # ------------------------------------------------------------------ what it did
+    @property
+    def batches_committed(self) -> int:
+        return self.stats.batches_committed
+
+    @property
+    def events_committed(self) -> int:
+        return self.stats.events_committed
+
+    @property
+    def last_batch(self) -> Optional[MicroBatch]:
+        return self.stats.last_batch
+
+    @property
+    def last_error(self) -> Optional[BaseException]:
+        """The last error of a write, the commit log or a publication (kept after recovery)."""
+        return self.stats.last_error
+
+    @property
+    def parked(self) -> Dict[str, PoisonEventsError]:
+        """Partitions parked by the poison policy, with the error that parked them."""
+        return self.stats.parked
+
+    @property
+    def step_timings(self) -> Deque[Dict[str, float]]:
+        """Seconds each step took, per committed batch (the last 10,000)."""
+        return self.stats.step_timings
+
     # ------------------------------------------------------------------ public API
     def __call__(self) -> PartitionProcessor:
         """One handler per partition claim; the processor calls this."""
@@ -299,19 +315,16 @@ class SparkSink:
         return await self._log.high_water_marks() if self._log is not None else {}
 
     async def flush(self) -> None:
-        """Write everything buffered now, and wait until every batch is committed."""
-        if self._buffers is None or self._cut_lock is None or self._queue is None or self._published is None:
-            return
-        async with self._cut_lock:
-            while self._buffers.events:
-                await self._cut_and_plan()
-        await self._queue.join()
-        await self._published.join()
+        """Write everything buffered now, and wait until every batch is committed,
+        published and checkpointed."""
+        if self._pipeline is not None:
+            await self._pipeline.flush()
 
     async def close(self) -> None:
         """Flush and stop the background tasks. The sink can be used again later."""
         await self.flush()
-        await self._stop_tasks()
+        if self._pipeline is not None:
+            await self._pipeline.stop()
         if self._log is not None:
             await self._log.aclose()
 
@@ -324,40 +337,17 @@ class SparkSink:
 
     # ------------------------------------------------------------------ tasks
     def _ensure_running(self) -> Buffers:
-        if self._buffers is None or self._queue is None:
+        if self._buffers is None or self._pipeline is None:
             self._buffers = Buffers(self._limits)
-            self._cut_lock = asyncio.Lock()
-            # One batch planned and converted while the one before is written, and the
-            # one before that published and checkpointed.
-            self._queue = asyncio.Queue(maxsize=1)
-            self._published = asyncio.Queue(maxsize=1)
-        if self._cutter is None or self._cutter.done():
-            self._cutter = asyncio.create_task(self._cut_loop(), name="spark-sink-batcher")
-        if self._committer is None or self._committer.done():
-            self._committer = asyncio.create_task(self._commit_loop(), name="spark-sink-committer")
-        if self._publisher is None or self._publisher.done():
-            self._publisher = asyncio.create_task(self._publish_loop(), name="spark-sink-publisher")
+            self._pipeline = BatchPipeline(self._buffers, self, self.stats, policy=self.retry_policy,
+                                           on_poison=self.on_poison, dead_letter=self.dead_letter)
+            if self._log is not None:
+                self._pipeline.steps = self._steps_for(self._log)
+        self._pipeline.start()
         return self._buffers
 
-    async def _stop_tasks(self) -> None:
-        cutter, self._cutter = self._cutter, None
-        if cutter is not None and not cutter.done():
-            assert self._cut_lock is not None
-            async with self._cut_lock:
-                cutter.cancel()  # never between cutting a batch and queueing it
-            await asyncio.gather(cutter, return_exceptions=True)
-        committer, self._committer = self._committer, None
-        if committer is not None and not committer.done():
-            assert self._queue is not None
-            await self._queue.join()
-            committer.cancel()
-            await asyncio.gather(committer, return_exceptions=True)
-        publisher, self._publisher = self._publisher, None
-        if publisher is not None and not publisher.done():
-            assert self._published is not None
-            await self._published.join()
-            publisher.cancel()
-            await asyncio.gather(publisher, return_exceptions=True)
+    def _steps_for(self, log: CommitLog) -> BatchSteps:
+        return BatchSteps(log, self._writer, lambda: self.spark, self.decode, self.partition_by, self._hook)
 
     async def _log_for(self, ctx: PartitionContext) -> CommitLog:
         if self._log is None:
@@ -368,8 +358,8 @@ class SparkSink:
             self._log = CommitLog(storage, fully_qualified_namespace=ctx.fully_qualified_namespace,
                                   eventhub_name=ctx.eventhub_name, consumer_group=ctx.consumer_group,
                                   retention=self.log_retention)
-            self._steps = BatchSteps(self._log, self._writer, lambda: self.spark, self.decode, self.partition_by,
-                                     self._hook)
+            if self._pipeline is not None:
+                self._pipeline.steps = self._steps_for(self._log)
         return self._log
 
     # ------------------------------------------------------------------ claims
@@ -393,12 +383,12 @@ class SparkSink:
                              "the partition's current owner goes on. (If no other processor owns it, the commit "
                              "log is older than the checkpoint store: use a new output or log_name.)",
                              ctx.owner_id, ctx.partition_id, ctx.eventhub_name, ctx.consumer_group, stale)
-                self._end(claim, fenced_out=True)
+                self.end(claim, fenced_out=True)
                 return
             except Exception as error:
-                self.last_error = error
+                self.stats.last_error = error
                 if not ctx.is_owned:
-                    self._end(claim)
+                    self.end(claim)
                     return
                 logger.warning("sink: fencing partition %s of %s/%s in the commit log failed (%r); retrying in "
                                "%.1f s", ctx.partition_id, ctx.eventhub_name, ctx.consumer_group, error, delay)
@@ -434,7 +424,7 @@ class SparkSink:
                     logger.info("sink: removed the staged files of finished batch %s (%s)", batch_id,
                                 log.outcome(batch_id) or "compacted")
         except Exception as error:
-            self.last_error = error
+            self.stats.last_error = error
             logger.warning("sink: rolling batches forward failed (%r); the next claim tries again", error)
 
     async def _add(self, claim: Claim, events: List[Event]) -> None:
@@ -471,13 +461,13 @@ class SparkSink:
                                 "sequence number %s", ctx.owner_id, ctx.partition_id, ctx.eventhub_name,
                                 ctx.consumer_group, hwm)
                 except OwnershipLostError:
-                    self._end(claim)
+                    self.end(claim)
                 except Exception as error:
                     logger.warning("sink: checkpoint of partition %s of %s/%s by %s failed: %r", ctx.partition_id,
                                    ctx.eventhub_name, ctx.consumer_group, ctx.owner_id, error)
                 return
 
-    def _end(self, claim: Claim, *, fenced_out: bool = False) -> None:
+    def end(self, claim: Claim, *, fenced_out: bool = False) -> None:
         """The claim takes nothing more; its buffered events are dropped (its partition's
         next claim reads them again). ``fenced_out``: the commit log names a newer claim,
         so the processor is told to stop the claim now rather than when its lease ends."""
@@ -490,9 +480,11 @@ class SparkSink:
         if fenced_out:
             claim.context._ownership_lost()
 
-    def _park(self, claim: Claim, error: PoisonEventsError) -> None:
+    def park(self, claim: Claim, error: PoisonEventsError) -> None:
+        """The poison policy gave the claim's batch up: nothing more of it is written or
+        checkpointed until the processor restarts (it keeps the partition)."""
         claim.state = ClaimState.PARKED
-        self.parked[claim.partition_id] = error
+        self.stats.parked[claim.partition_id] = error
         if self._buffers is not None:
             self._buffers.drop(claim)
         ctx = claim.context
@@ -504,239 +496,8 @@ class SparkSink:
             if reason in (CloseReason.SHUTDOWN, CloseReason.HANDOFF) and claim.accepting:
                 await self.flush()
         finally:
-            self._end(claim)
+            self.end(claim)
             self._open_claims -= 1
-            if self._open_claims <= 0 and (self._buffers is None or not self._buffers.events):
-                await self._stop_tasks()
-
-    # ------------------------------------------------------------------ batches
-    async def _cut_loop(self) -> None:
-        buffers, lock = self._buffers, self._cut_lock
-        assert buffers is not None and lock is not None
-        while True:
-            wait = buffers.seconds_until_due()
-            if wait != 0.0:
-                buffers.added.clear()
-                try:
-                    await asyncio.wait_for(buffers.added.wait(), wait)
-                except asyncio.TimeoutError:
-                    pass
-                continue
-            async with lock:
-                if buffers.events:
-                    await self._cut_and_plan()
-
-    async def _cut_and_plan(self) -> None:
-        """Cut a batch, plan it and build its DataFrame, and queue it for the committer.
-        Batches are queued in the order they were cut, so each partition's ranges commit
-        in order."""
-        assert self._buffers is not None and self._queue is not None
-        cut = self._buffers.cut()
-        attempt = await self._plan(cut) if cut.events else None
-        if attempt is None:
-            return
-        assert self._steps is not None
-        await self._steps.prepare(attempt)
-        await self._queue.put(attempt)
-
-    async def _plan(self, attempt: Attempt) -> Optional[Attempt]:
-        """cut -> planned, dropping refused partitions; None when nothing is left. A
-        failing commit log is retried (with backoff) while any of the claims lasts."""
-        assert self._steps is not None
-        delay = 0.5
-        while True:
-            attempt = self._without_parked(attempt)
-            if not attempt.events:
-                return None
-            try:
-                await self._steps.plan(attempt)
-                return attempt
-            except BatchRefused as refused:
-                attempt = await self._refused(attempt, refused)
-            except Exception as error:
-                self.last_error = error
-                if not any(c.context.is_owned for c in attempt.events):
-                    logger.warning("sink: planning a batch failed (%r) and none of its partitions is owned any "
-                                   "more; its events are read again by their next owners", error)
-                    return None
-                logger.warning("sink: planning a batch in the commit log failed (%r); retrying in %.1f s", error,
-                               delay)
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, _MAX_BACKOFF)
-
-    def _without_parked(self, attempt: Attempt) -> Attempt:
-        """Events of a parked partition never go in a later batch: that would commit
-        past the events the poison policy gave up, and checkpoint past them."""
-        parked = [c.partition_id for c in attempt.events if c.state is ClaimState.PARKED]
-        return attempt.without(parked) if parked else attempt
-
-    async def _refused(self, attempt: Attempt, refused: BatchRefused) -> Attempt:
-        """A newer claim fenced some of the attempt's partitions: end those claims, give
-        the batch up, and return a new attempt with the other partitions' events."""
-        assert self._steps is not None
-        lost = refused.lost or attempt.partition_ids
-        logger.warning("sink: %s; dropping the events of %s (their new owner reads them), going on with the rest",
-                       refused, sorted(lost))
-        for claim in attempt.events:
-            if claim.partition_id in lost:
-                self._end(claim, fenced_out=True)
-        if attempt.state in (AttemptState.PLANNED, AttemptState.WRITTEN):
-            await self._steps.abort(attempt)
-        if attempt.state is AttemptState.COMMITTED:
-            return attempt
-        return attempt.without(lost)
-
-    async def _commit_loop(self) -> None:
-        queue = self._queue
-        assert queue is not None
-        while True:
-            attempt = await queue.get()
-            try:
-                await self._finish(attempt)
-            except asyncio.CancelledError:
-                raise
-            except Exception as error:  # never lose the committer to a surprise
-                self.last_error = error
-                logger.exception("sink: batch %s failed unexpectedly; its events are read again by the next claim",
-                                 attempt.batch_id)
-                for claim in attempt.events:
-                    self._end(claim)
-            finally:
-                queue.task_done()
-
-    async def _finish(self, attempt: Attempt) -> None:
-        """Write, commit, publish and checkpoint one planned attempt."""
-        steps = self._steps
-        assert steps is not None
-        while attempt.state not in (AttemptState.COMMITTED, AttemptState.ABORTED):
-            parked = [c.partition_id for c in attempt.events if c.state is ClaimState.PARKED]
-            if parked:
-                if attempt.state is not AttemptState.CUT:
-                    await steps.abort(attempt)
-                    if attempt.state is AttemptState.COMMITTED:
-                        break
-                attempt = attempt.without(parked)
-            if not attempt.events:
-                return
-            try:
-                if attempt.state is AttemptState.CUT:
-                    planned = await self._plan(attempt)
-                    if planned is None:
-                        return
-                    attempt = planned
-                if attempt.state is AttemptState.PLANNED:
-                    await self._write(attempt)
-                if attempt.state is AttemptState.WRITTEN:
-                    await steps.commit(attempt)
-            except BatchRefused as refused:
-                attempt = await self._refused(attempt, refused)
-        if attempt.state is AttemptState.COMMITTED:
-            # Published and checkpointed while the next batch is written.
-            assert self._published is not None
-            await self._published.put(attempt)
-
-    async def _publish_loop(self) -> None:
-        """Committed batches, in commit order: published, then checkpointed."""
-        queue = self._published
-        assert queue is not None
-        while True:
-            attempt = await queue.get()
-            try:
-                assert self._steps is not None, "a committed batch has a commit log"
-                moved = await self._publish(attempt)
-                await self._steps.checkpoint(attempt)
-                self._committed(attempt, moved)
-            except asyncio.CancelledError:
-                raise
-            except Exception as error:  # never lose the publisher to a surprise
-                self.last_error = error
-                logger.exception("sink: publishing committed batch %s failed unexpectedly; the partitions' next "
-                                 "claims roll it forward", attempt.batch_id)
-            finally:
-                queue.task_done()
-
-    async def _write(self, attempt: Attempt) -> None:
-        """planned -> written, under the retry policy; after the last attempt, the
-        poison policy (the attempt ends aborted, or committed as skipped)."""
-        assert self._steps is not None
-        policy = self.retry_policy
-        while attempt.state is AttemptState.PLANNED:
-            try:
-                await self._steps.write(attempt)
-                return
-            except BatchRefused:
-                raise
-            except Exception as error:
-                attempt.failures += 1
-                self.last_error = error
-                if attempt.failures >= policy.max_delivery_attempts:
-                    await self._poison(attempt, error)
-                    return
-                delay = policy.delay(attempt.failures)
-                logger.warning("sink: writing batch %s failed (attempt %d of %d): %r; writing it again in %.1f s",
-                               attempt.batch_id, attempt.failures, policy.max_delivery_attempts, error, delay)
-                await asyncio.sleep(delay)
-
-    async def _poison(self, attempt: Attempt, error: Exception) -> None:
-        assert self._steps is not None
-        events = [e for batch in attempt.events.values() for e in batch]
-        pids = sorted(attempt.partition_ids)
-        poisoned = PoisonEventsError(
-            f"batch {attempt.batch_id} ({len(events)} events of partitions {pids}) failed in all {attempt.failures} "
-            f"write attempts ({error!r}); policy {self.on_poison.value}", events=events, attempts=attempt.failures,
-            partition_id=pids[0] if len(pids) == 1 else None)
-        poisoned.__cause__ = error
-        self.last_error = poisoned
-        logger.error("sink: %s", poisoned)
-        if self.on_poison is PoisonPolicy.SKIP and await self._dead_letter(attempt, poisoned):
-            await self._steps.commit(attempt, skipped=True)
-            logger.error("sink: batch %s was skipped: the checkpoints of partitions %s move past it",
-                         attempt.batch_id, pids)
-            return
-        await self._steps.abort(attempt)
-        if attempt.state is AttemptState.ABORTED:
-            for claim in attempt.events:
-                self._park(claim, poisoned)
-
-    async def _dead_letter(self, attempt: Attempt, error: PoisonEventsError) -> bool:
-        if self.dead_letter is None:
-            return True
-        for claim, events in attempt.events.items():
-            try:
-                await self.dead_letter(list(events), error, claim.context)
-            except Exception as hook_error:
-                logger.error("sink: the dead_letter hook failed on partition %s (%r); parking instead of skipping",
-                             claim.partition_id, hook_error)
-                return False
-        return True
-
-    async def _publish(self, attempt: Attempt) -> int:
-        """committed -> published. It is committed: it is only ever rolled forward, so a
-        failure is retried (loudly) until it works or the sink stops; the partition's
-        next claim also rolls it forward."""
-        assert self._steps is not None
-        delay = 0.5
-        while True:
-            try:
-                return await self._steps.publish(attempt)
-            except Exception as error:
-                self.last_error = error
-                logger.error("sink: publishing committed batch %s failed (%r); trying again in %.1f s",
-                             attempt.batch_id, error, delay)
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, _MAX_BACKOFF)
-
-    def _committed(self, attempt: Attempt, moved: int) -> None:
-        batch = attempt.batch
-        assert batch is not None
-        if not attempt.skipped:
-            self.batches_committed += 1
-            self.events_committed += batch.event_count
-            self.last_batch = batch
-        self.step_timings.append(dict(attempt.timings))
-        ctx = next(iter(attempt.events)).context
-        logger.info("sink: owner %s committed batch %s of %s/%s: %d events from partitions %s (%d files moved); "
-                    "seconds: %s", ctx.owner_id, batch.batch_id, ctx.eventhub_name, ctx.consumer_group,
-                    batch.event_count, sorted(batch.ranges), moved,
-                    " ".join(f"{name} {value:.3f}" for name, value in attempt.timings.items()))
-
+            if self._open_claims <= 0 and self._pipeline is not None and \
+                    (self._buffers is None or not self._buffers.events):
+                await self._pipeline.stop()
