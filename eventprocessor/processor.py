@@ -1038,16 +1038,21 @@ class EventProcessor:
             lease.release_to = None
         if not records:
             return
+        failed: Set[str] = set()
         try:
             written = await self._store.claim_ownership(records)
         except ClaimOwnershipError as error:
-            written = list(error.claimed)
+            written, failed = list(error.claimed), set(error.failures)
             logger.warning("processor %s: releasing partitions %s failed: %s; they will expire instead",
                            self._describe, _sorted(error.failures), error)
         except Exception as error:
-            written = []
+            written, failed = [], {r.partition_id for r in records}
             logger.warning("processor %s: releasing partitions %s failed: %r; they will expire instead",
                            self._describe, _sorted(r.partition_id for r in records), error)
+        done = {r.partition_id for r in written}
+        lost = [r for r in records if r.partition_id not in done and r.partition_id not in failed]
+        if lost:
+            written += await self._write_releases_again(lost)
         for record in written:
             if record.owner_id:
                 self._stats.handed_off += 1
@@ -1056,6 +1061,42 @@ class EventProcessor:
             self._seen_epochs[record.partition_id] = max(record.epoch, self._seen_epochs.get(record.partition_id, 0))
             logger.debug("processor %s released partition %s to %s", self._describe, record.partition_id,
                          record.owner_id or "nobody")
+
+    async def _write_releases_again(self, lost: List[Ownership]) -> List[Ownership]:
+        """Release writes that lost their condition. When the stored record still names
+        this processor with the claim's epoch, the write that beat them kept this claim:
+        this processor's own renewal in flight (it changes the etag), or a handoff request
+        mark. Write them once more on the current etag, unless this processor holds the
+        partition again. Otherwise another processor owns the partition now."""
+        try:
+            listing = await self._store.list_ownership(self._source.fully_qualified_namespace,
+                                                       self._source.eventhub_name, self._consumer_group)
+        except Exception as error:
+            logger.warning("processor %s: releasing partitions %s lost to another write and listing them failed: "
+                           "%r; they will expire instead", self._describe, _sorted(r.partition_id for r in lost), error)
+            return []
+        stored = {r.partition_id: r for r in listing.ownerships}
+        again = []
+        for record in lost:
+            current = stored.get(record.partition_id)
+            claim_epoch = record.epoch - (1 if record.owner_id else 0)
+            held = self._leases.get(record.partition_id)
+            if current is None or current.owner_id != self._owner_id or current.epoch != claim_epoch \
+                    or (held is not None and held.state is not LeaseState.RELEASED):
+                logger.debug("processor %s: partition %s changed hands before its release was written",
+                             self._describe, record.partition_id)
+                continue
+            again.append(replace(record, etag=current.etag, last_modified_time=current.last_modified_time))
+        if not again:
+            return []
+        try:
+            return await self._store.claim_ownership(again)
+        except ClaimOwnershipError as error:
+            return list(error.claimed)
+        except Exception as error:
+            logger.warning("processor %s: releasing partitions %s failed: %r; they will expire instead",
+                           self._describe, _sorted(r.partition_id for r in again), error)
+            return []
 
     # ----------------------------------------------------------------- claiming
     async def _take(self, claims: List[Ownership], adoptions: List[Ownership]
