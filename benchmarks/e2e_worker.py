@@ -15,6 +15,8 @@ listing. It prints JSON lines on stdout:
   delivered batch (``--report events``), written and flushed *before* its checkpoint,
   so a SIGKILL never hides a delivery;
 - ``{"event": "owned", "owned": [...]}`` when the set of dispatched partitions changes (ours);
+- ``{"event": "ownership", "p": partition, "reason": ..., "epoch": ...}`` for each ownership
+  change the processor logs (ours: claimed, expired, stolen, adopted, released, handed_off, ...);
 - ``{"event": "stats", "events": n, "cpu": seconds, "t": unix time}`` four times a second;
 - ``{"event": "first", "cpu": ..., "t": ...}`` at the first delivery and ``{"event": "done", ...}``
   when ``--expect`` events have been delivered (process CPU seconds and wall time).
@@ -81,7 +83,7 @@ def _parse(argv: Optional[List[str]]) -> argparse.Namespace:
     parser.add_argument("--report", choices=["events", "counts"], default="events")
     parser.add_argument("--expect", type=int, default=0, help="say 'done' (with the CPU time) at this many events")
     parser.add_argument("--work", type=float, default=0.0, help="seconds each batch spends in the handler")
-    parser.add_argument("--log-level", default="WARNING",
+    parser.add_argument("--log-level", default="WARNING", type=str.upper, choices=["DEBUG", "INFO", "WARNING", "ERROR"],
                         help="level of this SDK's log lines on stderr (INFO shows every move); others log WARNING")
     return parser.parse_args(argv)
 
@@ -193,10 +195,26 @@ async def _amain(args: argparse.Namespace) -> int:
     return 0
 
 
+class _OwnershipLines(logging.Handler):
+    """Each ownership change of this SDK's processor as a JSON line, from the structured
+    fields of its log record (``OWNERSHIP_LOG_FIELDS``)."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        reason = getattr(record, "eventprocessor.reason", None)
+        if reason is not None:
+            _emit({"event": "ownership", "reason": reason, "p": getattr(record, "eventprocessor.partition_id", None),
+                   "epoch": getattr(record, "eventprocessor.epoch", None), "t": record.created})
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     args = _parse(argv)
-    logging.basicConfig(level=logging.WARNING, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    logging.getLogger("eventprocessor").setLevel(args.log_level.upper())
+    logging.basicConfig(level=logging.WARNING, stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    level = logging.getLevelName(args.log_level)
+    logging.getLogger().handlers[0].setLevel(level)
+    logging.getLogger("eventprocessor").setLevel(min(level, logging.INFO))
+    if args.impl == "ours":
+        logging.getLogger("eventprocessor.processor").addHandler(_OwnershipLines())
     return asyncio.run(_amain(args))
 
 
@@ -208,7 +226,8 @@ class WorkerHandle:
 
     ``deliveries`` maps (partition, sequence number) to how many times it was delivered
     by this worker; ``batches`` every delivered batch as (wall time, partition, first,
-    last); ``ownership`` every change of the dispatched set as (wall time, partitions).
+    last); ``ownership`` every change of the dispatched set as (wall time, partitions);
+    ``changes`` every ownership change the processor logged, with its reason.
     """
 
     def __init__(self, owner_id: str, process: "asyncio.subprocess.Process", stderr_path: str) -> None:
@@ -218,6 +237,7 @@ class WorkerHandle:
         self.started: Optional[Dict[str, Any]] = None
         self.owned: List[str] = []
         self.ownership: List[tuple] = []  # (wall time, partitions dispatched from then on)
+        self.changes: List[tuple] = []  # ours: (wall time, partition, reason, epoch) per ownership change
         self.events = 0
         self.cpu = 0.0
         self.stats_at = 0.0
@@ -260,6 +280,8 @@ class WorkerHandle:
             elif kind == "owned":
                 self.owned = record["owned"]
                 self.ownership.append((record["t"], record["owned"]))
+            elif kind == "ownership":
+                self.changes.append((record["t"], record["p"], record["reason"], record["epoch"]))
             elif kind == "started":
                 self.started = record
             elif kind == "first":
