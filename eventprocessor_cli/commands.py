@@ -38,6 +38,7 @@ BENCHMARKS = {
     "spark_sink": "Rows/s through the Spark sink vs Spark writing Parquet directly.",
     "faults": "Recovery from store faults, crashes and hung handlers against their documented bounds.",
     "e2e": "End to end over AMQP: this SDK vs azure-eventhub's consumer on the Event Hubs emulator.",
+    "moves": "Scale-out, scale-in, rolling restart and a crash as OS processes: duplicates, pauses vs azure-eventhub.",
 }
 
 
