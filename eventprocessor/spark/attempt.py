@@ -168,6 +168,7 @@ class BatchSteps:
                                    event_count=sum(r.count for r in ranges), byte_count=attempt.byte_count)
         attempt.move(AttemptState.PLANNED)
         attempt.timed("plan", started)
+        self.hook("after_plan")
 
     def _dataframe(self, attempt: Attempt) -> Any:
         started = time.perf_counter()

@@ -26,11 +26,15 @@ from .output import (COMMITS_DIR, ForeachBatch, ForeachBatchWriter, OutputLocati
 from .pipeline import BatchPipeline, SinkStats
 from .session import spark_session
 
-__all__ = ["SparkSink"]
+__all__ = ["SparkSink", "WRITE_RETRY_POLICY"]
 
 logger = logging.getLogger(__name__)
 
 _MAX_BACKOFF = 30.0
+
+WRITE_RETRY_POLICY = RetryPolicy(max_delivery_attempts=8, retry_backoff=1.0, max_retry_backoff=60.0)
+"""How often a failing batch write is tried by default: 8 attempts, 1 s backoff doubling
+up to 60 s (about two minutes of retries) before the poison policy applies."""
 
 
 class _SinkHandler(PartitionProcessor):
@@ -97,7 +101,9 @@ class SparkSink:
     * ``retry_policy``, ``on_poison``, ``dead_letter``: a batch whose write fails (a Spark
       error, a raising ``foreach_batch`` or ``decode``) is written again with the same
       ``batch_id`` after ``retry_policy``'s backoff, up to its
-      ``max_delivery_attempts``; then the poison policy applies, as for handler errors:
+      ``max_delivery_attempts`` (default :data:`WRITE_RETRY_POLICY`: 8 attempts over about
+      two minutes, long enough for a cluster to restart); then the poison policy
+      applies, as for handler errors:
       :attr:`PoisonPolicy.PARK` (the default here) gives the batch up and parks its
       partitions (their events are neither written nor checkpointed until the processor
       restarts); :attr:`PoisonPolicy.SKIP` awaits ``dead_letter(events, error, context)``
@@ -105,10 +111,11 @@ class SparkSink:
       ``last_error`` keeps the last error; ``parked`` the parked partitions.
     * ``log_retention``: seconds the commit log keeps entries below a snapshot (see
       :class:`~eventprocessor.spark.CommitLog`).
-    * ``step_hook``: called with the name of each step a batch reaches (``after_write``:
-      data staged, not committed; ``after_commit``; ``mid_publish``: one file moved into
-      the table; ``after_publish``: before the store checkpoints; ``after_checkpoint``).
-      For fault-injection tests and tracing; it runs in the sink's threads.
+    * ``step_hook``: called with the name of each step a batch reaches: ``after_plan``;
+      ``after_write`` (data staged, not committed); ``after_commit``; ``mid_publish`` (one
+      file moved into the table); ``after_publish`` (before the store checkpoints);
+      ``after_checkpoint``. For fault-injection tests and tracing; it runs on the event
+      loop or in the sink's worker threads, so keep it quick.
 
     One sink serves one event loop and one event hub/consumer group; several processors
     (in one or many processes, on one or many hosts) may write to the same ``path``.
@@ -184,7 +191,7 @@ class SparkSink:
         self._log_target = self._commit_log_target(commit_log, log_name, foreach_batch is not None)
         self._limits = Limits(int(max_events), int(max_bytes), float(max_interval))
         self.decode = decode
-        self.retry_policy = retry_policy or RetryPolicy()
+        self.retry_policy = retry_policy or WRITE_RETRY_POLICY
         self.dead_letter = dead_letter
         self.log_retention = float(log_retention)
         self._spark = spark
