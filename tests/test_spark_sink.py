@@ -493,6 +493,42 @@ async def test_a_transient_write_failure_is_retried_with_the_same_batch_id(spark
     assert not sink.parked
 
 
+class FlakyLogStore(InMemoryCheckpointStore):
+    """A checkpoint store whose log-entry writes time out a given number of times, the
+    first of them after the write landed (the answer was lost), like a store outage."""
+
+    def __init__(self, failures: int) -> None:
+        super().__init__()
+        self.failures = failures
+
+    async def create_entry(self, *args, **kwargs) -> bool:
+        from eventprocessor.errors import StoreTimeoutError
+
+        if self.failures > 0 and b'"commit"' in args[-1]:
+            self.failures -= 1
+            if self.failures % 2 == 1:
+                await super().create_entry(*args, **kwargs)  # landed, but the answer was lost
+            raise StoreTimeoutError("the store did not answer in time")
+        return await super().create_entry(*args, **kwargs)
+
+
+async def test_a_commit_log_outage_is_ridden_out_and_each_batch_committed_once(spark, tmp_path):
+    source = MemoryEventSource(2)
+    expected = fill(source, 60)
+    store = FlakyLogStore(failures=4)
+    out = tmp_path / "table"
+    sink = SparkSink(out, spark=spark, commit_log=store, max_events=40, max_interval=0.2)
+    processor = EventProcessor(source, store, sink, load_balancing_interval=0.2,
+                               partition_ownership_expiration_interval=10, max_batch_size=20)
+    await processor.start()
+    await wait_until(lambda: sink.events_committed >= len(expected), "every event committed")
+    await processor.stop()
+    await sink.close()
+    assert store.failures == 0
+    assert "did not answer" in repr(sink.last_error)
+    assert_exactly_once(read_rows(spark, out), expected)
+
+
 @pytest.mark.slow
 @pytest.mark.azurite
 async def test_sigkill_at_every_step_of_a_batch_then_restart_writes_each_event_once(spark, azurite, tmp_path):

@@ -151,6 +151,8 @@ class BatchPipeline:
                 if not any(c.context.is_owned for c in attempt.events):
                     logger.warning("sink: planning a batch failed (%r) and none of its partitions is owned any "
                                    "more; its events are read again by their next owners", error)
+                    for claim in attempt.events:
+                        self.claims.end(claim)  # a later batch of these claims would skip the dropped events
                     return None
                 logger.warning("sink: planning a batch in the commit log failed (%r); retrying in %.1f s", error,
                                delay)
@@ -198,7 +200,8 @@ class BatchPipeline:
                 queue.task_done()
 
     async def _finish(self, attempt: Attempt) -> None:
-        """Write, commit, publish and checkpoint one planned attempt."""
+        """Write and commit one planned attempt (re-planning what is left after a
+        refusal), then hand it to the publisher."""
         steps = self.steps
         assert steps is not None
         while attempt.state not in (AttemptState.COMMITTED, AttemptState.ABORTED):
@@ -219,14 +222,40 @@ class BatchPipeline:
                     attempt = planned
                 if attempt.state is AttemptState.PLANNED:
                     await self._write(attempt)
-                if attempt.state is AttemptState.WRITTEN:
-                    await steps.commit(attempt)
+                if attempt.state is AttemptState.WRITTEN and not await self._commit(attempt):
+                    return
             except BatchRefused as refused:
                 attempt = await self._refused(attempt, refused)
         if attempt.state is AttemptState.COMMITTED:
             # Published and checkpointed while the next batch is written.
             assert self._published is not None
             await self._published.put(attempt)
+
+    async def _commit(self, attempt: Attempt) -> bool:
+        """written -> committed. A failing commit log is retried (a commit that landed
+        is recognised as such) while any of the claims lasts; then the claims end and
+        False: their next claims find the batch committed (and roll it forward) or
+        abort it with their fence."""
+        assert self.steps is not None
+        delay = 0.5
+        while True:
+            try:
+                await self.steps.commit(attempt)
+                return True
+            except BatchRefused:
+                raise
+            except Exception as error:
+                self.stats.last_error = error
+                if not any(c.context.is_owned for c in attempt.events):
+                    logger.warning("sink: committing batch %s failed (%r) and none of its partitions is owned any "
+                                   "more; their next owners settle it", attempt.batch_id, error)
+                    for claim in attempt.events:
+                        self.claims.end(claim)
+                    return False
+                logger.warning("sink: committing batch %s failed (%r); retrying in %.1f s", attempt.batch_id, error,
+                               delay)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, _MAX_BACKOFF)
 
     async def _publish_loop(self) -> None:
         """Committed batches, in commit order: published, then checkpointed."""
