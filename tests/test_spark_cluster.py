@@ -414,28 +414,33 @@ async def test_two_processor_processes_one_sigkilled_write_each_event_once(mode,
 
 @pytest.mark.slow
 @pytest.mark.azurite
-@pytest.mark.parametrize("flag", ["--master", "--remote"])
-async def test_the_sample_runs_unchanged_on_the_cluster(flag, spark_cluster, connect_spark, tmp_path):
-    url = spark_cluster.master_url if flag == "--master" else spark_cluster.connect_url
-    assert url is not None
-    out = tmp_path / "table"
+async def test_the_sample_runs_unchanged_on_the_cluster_both_ways(spark_cluster, connect_spark, tmp_path):
+    """``samples/spark_consumer.py --store azurite --master spark://...`` and ``--remote
+    sc://...``, side by side; each table, read back by this process's own session, holds
+    every produced event exactly once."""
     events = 4000
     env = dict(os.environ, PYTHONPATH=str(ROOT), SPARK_LOCAL_IP="127.0.0.1", PYSPARK_PYTHON=sys.executable,
                TMPDIR=str(tmp_path))
-    process = await asyncio.create_subprocess_exec(
-        sys.executable, str(ROOT / "samples" / "spark_consumer.py"), "--store", "azurite", flag, url,
-        "--output", str(out), "--events", str(events), "--max-events", "1000", cwd=str(ROOT), env=env,
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
-    output, _ = await asyncio.wait_for(process.communicate(), 300)
-    text = output.decode(errors="replace")
-    assert process.returncode == 0, text[-4000:]
-    assert f"{events} distinct events, {events} produced" in text
-    table = connect_spark.read.parquet(str(out))
-    rows = [(str(r.partition_id), int(r.sequence_number)) for r in
-            table.select("partition_id", "sequence_number").collect()]
-    assert len(rows) == len(set(rows)) == events
-    per_partition: Dict[str, List[int]] = {}
-    for pid, seq in rows:
-        per_partition.setdefault(pid, []).append(seq)
-    for pid, seqs in per_partition.items():
-        assert sorted(seqs) == list(range(len(seqs))), f"partition {pid} has gaps or duplicates"
+
+    async def run(flag: str, url: Optional[str]) -> Tuple[Path, str, Optional[int]]:
+        assert url is not None
+        out = tmp_path / flag.strip("-") / "table"
+        process = await asyncio.create_subprocess_exec(
+            sys.executable, str(ROOT / "samples" / "spark_consumer.py"), "--store", "azurite", flag, url,
+            "--output", str(out), "--events", str(events), "--max-events", "1000", cwd=str(ROOT), env=env,
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
+        output, _ = await asyncio.wait_for(process.communicate(), 300)
+        return out, output.decode(errors="replace"), process.returncode
+
+    for out, text, code in await asyncio.gather(run("--master", spark_cluster.master_url),
+                                                run("--remote", spark_cluster.connect_url)):
+        assert code == 0, text[-4000:]
+        assert f"{events} distinct events, {events} produced" in text
+        rows = [(str(r.partition_id), int(r.sequence_number)) for r in
+                connect_spark.read.parquet(str(out)).select("partition_id", "sequence_number").collect()]
+        assert len(rows) == len(set(rows)) == events
+        per_partition: Dict[str, List[int]] = {}
+        for pid, seq in rows:
+            per_partition.setdefault(pid, []).append(seq)
+        for pid, seqs in per_partition.items():
+            assert sorted(seqs) == list(range(len(seqs))), f"partition {pid} has gaps or duplicates"
