@@ -4,6 +4,9 @@
   (latency, a black hole, resets, lost responses) between a client and a service.
 * :mod:`emulators.azurite`: starts and stops Azurite (the Azure Storage emulator, an npm
   package) on loopback, for the Blob and Table checkpoint stores.
+* :mod:`emulators.spark_cluster`: starts and stops a Spark standalone master, one worker
+  and a Spark Connect server on loopback from the pip ``pyspark`` package, for the Spark
+  sink's cluster tests, benchmark and sample (``python -m emulators.spark_cluster``).
 
 Nothing in the SDK (``eventprocessor``, ``stores``) imports this package.
 """
