@@ -778,6 +778,9 @@ class EventProcessor:
             return self._empty_report(error=failure)
         self._tick_recovered("source")
         listed_at = self._clock.monotonic()
+        # A slow listing shows the store as it was when it was sent: compare it with the
+        # epochs known then, not with what this processor wrote meanwhile (a handoff).
+        seen_before = dict(self._seen_epochs)
         try:
             listing, member_listing = await self._store.list_ownership_and_members(
                 self._source.fully_qualified_namespace, self._source.eventhub_name, self._consumer_group)
@@ -788,7 +791,7 @@ class EventProcessor:
 
         snapshot = Snapshot(records={r.partition_id: r for r in listing.ownerships}, server_time=listing.server_time,
                             sent_at=listed_at, unreadable=frozenset(u.partition_id for u in listing.unreadable))
-        self._check_store_history(listing)
+        self._check_store_history(listing, seen_before)
         reconciliation = self._reconcile(snapshot)
         lost = owned_before - self.owned_partitions
 
@@ -907,15 +910,17 @@ class EventProcessor:
         return replace(claim, epoch=floor)
 
     # ----------------------------------------------------------------- store history
-    def _check_store_history(self, listing: OwnershipListing) -> None:
+    def _check_store_history(self, listing: OwnershipListing, seen_before: Mapping[str, int]) -> None:
         """Records seen before must not vanish, and epochs must not go down: either means
         the store lost data (restored, wiped, an emulator restarted). Each is reported
         once; the epochs this processor has seen never go down, so its next claims of
-        those partitions are still above every epoch they had."""
+        those partitions are still above every epoch they had. ``seen_before``: the
+        epochs known when the listing was sent (a write of this processor answered since
+        may be newer than the listing)."""
         current = {r.partition_id: r.epoch for r in listing.ownerships}
         unreadable = {u.partition_id for u in listing.unreadable}
         vanished = sorted(pid for pid in self._listed if pid not in current and pid not in unreadable)
-        backwards = sorted(pid for pid, epoch in current.items() if epoch < self._seen_epochs.get(pid, 0)
+        backwards = sorted(pid for pid, epoch in current.items() if epoch < seen_before.get(pid, 0)
                            and self._reported_backwards.get(pid) != epoch)
         self._listed = set(current) | unreadable
         for pid in backwards:
