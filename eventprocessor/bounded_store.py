@@ -19,9 +19,15 @@ from .clock import Clock
 from .errors import StoreTimeoutError
 from .records import Checkpoint, Member, MemberListing, Ownership, OwnershipListing
 
-__all__ = ["BoundedStore", "with_deadline"]
+__all__ = ["BoundedStore", "with_deadline", "BATCH"]
 
 logger = logging.getLogger(__name__)
+
+BATCH = 32
+"""The most records one bounded call writes (claims, renewals), and the most checkpoint
+fences a balancing tick keeps in flight. A deadline then covers a call's own requests,
+not a queue of hundreds behind it: on a busy client every one of those would run out,
+be counted as not written, and be sent again."""
 
 _T = TypeVar("_T")
 

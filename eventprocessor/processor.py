@@ -32,7 +32,7 @@ from typing import (Any, Awaitable, Callable, Dict, FrozenSet, Iterable, List, M
                     Union)
 
 from .balancer import HANDOFF_PROPERTY, ORDINAL_PROPERTY, LoadBalancingStrategy, decide
-from .bounded_store import BoundedStore
+from .bounded_store import BATCH, BoundedStore
 from .checkpoint_store import CheckpointStore
 from .clock import Clock, SystemClock
 from .delivery import PoisonPolicy, RetryPolicy
@@ -1117,16 +1117,30 @@ class EventProcessor:
         for lease in leases.values():
             self._leases[lease.partition_id] = lease
         error: Optional[Exception] = None
-        try:
-            won = await self._store.claim_ownership(records)
-        except ClaimOwnershipError as exc:
-            won, error = list(exc.claimed), exc
-        except Exception as exc:
-            won, error = [], exc
+        won: List[Ownership] = []
+        not_written: Set[str] = set()
+        # BATCH claims per call, not hundreds in one: see bounded_store.BATCH.
+        for first in range(0, len(records), BATCH):
+            batch = records[first:first + BATCH]
+            try:
+                won += await self._store.claim_ownership(batch)
+            except ClaimOwnershipError as exc:
+                won, error = won + list(exc.claimed), exc
+                not_written |= set(exc.failures)
+            except Exception as exc:
+                error = exc
+                not_written |= {r.partition_id for r in records[first:]}
+                break  # the store did not answer: the rest waits for the next tick
         answered_at = self._clock.monotonic()
         won_by_pid = {r.partition_id: r for r in won}
         failed = []
         fences = []
+        gate = asyncio.Semaphore(BATCH)  # fences in flight; each one's deadline starts when it is sent
+
+        async def fence(lease: Lease) -> Optional[str]:
+            async with gate:
+                return await self._fence_and_start(lease)
+
         for pid, lease in leases.items():
             record = won_by_pid.get(pid)
             if record is None or lease.state is not LeaseState.CLAIMING:
@@ -1136,11 +1150,10 @@ class EventProcessor:
             self._seen_epochs[pid] = max(record.epoch, self._seen_epochs.get(pid, 0))
             lease.confirm(record, sent_at=now, answered_at=answered_at, lease_length=self._timing.lease_length,
                           renewal_age=self._timing.renewal_age)
-            fences.append(self._fence_and_start(lease))
+            fences.append(fence(lease))
         if error is not None:
-            failures = getattr(error, "failures", {})
             logger.warning("processor %s: claiming partitions %s failed: %r", self._describe,
-                           _sorted(failures or leases), error)
+                           _sorted(not_written or leases), error)
             self._report(error, [])
         started = await asyncio.gather(*fences)
         return [pid for pid in started if pid is not None], failed, error

@@ -17,7 +17,7 @@ import asyncio
 import logging
 from typing import Callable, Dict, List, Optional
 
-from .bounded_store import with_deadline
+from .bounded_store import BATCH, with_deadline
 from .checkpoint_store import CheckpointStore
 from .clock import Clock
 from .errors import ClaimOwnershipError
@@ -71,7 +71,8 @@ class LeaseRenewer:
             now = self._clock.monotonic()
             due = self._due(now)
             if due:
-                await self.renew(due)
+                # The most urgent first, BATCH per call; the loop comes back for the rest.
+                await self.renew(sorted(due, key=lambda lease: lease.deadline)[:BATCH])
                 continue
             self._wake.clear()
             pause = max(0.0, self._next_wake(now))
