@@ -331,6 +331,10 @@ async def spawn_worker(owner_id: str, *, hub: str, container: str, hub_connectio
     env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH", "")) if p)
     env["PYTHONUNBUFFERED"] = "1"
     stderr_path = os.path.join(log_dir, f"{owner_id}.stderr")
+    restarts = 0
+    while os.path.exists(stderr_path):  # the same name started again: keep the earlier log
+        restarts += 1
+        stderr_path = os.path.join(log_dir, f"{owner_id}.{restarts}.stderr")
     with open(stderr_path, "wb") as stderr:
         process = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "benchmarks.e2e_worker", "--hub", hub, "--container", container,

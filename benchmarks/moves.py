@@ -131,8 +131,9 @@ class Group:
         self.partitions = partitions
         self.hub_connection_string = hub_connection_string
         self.storage_connection_string = storage_connection_string
-        self.log_dir = log_dir
         self.container = f"moves-{impl}-{uuid.uuid4().hex[:10]}"
+        self.log_dir = os.path.join(log_dir, self.container)
+        os.makedirs(self.log_dir, exist_ok=True)
         self.workers: List[WorkerHandle] = []
         self.sent = 0
         self._stop = asyncio.Event()
@@ -292,7 +293,7 @@ class Group:
 
     def dump(self) -> None:
         """Every batch and ownership change, for a post-mortem, into the log directory."""
-        with open(os.path.join(self.log_dir, f"{self.container}-timeline.json"), "w") as handle:
+        with open(os.path.join(self.log_dir, "timeline.json"), "w") as handle:
             json.dump([{"owner": w.owner_id, "pid": w.process.pid, "batches": w.batches, "ownership": w.ownership}
                        for w in self.workers], handle)
 
@@ -506,6 +507,8 @@ def main(argv: Optional[List[str]] = None, prog: Optional[str] = None) -> int:
     parser.add_argument("--rounds", type=int, default=2, help="rounds of every scenario per side")
     parser.add_argument("--scenarios", nargs="+", choices=sorted(SCENARIOS), default=list(SCENARIOS))
     parser.add_argument("--ours-only", action="store_true", help="skip the official processor (never recorded)")
+    parser.add_argument("--log-dir", help="keep every worker's log and each scenario's timeline of batches here "
+                                          "(default: a temporary directory, removed)")
 
     def body(args: argparse.Namespace) -> int:
         if args.record and (args.ours_only or args.scenarios != list(SCENARIOS)):
@@ -520,14 +523,17 @@ def _run(args: argparse.Namespace, command: str) -> int:
     from emulators.eventhubs.process import EmulatorUnavailable, start_emulator_process
 
     started = time.monotonic()
-    with tempfile.TemporaryDirectory(prefix="moves-bench-") as log_dir:
+    if args.log_dir:
+        os.makedirs(args.log_dir, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="moves-bench-") as scratch:
+        log_dir = args.log_dir or scratch
         try:
             azurite = start_azurite()
         except AzuriteUnavailable as error:
             print(f"moves: Azurite could not start: {error}", file=sys.stderr)
             return 2
         try:
-            emulator = start_emulator_process(["--config", _config(os.path.join(log_dir, "Config.json"),
+            emulator = start_emulator_process(["--config", _config(os.path.join(scratch, "Config.json"),
                                                                    args.rounds)])
         except EmulatorUnavailable as error:
             azurite.stop()
