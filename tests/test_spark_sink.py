@@ -542,7 +542,7 @@ async def test_sigkill_at_every_step_of_a_batch_then_restart_writes_each_event_o
     from stores import BlobCheckpointStore
 
     out = tmp_path / "table"
-    partitions, events = 4, 120
+    partitions, events = 4, 400  # 8 batches: every run finds batches left to write
     container = f"spark-kill-{uuid.uuid4().hex[:8]}"
     env = dict(os.environ, PYTHONPATH=str(ROOT), SPARK_LOCAL_IP="127.0.0.1",
                EVENTPROCESSOR_TEST_STORAGE=azurite.connection_string)
