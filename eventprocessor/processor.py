@@ -276,9 +276,10 @@ class EventProcessor:
         renewal = None
         if ownership_renewal_age is not None:
             if isinstance(ownership_renewal_age, bool) or not isinstance(ownership_renewal_age, (int, float)) \
-                    or not math.isfinite(ownership_renewal_age) or ownership_renewal_age < 0:
+                    or not math.isfinite(ownership_renewal_age) or ownership_renewal_age <= 0:
                 raise ConfigurationError(
-                    f"ownership_renewal_age must be a non-negative number of seconds, got {ownership_renewal_age!r}")
+                    f"ownership_renewal_age must be a positive number of seconds (how old a record gets before it "
+                    f"is rewritten), got {ownership_renewal_age!r}")
             renewal = float(ownership_renewal_age)
         self._timing = Timing.derive(
             interval=interval, expiration=expiration, renewal_age=renewal,

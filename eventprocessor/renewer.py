@@ -59,11 +59,13 @@ class LeaseRenewer:
     def _due(self, now: float) -> List[Lease]:
         return [lease for lease in self._leases.values() if lease.renewable(now) and lease.renew_at <= now]
 
-    def _next_wake(self, now: float) -> float:
+    def _next_wake(self, now: float) -> Optional[float]:
+        """Seconds until the next renewal or deadline; None when nothing is renewable
+        (then only :meth:`wake` starts the next round)."""
         times = [lease.renew_at for lease in self._leases.values() if lease.renewable(now)]
         # Also wake at deadlines, so that a lease that could not be renewed is seen to end.
         times += [lease.deadline for lease in self._leases.values() if lease.renewable(now)]
-        return min(times, default=now + self.renewal_age) - now
+        return min(times) - now if times else None
 
     async def run(self) -> None:
         """Renew forever (until cancelled)."""
@@ -75,7 +77,11 @@ class LeaseRenewer:
                 await self.renew(sorted(due, key=lambda lease: lease.deadline)[:BATCH])
                 continue
             self._wake.clear()
-            pause = max(0.0, self._next_wake(now))
+            until_next = self._next_wake(now)
+            if until_next is None:
+                await self._wake.wait()
+                continue
+            pause = max(0.0, until_next)
             try:
                 await with_deadline(self._clock, pause, self._wake.wait(), lambda: TimeoutError())
             except TimeoutError:

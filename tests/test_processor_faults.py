@@ -369,3 +369,30 @@ def test_an_unreadable_ownership_record_is_claimed_over_once_it_has_expired(fiel
     bad = [r for r in caplog.records if r.levelno == logging.WARNING and "'2'" in r.getMessage()
            and "ownership record" in r.getMessage()]
     assert len(bad) == 1, [r.getMessage() for r in bad]
+
+
+def test_the_renewer_sleeps_while_it_has_nothing_to_renew():
+    """With no renewable lease the renewer waited ``renewal_age`` and looked again, and a
+    renewal age near 0 made it spin on the event loop. It now waits to be woken."""
+    from eventprocessor.renewer import LeaseRenewer
+
+    class Counting(LeaseRenewer):
+        rounds = 0
+
+        def _due(self, now):
+            Counting.rounds += 1
+            return super()._due(now)
+
+    async def scenario():
+        loop = asyncio.get_running_loop()
+        clock = type("LoopClock", (), {"monotonic": staticmethod(loop.time), "sleep": staticmethod(asyncio.sleep)})()
+        renewer = Counting(store=None, leases={}, clock=clock, renewal_age=0.001, lease_length=10.0,
+                           retry_interval=1.0, on_contested=lambda: None, on_error=lambda e, l: None, describe="t")
+        task = asyncio.ensure_future(renewer.run())
+        await asyncio.sleep(100)
+        renewer.wake()
+        await asyncio.sleep(1)
+        task.cancel()
+        return Counting.rounds
+
+    assert run_virtual(scenario()) <= 3

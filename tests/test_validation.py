@@ -44,6 +44,8 @@ CASES = [
      ["ownership_renewal_age=600"]),
     ("renewal age negative", lambda: processor(ownership_renewal_age=-1), ["ownership_renewal_age", "-1"]),
     ("renewal age NaN", lambda: processor(ownership_renewal_age=NAN), ["ownership_renewal_age", "nan"]),
+    ("renewal age zero (a record rewritten without pause)", lambda: processor(ownership_renewal_age=0),
+     ["ownership_renewal_age", "positive", "0"]),
     ("store timeout zero", lambda: processor(store_timeout=0), ["store_timeout", "0"]),
     ("store timeout longer than the renewal window", lambda: processor(store_timeout=100),
      ["store_timeout=100", "renewal"]),
