@@ -49,6 +49,8 @@ class AzuriteRun:
     errors: List[Exception]
     note: str = ""
     processed_before_fault: int = 0  # distinct events the handlers had processed when the fault began
+    checkpointed_before_fault: int = 0  # events at or below the checkpoints listed just before the fault
+    replayed_checkpointed: int = 0  # deliveries after the fault of events those checkpoints covered
 
 
 class _Group:
@@ -196,6 +198,11 @@ async def restarted_empty(*, refuse: bool, traffic: float = 40.0, processors: in
         await group.wait(group.settled, timeout=30)
         await asyncio.sleep(5)
         processed_before = len(group.ledger.processed())
+        source = group.source
+        listed = await group.stores[0].list_checkpoints(source.fully_qualified_namespace, source.eventhub_name,
+                                                        "$default")
+        checkpoints = {c.partition_id: c.sequence_number for c in listed}
+        delivered_before = len(group.ledger.deliveries)
         ports = (azurite.blob_port, azurite.queue_port, azurite.table_port)
         await asyncio.to_thread(azurite.stop)
         azurite = await asyncio.to_thread(start_azurite, ports=ports)
@@ -213,7 +220,11 @@ async def restarted_empty(*, refuse: bool, traffic: float = 40.0, processors: in
                           duplicates=group.ledger.duplicates(), overlap=0.0,
                           self_fenced=sum(p.stats.self_fenced for p in group.processors), errors=group.errors,
                           note=f"{sum(p.stats.store_data_lost for p in group.processors)} data-loss reports",
-                          processed_before_fault=processed_before)
+                          processed_before_fault=processed_before,
+                          checkpointed_before_fault=sum(seq + 1 for seq in checkpoints.values()),
+                          replayed_checkpointed=sum(
+                              1 for d in group.ledger.deliveries[delivered_before:]
+                              for seq in range(d.first, d.last + 1) if seq <= checkpoints.get(d.partition_id, -1)))
     finally:
         azurite.stop()
 
