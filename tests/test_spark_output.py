@@ -87,7 +87,8 @@ def test_a_half_moved_batch_is_finished_by_whoever_publishes_it(tmp_path):
     location = OutputLocation(tmp_path / "table")
     writer = ParquetWriter(location, [], {})
     publication = stage(location, 0, ["a.parquet", "b.parquet"])
-    os.rename(tmp_path / "table" / STAGING_DIR / f"{0:012d}" / "a.parquet", tmp_path / "table" / "b000000000000-a.parquet")
+    staged = tmp_path / "table" / STAGING_DIR / f"{0:012d}"
+    os.rename(staged / "a.parquet", tmp_path / "table" / "b000000000000-a.parquet")
     assert writer.publish([publication]) == ([0], 1)
     assert len(metadata_lines(location, "0")) == 2
 

@@ -60,7 +60,8 @@ def spark_session(master: Optional[str] = None, conf: Optional[Mapping[str, str]
         if master is not None:
             raise ConfigurationError("pass either master (a classic session) or remote (Spark Connect), not both")
         if not remote.startswith("sc://"):
-            raise ConfigurationError(f"remote must be a Spark Connect URL sc://host:port, got {remote.split('/;')[0]!r}")
+            shown = remote.split("/;")[0]  # never the parameters: they may hold a token
+            raise ConfigurationError(f"remote must be a Spark Connect URL sc://host:port, got {shown!r}")
         builder = SparkSession.builder.remote(remote)
         for key, value in {**SESSION_DEFAULTS, **dict(conf or {})}.items():
             builder = builder.config(str(key), str(value))

@@ -359,7 +359,8 @@ class SparkSink:
     async def _log_for(self, ctx: PartitionContext) -> CommitLog:
         if self._log is None:
             target = self._log_target
-            storage = (StoreLogStorage(target, self.log_name or "", fully_qualified_namespace=ctx.fully_qualified_namespace,
+            storage = (StoreLogStorage(target, self.log_name or "",
+                                       fully_qualified_namespace=ctx.fully_qualified_namespace,
                                        eventhub_name=ctx.eventhub_name, consumer_group=ctx.consumer_group)
                        if isinstance(target, CheckpointStore) else FileLogStorage(target))
             self._log = CommitLog(storage, fully_qualified_namespace=ctx.fully_qualified_namespace,
