@@ -1111,52 +1111,50 @@ class EventProcessor:
         they are), fence each won partition's checkpoint and start its pump. Returns the
         partitions now dispatched, those whose claim was not won, and a store error."""
         records = claims + adoptions
-        if not records:
-            return [], [], None
-        now = self._clock.monotonic()
-        leases = {r.partition_id: Lease(r, now=now) for r in records}
-        for lease in leases.values():
-            self._leases[lease.partition_id] = lease
         error: Optional[Exception] = None
-        won: List[Ownership] = []
         not_written: Set[str] = set()
-        # BATCH claims per call, not hundreds in one: see bounded_store.BATCH.
+        failed: List[str] = []
+        started: List[Optional[str]] = []
+        # BATCH at a time (see bounded_store.BATCH): claimed in one call, then fenced
+        # together, before the next batch is claimed. A lease runs from its claim, so a
+        # claim never waits long for its fence, and each call's deadline covers its own
+        # requests only.
         for first in range(0, len(records), BATCH):
             batch = records[first:first + BATCH]
+            now = self._clock.monotonic()
+            leases = {r.partition_id: Lease(r, now=now) for r in batch}
+            for lease in leases.values():
+                self._leases[lease.partition_id] = lease
+            unanswered = False
             try:
-                won += await self._store.claim_ownership(batch)
+                won = await self._store.claim_ownership(batch)
             except ClaimOwnershipError as exc:
-                won, error = won + list(exc.claimed), exc
+                won, error = list(exc.claimed), exc
                 not_written |= set(exc.failures)
             except Exception as exc:
-                error = exc
+                won, error, unanswered = [], exc, True
                 not_written |= {r.partition_id for r in records[first:]}
-                break  # the store did not answer: the rest waits for the next tick
-        answered_at = self._clock.monotonic()
-        won_by_pid = {r.partition_id: r for r in won}
-        failed = []
-        fences = []
-        gate = asyncio.Semaphore(BATCH)  # fences in flight; each one's deadline starts when it is sent
-
-        async def fence(lease: Lease) -> Optional[str]:
-            async with gate:
-                return await self._fence_and_start(lease)
-
-        for pid, lease in leases.items():
-            record = won_by_pid.get(pid)
-            if record is None or lease.state is not LeaseState.CLAIMING:
-                failed.append(pid)
-                self._drop(lease)
-                continue
-            self._seen_epochs[pid] = max(record.epoch, self._seen_epochs.get(pid, 0))
-            lease.confirm(record, sent_at=now, answered_at=answered_at, lease_length=self._timing.lease_length,
-                          renewal_age=self._timing.renewal_age)
-            fences.append(fence(lease))
+            answered_at = self._clock.monotonic()
+            won_by_pid = {r.partition_id: r for r in won}
+            fences = []
+            for pid, lease in leases.items():
+                record = won_by_pid.get(pid)
+                if record is None or lease.state is not LeaseState.CLAIMING:
+                    failed.append(pid)
+                    self._drop(lease)
+                    continue
+                self._seen_epochs[pid] = max(record.epoch, self._seen_epochs.get(pid, 0))
+                lease.confirm(record, sent_at=now, answered_at=answered_at, lease_length=self._timing.lease_length,
+                              renewal_age=self._timing.renewal_age)
+                fences.append(self._fence_and_start(lease))
+            started += await asyncio.gather(*fences)
+            if unanswered:  # the store did not answer: the rest waits for the next tick
+                failed += [r.partition_id for r in records[first + BATCH:]]
+                break
         if error is not None:
             logger.warning("processor %s: claiming partitions %s failed: %r", self._describe,
-                           _sorted(not_written or leases), error)
+                           _sorted(not_written or (r.partition_id for r in records)), error)
             self._report(error, [])
-        started = await asyncio.gather(*fences)
         return [pid for pid in started if pid is not None], failed, error
 
     def _drop(self, lease: Lease) -> None:
