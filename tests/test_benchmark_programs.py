@@ -2,9 +2,11 @@
 write benchmarks/RESULTS.md only when asked to with --record."""
 from __future__ import annotations
 
+import re
+
 import pytest
 
-from benchmarks import convergence, results, throughput
+from benchmarks import convergence, results, scale, throughput
 
 
 @pytest.fixture
@@ -66,7 +68,32 @@ def test_a_quick_run_refuses_to_record(capsys, results_file):
     assert not results_file.exists()
 
 
-@pytest.mark.parametrize("module", ["convergence", "throughput", "store_bench", "spark_sink"])
+@pytest.mark.azurite
+def test_scale_quick_run_starts_both_sides_as_processes_and_checks_ownership_in_the_store(capsys, results_file,
+                                                                                         azurite):
+    """A smoke run: 8 partitions x 2 processes per side on the session's Azurite. Timing
+    figures are not asserted (they are the benchmark's to record); the table's shape is."""
+    code = scale.main(["--quick"], azurite=azurite)
+    out = capsys.readouterr().out
+    assert code in (0, 1), out  # 1: a side missed a check, which the table says
+    assert "| 8 x 2 |" in out  # the sizing row: measured listing cost, I and E
+    rows = {line.split(" | ")[0].lstrip("| "): line.split(" | ")[1:] for line in out.splitlines()
+            if line.startswith("| ") and line.count(" | ") == 2}
+    for label in ("seconds to balanced (from the common start)", "missed renewals (must be 0)",
+                  "every partition owned by exactly one live processor at the end",
+                  "requests/s to balanced (all processors)",
+                  "CPU per processor to balanced, mean (max), % of a core"):
+        assert label in rows and all(cell.strip(" |") not in ("", "-") for cell in rows[label]), (label, out)
+    # the final check listed the store and counted, for each side, the partitions owned once
+    owned_once = rows["every partition owned by exactly one live processor at the end"]
+    assert all(re.search(r"\(\d+/8\)", cell) for cell in owned_once)
+    assert not results_file.exists()
+    with pytest.raises(SystemExit):
+        scale.main(["--quick", "--record"], azurite=azurite)
+    assert "never recorded" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("module", ["convergence", "throughput", "store_bench", "spark_sink", "scale"])
 def test_every_benchmark_has_the_same_record_and_debug_flags(module, capsys):
     import importlib
 
