@@ -440,7 +440,7 @@ def render(results: Results, args: argparse.Namespace, command: str, seconds: fl
         f"(target: >= 1.00x and <= 1.00x). Timed from the moment every partition has delivered a batch (sampled "
         f"every 0.25 s) to the last expected event, counting only the events and CPU of that window; CPU is the "
         f"consumer process's own (user + system). Start-up (claiming partitions, opening receivers) is the last "
-        f"column. Start-up includes one load-balancing interval (10 s in these runs): this SDK's first tick claims one partition and GREEDY takes the rest at the next tick, while the official processor claims all of them at its first tick.",
+        f"column. Both claim every partition at their first tick (GREEDY; this SDK's processor writes its member record first, so its plan already counts it); the rest of start-up is opening the AMQP receivers.",
         "",
     ]
     fo = results.failover
