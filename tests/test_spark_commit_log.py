@@ -115,6 +115,30 @@ async def test_a_stale_fence_is_refused_with_what_the_log_holds(storage_factory)
     await new.fence("0", owner_id="new", epoch=5)  # the same claim again is fine
 
 
+async def test_a_second_claim_of_the_same_owner_and_epoch_voids_the_first_ones_batches(storage_factory):
+    """A processor whose lease ran out can adopt its own ownership record again, with the
+    same epoch: a new claim object, reading the partition again from its checkpoint. The
+    first object's planned batch must not commit next to the second's (that wrote the
+    same events twice on the cluster)."""
+    open_log = opener(storage_factory)
+    first, second = open_log(), open_log()
+
+    def claimed(first_seq: int, last_seq: int, token: str) -> PartitionRange:
+        return PartitionRange("3", first_seq, last_seq, str(last_seq), last_seq - first_seq + 1, "p", 1, token)
+
+    await first.fence("3", owner_id="p", epoch=1, claim_token="first")
+    stale_batch = await first.begin([claimed(0, 199, "first")])
+    fence = await second.fence("3", owner_id="p", epoch=1, claim_token="second")
+    assert fence.aborted == (stale_batch,) and fence.high_water_mark is None
+    await second.commit(await second.begin([claimed(0, 399, "second")]))
+    with pytest.raises(BatchRefused) as refused:
+        await first.commit(stale_batch)
+    assert refused.value.lost == {"3"}
+    with pytest.raises(BatchRefused):
+        await first.begin([claimed(200, 299, "first")])
+    assert await open_log().high_water_marks() == {"3": 399}
+
+
 async def test_a_plan_overlapping_committed_data_is_a_bug_and_refused(storage_factory):
     log = opener(storage_factory)()
     await log.fence("0", owner_id="a", epoch=1)

@@ -493,6 +493,57 @@ async def test_a_transient_write_failure_is_retried_with_the_same_batch_id(spark
     assert not sink.parked
 
 
+async def test_a_claim_adopted_again_with_the_same_epoch_does_not_write_twice(spark, tmp_path):
+    """The processor's lease of a partition runs out in the middle of a batch (a slow
+    store), the claim ends, and the processor adopts its own ownership record again: same
+    owner, same epoch, a new claim reading from the checkpoint. The first claim's batch,
+    still in Spark, must not commit next to the second claim's (found on the cluster:
+    200 events written twice)."""
+    from eventprocessor import PartitionContext
+    from eventprocessor.records import Ownership
+
+    source = MemoryEventSource(1)
+    expected = fill(source, 80)
+    store = InMemoryCheckpointStore()
+    [record] = await store.claim_ownership([Ownership(source.fully_qualified_namespace, source.eventhub_name,
+                                                      "$default", "0", "p", epoch=1)])
+    out = tmp_path / "table"
+    entered, release = threading.Event(), threading.Event()
+    calls = {"n": 0}
+
+    def stall_the_first_batch(table):
+        calls["n"] += 1
+        if calls["n"] == 1:
+            entered.set()
+            release.wait(30)
+        return {}
+
+    sink = SparkSink(out, spark=spark, decode=stall_the_first_batch, max_events=50, max_interval=0.1)
+
+    def context() -> PartitionContext:
+        return PartitionContext(fully_qualified_namespace=source.fully_qualified_namespace,
+                                eventhub_name=source.eventhub_name, consumer_group="$default", partition_id="0",
+                                owner_id="p", epoch=record.epoch, checkpoint_store=store, is_owned=lambda: True)
+
+    first, first_ctx = sink(), context()
+    await first.initialize(first_ctx)
+    await first.process_events(source.events("0")[:50], first_ctx)
+    await wait_until(entered.is_set, "the first claim's batch to be in Spark")
+    await first.close(CloseReason.OWNERSHIP_LOST, first_ctx)  # the lease ran out
+
+    second, second_ctx = sink(), context()  # adopted again: same owner, same epoch
+    await second.initialize(second_ctx)  # its fence is in the log before the first batch commits
+    adding = asyncio.create_task(second.process_events(source.events("0"), second_ctx))
+    await asyncio.sleep(0.2)
+    release.set()
+    await adding
+    await sink.flush()
+    await second.close(CloseReason.SHUTDOWN, second_ctx)
+    await sink.close()
+    assert_exactly_once(read_rows(spark, out), expected)
+    assert sink.committed_high_water_marks() == {"0": 79}
+
+
 class FlakyLogStore(InMemoryCheckpointStore):
     """A checkpoint store whose log-entry writes time out a given number of times, the
     first of them after the write landed (the answer was lost), like a store outage."""

@@ -128,7 +128,8 @@ class Attempt:
     def ranges(self) -> List[PartitionRange]:
         return [PartitionRange(partition_id=claim.partition_id, first_sequence_number=events[0].sequence_number,
                                last_sequence_number=events[-1].sequence_number, last_offset=events[-1].offset,
-                               count=len(events), owner_id=claim.context.owner_id, epoch=claim.context.epoch)
+                               count=len(events), owner_id=claim.context.owner_id, epoch=claim.context.epoch,
+                               claim_token=claim.token)
                 for claim, events in self.events.items()]
 
     def without(self, partition_ids: Iterable[str]) -> "Attempt":

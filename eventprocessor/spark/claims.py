@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import enum
 import logging
+import uuid
 from dataclasses import dataclass
 from typing import Dict, List, Optional
 
@@ -42,6 +43,9 @@ class Claim:
     def __init__(self, context: PartitionContext) -> None:
         self.context = context
         self.partition_id = context.partition_id
+        # Tells this claim object apart in the commit log from another claim of the same
+        # owner and epoch (a processor that adopts its own ownership record again).
+        self.token = uuid.uuid4().hex[:16]
         self.state = ClaimState.FENCING
         self.last_sequence_number = -1  # highest sequence number accepted (committed or buffered)
         self.committed_high_water_mark: Optional[int] = None  # from the commit log, at the fence

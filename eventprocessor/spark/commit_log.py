@@ -23,10 +23,14 @@ Versions are dense (``000000000000``, ``000000000001``, ...). A writer appends a
 first version it finds free, after reading every version below it, so whoever writes
 version ``v`` decided with the whole history below ``v``:
 
-* ``fence`` (partition, owner id, epoch): a claim starts working on a partition. It is
-  refused when the log holds a fence of that partition with a higher epoch (the claim is
-  stale). It aborts every planned batch of another claim that contains the partition,
-  so the partition's committed *high-water mark* is final as of the fence.
+* ``fence`` (partition, owner id, epoch, claim token): a claim starts working on a
+  partition. It is refused when the log holds a fence of that partition with a higher
+  epoch (the claim is stale). It aborts every planned batch of another claim that
+  contains the partition, so the partition's committed *high-water mark* is final as of
+  the fence. A claim is its owner id, its epoch and a random token of the sink's claim
+  object: a processor can end a claim (its lease ran out) and adopt its own ownership
+  record again with the same epoch, and the batches of the first claim object must not
+  commit next to the second's.
 * ``plan`` (ranges per partition, each with the claim that read it): a batch before any
   data is written. Its version is the ``batch_id``. Accepted only when, for each of its
   partitions, the latest fence is the range's claim.
@@ -96,8 +100,8 @@ _DIGITS = 12
 class PartitionRange:
     """The events of one partition in one micro-batch.
 
-    ``first_sequence_number`` and ``last_sequence_number`` are inclusive; ``owner_id``
-    and ``epoch`` identify the claim that read them.
+    ``first_sequence_number`` and ``last_sequence_number`` are inclusive; ``owner_id``,
+    ``epoch`` and ``claim_token`` identify the claim that read them.
 
     Example::
 
@@ -112,22 +116,24 @@ class PartitionRange:
     count: int
     owner_id: str
     epoch: int
+    claim_token: str = ""
 
     def to_json(self) -> Dict[str, Any]:
         return {"partition_id": self.partition_id, "first_sequence_number": self.first_sequence_number,
                 "last_sequence_number": self.last_sequence_number, "last_offset": self.last_offset,
-                "count": self.count, "owner_id": self.owner_id, "epoch": self.epoch}
+                "count": self.count, "owner_id": self.owner_id, "epoch": self.epoch, "token": self.claim_token}
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> "PartitionRange":
         return cls(partition_id=str(data["partition_id"]),
                    first_sequence_number=int(data["first_sequence_number"]),
                    last_sequence_number=int(data["last_sequence_number"]), last_offset=str(data["last_offset"]),
-                   count=int(data["count"]), owner_id=str(data["owner_id"]), epoch=int(data["epoch"]))
+                   count=int(data["count"]), owner_id=str(data["owner_id"]), epoch=int(data["epoch"]),
+                   claim_token=str(data.get("token", "")))
 
     @property
-    def claim(self) -> Tuple[str, int]:
-        return self.owner_id, self.epoch
+    def claim(self) -> Tuple[str, int, str]:
+        return self.owner_id, self.epoch, self.claim_token
 
 
 @dataclass(frozen=True)
@@ -327,6 +333,11 @@ class _Fence:
     owner_id: str
     epoch: int
     version: int
+    token: str = ""
+
+    @property
+    def claim(self) -> Tuple[str, int, str]:
+        return self.owner_id, self.epoch, self.token
 
 
 @dataclass
@@ -345,7 +356,7 @@ class _State:
     def to_json(self) -> Dict[str, Any]:
         return {
             "next_version": self.next_version,
-            "fences": {pid: [f.owner_id, f.epoch, f.version] for pid, f in self.fences.items()},
+            "fences": {pid: [f.owner_id, f.epoch, f.version, f.token] for pid, f in self.fences.items()},
             "high_water_marks": dict(self.high_water_marks),
             "planned": {str(b): [r.to_json() for r in ranges] for b, ranges in self.planned.items()},
             "outcomes": {str(b): o for b, o in self.outcomes.items()},
@@ -359,7 +370,8 @@ class _State:
     def from_json(cls, data: Mapping[str, Any]) -> "_State":
         return cls(
             next_version=int(data["next_version"]),
-            fences={pid: _Fence(str(f[0]), int(f[1]), int(f[2])) for pid, f in data["fences"].items()},
+            fences={pid: _Fence(str(f[0]), int(f[1]), int(f[2]), str(f[3]) if len(f) > 3 else "")
+                    for pid, f in data["fences"].items()},
             high_water_marks={pid: int(v) for pid, v in data["high_water_marks"].items()},
             planned={int(b): tuple(PartitionRange.from_json(r) for r in ranges)
                      for b, ranges in data["planned"].items()},
@@ -530,10 +542,10 @@ class CommitLog:
         kind = entry.get("type")
         if kind == "fence":
             pid = str(entry["partition_id"])
-            fence = _Fence(str(entry["owner_id"]), int(entry["epoch"]), version)
+            fence = _Fence(str(entry["owner_id"]), int(entry["epoch"]), version, str(entry.get("token", "")))
             state.fences[pid] = fence
             for planned_id, planned in list(state.planned.items()):
-                if any(r.partition_id == pid and r.claim != (fence.owner_id, fence.epoch) for r in planned):
+                if any(r.partition_id == pid and r.claim != fence.claim for r in planned):
                     self._resolve(planned_id, ABORTED)
         elif kind == "plan":
             state.planned[version] = tuple(PartitionRange.from_json(r) for r in entry["ranges"])
@@ -655,7 +667,7 @@ class CommitLog:
                     return version, result
                 # Lost the race for this version: read it and decide again.
 
-    async def fence(self, partition_id: str, *, owner_id: str, epoch: int) -> FenceResult:
+    async def fence(self, partition_id: str, *, owner_id: str, epoch: int, claim_token: str = "") -> FenceResult:
         """Start a claim's work on ``partition_id``.
 
         Raises :class:`StaleFenceError` (an ``OwnershipLostError``) when a newer claim
@@ -672,9 +684,11 @@ class CommitLog:
                     f"({self.storage.description})", partition_id=partition_id, logged_owner=current.owner_id,
                     logged_epoch=current.epoch)
             return sorted(b for b, ranges in self._state.planned.items()
-                          if any(r.partition_id == partition_id and r.claim != (owner_id, epoch) for r in ranges))
+                          if any(r.partition_id == partition_id and r.claim != (owner_id, epoch, claim_token)
+                                 for r in ranges))
 
-        entry = {"type": "fence", "partition_id": partition_id, "owner_id": owner_id, "epoch": epoch}
+        entry = {"type": "fence", "partition_id": partition_id, "owner_id": owner_id, "epoch": epoch,
+                 "token": claim_token}
         version, aborted = await self._append(entry, validate)
         hwm = self._state.high_water_marks.get(partition_id)
         logger.info("commit log %s: owner %s fenced partition %s at epoch %s (version %s, high-water mark %s, "
@@ -685,7 +699,7 @@ class CommitLog:
         lost = []
         for r in ranges:
             current = self._state.fences.get(r.partition_id)
-            if current is None or (current.owner_id, current.epoch) != r.claim:
+            if current is None or current.claim != r.claim:
                 lost.append(r.partition_id)
         return lost
 

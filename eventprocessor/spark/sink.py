@@ -385,7 +385,8 @@ class SparkSink:
         while claim.state is ClaimState.FENCING:
             try:
                 log = await self._log_for(ctx)
-                result = await log.fence(ctx.partition_id, owner_id=ctx.owner_id, epoch=ctx.epoch)
+                result = await log.fence(ctx.partition_id, owner_id=ctx.owner_id, epoch=ctx.epoch,
+                                         claim_token=claim.token)
             except OwnershipLostError as stale:
                 logger.error("sink: owner %s cannot start partition %s of %s/%s: %s. The claim ends now, so that "
                              "the partition's current owner goes on. (If no other processor owns it, the commit "
@@ -500,12 +501,17 @@ class SparkSink:
                      "the processor restarts", ctx.partition_id, ctx.eventhub_name, ctx.consumer_group)
 
     async def _close(self, claim: Claim, reason: CloseReason) -> None:
+        """A stop or a handoff commits what the claim buffered, while it still holds its
+        lease, and the last one stops the background tasks. A lost claim only drops what
+        it buffered: it never waits for Spark (its batches in flight finish on their own,
+        and the commit log decides whether they count)."""
+        graceful = reason in (CloseReason.SHUTDOWN, CloseReason.HANDOFF)
         try:
-            if reason in (CloseReason.SHUTDOWN, CloseReason.HANDOFF) and claim.accepting:
+            if graceful and claim.accepting:
                 await self.flush()
         finally:
             self.end(claim)
             self._open_claims -= 1
-            if self._open_claims <= 0 and self._pipeline is not None and \
+            if graceful and self._open_claims <= 0 and self._pipeline is not None and \
                     (self._buffers is None or not self._buffers.events):
                 await self._pipeline.stop()
