@@ -83,9 +83,11 @@ log per output and per event hub and consumer group.
 1. When a processor starts a partition (a claim with the store's ``epoch``), it appends
    a *fence*. A fence older than one already logged is refused: the claim is stale, and
    it ends at once (the processor stops dispatching it), so the partition's current
-   owner goes on. The fence aborts every planned batch of an older claim that contains
-   the partition, so the partition's committed *high-water mark* (highest committed
-   sequence number) is final as of the fence. The handler skips events at or below it,
+   owner goes on. The fence aborts every planned batch of another claim that contains
+   the partition (an older claim, or an earlier claim object of the same owner and epoch:
+   a processor whose lease ran out can adopt its own ownership record again), so the
+   partition's committed *high-water mark* (highest committed sequence number) is final
+   as of the fence. The handler skips events at or below it,
    wherever the store's checkpoint made the receiver start; when it reads the high-water
    mark event and the store's checkpoint is behind it (a crash between commit and
    checkpoint), it checkpoints that event.
