@@ -593,8 +593,19 @@ async def run_sizes(args: argparse.Namespace, connection_string: str, azurite_pi
         os.makedirs(log_dir, exist_ok=True)
         runner = Runner(args, connection_string, azurite_pid, log_dir)
         for index, (partitions, processors) in enumerate(args.sizes):
-            calibration = await calibrate(connection_string, partitions, args.calibration_listings, azurite_pid,
-                                          args.idle_sample)
+            try:
+                try:
+                    calibration = await calibrate(connection_string, partitions, args.calibration_listings,
+                                                  azurite_pid, args.idle_sample)
+                except Exception:  # once more, after the last side's workers have let go of Azurite
+                    await asyncio.sleep(15)
+                    calibration = await calibrate(connection_string, partitions, args.calibration_listings,
+                                                  azurite_pid, args.idle_sample)
+            except Exception as error:  # a store too busy to answer: say so, measure the next size
+                reason = f"{partitions} x {processors}: the listing cost could not be measured ({error!r:.200})"
+                print(reason, file=sys.stderr, flush=True)
+                args.unmeasured.append(reason)
+                continue
             # The cores the processors can count on: those the machine leaves idle (other
             # users' work included), but at least a quarter of it.
             idle = calibration.idle_cores
@@ -769,6 +780,7 @@ def _verdict(results: List[SizeResult], args: argparse.Namespace) -> List[str]:
             f"lease − R; {ours.counters.get('store_timeouts', 0)} store calls timed out; each processor got "
             f"{_pct(ours.converge.core_share()[0])} of a core on average ({size.processors} processes on {cores} "
             f"cores, with {'n/a' if idle is None else f'{idle:.1f}'} cores idle before the run)")
+    not_held += getattr(args, "unmeasured", [])
     lines = ["**What this machine held** (ours balanced, 0 missed renewals, every partition owned once at the end): "
              + (", ".join(held) or "none") + "."]
     if not_held:
@@ -839,6 +851,7 @@ def main(argv: Optional[List[str]] = None, prog: Optional[str] = None, *, azurit
         if not 0 < args.cpu_budget <= 1:
             parser.error("--cpu-budget must be in (0, 1]")
         args.impls = [i.strip() for i in args.impls.split(",") if i.strip()]
+        args.unmeasured = []
         return _run(args, program.recorded_command("scale", argv), azurite)
 
     return program.run(parser, body, argv)
