@@ -8,21 +8,31 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Dict, Optional, Union
+from uuid import UUID
 
 from .errors import ConfigurationError
 
-__all__ = ["Event", "EventPosition"]
+__all__ = ["Event", "EventPosition", "MessageId"]
+
+MessageId = Union[str, UUID, int, bytes]
+"""What an AMQP ``message-id`` or ``correlation-id`` can be: a string, a UUID, a ulong or binary."""
 
 
 @dataclass(frozen=True)
 class Event:
     """One event of a partition.
 
+    ``message_id``, ``content_type`` and ``correlation_id`` are the fields of the AMQP
+    message's properties section that ``azure.eventhub.EventData`` exposes as attributes;
+    the sources fill them from what the producer sent. The section's other fields
+    (``subject``, ``reply_to``, ``to``, ``user_id``, ``content_encoding``, ``group_id``...)
+    are not carried.
+
     Example::
 
         async def process_events(self, events, context):
             for event in events:
-                print(event.sequence_number, event.body_as_str())
+                print(event.sequence_number, event.message_id, event.body_as_str())
     """
 
     body: bytes
@@ -33,6 +43,13 @@ class Event:
     properties: Dict[str, Any] = field(default_factory=dict)
     partition_id: Optional[str] = None
     """The partition the event was read from (set by the sources)."""
+    message_id: Optional[MessageId] = None
+    """The AMQP ``message-id`` the producer set (``EventData.message_id``), or None.
+    Usually a string; AMQP also allows a UUID, an int (ulong) or bytes, kept as sent."""
+    content_type: Optional[str] = None
+    """The AMQP ``content-type`` (``EventData.content_type``), such as ``"application/json"``, or None."""
+    correlation_id: Optional[MessageId] = None
+    """The AMQP ``correlation-id`` (``EventData.correlation_id``), or None; same types as ``message_id``."""
 
     def body_as_str(self, encoding: str = "UTF-8") -> str:
         return self.body.decode(encoding)

@@ -9,6 +9,7 @@ import asyncio
 import logging
 import socket
 import time
+import uuid
 from datetime import datetime, timezone
 from typing import Any, List
 
@@ -74,15 +75,23 @@ def test_positions_map_to_receive_arguments():
 
 def test_event_data_and_raw_messages_convert_to_the_same_event():
     from azure.eventhub import EventData
-    from azure.eventhub._pyamqp.message import Message
+    from azure.eventhub._pyamqp.message import Message, Properties
 
     annotations = {b"x-opt-sequence-number": 41, b"x-opt-offset": b"8192",
                    b"x-opt-enqueued-time": 1_767_225_600_123, b"x-opt-partition-key": b"device-7"}
     message = Message(data=[b"pay", b"load"], message_annotations=annotations,
-                      application_properties={b"kind": b"reading", "unit": "C"})
+                      application_properties={b"kind": b"reading", "unit": "C"},
+                      properties=Properties(message_id=b"order-17", content_type=b"application/json",
+                                            correlation_id=uuid.UUID(int=9)))
     lean = message_to_event(message)
     public = to_event(EventData._from_message(message))
     assert lean == public
+    assert (lean.message_id, lean.content_type, lean.correlation_id) == (
+        "order-17", "application/json", uuid.UUID(int=9))  # as EventData reads them: strings decoded
+    bare = Message(data=[b"x"], message_annotations=annotations)
+    assert message_to_event(bare) == to_event(EventData._from_message(bare))
+    assert (message_to_event(bare).message_id, message_to_event(bare).content_type,
+            message_to_event(bare).correlation_id) == (None, None, None)
     assert lean.body == b"payload" and lean.sequence_number == 41 and lean.offset == "8192"
     assert lean.partition_key == "device-7" and lean.properties == {"kind": b"reading", "unit": "C"}
     assert lean.enqueued_time == datetime(2026, 1, 1, 0, 0, 0, 123000, tzinfo=timezone.utc)
@@ -124,7 +133,13 @@ async def _produce(conn: str, hub: str, per_partition: int, partitions: int = 4)
     producer = EventHubProducerClient.from_connection_string(conn, eventhub_name=hub)
     async with producer:
         for pid in range(partitions):
-            await producer.send_batch([EventData(f"{pid}-{i}") for i in range(per_partition)], partition_id=str(pid))
+            batch = []
+            for i in range(per_partition):
+                event = EventData(f"{pid}-{i}")
+                event.message_id, event.correlation_id = f"m-{pid}-{i}", f"c-{pid}"
+                event.content_type = "text/plain"
+                batch.append(event)
+            await producer.send_batch(batch, partition_id=str(pid))
 
 
 async def _drain(receiver, count: int, batch: int = 50, timeout: float = 20.0) -> List[Any]:
@@ -151,6 +166,8 @@ async def test_receivers_start_where_asked_and_return_small_batches(eventhubs_em
         for (position, first), events in zip(cases, results):
             assert [e.sequence_number for e in events] == list(range(first, 30)), position
             assert [e.body for e in events] == [f"2-{i}".encode() for i in range(first, 30)]
+            assert [(e.message_id, e.content_type, e.correlation_id) for e in events] == [
+                (f"m-2-{i}", "text/plain", "c-2") for i in range(first, 30)]
         assert all(len(batch) <= 7 for batch in [await receivers[0].receive(7, 0.2)])
         for receiver in receivers:
             await receiver.close()
@@ -419,6 +436,8 @@ async def test_the_public_receive_batch_fallback_reads_and_is_fenced_too(eventhu
         events = await _drain(fallback, 10)
         assert [e.sequence_number for e in events] == list(range(2, 12))
         assert events[0].body == b"0-2" and events[0].partition_key is None
+        assert (events[0].message_id, events[0].content_type, events[0].correlation_id) == ("m-0-2", "text/plain",
+                                                                                           "c-0")
         taker = await lean.open_receiver("0", consumer_group="$default", starting_position=EventPosition.latest(),
                                          owner_level=2, prefetch=10)
         assert await taker.receive(10, 0.5) == []

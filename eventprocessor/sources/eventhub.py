@@ -114,6 +114,17 @@ def _properties(raw: Optional[Dict[Any, Any]]) -> Dict[str, Any]:
     return {(key.decode("utf-8") if isinstance(key, bytes) else str(key)): value for key, value in raw.items()}
 
 
+def _amqp_value(value: Any) -> Any:
+    """A message-id, correlation-id or content-type as ``EventData`` reads it: strings
+    (which arrive as bytes) decoded, a UUID or an int kept, bytes that are not UTF-8 kept."""
+    if isinstance(value, (bytes, bytearray)):
+        try:
+            return bytes(value).decode("utf-8")
+        except UnicodeDecodeError:
+            return bytes(value)
+    return value
+
+
 def to_event(event_data: Any, partition_id: Optional[str] = None) -> Event:
     """Convert an ``azure.eventhub.EventData`` to this SDK's :class:`Event`."""
     body = event_data.body
@@ -127,6 +138,9 @@ def to_event(event_data: Any, partition_id: Optional[str] = None) -> Event:
         partition_key=_text(event_data.partition_key),
         properties=_properties(event_data.properties),
         partition_id=partition_id,
+        message_id=_amqp_value(event_data.message_id),
+        content_type=_amqp_value(event_data.content_type),
+        correlation_id=_amqp_value(event_data.correlation_id),
     )
 
 
@@ -160,6 +174,7 @@ def message_to_event(message: Any, partition_id: Optional[str] = None) -> Event:
         body = b""
     offset = annotations[_OFFSET]
     key = annotations.get(_PARTITION_KEY)
+    amqp = message.properties  # the AMQP properties section, None when the producer set none of it
     return Event(
         body if isinstance(body, bytes) else bytes(body),
         annotations[_SEQ],
@@ -168,6 +183,9 @@ def message_to_event(message: Any, partition_id: Optional[str] = None) -> Event:
         key.decode("utf-8") if isinstance(key, bytes) else (None if key is None else str(key)),
         _properties(message.application_properties),
         partition_id,
+        None if amqp is None else _amqp_value(amqp.message_id),
+        None if amqp is None else _amqp_value(amqp.content_type),
+        None if amqp is None else _amqp_value(amqp.correlation_id),
     )
 
 

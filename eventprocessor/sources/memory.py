@@ -15,7 +15,7 @@ from datetime import datetime, timezone
 from typing import Any, Callable, Dict, List, Mapping, Optional, Union
 
 from ..errors import ConfigurationError, ReceiverDisconnectedError
-from ..events import Event, EventPosition
+from ..events import Event, EventPosition, MessageId
 from .base import EventSource, LastEnqueuedEventProperties, PartitionProperties, PartitionReceiver
 
 __all__ = ["MemoryEventSource"]
@@ -175,9 +175,13 @@ class MemoryEventSource(EventSource):
 
     async def send(self, body: Union[bytes, str], *, partition_id: Optional[str] = None,
                    partition_key: Optional[str] = None,
-                   properties: Optional[Mapping[str, Any]] = None) -> Event:
-        """Append one event and return it (with its sequence number and offset)."""
-        return self.append(body, partition_id=partition_id, partition_key=partition_key, properties=properties)
+                   properties: Optional[Mapping[str, Any]] = None, message_id: Optional[MessageId] = None,
+                   content_type: Optional[str] = None, correlation_id: Optional[MessageId] = None) -> Event:
+        """Append one event and return it (with its sequence number and offset).
+        ``properties`` are the application properties; ``message_id``, ``content_type`` and
+        ``correlation_id`` the AMQP ones, as a producer sets them on ``EventData``."""
+        return self.append(body, partition_id=partition_id, partition_key=partition_key, properties=properties,
+                           message_id=message_id, content_type=content_type, correlation_id=correlation_id)
 
     async def send_batch(self, bodies: List[Union[bytes, str]], *, partition_id: Optional[str] = None,
                          partition_key: Optional[str] = None) -> List[Event]:
@@ -186,7 +190,8 @@ class MemoryEventSource(EventSource):
 
     def append(self, body: Union[bytes, str], *, partition_id: Optional[str] = None,
                partition_key: Optional[str] = None,
-               properties: Optional[Mapping[str, Any]] = None) -> Event:
+               properties: Optional[Mapping[str, Any]] = None, message_id: Optional[MessageId] = None,
+               content_type: Optional[str] = None, correlation_id: Optional[MessageId] = None) -> Event:
         """Synchronous :meth:`send`, for producers outside the event loop's tasks."""
         if isinstance(body, str):
             body = body.encode("utf-8")
@@ -212,6 +217,9 @@ class MemoryEventSource(EventSource):
             partition_key=partition_key,
             properties=dict(properties or {}),
             partition_id=partition_id,
+            message_id=message_id,
+            content_type=content_type,
+            correlation_id=correlation_id,
         )
         partition.events.append(event)
         partition.next_offset += max(len(body), 1)
