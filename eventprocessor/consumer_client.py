@@ -216,10 +216,22 @@ def to_event_data(event: Event) -> "EventData":
     """An ``azure.eventhub.EventData`` that reads like one the official client received:
     ``body``, ``body_as_str()``, ``body_as_json()``, ``sequence_number``, ``offset``,
     ``enqueued_time``, ``partition_key`` (bytes), ``properties`` (bytes keys, as AMQP
-    delivers them) and ``system_properties``."""
+    delivers them), ``message_id``, ``content_type``, ``correlation_id``,
+    ``system_properties`` and ``raw_amqp_message.properties`` (strings as bytes there, as
+    AMQP delivers them; None when the event has none of the three, as when the producer
+    set none)."""
     from azure.eventhub import EventData
+    from azure.eventhub.amqp import AmqpMessageProperties
 
     data = EventData(event.body)
+    amqp = (event.message_id, event.content_type, event.correlation_id)
+    if any(value is not None for value in amqp):
+        message_id, content_type, correlation_id = (value.encode("utf-8") if isinstance(value, str) else value
+                                                    for value in amqp)
+        data.raw_amqp_message.properties = AmqpMessageProperties(
+            message_id=message_id, content_type=content_type, correlation_id=correlation_id)
+    else:  # a received message without the section has None here (azure types it as never None)
+        data.raw_amqp_message.properties = None  # type: ignore[assignment]
     annotations: Dict[Union[str, bytes], Any] = {
         b"x-opt-sequence-number": event.sequence_number,
         b"x-opt-offset": event.offset.encode("ascii"),

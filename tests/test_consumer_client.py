@@ -7,6 +7,7 @@ honour. ``tests/test_migration.py`` runs the same callbacks under the official c
 from __future__ import annotations
 
 import asyncio
+import uuid
 from collections import defaultdict
 from datetime import datetime, timedelta, timezone
 from typing import Any, Dict, List, Optional
@@ -20,8 +21,8 @@ from azure.eventhub import EventData  # noqa: E402
 
 from eventprocessor import (ConfigurationError, ConsumerPartitionContext, EventHubConsumerClient,  # noqa: E402
                             InvalidCheckpointError)
-from eventprocessor.consumer_client import starting_positions, to_event_position  # noqa: E402
-from eventprocessor.events import EventPosition  # noqa: E402
+from eventprocessor.consumer_client import starting_positions, to_event_data, to_event_position  # noqa: E402
+from eventprocessor.events import Event, EventPosition  # noqa: E402
 from eventprocessor.sources import MemoryEventSource  # noqa: E402
 from eventprocessor.testing import FaultyStore, run_virtual, virtual_utc_clock  # noqa: E402
 from stores import InMemoryCheckpointStore  # noqa: E402
@@ -151,6 +152,67 @@ def test_events_read_like_the_official_client_s():
     assert event.partition_key == b"device-1"  # bytes, as the official client gives it
     assert event.properties == {b"kind": "reading"}  # AMQP delivers property keys as bytes
     assert event.system_properties[b"x-opt-sequence-number"] == 0
+
+
+def _official(properties: Any) -> EventData:
+    """An EventData as the official client builds it from a received AMQP message."""
+    from azure.eventhub._pyamqp.message import Message
+
+    annotations = {b"x-opt-sequence-number": 7, b"x-opt-offset": b"4096", b"x-opt-enqueued-time": 1_767_225_600_123}
+    return EventData._from_message(Message(data=[b"x"], message_annotations=annotations, properties=properties))
+
+
+def _amqp_view(event: EventData) -> tuple:
+    raw = event.raw_amqp_message.properties
+    return (event.message_id, event.content_type, event.correlation_id, event.system_properties,
+            None if raw is None else (raw.message_id, raw.content_type, raw.correlation_id))
+
+
+@pytest.mark.parametrize("message_id, content_type, correlation_id", [
+    ("order-17", "application/json", "request-3"),
+    (uuid.UUID(int=42), None, 1234),  # AMQP ids may also be a uuid, a ulong or binary
+    (None, "text/plain", None),
+    (None, None, None),  # no properties section at all, as the official client receives it
+])
+def test_to_event_data_carries_the_amqp_properties_as_the_official_client_reads_them(
+        message_id, content_type, correlation_id):
+    from azure.eventhub._pyamqp.message import Properties
+
+    def wire(value: Any) -> Any:  # strings arrive as bytes from the AMQP decoder
+        return value.encode("utf-8") if isinstance(value, str) else value
+
+    sent = (message_id, content_type, correlation_id)
+    official = _official(Properties(message_id=wire(message_id), content_type=wire(content_type),
+                                    correlation_id=wire(correlation_id)) if any(v is not None for v in sent) else None)
+    ours = to_event_data(Event(b"x", 7, "4096", datetime(2026, 1, 1, 0, 0, 0, 123000, tzinfo=timezone.utc),
+                               message_id=message_id, content_type=content_type, correlation_id=correlation_id))
+    assert (ours.message_id, ours.content_type, ours.correlation_id) == sent
+    assert _amqp_view(ours) == _amqp_view(official)
+
+
+def test_memory_source_events_carry_amqp_properties_to_the_callbacks():
+    async def scenario():
+        source, store = _world(1)
+        await source.send("a", message_id="m-1", content_type="application/json", correlation_id="c-1")
+        await source.send("b")
+        seen: List[EventData] = []
+
+        async def on_event(context, event):
+            seen.append(event)
+
+        client = EventHubConsumerClient.from_source(source, checkpoint_store=store, **OPTIONS)
+        task = asyncio.create_task(client.receive(on_event, starting_position="-1"))
+        await _until(lambda: len(seen) == 2)
+        await client.close()
+        await task
+        return seen, source.events("0")
+
+    seen, originals = run_virtual(scenario())
+    assert (originals[0].message_id, originals[0].content_type, originals[0].correlation_id) == (
+        "m-1", "application/json", "c-1")
+    assert [(e.message_id, e.content_type, e.correlation_id) for e in seen] == [
+        ("m-1", "application/json", "c-1"), (None, None, None)]
+    assert seen[0].system_properties[b"message-id"] == b"m-1"
 
 
 def test_starting_positions_mean_what_they_mean_in_azure_eventhub():
