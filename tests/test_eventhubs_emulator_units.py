@@ -117,6 +117,19 @@ def test_sender_annotations_are_kept_but_the_service_ones_cannot_be_forged():
     assert rest == b"\x00\x53\x75" + enc(b"body")  # delivery annotations are hop-by-hop: dropped
 
 
+def test_the_properties_and_application_properties_sections_are_stored_as_sent():
+    """message-id, content-type, correlation-id (any AMQP id type) reach consumers as the
+    producer sent them; tests/test_migration.py checks both clients read them."""
+    from emulators.eventhubs.codec import encode as enc
+
+    properties = b"\x00\x53\x73" + enc([b"m-1", None, None, None, None, uuid.UUID(int=7), Symbol("text/plain")])
+    application = b"\x00\x53\x74" + enc({"kind": "reading"})
+    message = b"\x00\x53\x72" + enc({Symbol("x-opt-offset"): "1"}) + properties + application \
+        + b"\x00\x53\x75" + enc(b"body")
+    _header, _entries, count, rest, _key = split_message(message)
+    assert count == 0 and rest == properties + application + b"\x00\x53\x75" + enc(b"body")
+
+
 def test_selectors_parse_like_the_client_writes_them():
     assert parse_selector("amqp.annotation.x-opt-offset > '-1'") == StartPosition("start")
     assert parse_selector("amqp.annotation.x-opt-offset > '@latest'") == StartPosition("latest")
