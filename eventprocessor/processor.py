@@ -609,6 +609,8 @@ class EventProcessor:
         for lease in list(self._leases.values()):
             if not lease.pump_alive:
                 self._leases.pop(lease.partition_id, None)
+        if release:
+            await self._leave_nothing_behind(left_to_expire={p.context.partition_id for p in hung})
         if release and self._member is not None:
             try:
                 await self._store.delete_member(self._member)
@@ -624,6 +626,43 @@ class EventProcessor:
             await asyncio.gather(*side, return_exceptions=True)
         logger.info("processor %s stopped in %.2f s (released=%s)", self._describe,
                     self._clock.monotonic() - started, release)
+
+    async def _leave_nothing_behind(self, left_to_expire: Set[str]) -> None:
+        """The last step of a graceful stop: one listing, then release every record that
+        names this processor but that it does not hold (a claim the store applied while
+        the stopping tick waited for its answer, a partition handed over to it meanwhile)
+        and withdraw its own handoff requests, so that nobody waits for an expiration
+        because of a processor that is gone. A handoff written after this listing still
+        expires (it needs an owner that saw the request before the stop and wrote later),
+        and so do the partitions in ``left_to_expire`` (their handlers would not end)."""
+        scope = (self._source.fully_qualified_namespace, self._source.eventhub_name, self._consumer_group)
+        try:
+            listing = await self._store.list_ownership(*scope)
+        except Exception as error:
+            logger.warning("processor %s: listing ownership as it stops failed: %r; records that still name it "
+                           "will expire", self._describe, error)
+            return
+        held = {pid for pid, lease in self._leases.items() if lease.pump_alive} | left_to_expire
+        writes = [replace(record, owner_id="", requested_by="") if record.owner_id == self._owner_id
+                  else replace(record, requested_by="")
+                  for record in listing.ownerships if record.partition_id not in held
+                  and (record.owner_id == self._owner_id or record.requested_by == self._owner_id)]
+        if not writes:
+            return
+        try:
+            written = await self._store.claim_ownership(writes)
+        except ClaimOwnershipError as error:
+            written = list(error.claimed)
+        except Exception as error:
+            logger.warning("processor %s: releasing partitions %s as it stops failed: %r; they will expire",
+                           self._describe, _sorted(r.partition_id for r in writes), error)
+            return
+        released = _sorted(r.partition_id for r in written if not r.owner_id)
+        withdrawn = _sorted(r.partition_id for r in written if r.owner_id)
+        self._stats.released += len(released)
+        if released or withdrawn:
+            logger.info("processor %s: as it stopped, released partitions %s that named it without its holding "
+                        "them and withdrew its requests for %s", self._describe, released, withdrawn)
 
     async def _wait_for_pumps(self, pumps: List[PartitionPump], timeout: float) -> List[PartitionPump]:
         """Wait up to ``timeout`` for ``pumps`` to end; return those still running."""
@@ -963,6 +1002,11 @@ class EventProcessor:
                 stale = self._leases.get(record.partition_id)
                 if stale is not None:
                     stale.record = replace(stale.record, etag=record.etag, requested_by=record.requested_by)
+                    if stale.state is LeaseState.HANDING_OFF and stale.release_to \
+                            and record.requested_by != stale.release_to:
+                        logger.info("processor %s: %s withdrew its request for partition %s (it stopped); "
+                                    "releasing it instead", self._describe, stale.release_to, stale.partition_id)
+                        stale.release_to = ""
                     self._renewer.wake()
             released = []
             for transition in result.transitions:
@@ -1011,7 +1055,9 @@ class EventProcessor:
         if lease.end is not LeaseEnd.HANDOFF or end is not LeaseEnd.HANDOFF:
             lease.end, lease.end_detail = end, detail
             lease.release_to = release_to
-        self._ownership_changed(_END_REASONS[lease.end or end], lease.partition_id, lease.epoch, detail,
+        withdrawn = lease.end is LeaseEnd.HANDOFF and lease.release_to == ""  # its requester stopped
+        self._ownership_changed("released" if withdrawn else _END_REASONS[lease.end or end], lease.partition_id,
+                                lease.epoch, detail,
                                 level=logging.INFO if end in (LeaseEnd.SHUTDOWN, LeaseEnd.HANDOFF) else logging.WARNING)
         if lease.pump is not None:
             lease.pump.stop(end.close_reason)
@@ -1092,6 +1138,11 @@ class EventProcessor:
                 logger.debug("processor %s: partition %s changed hands before its release was written",
                              self._describe, record.partition_id)
                 continue
+            if record.owner_id and current.requested_by != record.owner_id:
+                # The requester withdrew (it stopped): release to nobody instead.
+                logger.info("processor %s: %s withdrew its request for partition %s; releasing it instead",
+                            self._describe, record.owner_id, record.partition_id)
+                record = replace(record, owner_id="", epoch=claim_epoch)
             again.append(replace(record, etag=current.etag, last_modified_time=current.last_modified_time))
         if not again:
             return []

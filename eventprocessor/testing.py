@@ -148,6 +148,8 @@ class FaultyStore(CheckpointStore):
     * ``error_rate``: probability that a call fails before reaching the store;
     * ``lost_answer_rate``: probability that a write reaches the store and is applied,
       but its answer is lost (the caller gets an error);
+    * ``answer_delay``: seconds a write's answer takes once the store applied it (a
+      caller that gives up or is cancelled meanwhile has written all the same);
     * ``only``: if set, faults apply only to these operations.
     """
 
@@ -160,12 +162,14 @@ class FaultyStore(CheckpointStore):
         self.down = False
         self.error_rate = 0.0
         self.lost_answer_rate = 0.0
+        self.answer_delay = 0.0
         self.only: Optional[set] = None
         self.calls: Counter = Counter()
         self.injected: Counter = Counter()
 
     def clear(self) -> None:
         self.latency, self.hang, self.down, self.error_rate, self.lost_answer_rate = 0.0, False, False, 0.0, 0.0
+        self.answer_delay = 0.0
         self.only = None
 
     def __getattr__(self, name: str) -> Any:  # request_counts, now(), ... of the inner store
@@ -183,6 +187,8 @@ class FaultyStore(CheckpointStore):
             self.injected["error"] += 1
             raise CheckpointStoreError(f"{operation}: injected store failure")
         result = await call()
+        if applies and operation in _WRITES and self.answer_delay:
+            await asyncio.sleep(self.answer_delay)
         if applies and operation in _WRITES and self.lost_answer_rate and self.rng.random() < self.lost_answer_rate:
             self.injected["lost_answer"] += 1
             raise CheckpointStoreError(f"{operation}: injected lost answer (the write was applied)")

@@ -248,3 +248,74 @@ def test_balance_factor_tolerates_small_imbalance(factor, moves):
     # then a factor of 1 moves partitions until 5/4; a factor of 3 stops at 6/3.
     assert a_count - b_count <= factor
     assert (a_count, b_count) == ((5, 4) if factor == 1 else (6, 3))
+
+
+def _names(listing, owner_id: str) -> List[str]:
+    return sorted(r.partition_id for r in listing.ownerships if r.owner_id == owner_id)
+
+
+def test_a_processor_stopped_while_its_claims_are_in_flight_leaves_no_record_naming_it():
+    """Stopping cancels the tick; a claim the store had applied but not yet answered used
+    to stay in the store naming the stopped processor, so the next owner waited for the
+    expiration (found by the 2 -> 4 -> 2 process test on a busy machine: one partition
+    paused 7.4 s, claimed as 'expired'). The stop now releases every record that names it
+    and that it does not hold."""
+
+    async def scenario():
+        cluster = Cluster(4, **OPTIONS)
+        a = cluster.add("a", load_balancing_strategy="greedy")
+        cluster.store.only = {"claim_ownership"}
+        cluster.store.answer_delay = 5.0
+        await a.start()
+        await asyncio.sleep(1.0)  # a's claims are applied; their answers are 5 s away
+        applied = _names(await cluster.memory.list_ownership("memory.local", "hub", "$default"), "a")
+        cluster.store.clear()
+        await a.stop()
+        left = _names(await cluster.memory.list_ownership("memory.local", "hub", "$default"), "a")
+        b = cluster.add("b", load_balancing_strategy="greedy")
+        started = asyncio.get_running_loop().time()
+        await b.start()
+        got = await cluster.wait_until(lambda: len(b.owned_partitions) == 4, timeout=30, step=0.1)
+        await b.stop()
+        return applied, left, None if got is None else got - started
+
+    applied, left, took = run_virtual(scenario())
+    assert applied, "the scenario did not put a claim in flight"
+    assert left == [], f"records still naming the stopped processor: {left}"
+    assert took is not None and took < OPTIONS["partition_ownership_expiration_interval"], took
+
+
+def test_a_requester_that_stops_before_its_handoff_lands_is_not_handed_the_partition():
+    """b asks a for a partition and stops while a finishes the batch in hand. The
+    partition used to be written over to b, gone by then, and wait for the expiration.
+    Now b withdraws its request as it stops, a releases instead of handing over, and
+    takes the partition back at its next tick."""
+
+    class Slow(PartitionProcessor):
+        async def process_events(self, events, context):
+            await asyncio.sleep(4.0)  # the batch in hand when the request comes
+
+    async def scenario():
+        cluster = Cluster(2, **OPTIONS)
+        a = EventProcessor(cluster.source, cluster.store, Slow, owner_id="a", load_balancing_strategy="greedy",
+                           **OPTIONS)
+        await a.start()
+        await cluster.wait_until(lambda: len(a.owned_partitions) == 2, timeout=10)
+        producer = asyncio.ensure_future(cluster.produce_for(40, rate=4))
+        await asyncio.sleep(2.0)
+        b = cluster.add("b")
+        await b.start()
+        asked = await cluster.wait_until(lambda: b.stats.handoffs_requested >= 1, timeout=10, step=0.05)
+        await asyncio.sleep(1.5)  # a has seen the request and is finishing its batch
+        await b.stop()
+        stopped = asyncio.get_running_loop().time()
+        back = await cluster.wait_until(lambda: len(a.owned_partitions) == 2, timeout=30, step=0.1)
+        named_b = _names(await cluster.memory.list_ownership("memory.local", "hub", "$default"), "b")
+        producer.cancel()
+        await a.stop()
+        return asked, named_b, None if back is None else back - stopped
+
+    asked, named_b, took = run_virtual(scenario())
+    assert asked is not None, "b never asked for a partition"
+    assert named_b == [], f"records handed to the stopped requester: {named_b}"
+    assert took is not None and took < OPTIONS["partition_ownership_expiration_interval"], took
