@@ -28,11 +28,12 @@ Example::
 from __future__ import annotations
 
 import asyncio
+import math
 import random
 import selectors
 from collections import Counter
 from datetime import datetime, timedelta, timezone
-from typing import Any, Awaitable, Callable, Iterable, List, Optional, Tuple, TypeVar
+from typing import Any, Awaitable, Callable, Dict, Iterable, List, Optional, Tuple, TypeVar
 
 from .checkpoint_store import CheckpointStore
 from .errors import CheckpointStoreError
@@ -150,6 +151,12 @@ class FaultyStore(CheckpointStore):
       but its answer is lost (the caller gets an error);
     * ``answer_delay``: seconds a write's answer takes once the store applied it (a
       caller that gives up or is cancelled meanwhile has written all the same);
+    * ``service``: seconds of the store's one worker per record, by operation (a
+      listing costs its records, a claim its claims, anything else one unit). Calls
+      queue for that worker, first come first served, and a caller that gives up
+      leaves its work in the queue: the write is applied when its turn comes, as a
+      single-threaded emulator (Azurite) does with requests their clients abandoned.
+      ``busy_seconds`` counts the worker's time, ``backlog()`` what is queued;
     * ``only``: if set, faults apply only to these operations.
     """
 
@@ -163,19 +170,45 @@ class FaultyStore(CheckpointStore):
         self.error_rate = 0.0
         self.lost_answer_rate = 0.0
         self.answer_delay = 0.0
+        self.service: Dict[str, float] = {}
         self.only: Optional[set] = None
         self.calls: Counter = Counter()
         self.injected: Counter = Counter()
+        self.busy_seconds = 0.0
+        self._free_at = -math.inf
+        self._records_listed = 1
 
     def clear(self) -> None:
         self.latency, self.hang, self.down, self.error_rate, self.lost_answer_rate = 0.0, False, False, 0.0, 0.0
         self.answer_delay = 0.0
+        self.service = {}
         self.only = None
+
+    def backlog(self) -> float:
+        """Seconds of work queued for the store's one worker (``service``)."""
+        return max(0.0, self._free_at - asyncio.get_running_loop().time())
+
+    async def _queued(self, operation: str, units: int, call: Callable[[], Awaitable[_T]]) -> _T:
+        """Wait for the worker, then run ``call``; a cancelled caller's work still runs."""
+        loop = asyncio.get_running_loop()
+        cost = self.service.get(operation, 0.0) * max(units, 1)
+        self._free_at = max(self._free_at, loop.time()) + cost
+        self.busy_seconds += cost
+        done_at = self._free_at
+
+        async def serve() -> _T:
+            await asyncio.sleep(done_at - loop.time())
+            return await call()
+
+        work = asyncio.ensure_future(serve())
+        # Read the outcome even when nobody waits for it any more (no "never retrieved" noise).
+        work.add_done_callback(lambda task: task.cancelled() or task.exception())
+        return await asyncio.shield(work)
 
     def __getattr__(self, name: str) -> Any:  # request_counts, now(), ... of the inner store
         return getattr(self.inner, name)
 
-    async def _through(self, operation: str, call: Callable[[], Awaitable[_T]]) -> _T:
+    async def _through(self, operation: str, call: Callable[[], Awaitable[_T]], units: int = 1) -> _T:
         self.calls[operation] += 1
         applies = self.only is None or operation in self.only
         if applies and self.latency:
@@ -186,7 +219,10 @@ class FaultyStore(CheckpointStore):
         if applies and (self.down or (self.error_rate and self.rng.random() < self.error_rate)):
             self.injected["error"] += 1
             raise CheckpointStoreError(f"{operation}: injected store failure")
-        result = await call()
+        if applies and self.service.get(operation):
+            result = await self._queued(operation, units, call)
+        else:
+            result = await call()
         if applies and operation in _WRITES and self.answer_delay:
             await asyncio.sleep(self.answer_delay)
         if applies and operation in _WRITES and self.lost_answer_rate and self.rng.random() < self.lost_answer_rate:
@@ -195,11 +231,14 @@ class FaultyStore(CheckpointStore):
         return result
 
     async def list_ownership(self, *scope: str) -> OwnershipListing:
-        return await self._through("list_ownership", lambda: self.inner.list_ownership(*scope))
+        listing = await self._through("list_ownership", lambda: self.inner.list_ownership(*scope),
+                                      self._records_listed)
+        self._records_listed = len(listing.ownerships)  # what the next listing will cost
+        return listing
 
     async def claim_ownership(self, ownerships: Iterable[Ownership]) -> List[Ownership]:
         claims = list(ownerships)
-        return await self._through("claim_ownership", lambda: self.inner.claim_ownership(claims))
+        return await self._through("claim_ownership", lambda: self.inner.claim_ownership(claims), len(claims))
 
     async def fence_checkpoint(self, ownership: Ownership) -> Optional[Checkpoint]:
         return await self._through("fence_checkpoint", lambda: self.inner.fence_checkpoint(ownership))
