@@ -31,6 +31,7 @@ from types import TracebackType
 from typing import (Any, Awaitable, Callable, Dict, FrozenSet, Iterable, List, Mapping, Optional, Set, Tuple, Type,
                     Union)
 
+from .backoff import Congestion, TickBackoff
 from .balancer import HANDOFF_PROPERTY, ORDINAL_PROPERTY, LoadBalancingStrategy, decide
 from .bounded_store import BATCH, BoundedStore
 from .checkpoint_store import CheckpointStore
@@ -95,6 +96,8 @@ class ProcessorStats:
     handed_off: int = 0
     handoffs_requested: int = 0
     store_data_lost: int = 0
+    backed_off_ticks: int = 0
+    backoff_level: int = 0
 
 
 RENEWAL_WINDOW = 15.0
@@ -392,8 +395,13 @@ class EventProcessor:
         self._tasks: Dict[str, asyncio.Task] = {}
         self._side_tasks: Set[asyncio.Task] = set()
         self._balancer_wake = asyncio.Event()
+        self._store_answered = asyncio.Event()  # set by a prompt, successful store call
         self._keeper_wake = asyncio.Event()
         self._throttle = _Throttle(self._clock, max(30.0, self._timing.expiration))
+        self._backoff = TickBackoff(interval=self._timing.interval,
+                                    cap=max(self._timing.interval, self._timing.expiration), rng=self._rng)
+        self._timeouts_seen = 0
+        self._listing_seconds: Optional[float] = None  # how long the last tick's listing took (None: no answer)
         self._seen_epochs: Dict[str, int] = {}
         self._known_checkpoints: Dict[str, Checkpoint] = {}
         self._stats = ProcessorStats()
@@ -403,6 +411,7 @@ class EventProcessor:
         self._telemetry.observe(owned=lambda: len(self.owned_partitions), lag=self.lag)
         if self._telemetry.enabled:
             self._store.observers.append(self._telemetry.store_call)
+        self._store.observers.append(self._note_prompt_answer)
         self._fatal: Optional[Exception] = None
         self._member: Optional[Member] = None
         self._membership: Optional[bool] = None  # None: not known yet; False: the store keeps no members
@@ -745,11 +754,57 @@ class EventProcessor:
                 self._report(error, [])
             elapsed = self._clock.monotonic() - started
             pause = interval * self._rng.uniform(0.9, 1.1)
+            backed_off = self._back_off_if_store_timed_out()
+            if backed_off is not None:
+                # A saturated store drains only if its callers slow down. But a processor
+                # that owns nothing (its leases ran out in an outage) and sees a store call
+                # answered promptly meanwhile (a heartbeat) ticks within one jittered
+                # interval instead of waiting out the whole pause: the outage is over.
+                # (One that owns partitions keeps them through its renewals, and waits.)
+                self._store_answered.clear()
+                await self._sleep_or_wake(backed_off - elapsed, self._store_answered)
+                if self._store_answered.is_set():
+                    await self._clock.sleep(interval * self._rng.uniform(0.0, 1.0))
+                continue
             if self._requests_made:
                 # Waiting on a handoff: look again soon, to take the partition as soon as
                 # its owner writes it over (a few extra listings, during moves only).
                 pause = min(pause, interval / 4)
             await self._sleep_or_wake(pause - elapsed, self._balancer_wake)
+
+    def _note_prompt_answer(self, operation: str, seconds: float, error: Optional[BaseException]) -> None:
+        if error is None and seconds < self._timing.store_timeout / 4 and not self.owned_partitions:
+            self._store_answered.set()
+
+    def _back_off_if_store_timed_out(self) -> Optional[float]:
+        """After a tick: the pause before the next one while the store times out (see
+        :mod:`eventprocessor.backoff`), or None for the usual interval."""
+        timeouts = sum(self._store.timeouts.values())
+        timed_out = timeouts - self._timeouts_seen
+        self._timeouts_seen = timeouts
+        level = self._backoff.level
+        seen = Congestion.of(timed_out=timed_out > 0, listing_seconds=self._listing_seconds,
+                             store_timeout=self._timing.store_timeout)
+        pause = self._backoff.after_tick(seen)
+        self._stats.backoff_level = self._backoff.level
+        if pause is None:
+            if level:
+                logger.warning("processor %s: the checkpoint store answers in time again; balancing every %g s "
+                               "again", self._describe, self._timing.interval)
+            return None
+        self._stats.backed_off_ticks += 1
+        if self._backoff.level > level:
+            logger.warning(
+                "processor %s: %d checkpoint-store call(s) timed out since the last tick and its listing took %s "
+                "(store_timeout=%g s): the store is saturated or unreachable. Backing off so that it can drain: "
+                "the next tick in %.1f s "
+                "instead of %g s (level %d of %d), claiming at most %d partitions per tick; leases are still "
+                "renewed on time. If this persists, the store cannot serve this many processors and partitions "
+                "at this interval: raise load_balancing_interval (README, \"Timing\").", self._describe, timed_out,
+                "no answer" if self._listing_seconds is None else f"{self._listing_seconds:.1f} s",
+                self._timing.store_timeout, pause, self._timing.interval, self._backoff.level,
+                self._backoff.max_level, BATCH)
+        return pause
 
     async def _keeper_loop(self) -> None:
         """Ends leases on time (wakes at the next deadline or when a pump ends) and
@@ -826,12 +881,14 @@ class EventProcessor:
         # A slow listing shows the store as it was when it was sent: compare it with the
         # epochs known then, not with what this processor wrote meanwhile (a handoff).
         seen_before = dict(self._seen_epochs)
+        self._listing_seconds = None
         try:
             listing, member_listing = await self._store.list_ownership_and_members(
                 self._source.fully_qualified_namespace, self._source.eventhub_name, self._consumer_group)
         except Exception as error:
             self._tick_failed("store", error)
             return self._empty_report(error=error)
+        self._listing_seconds = self._clock.monotonic() - listed_at
         self._tick_recovered("store")
 
         snapshot = Snapshot(records={r.partition_id: r for r in listing.ownerships}, server_time=listing.server_time,
@@ -854,6 +911,8 @@ class EventProcessor:
         await self._ask_for_handoffs(decision.handoff_requests, decision.awaiting_handoff)
         held = {pid for pid, lease in self._leases.items() if lease.state is not LeaseState.RELEASED}
         claims = [self._above_seen_epochs(c) for c in decision.claims if c.partition_id not in held]
+        if self._backoff.backing_off:
+            claims = claims[:BATCH]  # one batch at a time while the store drains
         claims += self._reclaims_after_store_loss(reconciliation, snapshot, held | {c.partition_id for c in claims},
                                                   partition_ids)
         adoptions = [r for r in reconciliation.adopt if r.partition_id not in held]

@@ -126,6 +126,10 @@ def test_expiry_self_fencing_and_a_wiped_store_say_why(caplog):
     run_virtual(scenario())
     changes = _changes(caplog)
     _common_checks(changes)
-    assert _by(changes, "expired") == [("y", "0", 2), ("y", "1", 2)]  # x had epoch 1
+    # x had epoch 1. After the outage y backs off (its ticks timed out); it may re-claim
+    # its own records only once they have expired: then that says so too.
+    expired = sorted(_by(changes, "expired"))
+    assert expired in ([("y", "0", 2), ("y", "1", 2)], [("y", "0", 2), ("y", "0", 3), ("y", "1", 2), ("y", "1", 3)])
+    held = 3 if len(expired) == 4 else 2  # the epoch y held when the store was wiped
     assert _by(changes, "self_fenced") == [("y", "0", 2), ("y", "1", 2)]
-    assert _by(changes, "store_lost") == [("y", "0", 2), ("y", "1", 2)]
+    assert _by(changes, "store_lost") == [("y", "0", held), ("y", "1", held)]

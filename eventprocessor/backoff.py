@@ -1,0 +1,88 @@
+"""TickBackoff: the balancing loop slows down while the checkpoint store times out.
+
+A store call that times out is not free for the store: the request was sent, and a
+saturated store (a single-threaded emulator, a throttled account) still works through
+it after the client gave up. If every processor then lists and claims again at its
+usual pace, the store never drains: every call keeps timing out, leases self-fence and
+nothing is owned (a metastable overload; see README, "Timing").
+
+So the balancing loop backs off. Each tick that saw a store call of this processor time
+out (its listing, its claims, its fences, or a renewal since the last tick) raises the
+backoff level by one. A tick with no time-out and a listing under a quarter of the store
+timeout lowers it by one; a slower listing keeps it (a store that is slow but keeps up, a
+distant one, is not backed off from; one still draining is not rushed back to full
+pace). At level ``k`` the next
+tick waits ``interval·2^k`` (at most ``cap``, the expiration), jittered down to half of
+it, so that processors that timed out together do not come back together. While the
+level is above zero a tick claims at most one batch. Renewals are not backed off: they
+keep the leases, and they are what a saturated store must still serve.
+
+This module is pure: randomness is injected, and it reads no clock.
+"""
+from __future__ import annotations
+
+import enum
+import random
+from typing import Optional
+
+__all__ = ["TickBackoff", "Congestion"]
+
+
+class Congestion(enum.Enum):
+    """What one tick saw of the store."""
+
+    CLEAR = "clear"  # no time-out, the listing under a quarter of the store timeout
+    SLOW = "slow"  # no time-out, a listing slower than that (or none answered)
+    SATURATED = "saturated"  # a call timed out
+
+    @staticmethod
+    def of(*, timed_out: bool, listing_seconds: Optional[float], store_timeout: float) -> "Congestion":
+        if timed_out:
+            return Congestion.SATURATED
+        if listing_seconds is None or listing_seconds > store_timeout / 4:
+            return Congestion.SLOW
+        return Congestion.CLEAR
+
+
+class TickBackoff:
+    """The pause before the next balancing tick, given whether store calls timed out.
+
+    Example::
+
+        backoff = TickBackoff(interval=10.0, cap=50.0, rng=random.Random(0))
+        backoff.after_tick(Congestion.SATURATED)   # level 1: the next tick in 10-20 s
+        backoff.after_tick(Congestion.SATURATED)   # level 2: in 20-40 s
+        backoff.after_tick(Congestion.SLOW)        # still level 2
+        backoff.after_tick(Congestion.CLEAR)       # level 1 again
+    """
+
+    def __init__(self, *, interval: float, cap: float, rng: random.Random) -> None:
+        if interval <= 0 or cap < interval:
+            raise ValueError(f"interval must be positive and cap at least the interval, got {interval!r}, {cap!r}")
+        self.interval = interval
+        self.cap = cap
+        self._rng = rng
+        self.level = 0
+        self.max_level = 0
+        while interval * 2 ** self.max_level < cap:
+            self.max_level += 1
+
+    @property
+    def backing_off(self) -> bool:
+        return self.level > 0
+
+    def after_tick(self, seen: Congestion) -> Optional[float]:
+        """Record what a tick saw; return the pause before the next one while backing
+        off, or None for the usual interval."""
+        if seen is Congestion.SATURATED:
+            self.level = min(self.level + 1, self.max_level)
+        elif seen is Congestion.CLEAR and self.level:
+            self.level -= 1
+        return self.pause()
+
+    def pause(self) -> Optional[float]:
+        """The pause at the current level (None at level 0)."""
+        if not self.level:
+            return None
+        ceiling = min(self.cap, self.interval * 2 ** self.level)
+        return ceiling * self._rng.uniform(0.5, 1.0)

@@ -1,0 +1,115 @@
+"""A saturated store: the processor backs off so that the store drains (virtual clock).
+
+The model (``FaultyStore.service``) is one store worker that serves calls first come,
+first served, and keeps working through calls whose callers gave up, as Azurite (one
+Node.js thread) does. At 4096 partitions x 32 processors on Azurite, the processors
+kept listing, claiming and renewing at their usual pace while every call timed out;
+the store never drained and nothing was owned 571 s after the start (benchmarks/
+RESULTS.md, "4096 x 32 attempted"). Here 8 processors list 256 records every 10 s at
+6 ms per record: 12.3 s of store work every 10 s, more than the store can do.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+
+import pytest
+
+from benchmarks.harness import Cluster
+from eventprocessor.backoff import Congestion, TickBackoff
+from eventprocessor.testing import run_virtual
+
+PARTITIONS, PROCESSORS = 256, 8
+SERVICE = {"list_ownership": 0.006, "claim_ownership": 0.006, "fence_checkpoint": 0.006, "write_member": 0.006}
+
+
+async def _saturated_group(samples: list, *, until: float, clear_at: float = float("inf")) -> Cluster:
+    cluster = Cluster(PARTITIONS, seed=1, load_balancing_interval=10.0, partition_ownership_expiration_interval=50.0,
+                      load_balancing_strategy="greedy")
+    cluster.store.service = dict(SERVICE)
+    processors = [cluster.add() for _ in range(PROCESSORS)]
+    for processor in processors:
+        await processor.start()
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+    try:
+        while loop.time() - start < until:
+            await asyncio.sleep(5.0)
+            if loop.time() - start >= clear_at and cluster.store.service:
+                cluster.store.service = {}
+            pumps = cluster.live_pumps()
+            samples.append((loop.time() - start, sum(len(p.owned_partitions) for p in processors),
+                            all(len(pumps.get(str(i), [])) == 1 for i in range(PARTITIONS)),
+                            cluster.store.backlog(), sum(p.stats.self_fenced for p in processors),
+                            max(p.stats.backoff_level for p in processors)))
+    finally:
+        for processor in processors:
+            await processor.stop()
+    return cluster
+
+
+def test_a_saturated_store_drains_and_every_partition_stays_owned(caplog):
+    """Before: the backlog grew without bound (74 s of work queued after 300 s), every
+    call timed out, all 256 leases self-fenced and nothing was owned from t=60 s on.
+    Now the ticks back off until the store keeps up, and the group holds every partition."""
+    caplog.set_level(logging.WARNING, logger="eventprocessor.processor")
+    samples: list = []
+    cluster = run_virtual(_saturated_group(samples, until=300.0))
+    store_timeout = cluster.processors[0].timing.store_timeout
+    settled = [s for s in samples if s[0] >= 100.0]
+    assert all(owned == PARTITIONS and once for _, owned, once, *_ in settled), samples
+    assert all(backlog < store_timeout for _, _, _, backlog, *_ in settled), samples
+    assert samples[-1][4] == 0, "no lease ran out"
+    assert sum(p.stats.backed_off_ticks for p in cluster.processors) > 0
+    # The store was kept busy but not beyond what it can do.
+    assert cluster.store.busy_seconds < 300.0
+    assert any("Backing off so that it can drain" in r.getMessage() and "raise load_balancing_interval"
+               in r.getMessage() for r in caplog.records)
+
+
+def test_once_the_store_keeps_up_again_the_interval_is_back_to_normal(caplog):
+    caplog.set_level(logging.WARNING, logger="eventprocessor.processor")
+    samples: list = []
+    cluster = run_virtual(_saturated_group(samples, until=400.0, clear_at=150.0))
+    assert max(level for *_, level in samples if _[0] < 150.0) >= 1
+    assert samples[-1][-1] == 0, samples[-6:]
+    assert all(p.stats.backoff_level == 0 for p in cluster.processors)
+    assert any("answers in time again" in r.getMessage() for r in caplog.records)
+    ticks_late = [p.stats.ticks for p in cluster.processors]
+    assert min(ticks_late) > 20  # back to about one tick per 10 s after the store recovered
+
+
+def test_levels_rise_on_saturation_hold_when_slow_and_fall_when_clear():
+    backoff = TickBackoff(interval=10.0, cap=50.0, rng=random.Random(7))
+    assert backoff.after_tick(Congestion.CLEAR) is None and backoff.level == 0
+    assert backoff.after_tick(Congestion.SLOW) is None and backoff.level == 0
+    first = backoff.after_tick(Congestion.SATURATED)
+    assert backoff.level == 1 and 10.0 <= first <= 20.0
+    second = backoff.after_tick(Congestion.SATURATED)
+    assert backoff.level == 2 and 20.0 <= second <= 40.0
+    backoff.after_tick(Congestion.SLOW)
+    assert backoff.level == 2
+    backoff.after_tick(Congestion.CLEAR)
+    assert backoff.level == 1
+    for _ in range(10):
+        backoff.after_tick(Congestion.SATURATED)
+    assert backoff.level == backoff.max_level == 3  # 10·2³ = 80 ≥ the 50 s cap
+    pauses = [backoff.pause() for _ in range(200)]
+    assert all(25.0 <= p <= 50.0 for p in pauses) and len({round(p, 3) for p in pauses}) > 100  # jittered
+
+
+@pytest.mark.parametrize("timed_out, listing, expected", [
+    (True, 0.1, Congestion.SATURATED),
+    (False, None, Congestion.SLOW),  # no listing answered, nothing timed out: a fast failure
+    (False, 3.0, Congestion.SLOW),  # slow but answered: hold, never raise
+    (False, 2.0, Congestion.SLOW),
+    (False, 1.0, Congestion.CLEAR),
+])
+def test_what_a_tick_saw(timed_out, listing, expected):
+    assert Congestion.of(timed_out=timed_out, listing_seconds=listing, store_timeout=5.0) is expected
+
+
+def test_a_cap_below_the_interval_is_refused():
+    with pytest.raises(ValueError, match="cap"):
+        TickBackoff(interval=10.0, cap=5.0, rng=random.Random(0))
