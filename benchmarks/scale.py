@@ -121,6 +121,12 @@ class Calibration:
     server_cpu: Optional[float]  # Azurite's seconds, median (None when it is not ours to read)
     wall: float  # seconds, median
     idle_cores: Optional[float] = None  # cores idle just before (other users' work counted as busy)
+    server_write_cpu: Optional[float] = None  # Azurite's seconds per record written (claims), mean
+
+    @property
+    def store_seconds(self) -> Optional[float]:
+        """s: Azurite's CPU seconds for one listing."""
+        return self.server_cpu
 
     @property
     def cpu(self) -> float:
@@ -148,6 +154,9 @@ class Sizing:
     herd: float  # N simultaneous listings on the machine's cores: N·c/C
     listing_load: float  # cores all processors spend listing, at one listing per interval each
     cores: float  # C: the cores the rule sized for
+    store_load: Optional[float] = None  # the share of the store's one thread that listings take: N·s/I
+    burst: Optional[float] = None  # B = N·s + 2·P·w: the store's seconds of work when every processor starts
+    bound_by: str = "client CPU"  # which term of the rule chose I
 
     @property
     def hold(self) -> float:
@@ -162,11 +171,21 @@ class Sizing:
 
 
 def choose_timing(listing_cpu: float, processors: int, cores: float, *, budget: float = 0.5,
-                  min_interval: float = 1.0) -> Sizing:
+                  min_interval: float = 1.0, store_listing: Optional[float] = None,
+                  store_write: Optional[float] = None, partitions: int = 0) -> Sizing:
     """The sizing rule (README, "Timing"), from the measured CPU of one listing.
 
     * ``I = ⌈N·c / (f·C)⌉`` (at least ``min_interval``): the listings of all N
       processors, one per interval each, use at most ``f`` (``budget``) of the C cores.
+    * the store, when its own cost is known (Azurite is one Node.js thread: one core at
+      most, whatever the machine has): with ``s`` its seconds per listing
+      (``store_listing``), ``I ≥ ⌈N·s / f⌉``, so listings take at most ``f`` of its
+      thread; and with ``w`` its seconds per record written (``store_write``), the
+      start-up burst ``B = N·s + 2·P·w`` (every processor lists, a greedy start writes
+      every claim and its checkpoint fence) fits in the store timeout,
+      ``T ≈ 0.67·I ≥ B``, that is ``I ≥ ⌈1.5·B⌉``. A store that gets more than it can
+      do queues the rest, every call times out, and the processors back off (see
+      ``eventprocessor.backoff``); these terms keep the benchmark out of that regime.
     * ``E = 5·I``: the ratio of this SDK's defaults (15 s / 75 s); the official
       processor, which rewrites its records at every tick, has four ticks to spare.
     * ``R = E/2`` (ours): the lease minus R, ``0.4·E = 2·I``, is how long a processor may
@@ -188,7 +207,16 @@ def choose_timing(listing_cpu: float, processors: int, cores: float, *, budget: 
 
     if listing_cpu <= 0 or processors < 1 or cores <= 0 or not 0 < budget <= 1:
         raise ValueError("listing_cpu, processors, cores and budget must be positive (budget at most 1)")
-    interval = max(float(min_interval), float(math.ceil(processors * listing_cpu / (budget * cores))))
+    terms = {"client CPU": float(math.ceil(processors * listing_cpu / (budget * cores)))}
+    store_load_at = burst = None
+    if store_listing is not None and store_listing > 0:
+        terms["the store's thread"] = float(math.ceil(processors * store_listing / budget))
+        burst = processors * store_listing + 2 * partitions * (store_write or 0.0)
+        terms["the start-up burst"] = float(math.ceil(1.5 * burst))
+    bound_by = max(terms, key=lambda k: terms[k])
+    interval = max(float(min_interval), terms[bound_by])
+    if store_listing is not None and store_listing > 0:
+        store_load_at = processors * store_listing / interval
     expiration = EXPIRATION_RATIO * interval
     timing = Timing.derive(interval=interval, expiration=expiration, renewal_age=expiration / 2, store_timeout=None,
                            shutdown_timeout=30.0, handler_timeout=None)
@@ -196,7 +224,8 @@ def choose_timing(listing_cpu: float, processors: int, cores: float, *, budget: 
                   store_timeout=timing.store_timeout,
                   operation_timeout=max(DEFAULT_OPERATION_TIMEOUT, math.ceil(timing.store_timeout)),
                   lease=timing.lease_length, herd=processors * listing_cpu / cores,
-                  listing_load=processors * listing_cpu / interval, cores=cores)
+                  listing_load=processors * listing_cpu / interval, cores=cores, store_load=store_load_at,
+                  burst=burst, bound_by=bound_by if interval > min_interval else "the minimum interval")
 
 
 async def calibrate(connection_string: str, partitions: int, listings: int, azurite_pid: Optional[int],
@@ -230,7 +259,10 @@ async def calibrate(connection_string: str, partitions: int, listings: int, azur
                 if str(index) in current:
                     return
 
+        written0 = _cpu_seconds(azurite_pid)
         await asyncio.gather(*(claim(i) for i in range(partitions)))
+        written1 = _cpu_seconds(azurite_pid)
+        write_cpu = None if written0 is None or written1 is None else (written1 - written0) / partitions
         client, server, wall = [], [], []
         for _ in range(listings):
             cpu0, azurite0, wall0 = time.process_time(), _cpu_seconds(azurite_pid), time.perf_counter()
@@ -242,8 +274,9 @@ async def calibrate(connection_string: str, partitions: int, listings: int, azur
                 server.append(azurite1 - azurite0)
             if len(listing.ownerships) != partitions:
                 raise RuntimeError(f"calibration listed {len(listing.ownerships)} records, expected {partitions}")
+    await Runner.delete_container(connection_string, container)
     return Calibration(partitions, listings, statistics.median(client),
-                       statistics.median(server) if server else None, statistics.median(wall), idle)
+                       statistics.median(server) if server else None, statistics.median(wall), idle, write_cpu)
 
 
 # --------------------------------------------------------------------------- workers
@@ -366,6 +399,8 @@ class SideResult:
     problems: List[str] = field(default_factory=list)
     shares: Tuple[int, int] = (0, 0)  # min and max partitions per processor at the end
     spawn_seconds: float = 0.0
+    drain_wait: float = 0.0  # seconds Azurite needed to go idle before this side started
+    backoff_level: int = 0  # the highest backoff level any processor of ours reported
 
     @property
     def every_partition_owned_once(self) -> bool:
@@ -421,6 +456,10 @@ def check_final(owners: Dict[str, Tuple[str, datetime]], workers: List[Worker], 
     return good, problems
 
 
+class StoreSaturated(RuntimeError):
+    """Azurite could not serve the benchmark's own set-up calls."""
+
+
 class Runner:
     def __init__(self, args: argparse.Namespace, connection_string: str, azurite_pid: Optional[int],
                  log_dir: str) -> None:
@@ -435,12 +474,53 @@ class Runner:
         async with ContainerClient.from_connection_string(self.connection_string, name) as client:
             await client.create_container()
 
+    @staticmethod
+    async def delete_container(connection_string: str, name: str) -> None:
+        """Leave Azurite as the next side found it (best effort, bounded)."""
+        from azure.storage.blob.aio import ContainerClient
+
+        try:
+            async with ContainerClient.from_connection_string(connection_string, name) as client:
+                await asyncio.wait_for(client.delete_container(), 60)
+        except Exception as error:  # a side's leftovers only cost the next one some memory
+            print(f"could not delete container {name}: {error!r:.200}", file=sys.stderr, flush=True)
+
+    async def drained(self) -> float:
+        """Wait until Azurite is idle (under 10 % of a core over a second): a store still
+        working through requests a previous side gave up on would slow the next one.
+        Returns the seconds waited; raises when it is still busy after ``--drain-timeout``."""
+        started = time.monotonic()
+        if self.azurite_pid is None:
+            return 0.0
+        while True:
+            before = _cpu_seconds(self.azurite_pid)
+            await asyncio.sleep(1.0)
+            after = _cpu_seconds(self.azurite_pid)
+            waited = time.monotonic() - started
+            if before is None or after is None or after - before < 0.1:
+                return waited
+            if waited > self.args.drain_timeout:
+                raise StoreSaturated(
+                    f"Azurite was still at {100 * (after - before):.0f}% of a core {waited:.0f} s after the previous "
+                    f"side stopped: saturated with requests its clients had given up on")
+
     async def side(self, impl: str, partitions: int, processors: int, sizing: Sizing) -> SideResult:
-        args = self.args
         result = SideResult(impl, partitions, processors)
         tag = uuid.uuid4().hex[:6]
         container, hub = f"scale-{impl}-{partitions}x{processors}-{tag}", f"hub-{partitions}"
-        await self._create_container(container)
+        result.drain_wait = await self.drained()
+        try:
+            await asyncio.wait_for(self._create_container(container), 120)
+        except Exception as error:
+            raise StoreSaturated(f"creating the side's container failed: {error!r:.200}") from error
+        try:
+            return await self._run_side(result, impl, partitions, processors, sizing, container, hub)
+        finally:
+            await self.delete_container(self.connection_string, container)
+
+    async def _run_side(self, result: "SideResult", impl: str, partitions: int, processors: int, sizing: Sizing,
+                        container: str, hub: str) -> "SideResult":
+        args = self.args
         # Long enough for every lease of ours to be renewed once after the last claim.
         hold = args.hold if args.hold is not None else sizing.hold
         balance_limit = balance_limit_for(args, sizing)
@@ -514,10 +594,12 @@ class Runner:
         totals: Dict[str, int] = {}
         for worker in workers:
             for key in ("ticks", "overruns", "overrun_warnings", "missed_renewals", "renewals", "failed_renewals",
-                        "claims", "lost", "store_timeouts"):
+                        "claims", "lost", "store_timeouts", "backed_off"):
                 totals[key] = totals.get(key, 0) + int(worker.last.get(key, 0))
             result.max_tick = max(result.max_tick, float(worker.last.get("max_tick", 0.0)))
             result.loop_lag = max(result.loop_lag, float(worker.last.get("loop_lag", 0.0)))
+            result.backoff_level = max([result.backoff_level] + [int(st.get("backoff_level", 0))
+                                                                 for st in worker.states])
         result.counters = totals
         if result.balanced_after is not None:
             result.moved_while_held = sum(int(w.at(end).get("claims", 0)) - int(w.at(converge_end).get("claims", 0))
@@ -611,10 +693,12 @@ async def run_sizes(args: argparse.Namespace, connection_string: str, azurite_pi
             idle = calibration.idle_cores
             cores = machine if idle is None else min(float(machine), max(idle, 0.25 * machine))
             sizing = choose_timing(calibration.cpu, processors, round(cores, 1), budget=args.cpu_budget,
-                                   min_interval=args.min_interval)
+                                   min_interval=args.min_interval, store_listing=calibration.store_seconds,
+                                   store_write=calibration.server_write_cpu, partitions=partitions)
             print(f"{partitions}x{processors}: listing {partitions} records costs {calibration.cpu * 1000:.0f} ms CPU "
                   f"(client {calibration.client_cpu * 1000:.0f} ms); sized for {sizing.cores:g} cores: "
-                  f"I={sizing.interval:g} s, E={sizing.expiration:g} s", file=sys.stderr, flush=True)
+                  f"I={sizing.interval:g} s, E={sizing.expiration:g} s (bound by {sizing.bound_by})", file=sys.stderr,
+                  flush=True)
             size = SizeResult(partitions, processors, calibration, sizing)
             results.append(size)
             left = args.budget_minutes * 60 - (time.monotonic() - started)
@@ -632,9 +716,12 @@ async def run_sizes(args: argparse.Namespace, connection_string: str, azurite_pi
                     continue
                 try:
                     size.sides[impl] = await runner.side(impl, partitions, processors, sizing)
-                except RuntimeError as error:
-                    size.error = f"{impl}: {str(error).splitlines()[0]}"
-                    print(f"{partitions}x{processors} {impl} failed: {error}", file=sys.stderr, flush=True)
+                except asyncio.CancelledError:
+                    raise
+                except Exception as error:  # a saturated store, a worker that died: say so, go on
+                    first = (str(error) or repr(error)).splitlines()[0]
+                    size.error = "; ".join(filter(None, [size.error, f"{impl}: {first}"]))
+                    print(f"{partitions}x{processors} {impl} failed: {error!r:.500}", file=sys.stderr, flush=True)
     return results
 
 
@@ -675,13 +762,19 @@ def render(results: List[SizeResult], args: argparse.Namespace, command: str, se
         f"(`ownership_renewal_age`): lease − R = 0.4·E is how long a processor can be kept from renewing (a "
         f"listing's XML parsing holds its event loop, up to N·c/C when all list at once) and still keep its "
         f"leases, and the store timeout T the processor derives from it exceeds that herd; the Blob store's own "
-        f"`operation_timeout` is raised to T when T is longer than its 10 s default. A side is held "
+        f"`operation_timeout` is raised to T when T is longer than its 10 s default. The store is one more bound "
+        f"(Azurite is one Node.js thread): with s its CPU seconds per listing and w per record written (both "
+        f"measured here), I ≥ ⌈N·s/f⌉ keeps listings to f of that thread, and I ≥ ⌈1.5·B⌉ with "
+        f"B = N·s + 2·P·w (every processor lists, a greedy start writes every claim and its checkpoint fence) lets "
+        f"the start-up burst fit in T ≈ 0.67·I; I is the largest of the three. Before each side the benchmark waits "
+        f"for Azurite to go idle, and each side's container is deleted after it. A side is held "
         f"R + E/10 once balanced (every lease of ours renewed once), and gives up on balance after "
         f"{args.balance_ticks:g}·1.1·I + 30 s.",
         "",
         "| P x N | client ms/record | Azurite ms/record | c (s) | listing wall (s) | idle cores | C | I (s) | E (s) | "
-        "listing load (cores) | herd N·c/C (s) | ours: R / T / store operation_timeout (s) | ours: lease − R (s) |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "listing load (cores) | herd N·c/C (s) | Azurite w (ms/record written) | store load N·s/I | burst B (s) | "
+        "I bound by | ours: R / T / store operation_timeout (s) | ours: lease − R (s) |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|",
     ]
     for size in results:
         cal, s = size.calibration, size.sizing
@@ -689,7 +782,11 @@ def render(results: List[SizeResult], args: argparse.Namespace, command: str, se
         idle = "n/a" if cal.idle_cores is None else f"{cal.idle_cores:.1f}"
         lines.append(f"| {size.partitions} x {size.processors} | {cal.client_ms_per_record:.3f} | {server} | "
                      f"{cal.cpu:.2f} | {cal.wall:.2f} | {idle} | {s.cores:g} | {s.interval:g} | {s.expiration:g} | "
-                     f"{s.listing_load:.2f} | {s.herd:.1f} | {s.renewal_age:g} / {s.store_timeout:.1f} / "
+                     f"{s.listing_load:.2f} | {s.herd:.1f} | "
+                     f"{'n/a' if cal.server_write_cpu is None else f'{1000 * cal.server_write_cpu:.2f}'} | "
+                     f"{'n/a' if s.store_load is None else f'{s.store_load:.2f}'} | "
+                     f"{'n/a' if s.burst is None else f'{s.burst:.1f}'} | {s.bound_by} | "
+                     f"{s.renewal_age:g} / {s.store_timeout:.1f} / "
                      f"{s.operation_timeout:g} | {s.stall_room:.1f} |")
     for size in results:
         lines += ["", f"### {size.partitions} partitions x {size.processors} processors "
@@ -718,6 +815,9 @@ def render(results: List[SizeResult], args: argparse.Namespace, command: str, se
                       + (str(r.counters.get("overrun_warnings", 0)) if r.impl == "ours" else "none logged"))
         row("store calls timed out (ours: store_timeout)",
             lambda r: str(r.counters.get("store_timeouts", 0)) if r.impl == "ours" else "no timeout")
+        row("ticks backed off for a saturated store / highest level (ours)",
+            lambda r: f"{r.counters.get('backed_off', 0)} / {r.backoff_level}" if r.impl == "ours" else "no backoff")
+        row("seconds Azurite needed to go idle before the side", lambda r: f"{r.drain_wait:.0f}")
         row("longest tick (s)", lambda r: f"{r.max_tick:.2f}")
         row("longest event-loop stall in a processor (s)", lambda r: f"{r.loop_lag:.2f}")
         row("ticks, all processors", lambda r: str(r.counters.get("ticks", 0)))
@@ -819,6 +919,8 @@ def _parser(prog: Optional[str]) -> argparse.ArgumentParser:
     parser.add_argument("--calibration-listings", type=int, default=5)
     parser.add_argument("--ready-timeout", type=float, default=180.0, help="seconds for all workers to import")
     parser.add_argument("--stop-timeout", type=float, default=40.0)
+    parser.add_argument("--drain-timeout", type=float, default=300.0,
+                        help="seconds to wait for Azurite to go idle before a side starts (default 300)")
     parser.add_argument("--final-listing-timeout", type=float, default=120.0, help=argparse.SUPPRESS)
     parser.add_argument("--report-every", type=float, default=0.5, help=argparse.SUPPRESS)
     parser.add_argument("--idle-sample", type=float, default=5.0, help=argparse.SUPPRESS)

@@ -115,7 +115,8 @@ async def _ours(args: argparse.Namespace, transport: Any, go: asyncio.Event, sto
                 "max_tick": round(stats.max_tick_duration, 3), "missed_renewals": stats.self_fenced,
                 "renewals": stats.renewals, "failed_renewals": stats.failed_renewals, "claims": stats.claims_won,
                 "lost": stats.lost, "store_calls": dict(processor.store_calls.calls),
-                "store_timeouts": sum(processor.store_calls.timeouts.values())}
+                "store_timeouts": sum(processor.store_calls.timeouts.values()),
+                "backed_off": stats.backed_off_ticks, "backoff_level": stats.backoff_level}
 
     side.owned = lambda: set(processor.owned_partitions)
     side.counters = counters
