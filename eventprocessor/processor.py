@@ -793,6 +793,7 @@ class EventProcessor:
                                "again", self._describe, self._timing.interval)
             return None
         self._stats.backed_off_ticks += 1
+        self._telemetry.backed_off()
         if self._backoff.level > level:
             logger.warning(
                 "processor %s: %d checkpoint-store call(s) timed out since the last tick and its listing took %s "

@@ -24,6 +24,7 @@ eventprocessor.ownership.changes         counter    claims won and ends of claim
 eventprocessor.claims.lost               counter    claims that lost the race
 eventprocessor.balancing.duration        histogram  s per load-balancing tick
 eventprocessor.balancing.overruns        counter    ticks longer than the interval
+eventprocessor.balancing.backoffs        counter    ticks delayed because store calls timed out
 eventprocessor.store.duration            histogram  s per store call (operation, error.type)
 eventprocessor.store.errors              counter    failed store calls (operation, error.type)
 eventprocessor.checkpoint.duration       histogram  s per checkpoint write (error.type)
@@ -112,6 +113,9 @@ class Telemetry:
                                                     description="Duration of load-balancing ticks")
         self.overruns = meter.create_counter("eventprocessor.balancing.overruns", unit="{tick}",
                                              description="Load-balancing ticks longer than the interval")
+        self.backoffs = meter.create_counter("eventprocessor.balancing.backoffs", unit="{tick}",
+                                             description="Load-balancing ticks delayed because store calls timed "
+                                                         "out (the store is saturated or unreachable)")
         self.store_duration = meter.create_histogram("eventprocessor.store.duration", unit="s",
                                                      description="Duration of checkpoint-store calls")
         self.store_errors = meter.create_counter("eventprocessor.store.errors", unit="{call}",
@@ -236,6 +240,10 @@ class Telemetry:
         self.tick_duration.record(duration, self.base)
         if overran:
             self.overruns.add(1, self.base)
+
+    def backed_off(self) -> None:
+        if self.enabled:
+            self.backoffs.add(1, self.base)
 
     # ---- store
 

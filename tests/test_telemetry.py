@@ -140,3 +140,31 @@ def test_claims_lost_to_a_race_are_counted():
     results = [run_virtual(scenario(seed)) for seed in range(1, 11)]
     assert all(counted == lost for lost, counted in results)
     assert any(lost >= 1 for lost, _counted in results)  # collisions happen on some seeds
+
+
+def test_backing_off_from_a_store_that_times_out_is_counted():
+    otel = Telemetry()
+
+    class Idle(PartitionProcessor):
+        async def process_events(self, events, context):
+            pass
+
+    async def scenario():
+        cluster = Cluster(2, seed=2, **OPTIONS)
+        processor = EventProcessor(cluster.source, cluster.store, Idle, owner_id="a", meter_provider=otel.meters,
+                                   **OPTIONS)
+        await processor.start()
+        await cluster.wait_until(lambda: len(processor.owned_partitions) == 2, timeout=10)
+        before = otel.total("eventprocessor.balancing.backoffs")
+        cluster.store.hang = True  # every call runs into store_timeout
+        await asyncio.sleep(3 * processor.timing.store_timeout)
+        during = otel.total("eventprocessor.balancing.backoffs")
+        errors = otel.total("eventprocessor.store.errors", **{"error.type": "StoreTimeoutError"})
+        cluster.store.clear()
+        await processor.stop()
+        return before, during, errors, processor.stats
+
+    before, during, errors, stats = run_virtual(scenario())
+    assert before == 0
+    assert during >= 1 and during == stats.backed_off_ticks
+    assert errors >= 1
