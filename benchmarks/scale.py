@@ -1,8 +1,8 @@
 """Scale on real storage: many processors in separate OS processes, one Blob store on Azurite.
 
 Run it with ``python -m benchmarks.scale`` (or ``eventprocessor bench scale``); ``--record``
-writes its section of ``benchmarks/RESULTS.md``. It starts its own Azurite (in-memory, on
-127.0.0.1) and, for each size ``PxN`` (P partitions, N processors; ``1024x16,2048x16,4096x32``
+writes its section of ``benchmarks/RESULTS.md``. It starts a fresh Azurite (in-memory, on
+127.0.0.1) for each size ``PxN`` (P partitions, N processors; ``1024x16,2048x16,4096x32``
 by default, smallest first):
 
 1. **Measures the listing cost** on this machine: P ownership records are written to a
@@ -666,15 +666,19 @@ def projected_seconds(args: argparse.Namespace, sizing: Sizing, processors: int)
     return 2 * (min(args.ready_timeout, 2.0 * processors) + balance_limit_for(args, sizing) + hold + 15.0)
 
 
-async def run_sizes(args: argparse.Namespace, connection_string: str, azurite_pid: Optional[int]) -> List[SizeResult]:
+async def run_sizes(args: argparse.Namespace, connection_string: str, azurite_pid: Optional[int], *,
+                    started: Optional[float] = None, first_index: int = 0) -> List[SizeResult]:
+    """Run ``args.sizes`` on one Azurite. ``started``: when the budget began (now by
+    default); ``first_index``: the position of the first size in the whole run (the
+    order of the sides alternates with it)."""
     machine = os.cpu_count() or 1
-    started = time.monotonic()
+    started = time.monotonic() if started is None else started
     results: List[SizeResult] = []
     with tempfile.TemporaryDirectory(prefix="scale-bench-") as scratch:
         log_dir = args.log_dir or scratch
         os.makedirs(log_dir, exist_ok=True)
         runner = Runner(args, connection_string, azurite_pid, log_dir)
-        for index, (partitions, processors) in enumerate(args.sizes):
+        for index, (partitions, processors) in enumerate(args.sizes, start=first_index):
             try:
                 try:
                     calibration = await calibrate(connection_string, partitions, args.calibration_listings,
@@ -737,7 +741,7 @@ def render(results: List[SizeResult], args: argparse.Namespace, command: str, se
         f"Command: `{command}` ({seconds:.0f} s). {machine_line()} Load average (1/5/15 min) at start and end: "
         f"{load}.",
         "",
-        f"One Azurite (in-memory, 127.0.0.1), started by the benchmark. Each processor is its own OS process "
+        f"One Azurite per size (in-memory, 127.0.0.1), started fresh by the benchmark. Each processor is its own OS process "
         f"(`benchmarks/scale_worker.py`); all of a side start together after their imports. *ours*: "
         f"`EventProcessor` + our `BlobCheckpointStore`, reading an empty `MemoryEventSource`. *official*: "
         f"azure-eventhub {_official_version()}'s own `EventProcessor` class (its `OwnershipManager` and "
@@ -981,9 +985,25 @@ def _run(args: argparse.Namespace, command: str, azurite: Any) -> int:
     if threading.current_thread() is threading.main_thread():
         # SIGTERM unwinds like Ctrl-C, so that every worker and Azurite are stopped.
         previous = signal.signal(signal.SIGTERM, _interrupt)
+    results: List[SizeResult] = []
     try:
-        pid = azurite.process.pid if azurite.process is not None else None
-        results = asyncio.run(run_sizes(args, azurite.connection_string, pid))
+        if own:
+            # One Azurite per size, started fresh: a size does not inherit the records,
+            # memory and queued requests of the one before (Azurite keeps everything in
+            # one in-memory database served by one thread).
+            sizes = args.sizes
+            for index, size in enumerate(sizes):
+                if index:
+                    azurite.stop()
+                    azurite = start_azurite()
+                args.sizes = [size]
+                pid = azurite.process.pid if azurite.process is not None else None
+                results += asyncio.run(run_sizes(args, azurite.connection_string, pid, started=started,
+                                                 first_index=index))
+            args.sizes = sizes
+        else:
+            pid = azurite.process.pid if azurite.process is not None else None
+            results = asyncio.run(run_sizes(args, azurite.connection_string, pid))
     except KeyboardInterrupt:
         print(f"{program.command_name('scale')}: interrupted; every worker was stopped", file=sys.stderr)
         return 130

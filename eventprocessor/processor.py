@@ -796,13 +796,13 @@ class EventProcessor:
         self._telemetry.backed_off()
         if self._backoff.level > level:
             logger.warning(
-                "processor %s: %d checkpoint-store call(s) timed out since the last tick and its listing took %s "
-                "(store_timeout=%g s): the store is saturated or unreachable. Backing off so that it can drain: "
+                "processor %s: %d checkpoint-store call(s) timed out since the last tick (its listing: %s; "
+                "store_timeout=%g s): the store is saturated or unreachable. Backing off so that it can drain: "
                 "the next tick in %.1f s "
-                "instead of %g s (level %d of %d), claiming at most %d partitions per tick; leases are still "
-                "renewed on time. If this persists, the store cannot serve this many processors and partitions "
+                "instead of %g s (level %d of %d), claiming at most %d partitions per tick; renewals keep "
+                "their own schedule. If this persists, the store cannot serve this many processors and partitions "
                 "at this interval: raise load_balancing_interval (README, \"Timing\").", self._describe, timed_out,
-                "no answer" if self._listing_seconds is None else f"{self._listing_seconds:.1f} s",
+                "no answer" if self._listing_seconds is None else f"answered in {self._listing_seconds:.1f} s",
                 self._timing.store_timeout, pause, self._timing.interval, self._backoff.level,
                 self._backoff.max_level, BATCH)
         return pause
