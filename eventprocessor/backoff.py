@@ -9,7 +9,8 @@ nothing is owned (a metastable overload; see README, "Timing").
 So the balancing loop backs off. Each tick that saw a store call of this processor time
 out (its listing, its claims, its fences, or a renewal since the last tick) raises the
 backoff level by one. A tick with no time-out and a listing under a quarter of the store
-timeout lowers it by one; a slower listing keeps it (a store that is slow but keeps up, a
+timeout lowers it by one, and the next tick comes at the usual interval; a slower
+listing keeps the level (a store that is slow but keeps up, a
 distant one, is not backed off from; one still draining is not rushed back to full
 pace). At level ``k`` the next
 tick waits ``interval·2^k`` (at most ``cap``, the expiration), jittered down to half of
@@ -76,8 +77,12 @@ class TickBackoff:
         off, or None for the usual interval."""
         if seen is Congestion.SATURATED:
             self.level = min(self.level + 1, self.max_level)
-        elif seen is Congestion.CLEAR and self.level:
-            self.level -= 1
+        elif seen is Congestion.CLEAR:
+            # The store kept up: the next tick at the usual interval. The level comes
+            # down one step only, so a store that falls behind again is backed off from
+            # at once, from where it was.
+            self.level = max(self.level - 1, 0)
+            return None
         return self.pause()
 
     def pause(self) -> Optional[float]:
