@@ -124,11 +124,6 @@ class Calibration:
     server_write_cpu: Optional[float] = None  # Azurite's seconds per record written (claims), mean
 
     @property
-    def store_seconds(self) -> Optional[float]:
-        """s: Azurite's CPU seconds for one listing."""
-        return self.server_cpu
-
-    @property
     def cpu(self) -> float:
         return self.client_cpu + (self.server_cpu or 0.0)
 
@@ -208,15 +203,14 @@ def choose_timing(listing_cpu: float, processors: int, cores: float, *, budget: 
     if listing_cpu <= 0 or processors < 1 or cores <= 0 or not 0 < budget <= 1:
         raise ValueError("listing_cpu, processors, cores and budget must be positive (budget at most 1)")
     terms = {"client CPU": float(math.ceil(processors * listing_cpu / (budget * cores)))}
-    store_load_at = burst = None
-    if store_listing is not None and store_listing > 0:
+    burst = None
+    if store_listing:
         terms["the store's thread"] = float(math.ceil(processors * store_listing / budget))
         burst = processors * store_listing + 2 * partitions * (store_write or 0.0)
         terms["the start-up burst"] = float(math.ceil(1.5 * burst))
     bound_by = max(terms, key=lambda k: terms[k])
     interval = max(float(min_interval), terms[bound_by])
-    if store_listing is not None and store_listing > 0:
-        store_load_at = processors * store_listing / interval
+    store_load_at = processors * store_listing / interval if store_listing else None
     expiration = EXPIRATION_RATIO * interval
     timing = Timing.derive(interval=interval, expiration=expiration, renewal_age=expiration / 2, store_timeout=None,
                            shutdown_timeout=30.0, handler_timeout=None)
@@ -667,10 +661,11 @@ def projected_seconds(args: argparse.Namespace, sizing: Sizing, processors: int)
 
 
 async def run_sizes(args: argparse.Namespace, connection_string: str, azurite_pid: Optional[int], *,
-                    started: Optional[float] = None, first_index: int = 0) -> List[SizeResult]:
-    """Run ``args.sizes`` on one Azurite. ``started``: when the budget began (now by
-    default); ``first_index``: the position of the first size in the whole run (the
-    order of the sides alternates with it)."""
+                    sizes: Optional[List[Tuple[int, int]]] = None, started: Optional[float] = None,
+                    first_index: int = 0) -> List[SizeResult]:
+    """Run ``sizes`` (``args.sizes`` by default) on one Azurite. ``started``: when the
+    budget began (now by default); ``first_index``: the position of the first size in
+    the whole run (the order of the sides alternates with it)."""
     machine = os.cpu_count() or 1
     started = time.monotonic() if started is None else started
     results: List[SizeResult] = []
@@ -678,7 +673,8 @@ async def run_sizes(args: argparse.Namespace, connection_string: str, azurite_pi
         log_dir = args.log_dir or scratch
         os.makedirs(log_dir, exist_ok=True)
         runner = Runner(args, connection_string, azurite_pid, log_dir)
-        for index, (partitions, processors) in enumerate(args.sizes, start=first_index):
+        for index, (partitions, processors) in enumerate(args.sizes if sizes is None else sizes,
+                                                         start=first_index):
             try:
                 try:
                     calibration = await calibrate(connection_string, partitions, args.calibration_listings,
@@ -697,7 +693,7 @@ async def run_sizes(args: argparse.Namespace, connection_string: str, azurite_pi
             idle = calibration.idle_cores
             cores = machine if idle is None else min(float(machine), max(idle, 0.25 * machine))
             sizing = choose_timing(calibration.cpu, processors, round(cores, 1), budget=args.cpu_budget,
-                                   min_interval=args.min_interval, store_listing=calibration.store_seconds,
+                                   min_interval=args.min_interval, store_listing=calibration.server_cpu,
                                    store_write=calibration.server_write_cpu, partitions=partitions)
             print(f"{partitions}x{processors}: listing {partitions} records costs {calibration.cpu * 1000:.0f} ms CPU "
                   f"(client {calibration.client_cpu * 1000:.0f} ms); sized for {sizing.cores:g} cores: "
@@ -991,16 +987,13 @@ def _run(args: argparse.Namespace, command: str, azurite: Any) -> int:
             # One Azurite per size, started fresh: a size does not inherit the records,
             # memory and queued requests of the one before (Azurite keeps everything in
             # one in-memory database served by one thread).
-            sizes = args.sizes
-            for index, size in enumerate(sizes):
+            for index, size in enumerate(args.sizes):
                 if index:
                     azurite.stop()
                     azurite = start_azurite()
-                args.sizes = [size]
                 pid = azurite.process.pid if azurite.process is not None else None
-                results += asyncio.run(run_sizes(args, azurite.connection_string, pid, started=started,
-                                                 first_index=index))
-            args.sizes = sizes
+                results += asyncio.run(run_sizes(args, azurite.connection_string, pid, sizes=[size],
+                                                 started=started, first_index=index))
         else:
             pid = azurite.process.pid if azurite.process is not None else None
             results = asyncio.run(run_sizes(args, azurite.connection_string, pid))

@@ -773,7 +773,9 @@ class EventProcessor:
             await self._sleep_or_wake(pause - elapsed, self._balancer_wake)
 
     def _note_prompt_answer(self, operation: str, seconds: float, error: Optional[BaseException]) -> None:
-        if error is None and seconds < self._timing.store_timeout / 4 and not self.owned_partitions:
+        # Runs after every store call: the cheap tests first; only a backing-off loop waits on it.
+        if self._backoff.backing_off and error is None and seconds < self._timing.store_timeout / 4 \
+                and not self.owned_partitions:
             self._store_answered.set()
 
     def _back_off_if_store_timed_out(self) -> Optional[float]:
