@@ -33,7 +33,7 @@ from eventprocessor import EventProcessor, PartitionProcessor
 from eventprocessor.testing import run_virtual
 
 from . import program
-from .harness import Cluster
+from eventprocessor.testing import Cluster
 from .results import machine_line
 
 __all__ = ["main", "Row", "VIRTUAL_SCENARIOS"]

@@ -22,7 +22,7 @@ from eventprocessor.sources import MemoryEventSource
 from emulators.azurite import DEV_ACCOUNT_NAME, Azurite, start_azurite
 from emulators.fault_proxy import FaultProxy
 
-from .harness import Ledger, recording_handler
+from eventprocessor.testing import DeliveryRecorder, recording_handler
 
 __all__ = ["AzuriteRun", "run_scenario", "run_azurite_rows", "SCENARIOS"]
 
@@ -61,7 +61,7 @@ class _Group:
         from stores import BlobCheckpointStore
 
         self.source = MemoryEventSource(PARTITIONS)
-        self.ledger = Ledger()
+        self.ledger = DeliveryRecorder()
         self.handler = recording_handler(self.ledger, work=0.01)
         self.errors: List[Exception] = []
         self.produced: List[tuple] = []

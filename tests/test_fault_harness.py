@@ -28,7 +28,7 @@ from hypothesis import strategies as st
 
 from eventprocessor.testing import run_virtual
 
-from benchmarks.harness import Cluster
+from eventprocessor.testing import Cluster
 
 INTERVAL = 1.0
 EXPIRATION = 12.0

@@ -15,7 +15,7 @@ from eventprocessor import CloseReason, EventProcessor, PartitionProcessor
 from eventprocessor.balancer import LoadBalancingStrategy, static_assignment
 from eventprocessor.testing import run_virtual
 
-from benchmarks.harness import Cluster
+from eventprocessor.testing import Cluster
 
 OPTIONS = dict(load_balancing_interval=1.0, partition_ownership_expiration_interval=12.0)
 

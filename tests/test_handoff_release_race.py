@@ -22,7 +22,7 @@ from eventprocessor import CloseReason
 from eventprocessor.records import Ownership
 from eventprocessor.testing import FaultyStore, run_virtual
 
-from benchmarks.harness import Cluster
+from eventprocessor.testing import Cluster
 
 OPTIONS = dict(load_balancing_interval=1.0, partition_ownership_expiration_interval=12.0)
 

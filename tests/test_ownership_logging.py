@@ -13,7 +13,7 @@ import pytest
 from eventprocessor.processor import OWNERSHIP_LOG_FIELDS, OWNERSHIP_REASONS
 from eventprocessor.testing import run_virtual
 
-from benchmarks.harness import Cluster
+from eventprocessor.testing import Cluster
 
 OPTIONS = dict(load_balancing_interval=1.0, partition_ownership_expiration_interval=8.0)
 LOGGER = "eventprocessor.processor"

@@ -61,10 +61,26 @@ def _imported_roots(path: Path):
             yield node.module.split(".")[0], node.lineno
 
 
+# eventprocessor.testing is a layer of its own, above the stores: its Cluster runs real
+# processors over the in-memory store. Nothing else in the core may import it.
+TESTING = Path("eventprocessor") / "testing"
+
+
 @pytest.mark.parametrize("package", sorted(LAYERS))
 def test_no_module_imports_a_layer_above_its_own(package):
     allowed = LAYERS[package]
     wrong = [f"{path.relative_to(ROOT)}:{line} imports {root}"
-             for path in sorted((ROOT / package).rglob("*.py"))
+             for path in sorted((ROOT / package).rglob("*.py")) if TESTING not in path.relative_to(ROOT).parents
              for root, line in _imported_roots(path) if root in OURS and root not in allowed]
     assert not wrong, "\n".join(wrong)
+
+
+def test_the_testing_package_builds_on_the_core_and_the_stores_only():
+    wrong = [f"{path.relative_to(ROOT)}:{line} imports {root}"
+             for path in sorted((ROOT / TESTING).rglob("*.py"))
+             for root, line in _imported_roots(path) if root in OURS and root not in ("eventprocessor", "stores")]
+    assert not wrong, "\n".join(wrong)
+    core = [f"{path.relative_to(ROOT)}" for path in sorted((ROOT / "eventprocessor").rglob("*.py"))
+            if TESTING not in path.relative_to(ROOT).parents and "eventprocessor.testing" in path.read_text()
+            .replace("~eventprocessor.testing", "")]
+    assert not core, f"core modules import eventprocessor.testing: {core}"

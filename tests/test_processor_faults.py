@@ -16,7 +16,7 @@ from eventprocessor import CloseReason, EventProcessor, PartitionProcessor, Stor
 from eventprocessor.lease import LeaseState
 from eventprocessor.testing import run_virtual
 
-from benchmarks.harness import Cluster, recording_handler
+from eventprocessor.testing import Cluster, recording_handler
 
 QUICK = dict(load_balancing_interval=1.0, partition_ownership_expiration_interval=12.0)
 

@@ -14,7 +14,7 @@ from eventprocessor import EventProcessor, PartitionProcessor, StoreDataLostErro
 from eventprocessor.records import OwnershipListing
 from eventprocessor.testing import FaultyStore, run_virtual
 
-from benchmarks.harness import Cluster
+from eventprocessor.testing import Cluster
 
 OPTIONS = dict(load_balancing_interval=1.0, partition_ownership_expiration_interval=30.0)
 

@@ -16,7 +16,7 @@ import random
 
 import pytest
 
-from benchmarks.harness import Cluster
+from eventprocessor.testing import Cluster
 from eventprocessor.backoff import Congestion, TickBackoff
 from eventprocessor.testing import run_virtual
 

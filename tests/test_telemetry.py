@@ -19,7 +19,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from eventprocessor import EventProcessor, PartitionProcessor  # noqa: E402
 from eventprocessor.testing import run_virtual  # noqa: E402
 
-from benchmarks.harness import Cluster  # noqa: E402
+from eventprocessor.testing import Cluster  # noqa: E402
 
 OPTIONS = dict(load_balancing_interval=1.0, partition_ownership_expiration_interval=12.0)
 TRACEPARENT = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"

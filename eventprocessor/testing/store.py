@@ -1,140 +1,19 @@
-"""Run asyncio code on virtual time: for tests of anything about timing.
-
-:class:`VirtualTimeLoop` is an ordinary selector event loop whose clock only moves when
-nothing is ready to run: then it jumps straight to the next timer. ``asyncio.sleep``,
-``asyncio.wait_for``, ``loop.call_later`` and the processor's default clock all follow
-it, so a test of a 60-second lease runs in milliseconds, and the same code path runs as
-in production (no clock is patched, nothing is mocked).
-
-Real I/O still works (the loop polls its selector before jumping), but time does not
-wait for it: keep sockets, subprocesses and threads out of virtual-time tests.
-
-:class:`FaultyStore` puts switchable faults (latency, a black hole, an outage, errors,
-lost answers) in front of any checkpoint store, to test handlers and settings against
-the faults production meets.
-
-Example::
-
-    from eventprocessor.testing import run_virtual
-
-    async def main():
-        loop = asyncio.get_running_loop()
-        start = loop.time()
-        await asyncio.sleep(3600)
-        return loop.time() - start
-
-    assert run_virtual(main()) == 3600.0      # returns at once
-"""
+"""FaultyStore: switchable faults in front of any checkpoint store."""
 from __future__ import annotations
 
 import asyncio
 import math
 import random
-import selectors
 from collections import Counter
-from datetime import datetime, timedelta, timezone
-from typing import Any, Awaitable, Callable, Dict, Iterable, List, Optional, Tuple, TypeVar
+from typing import Any, Awaitable, Callable, Dict, Iterable, List, Optional, TypeVar
 
-from .checkpoint_store import CheckpointStore
-from .errors import CheckpointStoreError
-from .records import Checkpoint, Member, MemberListing, Ownership, OwnershipListing
+from ..checkpoint_store import CheckpointStore
+from ..errors import CheckpointStoreError
+from ..records import Checkpoint, Member, MemberListing, Ownership, OwnershipListing
 
-__all__ = ["VirtualTimeLoop", "run_virtual", "virtual_utc_clock", "VIRTUAL_EPOCH", "FaultyStore"]
+__all__ = ["FaultyStore"]
 
 _T = TypeVar("_T")
-
-VIRTUAL_EPOCH = datetime(2026, 1, 1, tzinfo=timezone.utc)
-"""The wall-clock time that virtual time 0 stands for (see :func:`virtual_utc_clock`)."""
-
-
-class _VirtualSelector:
-    """Wraps the loop's selector: polls for real I/O without blocking, and when there is
-    none, moves the loop's virtual clock forward by the time the loop meant to wait."""
-
-    def __init__(self, inner: selectors.BaseSelector, loop: "VirtualTimeLoop") -> None:
-        self._inner = inner
-        self._loop = loop
-
-    def select(self, timeout: Optional[float] = None) -> List[Tuple[selectors.SelectorKey, int]]:
-        events = self._inner.select(0)
-        if events:
-            return events
-        if timeout is None:
-            # Nothing scheduled and nothing ready: only another thread could wake the
-            # loop (call_soon_threadsafe writes to the self-pipe). Wait for it for real.
-            return self._inner.select(0.05)
-        if timeout > 0:
-            self._loop.advance(timeout)
-        return []
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._inner, name)
-
-
-class VirtualTimeLoop(asyncio.SelectorEventLoop):
-    """An event loop on virtual time. ``time()`` starts at ``start`` and moves only
-    when the loop would otherwise sleep, jumping to the next scheduled callback.
-
-    Example::
-
-        loop = VirtualTimeLoop()
-        loop.run_until_complete(asyncio.sleep(60))
-        assert loop.time() == 60.0
-        loop.close()
-    """
-
-    def __init__(self, start: float = 0.0) -> None:
-        super().__init__()
-        self._virtual_now = float(start)
-        self._selector = _VirtualSelector(self._selector, self)  # type: ignore
-        # Timers due within this much of "now" run now. Virtual time is exact: keep it tiny
-        # so that a timer never runs before its time by more than float rounding.
-        self._clock_resolution = 1e-9
-
-    def time(self) -> float:
-        return self._virtual_now
-
-    def advance(self, seconds: float) -> None:
-        """Move virtual time forward (the loop does this by itself when idle)."""
-        if seconds < 0:
-            raise ValueError("virtual time cannot go backwards")
-        self._virtual_now += seconds
-
-
-def run_virtual(main: Awaitable[_T], *, start: float = 0.0, debug: bool = False) -> _T:
-    """Run ``main`` to completion on a fresh :class:`VirtualTimeLoop`, then close it.
-
-    Tasks still pending at the end are cancelled and awaited, as ``asyncio.run`` does.
-    """
-    loop = VirtualTimeLoop(start)
-    loop.set_debug(debug)
-    try:
-        asyncio.set_event_loop(loop)
-        return loop.run_until_complete(main)
-    finally:
-        try:
-            pending = [t for t in asyncio.all_tasks(loop) if not t.done()]
-            for task in pending:
-                task.cancel()
-            if pending:
-                loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
-            loop.run_until_complete(loop.shutdown_asyncgens())
-            loop.run_until_complete(loop.shutdown_default_executor())
-        finally:
-            asyncio.set_event_loop(None)
-            loop.close()
-
-
-def virtual_utc_clock(epoch: datetime = VIRTUAL_EPOCH) -> Callable[[], datetime]:
-    """A wall clock for stores and sources that follows the running loop's time:
-    ``epoch`` plus ``loop.time()`` seconds. Pass it as ``InMemoryCheckpointStore(clock=...)``
-    so that the store's notion of "now" moves with virtual time."""
-
-    def now() -> datetime:
-        return epoch + timedelta(seconds=asyncio.get_running_loop().time())
-
-    return now
-
 
 _WRITES = {"claim_ownership", "update_checkpoint", "fence_checkpoint", "write_member", "release_ownership"}
 

@@ -11,94 +11,17 @@ from __future__ import annotations
 import asyncio
 import random
 from collections import defaultdict
-from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Set, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
-from eventprocessor import EventProcessor, OwnershipLostError, PartitionProcessor
-from eventprocessor.errors import CheckpointStoreError
-from eventprocessor.sources import MemoryEventSource
-from eventprocessor.testing import FaultyStore, virtual_utc_clock
-from stores import InMemoryCheckpointStore
+from stores.memory import InMemoryCheckpointStore
 
+from ..processor import EventProcessor
+from ..sources.memory import MemoryEventSource
+from .loop import virtual_utc_clock
+from .recorder import DeliveryRecorder, recording_handler
+from .store import FaultyStore
 
-
-@dataclass
-class Delivery:
-    """One batch in one handler: when it started and ended (virtual seconds)."""
-
-    partition_id: str
-    owner_id: str
-    epoch: int
-    first: int
-    last: int
-    started: float
-    ended: Optional[float] = None
-
-
-@dataclass
-class Ledger:
-    """Every batch every handler received, and every error and close it saw."""
-
-    deliveries: List[Delivery] = field(default_factory=list)
-    errors: List[Tuple[str, str, Exception]] = field(default_factory=list)
-    closes: List[Tuple[str, str, Any]] = field(default_factory=list)
-    received: Dict[Tuple[str, int], int] = field(default_factory=lambda: defaultdict(int))
-
-    def processed(self) -> Set[Tuple[str, int]]:
-        return set(self.received)
-
-    def duplicates(self) -> int:
-        return sum(count - 1 for count in self.received.values() if count > 1)
-
-    def overlaps(self) -> List[Tuple[Delivery, Delivery, float]]:
-        """Pairs of batches of one partition handled by two different claims at once,
-        with how long they overlapped."""
-        by_partition: Dict[str, List[Delivery]] = defaultdict(list)
-        for d in self.deliveries:
-            by_partition[d.partition_id].append(d)
-        found = []
-        for batches in by_partition.values():
-            batches.sort(key=lambda d: d.started)
-            for i, a in enumerate(batches):
-                a_end = a.ended if a.ended is not None else float("inf")
-                for b in batches[i + 1:]:
-                    if b.started >= a_end:
-                        break
-                    if (a.owner_id, a.epoch) != (b.owner_id, b.epoch):
-                        b_end = b.ended if b.ended is not None else float("inf")
-                        found.append((a, b, min(a_end, b_end) - b.started))
-        return found
-
-
-def recording_handler(ledger: Ledger, *, work: float = 0.0, rng: Optional[random.Random] = None,
-                      checkpoint: bool = True) -> type:
-    """A handler class that records every batch into ``ledger``, spends up to ``work``
-    virtual seconds on it, and checkpoints its last event."""
-
-    class Recorder(PartitionProcessor):
-        async def process_events(self, events, context):
-            loop = asyncio.get_running_loop()
-            delivery = Delivery(context.partition_id, context.owner_id, context.epoch, events[0].sequence_number,
-                                events[-1].sequence_number, loop.time())
-            ledger.deliveries.append(delivery)
-            for event in events:
-                ledger.received[(context.partition_id, event.sequence_number)] += 1
-            if work:
-                await asyncio.sleep(rng.uniform(0, work) if rng is not None else work)
-            delivery.ended = loop.time()
-            if checkpoint:
-                try:
-                    await context.update_checkpoint()
-                except (OwnershipLostError, CheckpointStoreError):
-                    pass
-
-        async def process_error(self, error, context):
-            ledger.errors.append((context.owner_id, context.partition_id, error))
-
-        async def close(self, reason, context):
-            ledger.closes.append((context.owner_id, context.partition_id, reason))
-
-    return Recorder
+__all__ = ["Cluster"]
 
 
 class Cluster:
@@ -110,7 +33,7 @@ class Cluster:
         self.source = MemoryEventSource(partitions, clock=virtual_utc_clock())
         self.memory = InMemoryCheckpointStore(clock=virtual_utc_clock())
         self.store = FaultyStore(self.memory, rng=random.Random(self.rng.random()))
-        self.ledger = Ledger()
+        self.ledger = DeliveryRecorder()
         self.handler = recording_handler(self.ledger, work=work, rng=random.Random(self.rng.random()))
         self.options = dict(processor_options)
         self.processors: List[EventProcessor] = []

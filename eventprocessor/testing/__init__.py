@@ -1,0 +1,33 @@
+"""Public tools for testing code built on this SDK, and the SDK itself.
+
+* :class:`VirtualTimeLoop` / :func:`run_virtual`: asyncio on virtual time, so tests of
+  leases, ticks and timeouts run in milliseconds with production code paths;
+* :class:`FaultyStore`: switchable faults (latency, black hole, outage, errors, lost
+  answers, a saturated single worker) in front of any checkpoint store;
+* :class:`DeliveryRecorder` and :func:`recording_handler`: what handlers received, and
+  the duplicates, losses, overlaps and deliveries after a claim ended counted from it;
+* :class:`Cluster`: real :class:`~eventprocessor.EventProcessor` s over one in-memory
+  store and one :class:`~eventprocessor.sources.MemoryEventSource`, on the running loop.
+
+Example::
+
+    from eventprocessor.testing import Cluster, run_virtual
+
+    async def main():
+        cluster = Cluster(4, load_balancing_interval=1, partition_ownership_expiration_interval=10)
+        processor = cluster.add()
+        await processor.start()
+        await cluster.produce(40)
+        await cluster.wait_until(lambda: cluster.settled([processor]), timeout=60)
+        await processor.stop()
+        return cluster.ledger.duplicates()
+
+    assert run_virtual(main()) == 0
+"""
+from .cluster import Cluster
+from .loop import VIRTUAL_EPOCH, VirtualTimeLoop, run_virtual, virtual_utc_clock
+from .recorder import Delivery, DeliveryRecorder, recording_handler
+from .store import FaultyStore
+
+__all__ = ["VirtualTimeLoop", "run_virtual", "virtual_utc_clock", "VIRTUAL_EPOCH", "FaultyStore", "Delivery",
+           "DeliveryRecorder", "recording_handler", "Cluster"]

@@ -1,0 +1,132 @@
+"""Record what handlers receive, and count duplicates, losses and overlaps from it."""
+from __future__ import annotations
+
+import asyncio
+import random
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any, Dict, Iterable, List, Optional, Set, Tuple
+
+from ..errors import CheckpointStoreError, OwnershipLostError
+from ..partition import PartitionProcessor
+
+__all__ = ["Delivery", "DeliveryRecorder", "recording_handler"]
+
+
+@dataclass
+class Delivery:
+    """One batch in one handler: when it started and ended (virtual seconds)."""
+
+    partition_id: str
+    owner_id: str
+    epoch: int
+    first: int
+    last: int
+    started: float
+    ended: Optional[float] = None
+
+
+@dataclass
+class DeliveryRecorder:
+    """Every batch every handler received, and every error and close it saw.
+
+    Counts what a test asserts from deliveries, never from the SDK's own figures:
+    events processed (:meth:`processed`), deliveries beyond the first
+    (:meth:`duplicates`), deliveries of one event twice to the *same* claim
+    (:meth:`duplicates_within_claims`), batches handed to a claim that had already
+    ended (:attr:`after_end`) and batches of one partition handled by two claims at
+    once (:meth:`overlaps`).
+
+    Example::
+
+        recorder = DeliveryRecorder()
+        processor = EventProcessor(source, store, recording_handler(recorder))
+        ...
+        assert recorder.duplicates_within_claims() == 0 and not recorder.after_end
+    """
+
+    deliveries: List[Delivery] = field(default_factory=list)
+    errors: List[Tuple[str, str, Exception]] = field(default_factory=list)
+    closes: List[Tuple[str, str, Any]] = field(default_factory=list)
+    received: Dict[Tuple[str, int], int] = field(default_factory=lambda: defaultdict(int))
+    in_claim: Dict[Tuple[str, str, int, int], int] = field(default_factory=lambda: defaultdict(int))
+    """(partition, owner, epoch, sequence number) -> deliveries to that claim."""
+    after_end: List[Delivery] = field(default_factory=list)
+    """Batches whose delivery started when the claim could no longer dispatch."""
+
+    def record(self, context: Any, events: List[Any], now: float) -> Delivery:
+        """Note one batch handed to ``context``'s claim at ``now``; returns its delivery
+        (set ``ended`` when the handler is done with it)."""
+        delivery = Delivery(context.partition_id, context.owner_id, context.epoch, events[0].sequence_number,
+                            events[-1].sequence_number, now)
+        self.deliveries.append(delivery)
+        if not context.is_owned:
+            self.after_end.append(delivery)
+        for event in events:
+            self.received[(context.partition_id, event.sequence_number)] += 1
+            self.in_claim[(context.partition_id, context.owner_id, context.epoch, event.sequence_number)] += 1
+        return delivery
+
+    def processed(self) -> Set[Tuple[str, int]]:
+        return set(self.received)
+
+    def duplicates(self) -> int:
+        """Deliveries beyond the first of each event, over all claims."""
+        return sum(count - 1 for count in self.received.values() if count > 1)
+
+    def duplicates_within_claims(self) -> int:
+        """Deliveries beyond the first of each event to one and the same claim."""
+        return sum(count - 1 for count in self.in_claim.values() if count > 1)
+
+    def missing(self, produced: Iterable[Tuple[str, int]]) -> List[Tuple[str, int]]:
+        """The produced (partition, sequence number) pairs no handler received."""
+        return [key for key in produced if key not in self.received]
+
+    def overlaps(self) -> List[Tuple[Delivery, Delivery, float]]:
+        """Pairs of batches of one partition handled by two different claims at once,
+        with how long they overlapped."""
+        by_partition: Dict[str, List[Delivery]] = defaultdict(list)
+        for d in self.deliveries:
+            by_partition[d.partition_id].append(d)
+        found = []
+        for batches in by_partition.values():
+            batches.sort(key=lambda d: d.started)
+            for i, a in enumerate(batches):
+                a_end = a.ended if a.ended is not None else float("inf")
+                for b in batches[i + 1:]:
+                    if b.started >= a_end:
+                        break
+                    if (a.owner_id, a.epoch) != (b.owner_id, b.epoch):
+                        b_end = b.ended if b.ended is not None else float("inf")
+                        found.append((a, b, min(a_end, b_end) - b.started))
+        return found
+
+
+def recording_handler(ledger: DeliveryRecorder, *, work: float = 0.0, rng: Optional[random.Random] = None,
+                      checkpoint: bool = True) -> type:
+    """A handler class that records every batch into ``ledger`` (a
+    :class:`DeliveryRecorder`), spends up to ``work`` virtual seconds on it, and
+    checkpoints its last event."""
+
+    class Recorder(PartitionProcessor):
+        async def process_events(self, events, context):
+            loop = asyncio.get_running_loop()
+            if not events:
+                return
+            delivery = ledger.record(context, events, loop.time())
+            if work:
+                await asyncio.sleep(rng.uniform(0, work) if rng is not None else work)
+            delivery.ended = loop.time()
+            if checkpoint:
+                try:
+                    await context.update_checkpoint()
+                except (OwnershipLostError, CheckpointStoreError):
+                    pass
+
+        async def process_error(self, error, context):
+            ledger.errors.append((context.owner_id, context.partition_id, error))
+
+        async def close(self, reason, context):
+            ledger.closes.append((context.owner_id, context.partition_id, reason))
+
+    return Recorder
