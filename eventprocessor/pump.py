@@ -20,7 +20,7 @@ import asyncio
 import logging
 from typing import Awaitable, Callable, List, Optional, Set
 
-from .clock import Clock
+from .clock import Clock, SystemClock
 from .delivery import DeliveryStopped, Poison, PoisonPolicy, RetryPolicy, redeliver
 from .errors import ConfigurationError, HandlerTimeoutError, OwnershipLostError, PoisonEventsError
 from .events import Event, EventPosition
@@ -84,6 +84,7 @@ class PartitionPump:
         self._on_loop_blocked = on_loop_blocked
         self._user = UserCode(monotonic=clock.monotonic, on_block=self._blocked, executor=handler_executor,
                               threshold=block_threshold, name=f"handler-{context.partition_id}")
+        self._process_events_name = "process_events"
         self._last_received: Optional[Event] = None
         """The newest event received in this claim: a reopened receiver starts after it."""
         self.parked: Optional[PoisonEventsError] = None
@@ -254,9 +255,9 @@ class PartitionPump:
             telemetry = self._telemetry
             if telemetry is not None and telemetry.active:
                 with telemetry.batch(ctx.partition_id, batch):
-                    await self._user.call(self._what("process_events"), self._processor.process_events, batch, ctx)
+                    await self._user.call(self._process_events_name, self._processor.process_events, batch, ctx)
             else:
-                await self._user.call(self._what("process_events"), self._processor.process_events, batch, ctx)
+                await self._user.call(self._process_events_name, self._processor.process_events, batch, ctx)
         except OwnershipLostError as lost:
             self.failure = lost
             ctx._ownership_lost()
@@ -342,7 +343,9 @@ class PartitionPump:
 
     async def _run(self) -> None:
         ctx = self.context
-        ctx._home_loop = asyncio.get_running_loop()
+        ctx._home_loop = loop = asyncio.get_running_loop()
+        if type(self._clock) is SystemClock:
+            self._user.use_clock(loop.time)
         reason = CloseReason.SHUTDOWN
         backoff = 0.1
         try:
@@ -352,6 +355,7 @@ class PartitionPump:
                 self.failure = error  # the processor reports it (once per kind) when the pump ends
                 return
             processor = self._processor = self.processor
+            self._process_events_name = self._what("process_events")
             for early in self._early_errors:
                 self.report_error(early)
             self._early_errors.clear()

@@ -18,6 +18,7 @@ import asyncio
 import concurrent.futures
 import inspect
 import threading
+import types
 from typing import Any, Awaitable, Callable, Generator, Optional, Union
 
 __all__ = ["UserCode", "HandlerExecutor", "BLOCK_THRESHOLD"]
@@ -127,6 +128,11 @@ class UserCode:
     def in_threads(self) -> bool:
         return self._executor is not None
 
+    def use_clock(self, monotonic: Callable[[], float]) -> None:
+        """Time steps with ``monotonic`` from now on (the pump passes the running loop's
+        own ``time`` when its clock is the loop's: the cheapest read on the hot path)."""
+        self._monotonic = monotonic
+
     async def call(self, what: str, function: Callable[..., Any], *args: Any) -> Any:
         """Run ``function(*args)`` (sync or async) and return its result."""
         executor = self._executor
@@ -134,6 +140,8 @@ class UserCode:
             return await asyncio.get_running_loop().run_in_executor(executor, _run_in_this_thread, function, args)
         started = self._monotonic()
         result = function(*args)
+        if type(result) is types.CoroutineType:  # the usual case, tested first: the hot path
+            return await _TimedSteps(result.__await__(), self._monotonic, self._threshold, self._on_block, what)
         if not inspect.isawaitable(result):
             ended = self._monotonic()
             if ended - started > self._threshold:

@@ -397,3 +397,36 @@ def test_a_lost_claim_ends_the_pump_instead_of_retrying():
     run_virtual(scenario())
     assert closes[0] is CloseReason.OWNERSHIP_LOST
     assert Counter(deliveries)[deliveries[0]] == 1
+
+
+def test_the_drop_in_client_at_its_default_latest_loses_nothing_across_a_reconnect():
+    """Row 1 through the drop-in ``EventHubConsumerClient`` (default start ``@latest``, as
+    azure-eventhub's): events sent while the link is down are received after it."""
+    pytest.importorskip("azure.eventhub", reason="the drop-in needs the [eventhub] extra")
+    from eventprocessor.consumer_client import EventHubConsumerClient
+
+    received: List[int] = []
+
+    async def scenario():
+        memory, source, store = _world()
+        client = EventHubConsumerClient.from_source(source, checkpoint_store=store, load_balancing_interval=0.5,
+                                                    partition_ownership_expiration_interval=6.0)
+
+        async def on_event_batch(context, events):
+            received.extend(event.sequence_number for event in events)
+
+        task = asyncio.ensure_future(client.receive_batch(on_event_batch))
+        await until(lambda: source.opened, what="the receiver")
+        await asyncio.sleep(0.5)
+        await memory.send("before")
+        await until(lambda: received == [0], what="the first event")
+        source.detach.set()
+        await asyncio.sleep(0)
+        for i in range(5):
+            await memory.send(f"during {i}")
+        await until(lambda: len(received) == 6, timeout=30, what="the events sent during the reconnect")
+        await client.close()
+        await task
+
+    run_virtual(scenario())
+    assert received == list(range(6))
