@@ -70,6 +70,11 @@ _UNAUTHORIZED_MARKERS = ("unauthorized", "status code: 401", "token authenticati
                          "authentication")
 _REFUSED_MARKERS = ("argument-out-of-range", "argumentoutofrange", "invalid-field", "argument-error",
                     "not-allowed", "resource-limit-exceeded", "message-size-exceeded")
+_BUSY_MARKERS = ("server-busy", "serverbusy", "is being throttled")
+# Event Hubs says how long to wait in its text ("... Please wait 4 seconds and try again.");
+# without it, the service's documented minimum (azure-eventhub waits the same).
+_RETRY_AFTER = re.compile(r"wait\s+(\d+(?:\.\d+)?)\s*(?:seconds|second|secs|sec|s)\b", re.I)
+_DEFAULT_RETRY_AFTER = 4.0
 _UNREACHABLE_MARKERS = ("failed to initiate the connection", "connect call failed", "name or service not known",
                         "connection refused", "socketerror", "socket-error", "errno", "nodename nor servname",
                         "temporary failure in name resolution")
@@ -218,14 +223,16 @@ class _ErrorContext:
             text = pattern.sub(replacement, text)
         return text
 
-    def error(self, reason: str, what: str, cause: Optional[BaseException] = None) -> EventSourceError:
+    def error(self, reason: str, what: str, cause: Optional[BaseException] = None, *,
+              retry_after: Optional[float] = None) -> EventSourceError:
         detail = ""
         if cause is not None:
             first = str(cause).strip().splitlines()[0] if str(cause).strip() else ""
             detail = f": {type(cause).__name__}" + (f": {self.scrub(first)[:300]}" if first else "")
         return EventSourceError(
             f"event hub {self.eventhub_name!r} in namespace {self.namespace!r}: {what}{detail}",
-            fully_qualified_namespace=self.namespace, eventhub_name=self.eventhub_name, reason=reason)
+            fully_qualified_namespace=self.namespace, eventhub_name=self.eventhub_name, reason=reason,
+            retry_after=retry_after)
 
     def classify(self, error: BaseException, doing: str, *, consumer_group: Optional[str] = None,
                  partition_id: Optional[str] = None) -> EventSourceError:
@@ -236,6 +243,12 @@ class _ErrorContext:
             where = f" (consumer group {consumer_group!r}, partition {partition_id!r})"
         if isinstance(error, asyncio.TimeoutError):
             return self.error("timeout", f"{doing}{where} did not finish in time", None)
+        if any(marker in text for marker in _BUSY_MARKERS):
+            described = f"{error} {getattr(error, 'description', '') or ''}"
+            found = _RETRY_AFTER.search(described if isinstance(described, str) else str(described))
+            wait = float(found.group(1)) if found else _DEFAULT_RETRY_AFTER
+            return self.error("server-busy", f"{doing}{where} was throttled by the hub (server busy); retry after "
+                                             f"{wait:g} s", error, retry_after=wait)
         if any(marker in text for marker in _NOT_FOUND_MARKERS):
             thing = "the consumer group, the partition or the event hub" if consumer_group else "the event hub"
             return self.error("not-found", f"{doing}{where} failed: {thing} does not exist", error)
@@ -285,8 +298,8 @@ class _PartitionReceiverBase(PartitionReceiver):
             return ReceiverDisconnectedError(
                 f"receiver on partition {self.partition_id} of {self._source.eventhub_name!r} (owner level "
                 f"{self._owner_level}) was taken over by a higher owner level", partition_id=self.partition_id)
-        return self._source._errors.classify(error, doing, consumer_group=self.consumer_group,
-                                             partition_id=self.partition_id)
+        return self._source._note(self._source._errors.classify(error, doing, consumer_group=self.consumer_group,
+                                                                partition_id=self.partition_id))
 
 
 class _LeanReceiver(_PartitionReceiverBase):
@@ -303,9 +316,16 @@ class _LeanReceiver(_PartitionReceiverBase):
         self._handler: Any = None
         self._buffer: Deque[Any] = deque()
         self._closed = False
+        self._last_sequence_number: Optional[int] = None  # of the last event handed out
 
     async def _open(self) -> None:
-        starting_position, inclusive = to_starting_position(self._position)
+        # Throttled (server-busy): wait out the hub's retry-after instead of asking again.
+        await self._source._wait_if_busy()
+        # Reopened after a failure (the link dropped its buffer with the consumer): go on
+        # right after the last event handed out, neither replaying nor skipping any.
+        position = self._position if self._last_sequence_number is None else \
+            EventPosition.from_sequence_number(self._last_sequence_number)
+        starting_position, inclusive = to_starting_position(position)
 
         async def unused(*_args: Any) -> None:  # the lean path reads the buffer itself
             return None
@@ -381,7 +401,10 @@ class _LeanReceiver(_PartitionReceiverBase):
         messages = [popleft() for _ in range(count)]
         if self._track and messages:
             self._last_enqueued = last_enqueued_of(messages[-1]) or self._last_enqueued
-        return [message_to_event(message, pid) for message in messages]
+        events = [message_to_event(message, pid) for message in messages]
+        if events:
+            self._last_sequence_number = events[-1].sequence_number
+        return events
 
     def _frames_to_read(self) -> int:
         """Frames for the next read: a few, and never more than the link credit left
@@ -486,7 +509,11 @@ class EventHubSource(EventSource):
 
     ``operation_timeout`` bounds ``get_partition_ids`` and the opening of a receiver;
     ``partition_ids_ttl`` is how long partition ids are reused before the hub is asked
-    again.
+    again; ``idle_timeout`` (the AMQP connection idle time-out, 30 s by default) is how
+    soon a receiver notices a connection that went silent (a black-holed network path, a
+    hung gateway): the hub keeps a live connection busy with empty frames, so only a dead
+    one stays silent that long. A server-busy answer (throttling) is waited out: no
+    receiver is opened and no partition ids are asked for until its retry-after passed.
 
     Example::
 
@@ -498,7 +525,8 @@ class EventHubSource(EventSource):
     """
 
     def __init__(self, fully_qualified_namespace: str, eventhub_name: str, credential: Any, *,
-                 operation_timeout: float = 10.0, partition_ids_ttl: float = 30.0, **client_kwargs: Any) -> None:
+                 operation_timeout: float = 10.0, partition_ids_ttl: float = 30.0,
+                 idle_timeout: Optional[float] = 30.0, **client_kwargs: Any) -> None:
         if not fully_qualified_namespace:
             raise ConfigurationError("fully_qualified_namespace must not be empty")
         if not eventhub_name:
@@ -507,6 +535,10 @@ class EventHubSource(EventSource):
             raise ConfigurationError(f"operation_timeout must be positive, got {operation_timeout}")
         if partition_ids_ttl < 0:
             raise ConfigurationError(f"partition_ids_ttl must not be negative, got {partition_ids_ttl}")
+        if idle_timeout is not None and idle_timeout <= 0:
+            raise ConfigurationError(f"idle_timeout must be positive seconds (or None: never), got {idle_timeout}")
+        if idle_timeout is not None:
+            client_kwargs.setdefault("idle_timeout", float(idle_timeout))
         self.fully_qualified_namespace = fully_qualified_namespace
         self.eventhub_name = eventhub_name
         self.operation_timeout = float(operation_timeout)
@@ -521,6 +553,7 @@ class EventHubSource(EventSource):
         self._errors = _ErrorContext(fully_qualified_namespace, eventhub_name, None)
         self._lean: Optional[bool] = None
         self.clock: Callable[[], float] = time.monotonic
+        self._busy_until = float("-inf")  # clock() until which the hub asked us to wait (server-busy)
 
     @classmethod
     def from_connection_string(cls, conn_str: str, *, eventhub_name: Optional[str] = None,
@@ -587,6 +620,20 @@ class EventHubSource(EventSource):
                                "receiving through its public receive_batch instead (slower)")
         return self._lean
 
+    def _note(self, error: EventSourceError) -> EventSourceError:
+        """Remember a server-busy answer's retry-after (for every receiver of this source:
+        Event Hubs throttles a namespace, not a link)."""
+        if error.reason == "server-busy" and error.retry_after:
+            self._busy_until = max(self._busy_until, self.clock() + error.retry_after)
+            logger.warning("%r: the hub is throttling (server busy); no receiver is opened for %.1f s", self,
+                           error.retry_after)
+        return error
+
+    async def _wait_if_busy(self) -> None:
+        delay = self._busy_until - self.clock()
+        if delay > 0:
+            await asyncio.sleep(delay)
+
     async def get_partition_ids(self) -> List[str]:
         """The hub's partition ids, reused for ``partition_ids_ttl`` seconds.
 
@@ -596,6 +643,10 @@ class EventHubSource(EventSource):
         now = self.clock()
         if self._partition_ids is not None and now - self._partition_ids_at < self.partition_ids_ttl:
             return list(self._partition_ids)
+        wait = self._busy_until - now
+        if wait > 0:
+            raise self._errors.error("server-busy", f"reading the partition ids: the hub is throttling; retry after "
+                                                    f"{wait:.1f} s", retry_after=wait)
         ids = await self._fetch_partition_ids()
         self._partition_ids, self._partition_ids_at = ids, self.clock()
         return list(ids)
@@ -615,7 +666,7 @@ class EventHubSource(EventSource):
             except asyncio.CancelledError:
                 raise
             except BaseException as error:
-                failure = self._errors.classify(error, "reading the partition ids")
+                failure = self._note(self._errors.classify(error, "reading the partition ids"))
                 # One quick second attempt for a hub that may be restarting; a missing
                 # hub or a rejected credential will not change in half a second.
                 if attempt >= 2 or failure.reason not in ("unreachable", "disconnected") \
