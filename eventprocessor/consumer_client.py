@@ -47,7 +47,7 @@ from typing import (TYPE_CHECKING, Any, Awaitable, Callable, Dict, Iterable, Lis
                     Union)
 
 from .checkpoint_store import CheckpointStore
-from .errors import ConfigurationError
+from .errors import ConfigurationError, OwnershipLostError
 from .events import Event, EventPosition
 from .partition import CloseReason, PartitionContext, PartitionProcessor
 from .processor import EventProcessor
@@ -435,6 +435,11 @@ class _CallbackProcessor(PartitionProcessor):
         for event in events:
             if self._handled is not None and event.sequence_number <= self._handled:
                 continue  # redelivered after a later event failed: on_event already returned from this one
+            if not context._may_checkpoint():
+                # The claim ended while on_event worked on an earlier event of this batch (not
+                # gracefully: a graceful stop lets the batch finish): nothing more for it.
+                raise OwnershipLostError(f"partition {context.partition_id}: the claim ended in the middle of a batch",
+                                         partition_id=context.partition_id)
             data = to_event_data(event)
             remember(data, event)
             wrapped._current = event
