@@ -430,3 +430,34 @@ def test_the_drop_in_client_at_its_default_latest_loses_nothing_across_a_reconne
 
     run_virtual(scenario())
     assert received == list(range(6))
+
+
+def test_the_drop_in_per_event_callback_stops_mid_batch_once_the_claim_has_ended():
+    """``receive(on_event)`` hands a batch over one event at a time: once the claim ends
+    (here its lease runs out while ``on_event`` blocks), the rest of the batch is not
+    handed to the callback of the ended claim."""
+    pytest.importorskip("azure.eventhub", reason="the drop-in needs the [eventhub] extra")
+    from eventprocessor.consumer_client import EventHubConsumerClient
+
+    calls: List[tuple] = []
+
+    async def scenario():
+        memory, source, store = _world()
+        for i in range(3):
+            await memory.send(f"event {i}")
+        client = EventHubConsumerClient.from_source(source, checkpoint_store=store, load_balancing_interval=0.5,
+                                                    partition_ownership_expiration_interval=6.0)
+
+        async def on_event(context, event):
+            calls.append((context.is_owned, event.sequence_number))
+            if len(calls) == 1:
+                asyncio.get_running_loop().advance(8.0)  # blocks past the 4.5 s lease
+
+        task = asyncio.ensure_future(client.receive(on_event, starting_position="-1"))
+        await asyncio.sleep(20)
+        await client.close()
+        await task
+
+    run_virtual(scenario())
+    assert calls[0] == (True, 0)
+    assert all(owned for owned, _seq in calls), calls
