@@ -31,14 +31,14 @@ from eventprocessor.testing import DeliveryRecorder, recording_handler
 
 from .fault_proxy import TcpFaultProxy
 
-__all__ = ["SourceFaultRun", "run_source_fault", "resets", "black_hole", "restart", "RECONNECT_BOUND"]
+__all__ = ["SourceFaultRun", "run_source_fault", "resets", "black_hole", "restart", "throttle", "Controls",
+           "ThreadedEmulator", "recovery_bound"]
 
 logger = logging.getLogger(__name__)
 
 OPTIONS: Dict[str, Any] = dict(load_balancing_interval=1.0, partition_ownership_expiration_interval=12.0,
                                shutdown_timeout=5.0)
 PUMP_MAX_BACKOFF = 5.0
-RECONNECT_BOUND = "backoff cap 5 s + operation_timeout 10 s + idle timeout + 5 s slack"
 
 
 @dataclass
@@ -58,19 +58,26 @@ class SourceFaultRun:
     errors: List[Exception] = field(default_factory=list)
 
 
-Inject = Callable[[TcpFaultProxy, "Restartable"], Awaitable[str]]
+Inject = Callable[[TcpFaultProxy, "Controls"], Awaitable[str]]
 
 
-class Restartable:
-    """Restarts the emulator behind the proxy, when the scenario owns one (else None)."""
+@dataclass
+class Controls:
+    """What a scenario may do to the emulator itself, when it owns one
+    (:class:`ThreadedEmulator`): restart it, throttle it."""
 
-    def __init__(self, restart: Optional[Callable[[], Awaitable[str]]] = None) -> None:
-        self.restart = restart
+    restart: Optional[Callable[[], Awaitable[str]]] = None
+    throttle: Optional[Callable[[float, float], None]] = None
+
+    @classmethod
+    def of(cls, emulator: "ThreadedEmulator", down: float = 1.0) -> "Controls":
+        return cls(restart=lambda: emulator.restart(down),
+                   throttle=lambda seconds, retry_after: emulator.throttle(seconds, retry_after=retry_after))
 
 
 def resets(*, every: float = 2.0, seconds: float = 12.0) -> Inject:
     """Every connection through the proxy reset every ``every`` seconds for ``seconds``."""
-    async def inject(proxy: TcpFaultProxy, _emulator: Restartable) -> str:
+    async def inject(proxy: TcpFaultProxy, _emulator: Controls) -> str:
         loop = asyncio.get_running_loop()
         end, count = loop.time() + seconds, 0
         while loop.time() < end:
@@ -82,7 +89,7 @@ def resets(*, every: float = 2.0, seconds: float = 12.0) -> Inject:
 
 def black_hole(seconds: float) -> Inject:
     """Nothing relayed or answered for ``seconds``; the connections it caught stay dead."""
-    async def inject(proxy: TcpFaultProxy, _emulator: Restartable) -> str:
+    async def inject(proxy: TcpFaultProxy, _emulator: Controls) -> str:
         proxy.black_hole()
         await asyncio.sleep(seconds)
         proxy.pass_through()
@@ -92,9 +99,19 @@ def black_hole(seconds: float) -> Inject:
 
 def restart() -> Inject:
     """The emulator stops and starts again on the same port."""
-    async def inject(proxy: TcpFaultProxy, emulator: Restartable) -> str:
+    async def inject(proxy: TcpFaultProxy, emulator: Controls) -> str:
         assert emulator.restart is not None, "this scenario needs an emulator it may restart"
         return await emulator.restart()
+    return inject
+
+
+def throttle(seconds: float, *, retry_after: float = 4.0) -> Inject:
+    """The emulator answers server-busy (``retry_after``) to every receiver for ``seconds``."""
+    async def inject(proxy: TcpFaultProxy, emulator: Controls) -> str:
+        assert emulator.throttle is not None, "this scenario needs an emulator it may throttle"
+        emulator.throttle(seconds, retry_after)
+        await asyncio.sleep(seconds)
+        return f"server busy for {seconds:g} s, retry-after {retry_after:g} s"
     return inject
 
 
@@ -105,7 +122,7 @@ def _expected(last: Dict[str, int]) -> Set[Tuple[str, int]]:
 async def run_source_fault(connection_string: str, hub: str, inject: Inject, *, name: str = "",
                            partitions: int = 4, rate: float = 200.0, before: float = 3.0, after: float = 4.0,
                            recovery_timeout: float = 40.0, processors: int = 1,
-                           emulator: Optional[Restartable] = None, idle_timeout: Optional[float] = 10.0,
+                           emulator: Optional[Controls] = None, idle_timeout: Optional[float] = 10.0,
                            **options: Any) -> SourceFaultRun:
     """Send ``rate`` events/s to ``hub`` (fresh, ``partitions`` partitions) with the
     official producer; read them with EventProcessors from ``earliest``, without
@@ -204,8 +221,9 @@ async def run_source_fault(connection_string: str, hub: str, inject: Inject, *, 
                 if await wait(settled, 30) is None:
                     raise RuntimeError("the processors never dispatched every partition before the fault")
                 await asyncio.sleep(before)
-                if emulator is not None and emulator.restart is not None:
-                    inner_restart = emulator.restart
+                controls = emulator or Controls()
+                if controls.restart is not None:
+                    inner_restart = controls.restart
 
                     async def paused_restart() -> str:
                         sending.clear()  # the producer would fail meanwhile: nothing it sends is lost or counted
@@ -213,8 +231,8 @@ async def run_source_fault(connection_string: str, hub: str, inject: Inject, *, 
                             return await inner_restart()
                         finally:
                             sending.set()
-                    emulator = Restartable(paused_restart)
-                note = await inject(proxy, emulator or Restartable())
+                    controls = Controls(paused_restart, controls.throttle)
+                note = await inject(proxy, controls)
                 proxy.pass_through()
                 fault_over = loop.time()
                 bound = recovery_bound(idle_timeout)

@@ -25,7 +25,7 @@ from eventprocessor.testing import DeliveryRecorder, recording_handler
 
 from emulators.eventhubs import connection_string
 from emulators.fault_proxy import TcpFaultProxy
-from emulators.source_faults import ThreadedEmulator, black_hole, resets, restart, run_source_fault
+from emulators.source_faults import Controls, ThreadedEmulator, black_hole, resets, restart, run_source_fault
 
 pytestmark = [pytest.mark.eventhubs, pytest.mark.slow]
 
@@ -57,10 +57,8 @@ async def test_a_black_hole_is_noticed_by_the_idle_timeout_and_recovered_from(ev
 
 async def test_the_emulator_restarted_on_the_same_port_with_its_events(tmp_path):
     with ThreadedEmulator(["restarted"], partitions=2) as emulator:
-        from emulators.source_faults import Restartable
-
         run = await run_source_fault(emulator.connection_string, "restarted", restart(), partitions=2, rate=100.0,
-                                     before=2.0, after=2.0, emulator=Restartable(lambda: emulator.restart(1.0)))
+                                     before=2.0, after=2.0, emulator=Controls.of(emulator))
     assert_clean(run)
 
 
