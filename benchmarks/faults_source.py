@@ -159,7 +159,7 @@ def run_emulator_source_rows() -> List[SourceRow]:
     """The real-transport rows: the emulator in its own process for the proxy faults; an
     in-process one (restartable, throttleable) for the others."""
     from emulators.eventhubs.process import start_emulator_process
-    from emulators.source_faults import (Controls, ThreadedEmulator, black_hole, recovery_bound, resets, restart,
+    from emulators.source_faults import (Controls, LocalEmulator, black_hole, recovery_bound, resets, restart,
                                          run_source_fault, throttle)
 
     bound_text = "idle timeout + C + B + 5 s"
@@ -179,11 +179,11 @@ def run_emulator_source_rows() -> List[SourceRow]:
             run = await run_source_fault(hub.connection_string, "hole", black_hole(20.0), rate=200.0,
                                          idle_timeout=30.0, recovery_timeout=recovery_bound(30.0) + 20)
             rows.append(row("black-holed connections (20 s), default idle timeout 30 s", run))
-        with ThreadedEmulator(["restarted"], partitions=4) as emulator:
+        async with LocalEmulator(["restarted"], partitions=4) as emulator:
             run = await run_source_fault(emulator.connection_string, "restarted", restart(), rate=200.0,
-                                         emulator=Controls.of(emulator, down=2.0))
+                                         before=6.0, after=8.0, emulator=Controls.of(emulator, down=2.0))
             rows.append(row("emulator restarted on the same port (down 2 s, events kept)", run))
-        with ThreadedEmulator(["busy"], partitions=4) as emulator:
+        async with LocalEmulator(["busy"], partitions=4) as emulator:
             run = await run_source_fault(emulator.connection_string, "busy", throttle(10.0, retry_after=4.0),
                                          rate=200.0, emulator=Controls.of(emulator))
             rows.append(row("server busy (10 s, retry-after 4 s)", run))

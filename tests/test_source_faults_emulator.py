@@ -25,7 +25,7 @@ from eventprocessor.testing import DeliveryRecorder, recording_handler
 
 from emulators.eventhubs import connection_string
 from emulators.fault_proxy import TcpFaultProxy
-from emulators.source_faults import Controls, ThreadedEmulator, black_hole, resets, restart, run_source_fault
+from emulators.source_faults import Controls, LocalEmulator, black_hole, resets, restart, run_source_fault
 
 pytestmark = [pytest.mark.eventhubs, pytest.mark.slow]
 
@@ -56,9 +56,9 @@ async def test_a_black_hole_is_noticed_by_the_idle_timeout_and_recovered_from(ev
 
 
 async def test_the_emulator_restarted_on_the_same_port_with_its_events(tmp_path):
-    with ThreadedEmulator(["restarted"], partitions=2) as emulator:
+    async with LocalEmulator(["restarted"], partitions=2) as emulator:
         run = await run_source_fault(emulator.connection_string, "restarted", restart(), partitions=2, rate=100.0,
-                                     before=2.0, after=2.0, emulator=Controls.of(emulator))
+                                     before=3.0, after=3.0, emulator=Controls.of(emulator))
     assert_clean(run)
 
 
@@ -66,7 +66,7 @@ async def test_a_throttled_hub_is_waited_out_per_its_retry_after_not_hammered():
     """Server busy for 6 s with "please wait 3 seconds": each partition's receiver asks
     again once the retry-after passed, at most three times over the window (the pump's
     own backoff, 0.1 s doubling, would ask six or seven times); nothing is lost."""
-    with ThreadedEmulator(["busy"], partitions=2) as emulator:
+    async with LocalEmulator(["busy"], partitions=2) as emulator:
         source = EventHubSource.from_connection_string(emulator.connection_string, eventhub_name="busy")
         ledger = DeliveryRecorder()
         seen = []
@@ -105,7 +105,7 @@ async def test_a_throttled_hub_is_waited_out_per_its_retry_after_not_hammered():
 async def test_a_receiver_reopened_after_a_reset_resumes_after_the_last_event_it_handed_out():
     """The receiver reconnects by itself when asked again after a failure: it must start
     after what it handed out, not at the position it was opened with."""
-    with ThreadedEmulator(["resume"], partitions=1) as emulator:
+    async with LocalEmulator(["resume"], partitions=1) as emulator:
         from azure.eventhub import EventData
         from azure.eventhub.aio import EventHubProducerClient
 
