@@ -68,13 +68,13 @@ import collections
 import json
 import logging
 import os
-import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import (TYPE_CHECKING, Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple,
                     Union)
 
+from ..clock import SystemClock
 from ..errors import ConfigurationError, OwnershipLostError
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -418,7 +418,7 @@ class CommitLog:
 
     def __init__(self, storage: LogStorage, *, fully_qualified_namespace: str, eventhub_name: str,
                  consumer_group: str, retention: float = 900.0, compact_every: int = 100,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Optional[Callable[[], float]] = None) -> None:
         if retention <= 0:
             raise ConfigurationError(f"retention must be positive, got {retention}")
         if compact_every < 2:
@@ -427,7 +427,9 @@ class CommitLog:
         self.scope = (fully_qualified_namespace, eventhub_name, consumer_group)
         self.retention = float(retention)
         self.compact_every = int(compact_every)
-        self._clock = clock
+        # The running event loop's clock by default: virtual under VirtualTimeLoop, like
+        # every other timed part of the SDK.
+        self._clock = clock or SystemClock().monotonic
         self._state = _State()
         self._loaded = False
         self._tail_seen_at: Optional[float] = None  # when an entry was last found missing (the end)
