@@ -106,20 +106,25 @@ def _require_azure_eventhub() -> None:
                                  "pip install 'eventprocessor[eventhub]'") from error
 
 
-def _resolve_store(checkpoint_store: Any) -> Tuple[Optional[CheckpointStore], bool]:
-    """``(store, made_here)``: the store to run on (``None``: azure-eventhub's in-memory
-    mode) and whether this client built it, and so closes it."""
+def _resolve_store(checkpoint_store: Any) -> Tuple[Optional[CheckpointStore],
+                                                  Optional[Callable[[], CheckpointStore]]]:
+    """``(store, build)``: the store to run on (``None``: azure-eventhub's in-memory mode)
+    and, when this client built it from azure-eventhub's store, how to build it again:
+    the client closes it in ``close()`` and runs a new one if it receives again."""
     if checkpoint_store is None or isinstance(checkpoint_store, CheckpointStore):
-        return checkpoint_store, False
+        return checkpoint_store, None
     module = type(checkpoint_store).__module__
     if module.startswith("azure.eventhub"):
         from stores.blob import BlobCheckpointStore, is_azure_eventhub_blob_store
 
         if is_azure_eventhub_blob_store(checkpoint_store):
-            store = BlobCheckpointStore.from_azure_eventhub(checkpoint_store)
+            def build() -> CheckpointStore:
+                return BlobCheckpointStore.from_azure_eventhub(checkpoint_store)  # no I/O until used
+
+            store = build()
             logger.info("checkpoint_store is azure-eventhub's BlobCheckpointStore: running on %r, the same container "
                         "and blobs, with fenced claims and checkpoints", store)
-            return store, True
+            return store, build
         raise ConfigurationError(
             f"checkpoint_store is azure-eventhub's {type(checkpoint_store).__name__} ({module}); of the official "
             "stores only BlobCheckpointStore is taken as it is. Use stores.BlobCheckpointStore or "
@@ -625,11 +630,12 @@ class EventHubConsumerClient:
             "checkpoint_on_release": kwargs.pop("checkpoint_on_release", False),
         }
         client, source, processor = _split_options(kwargs, with_client=with_client)
-        settings["checkpoint_store"], settings["owns_store"] = _resolve_store(checkpoint_store)
+        settings["checkpoint_store"], settings["build_store"] = _resolve_store(checkpoint_store)
         return client, source, processor, settings
 
     def _setup(self, source: EventSource, consumer_group: str, *, owns_source: bool,
-               processor_options: Dict[str, Any], checkpoint_store: Optional[CheckpointStore], owns_store: bool,
+               processor_options: Dict[str, Any], checkpoint_store: Optional[CheckpointStore],
+               build_store: Optional[Callable[[], CheckpointStore]],
                load_balancing_interval: Optional[float], partition_ownership_expiration_interval: Optional[float],
                load_balancing_strategy: Any, checkpoint_on_release: Any) -> None:
         if not isinstance(consumer_group, str) or not consumer_group:
@@ -641,7 +647,7 @@ class EventHubConsumerClient:
         self._owns_source = owns_source
         self._consumer_group = consumer_group
         self._store = checkpoint_store
-        self._owns_store = owns_store
+        self._build_store = build_store
         self._options: Dict[str, Any] = {
             **processor_options,
             "load_balancing_interval": interval,
@@ -840,5 +846,8 @@ class EventHubConsumerClient:
             await asyncio.wait(runs)
         if self._owns_source:
             await self._source.close()
-        if self._owns_store and self._store is not None:
-            await self._store.close()  # built here from azure-eventhub's store, so nobody else can close it
+        if self._build_store is not None and self._store is not None:
+            # Built here from azure-eventhub's store, so nobody else can close it. The client
+            # may receive again after close(), as azure-eventhub's can: a new one then.
+            await self._store.close()
+            self._store = self._build_store()

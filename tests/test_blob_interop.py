@@ -340,3 +340,43 @@ def test_only_azure_eventhub_s_blob_store_is_taken() -> None:
 
     with pytest.raises(ConfigurationError, match="takes azure-eventhub's BlobCheckpointStore"):
         BlobCheckpointStore.from_azure_eventhub(BlobCheckpointStore("https://acct.blob.core.windows.net", "abc"))
+
+
+async def test_the_drop_in_given_the_official_store_receives_again_after_close(azurite: Any) -> None:
+    """azure-eventhub's client can receive again after ``close()``; so can the drop-in,
+    although it closed the store it built from the official one."""
+    from eventprocessor import EventHubConsumerClient
+
+    container = f"again-{uuid.uuid4().hex[:10]}"
+    official = OfficialBlobCheckpointStore.from_connection_string(azurite.connection_string, container_name=container)
+    source = MemoryEventSource(2)
+    client = EventHubConsumerClient.from_source(source, "$default", checkpoint_store=official,
+                                                load_balancing_interval=1.0)
+    received: List[int] = []
+    errors: List[Exception] = []
+
+    async def on_event_batch(context: Any, events: List[Any]) -> None:
+        received.extend(event.sequence_number for event in events)
+        await context.update_checkpoint()
+
+    async def on_error(context: Any, error: Exception) -> None:
+        errors.append(error)
+
+    try:
+        for round_ in range(2):
+            for i in range(8):
+                await source.send(f"r{round_}-{i}", partition_id=str(i % 2))
+            task = asyncio.create_task(client.receive_batch(on_event_batch, starting_position="-1", on_error=on_error))
+            for _ in range(200):
+                if len(received) == 8 * (round_ + 1) or task.done():
+                    break
+                await asyncio.sleep(0.05)
+            await client.close()
+            await task
+        assert sorted(received) == sorted(list(range(4)) * 2 + list(range(4, 8)) * 2) and errors == []
+        read_back = await official.list_checkpoints(source.fully_qualified_namespace, source.eventhub_name, "$default")
+        assert sorted((c["partition_id"], c["sequence_number"]) for c in read_back) == [("0", 7), ("1", 7)]
+    finally:
+        await official.close()
+        async with ContainerClient.from_connection_string(azurite.connection_string, container) as raw:
+            await raw.delete_container()
