@@ -356,7 +356,8 @@ async def test_the_official_argument_names_and_every_credential_form_work_on_azu
         "from_connection_string(table_name=)":
             TableCheckpointStore.from_connection_string(azurite.connection_string, table_name=f"o1{suffix}"),
         "official constructor keywords, AzureSasCredential": TableCheckpointStore(
-            table_account_url=azurite.table_endpoint, table_name=f"o2{suffix}", credential=AzureSasCredential(table_sas)),
+            table_account_url=azurite.table_endpoint, table_name=f"o2{suffix}",
+            credential=AzureSasCredential(table_sas)),
         "connection string without a key, credential=": TableCheckpointStore.from_connection_string(
             no_key, table_name=f"o3{suffix}", credential=AzureNamedKeyCredential("devstoreaccount1", key)),
     }
@@ -372,7 +373,8 @@ async def test_the_official_argument_names_and_every_credential_form_work_on_azu
 @pytest.mark.parametrize("build, problem", [
     (lambda: BlobCheckpointStore.from_connection_string(FAKE_CS, "a-b", container_name="a-b"),
      "name and container_name name the same thing"),
-    (lambda: BlobCheckpointStore.from_connection_string(FAKE_CS), "from_connection_string(conn_str, container_name=...)"),
+    (lambda: BlobCheckpointStore.from_connection_string(FAKE_CS),
+     "from_connection_string(conn_str, container_name=...)"),
     (lambda: TableCheckpointStore.from_connection_string(FAKE_CS, "ab1", table_name="ab1"),
      "name and table_name name the same thing"),
     (lambda: TableCheckpointStore.from_connection_string(FAKE_CS), "from_connection_string(conn_str, table_name=...)"),
