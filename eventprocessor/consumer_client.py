@@ -1,14 +1,14 @@
 """A drop-in for ``azure.eventhub.aio.EventHubConsumerClient``: the same constructor, the
 same ``receive_batch`` / ``receive`` callbacks, run by :class:`~eventprocessor.EventProcessor`.
 
-Migrating is two imports; every callback stays as it is::
+Migrating is one import; the official checkpoint store and every callback stay as they
+are::
 
     # from azure.eventhub.aio import EventHubConsumerClient
-    # from azure.eventhub.extensions.checkpointstoreblobaio import BlobCheckpointStore
     from eventprocessor import EventHubConsumerClient
-    from stores import BlobCheckpointStore
+    from azure.eventhub.extensions.checkpointstoreblobaio import BlobCheckpointStore
 
-    checkpoint_store = BlobCheckpointStore.from_connection_string(storage_conn_str, "checkpoints")
+    checkpoint_store = BlobCheckpointStore.from_connection_string(storage_conn_str, container_name="checkpoints")
     client = EventHubConsumerClient.from_connection_string(
         conn_str, consumer_group="$default", eventhub_name="telemetry", checkpoint_store=checkpoint_store)
 
@@ -20,8 +20,12 @@ Migrating is two imports; every callback stays as it is::
     async with client:
         await client.receive_batch(on_event_batch, starting_position="-1")
 
-``stores.BlobCheckpointStore`` reads and writes the official store's blobs, so the
-checkpoints carry over in both directions. This module is a thin adapter: one
+azure-eventhub's ``BlobCheckpointStore`` is replaced by ``stores.BlobCheckpointStore`` on
+the same container and credential (:meth:`stores.BlobCheckpointStore.from_azure_eventhub`),
+which reads and writes the official blobs with fenced claims and checkpoints, so the
+checkpoints carry over in both directions; ``stores.BlobCheckpointStore`` can be passed
+directly too. Without a checkpoint store, as in azure-eventhub, each receive call reads
+every partition with checkpoints in memory. This module is a thin adapter: one
 :class:`~eventprocessor.EventProcessor` per ``receive``/``receive_batch`` call, whose
 :class:`~eventprocessor.PartitionProcessor` calls the callbacks. What stays, what changes
 and what is better is in the README ("Migrating from azure-eventhub").
@@ -42,11 +46,12 @@ import asyncio
 import logging
 import weakref
 from dataclasses import replace
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from typing import (TYPE_CHECKING, Any, Awaitable, Callable, Dict, Iterable, List, Mapping, Optional, Tuple,
                     Union)
 
 from .checkpoint_store import CheckpointStore, StoreWrapper
+from .clock import SystemClock
 from .errors import ConfigurationError, OwnershipLostError
 from .events import Event, EventPosition
 from .partition import CloseReason, PartitionContext, PartitionProcessor
@@ -101,23 +106,44 @@ def _require_azure_eventhub() -> None:
                                  "pip install 'eventprocessor[eventhub]'") from error
 
 
-def _check_store(checkpoint_store: Any) -> CheckpointStore:
-    if checkpoint_store is None:
-        raise ConfigurationError(
-            "checkpoint_store is required. azure-eventhub falls back to an in-memory store without one (no "
-            "balancing across processes, checkpoints gone at exit); for that, pass stores.InMemoryCheckpointStore()")
-    if isinstance(checkpoint_store, CheckpointStore):
-        return checkpoint_store
+def _resolve_store(checkpoint_store: Any) -> Tuple[Optional[CheckpointStore],
+                                                  Optional[Callable[[], CheckpointStore]]]:
+    """``(store, build)``: the store to run on (``None``: azure-eventhub's in-memory mode)
+    and, when this client built it from azure-eventhub's store, how to build it again:
+    the client closes it in ``close()`` and runs a new one if it receives again."""
+    if checkpoint_store is None or isinstance(checkpoint_store, CheckpointStore):
+        return checkpoint_store, None
     module = type(checkpoint_store).__module__
     if module.startswith("azure.eventhub"):
+        from stores.blob import BlobCheckpointStore, is_azure_eventhub_blob_store
+
+        if is_azure_eventhub_blob_store(checkpoint_store):
+            def build() -> CheckpointStore:
+                return BlobCheckpointStore.from_azure_eventhub(checkpoint_store)  # no I/O until used
+
+            store = build()
+            logger.info("checkpoint_store is azure-eventhub's BlobCheckpointStore: running on %r, the same container "
+                        "and blobs, with fenced claims and checkpoints", store)
+            return store, build
         raise ConfigurationError(
-            f"checkpoint_store is azure-eventhub's {type(checkpoint_store).__name__} ({module}); use "
-            "stores.BlobCheckpointStore.from_connection_string(<same connection string>, <same container>) instead: "
-            "it reads and writes the same blobs, so existing checkpoints and ownership carry over, and it fences "
-            "every checkpoint write by the owner's epoch")
+            f"checkpoint_store is azure-eventhub's {type(checkpoint_store).__name__} ({module}); of the official "
+            "stores only BlobCheckpointStore is taken as it is. Use stores.BlobCheckpointStore or "
+            "stores.TableCheckpointStore (they keep the official layout), or pass no checkpoint_store to read every "
+            "partition with checkpoints in memory")
     raise ConfigurationError(f"checkpoint_store must be an eventprocessor CheckpointStore (stores.BlobCheckpointStore, "
-                             f"stores.TableCheckpointStore, stores.InMemoryCheckpointStore), got "
-                             f"{type(checkpoint_store).__name__}")
+                             f"stores.TableCheckpointStore, stores.InMemoryCheckpointStore) or azure-eventhub's "
+                             f"BlobCheckpointStore, got {type(checkpoint_store).__name__}")
+
+
+def _memory_store(clock: Any) -> CheckpointStore:
+    """The in-memory store of one receive call without a checkpoint store. Its wall clock
+    follows the processor's clock, so the processor and the store agree on time, virtual
+    time included."""
+    from stores.memory import InMemoryCheckpointStore
+
+    ticks = clock if callable(getattr(clock, "monotonic", None)) else SystemClock()
+    origin = datetime.now(_UTC) - timedelta(seconds=ticks.monotonic())
+    return InMemoryCheckpointStore(clock=lambda: origin + timedelta(seconds=ticks.monotonic()))
 
 
 def _split_options(options: Mapping[str, Any], *, with_client: bool) -> Tuple[Dict[str, Any], Dict[str, Any],
@@ -462,14 +488,17 @@ class _CallbackProcessor(PartitionProcessor):
 
 class _ReceiveSource(EventSource):
     """The client's source as one receive call sees it: only ``partition_id`` when one is
-    given, and receivers opened at ``owner_level`` + the claim's epoch."""
+    given, and receivers opened at ``owner_level`` (0 when None) + the claim's epoch; when
+    not ``exclusive`` (no checkpoint store), at ``owner_level`` as given, None included."""
 
-    def __init__(self, inner: EventSource, partition_id: Optional[str], owner_level: int) -> None:
+    def __init__(self, inner: EventSource, partition_id: Optional[str], owner_level: Optional[int], *,
+                 exclusive: bool) -> None:
         self.inner = inner
         self.fully_qualified_namespace = inner.fully_qualified_namespace
         self.eventhub_name = inner.eventhub_name
         self._partition_id = partition_id
         self._owner_level = owner_level
+        self._exclusive = exclusive
 
     async def get_partition_ids(self) -> List[str]:
         ids = await self.inner.get_partition_ids()
@@ -483,7 +512,10 @@ class _ReceiveSource(EventSource):
     async def open_receiver(self, partition_id: str, *, consumer_group: str, starting_position: EventPosition,
                             owner_level: Optional[int], prefetch: int,
                             track_last_enqueued_event_properties: bool = False) -> PartitionReceiver:
-        level = None if owner_level is None else owner_level + self._owner_level
+        if not self._exclusive:
+            level = self._owner_level
+        else:
+            level = None if owner_level is None else owner_level + (self._owner_level or 0)
         options = {"track_last_enqueued_event_properties": True} if track_last_enqueued_event_properties else {}
         return await self.inner.open_receiver(partition_id, consumer_group=consumer_group,
                                               starting_position=starting_position, owner_level=level,
@@ -535,9 +567,12 @@ class EventHubConsumerClient:
     :meth:`close` (or until its task is cancelled), then stops gracefully: batches in
     flight finish, ``on_partition_close(context, SHUTDOWN)`` runs, ownership is released.
 
-    Keyword arguments, as in azure-eventhub: ``checkpoint_store`` (required: an
-    eventprocessor store such as ``stores.BlobCheckpointStore``),
-    ``load_balancing_interval`` (30 s), ``partition_ownership_expiration_interval``
+    Keyword arguments, as in azure-eventhub: ``checkpoint_store`` (an eventprocessor
+    store such as ``stores.BlobCheckpointStore``, or azure-eventhub's
+    ``BlobCheckpointStore``, which is run as ``stores.BlobCheckpointStore`` on the same
+    container; without one, each receive call reads every partition by itself, with
+    checkpoints in memory and receivers not exclusive unless ``owner_level`` is given,
+    as azure-eventhub does), ``load_balancing_interval`` (30 s), ``partition_ownership_expiration_interval``
     (6 x the interval), ``load_balancing_strategy`` (``"greedy"``) and the AMQP client
     options (``transport_type``, ``retry_total``, ``http_proxy``, ...: see
     :data:`CLIENT_OPTIONS`). Also EventProcessor's own options (:data:`PROCESSOR_OPTIONS`,
@@ -591,18 +626,20 @@ class EventHubConsumerClient:
     def _settings(kwargs: Dict[str, Any], *, with_client: bool
                   ) -> Tuple[Dict[str, Any], Dict[str, Any], Dict[str, Any], Dict[str, Any]]:
         kwargs = dict(kwargs)
+        checkpoint_store = kwargs.pop("checkpoint_store", None)
         settings = {
-            "checkpoint_store": _check_store(kwargs.pop("checkpoint_store", None)),
             "load_balancing_interval": kwargs.pop("load_balancing_interval", None),
             "partition_ownership_expiration_interval": kwargs.pop("partition_ownership_expiration_interval", None),
             "load_balancing_strategy": kwargs.pop("load_balancing_strategy", None),
             "checkpoint_on_release": kwargs.pop("checkpoint_on_release", False),
         }
         client, source, processor = _split_options(kwargs, with_client=with_client)
+        settings["checkpoint_store"], settings["build_store"] = _resolve_store(checkpoint_store)
         return client, source, processor, settings
 
     def _setup(self, source: EventSource, consumer_group: str, *, owns_source: bool,
-               processor_options: Dict[str, Any], checkpoint_store: CheckpointStore,
+               processor_options: Dict[str, Any], checkpoint_store: Optional[CheckpointStore],
+               build_store: Optional[Callable[[], CheckpointStore]],
                load_balancing_interval: Optional[float], partition_ownership_expiration_interval: Optional[float],
                load_balancing_strategy: Any, checkpoint_on_release: Any) -> None:
         if not isinstance(consumer_group, str) or not consumer_group:
@@ -614,6 +651,7 @@ class EventHubConsumerClient:
         self._owns_source = owns_source
         self._consumer_group = consumer_group
         self._store = checkpoint_store
+        self._build_store = build_store
         self._options: Dict[str, Any] = {
             **processor_options,
             "load_balancing_interval": interval,
@@ -626,6 +664,12 @@ class EventHubConsumerClient:
         self._runs: Dict[str, "asyncio.Future[None]"] = {}
         self._processors: Dict[str, EventProcessor] = {}
         self._events: "weakref.WeakKeyDictionary[Any, Event]" = weakref.WeakKeyDictionary()
+        if checkpoint_store is None:
+            logger.info("EventHubConsumerClient for %s/%s, consumer group %s: no checkpoint_store, so, as in "
+                        "azure-eventhub, each receive call reads every partition itself (no balancing with other "
+                        "processes) and keeps its checkpoints in memory until it returns; pass a checkpoint store "
+                        "(stores.BlobCheckpointStore, ...) to share the partitions and keep the checkpoints",
+                        source.fully_qualified_namespace, source.eventhub_name, consumer_group)
 
     def __repr__(self) -> str:
         return (f"EventHubConsumerClient(fully_qualified_namespace={self._source.fully_qualified_namespace!r}, "
@@ -674,8 +718,10 @@ class EventHubConsumerClient:
         as any are there; with ``max_wait_time`` (seconds) an empty list when none came in
         that time. ``starting_position`` applies where there is no checkpoint (default
         ``"@latest"``: only new events; see :func:`starting_positions`). ``owner_level``:
-        receivers are always exclusive; they open at ``owner_level`` (default 0) plus the
-        claim's epoch, so each new owner disconnects the previous one. A callback that
+        with a checkpoint store, receivers are always exclusive; they open at
+        ``owner_level`` (default 0) plus the claim's epoch, so each new owner disconnects
+        the previous one. Without one, as in azure-eventhub, they open at ``owner_level``
+        (default None: not exclusive). A callback that
         raises goes to ``on_error`` and its batch is delivered again (``max_delivery_attempts``,
         then the ``on_poison`` policy). Raises :class:`ConfigurationError` for an invalid
         argument, before anything runs.
@@ -735,8 +781,12 @@ class EventHubConsumerClient:
                                on_partition_close=on_partition_close,
                                checkpoint_on_release=self._checkpoint_on_release, events=self._events)
         initial, default = starting_positions(starting_position, starting_position_inclusive)
-        source = _ReceiveSource(self._source, partition_id, owner_level or 0)
-        store = self._store if partition_id is None else _OnePartitionStore(self._store, partition_id)
+        # Without a checkpoint store, as in azure-eventhub: a fresh in-memory store for this
+        # call, and receivers exclusive only at an owner_level the caller gave.
+        exclusive = self._store is not None
+        store = self._store if self._store is not None else _memory_store(self._options.get("clock"))
+        source = _ReceiveSource(self._source, partition_id, owner_level, exclusive=exclusive)
+        store = store if partition_id is None else _OnePartitionStore(store, partition_id)
         return EventProcessor(
             source, store, lambda: _CallbackProcessor(callbacks), consumer_group=self._consumer_group,
             initial_event_position=initial, default_event_position=default, max_batch_size=max_batch_size,
@@ -790,7 +840,9 @@ class EventHubConsumerClient:
 
     async def close(self) -> None:
         """Stop every receive call gracefully (each returns), then close the connections
-        this client opened. The checkpoint store is left open, as azure-eventhub does."""
+        this client opened. A checkpoint store passed in is left open, as azure-eventhub
+        does; the one built here from azure-eventhub's ``BlobCheckpointStore`` is closed
+        (the official store itself is left as it is)."""
         runs = list(self._runs.values())
         for runner in runs:
             runner.cancel()
@@ -798,3 +850,8 @@ class EventHubConsumerClient:
             await asyncio.wait(runs)
         if self._owns_source:
             await self._source.close()
+        if self._build_store is not None and self._store is not None:
+            # Built here from azure-eventhub's store, so nobody else can close it. The client
+            # may receive again after close(), as azure-eventhub's can: a new one then.
+            await self._store.close()
+            self._store = self._build_store()
