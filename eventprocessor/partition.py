@@ -1,8 +1,10 @@
 """What user code sees: PartitionProcessor, PartitionContext and CloseReason."""
 from __future__ import annotations
 
+import asyncio
 import enum
 import logging
+import weakref
 from typing import TYPE_CHECKING, Callable, List, Optional
 
 from .errors import InvalidCheckpointError, OwnershipLostError
@@ -16,6 +18,18 @@ if TYPE_CHECKING:  # pragma: no cover
 __all__ = ["CloseReason", "PartitionContext", "PartitionProcessor"]
 
 logger = logging.getLogger(__name__)
+
+_LOGGED: "weakref.WeakSet[BaseException]" = weakref.WeakSet()
+"""Errors the SDK already logged (with their traceback): the default ``process_error``
+does not log them a second time."""
+
+
+def already_logged(error: BaseException) -> None:
+    """Mark ``error`` as logged by the SDK (see :meth:`PartitionProcessor.process_error`)."""
+    try:
+        _LOGGED.add(error)
+    except TypeError:  # pragma: no cover - an exception type without weak references
+        pass
 
 
 class CloseReason(enum.Enum):
@@ -74,6 +88,7 @@ class PartitionContext:
         self._may_checkpoint = may_checkpoint or is_owned
         self._on_ownership_lost = on_ownership_lost
         self._on_checkpoint = on_checkpoint
+        self._home_loop: Optional[asyncio.AbstractEventLoop] = None  # the processor's, once the pump runs
 
     def __repr__(self) -> str:
         return (
@@ -122,7 +137,14 @@ class PartitionContext:
 
         Raises :class:`OwnershipLostError` when this processor no longer owns the
         partition; the stored checkpoint is then left as the current owner wrote it.
+
+        Called from a handler that runs in a worker thread (``handler_executor``), the
+        write is carried out on the processor's event loop and awaited from the thread's.
         """
+        home = self._home_loop
+        if home is not None and home is not asyncio.get_running_loop():
+            return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(
+                self.update_checkpoint(event, allow_rewind=allow_rewind), home))
         event = event if event is not None else self.last_event
         if event is None:
             return
@@ -213,7 +235,12 @@ class PartitionProcessor:
         """Called with each batch (never empty unless ``max_wait_time`` is set)."""
 
     async def process_error(self, error: Exception, context: PartitionContext) -> None:
-        """Called with errors from the handler, the receiver or ownership renewals."""
+        """Called with errors from the handler, the receiver or ownership renewals.
+
+        By default logs a WARNING, unless the SDK already logged the error (a failure of
+        ``process_events`` is logged once per attempt, with its traceback)."""
+        if error in _LOGGED:
+            return
         logger.warning(
             "error on partition %s of %s/%s owned by %s: %r",
             context.partition_id,

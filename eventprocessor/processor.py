@@ -21,6 +21,7 @@ The timing model and how to size it are in the README ("Timing").
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import inspect
 import logging
 import math
@@ -48,6 +49,7 @@ from .records import (MAX_EPOCH, Checkpoint, Member, MemberListing, Ownership, O
 from .renewer import LeaseRenewer
 from .sources.base import EventSource
 from .telemetry import Telemetry
+from .usercode import BLOCK_THRESHOLD, HandlerExecutor
 
 __all__ = ["EventProcessor", "BalanceReport", "Timing", "ProcessorStats", "OWNERSHIP_LOG_FIELDS", "OWNERSHIP_REASONS"]
 
@@ -99,6 +101,9 @@ class ProcessorStats:
     backed_off_ticks: int = 0
     backoff_level: int = 0
 
+
+STALL_WATCH_PERIOD = 1.0
+"""How often the processor measures its event loop's lag (seconds)."""
 
 RENEWAL_WINDOW = 15.0
 """Seconds of lease left when an owned record is rewritten by default (see
@@ -246,6 +251,7 @@ class EventProcessor:
         store_timeout: Optional[float] = None,
         shutdown_timeout: float = 30.0,
         handler_timeout: Optional[float] = 60.0,
+        handler_executor: HandlerExecutor = None,
         initial_event_position: Union[EventPosition, Mapping[str, EventPosition]] = EventPosition.earliest(),
         max_batch_size: int = 300,
         max_wait_time: Optional[float] = None,
@@ -363,6 +369,13 @@ class EventProcessor:
         self._balance_factor = balance_factor
         self._ordinal = ordinal
         self._replica_count = replica_count or 0
+        if handler_executor is not None and handler_executor != "thread" and not (
+                isinstance(handler_executor, concurrent.futures.Executor)
+                and not isinstance(handler_executor, concurrent.futures.ProcessPoolExecutor)):
+            raise ConfigurationError(
+                f"handler_executor must be None (handlers run on the event loop), \"thread\" (a worker thread per "
+                f"owned partition) or a thread-based concurrent.futures.Executor, got {handler_executor!r}")
+        self._handler_executor = handler_executor
         self._retry_policy = RetryPolicy(max_delivery_attempts=max_delivery_attempts, retry_backoff=backoff)
         self._on_poison = poison_policy
         self._dead_letter = dead_letter
@@ -420,6 +433,7 @@ class EventProcessor:
         self._lost_mine: Set[str] = set()  # partitions whose records vanished while (or just after) it held them
         self._listed: Set[str] = set()  # partitions that had a record in the last listing
         self._reported_backwards: Dict[str, int] = {}
+        self._last_stall: Optional[Tuple[float, float]] = None  # the last stall of the loop a handler caused
 
     @staticmethod
     def _check_positions(value: Any) -> Union[EventPosition, Mapping[str, EventPosition]]:
@@ -511,6 +525,7 @@ class EventProcessor:
             self._tasks["balancer"] = loop.create_task(self._balancing_loop(), name=f"balancer-{self._owner_id}")
         self._tasks["renewer"] = loop.create_task(self._renewer.run(), name=f"renewer-{self._owner_id}")
         self._tasks["keeper"] = loop.create_task(self._keeper_loop(), name=f"keeper-{self._owner_id}")
+        self._tasks["stall-watch"] = loop.create_task(self._stall_watch_loop(), name=f"stall-watch-{self._owner_id}")
         self._tasks["heartbeat"] = loop.create_task(self._heartbeat_loop(), name=f"heartbeat-{self._owner_id}")
 
     def _member_record(self) -> Member:
@@ -606,7 +621,7 @@ class EventProcessor:
             if still:
                 logger.error("processor %s: partitions %s ignored cancellation; they may still run",
                              self._describe, sorted(p.context.partition_id for p in still))
-        for name in ("renewer", "keeper", "heartbeat"):
+        for name in ("renewer", "keeper", "heartbeat", "stall-watch"):
             task = self._tasks.pop(name, None)
             if task is not None:
                 await self._cancel(task)
@@ -831,6 +846,62 @@ class EventProcessor:
                 logger.warning("processor %s: %s", self._describe, overdue)
                 lease.pump.report_error(overdue)  # type: ignore[union-attr]
 
+    # ----------------------------------------------------------------- a blocked event loop
+    def _leases_hit(self, started: float, ended: float) -> Tuple[List[str], List[str]]:
+        """The leases a stall of the event loop from ``started`` to ``ended`` hurt: those
+        that ran out meanwhile (self-fenced: their partitions move, their batches are not
+        retried), and those whose renewal came due meanwhile and was delayed."""
+        live = [lease for lease in self._leases.values() if lease.state in (LeaseState.OWNED, LeaseState.HANDING_OFF)]
+        ran_out = _sorted(lease.partition_id for lease in live if started < lease.deadline <= ended)
+        delayed = _sorted(lease.partition_id for lease in live if lease.deadline > ended and lease.renew_at < ended)
+        return ran_out, delayed
+
+    def _loop_blocked(self, pump: PartitionPump, what: str, started: float, ended: float) -> None:
+        """A pump's user code held the event loop (one step without an ``await``)."""
+        self._last_stall = (started, ended)
+        ctx = pump.context
+        self._stall_reported(f"partition {ctx.partition_id}'s handler {what} blocked the event loop for "
+                             f"{ended - started:.1f} s without awaiting", started, ended,
+                             f"stall:{ctx.partition_id}:{what}")
+
+    def _stall_reported(self, what: str, started: float, ended: float, kind: str) -> None:
+        ran_out, delayed = self._leases_hit(started, ended)
+        self._telemetry.loop_blocked(ended - started)
+        report, suppressed = self._throttle.failed(kind)
+        if not report:
+            logger.debug("processor %s: %s (again)", self._describe, what)
+            return
+        harm = []
+        if ran_out:
+            harm.append(f"the leases of partitions {ran_out} ran out meanwhile (self-fenced: their partitions move "
+                        "to other processors and their handlers' checkpoints fail)")
+        if delayed:
+            harm.append(f"the renewals of partitions {delayed} were delayed (at risk if it happens again)")
+        logger.warning(
+            "processor %s: %s%s. Meanwhile no lease was renewed, no balancing tick ran and no other partition was "
+            "dispatched: %s. Run blocking or CPU-heavy handlers off the event loop with EventProcessor(..., "
+            "handler_executor=\"thread\") (README, \"Errors and guarantees\").", self._describe, what,
+            f" ({suppressed} more times since the last report)" if suppressed else "",
+            "; ".join(harm) if harm else "no lease was at risk yet")
+
+    async def _stall_watch_loop(self) -> None:
+        """Measures the event loop's lag once a second: a stall not caused by one of this
+        processor's handlers (other code on the loop) is reported the same way."""
+        period = STALL_WATCH_PERIOD
+        while True:
+            before = self._clock.monotonic()
+            await self._clock.sleep(period)
+            after = self._clock.monotonic()
+            lag = after - before - period
+            if lag <= BLOCK_THRESHOLD:
+                continue
+            last = self._last_stall
+            if last is not None and last[1] > before:
+                continue  # a handler's stall, already reported
+            self._stall_reported(f"the event loop was blocked for {lag:.1f} s by code that is not one of its "
+                                 "handlers' steps (another task on this loop, or synchronous work elsewhere)",
+                                 after - lag, after, "stall:loop")
+
     def _spawn(self, coro: Awaitable[Any], name: str) -> None:
         task = asyncio.ensure_future(coro)
         task.set_name(name)
@@ -859,12 +930,23 @@ class EventProcessor:
         self._telemetry.claims_lost_race(len(report.failed_claims))
         if duration > self._timing.interval:
             stats.overruns += 1
+            now = self._clock.monotonic()
+            stall = self._last_stall
+            if stall is not None and stall[1] > started:
+                cause = (f"the event loop was blocked for {stall[1] - stall[0]:.1f} s during it by a handler (see the "
+                         "warning about it)")
+            else:
+                cause = ("the store or this machine's CPU cannot keep up with this many partitions and processors "
+                         "per process; raise the interval or run fewer processors per process")
+            overdue = _sorted(pid for pid, lease in self._leases.items()
+                              if lease.state is LeaseState.OWNED and lease.renew_at < now - self._timing.renewal_retry)
+            leases = (f"the renewals of partitions {overdue} are overdue" if overdue
+                      else "leases are renewed apart from ticks and none is overdue")
             logger.warning(
                 "processor %s: a load-balancing tick took %.2f s, longer than load_balancing_interval=%g s "
-                "(expiration %g s, %d partitions owned). Leases are renewed apart from ticks, so none is at risk, "
-                "but balancing is slower than configured: the store or this machine's CPU cannot keep up with this "
-                "many partitions and processors per process; raise the interval or run fewer processors per process.",
-                self._describe, duration, self._timing.interval, self._timing.expiration, len(self._leases))
+                "(expiration %g s, %d partitions owned): %s. Balancing is slower than configured: %s.",
+                self._describe, duration, self._timing.interval, self._timing.expiration, len(self._leases), leases,
+                cause)
         return replace(report, duration=duration)
 
     async def _tick(self) -> BalanceReport:
@@ -1404,6 +1486,7 @@ class EventProcessor:
             clock=self._clock, handler_timeout=self._timing.handler_timeout, retry_policy=self._retry_policy,
             on_poison=self._on_poison, dead_letter=self._dead_letter, on_user_code_error=self._user_code_failed,
             track_last_enqueued_event_properties=self._track_last_enqueued, telemetry=self._telemetry,
+            handler_executor=self._handler_executor, on_loop_blocked=self._loop_blocked,
         )
         lease.pump = pump
         lease.move(LeaseState.OWNED)

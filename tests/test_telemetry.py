@@ -168,3 +168,30 @@ def test_backing_off_from_a_store_that_times_out_is_counted():
     assert before == 0
     assert during >= 1 and during == stats.backed_off_ticks
     assert errors >= 1
+
+
+def test_a_handler_that_blocks_the_event_loop_is_measured():
+    """eventprocessor.loop.stalls: one point per stall longer than a second, with its length."""
+    otel = Telemetry()
+
+    class Blocking(PartitionProcessor):
+        async def process_events(self, events, context):
+            if events[0].sequence_number == 1:
+                asyncio.get_running_loop().advance(3.0)  # three seconds without awaiting
+
+    async def scenario():
+        cluster = Cluster(1, seed=3, **OPTIONS)
+        processor = EventProcessor(cluster.source, cluster.store, Blocking, owner_id="a", meter_provider=otel.meters,
+                                   **OPTIONS)
+        await processor.start()
+        await cluster.produce(1)
+        await asyncio.sleep(2)
+        before = otel.total("eventprocessor.loop.stalls")
+        await cluster.produce(1)
+        await asyncio.sleep(2)
+        after = otel.total("eventprocessor.loop.stalls")
+        await processor.stop()
+        return before, after
+
+    before, after = run_virtual(scenario())
+    assert (before, after) == (0, 1)
