@@ -18,6 +18,7 @@ footer and annotations, sent the same way (the data message through ``create_bat
 from __future__ import annotations
 
 import asyncio
+import pickle
 import time
 from dataclasses import replace
 from datetime import datetime, timezone
@@ -312,6 +313,7 @@ def test_received_event_builds_the_same_event_as_the_constructor():
     assert list(vars(fast)) == fields, "received_event must set every field of Event, and only those"
     assert received_event(*values[:10]) == Event(*values[:10])
     assert replace(fast, body=b"x").body == b"x" and repr(fast) == repr(Event(*values))
+    assert pickle.loads(pickle.dumps(fast)) == fast  # events cross processes (the Spark sink, dead letters)
     with pytest.raises(dataclasses.FrozenInstanceError):
         fast.body = b"y"  # type: ignore[misc]
 
