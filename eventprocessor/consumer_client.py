@@ -53,7 +53,7 @@ from typing import (TYPE_CHECKING, Any, Awaitable, Callable, Dict, Iterable, Lis
 from .checkpoint_store import CheckpointStore, StoreWrapper
 from .clock import SystemClock
 from .errors import ConfigurationError, OwnershipLostError
-from .events import Event, EventPosition
+from .events import BodyType, Event, EventPosition
 from .partition import CloseReason, PartitionContext, PartitionProcessor
 from .processor import EventProcessor
 from .records import Member, MemberListing, OwnershipListing
@@ -240,16 +240,27 @@ def starting_positions(starting_position: Any, starting_position_inclusive: Any
 
 def to_event_data(event: Event) -> "EventData":
     """An ``azure.eventhub.EventData`` that reads like one the official client received:
-    ``body``, ``body_as_str()``, ``body_as_json()``, ``sequence_number``, ``offset``,
-    ``enqueued_time``, ``partition_key`` (bytes), ``properties`` (bytes keys, as AMQP
-    delivers them), ``message_id``, ``content_type``, ``correlation_id``,
-    ``system_properties`` and ``raw_amqp_message.properties`` (strings as bytes there, as
-    AMQP delivers them; None when the event has none of the three, as when the producer
-    set none)."""
+    ``body``, ``body_type``, ``body_as_str()``, ``body_as_json()``, ``sequence_number``,
+    ``offset``, ``enqueued_time``, ``partition_key`` (bytes), ``properties`` (bytes keys,
+    as AMQP delivers them), ``message_id``, ``content_type``, ``correlation_id``,
+    ``system_properties`` and ``raw_amqp_message`` with its ``body``, ``body_type`` and
+    ``properties`` (strings as bytes there, as AMQP delivers them; None when the event
+    has none of the three, as when the producer set none). The body is the one sent:
+    several data sections stay several, a sequence or a value stays one."""
     from azure.eventhub import EventData
     from azure.eventhub.amqp import AmqpMessageProperties
 
-    data = EventData(event.body)
+    if event.body_type == BodyType.DATA:
+        data = EventData(event.body if event.amqp_body is None else list(event.amqp_body))
+    else:
+        from azure.eventhub.amqp import AmqpAnnotatedMessage
+
+        # EventData takes only data bodies; azure-eventhub wraps an AmqpAnnotatedMessage
+        # of another body type with _from_message (its producer does, for sending one).
+        body = ({"sequence_body": [list(section) for section in event.amqp_body]}
+                if event.body_type == BodyType.SEQUENCE else {"value_body": event.amqp_body})
+        raw = AmqpAnnotatedMessage(**body, header={}, annotations={}, application_properties={})  # type: ignore[arg-type]
+        data = EventData._from_message(None, raw)  # type: ignore[arg-type]
     amqp = (event.message_id, event.content_type, event.correlation_id)
     if any(value is not None for value in amqp):
         message_id, content_type, correlation_id = (value.encode("utf-8") if isinstance(value, str) else value
