@@ -66,7 +66,7 @@ def _imported_roots(path: Path):
 # drop-in client also sits above the stores: it builds one of them from azure-eventhub's
 # BlobCheckpointStore (and an in-memory one when given none), as azure-eventhub does.
 TESTING = Path("eventprocessor") / "testing"
-ABOVE_STORES = {Path("eventprocessor") / "consumer_client.py"}
+ABOVE_STORES = {Path("eventprocessor") / "consumer_client" / "options.py"}
 
 
 @pytest.mark.parametrize("package", sorted(LAYERS))
