@@ -283,3 +283,109 @@ async def run_scenario(seed: int, partitions: int, processors: int, position: st
         injected=dict(source.injected),
         duplicates=ledger.duplicates(),
     )
+
+
+# ----------------------------------------------------------------------------- FaultySource itself
+
+def _faulty(partitions: int = 2) -> FaultySource:
+    from eventprocessor.sources import MemoryEventSource
+    from eventprocessor.testing import virtual_utc_clock
+
+    return FaultySource(MemoryEventSource(partitions, clock=virtual_utc_clock()))
+
+
+async def _open(source: FaultySource, pid: str = "0", position: EventPosition = EventPosition.earliest()):
+    return await source.open_receiver(pid, consumer_group="$default", starting_position=position, owner_level=1)
+
+
+def test_a_detached_receiver_fails_at_once_even_while_waiting_and_stays_dead():
+    from eventprocessor.errors import EventSourceError
+
+    async def main():
+        source = _faulty()
+        receiver = await _open(source)
+        waiting = asyncio.ensure_future(receiver.receive(10, None))  # nothing to read: it waits
+        await asyncio.sleep(1)
+        assert source.detach_all() == 1
+        try:
+            await waiting
+        except EventSourceError as error:
+            first = error
+        try:
+            await receiver.receive(10, 1.0)
+        except EventSourceError as error:
+            second = error
+        fresh = await _open(source)
+        await source.send(b"x", partition_id="0")
+        return first, second, await fresh.receive(10, 1.0), source.injected
+
+    first, second, events, injected = run_virtual(main())
+    assert first.reason == "disconnected" and "reset" in str(first)
+    assert second.reason == "disconnected" and injected["receive_on_dead"] == 1
+    assert [e.body for e in events] == [b"x"]
+
+
+def test_throttling_answers_server_busy_with_its_retry_after_and_counts_callers_that_ignore_it():
+    from eventprocessor.errors import EventSourceError
+
+    async def main():
+        source = _faulty()
+        source.throttle(10, retry_after=4)
+        answers = []
+        for wait in (0.0, 1.0, 5.0, 10.0):  # asks at t=0, 1 (too early), 6, 16 (throttle over)
+            await asyncio.sleep(wait)
+            try:
+                await _open(source)
+                answers.append("opened")
+            except EventSourceError as error:
+                answers.append((error.reason, error.retry_after))
+        return answers, source.injected
+
+    answers, injected = run_virtual(main())
+    assert answers == [("server-busy", 4), ("server-busy", 4), ("server-busy", 4), "opened"]
+    assert injected["server_busy"] == 3 and injected["ignored_retry_after"] == 1
+
+
+def test_a_removed_partition_is_not_listed_and_not_found_until_restored():
+    from eventprocessor.errors import EventSourceError
+
+    async def main():
+        source = _faulty(3)
+        receiver = await _open(source, "1")
+        source.remove("1")
+        listed = await source.get_partition_ids()
+        reasons = []
+        for call in (lambda: receiver.receive(5, 1.0), lambda: _open(source, "1")):
+            try:
+                await call()
+            except EventSourceError as error:
+                reasons.append(error.reason)
+        source.restore("1")
+        return listed, reasons, await source.get_partition_ids()
+
+    listed, reasons, again = run_virtual(main())
+    assert listed == ["0", "2"] and again == ["0", "1", "2"]
+    assert reasons == ["disconnected", "not-found"]  # the open receiver was cut, then the partition is unknown
+
+
+def test_a_black_hole_swallows_receives_until_it_ends_then_they_fail():
+    from eventprocessor.errors import EventSourceError
+
+    async def main():
+        source = _faulty()
+        receiver = await _open(source)
+        loop = asyncio.get_running_loop()
+        source.set_black_hole(True)
+        await source.send(b"never seen by the swallowed receive", partition_id="0")
+        waiting = asyncio.ensure_future(receiver.receive(10, None))
+        await asyncio.sleep(30)
+        assert not waiting.done()
+        source.set_black_hole(False)
+        try:
+            await waiting
+        except EventSourceError as error:
+            failed = (error.reason, loop.time())
+        return failed
+
+    reason, at = run_virtual(main())
+    assert reason == "disconnected" and at == 30.0
