@@ -29,6 +29,18 @@ Invariants, counted from what the handlers received
 * recovery: after the last fault ends, every partition is dispatched by exactly one live
   pump and every event is processed within :func:`recovery_bound`.
 
+What it caught. On the pump of 4a72d89 (before the source-side fixes of 080501b), 200
+random runs: 95 delivered events twice to one claim, 21 lost events, 17 never recovered,
+4 handed a batch to an ended claim; every failure one of the three known bugs: a receiver
+reopened after an error started at the last checkpoint or at the claim's start, not after
+the last event received (``earliest``, or a checkpoint some batches back: the partition
+replayed within the claim; ``latest`` without a checkpoint: everything that arrived
+meanwhile skipped, so those runs never recovered either); a handler whose
+``update_checkpoint`` raised ``OwnershipLostError`` was handed its batch again after the
+claim ended (the ``store_cut`` runs whose handlers let that error escape; while the claim
+was still dispatchable the same redelivery counted as a duplicate within the claim).
+With the fixes: 0 failures in 750 runs.
+
 CI runs ``SOURCE_FAULT_SEEDS`` examples (default 100, ~15 s). A longer soak is one command::
 
     SOURCE_FAULT_SEEDS=1000 pytest tests/test_source_fault_harness.py -q

@@ -39,8 +39,9 @@ def assert_clean(run) -> None:
 
 
 async def test_connections_reset_every_2_s_for_12_s_lose_nothing_and_replay_nothing(eventhubs_emulator):
-    """The reported scenario: before the pump fix, 0 lost but thousands of events
-    delivered again to the same claim (each reopen started at the claim's start)."""
+    """The reported scenario. On the pump before 080501b: 0 lost, but 2,720-2,860 events
+    delivered again to the same claim in three runs (each reopen started at the claim's
+    start, ``earliest``); the black-hole and restart tests below failed the same way."""
     hub = eventhubs_emulator.fresh_hub(4)
     run = await run_source_fault(eventhubs_emulator.connection_string, hub, resets(every=2.0, seconds=12.0),
                                  rate=200.0, before=2.0, after=2.0)
