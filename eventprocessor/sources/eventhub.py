@@ -261,8 +261,7 @@ class _ErrorContext:
         if isinstance(error, asyncio.TimeoutError):
             return self.error("timeout", f"{doing}{where} did not finish in time", None)
         if any(marker in text for marker in _BUSY_MARKERS):
-            described = f"{error} {getattr(error, 'description', '') or ''}"
-            found = _RETRY_AFTER.search(described if isinstance(described, str) else str(described))
+            found = _RETRY_AFTER.search(f"{error} {getattr(error, 'description', '') or ''}")
             wait = float(found.group(1)) if found else _DEFAULT_RETRY_AFTER
             return self.error("server-busy", f"{doing}{where} was throttled by the hub (server busy); retry after "
                                              f"{wait:g} s", error, retry_after=wait)
@@ -641,9 +640,11 @@ class EventHubSource(EventSource):
         """Remember a server-busy answer's retry-after (for every receiver of this source:
         Event Hubs throttles a namespace, not a link)."""
         if error.reason == "server-busy" and error.retry_after:
-            self._busy_until = max(self._busy_until, self.clock() + error.retry_after)
-            logger.warning("%r: the hub is throttling (server busy); no receiver is opened for %.1f s", self,
-                           error.retry_after)
+            now = self.clock()
+            if self._busy_until <= now:  # once per throttling episode, not per partition
+                logger.warning("%r: the hub is throttling (server busy); no receiver is opened for %.1f s", self,
+                               error.retry_after)
+            self._busy_until = max(self._busy_until, now + error.retry_after)
         return error
 
     async def _wait_if_busy(self) -> None:
