@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Callable, Dict, Iterable, List, Optional, Set
+from typing import TYPE_CHECKING, Callable, Dict, Iterable, List, Optional, Set
 
 from .checkpoint_store import CheckpointStore
 from .errors import ConfigurationError, OwnershipLostError
@@ -24,6 +24,9 @@ from .pump import LoopBlocked, PartitionPump
 from .records import Checkpoint
 from .reporting import Reporter
 from .state import StateKeeper, StateLog
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .warmup import Warmup
 from .store_history import StoreHistory
 from .telemetry import Telemetry
 
@@ -45,8 +48,8 @@ class Dispatcher:
                  on_fatal: Callable[[Exception], None], on_started: Callable[[], None]) -> None:
         self._options = options
         self._store = store
-        self._entries = store
         self._table = table
+        self.warmup: Optional["Warmup"] = None
         self._history = history
         self._reporter = reporter
         self._telemetry = telemetry
@@ -88,8 +91,12 @@ class Dispatcher:
         def remember(written: Checkpoint) -> None:
             self._history.knew(pid, written)
 
-        keeper = StateKeeper(StateLog(self._entries, options.scope, pid), epoch=lease.epoch) \
-            if options.stateful else None
+        keeper: Optional[StateKeeper] = None
+        if options.stateful:
+            keeper = StateKeeper(StateLog(self._store, options.scope, pid), epoch=lease.epoch)
+            replica = self.warmup.take(pid) if self.warmup is not None else None
+            if replica is not None:
+                replica.hand_over(keeper)  # warm: the pump only catches up with the checkpoint
         context = PartitionContext(
             fully_qualified_namespace=options.source.fully_qualified_namespace,
             eventhub_name=options.source.eventhub_name, consumer_group=options.consumer_group,

@@ -5,7 +5,7 @@ import asyncio
 import enum
 import logging
 import weakref
-from typing import TYPE_CHECKING, Callable, List, Optional
+from typing import TYPE_CHECKING, Any, Callable, List, Optional
 
 from .errors import InvalidCheckpointError, OwnershipLostError
 from .events import Event
@@ -138,6 +138,13 @@ class PartitionContext:
 
             raise ConfigurationError("context.state needs a stateful processor: EventProcessor(..., stateful=True)")
         return self._state.state
+
+    @property
+    def state_restored(self) -> Optional[Any]:
+        """How this claim's state was loaded (:class:`~eventprocessor.state.Restored`:
+        the head, entries and bytes read, ``warm`` when it came from a warm replica), or
+        None for a stateless processor."""
+        return self._state.restored if self._state is not None else None
 
     @property
     def is_owned(self) -> bool:

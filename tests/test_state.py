@@ -275,3 +275,90 @@ def test_the_state_log_skips_changes_that_were_never_checkpointed():
     restored, between = run_virtual(scenario())
     assert restored.texts == {"a": "1", "b": "1"}
     assert [change["set"] for change in between] == [{"b": 1}]
+
+
+def test_a_planned_move_waits_for_a_warm_replica_and_the_new_owner_reads_only_the_changes_since():
+    """KIP-441: b asks for a's partitions only once their state is loaded and following;
+    at the handoff it reads the few changes since, not the state."""
+    restores: Dict[str, object] = {}
+
+    class Big(PartitionProcessor):
+        async def initialize(self, context):
+            restores[f"{context.owner_id}/{context.partition_id}"] = context.state_restored
+
+        async def process_events(self, events, context):
+            if "blob0" not in context.state:
+                for i in range(300):  # a state of ~300 KB per partition
+                    context.state[f"blob{i}"] = "x" * 1000
+            for event in events:
+                context.state["n"] = context.state.get("n", 0) + 1
+            await context.update_checkpoint()
+
+    async def scenario():
+        source = MemoryEventSource(2, clock=virtual_utc_clock())
+        store = InMemoryCheckpointStore(clock=virtual_utc_clock())
+        a = EventProcessor(source, store, Big, owner_id="a", stateful=True, **FAST)
+        await a.start()
+        producing = asyncio.ensure_future(_produce(source, 2, rate=20))
+        await until(lambda: a.owned_partitions == {"0", "1"})
+        await asyncio.sleep(5)
+        b = EventProcessor(source, store, Big, owner_id="b", stateful=True, **FAST)
+        await b.start()
+        await until(lambda: len(b.owned_partitions) == 1, what="one partition moved")
+        await asyncio.sleep(3)
+        producing.cancel()
+        await asyncio.sleep(2)
+        await a.stop()
+        await b.stop()
+        return await final_state(store, 2), expected(source, 2)
+
+    restored, wanted = run_virtual(scenario())
+    moved = [info for key, info in restores.items() if key.startswith("b/")]
+    assert moved and all(info.warm for info in moved)
+    assert all(info.entries_read <= 3 for info in moved), [(i.entries_read, i.bytes_read) for i in moved]
+    assert {pid: {"n": state["n"]} for pid, state in restored.items()} == \
+        {pid: {"n": sum(counts.values())} for pid, counts in wanted.items()}
+
+
+def test_a_crashed_owner_fails_over_to_its_caught_up_standby():
+    restores: Dict[str, object] = {}
+    handler = counting()
+
+    class Recording(handler):  # type: ignore[valid-type,misc]
+        async def initialize(self, context):
+            restores[f"{context.owner_id}/{context.partition_id}/{context.epoch}"] = context.state_restored
+
+    async def scenario():
+        source = MemoryEventSource(3, clock=virtual_utc_clock())
+        store = InMemoryCheckpointStore(clock=virtual_utc_clock())
+        processors = [EventProcessor(source, store, Recording, owner_id=name, stateful=True, num_standbys=1,
+                                     **FAST) for name in ("a", "b", "c")]
+        for p in processors:
+            await p.start()
+        producing = asyncio.ensure_future(_produce(source, 3, rate=30))
+        await until(lambda: all(len(p.owned_partitions) == 1 for p in processors), what="balance")
+        await asyncio.sleep(10)  # standbys load and follow
+        victim = processors[0]
+        lost = next(iter(victim.owned_partitions))
+        await victim.stop(release=False)  # a crash
+        survivors = processors[1:]
+        await until(lambda: any(lost in p.owned_partitions for p in survivors), what="the failover")
+        await asyncio.sleep(5)
+        producing.cancel()
+        await asyncio.sleep(2)
+        for p in survivors:
+            await p.stop()
+        return lost, await final_state(store, 3), expected(source, 3)
+
+    lost, restored, wanted = run_virtual(scenario())
+    takeover = [info for key, info in restores.items() if key.split("/")[1] == lost and not key.startswith("a/")]
+    assert takeover and takeover[0].warm  # the standby had the state
+    assert restored == wanted
+
+
+async def _produce(source: MemoryEventSource, partitions: int, *, rate: float) -> None:
+    i = 0
+    while True:
+        await source.send(f"k{i % 5}:{i}", partition_id=str(i % partitions))
+        i += 1
+        await asyncio.sleep(1 / rate)

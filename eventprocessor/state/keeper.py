@@ -53,6 +53,7 @@ class StateKeeper:
         self.head: Optional[StateRef] = head
         self.restored: Optional[Restored] = None
         self._next_version = (head.version + 1) if head is not None else 1
+        self._adopted = False
         self._pending: Optional[tuple] = None  # (ref, changes, sequence number) appended, not yet checkpointed
         self._head_sequence = -1  # the checkpoint position the head goes with
         self._since_snapshot = 0
@@ -71,6 +72,12 @@ class StateKeeper:
         Raises :class:`StateUnreadableError` when the chain cannot be read, or does not
         end at the checkpoint's position, or when the checkpoint names no state while
         the partition has state entries (a stateless processor checkpointed over it)."""
+        if self._adopted:
+            self._adopted = False
+            applied = await self.catch_up(checkpoint)
+            if applied >= 0:  # a warm replica's state, and the few changes since
+                self.restored = Restored(self.state.texts(), self.head, self._head_sequence, applied, warm=True)
+                return self.restored
         head = None if checkpoint is None else checkpoint.state
         if head is None and checkpoint is not None and checkpoint.sequence_number >= 0:
             if await self.log.has_entries():
@@ -94,9 +101,11 @@ class StateKeeper:
         self.restored = restored
         return restored
 
-    def adopt(self, state: PartitionState, head: Optional[StateRef]) -> None:
-        """Take over a warm replica's state at ``head`` (then :meth:`catch_up`)."""
-        self.state, self.head = state, head
+    def adopt(self, state: PartitionState, head: Optional[StateRef], sequence_number: Optional[int]) -> None:
+        """Start from a warm replica's state at ``head``: :meth:`restore` then only
+        catches up with the checkpoint."""
+        self.state, self.head, self._adopted = state, head, True
+        self._head_sequence = -1 if sequence_number is None else sequence_number
         self._next_version = max(self._next_version, (head.version + 1) if head is not None else 1)
 
     async def catch_up(self, checkpoint: Optional[Checkpoint]) -> int:

@@ -56,6 +56,8 @@ class Restored:
     entries_read: int = 0
     bytes_read: int = 0
     changes_since_snapshot: int = 0
+    warm: bool = False
+    """Loaded from a warm replica: only the changes since its last refresh were read."""
 
 
 @dataclass
