@@ -229,6 +229,7 @@ def decide(
     handoff_timeout: Optional[float] = None,
     requests_made: Optional[Mapping[str, float]] = None,
     replica_count: int = 0,
+    preferred: Optional[Mapping[str, str]] = None,
 ) -> BalanceDecision:
     """Decide this tick's claims and handoff requests for ``owner_id``.
 
@@ -246,6 +247,11 @@ def decide(
     ``members`` (a store that keeps none), a processor that owns nothing is invisible
     and claims one partition first, as the seed's protocol does. ``balance_factor``
     is the imbalance tolerated before any partition moves between live owners.
+
+    ``preferred`` maps claimable partitions (no live owner) to the member that should
+    take them (a caught-up standby of a stateful partition, see
+    :func:`~eventprocessor.state.replica.failover_plan`): everyone else leaves them alone,
+    and that member claims them on top of its share (handoffs restore the balance later).
 
     ``renewals`` are listed for the record only: the renewer renews on its own schedule.
 
@@ -337,6 +343,11 @@ def decide(
                 take = rng.sample(sorted(free, key=partition_sort_key), min(len(take), len(free)))
             else:
                 take = _random_surplus(plan, owned_by, len(take), rng)
+
+    if preferred:
+        take = [pid for pid in take if pid in active or preferred.get(pid, owner_id) == owner_id]
+        take += sorted((pid for pid, member in preferred.items() if member == owner_id and pid in wanted
+                        and pid not in active and pid not in blocked and pid not in take), key=partition_sort_key)
 
     claims: List[Ownership] = []
     requests: List[Ownership] = []

@@ -42,12 +42,15 @@ class Membership:
         self._clock: Clock = options.clock
         self.state: Optional[bool] = None
         self.member: Optional[Member] = None
+        self.extra_properties: Callable[[], Dict[str, str]] = dict
+        """More properties for the record (a stateful processor's replica lags)."""
 
     def record(self) -> Member:
         options = self._options
         properties = {"strategy": options.strategy.value, HANDOFF_PROPERTY: "1" if options.handoff_timeout else "0"}
         if options.ordinal is not None:
             properties[ORDINAL_PROPERTY] = str(options.ordinal)
+        properties.update(self.extra_properties())
         return Member(*options.scope, options.owner_id, properties=properties)
 
     async def join(self) -> None:

@@ -53,6 +53,7 @@ from .taker import BalanceReport, Taker
 from .tasks import TaskScope
 from .telemetry import Telemetry
 from .usercode import HandlerExecutor
+from .warmup import Warmup
 from .watchdog import Watchdog
 from .writer import OwnershipWriter
 
@@ -116,6 +117,9 @@ class EventProcessor:
         clock: Optional[Clock] = None,
         rng: Optional[random.Random] = None,
         error_handler: Optional[ErrorHandler] = None,
+        stateful: bool = False,
+        num_standbys: int = 0,
+        acceptable_recovery_lag: int = 10_000,
         meter_provider: Any = None,
         tracer_provider: Any = None,
     ) -> None:
@@ -159,10 +163,14 @@ class EventProcessor:
             telemetry=self._telemetry, describe=describe, on_loop_blocked=self._watchdog.loop_blocked,
             on_pump_ended=self._watchdog.wake, on_fatal=self._halt,
             on_started=self._pump_started)
+        self._warmup = Warmup(options=options, store=self._store, describe=describe) if options.stateful else None
+        if self._warmup is not None:
+            self._dispatcher.warmup = self._warmup
+            self._membership.extra_properties = self._warmup.member_properties
         self._taker = Taker(options=options, store=self._store, writer=writer, table=self._table, history=history,
                             membership=self._membership, dispatcher=self._dispatcher, watchdog=self._watchdog,
                             reporter=reporter, stats=self._stats, telemetry=self._telemetry, describe=describe,
-                            halted=lambda: self._fatal is not None)
+                            halted=lambda: self._fatal is not None, warmup=self._warmup)
         self._telemetry.observe(owned=lambda: len(self.owned_partitions), lag=self.lag)
 
     def __repr__(self) -> str:
@@ -243,6 +251,8 @@ class EventProcessor:
         scope.start_loop("leases", self._watchdog.run_leases())
         scope.start_loop("stall-probe", self._watchdog.run_stall_probe())
         scope.start_loop("heartbeat", self._membership.run())
+        if self._warmup is not None:
+            scope.start_loop("warmup", self._warmup.run())
         logger.info("processor %s started on %s/%s/%s", self.owner_id, *self._options.scope)
 
     async def join(self) -> None:
@@ -298,7 +308,7 @@ class EventProcessor:
             if still:
                 logger.error("processor %s: partitions %s ignored cancellation; they may still run",
                              self._describe, sorted(p.context.partition_id for p in still))
-        for name in ("renewer", "leases", "heartbeat", "stall-probe"):
+        for name in ("renewer", "leases", "heartbeat", "stall-probe", "warmup"):
             await scope.stop_loop(name)
         self._table.reconcile()
         await self._releaser.wait()  # release writes, each bounded by store_timeout

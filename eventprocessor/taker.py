@@ -29,6 +29,7 @@ from .reporting import Reporter
 from .stats import ProcessorStats
 from .store_history import StoreHistory
 from .telemetry import Telemetry
+from .warmup import Warmup
 from .watchdog import Watchdog, sleep_or_wake
 from .writer import OwnershipWriter
 
@@ -58,7 +59,7 @@ class Taker:
     def __init__(self, *, options: ProcessorOptions, store: BoundedStore, writer: OwnershipWriter,
                  table: LeaseTable, history: StoreHistory, membership: Membership, dispatcher: Dispatcher,
                  watchdog: Watchdog, reporter: Reporter, stats: ProcessorStats, telemetry: Telemetry,
-                 describe: str, halted: Callable[[], bool]) -> None:
+                 describe: str, halted: Callable[[], bool], warmup: Optional[Warmup] = None) -> None:
         self._options = options
         self._timing = options.timing
         self._clock = options.clock
@@ -75,6 +76,7 @@ class Taker:
         self._telemetry = telemetry
         self._describe = describe
         self._halted = halted
+        self._warmup = warmup
         self._wake = asyncio.Event()
         self._store_answered = asyncio.Event()  # set by a prompt, successful store call while backing off
         self._backoff = TickBackoff(interval=self._timing.interval,
@@ -242,17 +244,25 @@ class Taker:
         lost = owned_before - table.owned()
 
         now = self._clock.monotonic()
+        members = self._membership.live(member_listing)
+        warmup = self._warmup
+        preferred = warmup.plan(listing, members, table.held()) if warmup is not None else None
         decision = decide(
             listing, partition_ids, options.owner_id,
             fully_qualified_namespace=source.fully_qualified_namespace, eventhub_name=source.eventhub_name,
             consumer_group=options.consumer_group, strategy=options.strategy,
             expiration_interval=self._timing.expiration, rng=self._rng,
-            members=self._membership.live(member_listing), balance_factor=options.balance_factor,
+            members=members, balance_factor=options.balance_factor, preferred=preferred,
             handoff_timeout=options.handoff_timeout,
             requests_made={pid: now - at for pid, at in self.requests_made.items()},
             replica_count=options.replica_count,
         )
-        await self._ask_for_handoffs(decision.handoff_requests, decision.awaiting_handoff)
+        asks = list(decision.handoff_requests)
+        if warmup is not None:
+            # A stateful partition is asked for only once its state is warm here (KIP-441).
+            warmup.want({r.partition_id for r in asks} | set(decision.awaiting_handoff))
+            asks = [r for r in asks if warmup.ready(r.partition_id)]
+        await self._ask_for_handoffs(asks, decision.awaiting_handoff)
         held = table.held()
         claims = [self._history.above_seen(c) for c in decision.claims if c.partition_id not in held]
         if self._backoff.backing_off:
