@@ -122,6 +122,9 @@ def _parse(argv: Optional[List[str]]) -> argparse.Namespace:
     parser.add_argument("--tracemalloc-at", type=int, default=0,
                         help="trace allocations from this many delivered events on, baseline at twice as many; at the "
                              "stop, print the allocation sites that grew since (a leak hunt; slows the process down)")
+    parser.add_argument("--tracemalloc-frames", type=int, default=1,
+                        help="frames kept per allocation (1: the allocating line, a few times slower; 10: who called "
+                             "it, many times slower)")
     parser.add_argument("--report", choices=["events", "counts"], default="events")
     parser.add_argument("--expect", type=int, default=0, help="say 'done' (with the CPU time) at this many events")
     parser.add_argument("--work", type=float, default=0.0, help="seconds each batch spends in the handler")
@@ -287,7 +290,8 @@ async def _amain(args: argparse.Namespace) -> int:
             await asyncio.sleep(args.stats_interval)
 
     reporter = asyncio.create_task(stats())
-    tracer = asyncio.create_task(_trace_allocations(args.tracemalloc_at, tally)) if args.tracemalloc_at else None
+    tracer = asyncio.create_task(_trace_allocations(args.tracemalloc_at, tally, args.tracemalloc_frames)) \
+        if args.tracemalloc_at else None
     try:
         await (_ours if args.impl == "ours" else _official)(args, tally, stop)
     finally:
@@ -300,7 +304,7 @@ async def _amain(args: argparse.Namespace) -> int:
     return 0
 
 
-async def _trace_allocations(after_events: int, tally: _Tally, top: int = 25) -> None:
+async def _trace_allocations(after_events: int, tally: _Tally, frames: int, top: int = 25) -> None:
     """Trace allocations from ``after_events`` delivered events on; take the baseline at
     twice that many (by then the steady working set, which was allocated before tracing
     began and so is invisible to it, has been allocated again under tracing); when
@@ -312,7 +316,7 @@ async def _trace_allocations(after_events: int, tally: _Tally, top: int = 25) ->
 
     while tally.events < after_events:
         await asyncio.sleep(0.1)
-    tracemalloc.start(10)
+    tracemalloc.start(max(1, frames))
     while tally.events < 2 * after_events:
         await asyncio.sleep(0.1)
     gc.collect()
