@@ -387,9 +387,24 @@ def main(argv: Optional[List[str]] = None, prog: Optional[str] = None) -> int:
             parser.error("--backlog must be at least --partitions; --budget-seconds and --sample-interval positive")
         if not 0 < args.warmup < 1:
             parser.error("--warmup is a fraction of each run's events, between 0 and 1")
-        return _run(args, program.recorded_command("soak", argv))
+        return _run(args, program.recorded_command("soak", _without_samples_csv(argv)))
 
     return program.run(parser, body, argv)
+
+
+def _without_samples_csv(argv: Optional[List[str]]) -> List[str]:
+    """The arguments minus ``--samples-csv PATH``, which changes nothing in the results."""
+    given = list(sys.argv[1:] if argv is None else argv)
+    kept: List[str] = []
+    skip = False
+    for arg in given:
+        if skip:
+            skip = False
+        elif arg == "--samples-csv":
+            skip = True
+        elif not arg.startswith("--samples-csv="):
+            kept.append(arg)
+    return kept
 
 
 def _run(args: argparse.Namespace, command: str) -> int:
