@@ -159,6 +159,23 @@ class CheckpointStore(abc.ABC):
         """Delete an entry if it exists (compaction)."""
         raise NotImplementedError(f"{type(self).__name__} keeps no log entries")
 
+    async def check(self) -> None:
+        """Make sure the store can be used, in one or two requests: raise
+        ``CheckpointStoreError`` (its message names the cause and the fix) if not.
+
+        A processor rides out store failures (it keeps retrying, and its leases
+        self-fence), so a store that can never work (a wrong key, an emulator refusing
+        the API version, no permission) would show only in its warnings. Call this
+        at start-up to fail at once instead. The default does nothing.
+
+        Example::
+
+            store = BlobCheckpointStore.from_connection_string(conn_str, "checkpoints")
+            await store.check()   # CheckpointStoreError: ... (likely cause: ...)
+            async with EventProcessor(source, store, MyProcessor):
+                ...
+        """
+
     async def close(self) -> None:
         """Release network resources. Safe to call twice."""
 
