@@ -13,9 +13,12 @@ from __future__ import annotations
 import importlib.util
 import logging
 import os
+import shlex
 import shutil
 from pathlib import Path
 from typing import Dict, Iterable, List, Optional, Sequence, Tuple
+
+from eventprocessor._install import install_command as _install_command
 
 __all__ = [
     "CHECKOUT", "CommandError", "MissingRequirementError", "install_command", "missing_modules", "one_line_message",
@@ -30,16 +33,22 @@ EXTRA_MODULES: Dict[str, Tuple[str, ...]] = {
     "table": ("azure.data.tables", "azure.core", "aiohttp"),
     "eventhub": ("azure.eventhub",),
     "spark": ("pyspark", "pyarrow", "pandas"),
+    "otel": ("opentelemetry.sdk",),
 }
 
 # Who to blame for a ModuleNotFoundError nobody checked for, longest prefix first.
 _MODULE_EXTRA = [
     ("azure.storage", "blob"), ("azure.data", "table"), ("azure.eventhub", "eventhub"),
     ("azure.core", "blob"), ("aiohttp", "blob"), ("azure", "all"),
-    ("pyspark", "spark"), ("pyarrow", "spark"), ("pandas", "spark"),
+    ("pyspark", "spark"), ("pyarrow", "spark"), ("pandas", "spark"), ("opentelemetry", "otel"),
 ]
 
 CHECKOUT = Path(__file__).resolve().parent.parent
+
+# The Azurite package.json pins and the Node.js its engines range accepts (README,
+# "Quick start"); tests/test_new_user_paths.py keeps the three in step.
+PINNED_AZURITE = "3.35.0"
+NODE_VERSION = "20 or newer"
 
 
 def source_checkout() -> Optional[Path]:
@@ -61,7 +70,7 @@ class MissingRequirementError(CommandError, ImportError):
         try:
             require(extras=["blob"], purpose="--store azurite")
         except MissingRequirementError as error:
-            print(error)   # --store azurite needs ...: run `cd /src && pip install -e '.[blob]'`
+            print(error)   # --store azurite needs ...: run `pip install -e '/src/eventprocessor[blob]'`
     """
 
 
@@ -79,19 +88,14 @@ def missing_modules(modules: Iterable[str]) -> List[str]:
 
 
 def install_command(extras: Sequence[str] = (), packages: Sequence[str] = ()) -> str:
-    """The one command that installs ``extras`` of this project and other ``packages``.
+    """The one command that installs ``extras`` of this project and other ``packages``,
+    from where this copy came from, quoted for every POSIX shell.
 
-    From a source checkout it is ``cd <checkout> && pip install -e '.[blob]'``,
-    otherwise ``pip install 'eventprocessor[blob]'``.
+    From a source checkout it is ``pip install -e '<checkout>[blob]'`` (it works from any
+    directory); from a wheel, ``pip install '<the wheel>[blob]'`` (see
+    :func:`eventprocessor._install.install_command`).
     """
-    words = []
-    checkout = source_checkout()
-    if extras:
-        wanted = ",".join(sorted(set(extras)))
-        words.append(f"-e '.[{wanted}]'" if checkout else f"'eventprocessor[{wanted}]'")
-    words.extend(packages)
-    command = "pip install " + " ".join(words)
-    return f"cd {checkout} && {command}" if checkout and extras else command
+    return _install_command(extras, packages)
 
 
 def require(*, purpose: str, extras: Sequence[str] = (), packages: Sequence[Tuple[str, str]] = ()) -> None:
@@ -129,16 +133,16 @@ def require_azurite(purpose: str) -> None:
     binary = find_azurite()
     if binary is None or not binary.exists():
         checkout = source_checkout()
-        how = (f"cd {checkout} && npm ci" if checkout and (checkout / "package.json").exists()
-               else "npm install -g azurite")
+        how = (f"cd {shlex.quote(str(checkout))} && npm ci" if checkout and (checkout / "package.json").exists()
+               else f"npm install -g azurite@{PINNED_AZURITE}")
         where = f" ($AZURITE_BIN is {binary})" if os.environ.get("AZURITE_BIN") else ""
         raise MissingRequirementError(
             f"{purpose} needs the Azurite storage emulator, which is not installed{where}: run `{how}` "
-            "(needs Node.js 20+ and npm)")
+            f"(needs Node.js {NODE_VERSION} and npm)")
     if shutil.which("node") is None:
         raise MissingRequirementError(
             f"{purpose} needs Node.js to run Azurite ({binary}), and `node` is not on PATH: "
-            "install Node.js 20 or newer")
+            f"install Node.js {NODE_VERSION}")
 
 
 def require_java(purpose: str) -> None:

@@ -53,6 +53,7 @@ from collections import deque
 from datetime import datetime, timezone
 from typing import Any, Callable, Deque, Dict, List, Optional, Tuple
 
+from .._install import install_command
 from ..errors import ConfigurationError, EventSourceError, ReceiverDisconnectedError
 from ..events import Event, EventPosition
 from .base import EventSource, LastEnqueuedEventProperties, PartitionProperties, PartitionReceiver
@@ -289,6 +290,11 @@ class _PartitionReceiverBase(PartitionReceiver):
                                              partition_id=self.partition_id)
 
 
+def _outcome_retrieved(task: "asyncio.Future[Any]") -> None:
+    if not task.cancelled() and task.exception() is not None:
+        logger.debug("an abandoned receiver open failed: %r", task.exception())
+
+
 class _LeanReceiver(_PartitionReceiverBase):
     """One partition, read by driving the client's consumer handler directly.
 
@@ -315,8 +321,13 @@ class _LeanReceiver(_PartitionReceiverBase):
             prefetch=self._prefetch, event_position_inclusive=inclusive,
             track_last_enqueued_event_properties=self._track)
         self._consumer = consumer
+        opening = asyncio.ensure_future(consumer._open())
+        # A receiver closed while it opens (its claim ended) can make the client's open
+        # fail after wait_for stopped waiting for it; its outcome is of no use then, and
+        # unretrieved it would be logged as "Task exception was never retrieved".
+        opening.add_done_callback(_outcome_retrieved)
         try:
-            await asyncio.wait_for(consumer._open(), self._source.operation_timeout)
+            await asyncio.wait_for(opening, self._source.operation_timeout)
         except asyncio.CancelledError:
             raise
         except BaseException as error:
@@ -531,7 +542,7 @@ class EventHubSource(EventSource):
         try:
             from azure.eventhub import parse_connection_string
         except ImportError as error:  # pragma: no cover - depends on the extra
-            raise ConfigurationError("EventHubSource needs the [eventhub] extra: pip install eventprocessor[eventhub]") \
+            raise ConfigurationError(f"EventHubSource needs the [eventhub] extra: {install_command(['eventhub'])}") \
                 from error
         if not isinstance(conn_str, str) or not conn_str.strip():
             raise ConfigurationError("the Event Hubs connection string is empty")
