@@ -46,12 +46,12 @@ from datetime import datetime, timezone
 from typing import (TYPE_CHECKING, Any, Awaitable, Callable, Dict, Iterable, List, Mapping, Optional, Tuple,
                     Union)
 
-from .checkpoint_store import CheckpointStore
+from .checkpoint_store import CheckpointStore, StoreWrapper
 from .errors import ConfigurationError, OwnershipLostError
 from .events import Event, EventPosition
 from .partition import CloseReason, PartitionContext, PartitionProcessor
 from .processor import EventProcessor
-from .records import Checkpoint, Ownership, OwnershipListing
+from .records import Member, MemberListing, OwnershipListing
 from .sources.base import EventSource, PartitionProperties, PartitionReceiver
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -493,37 +493,36 @@ class _ReceiveSource(EventSource):
         return await self.inner.get_partition_properties(partition_id)
 
 
-class _OnePartitionStore(CheckpointStore):
+class _OnePartitionStore(StoreWrapper):
     """The store as a single-partition receive sees it: that partition's records only,
     and no member records, so the processor claims its one partition by itself without
     counting the processors that read other partitions."""
 
     def __init__(self, inner: CheckpointStore, partition_id: str) -> None:
-        self.inner = inner
+        super().__init__(inner)
         self._partition_id = partition_id
 
-    async def list_ownership(self, fully_qualified_namespace: str, eventhub_name: str,
-                             consumer_group: str) -> OwnershipListing:
-        listing = await self.inner.list_ownership(fully_qualified_namespace, eventhub_name, consumer_group)
+    def _only_mine(self, listing: OwnershipListing) -> OwnershipListing:
         pid = self._partition_id
         return replace(listing, ownerships=tuple(r for r in listing.ownerships if r.partition_id == pid),
                        unreadable=tuple(u for u in listing.unreadable if u.partition_id == pid))
 
-    async def claim_ownership(self, ownerships: Iterable[Ownership]) -> List[Ownership]:
-        return await self.inner.claim_ownership(ownerships)
+    async def list_ownership(self, fully_qualified_namespace: str, eventhub_name: str,
+                             consumer_group: str) -> OwnershipListing:
+        return self._only_mine(await super().list_ownership(fully_qualified_namespace, eventhub_name, consumer_group))
 
-    async def release_ownership(self, ownership: Ownership) -> bool:
-        return await self.inner.release_ownership(ownership)
+    async def list_ownership_and_members(self, fully_qualified_namespace: str, eventhub_name: str,
+                                         consumer_group: str) -> Tuple[OwnershipListing, Optional[MemberListing]]:
+        return await self.list_ownership(fully_qualified_namespace, eventhub_name, consumer_group), None
 
-    async def fence_checkpoint(self, ownership: Ownership) -> Optional[Checkpoint]:
-        return await self.inner.fence_checkpoint(ownership)
+    async def list_members(self, *scope: str) -> MemberListing:
+        raise NotImplementedError("a single-partition receive keeps no member records")
 
-    async def update_checkpoint(self, checkpoint: Checkpoint, *, owner_id: str, epoch: int) -> None:
-        await self.inner.update_checkpoint(checkpoint, owner_id=owner_id, epoch=epoch)
+    async def write_member(self, member: Member) -> Member:
+        raise NotImplementedError("a single-partition receive keeps no member records")
 
-    async def list_checkpoints(self, fully_qualified_namespace: str, eventhub_name: str,
-                               consumer_group: str) -> List[Checkpoint]:
-        return await self.inner.list_checkpoints(fully_qualified_namespace, eventhub_name, consumer_group)
+    async def delete_member(self, member: Member) -> None:
+        raise NotImplementedError("a single-partition receive keeps no member records")
 
 
 class EventHubConsumerClient:

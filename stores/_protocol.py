@@ -65,7 +65,10 @@ Timeouts
 With ``operation_timeout`` set (the Azure stores: 10 s by default), every call, retries
 included, is cut at that many seconds and raises ``StoreTimeoutError``; for a claim
 batch the deadline applies to each claim, so the claims that were won are still
-reported (``ClaimOwnershipError.claimed``).
+reported (``ClaimOwnershipError.claimed``). A caller that bounds its calls itself (the
+processor's ``BoundedStore``, at ``store_timeout``) sets
+:data:`~eventprocessor.checkpoint_store.CALLER_DEADLINE`, and the store then applies no
+deadline of its own: each call has exactly one.
 """
 from __future__ import annotations
 
@@ -82,7 +85,7 @@ from types import TracebackType
 from typing import (Any, Awaitable, Dict, Iterable, List, Mapping, Optional, Tuple, Type, TypeVar, Union)
 from urllib.parse import unquote
 
-from eventprocessor.checkpoint_store import CheckpointStore
+from eventprocessor.checkpoint_store import CALLER_DEADLINE, CheckpointStore
 from eventprocessor.errors import (CheckpointStoreError, ClaimOwnershipError, ConfigurationError, OwnershipLostError,
                                    StaleEpochError, StoreTimeoutError)
 from eventprocessor.records import (MAX_ENTRY_BYTES, MAX_EPOCH, MAX_SEQUENCE_NUMBER, Checkpoint, Member,
@@ -501,7 +504,7 @@ class ProtocolStore(CheckpointStore):
         """Run one store operation under ``operation_timeout``; a backend failure
         becomes ``CheckpointStoreError`` naming ``what`` and the container or table."""
         try:
-            if self._operation_timeout is None:
+            if self._operation_timeout is None or CALLER_DEADLINE.get():
                 return await operation
             if sys.version_info >= (3, 11):  # no extra task per call, unlike wait_for
                 async with asyncio.timeout(self._operation_timeout):
