@@ -192,7 +192,8 @@ class CheckpointStore(OwnershipStore, CheckpointRecords, EntryLog):
         A processor rides out store failures (it keeps retrying, and its leases
         self-fence), so a store that can never work (a wrong key, an emulator refusing
         the API version, no permission) would show only in its warnings. Call this
-        at start-up to fail at once instead. The default does nothing.
+        at start-up to fail at once instead. A store with nothing to reach (in memory)
+        has nothing to check: the default does nothing; wrappers forward it.
 
         Example::
 
@@ -242,6 +243,9 @@ class StoreWrapper(CheckpointStore):
         ``list_ownership_and_members``, is named ``list_ownership``: one listing);
         ``units`` is how many records it writes."""
         return await call()
+
+    async def check(self) -> None:
+        await self._forward("check", self.inner.check)
 
     async def list_ownership(self, fully_qualified_namespace: str, eventhub_name: str,
                              consumer_group: str) -> OwnershipListing:
