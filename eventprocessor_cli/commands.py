@@ -97,10 +97,11 @@ def main(ctx: click.Context, verbose: int, debug: bool) -> None:
               help="Processors in this process.")
 @click.option("--strategy", type=click.Choice(["greedy", "balanced"]), default="greedy",
               show_default=True, help="greedy: the fair share at once; balanced: one new partition per tick.")
-@click.option("--interval", default=0.5, show_default=True, type=click.FloatRange(min=0.01),
-              help="Load-balancing interval in seconds.")
-@click.option("--expiration", default=4.0, show_default=True, type=click.FloatRange(min=0.05),
-              help="Ownership expiration in seconds (failover waits this long after a crash).")
+@click.option("--interval", type=click.FloatRange(min=0.01),
+              help="Load-balancing interval in seconds.  [default: 0.5; 2 with --store azurite]")
+@click.option("--expiration", type=click.FloatRange(min=0.05),
+              help="Ownership expiration in seconds (failover waits this long after a crash).  "
+                   "[default: 4; 12 with --store azurite]")
 @click.option("--rate", default=400.0, show_default=True, type=click.FloatRange(min=0),
               help="Events per second the producer sends (0 = as fast as it can).")
 @click.option("--store", type=click.Choice(["memory", "azurite"]), default="memory", show_default=True,
@@ -110,17 +111,21 @@ def main(ctx: click.Context, verbose: int, debug: bool) -> None:
                    "emulator, fed by azure-eventhub's producer).")
 @click.option("--timeout", default=60.0, show_default=True, type=click.FloatRange(min=0, min_open=True),
               help="Give up on a phase after this many seconds.")
-def demo(partitions: int, processors: int, strategy: str, interval: float, expiration: float, rate: float,
-         store: str, source: str, timeout: float) -> None:
+def demo(partitions: int, processors: int, strategy: str, interval: Optional[float], expiration: Optional[float],
+         rate: float, store: str, source: str, timeout: float) -> None:
     """Producer and processors in one process: convergence, scale-in, crash, failover.
 
     Ends with a summary of events produced, processed, lost (must be 0) and
-    duplicated. Exits 1 if any event was lost.
+    duplicated. Exits 1 if any event was lost. With --store azurite it prints the
+    `eventprocessor status` command that watches it from another terminal.
     """
     from rich.console import Console
 
-    from .demo import DemoConfig, run_demo, summary_table
+    from .demo import DemoConfig, default_timing, run_demo, summary_table
 
+    default_interval, default_expiration = default_timing(store)
+    interval = default_interval if interval is None else interval
+    expiration = default_expiration if expiration is None else expiration
     if expiration <= interval:
         raise click.BadParameter("must be longer than --interval", param_hint="--expiration")
     console = Console()

@@ -42,6 +42,20 @@ logger = logging.getLogger(__name__)
 # Azurite's default ports (blob, queue, table): an Azurite already running there is used.
 AZURITE_PORTS = (10000, 10001, 10002)
 STORE_PROBE_TIMEOUT = 15.0
+# The demo's timing on each store (interval, expiration). In memory, a store call costs
+# microseconds. On Azurite (one Node.js thread), the greedy start of four processors
+# sends some 70 requests at once, and on this 2-core machine under load they took over
+# a second: with the in-memory 4 s expiration the derived store_timeout is 0.33 s, and
+# every start logged timeouts and back-offs. 12 s gives 1.33 s; a 2 s interval leaves
+# room for the ticks of four processors sharing one event loop with the SDK's XML parsing.
+DEMO_TIMING = {"memory": (0.5, 4.0), "azurite": (2.0, 12.0)}
+
+
+def default_timing(store: str) -> Tuple[float, float]:
+    """The demo's default (interval, expiration) on ``store``."""
+    return DEMO_TIMING.get(store, DEMO_TIMING["memory"])
+
+
 # The demo's hub never grows, and on the emulator asking for its partition ids is an AMQP
 # management round trip (a new connection, about 0.5 s of this process's one event loop):
 # refreshed every few seconds, it alone would make ticks overrun the demo's 0.5 s interval.
@@ -261,34 +275,46 @@ def _say(console: Console, message: str) -> None:
 
 
 class _EmulatorFeed:
-    """The real AMQP path: the Event Hubs emulator in this event loop, the official
-    producer sending keyed batches, and an ``EventHubSource`` for the processors."""
+    """The real AMQP path: the Event Hubs emulator in a process of its own, the official
+    producer sending keyed batches, and an ``EventHubSource`` for the processors.
+
+    The emulator gets its own process (and core) so that the demo's one event loop
+    runs only the client side: at start the processors open one AMQP receiver per
+    partition, and with the emulator's side of those connections on the same loop
+    too, the ticks of the demo's 0.5 s interval overran."""
 
     def __init__(self, partitions: int) -> None:
-        from emulators.eventhubs import EventHubsEmulator
-
-        self.emulator = EventHubsEmulator(eventhubs=["demo-hub"], partitions=partitions)
+        self.partitions = partitions
+        self.emulator: Any = None
         self.producer: Any = None
         self.source: Any = None
         self.sent = 0
 
-    async def start(self) -> str:
+    async def start(self, stack: AsyncExitStack) -> str:
         from azure.eventhub.aio import EventHubProducerClient
 
+        from emulators.eventhubs.process import EmulatorUnavailable, start_emulator_process
         from eventprocessor.sources.eventhub import EventHubSource
 
-        await self.emulator.start()
+        stack.push_async_callback(self.close)
+        try:
+            # Started synchronously (about a second, before any processor runs), so that
+            # nothing can cancel the demo between the start and the registration of its stop.
+            self.emulator = start_emulator_process(["--eventhub", "demo-hub", "--partitions", str(self.partitions)])
+        except EmulatorUnavailable as error:
+            raise CommandError(f"the Event Hubs emulator did not start: {' '.join(str(error).split())}") from None
+        stack.callback(self.emulator.stop)
         conn = self.emulator.connection_string
         self.producer = EventHubProducerClient.from_connection_string(conn, eventhub_name="demo-hub")
         self.source = EventHubSource.from_connection_string(conn, eventhub_name="demo-hub",
                                                             partition_ids_ttl=EMULATOR_PARTITION_IDS_TTL)
         # Asked once now, not by the four processors' first ticks at once.
         await self.source.get_partition_ids()
-        return f"Event Hubs emulator at 127.0.0.1:{self.emulator.port} (AMQP)"
+        return f"Event Hubs emulator at 127.0.0.1:{self.emulator.port} (AMQP, pid {self.emulator.pid})"
 
     @property
     def connection_string(self) -> str:
-        return self.emulator.connection_string
+        return str(self.emulator.connection_string)
 
     async def send(self, count: int) -> None:
         from azure.eventhub import EventData
@@ -307,11 +333,11 @@ class _EmulatorFeed:
         return result
 
     async def close(self) -> None:
+        """The clients; the emulator process is stopped by the exit stack."""
         if self.producer is not None:
             await self.producer.close()
         if self.source is not None:
             await self.source.close()
-        await self.emulator.stop()
 
 
 def _table(config: DemoConfig, processors: List[EventProcessor], alive: Dict[str, str], ledger: _Ledger,
@@ -352,15 +378,14 @@ async def _run(config: DemoConfig, console: Console, stack: AsyncExitStack) -> D
     source: Any
     if config.source == "emulator":
         feed = _EmulatorFeed(config.partitions)
-        stack.push_async_callback(feed.close)
-        result.source_location = await feed.start()
+        result.source_location = await feed.start(stack)
         source = feed.source
     else:
         source = MemoryEventSource(config.partitions, eventhub_name="demo-hub")
     watch = status_command(source, store, emulator, config, feed.connection_string if feed is not None else None)
     _say(console, f"Watch it from another terminal: {watch}" if watch else
-         "Watch it from another terminal: `eventprocessor status` needs a store it can reach; run the demo with "
-         "--store azurite (the in-memory store lives in this process only)")
+         "To watch the demo with `eventprocessor status` from another terminal, run it with --store azurite "
+         "(the in-memory store lives in this process only)")
     ledger = _Ledger()
     handler = _handler(ledger)
     # Each processor reaches the store through a link of its own, so that a crash can
