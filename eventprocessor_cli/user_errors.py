@@ -15,6 +15,7 @@ import logging
 import os
 import shlex
 import shutil
+import sys
 from pathlib import Path
 from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
@@ -22,7 +23,7 @@ from eventprocessor._install import install_command as _install_command
 
 __all__ = [
     "CHECKOUT", "CommandError", "MissingRequirementError", "install_command", "missing_modules", "one_line_message",
-    "require", "require_azurite", "require_java", "source_checkout",
+    "require", "require_azurite", "require_java", "require_or_exit", "source_checkout",
 ]
 
 logger = logging.getLogger(__name__)
@@ -155,6 +156,28 @@ def require_java(purpose: str) -> None:
     raise MissingRequirementError(
         f"{purpose} needs Java 17 for Spark, and there is no `java` on PATH nor in $JAVA_HOME: install a JDK 17 "
         "(for example `sudo apt-get install openjdk-17-jre-headless`) and try again")
+
+
+def require_or_exit(purpose: str, *, extras: Sequence[str] = (), packages: Sequence[Tuple[str, str]] = (),
+                    java: bool = False, azurite: bool = False) -> None:
+    """For a program of this project (a sample): check what it needs before it starts
+    anything; if something is missing, print one line that says what to run and exit
+    with status 2. ``azurite``: Azurite and Node.js must be there to be started.
+
+    Example (the first lines of a sample's ``main``)::
+
+        require_or_exit("samples/spark_consumer.py", extras=["spark"], java=True)
+        # Error: samples/spark_consumer.py needs the [spark] extra, which is not installed: run `pip install ...`
+    """
+    try:
+        require(purpose=purpose, extras=extras, packages=packages)
+        if java:
+            require_java(purpose)
+        if azurite:
+            require_azurite(purpose)
+    except MissingRequirementError as error:
+        print(f"Error: {_flat(error)}", file=sys.stderr)
+        raise SystemExit(2) from None
 
 
 def _extra_for_module(name: str) -> Optional[str]:
