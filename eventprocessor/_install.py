@@ -1,7 +1,7 @@
 """The command that installs an extra of this project, from where the user installed it.
 
-This project is not on PyPI: ``pip install eventprocessor[blob]`` names a package the
-index does not have. It is installed from a source checkout (``pip install -e .``), or
+This project is not on PyPI: a hint that asks pip for ``eventprocessor[blob]`` from the
+index names a package the index does not have. It is installed from a source checkout (``pip install -e .``), or
 from a wheel or a directory built from one. :func:`install_command` reads which (the
 checkout this code runs from, else the installed distribution's ``direct_url.json``,
 PEP 610) and gives the one command that adds an extra there, quoted for POSIX shells
