@@ -12,7 +12,7 @@ from .events import Event
 from .records import Checkpoint
 
 if TYPE_CHECKING:  # pragma: no cover
-    from .checkpoint_store import CheckpointStore
+    from .checkpoint_store import CheckpointRecords
     from .sources.base import LastEnqueuedEventProperties
 
 __all__ = ["CloseReason", "PartitionContext", "PartitionProcessor"]
@@ -68,7 +68,7 @@ class PartitionContext:
         partition_id: str,
         owner_id: str,
         epoch: int,
-        checkpoint_store: "CheckpointStore",
+        checkpoint_store: "CheckpointRecords",
         is_owned: Callable[[], bool],
         may_checkpoint: Optional[Callable[[], bool]] = None,
         on_ownership_lost: Optional[Callable[[], None]] = None,

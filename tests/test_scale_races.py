@@ -68,7 +68,7 @@ def test_a_handoff_written_while_a_slow_listing_is_in_flight_is_not_reported_as_
         await a.stop()
         return balanced, stats
 
-    with caplog.at_level(logging.ERROR, logger="eventprocessor.processor"):
+    with caplog.at_level(logging.ERROR, logger="eventprocessor"):
         balanced, stats = run_virtual(scenario())
     assert balanced is not None
     assert stats.handed_off >= 4
