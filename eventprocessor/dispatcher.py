@@ -9,8 +9,9 @@ claim's epoch and allowed only while its lease is valid) and starts its
 """
 from __future__ import annotations
 
+import asyncio
 import logging
-from typing import Callable, Dict, Optional, Set
+from typing import Callable, Dict, Iterable, List, Optional, Set
 
 from .checkpoint_store import CheckpointRecords
 from .errors import ConfigurationError, OwnershipLostError
@@ -119,6 +120,18 @@ class Dispatcher:
         elif isinstance(failure, Exception) and not isinstance(failure, OwnershipLostError):
             self._reporter.user_code_failed("the partition processor factory", failure)
         self._on_pump_ended()
+
+    async def wait_for_pumps(self, pumps: Iterable[PartitionPump], timeout: float) -> List[PartitionPump]:
+        """Wait up to ``timeout`` for ``pumps`` to end; return those still running."""
+        live = [p for p in pumps if p.alive]
+        tasks = [p.task for p in live if p.task is not None]
+        if tasks:
+            waiting = asyncio.ensure_future(asyncio.wait(tasks))
+            timer = asyncio.ensure_future(self._options.clock.sleep(timeout))
+            await asyncio.wait({waiting, timer}, return_when=asyncio.FIRST_COMPLETED)
+            timer.cancel()
+            waiting.cancel()
+        return [p for p in live if p.alive]
 
     def lag(self) -> Dict[str, Optional[int]]:
         """Events behind per owned partition (see :meth:`EventProcessor.lag`)."""

@@ -283,7 +283,7 @@ class EventProcessor:
         await scope.stop_loop("taker")
         started = clock.monotonic()
         self._table.end_all(release=release)
-        hung = await _wait_for_pumps(clock, self._table.pumps(), timing.shutdown_timeout)
+        hung = await self._dispatcher.wait_for_pumps(self._table.pumps(), timing.shutdown_timeout)
         if hung:
             logger.error("processor %s: %d partition(s) %s did not finish within shutdown_timeout=%g s (a handler "
                          "that does not return); cancelling them, their records are left to expire",
@@ -294,7 +294,7 @@ class EventProcessor:
                 lease = self._table.get(pump.context.partition_id)
                 if lease is not None:
                     self._table.leave_to_expire(lease)
-            still = await _wait_for_pumps(clock, hung, 1.0)
+            still = await self._dispatcher.wait_for_pumps(hung, 1.0)
             if still:
                 logger.error("processor %s: partitions %s ignored cancellation; they may still run",
                              self._describe, sorted(p.context.partition_id for p in still))
@@ -342,15 +342,3 @@ class EventProcessor:
                         tb: Optional[TracebackType]) -> None:
         await self.stop()
 
-
-async def _wait_for_pumps(clock: Clock, pumps: Iterable[PartitionPump], timeout: float) -> list:
-    """Wait up to ``timeout`` for ``pumps`` to end; return those still running."""
-    pumps = [p for p in pumps if p.alive]
-    tasks = [p.task for p in pumps if p.task is not None]
-    if tasks:
-        waiting = asyncio.ensure_future(asyncio.wait(tasks))
-        timer = asyncio.ensure_future(clock.sleep(timeout))
-        await asyncio.wait({waiting, timer}, return_when=asyncio.FIRST_COMPLETED)
-        timer.cancel()
-        waiting.cancel()
-    return [p for p in pumps if p.alive]

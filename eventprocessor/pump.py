@@ -20,6 +20,7 @@ import asyncio
 import logging
 from typing import Awaitable, Callable, List, Optional, Set
 
+from .backoff import Backoff
 from .clock import Clock, SystemClock
 from .delivery import DeliveryStopped, Poison, PoisonPolicy, RetryPolicy, redeliver
 from .errors import ConfigurationError, HandlerTimeoutError, OwnershipLostError, PoisonEventsError
@@ -36,7 +37,8 @@ logger = logging.getLogger(__name__)
 DeadLetter = Callable[[List[Event], Exception, PartitionContext], Awaitable[None]]
 LoopBlocked = Callable[["PartitionPump", str, float, float], None]  # (pump, what, started, ended)
 
-_MAX_BACKOFF = 5.0
+RECONNECT_BACKOFF = (0.1, 5.0)
+"""A failed receiver is reopened after 0.1 s, doubling up to 5 s (reset by the next event)."""
 
 
 class PartitionPump:
@@ -347,7 +349,7 @@ class PartitionPump:
         if type(self._clock) is SystemClock:
             self._user.use_clock(loop.time)
         reason = CloseReason.SHUTDOWN
-        backoff = 0.1
+        retry = Backoff(RECONNECT_BACKOFF[0], cap=RECONNECT_BACKOFF[1])
         try:
             try:
                 self.processor = self._make_processor()
@@ -392,17 +394,17 @@ class PartitionPump:
                     reason = CloseReason.OWNERSHIP_LOST
                     break
                 except Exception as error:
+                    delay = retry.next()
                     logger.warning("partition %s of %s/%s: receive failed: %r; reopening after %g s at %s",
-                                   ctx.partition_id, ctx.eventhub_name, ctx.consumer_group, error, backoff,
+                                   ctx.partition_id, ctx.eventhub_name, ctx.consumer_group, error, delay,
                                    self._resume_position())
                     await self._report(error)
                     await self._close_receiver()
-                    await self._clock.sleep(backoff)
-                    backoff = min(backoff * 2, _MAX_BACKOFF)
+                    await self._clock.sleep(delay)
                     continue
                 if events:
                     self._last_received = events[-1]
-                    backoff = 0.1
+                    retry.reset()
                 elif self._max_wait_time is None:
                     continue
                 self._dispatching = True

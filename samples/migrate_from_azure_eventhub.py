@@ -8,9 +8,10 @@ Run it from the repository root (needs the ``[eventhub,blob]`` extras,
     python samples/migrate_from_azure_eventhub.py --eventhub hub   # with STORAGE_CONNECTION_STRING and
                                                                    # EVENTHUB_CONNECTION_STRING set
 
-``run()`` is the user's program. It is called twice, with the two classes that differ
-between the two SDKs (``OFFICIAL`` and ``EVENTPROCESSOR``): that is the whole migration.
-The checkpoints stay in the same container, in the same blobs.
+``run()`` is the user's program. It is called twice, with the classes of ``official()``
+and of ``eventprocessor()``: only the consumer client's import differs, that is the whole
+migration. azure-eventhub's ``BlobCheckpointStore`` stays; the drop-in runs
+``stores.BlobCheckpointStore`` on its container, so the checkpoints stay in the same blobs.
 """
 from __future__ import annotations
 
@@ -35,8 +36,9 @@ def official() -> Tuple[Any, Any]:
 
 
 def eventprocessor() -> Tuple[Any, Any]:
+    from azure.eventhub.extensions.checkpointstoreblobaio import BlobCheckpointStore
+
     from eventprocessor import EventHubConsumerClient
-    from stores import BlobCheckpointStore
 
     return EventHubConsumerClient, BlobCheckpointStore
 
@@ -59,7 +61,7 @@ async def run(classes: Tuple[Any, Any], *, conn: str, eventhub: str, storage: st
     async def on_error(partition_context, error):
         print(f"error on {partition_context.partition_id if partition_context else 'load balancing'}: {error!r}")
 
-    checkpoint_store = BlobCheckpointStore.from_connection_string(storage, container)
+    checkpoint_store = BlobCheckpointStore.from_connection_string(storage, container_name=container)
     client = EventHubConsumerClient.from_connection_string(
         conn, consumer_group="$default", eventhub_name=eventhub, checkpoint_store=checkpoint_store,
         load_balancing_interval=1.0, partition_ownership_expiration_interval=10.0)

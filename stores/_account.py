@@ -196,13 +196,15 @@ def _is_base64(value: str) -> bool:
         return False
 
 
-def parse_connection_string(conn_str: Any, service: str) -> StorageAccount:
+def parse_connection_string(conn_str: Any, service: str, *, credential_given: bool = False) -> StorageAccount:
     """Parse an Azure Storage connection string for ``service`` ("blob" or "table").
 
     Accepts ``UseDevelopmentStorage=true`` (optionally with ``DevelopmentStorageProxyUri``)
     and explicit strings with ``AccountName``/``AccountKey`` or ``SharedAccessSignature``
     and either ``BlobEndpoint``/``TableEndpoint`` or ``DefaultEndpointsProtocol`` +
-    ``EndpointSuffix``. Errors name the faulty part, never its value.
+    ``EndpointSuffix``. With ``credential_given`` (the caller has its own credential, as
+    the Azure SDKs allow) a string with neither key nor SAS is fine; its credential is
+    then ``None``. Errors name the faulty part, never its value.
     """
     from azure.core.credentials import AzureNamedKeyCredential, AzureSasCredential
 
@@ -256,6 +258,8 @@ def parse_connection_string(conn_str: Any, service: str) -> StorageAccount:
         if "sig=" not in sas:
             raise ConfigurationError("connection string SharedAccessSignature has no 'sig=' field")
         credential = AzureSasCredential(sas.lstrip("?"))
+    elif credential_given:
+        credential = None
     else:
         raise ConfigurationError(
             "connection string has neither AccountKey nor SharedAccessSignature; use one, or "
@@ -286,6 +290,14 @@ def parse_connection_string(conn_str: Any, service: str) -> StorageAccount:
             raise ConfigurationError("connection string EndpointSuffix is not a host suffix")
         endpoint = f"{protocol}://{account_name}.{service}.{suffix}"
     return StorageAccount(endpoint, account_name or account_name_from_url(endpoint), credential)
+
+
+def one_of(ours: str, our_value: Any, official: str, official_value: Any) -> Any:
+    """The value of an argument that has our name and the official SDK's name: given
+    under one of them, not both (``None`` when neither)."""
+    if our_value is not None and official_value is not None:
+        raise ConfigurationError(f"{ours} and {official} name the same thing; give one of them, not both")
+    return our_value if our_value is not None else official_value
 
 
 def account_name_from_url(url: str) -> Optional[str]:

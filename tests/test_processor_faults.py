@@ -408,3 +408,14 @@ def test_the_renewer_sleeps_while_it_has_nothing_to_renew():
         return Counting.rounds
 
     assert run_virtual(scenario()) <= 3
+
+
+def test_backoff_doubles_to_its_cap_and_starts_over_after_a_success():
+    from eventprocessor.backoff import Backoff
+
+    retry = Backoff(0.1, cap=0.5)
+    assert [retry.next() for _ in range(5)] == [0.1, 0.2, 0.4, 0.5, 0.5]
+    retry.reset()
+    assert retry.next() == 0.1
+    with pytest.raises(ValueError):
+        Backoff(0.0, cap=1.0)

@@ -55,10 +55,11 @@ from typing import Any, Callable, Deque, Dict, List, Optional, Tuple
 
 from .._install import install_command
 from ..errors import ConfigurationError, EventSourceError, ReceiverDisconnectedError
-from ..events import Event, EventPosition
+from ..events import BodyType, Event, EventPosition, body_fields, received_event
 from .base import EventSource, LastEnqueuedEventProperties, PartitionProperties, PartitionReceiver
 
-__all__ = ["EventHubSource", "to_event", "to_starting_position", "message_to_event", "lean_receive_supported"]
+__all__ = ["EventHubSource", "to_event", "to_starting_position", "message_to_event", "message_body",
+           "lean_receive_supported"]
 
 logger = logging.getLogger(__name__)
 
@@ -88,6 +89,7 @@ _OFFSET = b"x-opt-offset"
 _ENQUEUED = b"x-opt-enqueued-time"
 _PARTITION_KEY = b"x-opt-partition-key"
 _UTC = timezone.utc
+_DATA = BodyType.DATA
 
 
 def to_starting_position(position: EventPosition) -> Tuple[Any, bool]:
@@ -126,13 +128,24 @@ def _amqp_value(value: Any) -> Any:
     return value
 
 
+def message_body(message: Any) -> Tuple[bytes, BodyType, Any]:
+    """``(body, body_type, amqp_body)`` of a received ``_pyamqp`` message, classified as
+    azure-eventhub classifies it (``AmqpAnnotatedMessage``): data sections if there are
+    any, else sequence sections if any, else the value (None when there is no body)."""
+    if message.data:
+        return body_fields(BodyType.DATA, message.data)
+    if message.sequence:
+        return body_fields(BodyType.SEQUENCE, message.sequence)
+    return body_fields(BodyType.VALUE, message.value)
+
+
 def to_event(event_data: Any, partition_id: Optional[str] = None) -> Event:
-    """Convert an ``azure.eventhub.EventData`` to this SDK's :class:`Event`."""
-    body = event_data.body
-    if not isinstance(body, (bytes, bytearray)):
-        body = b"".join(bytes(part) for part in body)
+    """Convert an ``azure.eventhub.EventData`` to this SDK's :class:`Event`, its body as
+    sent (``raw_amqp_message.body`` and ``body_type``)."""
+    raw = event_data.raw_amqp_message
+    body, body_type, amqp_body = body_fields(BodyType(raw.body_type.value), raw.body)
     return Event(
-        body=bytes(body),
+        body=body,
         sequence_number=event_data.sequence_number,
         offset=str(event_data.offset),
         enqueued_time=event_data.enqueued_time,
@@ -142,6 +155,8 @@ def to_event(event_data: Any, partition_id: Optional[str] = None) -> Event:
         message_id=_amqp_value(event_data.message_id),
         content_type=_amqp_value(event_data.content_type),
         correlation_id=_amqp_value(event_data.correlation_id),
+        body_type=body_type,
+        amqp_body=amqp_body,
     )
 
 
@@ -163,21 +178,21 @@ def last_enqueued_of(message: Any) -> Optional[LastEnqueuedEventProperties]:
 
 def message_to_event(message: Any, partition_id: Optional[str] = None) -> Event:
     """Convert a received AMQP message (azure-eventhub's ``_pyamqp`` ``Message``) to an
-    :class:`Event`, without building the ``EventData`` in between."""
+    :class:`Event`, without building the ``EventData`` in between. The body is kept as
+    sent (see :class:`Event`: ``body_type``, ``amqp_body``)."""
     annotations = message.message_annotations
     data = message.data
-    if data:
-        body = data[0] if len(data) == 1 else b"".join(data)
-    elif message.value is not None:
-        value = message.value
-        body = value if isinstance(value, bytes) else str(value).encode("utf-8")
+    if data and len(data) == 1:  # the usual event: one data section
+        body, body_type, amqp_body = data[0], _DATA, None
+        if body.__class__ is not bytes:
+            body = bytes(body)
     else:
-        body = b""
+        body, body_type, amqp_body = message_body(message)
     offset = annotations[_OFFSET]
     key = annotations.get(_PARTITION_KEY)
     amqp = message.properties  # the AMQP properties section, None when the producer set none of it
-    return Event(
-        body if isinstance(body, bytes) else bytes(body),
+    return received_event(
+        body,
         annotations[_SEQ],
         offset.decode("ascii") if isinstance(offset, bytes) else str(offset),
         datetime.fromtimestamp(annotations[_ENQUEUED] / 1000, _UTC),
@@ -187,6 +202,8 @@ def message_to_event(message: Any, partition_id: Optional[str] = None) -> Event:
         None if amqp is None else _amqp_value(amqp.message_id),
         None if amqp is None else _amqp_value(amqp.content_type),
         None if amqp is None else _amqp_value(amqp.correlation_id),
+        body_type,
+        amqp_body,
     )
 
 
