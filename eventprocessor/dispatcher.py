@@ -13,7 +13,7 @@ import asyncio
 import logging
 from typing import Callable, Dict, Iterable, List, Optional, Set
 
-from .checkpoint_store import CheckpointRecords
+from .checkpoint_store import CheckpointStore
 from .errors import ConfigurationError, OwnershipLostError
 from .events import EventPosition
 from .lease import Lease, LeaseState
@@ -23,6 +23,7 @@ from .partition import PartitionContext
 from .pump import LoopBlocked, PartitionPump
 from .records import Checkpoint
 from .reporting import Reporter
+from .state import StateKeeper, StateLog
 from .store_history import StoreHistory
 from .telemetry import Telemetry
 
@@ -38,12 +39,13 @@ class Dispatcher:
     ``on_fatal(error)`` when a pump proves that no claim can ever work (the factory does
     not make a ``PartitionProcessor``)."""
 
-    def __init__(self, *, options: ProcessorOptions, store: CheckpointRecords, table: LeaseTable,
+    def __init__(self, *, options: ProcessorOptions, store: CheckpointStore, table: LeaseTable,
                  history: StoreHistory, reporter: Reporter, telemetry: Telemetry, describe: str,
                  on_loop_blocked: LoopBlocked, on_pump_ended: Callable[[], None],
                  on_fatal: Callable[[Exception], None], on_started: Callable[[], None]) -> None:
         self._options = options
         self._store = store
+        self._entries = store
         self._table = table
         self._history = history
         self._reporter = reporter
@@ -86,13 +88,15 @@ class Dispatcher:
         def remember(written: Checkpoint) -> None:
             self._history.knew(pid, written)
 
+        keeper = StateKeeper(StateLog(self._entries, options.scope, pid), epoch=lease.epoch) \
+            if options.stateful else None
         context = PartitionContext(
             fully_qualified_namespace=options.source.fully_qualified_namespace,
             eventhub_name=options.source.eventhub_name, consumer_group=options.consumer_group,
             partition_id=pid, owner_id=options.owner_id, epoch=lease.epoch,
             checkpoint_store=self._store, is_owned=lambda: lease.dispatchable(clock.monotonic()),
             may_checkpoint=lambda: lease.may_checkpoint(clock.monotonic()), on_ownership_lost=lost,
-            on_checkpoint=remember,
+            on_checkpoint=remember, state=keeper,
         )
         context.last_checkpoint = checkpoint
         pump = PartitionPump(
@@ -103,6 +107,7 @@ class Dispatcher:
             on_user_code_error=self._reporter.user_code_failed,
             track_last_enqueued_event_properties=options.track_last_enqueued, telemetry=self._telemetry,
             handler_executor=options.handler_executor, on_loop_blocked=self._on_loop_blocked,
+            state=keeper, checkpoint=checkpoint,
         )
         table.started(lease, pump)
         pump.start().add_done_callback(lambda _task: self._ended(lease))

@@ -202,6 +202,9 @@ class ProcessorOptions:
     clock: Clock
     rng: random.Random
     error_handler: Optional[ErrorHandler]
+    stateful: bool = False
+    num_standbys: int = 0
+    acceptable_recovery_lag: int = 10_000
 
     @property
     def scope(self) -> Tuple[str, str, str]:
@@ -227,7 +230,8 @@ class ProcessorOptions:
                  default_event_position: Any, override_checkpoints: Any, max_delivery_attempts: Any,
                  retry_backoff: Any, on_poison: Any, dead_letter: Any, refuse_checkpoint_rewind: Any,
                  handoff_timeout: Any, balance_factor: Any, ordinal: Any, replica_count: Any, clock: Any,
-                 rng: Any, error_handler: Any) -> "ProcessorOptions":
+                 rng: Any, error_handler: Any, stateful: Any = False, num_standbys: Any = 0,
+                 acceptable_recovery_lag: Any = 10_000) -> "ProcessorOptions":
         """Check every argument; raise a ConfigurationError naming the first bad one,
         the value and what would be valid."""
         timing = _timing(load_balancing_interval, partition_ownership_expiration_interval, ownership_renewal_age,
@@ -306,6 +310,12 @@ class ProcessorOptions:
                                      f"eventprocessor.clock.Clock), got {type(clock).__name__}")
         if rng is not None and not isinstance(rng, random.Random):
             raise ConfigurationError(f"rng must be a random.Random, got {type(rng).__name__}")
+        if not isinstance(stateful, bool):
+            raise ConfigurationError(f"stateful must be True or False, got {stateful!r}")
+        int_at_least("num_standbys", num_standbys, 0)
+        int_at_least("acceptable_recovery_lag", acceptable_recovery_lag, 0, what=" (events)")
+        if num_standbys and not stateful:
+            raise ConfigurationError("num_standbys keeps warm replicas of partition state: it needs stateful=True")
         return ProcessorOptions(
             source=source, checkpoint_store=checkpoint_store, factory=partition_processor,
             consumer_group=consumer_group, owner_id=owner_id or str(uuid.uuid4()), strategy=strategy, timing=timing,
@@ -316,4 +326,5 @@ class ProcessorOptions:
             on_poison=poison_policy, dead_letter=dead_letter, refuse_rewind=bool(refuse_checkpoint_rewind),
             handoff_timeout=handoff, balance_factor=balance_factor, ordinal=ordinal,
             replica_count=replica_count or 0, clock=clock or SystemClock(), rng=rng or random.Random(),
-            error_handler=error_handler)
+            error_handler=error_handler, stateful=stateful, num_standbys=num_standbys,
+            acceptable_recovery_lag=acceptable_recovery_lag)

@@ -116,6 +116,9 @@ class EventProcessor:
         clock: Optional[Clock] = None,
         rng: Optional[random.Random] = None,
         error_handler: Optional[ErrorHandler] = None,
+        stateful: bool = False,
+        num_standbys: int = 0,
+        acceptable_recovery_lag: int = 10_000,
         meter_provider: Any = None,
         tracer_provider: Any = None,
     ) -> None:

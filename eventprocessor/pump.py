@@ -28,6 +28,8 @@ from .events import Event, EventPosition
 from .partition import CloseReason, PartitionContext, PartitionProcessor, already_logged
 from .sources.base import EventSource, PartitionReceiver
 from .telemetry import Telemetry
+from .records import Checkpoint
+from .state import StateKeeper, StateUnreadableError
 from .usercode import BLOCK_THRESHOLD, HandlerExecutor, UserCode
 
 __all__ = ["PartitionPump", "DeadLetter"]
@@ -65,6 +67,8 @@ class PartitionPump:
         handler_executor: HandlerExecutor = None,
         on_loop_blocked: Optional[LoopBlocked] = None,
         block_threshold: float = BLOCK_THRESHOLD,
+        state: Optional[StateKeeper] = None,
+        checkpoint: Optional[Checkpoint] = None,
     ) -> None:
         self.context = context
         self.processor: Optional[PartitionProcessor] = None
@@ -84,6 +88,8 @@ class PartitionPump:
         self._track_last_enqueued = track_last_enqueued_event_properties
         self._telemetry = telemetry
         self._on_loop_blocked = on_loop_blocked
+        self._keeper = state
+        self._resumed_from = checkpoint
         self._user = UserCode(monotonic=clock.monotonic, on_block=self._blocked, executor=handler_executor,
                               threshold=block_threshold, name=f"handler-{context.partition_id}")
         self._process_events_name = "process_events"
@@ -253,6 +259,9 @@ class PartitionPump:
             ctx.last_event = batch[-1]  # what update_checkpoint() defaults to: this delivery's last
         self.batch_started = self._clock.monotonic()
         self._batch_reported = False
+        keeper = self._keeper
+        if keeper is not None:
+            keeper.state.begin_batch()
         try:
             telemetry = self._telemetry
             if telemetry is not None and telemetry.active:
@@ -261,14 +270,22 @@ class PartitionPump:
             else:
                 await self._user.call(self._process_events_name, self._processor.process_events, batch, ctx)
         except OwnershipLostError as lost:
+            if keeper is not None:
+                keeper.state.roll_back_batch()
             self.failure = lost
             ctx._ownership_lost()
             logger.info("partition %s of %s/%s: the handler found the claim lost (%s); owner %s stops without "
                         "delivering the batch again", ctx.partition_id, ctx.eventhub_name, ctx.consumer_group, lost,
                         ctx.owner_id)
             raise DeliveryStopped() from lost
+        except BaseException:
+            if keeper is not None:  # the batch is delivered again (or not at all): undo what it changed
+                keeper.state.roll_back_batch()
+            raise
         finally:
             self.batch_started = None
+        if keeper is not None:
+            keeper.state.end_batch()
         self.batches_dispatched += 1
         self.events_dispatched += len(batch)
         if batch:
@@ -297,6 +314,33 @@ class PartitionPump:
         outcome = await redeliver(self._deliver, events, policy=self._retry_policy, clock=self._clock,
                                   report=self._failed, on_poison=self._poisoned)
         return outcome.parked
+
+    async def _restore_state(self) -> bool:
+        """Load this claim's state before anything is dispatched. A state that cannot be
+        read (or does not go with the checkpoint) is reported loudly and tried again with
+        backoff while the claim lasts: the partition is never run on an empty state.
+        False when the claim ended first."""
+        keeper, ctx = self._keeper, self.context
+        assert keeper is not None
+        retry = Backoff(1.0, cap=30.0)
+        while self._stop_reason is None and ctx.is_owned:
+            try:
+                restored = await keeper.restore(self._resumed_from)
+                logger.debug("partition %s of %s/%s: state restored at %s (%d keys, %d entries, %d bytes)",
+                             ctx.partition_id, ctx.eventhub_name, ctx.consumer_group, restored.head,
+                             len(restored.texts), restored.entries_read, restored.bytes_read)
+                return True
+            except Exception as error:
+                delay = retry.next()
+                unreadable = isinstance(error, StateUnreadableError)
+                logger.error("partition %s of %s/%s: its state %s (%r); it is not dispatched, trying again in %g s",
+                             ctx.partition_id, ctx.eventhub_name, ctx.consumer_group,
+                             "cannot be read for its checkpoint" if unreadable else "could not be loaded", error,
+                             delay)
+                already_logged(error)
+                await self._report(error)
+                await self._clock.sleep(delay)
+        return False
 
     async def _poisoned(self, poison: Poison) -> bool:
         """An event failed every attempt: report it, then skip it (True) or park (False)."""
@@ -361,6 +405,9 @@ class PartitionPump:
             for early in self._early_errors:
                 self.report_error(early)
             self._early_errors.clear()
+            if self._keeper is not None and not await self._restore_state():
+                reason = self._stop_reason or CloseReason.OWNERSHIP_LOST
+                return
             try:
                 await self._user.call(self._what("initialize"), processor.initialize, ctx)
             except Exception as error:
@@ -439,6 +486,8 @@ class PartitionPump:
                     self._user_code_failed("close", failure)
                 if reason in (CloseReason.SHUTDOWN, CloseReason.HANDOFF):
                     await self._checkpoint_on_release(self.processor)
+            if self._keeper is not None:
+                await self._keeper.close(wait=reason in (CloseReason.SHUTDOWN, CloseReason.HANDOFF))
             self._user.close()
 
     async def _checkpoint_on_release(self, processor: PartitionProcessor) -> None:
@@ -448,7 +497,8 @@ class PartitionPump:
         if done is None or not getattr(processor, "checkpoint_on_release", True):
             return
         last = ctx.last_checkpoint
-        if last is not None and last.epoch == ctx.epoch and last.sequence_number >= done.sequence_number:
+        if last is not None and last.epoch == ctx.epoch and last.sequence_number >= done.sequence_number \
+                and (self._keeper is None or not self._keeper.state.changed):
             return
         try:
             await ctx.update_checkpoint(done)

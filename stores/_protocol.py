@@ -88,7 +88,7 @@ from urllib.parse import unquote
 from eventprocessor.checkpoint_store import CALLER_DEADLINE, CheckpointStore
 from eventprocessor.errors import (CheckpointStoreError, ClaimOwnershipError, ConfigurationError, OwnershipLostError,
                                    StaleEpochError, StoreTimeoutError)
-from eventprocessor.records import (MAX_ENTRY_BYTES, MAX_EPOCH, MAX_SEQUENCE_NUMBER, Checkpoint, Member,
+from eventprocessor.records import (MAX_ENTRY_BYTES, MAX_EPOCH, MAX_SEQUENCE_NUMBER, Checkpoint, Member, StateRef,
                                     MemberListing, Ownership, OwnershipListing, UnreadableOwnership)
 
 __all__ = ["ProtocolStore", "RecordBackend", "Kind", "StoredRecord", "RecordListing", "RecordConflict",
@@ -402,11 +402,17 @@ def parse_checkpoint(record: StoredRecord, scope: Scope) -> Union[Checkpoint, st
             return problem
     offset = fields.get("offset")
     owner = fields.get("ownerid")
+    state: Optional[StateRef] = None
+    if fields.get("state"):
+        try:
+            state = StateRef.parse(str(fields["state"]))
+        except ValueError as error:
+            return f"its state reference is unreadable ({error})"
     return Checkpoint(
         *scope, record.key, sequence_number,
         offset=str(offset) if offset not in (None, "", NO_OFFSET) else None,
         owner_id=owner if isinstance(owner, str) and owner else None,
-        epoch=epoch,
+        epoch=epoch, state=state,
     )
 
 
@@ -786,6 +792,8 @@ class ProtocolStore(CheckpointStore):
                 "ownerid": owner,
                 "epoch": epoch,
             }
+            if stored is not None and stored.state is not None:
+                fields["state"] = str(stored.state)  # the state goes with the position it keeps
             try:
                 record = await self._write(CHECKPOINT, scope, pid, fields, None if current is None else current.etag)
             except RecordConflict as conflict:
@@ -829,6 +837,8 @@ class ProtocolStore(CheckpointStore):
             "ownerid": owner_id,
             "epoch": epoch,
         }
+        if checkpoint.state is not None:
+            fields["state"] = str(checkpoint.state)
         await self._bounded(f"checkpoint of partition {pid}", self._update(scope, pid, fields, owner_id, epoch))
         logger.debug("processor %s checkpointed partition %s (hub %s, consumer group %s) at sequence number %s",
                      owner_id, pid, scope[1], scope[2], checkpoint.sequence_number)
