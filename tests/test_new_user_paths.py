@@ -588,8 +588,10 @@ def test_the_otel_extra_installs_what_the_metrics_example_imports():
 
 def test_the_demo_over_the_emulator_through_a_pipe_warns_about_nothing():
     """3-4 WARNING paragraphs per run about its own ticks, at its own defaults."""
+    marker = uuid.uuid4().hex
     out = subprocess.run([sys.executable, "-m", "eventprocessor_cli", "demo", "--source", "emulator"],
-                         capture_output=True, text=True, timeout=240, env=environment(), cwd=ROOT)
+                         capture_output=True, text=True, timeout=240, env=environment(marker), cwd=ROOT)
+    assert_nothing_left(marker)  # the emulator process it started
     assert out.returncode == 0, out.stdout + out.stderr
     noise = [line for line in (out.stdout + out.stderr).splitlines()
              if re.search(r"WARNING|ERROR|Traceback|Task exception", line)]
