@@ -208,8 +208,10 @@ def status_command(source: EventSource, store: CheckpointStore, emulator: Option
     if emulator is None:
         return None
     container = getattr(store, "container_name", None)
-    account = (f"DefaultEndpointsProtocol=http;AccountName=devstoreaccount1;AccountKey={emulator.account_key};"
-               f"BlobEndpoint={emulator.blob_endpoint}")
+    # Azurite's well-known development key, not a secret; on its default ports, the short form.
+    account = "UseDevelopmentStorage=true" if emulator.blob_port == AZURITE_PORTS[0] else (
+        f"DefaultEndpointsProtocol=http;AccountName=devstoreaccount1;AccountKey={emulator.account_key};"
+        f"BlobEndpoint={emulator.blob_endpoint}")
     words = [f"EVENTPROCESSOR_STORE_CONNECTION_STRING={shlex.quote(account)}"]
     if eventhub_connection_string:
         words.append(f"EVENTPROCESSOR_EVENTHUB_CONNECTION_STRING={shlex.quote(eventhub_connection_string)}")

@@ -304,6 +304,22 @@ async def test_a_refused_key_and_a_missing_container_are_named_with_the_fix(azur
     assert sas.split("sig=")[1].split("&")[0] not in message
 
 
+def test_the_service_message_kept_in_store_errors_never_carries_a_credential():
+    """The service's own words are kept, but a message that quotes a SAS signature, a
+    key or a string-to-sign loses them."""
+    azure_exceptions = pytest.importorskip("azure.core.exceptions")
+    from stores._account import describe_error
+
+    key = base64.b64encode(b"k" * 64).decode()
+    said = (f"Signature did not match. sig=abc%2Fdef&se=2030 used {key}; String to sign used was r\n2030\n/blob/x"
+            "\nRequestId:1\nTime:now")
+    error = azure_exceptions.HttpResponseError(message=said)
+    text = describe_error(error)
+    assert text.startswith('HttpResponseError: "Signature did not match.'), text
+    assert "abc%2Fdef" not in text and key not in text and "/blob/x" not in text and "RequestId" not in text, text
+    assert "sig=<removed>" in text and "String to sign <removed>" in text, text
+
+
 @pytest.mark.azurite
 def test_azurite_started_by_hand_as_the_readme_says_serves_the_stores(tmp_path):
     """The README's by-hand command, run as written (default ports, so that
