@@ -352,7 +352,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     logging.getLogger().handlers[0].setLevel(level)
     logging.getLogger("eventprocessor").setLevel(min(level, logging.INFO))
     if args.impl == "ours":
-        logging.getLogger("eventprocessor.processor").addHandler(_OwnershipLines())
+        logging.getLogger("eventprocessor").addHandler(_OwnershipLines())
     return asyncio.run(_amain(args))
 
 

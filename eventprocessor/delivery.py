@@ -1,16 +1,14 @@
-"""What happens when ``process_events`` raises: bounded redelivery, then poison handling.
+"""What happens when ``process_events`` raises: bounded, cheap redelivery, then poison handling.
 
-The policy (the one Spring Kafka's DefaultErrorHandler and Azure Functions' retry
-policies converge on):
-
-1. A batch whose handler raises goes to ``process_error`` and is delivered again, the
-   same events from memory, after an exponential backoff (``retry_backoff`` doubling up
-   to ``max_retry_backoff``), up to ``max_delivery_attempts`` times in all.
-2. If it still fails, the batch is taken apart: its events are delivered one at a time,
-   each with the same number of attempts, to find the first event that fails on its own.
-   Events before it are processed normally; the rest of the batch is then delivered as a
-   batch again.
-3. That event is *poison*: ``process_error`` receives :class:`~eventprocessor.errors.
+1. A batch whose handler raises goes to ``process_error`` (and is logged with its
+   traceback). Events the handler already checkpointed inside the batch are done.
+2. After ``retry_backoff``, the rest of the batch is delivered again **one event at a
+   time**, so the events before the failing one are delivered once more, no more, and the
+   failing one is found without redelivering its neighbours.
+3. An event that fails on its own is delivered again after an exponential backoff
+   (``retry_backoff`` doubling up to ``max_retry_backoff``) until it has been delivered
+   ``max_delivery_attempts`` times in all, counting the batch.
+4. Then it is *poison*: ``process_error`` receives :class:`~eventprocessor.errors.
    PoisonEventsError` carrying it, the attempts and the last exception; then
    ``on_poison`` decides:
 
@@ -24,7 +22,11 @@ policies converge on):
    A ``dead_letter`` hook that raises parks the partition: events are never skipped
    without being handed somewhere.
 
-Nothing is redelivered forever and nothing is skipped silently.
+The stall a failing batch costs is bounded: :meth:`RetryPolicy.stall_bound` per poison
+event (7.5 s at the defaults: 0.5 + 1 + 2 + 4), plus the handler's own time. Nothing is
+delivered to a claim that has ended: the caller's ``handle`` checks the claim before
+every delivery and raises :class:`DeliveryStopped` once it has ended, which ends the
+redelivery at once. Nothing is redelivered forever and nothing is skipped silently.
 """
 from __future__ import annotations
 
@@ -36,7 +38,7 @@ from typing import Awaitable, Callable, List, Optional, Sequence
 from .clock import Clock
 from .events import Event
 
-__all__ = ["PoisonPolicy", "RetryPolicy", "Poison", "Outcome", "deliver"]
+__all__ = ["PoisonPolicy", "RetryPolicy", "Poison", "Outcome", "DeliveryStopped", "redeliver"]
 
 logger = logging.getLogger(__name__)
 
@@ -62,73 +64,70 @@ class RetryPolicy:
         """The pause after ``failed_attempts`` failures (1, 2, ...)."""
         return min(self.retry_backoff * (2 ** (failed_attempts - 1)), self.max_retry_backoff)
 
+    def stall_bound(self) -> float:
+        """The longest a poison event holds its partition up, besides the handler's own
+        time: the pauses before its attempts 2 to ``max_delivery_attempts``."""
+        return sum(self.delay(k) for k in range(1, self.max_delivery_attempts))
+
 
 @dataclass(frozen=True)
 class Poison:
-    """An event that failed every attempt on its own, and what it left behind."""
+    """An event that failed every attempt, and how."""
 
     event: Event
     error: Exception
     attempts: int
-    rest: List[Event]  # the events of the batch after it, not delivered yet
 
 
 @dataclass(frozen=True)
 class Outcome:
-    """How a delivery ended: every event handled (neither field set), a poison event
-    found, or the claim ended while retrying (``abandoned``: the next owner resumes from
-    the last checkpoint)."""
+    """How a redelivery ended: every event handled or skipped (no field set), the
+    partition parked on a poison event, or the claim ended meanwhile (``abandoned``: the
+    next owner resumes from the last checkpoint)."""
 
-    poison: Optional[Poison] = None
+    parked: bool = False
     abandoned: bool = False
+
+
+class DeliveryStopped(Exception):
+    """Raised by a ``handle`` function instead of delivering: the claim has ended."""
 
 
 Handle = Callable[[List[Event]], Awaitable[None]]
 Report = Callable[[Exception, List[Event], int], Awaitable[None]]
+OnPoison = Callable[[Poison], Awaitable[bool]]  # True: skipped, go on; False: park
 
 
-async def _attempts(handle: Handle, events: List[Event], policy: RetryPolicy, clock: Clock, report: Report,
-                    may_continue: Callable[[], bool], first: int = 1) -> Optional[Exception]:
-    """Deliver ``events`` up to ``max_delivery_attempts`` times (counting from attempt
-    ``first``); None once one succeeds, else the last exception. Stops early (returning
-    the last error) when ``may_continue()`` turns false (the claim ended)."""
-    last: Optional[Exception] = None
-    if first > policy.max_delivery_attempts:
-        return RuntimeError("no delivery attempt left")
-    for attempt in range(first, policy.max_delivery_attempts + 1):
-        try:
-            await handle(events)
-            return None
-        except Exception as error:
-            last = error
-            await report(error, events, attempt)
-            if attempt == policy.max_delivery_attempts or not may_continue():
-                break
-            await clock.sleep(policy.delay(attempt))
-            if not may_continue():
-                break
-    return last
-
-
-async def deliver(handle: Handle, events: Sequence[Event], *, policy: RetryPolicy, clock: Clock, report: Report,
-                  may_continue: Callable[[], bool], failed_once: bool = False) -> Outcome:
-    """Deliver ``events`` (at least one) under ``policy``; see the module docstring.
-    ``failed_once``: the caller already made (and reported) the first attempt."""
+async def redeliver(handle: Handle, events: Sequence[Event], *, policy: RetryPolicy, clock: Clock, report: Report,
+                    on_poison: OnPoison) -> Outcome:
+    """``events`` failed their first delivery (already reported): deliver them again one
+    at a time under ``policy`` (see the module docstring). ``handle`` raises
+    :class:`DeliveryStopped` when the claim has ended; ``on_poison`` decides what
+    happens to an event that failed every attempt."""
     batch = list(events)
-    error = await _attempts(handle, batch, policy, clock, report, may_continue, first=2 if failed_once else 1)
-    if error is None:
+    if not batch:
         return Outcome()
-    if not may_continue():
+    attempts = policy.max_delivery_attempts
+    alone = max(1, attempts - 1)  # single attempts after the batch's (one at least, to find the failing event)
+    if len(batch) > 1:
+        logger.info("a batch of %d events (sequence numbers %d-%d) failed; delivering its events one at a time",
+                    len(batch), batch[0].sequence_number, batch[-1].sequence_number)
+    try:
+        await clock.sleep(policy.delay(1))
+        for event in batch:
+            for attempt in range(2, alone + 2):
+                try:
+                    await handle([event])
+                    break
+                except DeliveryStopped:
+                    raise
+                except Exception as error:
+                    await report(error, [event], attempt)
+                    if attempt == alone + 1:
+                        if not await on_poison(Poison(event, error, attempt)):
+                            return Outcome(parked=True)
+                        break
+                    await clock.sleep(policy.delay(attempt))
+    except DeliveryStopped:
         return Outcome(abandoned=True)
-    if len(batch) == 1:
-        return Outcome(Poison(batch[0], error, policy.max_delivery_attempts, []))
-    logger.warning("a batch of %d events (sequence numbers %d-%d) failed %d times; delivering its events one at a "
-                   "time to find the one that fails", len(batch), batch[0].sequence_number,
-                   batch[-1].sequence_number, policy.max_delivery_attempts)
-    for index, event in enumerate(batch):
-        error = await _attempts(handle, [event], policy, clock, report, may_continue)
-        if not may_continue():
-            return Outcome(abandoned=True)
-        if error is not None:
-            return Outcome(Poison(event, error, policy.max_delivery_attempts, batch[index + 1:]))
-    return Outcome()  # every event passed on its own: the failure was transient
+    return Outcome()

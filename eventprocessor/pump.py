@@ -5,10 +5,14 @@ All user code of a claim runs on the pump's own task: the factory, ``initialize`
 ever runs on the balancing or renewal tasks, so a slow or hung handler delays nothing but
 its own partition.
 
-The pump receives batches with the claim's owner level, checks before every batch that
-the claim may still dispatch, and stops when it may not. A batch the handler is working
-on is finished, never interrupted, unless the pump is cancelled (a hung handler at
-shutdown).
+The pump receives batches with the claim's owner level, checks before every delivery
+(first deliveries, redeliveries, empty ``max_wait_time`` batches) that the claim may
+still dispatch, and stops when it may not. A batch the handler is working on is
+finished, never interrupted, unless the pump is cancelled (a hung handler at shutdown).
+
+A receiver that fails is reopened right after the last event the pump received in this
+claim (or, before the first, where the claim started, with ``latest`` resolved to a
+sequence number when the claim began), so a reconnect neither loses nor replays events.
 """
 from __future__ import annotations
 
@@ -16,21 +20,27 @@ import asyncio
 import logging
 from typing import Awaitable, Callable, List, Optional, Set
 
-from .clock import Clock
-from .delivery import Outcome, PoisonPolicy, RetryPolicy, deliver
+from .backoff import Backoff
+from .clock import Clock, SystemClock
+from .delivery import DeliveryStopped, Poison, PoisonPolicy, RetryPolicy, redeliver
 from .errors import ConfigurationError, HandlerTimeoutError, OwnershipLostError, PoisonEventsError
 from .events import Event, EventPosition
-from .partition import CloseReason, PartitionContext, PartitionProcessor
+from .partition import CloseReason, PartitionContext, PartitionProcessor, already_logged
 from .sources.base import EventSource, PartitionReceiver
 from .telemetry import Telemetry
+from .records import Checkpoint
+from .state import StateKeeper, StateUnreadableError
+from .usercode import BLOCK_THRESHOLD, HandlerExecutor, UserCode
 
 __all__ = ["PartitionPump", "DeadLetter"]
 
 logger = logging.getLogger(__name__)
 
 DeadLetter = Callable[[List[Event], Exception, PartitionContext], Awaitable[None]]
+LoopBlocked = Callable[["PartitionPump", str, float, float], None]  # (pump, what, started, ended)
 
-_MAX_BACKOFF = 5.0
+RECONNECT_BACKOFF = (0.1, 5.0)
+"""A failed receiver is reopened after 0.1 s, doubling up to 5 s (reset by the next event)."""
 
 
 class PartitionPump:
@@ -54,6 +64,11 @@ class PartitionPump:
         on_user_code_error: Optional[Callable[[str, Exception], None]] = None,
         track_last_enqueued_event_properties: bool = False,
         telemetry: Optional[Telemetry] = None,
+        handler_executor: HandlerExecutor = None,
+        on_loop_blocked: Optional[LoopBlocked] = None,
+        block_threshold: float = BLOCK_THRESHOLD,
+        state: Optional[StateKeeper] = None,
+        checkpoint: Optional[Checkpoint] = None,
     ) -> None:
         self.context = context
         self.processor: Optional[PartitionProcessor] = None
@@ -72,6 +87,14 @@ class PartitionPump:
         self._on_user_code_error = on_user_code_error
         self._track_last_enqueued = track_last_enqueued_event_properties
         self._telemetry = telemetry
+        self._on_loop_blocked = on_loop_blocked
+        self._keeper = state
+        self._resumed_from = checkpoint
+        self._user = UserCode(monotonic=clock.monotonic, on_block=self._blocked, executor=handler_executor,
+                              threshold=block_threshold, name=f"handler-{context.partition_id}")
+        self._process_events_name = "process_events"
+        self._last_received: Optional[Event] = None
+        """The newest event received in this claim: a reopened receiver starts after it."""
         self.parked: Optional[PoisonEventsError] = None
         """Set when the partition was parked on a poison event (``on_poison=PARK``)."""
         self._stop_reason: Optional[CloseReason] = None
@@ -81,6 +104,8 @@ class PartitionPump:
         self._early_errors: List[Exception] = []
         self.batches_dispatched = 0
         self.events_dispatched = 0
+        self.bytes_dispatched = 0
+        """Bytes of event bodies dispatched, estimated from every 16th batch (for load)."""
         self.batch_started: Optional[float] = None
         """When the ``process_events`` call in progress started (None between calls)."""
         self._batch_reported = False
@@ -142,17 +167,45 @@ class PartitionPump:
         # Asked only when wanted, so that sources written before the option still work.
         return {"track_last_enqueued_event_properties": True} if self._track_last_enqueued else {}
 
+    def _blocked(self, what: str, started: float, ended: float) -> None:
+        if self._on_loop_blocked is not None:
+            self._on_loop_blocked(self, what, started, ended)
+        else:
+            logger.warning("partition %s of %s/%s: %s blocked the event loop for %.1f s", self.context.partition_id,
+                           self.context.eventhub_name, self.context.consumer_group, what, ended - started)
+
+    def _what(self, method: str) -> str:
+        return f"{type(self._processor).__name__}.{method}"
+
     def _resume_position(self) -> EventPosition:
-        checkpoint = self.context.last_checkpoint
-        if checkpoint is not None:
-            return EventPosition.from_sequence_number(checkpoint.sequence_number)
+        """Where a receiver reopened within this claim starts: right after the last event
+        received, else where the claim started (never behind what was delivered)."""
+        last = self._last_received
+        if last is not None:
+            return EventPosition.from_sequence_number(last.sequence_number)
         return self._claim_start
+
+    async def _resolve_latest(self) -> None:
+        """``latest`` means "events enqueued from now on": pin it to a sequence number
+        when the claim begins, so that a receiver reopened before the first event (a
+        detached link) starts at the same place instead of skipping what arrived
+        meanwhile. A source that cannot say keeps ``latest`` (and says so once)."""
+        if self._claim_start.kind != "latest":
+            return
+        try:
+            properties = await self._source.get_partition_properties(self.context.partition_id)
+        except NotImplementedError:
+            logger.debug("partition %s: %r cannot report partition properties; starting at latest unpinned: events "
+                         "that arrive while the receiver reconnects before its first event are not delivered",
+                         self.context.partition_id, self._source)
+            return
+        self._claim_start = EventPosition.from_sequence_number(properties.last_enqueued_sequence_number)
 
     async def _report(self, error: Exception) -> None:
         if self.processor is None:
             return
         try:
-            await self.processor.process_error(error, self.context)
+            await self._user.call(self._what("process_error"), self.processor.process_error, error, self.context)
         except Exception as failure:  # user code must not kill the pump
             self._user_code_failed("process_error", failure)
 
@@ -196,71 +249,121 @@ class PartitionPump:
             partition_id=ctx.partition_id)
 
     async def _deliver(self, batch: List[Event]) -> None:
-        """One delivery of ``batch`` to the handler: the hot path. Timed for the handler
-        watchdog (``overdue``) and, when a provider is set, for OpenTelemetry."""
+        """One delivery of ``batch`` to the handler: the hot path. Every delivery checks
+        the claim first (raising :class:`DeliveryStopped` once it has ended). Timed for
+        the handler watchdog (``overdue``) and, when a provider is set, for OpenTelemetry.
+        A handler that learns that the claim is lost (``OwnershipLostError``, from its
+        checkpoint) ends the claim: the batch is not delivered again."""
         ctx = self.context
+        if self._stop_reason is not None or not ctx.is_owned:
+            raise DeliveryStopped()
         if batch:
             ctx.last_event = batch[-1]  # what update_checkpoint() defaults to: this delivery's last
         self.batch_started = self._clock.monotonic()
         self._batch_reported = False
+        keeper = self._keeper
+        if keeper is not None:
+            keeper.state.begin_batch()
         try:
             telemetry = self._telemetry
             if telemetry is not None and telemetry.active:
                 with telemetry.batch(ctx.partition_id, batch):
-                    await self._processor.process_events(batch, ctx)
+                    await self._user.call(self._process_events_name, self._processor.process_events, batch, ctx)
             else:
-                await self._processor.process_events(batch, ctx)
+                await self._user.call(self._process_events_name, self._processor.process_events, batch, ctx)
+        except OwnershipLostError as lost:
+            if keeper is not None:
+                keeper.state.roll_back_batch()
+            self.failure = lost
+            ctx._ownership_lost()
+            logger.info("partition %s of %s/%s: the handler found the claim lost (%s); owner %s stops without "
+                        "delivering the batch again", ctx.partition_id, ctx.eventhub_name, ctx.consumer_group, lost,
+                        ctx.owner_id)
+            raise DeliveryStopped() from lost
+        except BaseException:
+            if keeper is not None:  # the batch is delivered again (or not at all): undo what it changed
+                keeper.state.roll_back_batch()
+            raise
         finally:
             self.batch_started = None
+        if keeper is not None:
+            keeper.state.end_batch()
+        if not self.batches_dispatched & 15:  # every 16th batch, counted for all 16
+            self.bytes_dispatched += 16 * sum(len(event.body) for event in batch)
         self.batches_dispatched += 1
         self.events_dispatched += len(batch)
         if batch:
             self.last_completed = batch[-1]
 
     async def _failed(self, error: Exception, batch: List[Event], attempt: int) -> None:
+        """Log one handler failure with its traceback (once per attempt: attempts are
+        bounded) and hand it to ``process_error``."""
         ctx = self.context
-        logger.warning("partition %s of %s/%s: handler failed on %d events from sequence number %s (attempt %d of "
+        logger.warning("partition %s of %s/%s: handler failed on %d event(s) from sequence number %s (attempt %d of "
                        "%d): %r", ctx.partition_id, ctx.eventhub_name, ctx.consumer_group, len(batch),
                        batch[0].sequence_number if batch else "-", attempt, self._retry_policy.max_delivery_attempts,
-                       error)
+                       error, exc_info=error)
+        already_logged(error)
         await self._report(error)
-
-    def _may_continue(self) -> bool:
-        return self._stop_reason is None and self.context.is_owned
 
     async def _recover(self, events: List[Event], first_failure: Exception) -> bool:
         """The handler raised on ``events``: redeliver under the retry and poison policy
         (:mod:`eventprocessor.delivery`). Returns True when the partition must park."""
         await self._failed(first_failure, events, 1)
-        if not events:  # an empty batch on the max_wait_time timer: nothing to redeliver
+        checkpoint = self.context.last_checkpoint
+        if checkpoint is not None:  # events the handler checkpointed before it failed are done
+            events = [event for event in events if event.sequence_number > checkpoint.sequence_number]
+        if not events:  # an empty max_wait_time batch, or all checkpointed: nothing to redeliver
             return False
-        policy = self._retry_policy
-        if policy.max_delivery_attempts > 1 and self._may_continue():
-            await self._clock.sleep(policy.delay(1))
-        remaining, failed_once = events, True
-        while remaining:
-            outcome: Outcome = await deliver(self._deliver, remaining, policy=policy, clock=self._clock,
-                                             report=self._failed, may_continue=self._may_continue,
-                                             failed_once=failed_once)
-            failed_once = False
-            if outcome.poison is None:
-                return False
-            poison, ctx = outcome.poison, self.context
-            poisoned = PoisonEventsError(
-                f"partition {ctx.partition_id} of {ctx.eventhub_name}/{ctx.consumer_group}: the handler failed on "
-                f"the event at sequence number {poison.event.sequence_number} in all {poison.attempts} attempts "
-                f"({poison.error!r}); policy {self._on_poison.value}",
-                events=[poison.event], attempts=poison.attempts, partition_id=ctx.partition_id)
-            poisoned.__cause__ = poison.error
-            logger.error("%s", poisoned)
-            await self._report(poisoned)
-            if self._on_poison is PoisonPolicy.PARK or not await self._skip(poison.event, poisoned):
-                self.parked = poisoned
-                logger.error("partition %s of %s/%s is parked: it is not dispatched until the processor restarts",
-                             ctx.partition_id, ctx.eventhub_name, ctx.consumer_group)
+        outcome = await redeliver(self._deliver, events, policy=self._retry_policy, clock=self._clock,
+                                  report=self._failed, on_poison=self._poisoned)
+        return outcome.parked
+
+    async def _restore_state(self) -> bool:
+        """Load this claim's state before anything is dispatched. A state that cannot be
+        read (or does not go with the checkpoint) is reported loudly and tried again with
+        backoff while the claim lasts: the partition is never run on an empty state.
+        False when the claim ended first."""
+        keeper, ctx = self._keeper, self.context
+        assert keeper is not None
+        retry = Backoff(1.0, cap=30.0)
+        while self._stop_reason is None and ctx.is_owned:
+            try:
+                restored = await keeper.restore(self._resumed_from)
+                logger.debug("partition %s of %s/%s: state restored at %s (%d keys, %d entries, %d bytes)",
+                             ctx.partition_id, ctx.eventhub_name, ctx.consumer_group, restored.head,
+                             len(restored.texts), restored.entries_read, restored.bytes_read)
                 return True
-            remaining = poison.rest
+            except Exception as error:
+                delay = retry.next()
+                unreadable = isinstance(error, StateUnreadableError)
+                logger.error("partition %s of %s/%s: its state %s (%r); it is not dispatched, trying again in %g s",
+                             ctx.partition_id, ctx.eventhub_name, ctx.consumer_group,
+                             "cannot be read for its checkpoint" if unreadable else "could not be loaded", error,
+                             delay)
+                already_logged(error)
+                await self._report(error)
+                await self._clock.sleep(delay)
         return False
+
+    async def _poisoned(self, poison: Poison) -> bool:
+        """An event failed every attempt: report it, then skip it (True) or park (False)."""
+        ctx = self.context
+        poisoned = PoisonEventsError(
+            f"partition {ctx.partition_id} of {ctx.eventhub_name}/{ctx.consumer_group}: the handler failed on "
+            f"the event at sequence number {poison.event.sequence_number} in all {poison.attempts} attempts "
+            f"({poison.error!r}); policy {self._on_poison.value}",
+            events=[poison.event], attempts=poison.attempts, partition_id=ctx.partition_id)
+        poisoned.__cause__ = poison.error
+        logger.error("%s", poisoned)
+        already_logged(poisoned)
+        await self._report(poisoned)
+        if self._on_poison is PoisonPolicy.PARK or not await self._skip(poison.event, poisoned):
+            self.parked = poisoned
+            logger.error("partition %s of %s/%s is parked: it is not dispatched until the processor restarts",
+                         ctx.partition_id, ctx.eventhub_name, ctx.consumer_group)
+            return False
+        return True
 
     async def _skip(self, event: Event, error: PoisonEventsError) -> bool:
         """Dead-letter ``event`` (if a hook is set) and checkpoint past it. False if it
@@ -290,8 +393,11 @@ class PartitionPump:
 
     async def _run(self) -> None:
         ctx = self.context
+        ctx._home_loop = loop = asyncio.get_running_loop()
+        if type(self._clock) is SystemClock:
+            self._user.use_clock(loop.time)
         reason = CloseReason.SHUTDOWN
-        backoff = 0.1
+        retry = Backoff(RECONNECT_BACKOFF[0], cap=RECONNECT_BACKOFF[1])
         try:
             try:
                 self.processor = self._make_processor()
@@ -299,14 +405,18 @@ class PartitionPump:
                 self.failure = error  # the processor reports it (once per kind) when the pump ends
                 return
             processor = self._processor = self.processor
+            self._process_events_name = self._what("process_events")
             for early in self._early_errors:
                 self.report_error(early)
             self._early_errors.clear()
+            if self._keeper is not None and not await self._restore_state():
+                reason = self._stop_reason or CloseReason.OWNERSHIP_LOST
+                return
             try:
-                await processor.initialize(ctx)
+                await self._user.call(self._what("initialize"), processor.initialize, ctx)
             except Exception as error:
                 await self._report(error)
-            position = self._claim_start
+            resolved = False
             while True:
                 if self._stop_reason is not None:
                     reason = self._stop_reason
@@ -316,9 +426,13 @@ class PartitionPump:
                         if not ctx.is_owned:
                             reason = CloseReason.OWNERSHIP_LOST
                             break
+                        if not resolved:
+                            await self._resolve_latest()
+                            resolved = True
                         self._receiver = await self._source.open_receiver(
-                            ctx.partition_id, consumer_group=ctx.consumer_group, starting_position=position,
-                            owner_level=ctx.epoch, prefetch=self._prefetch, **self._receiver_options())
+                            ctx.partition_id, consumer_group=ctx.consumer_group,
+                            starting_position=self._resume_position(), owner_level=ctx.epoch,
+                            prefetch=self._prefetch, **self._receiver_options())
                     events = await self._receiver.receive(self._max_batch_size, self._max_wait_time)
                     if self._track_last_enqueued:
                         ctx._received(self._receiver.last_enqueued_event_properties)
@@ -331,26 +445,29 @@ class PartitionPump:
                     reason = CloseReason.OWNERSHIP_LOST
                     break
                 except Exception as error:
-                    logger.warning("partition %s of %s/%s: receive failed: %r", ctx.partition_id,
-                                   ctx.eventhub_name, ctx.consumer_group, error)
+                    delay = retry.next()
+                    logger.warning("partition %s of %s/%s: receive failed: %r; reopening after %g s at %s",
+                                   ctx.partition_id, ctx.eventhub_name, ctx.consumer_group, error, delay,
+                                   self._resume_position())
                     await self._report(error)
                     await self._close_receiver()
-                    position = self._resume_position()
-                    await self._clock.sleep(backoff)
-                    backoff = min(backoff * 2, _MAX_BACKOFF)
+                    await self._clock.sleep(delay)
                     continue
-                if not events and self._max_wait_time is None:
+                if events:
+                    self._last_received = events[-1]
+                    retry.reset()
+                elif self._max_wait_time is None:
                     continue
-                # The claim may have ended while we waited for events: never dispatch then.
-                # (One ownership check per batch: it is on the hot path.)
-                if self._stop_reason is not None:
-                    continue
-                if not ctx.is_owned:
-                    reason = CloseReason.OWNERSHIP_LOST
-                    break
                 self._dispatching = True
                 try:
                     await self._deliver(events)
+                except DeliveryStopped:
+                    # The claim ended before this batch could be handed over (or the handler
+                    # found it lost): never dispatch then.
+                    reason = self._stop_reason or CloseReason.OWNERSHIP_LOST
+                    if self._stop_reason is not None:
+                        continue
+                    break
                 except Exception as failure:
                     if await self._recover(events, failure):
                         reason = self._stop_reason or CloseReason.SHUTDOWN
@@ -368,11 +485,14 @@ class PartitionPump:
             await self._close_receiver()
             if self.processor is not None:
                 try:
-                    await self.processor.close(reason, ctx)
+                    await self._user.call(self._what("close"), self.processor.close, reason, ctx)
                 except Exception as failure:
                     self._user_code_failed("close", failure)
                 if reason in (CloseReason.SHUTDOWN, CloseReason.HANDOFF):
                     await self._checkpoint_on_release(self.processor)
+            if self._keeper is not None:
+                await self._keeper.close(wait=reason in (CloseReason.SHUTDOWN, CloseReason.HANDOFF))
+            self._user.close()
 
     async def _checkpoint_on_release(self, processor: PartitionProcessor) -> None:
         """A graceful end: checkpoint what ``process_events`` completed, so the next owner
@@ -381,7 +501,8 @@ class PartitionPump:
         if done is None or not getattr(processor, "checkpoint_on_release", True):
             return
         last = ctx.last_checkpoint
-        if last is not None and last.epoch == ctx.epoch and last.sequence_number >= done.sequence_number:
+        if last is not None and last.epoch == ctx.epoch and last.sequence_number >= done.sequence_number \
+                and (self._keeper is None or not self._keeper.state.changed):
             return
         try:
             await ctx.update_checkpoint(done)

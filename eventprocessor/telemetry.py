@@ -25,6 +25,8 @@ eventprocessor.claims.lost               counter    claims that lost the race
 eventprocessor.balancing.duration        histogram  s per load-balancing tick
 eventprocessor.balancing.overruns        counter    ticks longer than the interval
 eventprocessor.balancing.backoffs        counter    ticks delayed because store calls timed out
+eventprocessor.loop.stalls               histogram  s the event loop was held by one step of code
+                                                    (longer than 1 s: a blocking handler)
 eventprocessor.store.duration            histogram  s per store call (operation, error.type)
 eventprocessor.store.errors              counter    failed store calls (operation, error.type)
 eventprocessor.checkpoint.duration       histogram  s per checkpoint write (error.type)
@@ -116,6 +118,9 @@ class Telemetry:
         self.backoffs = meter.create_counter("eventprocessor.balancing.backoffs", unit="{tick}",
                                              description="Load-balancing ticks delayed because store calls timed "
                                                          "out (the store is saturated or unreachable)")
+        self.loop_stalls = meter.create_histogram("eventprocessor.loop.stalls", unit="s",
+                                                  description="Stalls of the event loop longer than 1 s (blocking "
+                                                              "code in a handler or elsewhere on the loop)")
         self.store_duration = meter.create_histogram("eventprocessor.store.duration", unit="s",
                                                      description="Duration of checkpoint-store calls")
         self.store_errors = meter.create_counter("eventprocessor.store.errors", unit="{call}",
@@ -244,6 +249,10 @@ class Telemetry:
     def backed_off(self) -> None:
         if self.enabled:
             self.backoffs.add(1, self.base)
+
+    def loop_blocked(self, seconds: float) -> None:
+        if self.enabled:
+            self.loop_stalls.record(seconds, self.base)
 
     # ---- store
 

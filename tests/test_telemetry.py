@@ -131,9 +131,8 @@ def test_claims_lost_to_a_race_are_counted():
         ps = [EventProcessor(cluster.source, cluster.store, PartitionProcessor, owner_id=f"p{i}",
                              meter_provider=otel.meters, load_balancing_strategy="balanced", **OPTIONS)
               for i in range(4)]
-        # no member records: four invisible newcomers pick at random, and some collide
-        for p in ps:
-            p._membership = False
+        # no member records (none has joined): four invisible newcomers pick at random, and some collide
+        assert all(p.membership is None for p in ps)
         await asyncio.gather(*(p.balance_once() for p in ps))
         return sum(p.stats.claims_lost for p in ps), otel.total("eventprocessor.claims.lost")
 
@@ -168,3 +167,30 @@ def test_backing_off_from_a_store_that_times_out_is_counted():
     assert before == 0
     assert during >= 1 and during == stats.backed_off_ticks
     assert errors >= 1
+
+
+def test_a_handler_that_blocks_the_event_loop_is_measured():
+    """eventprocessor.loop.stalls: one point per stall longer than a second, with its length."""
+    otel = Telemetry()
+
+    class Blocking(PartitionProcessor):
+        async def process_events(self, events, context):
+            if events[0].sequence_number == 1:
+                asyncio.get_running_loop().advance(3.0)  # three seconds without awaiting
+
+    async def scenario():
+        cluster = Cluster(1, seed=3, **OPTIONS)
+        processor = EventProcessor(cluster.source, cluster.store, Blocking, owner_id="a", meter_provider=otel.meters,
+                                   **OPTIONS)
+        await processor.start()
+        await cluster.produce(1)
+        await asyncio.sleep(2)
+        before = otel.total("eventprocessor.loop.stalls")
+        await cluster.produce(1)
+        await asyncio.sleep(2)
+        after = otel.total("eventprocessor.loop.stalls")
+        await processor.stop()
+        return before, after
+
+    before, after = run_virtual(scenario())
+    assert (before, after) == (0, 1)

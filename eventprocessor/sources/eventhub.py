@@ -55,11 +55,13 @@ from collections import deque
 from datetime import datetime, timezone
 from typing import Any, Callable, Deque, Dict, List, Optional, Tuple
 
+from .._install import install_command
 from ..errors import ConfigurationError, EventSourceError, ReceiverDisconnectedError
-from ..events import Event, EventPosition
+from ..events import BodyType, Event, EventPosition, body_fields, received_event
 from .base import EventSource, LastEnqueuedEventProperties, PartitionProperties, PartitionReceiver
 
-__all__ = ["EventHubSource", "to_event", "to_starting_position", "message_to_event", "lean_receive_supported"]
+__all__ = ["EventHubSource", "to_event", "to_starting_position", "message_to_event", "message_body",
+           "lean_receive_supported"]
 
 logger = logging.getLogger(__name__)
 
@@ -89,6 +91,7 @@ _OFFSET = b"x-opt-offset"
 _ENQUEUED = b"x-opt-enqueued-time"
 _PARTITION_KEY = b"x-opt-partition-key"
 _UTC = timezone.utc
+_DATA = BodyType.DATA
 
 
 def to_starting_position(position: EventPosition) -> Tuple[Any, bool]:
@@ -127,13 +130,24 @@ def _amqp_value(value: Any) -> Any:
     return value
 
 
+def message_body(message: Any) -> Tuple[bytes, BodyType, Any]:
+    """``(body, body_type, amqp_body)`` of a received ``_pyamqp`` message, classified as
+    azure-eventhub classifies it (``AmqpAnnotatedMessage``): data sections if there are
+    any, else sequence sections if any, else the value (None when there is no body)."""
+    if message.data:
+        return body_fields(BodyType.DATA, message.data)
+    if message.sequence:
+        return body_fields(BodyType.SEQUENCE, message.sequence)
+    return body_fields(BodyType.VALUE, message.value)
+
+
 def to_event(event_data: Any, partition_id: Optional[str] = None) -> Event:
-    """Convert an ``azure.eventhub.EventData`` to this SDK's :class:`Event`."""
-    body = event_data.body
-    if not isinstance(body, (bytes, bytearray)):
-        body = b"".join(bytes(part) for part in body)
+    """Convert an ``azure.eventhub.EventData`` to this SDK's :class:`Event`, its body as
+    sent (``raw_amqp_message.body`` and ``body_type``)."""
+    raw = event_data.raw_amqp_message
+    body, body_type, amqp_body = body_fields(BodyType(raw.body_type.value), raw.body)
     return Event(
-        body=bytes(body),
+        body=body,
         sequence_number=event_data.sequence_number,
         offset=str(event_data.offset),
         enqueued_time=event_data.enqueued_time,
@@ -143,6 +157,8 @@ def to_event(event_data: Any, partition_id: Optional[str] = None) -> Event:
         message_id=_amqp_value(event_data.message_id),
         content_type=_amqp_value(event_data.content_type),
         correlation_id=_amqp_value(event_data.correlation_id),
+        body_type=body_type,
+        amqp_body=amqp_body,
     )
 
 
@@ -164,21 +180,21 @@ def last_enqueued_of(message: Any) -> Optional[LastEnqueuedEventProperties]:
 
 def message_to_event(message: Any, partition_id: Optional[str] = None) -> Event:
     """Convert a received AMQP message (azure-eventhub's ``_pyamqp`` ``Message``) to an
-    :class:`Event`, without building the ``EventData`` in between."""
+    :class:`Event`, without building the ``EventData`` in between. The body is kept as
+    sent (see :class:`Event`: ``body_type``, ``amqp_body``)."""
     annotations = message.message_annotations
     data = message.data
-    if data:
-        body = data[0] if len(data) == 1 else b"".join(data)
-    elif message.value is not None:
-        value = message.value
-        body = value if isinstance(value, bytes) else str(value).encode("utf-8")
+    if data and len(data) == 1:  # the usual event: one data section
+        body, body_type, amqp_body = data[0], _DATA, None
+        if body.__class__ is not bytes:
+            body = bytes(body)
     else:
-        body = b""
+        body, body_type, amqp_body = message_body(message)
     offset = annotations[_OFFSET]
     key = annotations.get(_PARTITION_KEY)
     amqp = message.properties  # the AMQP properties section, None when the producer set none of it
-    return Event(
-        body if isinstance(body, bytes) else bytes(body),
+    return received_event(
+        body,
         annotations[_SEQ],
         offset.decode("ascii") if isinstance(offset, bytes) else str(offset),
         datetime.fromtimestamp(annotations[_ENQUEUED] / 1000, _UTC),
@@ -188,6 +204,8 @@ def message_to_event(message: Any, partition_id: Optional[str] = None) -> Event:
         None if amqp is None else _amqp_value(amqp.message_id),
         None if amqp is None else _amqp_value(amqp.content_type),
         None if amqp is None else _amqp_value(amqp.correlation_id),
+        body_type,
+        amqp_body,
     )
 
 
@@ -291,6 +309,11 @@ class _PartitionReceiverBase(PartitionReceiver):
                                              partition_id=self.partition_id)
 
 
+def _outcome_retrieved(task: "asyncio.Future[Any]") -> None:
+    if not task.cancelled() and task.exception() is not None:
+        logger.debug("an abandoned receiver open failed: %r", task.exception())
+
+
 class _LeanReceiver(_PartitionReceiverBase):
     """One partition, read by driving the client's consumer handler directly.
 
@@ -317,8 +340,13 @@ class _LeanReceiver(_PartitionReceiverBase):
             prefetch=self._prefetch, event_position_inclusive=inclusive,
             track_last_enqueued_event_properties=self._track)
         self._consumer = consumer
+        opening = asyncio.ensure_future(consumer._open())
+        # A receiver closed while it opens (its claim ended) can make the client's open
+        # fail after wait_for stopped waiting for it; its outcome is of no use then, and
+        # unretrieved it would be logged as "Task exception was never retrieved".
+        opening.add_done_callback(_outcome_retrieved)
         try:
-            await asyncio.wait_for(consumer._open(), self._source.operation_timeout)
+            await asyncio.wait_for(opening, self._source.operation_timeout)
         except asyncio.CancelledError:
             raise
         except BaseException as error:
@@ -527,6 +555,7 @@ class EventHubSource(EventSource):
         self.operation_timeout = float(operation_timeout)
         self.partition_ids_ttl = float(partition_ids_ttl)
         self._credential = credential
+        self._tls: Any = None
         self._conn_str: Optional[str] = None
         self._client_kwargs = client_kwargs
         self._clients: Dict[str, Any] = {}
@@ -546,7 +575,7 @@ class EventHubSource(EventSource):
         try:
             from azure.eventhub import parse_connection_string
         except ImportError as error:  # pragma: no cover - depends on the extra
-            raise ConfigurationError("EventHubSource needs the [eventhub] extra: pip install eventprocessor[eventhub]") \
+            raise ConfigurationError(f"EventHubSource needs the [eventhub] extra: {install_command(['eventhub'])}") \
                 from error
         if not isinstance(conn_str, str) or not conn_str.strip():
             raise ConfigurationError("the Event Hubs connection string is empty")
@@ -577,11 +606,29 @@ class EventHubSource(EventSource):
         from azure.eventhub.aio import EventHubConsumerClient
 
         kwargs = {**self._client_kwargs, **overrides}
+        if not ({"ssl_context", "connection_verify"} & kwargs.keys()) and not kwargs.get("uamqp_transport"):
+            kwargs["ssl_context"] = self._ssl_context()
         if self._conn_str is not None:
             return EventHubConsumerClient.from_connection_string(
                 self._conn_str, consumer_group=consumer_group, eventhub_name=self.eventhub_name, **kwargs)
         return EventHubConsumerClient(self.fully_qualified_namespace, self.eventhub_name, consumer_group,
                                       self._credential, **kwargs)
+
+    def _ssl_context(self) -> Any:
+        """One TLS context for every connection of this source, the one the client would
+        build for each (``certifi``'s CA bundle, certificates and host names checked).
+        The client builds it for every connection, even a plain one to an emulator, and
+        loading the CA bundle holds the event loop about 50 ms: one per receiver, so a
+        processor taking 16 partitions stalled its loop for most of a second."""
+        if self._tls is None:
+            import ssl
+
+            import certifi
+
+            context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+            context.load_verify_locations(certifi.where())
+            self._tls = context
+        return self._tls
 
     def _client(self, consumer_group: str) -> Any:
         client = self._clients.get(consumer_group)

@@ -14,10 +14,10 @@ import hashlib
 import itertools
 import logging
 from datetime import datetime, timezone
-from typing import Any, Callable, Dict, List, Mapping, Optional, Union
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 from ..errors import ConfigurationError, ReceiverDisconnectedError
-from ..events import Event, EventPosition, MessageId
+from ..events import BodyType, Event, EventPosition, MessageId, body_fields
 from .base import EventSource, LastEnqueuedEventProperties, PartitionProperties, PartitionReceiver
 
 __all__ = ["MemoryEventSource"]
@@ -27,6 +27,42 @@ logger = logging.getLogger(__name__)
 
 def _utcnow() -> datetime:
     return datetime.now(timezone.utc)
+
+
+_UNSET: Any = object()
+Body = Union[bytes, str, Sequence[Union[bytes, str]]]
+"""A data body: bytes or str (one data section), or a list of them (one section each)."""
+
+
+def _body_fields(body: Any, sequence_body: Any, value_body: Any) -> Tuple[bytes, BodyType, Any]:
+    """An appended event's body fields, from the arguments as ``AmqpAnnotatedMessage`` takes them."""
+    given = [name for name, value in (("body", body), ("sequence_body", sequence_body), ("value_body", value_body))
+             if value is not _UNSET]
+    if len(given) != 1:
+        raise ConfigurationError(
+            f"give exactly one of body (data), sequence_body or value_body, got {', '.join(given) or 'none'}")
+    if body is not _UNSET:
+        sections: List[Any]
+        if isinstance(body, (bytes, bytearray, str)):
+            sections = [body]
+        elif isinstance(body, (list, tuple)) and body:
+            sections = list(body)
+        else:
+            raise TypeError(f"body must be bytes, str or a non-empty list of them (one data section each), not "
+                            f"{type(body).__name__}")
+        for section in sections:
+            if not isinstance(section, (bytes, bytearray, str)):
+                raise TypeError(f"a data section must be bytes or str, not {type(section).__name__}")
+        return body_fields(BodyType.DATA, [s.encode("utf-8") if isinstance(s, str) else bytes(s) for s in sections])
+    if sequence_body is not _UNSET:
+        # As AmqpAnnotatedMessage(sequence_body=...): a list of lists is several sections,
+        # any other list is one.
+        if not isinstance(sequence_body, list) or not sequence_body:
+            raise TypeError("sequence_body must be a non-empty list (one sequence section) or a list of lists "
+                            f"(one section each), not {type(sequence_body).__name__} {sequence_body!r}")
+        sections = sequence_body if all(isinstance(s, list) for s in sequence_body) else [sequence_body]
+        return body_fields(BodyType.SEQUENCE, [list(s) for s in sections])
+    return body_fields(BodyType.VALUE, value_body)
 
 
 class _Partition:
@@ -222,30 +258,44 @@ class MemoryEventSource(EventSource):
         digest = hashlib.blake2b(partition_key.encode("utf-8"), digest_size=8).digest()
         return str(int.from_bytes(digest, "big") % len(self._partitions))
 
-    async def send(self, body: Union[bytes, str], *, partition_id: Optional[str] = None,
+    async def send(self, body: Body = _UNSET, *, partition_id: Optional[str] = None,
                    partition_key: Optional[str] = None,
                    properties: Optional[Mapping[str, Any]] = None, message_id: Optional[MessageId] = None,
-                   content_type: Optional[str] = None, correlation_id: Optional[MessageId] = None) -> Event:
+                   content_type: Optional[str] = None, correlation_id: Optional[MessageId] = None,
+                   sequence_body: Any = _UNSET, value_body: Any = _UNSET) -> Event:
         """Append one event and return it (with its sequence number and offset).
         ``properties`` are the application properties; ``message_id``, ``content_type`` and
-        ``correlation_id`` the AMQP ones, as a producer sets them on ``EventData``."""
+        ``correlation_id`` the AMQP ones, as a producer sets them on ``EventData``.
+
+        The body is one of: ``body`` (bytes or str: one data section; a list of them:
+        one section each), ``sequence_body`` (a list: one sequence section; a list of
+        lists: one section each) or ``value_body`` (any value), as
+        ``AmqpAnnotatedMessage`` takes them. Values are kept as given (over AMQP,
+        azure-eventhub's decoder hands strings back as bytes).
+
+        Example::
+
+            await source.send(b"reading")
+            await source.send([b"aa", b"bb"])                     # two data sections
+            await source.send(sequence_body=[b"message", 1.5, True])
+            await source.send(value_body={b"key": [-123, b"data", False]})
+        """
         return self.append(body, partition_id=partition_id, partition_key=partition_key, properties=properties,
-                           message_id=message_id, content_type=content_type, correlation_id=correlation_id)
+                           message_id=message_id, content_type=content_type, correlation_id=correlation_id,
+                           sequence_body=sequence_body, value_body=value_body)
 
     async def send_batch(self, bodies: List[Union[bytes, str]], *, partition_id: Optional[str] = None,
                          partition_key: Optional[str] = None) -> List[Event]:
         """Append several events to one partition (or round-robin if none is named)."""
         return [self.append(b, partition_id=partition_id, partition_key=partition_key) for b in bodies]
 
-    def append(self, body: Union[bytes, str], *, partition_id: Optional[str] = None,
+    def append(self, body: Body = _UNSET, *, partition_id: Optional[str] = None,
                partition_key: Optional[str] = None,
                properties: Optional[Mapping[str, Any]] = None, message_id: Optional[MessageId] = None,
-               content_type: Optional[str] = None, correlation_id: Optional[MessageId] = None) -> Event:
+               content_type: Optional[str] = None, correlation_id: Optional[MessageId] = None,
+               sequence_body: Any = _UNSET, value_body: Any = _UNSET) -> Event:
         """Synchronous :meth:`send`, for producers outside the event loop's tasks."""
-        if isinstance(body, str):
-            body = body.encode("utf-8")
-        if not isinstance(body, (bytes, bytearray)):
-            raise TypeError(f"body must be bytes or str, not {type(body).__name__}")
+        body, body_type, amqp_body = _body_fields(body, sequence_body, value_body)
         if partition_id is not None and partition_key is not None:
             raise ConfigurationError("give partition_id or partition_key, not both")
         if partition_id is not None:
@@ -259,7 +309,7 @@ class MemoryEventSource(EventSource):
             partition_id = str(next(self._round_robin) % len(self._partitions))
         partition = self._partitions[partition_id]
         event = Event(
-            body=bytes(body),
+            body=body,
             sequence_number=partition.end,
             offset=str(partition.next_offset),
             enqueued_time=self._clock(),
@@ -269,6 +319,8 @@ class MemoryEventSource(EventSource):
             message_id=message_id,
             content_type=content_type,
             correlation_id=correlation_id,
+            body_type=body_type,
+            amqp_body=amqp_body,
         )
         partition.events.append(event)
         partition.next_offset += max(len(body), 1)

@@ -49,8 +49,18 @@ class DeliveryRecorder:
     errors: List[Tuple[str, str, Exception]] = field(default_factory=list)
     closes: List[Tuple[str, str, Any]] = field(default_factory=list)
     received: Dict[Tuple[str, int], int] = field(default_factory=lambda: defaultdict(int))
-    in_claim: Dict[Tuple[str, str, int, int], int] = field(default_factory=lambda: defaultdict(int))
-    """(partition, owner, epoch, sequence number) -> deliveries to that claim."""
+    in_claim: Dict[Tuple[str, str, int, int, int], int] = field(default_factory=lambda: defaultdict(int))
+    """(partition, owner, epoch, claim, sequence number) -> deliveries to that claim. A
+    claim is one context (one pump): a processor that takes its own record back after a
+    claim ended starts a new claim with the same owner and epoch."""
+    _claims: Dict[int, Tuple[int, Any]] = field(default_factory=dict, repr=False)
+
+    def claim_of(self, context: Any) -> int:
+        """The number of the claim ``context`` belongs to (1, 2, ... in order of first delivery)."""
+        known = self._claims.get(id(context))
+        if known is None or known[1] is not context:
+            known = self._claims[id(context)] = (len(self._claims) + 1, context)
+        return known[0]
     after_end: List[Delivery] = field(default_factory=list)
     """Batches whose delivery started when the claim could no longer dispatch."""
 
@@ -62,9 +72,10 @@ class DeliveryRecorder:
         self.deliveries.append(delivery)
         if not context.is_owned:
             self.after_end.append(delivery)
+        claim = self.claim_of(context)
         for event in events:
             self.received[(context.partition_id, event.sequence_number)] += 1
-            self.in_claim[(context.partition_id, context.owner_id, context.epoch, event.sequence_number)] += 1
+            self.in_claim[(context.partition_id, context.owner_id, context.epoch, claim, event.sequence_number)] += 1
         return delivery
 
     def processed(self) -> Set[Tuple[str, int]]:
