@@ -12,12 +12,13 @@ from __future__ import annotations
 import logging
 import os
 import shutil
-import socket
 import subprocess
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import List, Optional, Tuple
+
+from .ports import free_ports, port_open
 
 __all__ = ["AZURITE_FLAGS", "Azurite", "AzuriteUnavailable", "find_azurite", "start_azurite", "DEV_ACCOUNT_NAME"]
 
@@ -109,27 +110,6 @@ def find_azurite() -> Optional[Path]:
     return Path(found) if found else None
 
 
-def _free_ports(count: int) -> List[int]:
-    sockets = []
-    try:
-        for _ in range(count):
-            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            sock.bind((_HOST, 0))
-            sockets.append(sock)
-        return [sock.getsockname()[1] for sock in sockets]
-    finally:
-        for sock in sockets:
-            sock.close()
-
-
-def port_open(port: int, host: str = _HOST, timeout: float = 0.2) -> bool:
-    try:
-        with socket.create_connection((host, port), timeout=timeout):
-            return True
-    except OSError:
-        return False
-
-
 def start_azurite(*, timeout: float = 30.0, executable: Optional[Path] = None,
                   ports: Optional[Tuple[int, int, int]] = None, location: Optional[Path] = None) -> Azurite:
     """Start Azurite on free loopback ports (or on ``ports``: blob, queue, table, to
@@ -154,7 +134,7 @@ def start_azurite(*, timeout: float = 30.0, executable: Optional[Path] = None,
         raise AzuriteUnavailable("node is not on PATH; Azurite needs Node.js")
     last_error = ""
     for _attempt in range(3):
-        free = iter(_free_ports(3))
+        free = iter(free_ports(3))
         blob, queue, table = [port or next(free) for port in (ports or (0, 0, 0))]
         persistence = ["--location", str(location)] if location is not None else ["--inMemoryPersistence"]
         args = [
