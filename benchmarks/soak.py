@@ -298,8 +298,8 @@ def render(runs: List[Run], args: argparse.Namespace, command: str, seconds: flo
         f"{args.prefetch}, a checkpoint of a partition every {args.checkpoint_events:,} of its events, "
         f"load-balancing interval {args.interval:g} s, expiration {args.expiry:g} s, GREEDY. {rounds}.",
         "",
-        "| Subject | events | events/s | RSS at warm-up end (MB) | RSS at end (MB) | max RSS (MB) | growth after warm-up "
-        "(MB) | slope (MB per million events) | slope (MB per hour) | verdict |",
+        "| Subject | events | events/s | RSS at warm-up end (MB) | RSS at end (MB) | max RSS (MB) "
+        "| growth after warm-up (MB) | slope (MB per million events) | slope (MB per hour) | verdict |",
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|",
         *rows,
         "",
