@@ -185,6 +185,24 @@ class EntryLog(abc.ABC):
 class CheckpointStore(OwnershipStore, CheckpointRecords, EntryLog):
     """Abstract base of checkpoint stores: all three contracts. Async only."""
 
+    async def check(self) -> None:
+        """Make sure the store can be used, in one or two requests: raise
+        ``CheckpointStoreError`` (its message names the cause and the fix) if not.
+
+        A processor rides out store failures (it keeps retrying, and its leases
+        self-fence), so a store that can never work (a wrong key, an emulator refusing
+        the API version, no permission) would show only in its warnings. Call this
+        at start-up to fail at once instead. A store with nothing to reach (in memory)
+        has nothing to check: the default does nothing; wrappers forward it.
+
+        Example::
+
+            store = BlobCheckpointStore.from_connection_string(conn_str, "checkpoints")
+            await store.check()   # CheckpointStoreError: ... (likely cause: ...)
+            async with EventProcessor(source, store, MyProcessor):
+                ...
+        """
+
     async def close(self) -> None:
         """Release network resources. Safe to call twice."""
 
@@ -225,6 +243,9 @@ class StoreWrapper(CheckpointStore):
         ``list_ownership_and_members``, is named ``list_ownership``: one listing);
         ``units`` is how many records it writes."""
         return await call()
+
+    async def check(self) -> None:
+        await self._forward("check", self.inner.check)
 
     async def list_ownership(self, fully_qualified_namespace: str, eventhub_name: str,
                              consumer_group: str) -> OwnershipListing:

@@ -20,6 +20,7 @@ from .clock import Clock, SystemClock
 from .delivery import PoisonPolicy, RetryPolicy
 from .errors import ConfigurationError
 from .events import EventPosition
+from .load_plan import BALANCE_BY, LoadPolicy
 from .partition import PartitionContext, PartitionProcessor
 from .sources.base import EventSource
 from .usercode import HandlerExecutor
@@ -205,6 +206,9 @@ class ProcessorOptions:
     stateful: bool = False
     num_standbys: int = 0
     acceptable_recovery_lag: int = 10_000
+    balance_by: str = "count"
+    load_policy: LoadPolicy = LoadPolicy()
+    load_meter: Optional[Callable[[], float]] = None
 
     @property
     def scope(self) -> Tuple[str, str, str]:
@@ -231,7 +235,8 @@ class ProcessorOptions:
                  retry_backoff: Any, on_poison: Any, dead_letter: Any, refuse_checkpoint_rewind: Any,
                  handoff_timeout: Any, balance_factor: Any, ordinal: Any, replica_count: Any, clock: Any,
                  rng: Any, error_handler: Any, stateful: Any = False, num_standbys: Any = 0,
-                 acceptable_recovery_lag: Any = 10_000) -> "ProcessorOptions":
+                 acceptable_recovery_lag: Any = 10_000, balance_by: Any = "count", load_policy: Any = None,
+                 load_meter: Any = None) -> "ProcessorOptions":
         """Check every argument; raise a ConfigurationError naming the first bad one,
         the value and what would be valid."""
         timing = _timing(load_balancing_interval, partition_ownership_expiration_interval, ownership_renewal_age,
@@ -316,6 +321,15 @@ class ProcessorOptions:
         int_at_least("acceptable_recovery_lag", acceptable_recovery_lag, 0, what=" (events)")
         if num_standbys and not stateful:
             raise ConfigurationError("num_standbys keeps warm replicas of partition state: it needs stateful=True")
+        if balance_by not in BALANCE_BY:
+            raise ConfigurationError(f"balance_by must be one of {BALANCE_BY} (partition counts or measured load), "
+                                     f"got {balance_by!r}")
+        if load_policy is not None and not isinstance(load_policy, LoadPolicy):
+            raise ConfigurationError(f"load_policy must be an eventprocessor.LoadPolicy, got "
+                                     f"{type(load_policy).__name__}")
+        if load_meter is not None and not callable(load_meter):
+            raise ConfigurationError(f"load_meter must be a callable returning the CPU utilisation (0 to 1), got "
+                                     f"{type(load_meter).__name__}")
         return ProcessorOptions(
             source=source, checkpoint_store=checkpoint_store, factory=partition_processor,
             consumer_group=consumer_group, owner_id=owner_id or str(uuid.uuid4()), strategy=strategy, timing=timing,
@@ -327,4 +341,5 @@ class ProcessorOptions:
             handoff_timeout=handoff, balance_factor=balance_factor, ordinal=ordinal,
             replica_count=replica_count or 0, clock=clock or SystemClock(), rng=rng or random.Random(),
             error_handler=error_handler, stateful=stateful, num_standbys=num_standbys,
-            acceptable_recovery_lag=acceptable_recovery_lag)
+            acceptable_recovery_lag=acceptable_recovery_lag, balance_by=balance_by,
+            load_policy=load_policy or LoadPolicy(), load_meter=load_meter)

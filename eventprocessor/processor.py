@@ -29,7 +29,7 @@ import asyncio
 import logging
 import random
 from types import TracebackType
-from typing import Any, Dict, FrozenSet, Iterable, Mapping, Optional, Type, Union
+from typing import Any, Callable, Dict, FrozenSet, Iterable, Mapping, Optional, Type, Union
 
 from .balancer import LoadBalancingStrategy
 from .bounded_store import BoundedStore
@@ -40,6 +40,8 @@ from .dispatcher import Dispatcher
 from .events import EventPosition
 from .lease import LeaseState
 from .lease_table import OWNERSHIP_LOG_FIELDS, OWNERSHIP_REASONS, LeaseTable
+from .load import CpuMeter, LoadMeter
+from .load_plan import LOAD_PROPERTY, LoadPolicy, encode_load
 from .membership import Membership
 from .options import RENEWAL_WINDOW, ErrorHandler, PartitionProcessorFactory, ProcessorOptions, Timing
 from .pump import DeadLetter, PartitionPump
@@ -120,6 +122,9 @@ class EventProcessor:
         stateful: bool = False,
         num_standbys: int = 0,
         acceptable_recovery_lag: int = 10_000,
+        balance_by: str = "count",
+        load_policy: Optional[LoadPolicy] = None,
+        load_meter: Optional[Callable[[], float]] = None,
         meter_provider: Any = None,
         tracer_provider: Any = None,
     ) -> None:
@@ -166,7 +171,9 @@ class EventProcessor:
         self._warmup = Warmup(options=options, store=self._store, describe=describe) if options.stateful else None
         if self._warmup is not None:
             self._dispatcher.warmup = self._warmup
-            self._membership.extra_properties = self._warmup.member_properties
+        self._load = LoadMeter(table=self._table, clock_now=clock_.monotonic,
+                               utilization=options.load_meter or CpuMeter()) if options.balance_by == "load" else None
+        self._membership.extra_properties = self._member_properties
         self._taker = Taker(options=options, store=self._store, writer=writer, table=self._table, history=history,
                             membership=self._membership, dispatcher=self._dispatcher, watchdog=self._watchdog,
                             reporter=reporter, stats=self._stats, telemetry=self._telemetry, describe=describe,
@@ -263,6 +270,13 @@ class EventProcessor:
     async def balance_once(self) -> BalanceReport:
         """Run one load-balancing tick (see :class:`~eventprocessor.taker.Taker`)."""
         return await self._taker.tick()
+
+    def _member_properties(self) -> Dict[str, str]:
+        """What the member record says besides the basics: replica lags, measured load."""
+        properties = self._warmup.member_properties() if self._warmup is not None else {}
+        if self._load is not None:
+            properties[LOAD_PROPERTY] = encode_load(self._load.sample())
+        return properties
 
     def _pump_started(self) -> None:
         self._renewer.wake()

@@ -104,6 +104,8 @@ class PartitionPump:
         self._early_errors: List[Exception] = []
         self.batches_dispatched = 0
         self.events_dispatched = 0
+        self.bytes_dispatched = 0
+        """Bytes of event bodies dispatched, estimated from every 16th batch (for load)."""
         self.batch_started: Optional[float] = None
         """When the ``process_events`` call in progress started (None between calls)."""
         self._batch_reported = False
@@ -286,6 +288,8 @@ class PartitionPump:
             self.batch_started = None
         if keeper is not None:
             keeper.state.end_batch()
+        if not self.batches_dispatched & 15:  # every 16th batch, counted for all 16
+            self.bytes_dispatched += 16 * sum(len(event.body) for event in batch)
         self.batches_dispatched += 1
         self.events_dispatched += len(batch)
         if batch:

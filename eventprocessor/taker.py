@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from dataclasses import dataclass, field, replace
-from typing import Callable, FrozenSet, Iterable, List, Mapping, Optional, Set, Tuple
+from typing import Callable, Dict, FrozenSet, Iterable, List, Mapping, Optional, Set, Tuple
 
 from .backoff import Congestion, TickBackoff
 from .balancer import decide
@@ -22,6 +22,7 @@ from .dispatcher import Dispatcher
 from .errors import EventSourceError, OwnershipLostError, StaleEpochError, StoreDataLostError
 from .lease import Lease, LeaseState, Reconciliation, Snapshot
 from .lease_table import LeaseTable, sorted_ids
+from .load_plan import LOAD_PROPERTY, MemberLoad, decode_load
 from .membership import Membership
 from .options import ProcessorOptions
 from .records import MAX_EPOCH, Checkpoint, Ownership, OwnershipListing
@@ -51,6 +52,14 @@ class BalanceReport:
     requests: Mapping[str, int] = field(default_factory=dict)
     error: Optional[Exception] = None
     duration: float = 0.0
+
+
+def _loads(members: Optional[Mapping[str, Mapping[str, str]]]) -> Optional[Dict[str, MemberLoad]]:
+    """The loads live members published (those that published one)."""
+    if members is None:
+        return None
+    loads = {member: decode_load(properties.get(LOAD_PROPERTY)) for member, properties in members.items()}
+    return {member: load for member, load in loads.items() if load is not None}
 
 
 class Taker:
@@ -253,6 +262,8 @@ class Taker:
             consumer_group=options.consumer_group, strategy=options.strategy,
             expiration_interval=self._timing.expiration, rng=self._rng,
             members=members, balance_factor=options.balance_factor, preferred=preferred,
+            balance_by=options.balance_by, load_policy=options.load_policy,
+            loads=_loads(members) if options.balance_by == "load" else None,
             handoff_timeout=options.handoff_timeout,
             requests_made={pid: now - at for pid, at in self.requests_made.items()},
             replica_count=options.replica_count,

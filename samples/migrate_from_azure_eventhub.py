@@ -24,6 +24,9 @@ from collections import defaultdict
 from contextlib import AsyncExitStack
 from typing import Any, Dict, List, Optional, Tuple
 
+from eventprocessor_cli.running import run_program
+from eventprocessor_cli.user_errors import require_or_exit
+
 
 def official() -> Tuple[Any, Any]:
     from azure.eventhub.aio import EventHubConsumerClient
@@ -84,6 +87,11 @@ async def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--eventhub", default="telemetry")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
+    # Everything it needs, checked before it starts anything: a missing piece is one line naming the fix.
+    require_or_exit("samples/migrate_from_azure_eventhub.py", extras=["eventhub", "blob"],
+                    packages=[("azure.eventhub.extensions.checkpointstoreblobaio",
+                               "azure-eventhub-checkpointstoreblob-aio")],
+                    azurite=not os.environ.get("STORAGE_CONNECTION_STRING"))
     from azure.eventhub import EventData
     from azure.eventhub.aio import EventHubProducerClient
     from azure.storage.blob.aio import BlobServiceClient
@@ -129,4 +137,4 @@ async def main(argv: Optional[List[str]] = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(asyncio.run(main()))
+    raise SystemExit(run_program(main()))  # Ctrl-C and SIGTERM stop Azurite and the emulator it started, too

@@ -19,7 +19,8 @@ from eventprocessor.errors import ConfigurationError
 
 from ._account import (ClientTimeouts, account_name_from_url, check_account_url, describe_error, one_of,
                        parse_connection_string, resolve_credential, safe_url)
-from ._protocol import BackendFailure, EtagMismatch, Kind, ProtocolStore, RecordBackend, RecordExists, RecordMissing
+from ._protocol import (OWNERSHIP, BackendFailure, EtagMismatch, Kind, ProtocolStore, RecordBackend, RecordExists,
+                        RecordMissing)
 
 __all__ = ["AzureRecords", "AzureCheckpointStore", "ServerClock", "server_date"]
 
@@ -98,6 +99,16 @@ class AzureRecords(RecordBackend, Generic[_Client]):
     @abc.abstractmethod
     async def _create_home(self) -> None:
         """Make sure the container or table exists (raises ``AzureError``)."""
+
+    @abc.abstractmethod
+    async def _list_one(self) -> None:
+        """Read the first page (of one record at most) of the container or table."""
+
+    async def check(self) -> None:
+        # Creating the home passes on a 403 (a SAS scoped to the container may not check
+        # it), so a listing follows: it needs what every tick needs.
+        self.request_counts["check"] += 1
+        await self._send("check", OWNERSHIP, self._list_one, count=False)
 
     async def _ensure_home(self) -> None:
         if self._ready:

@@ -239,6 +239,10 @@ class RecordBackend(abc.ABC):
     async def open(self) -> None:
         """Open network resources early (``async with``)."""
 
+    async def check(self) -> None:
+        """One real request that every other one depends on (see ``CheckpointStore.check``);
+        raises :class:`BackendFailure`. Backends without a service to reach do nothing."""
+
     async def close(self) -> None:
         """Release network resources. Safe to call twice."""
 
@@ -481,6 +485,18 @@ class ProtocolStore(CheckpointStore):
 
     async def close(self) -> None:
         await self._backend.close()
+
+    async def check(self) -> None:
+        """Make sure the store can be used (its container or table is there or can be
+        created, the credential is accepted, records can be listed), within
+        ``operation_timeout``; raises ``CheckpointStoreError`` naming the cause and the fix.
+
+        Example::
+
+            store = BlobCheckpointStore.from_connection_string("UseDevelopmentStorage=true", "checkpoints")
+            await store.check()   # an Azurite without --skipApiVersionCheck fails here, saying so
+        """
+        await self._bounded("checking the store", self._backend.check())
 
     # ------------------------------------------------------------------ plumbing
 

@@ -121,6 +121,12 @@ class BlobRecords(AzureRecords[ContainerClient]):
         except ResourceExistsError:
             pass  # created by another processor meanwhile
 
+    async def _list_one(self) -> None:
+        async for page in self.client.list_blobs(results_per_page=1).by_page():
+            async for _blob in page:
+                break
+            break
+
     @staticmethod
     def prefix(kind: Kind, scope: Scope) -> str:
         segment = f"log/{kind.log}" if kind.name == "entry" else _SEGMENTS.get(kind.name, kind.name)

@@ -91,6 +91,12 @@ class TableRecords(AzureRecords[TableClient]):
         except ResourceExistsError:
             pass
 
+    async def _list_one(self) -> None:
+        async for page in self.client.list_entities(results_per_page=1).by_page():
+            async for _entity in page:
+                break
+            break
+
     @staticmethod
     def partition_key(kind: Kind, scope: Scope) -> str:
         suffix = f"Log {kind.log}" if kind.name == "entry" else _SUFFIX[kind.name]

@@ -19,7 +19,7 @@ import pyarrow as pa
 import pytest
 
 from eventprocessor import CloseReason, EventProcessor, LoadBalancingStrategy
-from eventprocessor.clock import ManualClock
+from eventprocessor.testing import ManualClock
 from eventprocessor.sources import MemoryEventSource
 from eventprocessor.spark import EVENT_SCHEMA, MicroBatch, SparkSink, events_to_table, json_body
 from eventprocessor.spark import STAGING_DIR

@@ -47,8 +47,10 @@ def _require_azure_eventhub() -> None:
     try:
         import azure.eventhub  # noqa: F401
     except ImportError as error:  # pragma: no cover - depends on the extra
+        from .._install import install_command
+
         raise ConfigurationError("EventHubConsumerClient (the azure-eventhub drop-in) needs the [eventhub] extra: "
-                                 "pip install 'eventprocessor[eventhub]'") from error
+                                 f"{install_command(['eventhub'])}") from error
 
 
 def _resolve_store(checkpoint_store: Any) -> Tuple[Optional[CheckpointStore],

@@ -2,7 +2,9 @@
 
 For tests, demos and benchmarks: sequence numbers and offsets per partition, enqueued
 times, starting positions, partition keys hashed to a stable partition, partitions
-added at run time, and owner-level (epoch) receivers.
+added at run time, owner-level (epoch) receivers, and retention by count
+(``max_events_per_partition``), so that a long run keeps a bounded window of the log
+as Event Hubs' retention does.
 """
 from __future__ import annotations
 
@@ -64,12 +66,43 @@ def _body_fields(body: Any, sequence_body: Any, value_body: Any) -> Tuple[bytes,
 
 
 class _Partition:
+    """One partition's log. ``events[head:]`` are the retained events; ``dropped`` events
+    were removed from the front of the list before, so ``events[i]`` has sequence number
+    ``dropped + i``. Retention moves ``head`` and compacts the list now and then, which
+    keeps dropping old events O(1) amortised."""
+
     def __init__(self) -> None:
         self.events: List[Event] = []
+        self.head = 0
+        self.dropped = 0
         self.next_offset = 0
         self.waiters: List[asyncio.Future] = []
         # consumer group -> receivers currently open on this partition
         self.receivers: Dict[str, List["MemoryPartitionReceiver"]] = {}
+
+    @property
+    def begin(self) -> int:
+        """Sequence number of the oldest retained event."""
+        return self.dropped + self.head
+
+    @property
+    def end(self) -> int:
+        """Sequence number the next event gets."""
+        return self.dropped + len(self.events)
+
+    def retained(self) -> List[Event]:
+        return self.events[self.head:]
+
+    def retain(self, limit: Optional[int]) -> None:
+        if limit is None:
+            return
+        excess = len(self.events) - self.head - limit
+        if excess > 0:
+            self.head += excess
+        if self.head > 1024 and self.head * 2 > len(self.events):
+            del self.events[:self.head]
+            self.dropped += self.head
+            self.head = 0
 
     def wake(self) -> None:
         waiters, self.waiters = self.waiters, []
@@ -82,12 +115,12 @@ class MemoryPartitionReceiver(PartitionReceiver):
     """A receiver on one partition of a :class:`MemoryEventSource`."""
 
     def __init__(self, source: "MemoryEventSource", partition_id: str, consumer_group: str,
-                 index: int, owner_level: Optional[int], track_last_enqueued: bool = False) -> None:
+                 next_sequence_number: int, owner_level: Optional[int], track_last_enqueued: bool = False) -> None:
         self._source = source
         self.partition_id = partition_id
         self.consumer_group = consumer_group
         self.owner_level = owner_level
-        self._index = index
+        self._next = next_sequence_number
         self._disconnected_by: Optional[int] = None
         self._closed = False
         self._track = track_last_enqueued
@@ -130,9 +163,12 @@ class MemoryPartitionReceiver(PartitionReceiver):
         deadline = None if max_wait_time is None else loop.time() + max_wait_time
         while True:
             self._check()
-            if self._index < len(partition.events):
-                batch = partition.events[self._index:self._index + max_batch_size]
-                self._index += len(batch)
+            if self._next < partition.end:
+                # Events dropped by retention before this receiver got to them are gone,
+                # as on Event Hubs: it goes on from the oldest retained one.
+                start = max(self._next, partition.begin) - partition.dropped
+                batch = partition.events[start:start + max_batch_size]
+                self._next = partition.dropped + start + len(batch)
                 self._note_last_enqueued(partition.events)
                 return batch
             timeout = None if deadline is None else deadline - loop.time()
@@ -160,19 +196,32 @@ class MemoryPartitionReceiver(PartitionReceiver):
 class MemoryEventSource(EventSource):
     """An in-process partitioned log.
 
+    Every event is kept unless ``max_events_per_partition`` is given: then each partition
+    keeps its newest ``max_events_per_partition`` events, like a hub's retention, and a
+    long-running producer does not grow the process without bound.
+
     Example::
 
         source = MemoryEventSource(4)
         await source.send(b"hello", partition_key="device-7")
         await source.send(b"round robin")
         source.add_partitions(2)
+
+        bounded = MemoryEventSource(4, max_events_per_partition=10_000)
     """
 
     def __init__(self, partition_count: int, *, eventhub_name: str = "hub",
                  fully_qualified_namespace: str = "memory.local",
-                 clock: Optional[Callable[[], datetime]] = None) -> None:
+                 clock: Optional[Callable[[], datetime]] = None,
+                 max_events_per_partition: Optional[int] = None) -> None:
         if isinstance(partition_count, bool) or not isinstance(partition_count, int) or partition_count < 1:
             raise ConfigurationError(f"partition_count must be an int of at least 1, got {partition_count!r}")
+        if max_events_per_partition is not None and (isinstance(max_events_per_partition, bool)
+                                                     or not isinstance(max_events_per_partition, int)
+                                                     or max_events_per_partition < 1):
+            raise ConfigurationError(f"max_events_per_partition must be an int of at least 1 (or None to keep every "
+                                     f"event), got {max_events_per_partition!r}")
+        self.max_events_per_partition = max_events_per_partition
         for name, value in (("eventhub_name", eventhub_name), ("fully_qualified_namespace", fully_qualified_namespace)):
             if not isinstance(value, str) or not value:
                 raise ConfigurationError(f"{name} must be a non-empty string, got {value!r}")
@@ -261,7 +310,7 @@ class MemoryEventSource(EventSource):
         partition = self._partitions[partition_id]
         event = Event(
             body=body,
-            sequence_number=len(partition.events),
+            sequence_number=partition.end,
             offset=str(partition.next_offset),
             enqueued_time=self._clock(),
             partition_key=partition_key,
@@ -275,44 +324,48 @@ class MemoryEventSource(EventSource):
         )
         partition.events.append(event)
         partition.next_offset += max(len(body), 1)
+        partition.retain(self.max_events_per_partition)
         partition.wake()
         return event
 
     def events(self, partition_id: str) -> List[Event]:
-        """A copy of every event in a partition, for tests."""
-        return list(self._partitions[partition_id].events)
+        """A copy of every retained event of a partition, for tests."""
+        return self._partitions[partition_id].retained()
 
     async def get_partition_properties(self, partition_id: str) -> PartitionProperties:
         if partition_id not in self._partitions:
             raise ConfigurationError(f"partition {partition_id!r} does not exist")
-        events = self._partitions[partition_id].events
-        newest = events[-1] if events else None
+        partition = self._partitions[partition_id]
+        newest = partition.events[-1] if partition.end > partition.begin else None
         return PartitionProperties(
-            partition_id=partition_id, beginning_sequence_number=0,
+            partition_id=partition_id, beginning_sequence_number=partition.begin,
             last_enqueued_sequence_number=newest.sequence_number if newest else -1,
             last_enqueued_offset=newest.offset if newest else "-1",
             last_enqueued_time_utc=newest.enqueued_time if newest else None, is_empty=newest is None)
 
     def last_sequence_number(self, partition_id: str) -> int:
-        return len(self._partitions[partition_id].events) - 1
+        return self._partitions[partition_id].end - 1
 
-    def _start_index(self, partition: _Partition, position: EventPosition) -> int:
-        events = partition.events
+    def _start(self, partition: _Partition, position: EventPosition) -> int:
+        """The sequence number a receiver at ``position`` reads first (``end`` when none yet)."""
+        begin, end = partition.begin, partition.end
         if position.kind == "earliest":
-            return 0
+            return begin
         if position.kind == "latest":
-            return len(events)
+            return end
         if position.kind == "sequence_number":
             seq = int(position.value)  # type: ignore[arg-type]
-            return max(0, min(len(events), seq if position.inclusive else seq + 1))
+            return max(begin, min(end, seq if position.inclusive else seq + 1))
+        events = partition.retained()
         if position.kind == "offset":
             offsets = [int(e.offset) for e in events]
             target = int(position.value)  # type: ignore[arg-type]
-            return bisect.bisect_left(offsets, target) if position.inclusive else bisect.bisect_right(offsets, target)
+            found = bisect.bisect_left(offsets, target) if position.inclusive else bisect.bisect_right(offsets, target)
+            return begin + found
         times = [e.enqueued_time for e in events]
         when = position.value
         assert isinstance(when, datetime)
-        return bisect.bisect_left(times, when) if position.inclusive else bisect.bisect_right(times, when)
+        return begin + (bisect.bisect_left(times, when) if position.inclusive else bisect.bisect_right(times, when))
 
     async def open_receiver(self, partition_id: str, *, consumer_group: str,
                             starting_position: EventPosition, owner_level: Optional[int],
@@ -341,7 +394,7 @@ class MemoryEventSource(EventSource):
                 receiver._disconnect(owner_level)
                 group.remove(receiver)
         receiver = MemoryPartitionReceiver(self, partition_id, consumer_group,
-                                           self._start_index(partition, starting_position), owner_level,
+                                           self._start(partition, starting_position), owner_level,
                                            track_last_enqueued_event_properties)
         group.append(receiver)
         return receiver

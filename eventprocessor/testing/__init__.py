@@ -28,11 +28,11 @@ Example::
     assert run_virtual(main()) == 0
 """
 from .cluster import Cluster
-from .loop import VIRTUAL_EPOCH, VirtualTimeLoop, run_virtual, virtual_utc_clock
+from .loop import VIRTUAL_EPOCH, ManualClock, VirtualTimeLoop, run_virtual, virtual_utc_clock
 from .recorder import Delivery, DeliveryRecorder, recording_handler
 from .source import FaultyReceiver, FaultySource
 from .store import FaultyStore
 
-__all__ = ["VirtualTimeLoop", "run_virtual", "virtual_utc_clock", "VIRTUAL_EPOCH", "FaultyStore", "FaultySource",
-           "FaultyReceiver", "Delivery",
+__all__ = ["VirtualTimeLoop", "ManualClock", "run_virtual", "virtual_utc_clock", "VIRTUAL_EPOCH", "FaultyStore",
+           "FaultySource", "FaultyReceiver", "Delivery",
            "DeliveryRecorder", "recording_handler", "Cluster"]
