@@ -23,7 +23,7 @@ from typing import Awaitable, Callable, List, Optional, Set
 from .backoff import Backoff
 from .clock import Clock, SystemClock
 from .delivery import DeliveryStopped, Poison, PoisonPolicy, RetryPolicy, redeliver
-from .errors import ConfigurationError, HandlerTimeoutError, OwnershipLostError, PoisonEventsError
+from .errors import ConfigurationError, EventSourceError, HandlerTimeoutError, OwnershipLostError, PoisonEventsError
 from .events import Event, EventPosition
 from .partition import CloseReason, PartitionContext, PartitionProcessor, already_logged
 from .sources.base import EventSource, PartitionReceiver
@@ -346,6 +346,34 @@ class PartitionPump:
                 await self._clock.sleep(delay)
         return False
 
+    async def _check_position(self, refusal: Exception) -> None:
+        """The hub refused the position to resume from: if the partition now ends before
+        the events this claim already received, the hub lost them (it was recreated, or
+        an emulator restarted empty) and will never reach that position again. Say so and
+        resume from the beginning of what it holds, rather than waiting forever for
+        sequence numbers it already gave out."""
+        last, ctx = self._last_received, self.context
+        if last is None:
+            return
+        try:
+            properties = await self._source.get_partition_properties(ctx.partition_id)
+        except Exception:
+            return
+        if properties.last_enqueued_sequence_number >= last.sequence_number:
+            return
+        lost = EventSourceError(
+            f"partition {ctx.partition_id} of {ctx.eventhub_name}: the hub's newest event is sequence number "
+            f"{properties.last_enqueued_sequence_number}, below the {last.sequence_number} this claim already "
+            f"received ({refusal}): the hub lost its events (recreated, or an emulator restarted empty). Resuming "
+            "from the beginning of what it holds; events it lost cannot be delivered",
+            fully_qualified_namespace=ctx.fully_qualified_namespace, eventhub_name=ctx.eventhub_name,
+            reason="refused")
+        logger.error("%s", lost)
+        already_logged(lost)
+        await self._report(lost)
+        self._last_received = None
+        self._claim_start = EventPosition.earliest()
+
     async def _poisoned(self, poison: Poison) -> bool:
         """An event failed every attempt: report it, then skip it (True) or park (False)."""
         ctx = self.context
@@ -446,6 +474,11 @@ class PartitionPump:
                     break
                 except Exception as error:
                     delay = retry.next()
+                    retry_after = getattr(error, "retry_after", None)
+                    if isinstance(retry_after, (int, float)) and retry_after > delay:
+                        delay = float(retry_after)  # the hub asked to be left alone this long (server busy)
+                    if getattr(error, "reason", None) == "refused":
+                        await self._check_position(error)
                     logger.warning("partition %s of %s/%s: receive failed: %r; reopening after %g s at %s",
                                    ctx.partition_id, ctx.eventhub_name, ctx.consumer_group, error, delay,
                                    self._resume_position())

@@ -92,6 +92,8 @@ class Taker:
                                     cap=max(self._timing.interval, self._timing.expiration), rng=self._rng)
         self._timeouts_seen = 0
         self._listing_seconds: Optional[float] = None  # how long the last tick's listing took (None: no answer)
+        self._partition_ids: Optional[List[str]] = None  # the source's last answer
+        self._source_busy_until = float("-inf")  # a throttled hub's retry-after, on the local clock
         self.requests_made: dict = {}
         """Partition -> local time this processor asked its owner for it (a handoff)."""
         store.observers.append(self._note_prompt_answer)
@@ -223,16 +225,22 @@ class Taker:
         options, table = self._options, self._table
         source = options.source
         owned_before = table.owned()
-        try:
-            partition_ids = await source.get_partition_ids()
-        except Exception as error:
-            failure = error if isinstance(error, EventSourceError) else EventSourceError(
-                f"reading the partition ids of {source.fully_qualified_namespace}/{source.eventhub_name} failed: "
-                f"{error!r}", fully_qualified_namespace=source.fully_qualified_namespace,
-                eventhub_name=source.eventhub_name)
-            self._reporter.tick_failed("source", failure)
-            return self._empty_report(error=failure)
-        self._reporter.tick_recovered("source")
+        if self._clock.monotonic() < self._source_busy_until and self._partition_ids is not None:
+            partition_ids = self._partition_ids  # the hub asked to be left alone (server busy): the ids it gave
+        else:
+            try:
+                partition_ids = await source.get_partition_ids()
+            except Exception as error:
+                failure = error if isinstance(error, EventSourceError) else EventSourceError(
+                    f"reading the partition ids of {source.fully_qualified_namespace}/{source.eventhub_name} "
+                    f"failed: {error!r}", fully_qualified_namespace=source.fully_qualified_namespace,
+                    eventhub_name=source.eventhub_name)
+                if failure.retry_after:
+                    self._source_busy_until = self._clock.monotonic() + failure.retry_after
+                self._reporter.tick_failed("source", failure)
+                return self._empty_report(error=failure)
+            self._partition_ids = list(partition_ids)
+            self._reporter.tick_recovered("source")
         listed_at = self._clock.monotonic()
         # A slow listing shows the store as it was when it was sent: compare it with the
         # epochs known then, not with what this processor wrote meanwhile (a handoff).

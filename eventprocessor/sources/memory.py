@@ -16,7 +16,7 @@ import logging
 from datetime import datetime, timezone
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
-from ..errors import ConfigurationError, ReceiverDisconnectedError
+from ..errors import ConfigurationError, EventSourceError, ReceiverDisconnectedError
 from ..events import BodyType, Event, EventPosition, MessageId, body_fields
 from .base import EventSource, LastEnqueuedEventProperties, PartitionProperties, PartitionReceiver
 
@@ -122,6 +122,7 @@ class MemoryPartitionReceiver(PartitionReceiver):
         self.owner_level = owner_level
         self._next = next_sequence_number
         self._disconnected_by: Optional[int] = None
+        self._dropped_by_hub = False
         self._closed = False
         self._track = track_last_enqueued
         self._last_enqueued: Optional[LastEnqueuedEventProperties] = None
@@ -145,6 +146,9 @@ class MemoryPartitionReceiver(PartitionReceiver):
         self._source._partitions[self.partition_id].wake()
 
     def _check(self) -> None:
+        if self._dropped_by_hub:
+            raise EventSourceError(f"receiver on partition {self.partition_id}: the link was detached (the "
+                                   "partition was recreated)", reason="disconnected")
         if self._disconnected_by is not None:
             raise ReceiverDisconnectedError(
                 f"receiver on partition {self.partition_id} (owner level {self.owner_level}) was disconnected: "
@@ -241,6 +245,18 @@ class MemoryEventSource(EventSource):
 
     async def get_partition_ids(self) -> List[str]:
         return list(self._partitions)
+
+    def recreate(self) -> None:
+        """Drop every event of every partition and start sequence numbers and offsets at 0
+        again, as a deleted and recreated hub (or an emulator restarted empty) does. Open
+        receivers are detached."""
+        for partition in self._partitions.values():
+            for group in partition.receivers.values():
+                for receiver in group:
+                    receiver._dropped_by_hub = True
+            partition.events, partition.head, partition.dropped, partition.next_offset = [], 0, 0, 0
+            partition.wake()
+        logger.info("%s: recreated: every partition is empty and starts at sequence number 0", self.eventhub_name)
 
     def add_partitions(self, count: int) -> List[str]:
         """Add ``count`` partitions; returns their ids. Like Event Hubs, keys may now
@@ -355,7 +371,12 @@ class MemoryEventSource(EventSource):
             return end
         if position.kind == "sequence_number":
             seq = int(position.value)  # type: ignore[arg-type]
-            return max(begin, min(end, seq if position.inclusive else seq + 1))
+            first = seq if position.inclusive else seq + 1
+            if first > end:  # as Event Hubs: a position past the end is refused
+                raise EventSourceError(
+                    f"the position {position} is past the end of the partition (the next event gets sequence "
+                    f"number {end}): argument-out-of-range", reason="refused")
+            return max(begin, first)
         events = partition.retained()
         if position.kind == "offset":
             offsets = [int(e.offset) for e in events]

@@ -271,7 +271,7 @@ class FaultySource(EventSource):
             return
         now = asyncio.get_running_loop().time()
         key = partition_id or ""
-        if now < self._asked_to_wait.get(key, -math.inf):
+        if now < self._asked_to_wait.get(key, -math.inf) - 1e-6:  # (virtual time: float rounding)
             self.injected["ignored_retry_after"] += 1
         if now < self._busy_until:
             self.injected["server_busy"] += 1
