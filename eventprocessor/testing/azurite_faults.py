@@ -1,11 +1,19 @@
-"""The fault scenarios for real: the Blob store on Azurite, through a loopback TCP fault
-proxy (:mod:`emulators.fault_proxy`), in real time.
+"""Store faults for real: the Blob store on Azurite, through a loopback TCP fault proxy
+(:mod:`emulators.fault_proxy`), in real time.
 
-Each scenario runs two real EventProcessors (each with its own store client) on one
-in-process :class:`~eventprocessor.sources.MemoryEventSource` with events flowing,
-injects one fault between the processors and Azurite, and measures from what the
-handlers received. Used by ``python -m benchmarks.faults --azurite`` (full lengths) and
-by ``tests/test_faults_azurite.py`` (short lengths, generous bounds).
+:func:`run_fault_scenario` runs real EventProcessors (each with its own store client)
+on one in-process :class:`~eventprocessor.sources.MemoryEventSource` with events
+flowing, lets them settle, injects one fault between the processors and Azurite
+(:func:`slow_store`, :func:`black_hole`, :func:`resets`, or your own), and measures
+from what the handlers received (:class:`AzuriteRun`). :func:`restarted_empty` restarts
+an Azurite of its own with nothing in it. Used by ``tests/test_faults_azurite.py``
+(short lengths, generous bounds) and ``python -m benchmarks.faults --azurite`` (full
+lengths). Needs the ``[blob]`` extra and Azurite (``npm ci``).
+
+Example::
+
+    run = await run_fault_scenario("black hole", black_hole(20.0), azurite, traffic=50.0)
+    assert run.lost == 0 and run.recovered_after is not None and run.recovered_after <= run.bound
 """
 from __future__ import annotations
 
@@ -16,15 +24,15 @@ import uuid
 from dataclasses import dataclass
 from typing import Awaitable, Callable, List, Optional
 
-from eventprocessor import EventProcessor
-from eventprocessor.sources import MemoryEventSource
-
 from emulators.azurite import DEV_ACCOUNT_NAME, Azurite, start_azurite
 from emulators.fault_proxy import FaultProxy
 
-from eventprocessor.testing import DeliveryRecorder, recording_handler
+from ..processor import EventProcessor
+from ..sources.memory import MemoryEventSource
+from .recorder import DeliveryRecorder, recording_handler
 
-__all__ = ["AzuriteRun", "run_scenario", "run_azurite_rows", "SCENARIOS"]
+__all__ = ["AzuriteRun", "ProcessorGroup", "Inject", "run_fault_scenario", "slow_store", "black_hole", "resets",
+           "restarted_empty", "PARTITIONS", "PROCESSORS"]
 
 logger = logging.getLogger(__name__)
 
@@ -53,8 +61,9 @@ class AzuriteRun:
     replayed_checkpointed: int = 0  # deliveries after the fault of events those checkpoints covered
 
 
-class _Group:
-    """Processors on one container through one proxy, and what their handlers saw."""
+class ProcessorGroup:
+    """Processors on one container (each with its own Blob store client), one source with
+    a producer, and what their handlers saw (:attr:`ledger`)."""
 
     def __init__(self, connection_endpoint: str, account_key: str, container: str, processors: int = PROCESSORS,
                  **options: object) -> None:
@@ -116,15 +125,17 @@ def _bound(timing: object) -> float:
         + t.store_timeout + 5.0  # type: ignore[attr-defined]
 
 
-Inject = Callable[[FaultProxy, "_Group", Azurite], Awaitable[str]]
+Inject = Callable[[FaultProxy, "ProcessorGroup", Azurite], Awaitable[str]]
 
 
-async def run_scenario(name: str, inject: Inject, azurite: Azurite, *, traffic: float = 60.0,
-                       **options: object) -> AzuriteRun:
-    """Run one scenario: settle, fault, recover; everything bounded in time."""
+async def run_fault_scenario(name: str, inject: Inject, azurite: Azurite, *, traffic: float = 60.0,
+                             **options: object) -> AzuriteRun:
+    """Run one scenario on ``azurite``: settle, ``inject`` the fault through the proxy,
+    recover; everything bounded in time. ``traffic`` is how long the producer sends
+    (seconds); ``options`` go to every :class:`~eventprocessor.EventProcessor`."""
     async with FaultProxy("127.0.0.1", azurite.blob_port) as proxy:
         endpoint = f"http://127.0.0.1:{proxy.port}/{DEV_ACCOUNT_NAME}"
-        group = _Group(endpoint, azurite.account_key, f"faults-{uuid.uuid4().hex[:12]}", **options)
+        group = ProcessorGroup(endpoint, azurite.account_key, f"faults-{uuid.uuid4().hex[:12]}", **options)
         try:
             for p in group.processors:
                 await p.start()
@@ -154,7 +165,8 @@ async def run_scenario(name: str, inject: Inject, azurite: Azurite, *, traffic: 
 
 
 def slow_store(seconds: float) -> Inject:
-    async def inject(proxy: FaultProxy, group: _Group, azurite: Azurite) -> str:
+    """Every request 1.5 s slower, for ``seconds``."""
+    async def inject(proxy: FaultProxy, group: ProcessorGroup, azurite: Azurite) -> str:
         proxy.add_latency(1.5)
         await asyncio.sleep(seconds)
         return f"every request +1.5 s for {seconds:g} s"
@@ -162,7 +174,8 @@ def slow_store(seconds: float) -> Inject:
 
 
 def black_hole(seconds: float) -> Inject:
-    async def inject(proxy: FaultProxy, group: _Group, azurite: Azurite) -> str:
+    """No answer to anything, for ``seconds``."""
+    async def inject(proxy: FaultProxy, group: ProcessorGroup, azurite: Azurite) -> str:
         proxy.black_hole()
         await asyncio.sleep(seconds)
         fenced = sum(p.stats.self_fenced for p in group.processors)
@@ -171,18 +184,12 @@ def black_hole(seconds: float) -> Inject:
 
 
 def resets(seconds: float) -> Inject:
-    async def inject(proxy: FaultProxy, group: _Group, azurite: Azurite) -> str:
+    """Every connection reset, for ``seconds``."""
+    async def inject(proxy: FaultProxy, group: ProcessorGroup, azurite: Azurite) -> str:
         proxy.reset()
         await asyncio.sleep(seconds)
         return f"every connection reset for {seconds:g} s"
     return inject
-
-
-SCENARIOS = [
-    ("slow store (every request +1.5 s, 20 s)", slow_store(20.0)),
-    ("black-holed store (30 s)", black_hole(30.0)),
-    ("connections reset (20 s)", resets(20.0)),
-]
 
 
 async def restarted_empty(*, refuse: bool, traffic: float = 40.0, processors: int = PROCESSORS) -> AzuriteRun:
@@ -190,7 +197,7 @@ async def restarted_empty(*, refuse: bool, traffic: float = 40.0, processors: in
     Azurite (restarted on its own ports), never the shared one."""
     azurite = start_azurite()
     try:
-        group = _Group(azurite.blob_endpoint, azurite.account_key, f"restart-{uuid.uuid4().hex[:12]}",
+        group = ProcessorGroup(azurite.blob_endpoint, azurite.account_key, f"restart-{uuid.uuid4().hex[:12]}",
                        processors, refuse_checkpoint_rewind=refuse, load_balancing_strategy="greedy")
         for p in group.processors:
             await p.start()
@@ -227,26 +234,3 @@ async def restarted_empty(*, refuse: bool, traffic: float = 40.0, processors: in
                               for seq in range(d.first, d.last + 1) if seq <= checkpoints.get(d.partition_id, -1)))
     finally:
         azurite.stop()
-
-
-def run_azurite_rows() -> list:
-    """The benchmark's Azurite rows (``python -m benchmarks.faults --azurite``)."""
-    from .faults import Row
-
-    async def everything() -> List[AzuriteRun]:
-        azurite = start_azurite()
-        try:
-            runs = [await run_scenario(name, inject, azurite) for name, inject in SCENARIOS]
-        finally:
-            azurite.stop()
-        for processors in (1, PROCESSORS):
-            runs.append(await restarted_empty(refuse=False, processors=processors))
-            runs.append(await restarted_empty(refuse=True, processors=processors))
-        return runs
-
-    rows = []
-    for run in asyncio.run(everything()):
-        rows.append(Row(fault=run.name, transport="azurite", bound="E + 1 s + (⌈P/N⌉+2)·1.1·I + T + 5 s",
-                        bound_seconds=run.bound, recovered=run.recovered_after, produced=run.produced, lost=run.lost,
-                        duplicates=run.duplicates, overlap=run.overlap, note=run.note))
-    return rows

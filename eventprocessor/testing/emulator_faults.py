@@ -13,6 +13,9 @@ events produced are the producer's acknowledged sends while it runs, and at the 
 the hub holds (its partition properties: every sequence number from 0 to the last
 enqueued one, on a fresh hub), never a figure of the SDK under test.
 
+Needs the ``[eventhub]`` extra and the project's Event Hubs emulator
+(:mod:`emulators.eventhubs`).
+
 Example::
 
     run = await run_source_fault(emulator.connection_string, hub, resets(every=2, seconds=12))
@@ -25,11 +28,12 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable, Dict, List, Optional, Set, Tuple
 
-from eventprocessor import EventPosition, EventProcessor
-from eventprocessor.sources.eventhub import EventHubSource
-from eventprocessor.testing import DeliveryRecorder, recording_handler
+from emulators.fault_proxy import TcpFaultProxy
 
-from .fault_proxy import TcpFaultProxy
+from ..events import EventPosition
+from ..processor import EventProcessor
+from ..sources.eventhub import EventHubSource
+from .recorder import DeliveryRecorder, recording_handler
 
 __all__ = ["SourceFaultRun", "run_source_fault", "resets", "black_hole", "restart", "throttle", "Controls",
            "LocalEmulator", "recovery_bound"]
@@ -306,7 +310,7 @@ class LocalEmulator:
     """
 
     def __init__(self, eventhubs: List[str], *, partitions: int = 4) -> None:
-        from .eventhubs import EventHubsEmulator
+        from emulators.eventhubs import EventHubsEmulator
 
         self.emulator = EventHubsEmulator(eventhubs=eventhubs, partitions=partitions)
 
