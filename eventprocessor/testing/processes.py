@@ -264,7 +264,8 @@ class Outcome:
                          f"after {self.takeover:.2f}s (bounds {CLAIM_BOUND:.1f}s and {TAKEOVER_BOUND:.1f}s); shares "
                          f"after {self.shares_after}")
         if self.changes:
-            parts.append("ownership changes " + ", ".join(f"{reason} {n}" for reason, n in sorted(self.changes.items())))
+            changes = ", ".join(f"{reason} {n}" for reason, n in sorted(self.changes.items()))
+            parts.append(f"ownership changes {changes}")
         if self.settle:
             parts.append("settled after each step in " + ", ".join(f"{s:.1f}" for s in self.settle) + " s")
         parts.append(f"paused per partition (s, all moves) {_fmt(self.total)}; longest single pause "
