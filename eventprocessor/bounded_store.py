@@ -76,7 +76,7 @@ class BoundedStore(StoreWrapper):
     def __repr__(self) -> str:
         return f"BoundedStore({self.inner!r}, timeout={self.timeout})"
 
-    async def _forward(self, operation: str, call: Callable[[], Awaitable[_T]], units: int = 1) -> _T:
+    async def forward(self, operation: str, call: Callable[[], Awaitable[_T]], units: int = 1) -> _T:
         started = self._clock.monotonic()
         self.calls[operation] += 1
         error: Optional[BaseException] = None
