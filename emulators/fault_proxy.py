@@ -116,6 +116,7 @@ class FaultProxy:
         self._server: Optional[asyncio.AbstractServer] = None
         self._writers: Set[asyncio.StreamWriter] = set()
         self._handlers: Set[asyncio.Task] = set()
+        self._drop_method: Optional[str] = None
         self.pass_through()
 
     # ------------------------------------------------------------------ modes

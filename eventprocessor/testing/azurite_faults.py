@@ -22,11 +22,12 @@ import logging
 import math
 import uuid
 from dataclasses import dataclass
-from typing import Awaitable, Callable, List, Optional
+from typing import Any, Awaitable, Callable, Dict, List, Optional
 
 from emulators.azurite import DEV_ACCOUNT_NAME, Azurite, start_azurite
 from emulators.fault_proxy import FaultProxy
 
+from ..options import Timing
 from ..processor import EventProcessor
 from ..sources.memory import MemoryEventSource
 from .recorder import DeliveryRecorder, recording_handler
@@ -39,7 +40,7 @@ logger = logging.getLogger(__name__)
 PARTITIONS = 8
 PROCESSORS = 2
 RATE = 40.0
-OPTIONS = dict(load_balancing_interval=1.0, partition_ownership_expiration_interval=12.0)
+OPTIONS: Dict[str, Any] = dict(load_balancing_interval=1.0, partition_ownership_expiration_interval=12.0)
 
 
 @dataclass
@@ -66,7 +67,7 @@ class ProcessorGroup:
     a producer, and what their handlers saw (:attr:`ledger`)."""
 
     def __init__(self, connection_endpoint: str, account_key: str, container: str, processors: int = PROCESSORS,
-                 **options: object) -> None:
+                 **options: Any) -> None:
         from stores import BlobCheckpointStore
 
         self.source = MemoryEventSource(PARTITIONS)
@@ -93,7 +94,7 @@ class ProcessorGroup:
             await asyncio.sleep(1 / RATE)
 
     def settled(self) -> bool:
-        dispatching = {}
+        dispatching: Dict[str, List[str]] = {}
         for p in self.processors:
             for pid in p.owned_partitions:
                 pump = p.pump(pid)
@@ -118,18 +119,17 @@ class ProcessorGroup:
             await store.close()
 
 
-def _bound(timing: object) -> float:
+def _bound(timing: Timing) -> float:
     """README "Timing", plus 5 s of slack for a shared machine and real I/O."""
     t = timing
-    return t.expiration + 1.0 + (math.ceil(PARTITIONS / PROCESSORS) + 2) * 1.1 * t.interval \
-        + t.store_timeout + 5.0  # type: ignore[attr-defined]
+    return t.expiration + 1.0 + (math.ceil(PARTITIONS / PROCESSORS) + 2) * 1.1 * t.interval + t.store_timeout + 5.0
 
 
 Inject = Callable[[FaultProxy, "ProcessorGroup", Azurite], Awaitable[str]]
 
 
 async def run_fault_scenario(name: str, inject: Inject, azurite: Azurite, *, traffic: float = 60.0,
-                             **options: object) -> AzuriteRun:
+                             **options: Any) -> AzuriteRun:
     """Run one scenario on ``azurite``: settle, ``inject`` the fault through the proxy,
     recover; everything bounded in time. ``traffic`` is how long the producer sends
     (seconds); ``options`` go to every :class:`~eventprocessor.EventProcessor`."""

@@ -289,7 +289,7 @@ async def _official(args: argparse.Namespace, tally: _Tally, stop: asyncio.Event
     emit({"event": "started", "owner": args.owner_id, "pid": os.getpid(), "impl": "official",
            "namespace": client._address.hostname, "eventhub": args.hub})
     # As documented, the official client is given no on_partition_close at all.
-    close = {"on_partition_close": on_partition_close} if args.checkpoint_on_close else {}
+    close: Dict[str, Any] = {"on_partition_close": on_partition_close} if args.checkpoint_on_close else {}
     async with client:
         task = asyncio.create_task(client.receive_batch(on_event_batch, max_batch_size=args.batch,
                                                         prefetch=args.prefetch, starting_position="-1",
