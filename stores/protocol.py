@@ -466,6 +466,14 @@ class ProtocolStore(CheckpointStore):
         self._warn = WarnOnce(logger)
 
     @property
+    def backend(self) -> RecordBackend:
+        """The record primitives this store runs the protocol over (for a Blob store,
+        :class:`~stores.blob.BlobRecords` with its ``ContainerClient`` as ``client``).
+        Read it to see where records go; wrap or replace its methods in a test to put a
+        fault between the protocol and the service."""
+        return self._backend
+
+    @property
     def request_counts(self) -> Counter:
         """Requests sent, by ``{operation}_{kind}`` (a listing page counts one)."""
         return self._backend.request_counts
