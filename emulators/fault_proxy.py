@@ -116,14 +116,14 @@ class FaultProxy:
         self._server: Optional[asyncio.AbstractServer] = None
         self._writers: Set[asyncio.StreamWriter] = set()
         self._handlers: Set[asyncio.Task] = set()
-        self._drop_method: Optional[str] = None
         self.pass_through()
 
     # ------------------------------------------------------------------ modes
 
     def pass_through(self) -> None:
         """Forward everything unchanged."""
-        self._mode, self._latency, self._drop_at, self._drop_method, self._counted = "pass", 0.0, 0, None, 0
+        self._drop_method: Optional[str] = None
+        self._mode, self._latency, self._drop_at, self._counted = "pass", 0.0, 0, 0
 
     def add_latency(self, seconds: float) -> None:
         """Wait ``seconds`` before forwarding each request."""

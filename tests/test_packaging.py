@@ -82,6 +82,7 @@ def test_no_module_imports_a_layer_above_its_own(package):
 
 
 def test_the_testing_package_builds_on_the_core_the_stores_and_the_emulators_only():
+    # Its fault runners drive the local stand-ins (the Event Hubs emulator, Azurite, the fault proxies).
     wrong = [f"{path.relative_to(ROOT)}:{line} imports {root}"
              for path in sorted((ROOT / TESTING).rglob("*.py"))
              for root, line in _imported_roots(path)

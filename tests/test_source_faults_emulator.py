@@ -4,7 +4,7 @@ EventProcessor reads it with ``EventHubSource`` through a loopback TCP fault pro
 The same invariants as the virtual harness (``tests/test_source_fault_harness.py``),
 counted from what the handler received: nothing lost, nothing delivered twice to one
 claim, nothing handed to an ended claim, recovery within a generous bound
-(:func:`eventprocessor.testing.emulator_faults.recovery_bound`).
+(:func:`eventprocessor.testing.source_faults.recovery_bound`).
 
 Plus ``EventHubSource``'s own behaviour under these faults: a server-busy answer is
 classified with its retry-after and waited out, a black-holed connection is noticed by
@@ -25,8 +25,7 @@ from eventprocessor.testing import DeliveryRecorder, recording_handler
 
 from emulators.eventhubs import connection_string
 from emulators.fault_proxy import TcpFaultProxy
-from eventprocessor.testing.emulator_faults import (Controls, LocalEmulator, black_hole, resets, restart,
-                                                    run_source_fault)
+from eventprocessor.testing.source_faults import Controls, LocalEmulator, black_hole, resets, restart, run_source_fault
 
 pytestmark = [pytest.mark.eventhubs, pytest.mark.slow]
 

@@ -21,7 +21,7 @@ local services, and are imported only when named):
   :mod:`eventprocessor.testing.processes`: consumer processes (this SDK's or
   azure-eventhub's) that report every delivered batch, and planned-move scenarios;
 * :mod:`eventprocessor.testing.azurite_faults`: store faults on Azurite through a TCP
-  fault proxy; :mod:`eventprocessor.testing.emulator_faults`: source faults on the Event
+  fault proxy; :mod:`eventprocessor.testing.source_faults`: source faults on the Event
   Hubs emulator.
 
 Example::
