@@ -10,8 +10,8 @@
 Every method is abstract: nothing quietly does less. A store that keeps no member
 records says so by raising ``NotImplementedError`` from the member methods (the processor
 then makes itself visible by claiming). :class:`StoreWrapper` is the one base of
-wrappers (bounded calls, faults, simulation, one-partition views): it forwards every
-method through a single hook, so a wrapper can never drop a method.
+wrappers (bounded calls, faults, ledgers, one-partition views): it forwards every
+method through :meth:`StoreWrapper.forward`, so a wrapper can never drop a method.
 
 One conformance suite (``tests/test_store_conformance.py``) runs against every
 implementation. The semantics:

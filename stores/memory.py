@@ -5,8 +5,8 @@ fence, checkpoint, member and log-entry protocol the Blob and Table stores run) 
 :class:`InMemoryRecords`, a backend with the service's semantics: every write gets a
 new random etag and the injected clock's time, create-if-absent fails on an existing
 record, a stale etag fails, records are copied in and out. Used by unit tests, the demo
-and the benchmarks' simulator; its calls never suspend, so a simulator can drive them
-without an event loop.
+and simulations; its calls never suspend, so each one is a single step to whoever runs
+beside it (nothing can interleave with a claim half-way).
 """
 from __future__ import annotations
 

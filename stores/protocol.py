@@ -196,8 +196,8 @@ class RecordBackend(abc.ABC):
 
     ``where`` names the container or table for messages; ``forbidden`` are the
     characters names may not contain; ``sequential`` makes batches of claims run one by
-    one (the in-memory backend, whose calls never suspend, so that a simulator can drive
-    it without an event loop). ``request_counts`` counts requests by ``{op}_{kind}``.
+    one (the in-memory backend: with no I/O to overlap, running them at once would only
+    let other callers interleave). ``request_counts`` counts requests by ``{op}_{kind}``.
     """
 
     where: str = "?"
