@@ -72,20 +72,24 @@ def _median(values: List[float]) -> float:
     return statistics.median(values) if values else float("nan")
 
 
-def render(outcomes: List[Outcome], rounds: int, command: str, seconds: float) -> str:
+def render(outcomes: List[Outcome], rounds: int, command: str, seconds: float,
+           load: Optional[List[float]] = None) -> str:
     by = {(o.scenario, o.impl): [x for x in outcomes if (x.scenario, x.impl) == (o.scenario, o.impl)]
           for o in outcomes}
     lines = [
         "## Planned moves and crashes with real processes (`moves`)",
         "",
-        f"Command: `{command}` ({seconds:.0f} s). {machine_line()}",
+        f"Command: `{command}` ({seconds:.0f} s). {machine_line()}"
+        + (f" Machine load (1-minute average) {load[0]:.1f} before, {load[1]:.1f} after: other work on the machine "
+           "lengthens pauses and takeovers." if load else ""),
         "",
         f"One Event Hubs emulator and one Azurite on 127.0.0.1, started by the benchmark; every processor is an OS "
         f"process (`python -m eventprocessor.testing.worker`). *ours*: `EventProcessor` + `EventHubSource` + "
         f"our `BlobCheckpointStore`. *official*: `EventHubConsumerClient.receive_batch` + "
         f"`azure-eventhub-checkpointstoreblob-aio`, as documented (no `on_partition_close`). *official, checkpoint "
         f"on close*: the same, and its `on_partition_close` checkpoints the partition's last delivered event (what a "
-        f"careful user of the official client would add; this SDK does it on release by itself). All: GREEDY, load-balancing interval {INTERVAL:g} s, ownership "
+        f"careful user of the official client would add; this SDK does it on release by itself). All: GREEDY, "
+        f"load-balancing interval {INTERVAL:g} s, ownership "
         f"expiration {EXPIRY:g} s, batch 100, prefetch 300, a checkpoint every {CHECKPOINT_EVERY} batches, "
         f"{WORK * 1000:.0f} ms in the handler per batch. The producer sends {BATCH} events to every partition every "
         f"{PERIOD:g} s. A graceful stop is SIGTERM, a crash SIGKILL. Duplicates and losses are counted from what the "
@@ -130,8 +134,8 @@ def render(outcomes: List[Outcome], rounds: int, command: str, seconds: float) -
                 f"{', '.join(f'{o.takeover:.2f}' for o in runs if o.takeover is not None)} | {CLAIM_BOUND:.1f}, "
                 f"{TAKEOVER_BOUND:.1f} | "
                 f"{sum(o.lost for o in runs)} | {', '.join(str(o.duplicates) for o in runs)} |")
-    lines += ["", "A crash replays what was delivered after the dead owner's last checkpoint. This SDK's receiver hands "
-                  "over what has arrived in fewer, larger batches here (one about every 0.2 s per partition, the "
+    lines += ["", "A crash replays what was delivered after the dead owner's last checkpoint. This SDK's receiver "
+                  "hands over what has arrived in fewer, larger batches here (one about every 0.2 s per partition, the "
                   "official one about every 0.08 s), so a checkpoint every 10 batches covers more events and a crash "
                   "replays more of them; checkpoint by time or by event count to compare those.",
               "", f"Bounds: the claim within expiration {EXPIRY:g} s + 1 s (the store's timestamps) + one tick "
@@ -200,6 +204,7 @@ def _run(args: argparse.Namespace, command: str) -> int:
     from emulators.eventhubs.process import EmulatorUnavailable, start_emulator_process
 
     started = time.monotonic()
+    load_before = os.getloadavg()[0]
     if args.log_dir:
         os.makedirs(args.log_dir, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="moves-bench-") as scratch:
@@ -221,7 +226,8 @@ def _run(args: argparse.Namespace, command: str) -> int:
         finally:
             emulator.stop()
             azurite.stop()
-    program.report("moves", render(outcomes, args.rounds, command, time.monotonic() - started), args.record)
+    program.report("moves", render(outcomes, args.rounds, command, time.monotonic() - started,
+                                   [load_before, os.getloadavg()[0]]), args.record)
     return 0
 
 

@@ -408,16 +408,17 @@ def check_equal_cost_candidates_are_the_shortest_expirations_within_the_budget()
 def check_both_sides_choose_from_the_same_candidates_each_within_its_own_cost() -> None:
     budget = official_requests_per_hour(32, 4, 30.0)
     shared = shared_candidates(budget, 32, 4, [15.0, 30.0], ["default"])
-    [(_, shortest_ours)] = equal_cost_candidates(budget * 1.03, 32, 4, [30.0])
-    assert shared[30.0] == sorted({60.0, 90.0, 180.0, shortest_ours}), shared  # 2, 3, 6 intervals and ours
-    assert shared[15.0] == sorted({30.0, 45.0, 90.0, equal_cost_candidates(budget * 1.03, 32, 4, [15.0])[0][1]})
+    [(_, shortest_ours)] = equal_cost_candidates(budget, 32, 4, [30.0])
+    assert shortest_ours == 67.0
+    assert shared[30.0] == [60.0, 67.0, 90.0, 180.0], shared  # 2, 3, 6 intervals and ours
+    assert shared[15.0] == sorted({30.0, 45.0, 90.0, equal_cost_candidates(budget, 32, 4, [15.0])[0][1]})
     # The official's cost is set by the interval alone: it affords 30 s, not 15 s, and
     # takes its shortest candidate expiration there.
     official = shortest_within(lambda i, _e: official_requests_per_hour(32, 4, i), budget, shared)
     assert official == [(30.0, 60.0)], official
     ours = shortest_within(lambda i, e: ours_requests_per_hour(32, 4, i, e), budget, shared)
     assert (30.0, shortest_ours) in ours, ours
-    assert all(ours_requests_per_hour(32, 4, i, e) <= budget * 1.03 for i, e in ours)
+    assert all(ours_requests_per_hour(32, 4, i, e) <= budget for i, e in ours)
 
 
 # ----------------------------------------------------------------- deliveries are measured
