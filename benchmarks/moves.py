@@ -134,10 +134,10 @@ def render(outcomes: List[Outcome], rounds: int, command: str, seconds: float,
                 f"{', '.join(f'{o.takeover:.2f}' for o in runs if o.takeover is not None)} | {CLAIM_BOUND:.1f}, "
                 f"{TAKEOVER_BOUND:.1f} | "
                 f"{sum(o.lost for o in runs)} | {', '.join(str(o.duplicates) for o in runs)} |")
-    lines += ["", "A crash replays what was delivered after the dead owner's last checkpoint. This SDK's receiver "
-                  "hands over what has arrived in fewer, larger batches here (one about every 0.2 s per partition, the "
-                  "official one about every 0.08 s), so a checkpoint every 10 batches covers more events and a crash "
-                  "replays more of them; checkpoint by time or by event count to compare those.",
+    lines += ["", "A crash replays what was delivered after the dead owner's last checkpoint: with a checkpoint every "
+                  f"{CHECKPOINT_EVERY} batches, how many events that is depends on how large the batches each receiver "
+                  "hands over are (its prefetch and how fast the handler keeps up), so crash duplicates compare the "
+                  "receivers as much as the processors; checkpoint by time or by event count to compare those.",
               "", f"Bounds: the claim within expiration {EXPIRY:g} s + 1 s (the store's timestamps) + one tick "
                   f"({1.1 * INTERVAL:.2f} s at most) + 2 s of slack for a busy machine; the first batch within that + "
                   f"about 1 s to open a receiver + 1 s of slack. The official processor does not report its claims."]
