@@ -13,7 +13,8 @@ from pathlib import Path
 from typing import Optional
 
 RESULTS_ENV = "EVENTPROCESSOR_BENCH_RESULTS"
-RESULTS = Path(os.environ.get(RESULTS_ENV) or Path(__file__).resolve().parent / "RESULTS.md")
+_DEFAULT = Path(__file__).resolve().parent / "RESULTS.md"
+RESULTS = Path(os.environ.get(RESULTS_ENV) or _DEFAULT)
 RESULTS_DIR = RESULTS.parent / "results"
 
 _HEADER = ("# Benchmark results\n\nEach section is written by the benchmark named in it, only when run with `--record`; "

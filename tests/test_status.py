@@ -341,7 +341,8 @@ def _closed_port() -> int:
 def _dev_connection_string(blob_url: str) -> str:
     from emulators.azurite import DEV_ACCOUNT_KEY
 
-    return f"DefaultEndpointsProtocol=http;AccountName=devstoreaccount1;AccountKey={DEV_ACCOUNT_KEY};BlobEndpoint={blob_url}"
+    return (f"DefaultEndpointsProtocol=http;AccountName=devstoreaccount1;AccountKey={DEV_ACCOUNT_KEY};"
+            f"BlobEndpoint={blob_url}")
 
 
 @pytest.mark.parametrize("kind", ["refused", "silent"])
