@@ -30,14 +30,15 @@ import argparse
 import asyncio
 import logging
 import math
-from dataclasses import dataclass
 from typing import Awaitable, Callable, List, Optional
 
 from eventprocessor import EventProcessor, PartitionProcessor
 from eventprocessor.testing import run_virtual
 
-from . import program
 from eventprocessor.testing import Cluster
+
+from . import program
+from .fault_rows import Row, table
 from .faults_source import run_emulator_source_rows, run_virtual_source_rows, source_table
 from .results import machine_line
 
@@ -49,24 +50,6 @@ PARTITIONS = 8
 PROCESSORS = 2
 RATE = 40.0  # events per second, round robin
 WORK = 0.05  # virtual seconds a handler spends per batch
-
-
-@dataclass
-class Row:
-    fault: str
-    transport: str
-    bound: str
-    bound_seconds: float
-    recovered: Optional[float]
-    produced: int
-    lost: int
-    duplicates: int
-    overlap: float
-    note: str = ""
-
-    @property
-    def within(self) -> bool:
-        return self.recovered is not None and self.recovered <= self.bound_seconds and self.lost == 0
 
 
 def _options(**extra: object) -> dict:
@@ -207,16 +190,6 @@ def run_virtual_rows() -> List[Row]:
     return rows
 
 
-def table(rows: List[Row]) -> str:
-    lines = ["| Fault | Transport | Bound | Bound (s) | Recovered after (s) | Events | Lost | Duplicates "
-             "| Overlap (s) | Note |", "|---|---|---|---|---|---|---|---|---|---|"]
-    for r in rows:
-        recovered = "never" if r.recovered is None else f"{r.recovered:.1f}"
-        lines.append(f"| {r.fault} | {r.transport} | {r.bound} | {r.bound_seconds:.1f} | {recovered} | {r.produced} "
-                     f"| {r.lost} | {r.duplicates} | {r.overlap:.2f} | {r.note} |")
-    return "\n".join(lines)
-
-
 def main(argv: Optional[List[str]] = None, prog: Optional[str] = None) -> int:
     """Run the fault scenarios and print the table; ``--record`` writes it to RESULTS.md."""
     parser = program.parser("faults", __doc__, prog)
@@ -253,7 +226,8 @@ def main(argv: Optional[List[str]] = None, prog: Optional[str] = None) -> int:
             "through `eventprocessor.testing.FaultySource` (the settings above; the random schedules of these "
             "faults are `tests/test_source_fault_harness.py`), and with `--emulator` for real: the official "
             "`EventHubProducerClient` sends 200 events/s to the project's Event Hubs emulator, one processor reads "
-            "4 partitions with `EventHubSource` through a loopback TCP fault proxy (`emulators/source_faults.py`), "
+            "4 partitions with `EventHubSource` through a loopback TCP fault proxy "
+            "(`eventprocessor/testing/source_faults.py`), "
             "handlers never checkpoint. Lost events, events delivered twice to one claim and batches handed to a "
             "claim that had ended are counted from what the handlers received (events produced: what the hub "
             "acknowledged and holds). Bounds: C = 10 s (a call into a black hole fails at `operation_timeout`), "

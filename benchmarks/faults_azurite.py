@@ -1,182 +1,18 @@
-"""The fault scenarios for real: the Blob store on Azurite, through a loopback TCP fault
-proxy (:mod:`emulators.fault_proxy`), in real time.
-
-Each scenario runs two real EventProcessors (each with its own store client) on one
-in-process :class:`~eventprocessor.sources.MemoryEventSource` with events flowing,
-injects one fault between the processors and Azurite, and measures from what the
-handlers received. Used by ``python -m benchmarks.faults --azurite`` (full lengths) and
-by ``tests/test_faults_azurite.py`` (short lengths, generous bounds).
-"""
+"""The Azurite rows of ``python -m benchmarks.faults --azurite``: the store fault
+scenarios of :mod:`eventprocessor.testing.azurite_faults` at full length (the Blob store
+on a real Azurite, through a loopback TCP fault proxy, in real time)."""
 from __future__ import annotations
 
 import asyncio
-import logging
-import math
-import uuid
-from dataclasses import dataclass
-from typing import Awaitable, Callable, List, Optional
+from typing import List
 
-from eventprocessor import EventProcessor
-from eventprocessor.sources import MemoryEventSource
+from emulators.azurite import start_azurite
+from eventprocessor.testing.azurite_faults import (PROCESSORS, AzuriteRun, black_hole, resets, restarted_empty,
+                                                   run_fault_scenario, slow_store)
 
-from emulators.azurite import DEV_ACCOUNT_NAME, Azurite, start_azurite
-from emulators.fault_proxy import FaultProxy
+from .fault_rows import Row
 
-from eventprocessor.testing import DeliveryRecorder, recording_handler
-
-__all__ = ["AzuriteRun", "run_scenario", "run_azurite_rows", "SCENARIOS"]
-
-logger = logging.getLogger(__name__)
-
-PARTITIONS = 8
-PROCESSORS = 2
-RATE = 40.0
-OPTIONS = dict(load_balancing_interval=1.0, partition_ownership_expiration_interval=12.0)
-
-
-@dataclass
-class AzuriteRun:
-    """What one scenario measured."""
-
-    name: str
-    bound: float
-    recovered_after: Optional[float]
-    produced: int
-    lost: int
-    duplicates: int
-    overlap: float
-    self_fenced: int
-    errors: List[Exception]
-    note: str = ""
-    processed_before_fault: int = 0  # distinct events the handlers had processed when the fault began
-    checkpointed_before_fault: int = 0  # events at or below the checkpoints listed just before the fault
-    replayed_checkpointed: int = 0  # deliveries after the fault of events those checkpoints covered
-
-
-class _Group:
-    """Processors on one container through one proxy, and what their handlers saw."""
-
-    def __init__(self, connection_endpoint: str, account_key: str, container: str, processors: int = PROCESSORS,
-                 **options: object) -> None:
-        from stores import BlobCheckpointStore
-
-        self.source = MemoryEventSource(PARTITIONS)
-        self.ledger = DeliveryRecorder()
-        self.handler = recording_handler(self.ledger, work=0.01)
-        self.errors: List[Exception] = []
-        self.produced: List[tuple] = []
-        self.stores = [BlobCheckpointStore(connection_endpoint, container, credential=account_key)
-                       for _ in range(processors)]
-
-        async def on_error(error: Exception, _context: object) -> None:
-            self.errors.append(error)
-
-        self.processors = [EventProcessor(self.source, store, self.handler, owner_id=f"p{i}", error_handler=on_error,
-                                          **{**OPTIONS, **options}) for i, store in enumerate(self.stores)]
-
-    async def produce_for(self, seconds: float) -> None:
-        loop = asyncio.get_running_loop()
-        end = loop.time() + seconds
-        while loop.time() < end:
-            pid = str(len(self.produced) % PARTITIONS)
-            event = await self.source.send(f"e{len(self.produced)}", partition_id=pid)
-            self.produced.append((pid, event.sequence_number))
-            await asyncio.sleep(1 / RATE)
-
-    def settled(self) -> bool:
-        dispatching = {}
-        for p in self.processors:
-            for pid in p.owned_partitions:
-                pump = p.pump(pid)
-                if pump is not None and pump.alive:
-                    dispatching.setdefault(pid, []).append(p.owner_id)
-        every = all(len(dispatching.get(str(i), [])) == 1 for i in range(PARTITIONS))
-        return every and set(self.produced) <= self.ledger.processed()
-
-    async def wait(self, condition: Callable[[], bool], timeout: float) -> Optional[float]:
-        loop = asyncio.get_running_loop()
-        end = loop.time() + timeout
-        while loop.time() < end:
-            if condition():
-                return loop.time()
-            await asyncio.sleep(0.1)
-        return None
-
-    async def close(self) -> None:
-        for p in self.processors:
-            await p.stop()
-        for store in self.stores:
-            await store.close()
-
-
-def _bound(timing: object) -> float:
-    """README "Timing", plus 5 s of slack for a shared machine and real I/O."""
-    t = timing
-    return t.expiration + 1.0 + (math.ceil(PARTITIONS / PROCESSORS) + 2) * 1.1 * t.interval \
-        + t.store_timeout + 5.0  # type: ignore[attr-defined]
-
-
-Inject = Callable[[FaultProxy, "_Group", Azurite], Awaitable[str]]
-
-
-async def run_scenario(name: str, inject: Inject, azurite: Azurite, *, traffic: float = 60.0,
-                       **options: object) -> AzuriteRun:
-    """Run one scenario: settle, fault, recover; everything bounded in time."""
-    async with FaultProxy("127.0.0.1", azurite.blob_port) as proxy:
-        endpoint = f"http://127.0.0.1:{proxy.port}/{DEV_ACCOUNT_NAME}"
-        group = _Group(endpoint, azurite.account_key, f"faults-{uuid.uuid4().hex[:12]}", **options)
-        try:
-            for p in group.processors:
-                await p.start()
-            producer = asyncio.ensure_future(group.produce_for(traffic))
-            await group.wait(group.settled, timeout=30)
-            await asyncio.sleep(3)
-            note = await inject(proxy, group, azurite)
-            proxy.pass_through()
-            loop = asyncio.get_running_loop()
-            fault_over = loop.time()
-            bound = _bound(group.processors[0].timing)
-            recovered = await group.wait(group.settled, timeout=bound + 30)
-            await producer
-            await group.wait(lambda: set(group.produced) <= group.ledger.processed(), timeout=30)
-        finally:
-            producer_task = locals().get("producer")
-            if producer_task is not None and not producer_task.done():
-                producer_task.cancel()
-            await group.close()
-        overlaps = group.ledger.overlaps()
-        return AzuriteRun(name=name, bound=bound, recovered_after=None if recovered is None else recovered - fault_over,
-                          produced=len(group.produced),
-                          lost=len(set(group.produced) - group.ledger.processed()),
-                          duplicates=group.ledger.duplicates(), overlap=max((o for *_x, o in overlaps), default=0.0),
-                          self_fenced=sum(p.stats.self_fenced for p in group.processors), errors=group.errors,
-                          note=note)
-
-
-def slow_store(seconds: float) -> Inject:
-    async def inject(proxy: FaultProxy, group: _Group, azurite: Azurite) -> str:
-        proxy.add_latency(1.5)
-        await asyncio.sleep(seconds)
-        return f"every request +1.5 s for {seconds:g} s"
-    return inject
-
-
-def black_hole(seconds: float) -> Inject:
-    async def inject(proxy: FaultProxy, group: _Group, azurite: Azurite) -> str:
-        proxy.black_hole()
-        await asyncio.sleep(seconds)
-        fenced = sum(p.stats.self_fenced for p in group.processors)
-        return f"no answer for {seconds:g} s; {fenced} leases self-fenced"
-    return inject
-
-
-def resets(seconds: float) -> Inject:
-    async def inject(proxy: FaultProxy, group: _Group, azurite: Azurite) -> str:
-        proxy.reset()
-        await asyncio.sleep(seconds)
-        return f"every connection reset for {seconds:g} s"
-    return inject
-
+__all__ = ["SCENARIOS", "run_azurite_rows"]
 
 SCENARIOS = [
     ("slow store (every request +1.5 s, 20 s)", slow_store(20.0)),
@@ -185,58 +21,13 @@ SCENARIOS = [
 ]
 
 
-async def restarted_empty(*, refuse: bool, traffic: float = 40.0, processors: int = PROCESSORS) -> AzuriteRun:
-    """Azurite restarted with in-memory persistence: every container is gone. A separate
-    Azurite (restarted on its own ports), never the shared one."""
-    azurite = start_azurite()
-    try:
-        group = _Group(azurite.blob_endpoint, azurite.account_key, f"restart-{uuid.uuid4().hex[:12]}",
-                       processors, refuse_checkpoint_rewind=refuse, load_balancing_strategy="greedy")
-        for p in group.processors:
-            await p.start()
-        producer = asyncio.ensure_future(group.produce_for(traffic))
-        await group.wait(group.settled, timeout=30)
-        await asyncio.sleep(5)
-        processed_before = len(group.ledger.processed())
-        source = group.source
-        listed = await group.stores[0].list_checkpoints(source.fully_qualified_namespace, source.eventhub_name,
-                                                        "$default")
-        checkpoints = {c.partition_id: c.sequence_number for c in listed}
-        delivered_before = len(group.ledger.deliveries)
-        ports = (azurite.blob_port, azurite.queue_port, azurite.table_port)
-        await asyncio.to_thread(azurite.stop)
-        azurite = await asyncio.to_thread(start_azurite, ports=ports)
-        loop = asyncio.get_running_loop()
-        fault_over = loop.time()
-        bound = _bound(group.processors[0].timing)
-        recovered = await group.wait(group.settled, timeout=bound + 30)
-        await producer
-        await group.wait(lambda: set(group.produced) <= group.ledger.processed(), timeout=30)
-        await group.close()
-        return AzuriteRun(name=f"Azurite restarted empty, {processors} processor(s)"
-                               f"{', refuse_checkpoint_rewind' if refuse else ''}",
-                          bound=bound, recovered_after=None if recovered is None else recovered - fault_over,
-                          produced=len(group.produced), lost=len(set(group.produced) - group.ledger.processed()),
-                          duplicates=group.ledger.duplicates(), overlap=0.0,
-                          self_fenced=sum(p.stats.self_fenced for p in group.processors), errors=group.errors,
-                          note=f"{sum(p.stats.store_data_lost for p in group.processors)} data-loss reports",
-                          processed_before_fault=processed_before,
-                          checkpointed_before_fault=sum(seq + 1 for seq in checkpoints.values()),
-                          replayed_checkpointed=sum(
-                              1 for d in group.ledger.deliveries[delivered_before:]
-                              for seq in range(d.first, d.last + 1) if seq <= checkpoints.get(d.partition_id, -1)))
-    finally:
-        azurite.stop()
-
-
-def run_azurite_rows() -> list:
+def run_azurite_rows() -> List[Row]:
     """The benchmark's Azurite rows (``python -m benchmarks.faults --azurite``)."""
-    from .faults import Row
 
     async def everything() -> List[AzuriteRun]:
         azurite = start_azurite()
         try:
-            runs = [await run_scenario(name, inject, azurite) for name, inject in SCENARIOS]
+            runs = [await run_fault_scenario(name, inject, azurite) for name, inject in SCENARIOS]
         finally:
             azurite.stop()
         for processors in (1, PROCESSORS):

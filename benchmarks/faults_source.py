@@ -8,7 +8,7 @@ Two transports:
   at a time, at full length);
 * **emulator**: ``EventHubSource`` reading the project's Event Hubs emulator through a
   loopback TCP fault proxy while the official producer sends
-  (:mod:`emulators.source_faults`), in real time.
+  (:mod:`eventprocessor.testing.source_faults`), in real time.
 
 Counted from what the handlers received: events lost, events delivered twice to one
 claim, batches handed to a claim that had ended.

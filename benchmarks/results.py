@@ -1,14 +1,20 @@
-"""Write one benchmark's section of benchmarks/RESULTS.md without touching the others."""
+"""Write one benchmark's section of benchmarks/RESULTS.md without touching the others.
+
+``EVENTPROCESSOR_BENCH_RESULTS`` names another file to write instead (plots go to a
+``results`` directory beside it): the tests run the programs with ``--record`` into a
+scratch copy that way."""
 from __future__ import annotations
 
+import os
 import platform
 import re
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Optional
 
-RESULTS = Path(__file__).resolve().parent / "RESULTS.md"
-RESULTS_DIR = Path(__file__).resolve().parent / "results"
+RESULTS_ENV = "EVENTPROCESSOR_BENCH_RESULTS"
+RESULTS = Path(os.environ.get(RESULTS_ENV) or Path(__file__).resolve().parent / "RESULTS.md")
+RESULTS_DIR = RESULTS.parent / "results"
 
 _HEADER = ("# Benchmark results\n\nEach section is written by the benchmark named in it, only when run with `--record`; "
            "re-run its command with `--record` to refresh it (from the checkout root, or as "
@@ -16,8 +22,6 @@ _HEADER = ("# Benchmark results\n\nEach section is written by the benchmark name
 
 
 def machine_line() -> str:
-    import os
-
     return (
         f"Machine: {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}, "
         f"{datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC."

@@ -25,20 +25,26 @@ first and last sequence number, virtual start and end (a handler spends ``work``
 seconds per batch, then checkpoints it). Duplicates, overlaps, pauses and the time to
 resume after a crash are measured from those records, never derived from beliefs.
 
-Time only moves when every coroutine of the simulation is blocked on virtual time, so a
-thousand ticks take seconds and a run is a deterministic function of its seed. Store
-requests go through the scheduler (even with zero latency), executing at the midpoint
-of their round trip; that is what makes a *lockstep* tick real: every instance lists
-the same snapshot before any of them writes.
+A simulation runs on :class:`eventprocessor.testing.VirtualTimeLoop`, the clock every
+timed part of the SDK follows (the processors' leases, ticks and store deadlines, the
+pumps, the source's waits, the in-memory store's server time): time only moves when every
+coroutine is waiting, so a thousand ticks take seconds and a run is a deterministic
+function of its seed. Store requests execute at the midpoint of their round trip, after
+everything else of that instant (:class:`Instants`, even with zero latency); that is what
+makes a *lockstep* tick real: every instance lists the same snapshot before any of them
+writes. What the store saw is kept by an :class:`~eventprocessor.testing.OwnershipLedger`.
 
 Example::
 
-    async with simulation("ours", LoadBalancingStrategy.GREEDY, 32, traffic=Traffic()) as sim:
-        sim.start_traffic()
-        for _ in range(4):
-            sim.add_instance()
-        result = await sim.run_until_balanced(max_ticks=50)
-        print(result.ticks_to_balanced, result.duplicates)
+    async def main():
+        async with simulation("ours", LoadBalancingStrategy.GREEDY, 32, traffic=Traffic()) as sim:
+            sim.start_traffic()
+            for _ in range(4):
+                sim.add_instance()
+            result = await sim.run_until_balanced(max_ticks=50)
+            return result.ticks_to_balanced, result.duplicates
+
+    print(run_virtual(main()))
 """
 from __future__ import annotations
 
@@ -46,7 +52,6 @@ import asyncio
 import bisect
 import contextlib
 import contextvars
-import heapq
 import itertools
 import logging
 import math
@@ -60,19 +65,17 @@ from types import SimpleNamespace
 from typing import (Any, Awaitable, Callable, Dict, FrozenSet, Iterable, Iterator, List, Optional, Sequence, Set,
                     Tuple, TypeVar)
 
-from eventprocessor.checkpoint_store import CheckpointStore, StoreWrapper
-from eventprocessor.errors import CheckpointStoreError, OwnershipLostError
-from eventprocessor.events import EventPosition
-from eventprocessor.records import Checkpoint, Member, MemberListing, Ownership, OwnershipListing
+from eventprocessor import CheckpointStore, CheckpointStoreError, EventPosition, OwnershipLostError
+from eventprocessor.records import Member, Ownership
 from eventprocessor.sources import MemoryEventSource
+from eventprocessor.testing import LedgerStore, OwnershipLedger, VirtualTimeLoop
 
 _T = TypeVar("_T")
 
 __all__ = [
     "EPOCH",
-    "VirtualScheduler",
-    "VirtualClock",
-    "Ledger",
+    "Instants",
+    "InstanceClock",
     "SimulatedStore",
     "OfficialSimStore",
     "Traffic",
@@ -97,265 +100,134 @@ CONSUMER_GROUP = "$default"
 SCHEDULES = ("staggered", "lockstep", "jittered")
 
 
-# --------------------------------------------------------------------------- scheduler
+# --------------------------------------------------------------------------- time
 
 
-class SimulationStalled(RuntimeError):
-    """A coroutine of the simulation kept running without ever waiting on virtual time."""
+class Instants:
+    """Simulation time on the running :class:`~eventprocessor.testing.VirtualTimeLoop`:
+    seconds since the simulation started (:attr:`now`), timers, and work that runs only
+    once everything else of the current instant has run (the loop's idle callback).
 
-
-class VirtualScheduler:
-    """Virtual time: a heap of (time, sequence) wake-ups, run in order.
-
-    Events at the same virtual time run in the order they were scheduled, which is
-    what sequences a lockstep tick (all lists before any write). A wake-up whose waiter
-    was cancelled (a store call's time-out timer, once the call answered) is dropped
-    without running.
+    That last part is what sequences an instant the way a network does: a store request
+    sent at ``t`` executes at ``t`` after every coroutine that had something to do at
+    ``t`` got to it, so the processors of a lockstep tick all list the same snapshot
+    before any of them writes. :attr:`observers` are called at the same point, after that
+    work (the simulation watches its balance there).
     """
 
     def __init__(self) -> None:
-        self.now = 0.0
-        self._heap: List[Tuple[float, int, Callable[[], None]]] = []
-        self._seq = itertools.count()
+        loop = asyncio.get_running_loop()
+        if not isinstance(loop, VirtualTimeLoop):
+            raise RuntimeError("a Simulation runs on eventprocessor.testing.VirtualTimeLoop: start it with "
+                               "eventprocessor.testing.run_virtual(...)")
+        self.loop: VirtualTimeLoop = loop
+        self.origin = loop.time()
+        self.observers: List[Callable[[], None]] = []
+        self._last: List[Callable[[], None]] = []
         self._groups: Dict[float, List[Any]] = {}
-        self._cancelled: Set[int] = set()
+        loop.add_idle_callback(self._idle)
 
-    def call_at(self, when: float, callback: Callable[[], None]) -> int:
-        seq = next(self._seq)
-        heapq.heappush(self._heap, (max(when, self.now), seq, callback))
-        return seq
+    @property
+    def now(self) -> float:
+        return self.loop.time() - self.origin
+
+    def call_at(self, when: float, callback: Callable[[], None]) -> asyncio.TimerHandle:
+        return self.loop.call_at(self.origin + when, callback)
 
     async def sleep_until(self, when: float) -> None:
-        future = asyncio.get_running_loop().create_future()
-
-        def wake() -> None:
-            if not future.done():
-                future.set_result(None)
-
-        seq = self.call_at(when, wake)
+        future = self.loop.create_future()
+        handle = self.call_at(max(when, self.now), lambda: future.done() or future.set_result(None))
         try:
             await future
-        except asyncio.CancelledError:
-            if future.cancelled():
-                self._cancelled.add(seq)
-            raise
+        finally:
+            handle.cancel()
 
     async def sleep(self, seconds: float) -> None:
         await self.sleep_until(self.now + max(0.0, seconds))
 
-    async def write_group(self, when: float, items: Sequence[Any], execute: Callable[[Any], Any],
+    async def last(self) -> None:
+        """Return once everything else of the current instant has run."""
+        future = self.loop.create_future()
+        self._last.append(lambda: future.done() or future.set_result(None))
+        await future
+
+    async def write_group(self, when: float, items: Sequence[Any], execute: Callable[[Any], Awaitable[Any]],
                           rng: random.Random) -> List[Any]:
-        """Apply ``execute`` to each item at ``when``, interleaved at random with the
-        items of every other batch that lands at the same instant; return the results
-        in item order."""
-        future = asyncio.get_running_loop().create_future()
+        """Apply ``execute`` to each item at ``when`` (once the rest of that instant ran),
+        interleaved at random with the items of every other batch that lands at the same
+        instant; return the results in item order. Every item is applied even if the
+        caller stopped waiting (a store applies what its clients abandoned)."""
+        future = self.loop.create_future()
         key = max(when, self.now)
         group = self._groups.get(key)
         if group is None:
             group = self._groups[key] = []
 
-            def apply() -> None:
+            async def apply() -> None:
                 batches = self._groups.pop(key)
-                order = [(b, i) for b, (batch_items, _ex, _fut, _res) in enumerate(batches)
-                         for i in range(len(batch_items))]
+                order = [(b, i) for b, (batch_items, *_rest) in enumerate(batches) for i in range(len(batch_items))]
                 rng.shuffle(order)
+                failed: Dict[int, BaseException] = {}
                 for b, i in order:
-                    batch_items, batch_execute, _fut, results = batches[b]
-                    results[i] = _run_now(batch_execute(batch_items[i]))
-                for _items, _ex, batch_future, results in batches:
+                    batch_items, batch_execute, _future, results = batches[b]
+                    try:
+                        results[i] = await batch_execute(batch_items[i])  # in-memory: never suspends
+                    except Exception as error:  # reported to that batch's caller
+                        failed.setdefault(b, error)
+                for b, (_items, _execute, batch_future, results) in enumerate(batches):
                     if not batch_future.done():
-                        batch_future.set_result(results)
+                        if b in failed:
+                            batch_future.set_exception(failed[b])
+                        else:
+                            batch_future.set_result(results)
 
-            self.call_at(key, apply)
+            def start() -> None:
+                self.loop.create_task(apply())
+
+            self.call_at(key, lambda: self._last.append(start))
         group.append((list(items), execute, future, [None] * len(items)))
         return await future
 
-    def next_time(self) -> Optional[float]:
-        heap = self._heap
-        while heap and heap[0][1] in self._cancelled:
-            self._cancelled.discard(heapq.heappop(heap)[1])
-        return heap[0][0] if heap else None
+    def _idle(self) -> None:
+        due, self._last = self._last, []
+        for callback in due:
+            callback()
+        for observe in list(self.observers):
+            observe()
 
-    def pop(self) -> Callable[[], None]:
-        self.next_time()
-        when, _seq, callback = heapq.heappop(self._heap)
-        self.now = when
-        return callback
-
-    def pop_due(self) -> List[Callable[[], None]]:
-        """Every live wake-up of the earliest instant, in scheduling order (one drain of
-        the event loop then serves them all: same order, far fewer drains)."""
-        when = self.next_time()
-        due: List[Callable[[], None]] = []
-        heap = self._heap
-        while heap and heap[0][0] == when:
-            _when, seq, callback = heapq.heappop(heap)
-            if seq in self._cancelled:
-                self._cancelled.discard(seq)
-                continue
-            due.append(callback)
-        if when is not None:
-            self.now = when
-        return due
-
-    @staticmethod
-    async def drain(limit: int = 100_000) -> None:
-        """Run the event loop until nothing is runnable.
-
-        Relies on asyncio's ready queue: when it is empty while this coroutine runs,
-        every other task is waiting (on virtual time or on an event that has not
-        happened), so virtual time may advance.
-        """
-        loop = asyncio.get_running_loop()
-        ready = getattr(loop, "_ready", None)
-        for _ in range(limit):
-            await asyncio.sleep(0)
-            if ready is None or not ready:
-                if ready is None:
-                    # Without access to the ready queue, give pending callbacks a fair chance.
-                    for _ in range(50):
-                        await asyncio.sleep(0)
-                return
-        raise SimulationStalled(f"the event loop was still busy after {limit} steps")
+    def close(self) -> None:
+        self.loop.remove_idle_callback(self._idle)
 
 
-class VirtualClock:
-    """The :class:`~eventprocessor.clock.Clock` an instance sees: virtual time plus a skew."""
+class InstanceClock:
+    """The :class:`~eventprocessor.clock.Clock` of an instance whose local clock is
+    ``skew`` seconds ahead: the loop's time plus the skew (``time()`` is the wall clock
+    the official balancer reads)."""
 
-    def __init__(self, scheduler: VirtualScheduler, skew: float = 0.0) -> None:
-        self._scheduler = scheduler
+    def __init__(self, instants: Instants, skew: float = 0.0) -> None:
+        self._instants = instants
         self.skew = skew
 
     def monotonic(self) -> float:
-        return self._scheduler.now + self.skew
+        return self._instants.loop.time() + self.skew
 
     def time(self) -> float:
         """Wall-clock seconds since the Unix epoch as this instance's local clock reads them."""
-        return EPOCH_SECONDS + self._scheduler.now + self.skew
+        return EPOCH_SECONDS + self._instants.now + self.skew
 
     async def sleep(self, seconds: float) -> None:
-        await self._scheduler.sleep(seconds)
+        await asyncio.sleep(seconds)
 
     def __repr__(self) -> str:
-        return f"VirtualClock(now={self._scheduler.now}, skew={self.skew})"
-
-
-# --------------------------------------------------------------------------- ledger
-
-
-@dataclass
-class _Record:
-    owner: str
-    modified: float  # virtual seconds
-
-
-@dataclass
-class Ledger:
-    """What the store saw, in the same terms for both implementations.
-
-    Every executed request is reported here with the virtual time it executed at and
-    the instance that sent it. Ownership writes are told apart by who wrote what:
-
-    * ``renew``: the owner rewrites its own record;
-    * ``request``: another processor marks a live record as requested (graceful handoff);
-    * ``handoff``: the owner writes its record over to another processor;
-    * ``claim``: a processor writes a record to itself that named someone else (or no
-      record existed); a *steal* if that record was live;
-    * ``release``: the owner clears its record.
-
-    A *move* gives a partition to an owner other than its last non-empty owner.
-    """
-
-    expiration: float
-    records: Dict[str, _Record] = field(default_factory=dict)
-    last_owner: Dict[str, str] = field(default_factory=dict)
-    requests: Counter = field(default_factory=Counter)
-    moves: int = 0
-    steals: int = 0
-    handoffs: int = 0
-    failed_claims: int = 0
-    owner_changes: int = 0
-    steals_by: Counter = field(default_factory=Counter)
-    version: int = 0
-    members: Dict[str, float] = field(default_factory=dict)  # member id -> last heartbeat (virtual s)
-
-    def count(self, kind: str) -> None:
-        """A request that changes no ownership record (lists, checkpoints, members)."""
-        self.requests[kind] += 1
-
-    def member_written(self, owner: str, now: float) -> None:
-        self.requests["write_member"] += 1
-        self.members[owner] = now
-
-    def member_expiry(self, owner: str) -> Optional[float]:
-        """When peers stop counting ``owner``'s member record (None if it never wrote
-        one): the processor treats a member as gone after half the expiration
-        (``Timing.member_expiration``)."""
-        written = self.members.get(owner)
-        return None if written is None else written + self.expiration / 2
-
-    def write(self, partition_id: str, owner: str, won: bool, now: float, writer: Optional[str] = None) -> None:
-        writer = owner if writer is None else writer
-        self.version += 1
-        previous = self.records.get(partition_id)
-        previous_owner = previous.owner if previous is not None else ""
-        if not owner:
-            kind = "release"
-        elif previous_owner == owner:
-            kind = "renew" if writer == owner else "request"
-        elif writer != owner:
-            kind = "handoff"
-        else:
-            kind = "claim"
-        self.requests[kind] += 1
-        if not won:
-            self.failed_claims += 1
-            return
-        if previous_owner != owner:
-            self.owner_changes += 1
-        if owner:
-            before = self.last_owner.get(partition_id)
-            if before is not None and before != owner:
-                self.moves += 1
-                if kind == "handoff":
-                    self.handoffs += 1
-                elif previous is not None and previous.owner == before and now - previous.modified <= self.expiration:
-                    self.steals += 1
-                    self.steals_by[owner] += 1
-            self.last_owner[partition_id] = owner
-        self.records[partition_id] = _Record(owner, now)
-
-    def live_owner(self, partition_id: str, now: float) -> Optional[str]:
-        record = self.records.get(partition_id)
-        if record is None or not record.owner or now - record.modified > self.expiration:
-            return None
-        return record.owner
-
-    def counts(self, partition_ids: Iterable[str], owners: Iterable[str], now: float) -> Dict[str, int]:
-        result = {owner: 0 for owner in owners}
-        for pid in partition_ids:
-            owner = self.live_owner(pid, now)
-            if owner in result:
-                result[owner] += 1
-        return result
-
-    def snapshot(self) -> Dict[str, Any]:
-        return {
-            "requests": Counter(self.requests),
-            "moves": self.moves,
-            "steals": self.steals,
-            "handoffs": self.handoffs,
-            "failed_claims": self.failed_claims,
-            "owner_changes": self.owner_changes,
-        }
+        return f"InstanceClock(now={self._instants.now}, skew={self.skew})"
 
 
 # --------------------------------------------------------------------------- stores
 
 
 class _Latency:
-    def __init__(self, scheduler: VirtualScheduler, latency: float, rng: random.Random) -> None:
-        self.scheduler = scheduler
+    def __init__(self, instants: Instants, latency: float, rng: random.Random) -> None:
+        self.instants = instants
         self.latency = latency
         self._rng = rng
 
@@ -364,47 +236,41 @@ class _Latency:
         return self._rng.uniform(0.0, self.latency) if self.latency > 0 else 0.0
 
     async def round_trip(self, execute: Callable[[], Any]) -> Any:
+        """One request: it executes at the midpoint of its round trip, after everything
+        else of that instant."""
         delay = self.draw()
-        await self.scheduler.sleep(delay / 2)
+        if delay:
+            await self.instants.sleep(delay / 2)
+        await self.instants.last()
         result = execute()
         if asyncio.iscoroutine(result):
             result = await result
-        await self.scheduler.sleep(delay / 2)
+        if delay:
+            await self.instants.sleep(delay / 2)
         return result
 
-    async def writes(self, items: Sequence[Any], execute: Callable[[Any], Any]) -> List[Any]:
+    async def writes(self, items: Sequence[Any], execute: Callable[[Any], Awaitable[Any]]) -> List[Any]:
         """One round trip for a batch of writes sent concurrently.
 
         Batches of different instances that reach the store at the same instant are
         applied record by record in a random interleaving, as concurrent requests are
-        over a network (one scheduler event per instant, not per record, so large runs
-        stay fast). Lists keep their issue order, so a lockstep tick lists first.
+        over a network (one task per instant, not per record, so large runs stay fast).
         """
         delay = self.draw()
-        results = await self.scheduler.write_group(self.scheduler.now + delay / 2, items, execute, self._rng)
-        await self.scheduler.sleep(delay / 2)
+        results = await self.instants.write_group(self.instants.now + delay / 2, items, execute, self._rng)
+        if delay:
+            await self.instants.sleep(delay / 2)
         return results
-
-
-def _run_now(result: Any) -> Any:
-    """Finish a store coroutine that never suspends (the in-memory stores) synchronously."""
-    if not asyncio.iscoroutine(result):
-        return result
-    try:
-        result.send(None)
-    except StopIteration as done:
-        return done.value
-    result.close()
-    raise SimulationStalled("a store write suspended; simulated stores must complete at once")
 
 
 class _Crashed(CheckpointStoreError):
     """The instance behind this store view crashed: it sends nothing any more."""
 
 
-class SimulatedStore(StoreWrapper):
+class SimulatedStore(LedgerStore):
     """One instance's view of this SDK's :class:`~stores.InMemoryCheckpointStore`, behind
-    virtual latency.
+    virtual latency, reporting to the simulation's
+    :class:`~eventprocessor.testing.OwnershipLedger`.
 
     Every instance gets its own view (:meth:`for_instance`) over the same inner store,
     ledger and latency, so the ledger knows who wrote each record, and a crashed
@@ -416,17 +282,15 @@ class SimulatedStore(StoreWrapper):
     fences each claim it wins, as on Blob and Table).
     """
 
-    def __init__(self, inner: CheckpointStore, scheduler: VirtualScheduler, ledger: Ledger,
+    def __init__(self, inner: CheckpointStore, instants: Instants, ledger: OwnershipLedger,
                  latency: float = 0.0, rng: Optional[random.Random] = None, *, writer: str = "") -> None:
-        super().__init__(inner)
-        self._ledger = ledger
-        self._latency = _Latency(scheduler, latency, rng or random.Random(0))
-        self._scheduler = scheduler
-        self.writer = writer
+        super().__init__(inner, ledger, writer=writer, now=lambda: instants.now)
+        self._instants = instants
+        self._latency = _Latency(instants, latency, rng or random.Random(0))
         self.dead = False
 
     def for_instance(self, owner_id: str) -> "SimulatedStore":
-        view = SimulatedStore(self.inner, self._scheduler, self._ledger, writer=owner_id)
+        view = SimulatedStore(self.inner, self._instants, self.ledger, writer=owner_id)
         view._latency = self._latency
         return view
 
@@ -434,35 +298,18 @@ class SimulatedStore(StoreWrapper):
         if self.dead:
             raise _Crashed(f"{self.writer} crashed; it sends no more requests")
 
-    async def _forward(self, operation: str, call: Callable[[], Awaitable[_T]], units: int = 1) -> _T:
+    async def forward(self, operation: str, call: Callable[[], Awaitable[_T]], units: int = 1) -> _T:
         self._check()
-
-        async def execute() -> Any:
-            self._ledger.count(operation)
-            return await call()
-
-        return await self._latency.round_trip(execute)
+        return await self._latency.round_trip(lambda: LedgerStore.forward(self, operation, call, units))
 
     async def claim_ownership(self, ownerships: Iterable[Ownership]) -> List[Ownership]:
         self._check()
-        claims = list(ownerships)
-
-        def execute(claim: Ownership) -> Optional[Ownership]:
-            won = _run_now(self.inner.claim_ownership([claim]))
-            self._ledger.write(claim.partition_id, claim.owner_id, bool(won), self._scheduler.now, self.writer)
-            return won[0] if won else None
-
-        results = await self._latency.writes(claims, execute)
+        results = await self._latency.writes(list(ownerships), self.claim_one)
         return [record for record in results if record is not None]
 
     async def write_member(self, member: Member) -> Member:
         self._check()
-
-        async def execute() -> Member:
-            self._ledger.member_written(member.owner_id, self._scheduler.now)
-            return await self.inner.write_member(member)
-
-        return await self._latency.round_trip(execute)
+        return await self._latency.round_trip(lambda: LedgerStore.write_member(self, member))
 
 
 @dataclass
@@ -483,17 +330,17 @@ class OfficialSimStore:
     as for :class:`SimulatedStore`.
     """
 
-    def __init__(self, scheduler: VirtualScheduler, ledger: Ledger, latency: float = 0.0,
+    def __init__(self, instants: Instants, ledger: OwnershipLedger, latency: float = 0.0,
                  rng: Optional[random.Random] = None, *, writer: str = "") -> None:
         self._records = _OfficialRecords()
         self._ledger = ledger
-        self._scheduler = scheduler
-        self._latency = _Latency(scheduler, latency, rng or random.Random(0))
+        self._instants = instants
+        self._latency = _Latency(instants, latency, rng or random.Random(0))
         self.writer = writer
         self.dead = False
 
     def for_instance(self, owner_id: str) -> "OfficialSimStore":
-        view = OfficialSimStore(self._scheduler, self._ledger, writer=owner_id)
+        view = OfficialSimStore(self._instants, self._ledger, writer=owner_id)
         view._records, view._latency = self._records, self._latency
         return view
 
@@ -502,7 +349,7 @@ class OfficialSimStore:
             raise _Crashed(f"{self.writer} crashed; it sends no more requests")
 
     def server_time(self) -> float:
-        return EPOCH_SECONDS + self._scheduler.now
+        return EPOCH_SECONDS + self._instants.now
 
     async def list_ownership(self, fully_qualified_namespace: str, eventhub_name: str, consumer_group: str,
                              **kwargs: Any) -> List[Dict[str, Any]]:
@@ -518,13 +365,13 @@ class OfficialSimStore:
         self._check()
         claims = [dict(claim) for claim in ownership_list]
 
-        def execute(claim: Dict[str, Any]) -> Optional[Dict[str, Any]]:
+        async def execute(claim: Dict[str, Any]) -> Optional[Dict[str, Any]]:
             pid = claim["partition_id"]
             current = self._records.ownership.get(pid)
             etag = claim.get("etag")
             ok = (current is None and etag is None) or (current is not None and etag is not None
                                                           and etag == current["etag"])
-            self._ledger.write(pid, claim.get("owner_id") or "", ok, self._scheduler.now, self.writer)
+            self._ledger.write(pid, claim.get("owner_id") or "", ok, self._instants.now, self.writer)
             if not ok:
                 return None
             record = dict(claim, etag=str(uuid.uuid4()), last_modified_time=self.server_time())
@@ -602,8 +449,8 @@ class Deliveries:
     * resumption: a partition's first batch after an instant, by given owners.
     """
 
-    def __init__(self, scheduler: VirtualScheduler) -> None:
-        self._scheduler = scheduler
+    def __init__(self, now: Callable[[], float]) -> None:
+        self._now = now
         self.batches: List[Batch] = []
         self._starts: List[float] = []
         self._times_delivered: Dict[str, List[int]] = {}
@@ -618,7 +465,7 @@ class Deliveries:
             if seen[seq]:
                 duplicates += 1
             seen[seq] += 1
-        now = self._scheduler.now
+        now = self._now()
         batch = Batch(partition_id, owner_id, claim, first, last, now, duplicates=duplicates)
         self.batches.append(batch)
         self._starts.append(now)
@@ -627,7 +474,7 @@ class Deliveries:
 
     def end(self, batch: Batch) -> None:
         if batch.end is None:
-            batch.end = self._scheduler.now
+            batch.end = self._now()
 
     def since(self, start: float) -> List[Batch]:
         return self.batches[bisect.bisect_left(self._starts, start):]
@@ -712,7 +559,7 @@ class Deliveries:
 
 @dataclass
 class _OfficialContext:
-    clock: VirtualClock
+    clock: InstanceClock
     rng: random.Random
 
 
@@ -760,7 +607,6 @@ class _Instance:
     ``stop`` (graceful) or ``crash``."""
 
     owner_id: str
-    clock: VirtualClock
     dead: bool = False
 
     async def join(self) -> None:
@@ -793,7 +639,7 @@ def _recording_processor(instance: "OursInstance", deliveries: Deliveries, work:
             batch = deliveries.begin(context.partition_id, context.owner_id, context.epoch,
                                      events[0].sequence_number, events[-1].sequence_number)
             try:
-                await instance.clock.sleep(work)
+                await asyncio.sleep(work)
             finally:
                 deliveries.end(batch)
             if instance.dead:
@@ -813,10 +659,9 @@ def _recording_processor(instance: "OursInstance", deliveries: Deliveries, work:
 class OursInstance(_Instance):
     """This SDK's real EventProcessor, ticked through ``balance_once``."""
 
-    def __init__(self, processor: Any, clock: VirtualClock, store: SimulatedStore) -> None:
+    def __init__(self, processor: Any, store: SimulatedStore) -> None:
         self.processor = processor
         self.owner_id = processor.owner_id
-        self.clock = clock
         self.store = store
         self.dead = False
         self.errors = 0
@@ -831,8 +676,8 @@ class OursInstance(_Instance):
 
     async def join(self) -> None:
         # As EventProcessor.start does: the renewer, lease keeper and member heartbeat
-        # run on their own (on the virtual clock); the balancing loop writes the member
-        # record before its first tick. The simulation drives the ticks themselves.
+        # run on their own (on the loop's virtual clock); the balancing loop writes the
+        # member record before its first tick. The simulation drives the ticks themselves.
         await self.processor.start(balancing=False)
         await self.processor.join()
 
@@ -874,7 +719,7 @@ class OfficialInstance(_Instance):
     ``_receive``, ``_close_consumer``, ``stop``)."""
 
     def __init__(self, owner_id: str, store: OfficialSimStore, partition_ids: Callable[[], List[str]],
-                 strategy: Any, expiration: float, clock: VirtualClock, rng: random.Random, *,
+                 strategy: Any, expiration: float, clock: InstanceClock, rng: random.Random, *,
                  source: Optional[MemoryEventSource] = None, deliveries: Optional[Deliveries] = None,
                  work: float = 0.0, max_batch_size: int = 300) -> None:
         from azure.eventhub.aio._eventprocessor._ownership_manager import OwnershipManager
@@ -971,7 +816,7 @@ class OfficialInstance(_Instance):
         batch = self._deliveries.begin(context.partition_id, self.owner_id, claim,
                                        events[0].sequence_number, events[-1].sequence_number)
         try:
-            await self.clock.sleep(self._work)
+            await asyncio.sleep(self._work)
         finally:
             self._deliveries.end(batch)
         await context.update_checkpoint(events[-1])
@@ -1115,9 +960,9 @@ class Simulation:
         self.processor_options = dict(processor_options or {})
         self.balance_tolerance = balance_tolerance
         self._rng = random.Random(seed)
-        self.scheduler = VirtualScheduler()
-        self.ledger = Ledger(expiration=expiration)
-        self.deliveries = Deliveries(self.scheduler)
+        self.instants = Instants()
+        self.ledger = OwnershipLedger(expiration=expiration)
+        self.deliveries = Deliveries(lambda: self.instants.now)
         self.partition_ids: List[str] = [str(i) for i in range(partitions)]
         self.instances: List[_Instance] = []
         self.alive: List[_Instance] = []
@@ -1129,16 +974,33 @@ class Simulation:
         self._balanced_since: Optional[float] = None
         self._dirty = True
         self._seen_version = -1
+        self._waiters: List[Callable[[], None]] = []
         self.source = MemoryEventSource(partitions, eventhub_name=EVENTHUB, fully_qualified_namespace=NAMESPACE,
-                                        clock=lambda: EPOCH + timedelta(seconds=self.scheduler.now))
+                                        clock=self.server_time)
         if implementation == "ours":
             from stores import InMemoryCheckpointStore
 
-            inner = InMemoryCheckpointStore(clock=lambda: EPOCH + timedelta(seconds=self.scheduler.now))
-            self.store: Any = SimulatedStore(inner, self.scheduler, self.ledger, latency,
+            inner = InMemoryCheckpointStore(clock=self.server_time)
+            self.store: Any = SimulatedStore(inner, self.instants, self.ledger, latency,
                                              random.Random(self._rng.random()))
         else:
-            self.store = OfficialSimStore(self.scheduler, self.ledger, latency, random.Random(self._rng.random()))
+            self.store = OfficialSimStore(self.instants, self.ledger, latency, random.Random(self._rng.random()))
+        self.instants.observers.append(self._on_instant)
+        self._sampler = self.instants.call_at(self.interval, self._sample_due)
+
+    @property
+    def now(self) -> float:
+        """Seconds of simulated time since this simulation started."""
+        return self.instants.now
+
+    @property
+    def balanced_since(self) -> Optional[float]:
+        """Since when the assignment has been balanced (None: it is not)."""
+        return self._balanced_since
+
+    def server_time(self) -> datetime:
+        """The store's and the source's wall clock: ``EPOCH`` plus :attr:`now`."""
+        return EPOCH + timedelta(seconds=self.instants.now)
 
     # ---- membership and topology
 
@@ -1152,7 +1014,7 @@ class Simulation:
         ``options`` are extra :class:`~eventprocessor.EventProcessor` arguments (this SDK).
         """
         owner_id = owner_id or self._new_owner_id()
-        clock = VirtualClock(self.scheduler, skew)
+        clock = InstanceClock(self.instants, skew)
         rng = random.Random(self._rng.random())
         store = self.store.for_instance(owner_id)
         if self.implementation == "ours":
@@ -1162,9 +1024,10 @@ class Simulation:
                         "partition_ownership_expiration_interval": self.expiration, **self.processor_options,
                         **options}
             holder: Dict[str, Any] = {}
+            # Without a skew the processor keeps its default clock: the loop's.
             processor = EventProcessor(self.source, store, lambda: holder["cls"](), consumer_group=CONSUMER_GROUP,
-                                       owner_id=owner_id, clock=clock, rng=rng, **settings)
-            instance: _Instance = OursInstance(processor, clock, store)
+                                       owner_id=owner_id, clock=clock if skew else None, rng=rng, **settings)
+            instance: _Instance = OursInstance(processor, store)
             holder["cls"] = _recording_processor(instance, self.deliveries, self.work)  # type: ignore[arg-type]
         else:
             from azure.eventhub import LoadBalancingStrategy as OfficialStrategy
@@ -1183,12 +1046,12 @@ class Simulation:
         self.instances.append(instance)
         self.alive.append(instance)
         if self.schedule == "lockstep":
-            k = math.floor((self.scheduler.now - self._origin) / self.interval + 1e-9)
+            k = math.floor((self.now - self._origin) / self.interval + 1e-9)
             first = self._origin + k * self.interval
-            if first < self.scheduler.now - 1e-9:
+            if first < self.now - 1e-9:
                 first += self.interval
         else:
-            first = self.scheduler.now + self._rng.uniform(0.0, self.interval)
+            first = self.now + self._rng.uniform(0.0, self.interval)
         self._drivers[instance.owner_id] = asyncio.get_running_loop().create_task(self._drive(instance, first))
         return instance
 
@@ -1202,32 +1065,32 @@ class Simulation:
 
     async def _produce(self, traffic: Traffic) -> None:
         body = b"x"
-        await self.scheduler.sleep_until(self._next_production(traffic))
+        await self.instants.sleep_until(self._next_production(traffic))
         while True:
             for pid in self.partition_ids:
                 for _ in range(traffic.per_step):
                     self.source.append(body, partition_id=pid)
-            await self.scheduler.sleep(traffic.step)
+            await self.instants.sleep(traffic.step)
 
     async def _drive(self, instance: _Instance, first: float) -> None:
         await instance.join()
-        await self.scheduler.sleep_until(first)
+        await self.instants.sleep_until(first)
         rng = random.Random(self._rng.random())
         while True:
-            started = self.scheduler.now
+            started = self.now
             await instance.tick()
             self._instance_ticks += 1
             self._dirty = True
             if self.schedule == "lockstep":
-                await self.scheduler.sleep_until(started + self.interval)
+                await self.instants.sleep_until(started + self.interval)
             elif self.schedule == "jittered":
-                if self.implementation == "ours":  # EventProcessor._balancing_loop
-                    await self.scheduler.sleep_until(started + self.interval * rng.uniform(0.9, 1.1))
+                if self.implementation == "ours":  # the processor's balancing loop (taker.py)
+                    await self.instants.sleep_until(started + self.interval * rng.uniform(0.9, 1.1))
                 else:  # azure-eventhub EventProcessor.start
-                    await self.scheduler.sleep(self.interval + self.interval * rng.random() * 0.2)
+                    await self.instants.sleep(self.interval + self.interval * rng.random() * 0.2)
             else:
                 # Both processors' run loops sleep a full interval after a tick completes.
-                await self.scheduler.sleep(self.interval + rng.uniform(0.0, self.tick_jitter * self.interval))
+                await self.instants.sleep(self.interval + rng.uniform(0.0, self.tick_jitter * self.interval))
 
     async def _halt(self, instance: _Instance) -> None:
         task = self._drivers.pop(instance.owner_id)
@@ -1241,7 +1104,7 @@ class Simulation:
         sends nothing more; its records expire on their own."""
         await self._halt(instance)
         await instance.crash()
-        await self.scheduler.drain()
+        await self.instants.last()
         self._observe()
 
     async def stop(self, *instances: _Instance) -> None:
@@ -1249,36 +1112,26 @@ class Simulation:
         for instance in instances:
             await self._halt(instance)
         # Stopping finishes batches and releases ownership through the store, which takes
-        # virtual time: run the simulation until every stop is done.
-        loop = asyncio.get_running_loop()
-        stopping = asyncio.gather(*(loop.create_task(instance.stop()) for instance in instances))
-        await self._run_while_pending(stopping)
-        await stopping
+        # virtual time; the others run on meanwhile.
+        await asyncio.gather(*(instance.stop() for instance in instances))
         self._observe()
 
-    async def _run_while_pending(self, task: "asyncio.Future[Any]") -> None:
-        await self.scheduler.drain()
-        while not task.done():
-            if self.scheduler.next_time() is None:
-                raise SimulationStalled("a stop is waiting on something that virtual time cannot bring")
-            for wake in self.scheduler.pop_due():
-                wake()
-            await self.scheduler.drain()
-            if self._dirty or self._seen_version != self.ledger.version:
-                self._observe()
-
     async def stop_run(self) -> None:
+        """End the simulation: every live instance dies, the producer stops, nothing of it
+        is left on the loop."""
         for instance in list(self.alive):
             await self._halt(instance)
             await instance.crash()
         for instance in self.instances:
-            if instance.teardown is not None and not instance.teardown.done():
-                await self._run_while_pending(instance.teardown)
+            if instance.teardown is not None:
+                await instance.teardown
         if self._producer is not None:
             self._producer.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._producer
-        await self.scheduler.drain()
+        self._sampler.cancel()
+        await self.instants.last()
+        self.instants.close()
         await self.source.close()
 
     def add_partitions(self, count: int) -> None:
@@ -1288,17 +1141,17 @@ class Simulation:
 
     def owner_map(self) -> Dict[str, Optional[str]]:
         """Partition -> live owner, by the store's records right now."""
-        now = self.scheduler.now
+        now = self.now
         return {pid: self.ledger.live_owner(pid, now) for pid in self.partition_ids}
 
     def counts(self) -> Dict[str, int]:
-        return self.ledger.counts(self.partition_ids, [i.owner_id for i in self.alive], self.scheduler.now)
+        return self.ledger.counts(self.partition_ids, [i.owner_id for i in self.alive], self.now)
 
     def is_balanced(self) -> bool:
         if not self.alive:
             return False
         alive = {i.owner_id for i in self.alive}
-        now = self.scheduler.now
+        now = self.now
         counts = {owner: 0 for owner in alive}
         for pid in self.partition_ids:
             owner = self.ledger.live_owner(pid, now)
@@ -1313,45 +1166,48 @@ class Simulation:
         self._seen_version = self.ledger.version
         if self.is_balanced():
             if self._balanced_since is None:
-                self._balanced_since = self.scheduler.now
+                self._balanced_since = self.now
         else:
             self._balanced_since = None
 
+    def _on_instant(self) -> None:
+        # The balance changes only when a tick ends or the store is written (and with
+        # time alone, which the samples catch at every tick boundary).
+        if self._dirty or self._seen_version != self.ledger.version:
+            self._observe()
+        for check in list(self._waiters):
+            check()
+
+    def _sample_due(self) -> None:
+        self._sample()
+        self._sampler = self.instants.call_at(self.now + self.interval, self._sample_due)
+
     async def run_until(self, end: float, *, stop_when: Optional[Callable[[], bool]] = None) -> None:
-        """Advance virtual time to ``end`` (or until ``stop_when()`` holds after an event)."""
-        await self.scheduler.drain()
-        next_sample = self._origin + math.ceil((self.scheduler.now - self._origin) / self.interval + 1e-9) * self.interval
-        while True:
-            upcoming = self.scheduler.next_time()
-            if upcoming is None or upcoming > end:
-                break
-            while next_sample <= upcoming and next_sample <= end:
-                self.scheduler.now = max(self.scheduler.now, next_sample)
-                self._sample()
-                next_sample += self.interval
-            for wake in self.scheduler.pop_due():
-                wake()
-            await self.scheduler.drain()
-            # The balance changes only when a tick ends or the store is written (and with
-            # time alone, which the samples catch at every tick boundary).
-            if self._dirty or self._seen_version != self.ledger.version:
-                self._observe()
-            if stop_when is not None and stop_when():
-                return
-        while next_sample <= end:
-            self.scheduler.now = max(self.scheduler.now, next_sample)
-            self._sample()
-            next_sample += self.interval
-        self.scheduler.now = max(self.scheduler.now, end)
+        """Let simulated time run to ``end`` (or until ``stop_when()`` holds once an instant
+        is over)."""
+        done = self.instants.loop.create_future()
+
+        def check() -> None:
+            if not done.done() and (self.now >= end - 1e-9 or (stop_when is not None and stop_when())):
+                done.set_result(None)
+
+        wake = self.instants.call_at(end, lambda: None)  # time gets there even if nothing else happens
+        self._waiters.append(check)
+        try:
+            check()
+            await done
+        finally:
+            self._waiters.remove(check)
+            wake.cancel()
         self._observe()
 
     def _sample(self) -> None:
         self._observe()
-        self.samples.append(Sample((self.scheduler.now - self._origin) / self.interval, self.counts()))
+        self.samples.append(Sample((self.now - self._origin) / self.interval, self.counts()))
 
     def _next_production(self, traffic: Traffic) -> float:
         offset = traffic.phase * traffic.step
-        return math.ceil((self.scheduler.now - offset) / traffic.step - 1e-9) * traffic.step + offset
+        return math.ceil((self.now - offset) / traffic.step - 1e-9) * traffic.step + offset
 
     async def run_to_mid_batch(self) -> None:
         """With traffic: run to half a handler's work after the next production instant,
@@ -1360,7 +1216,7 @@ class Simulation:
         if self.traffic is None:
             return
         upcoming = self._next_production(self.traffic)
-        if upcoming <= self.scheduler.now + 1e-9:
+        if upcoming <= self.now + 1e-9:
             upcoming += self.traffic.step
         await self.run_until(upcoming + min(self.work, self.traffic.step) / 2)
 
@@ -1368,14 +1224,14 @@ class Simulation:
 
     def mark(self) -> Dict[str, Any]:
         """Start measuring a phase now; pass the result to :meth:`result`."""
-        return {"at": self.scheduler.now, "ledger": self.ledger.snapshot(), "ticks": self._instance_ticks}
+        return {"at": self.now, "ledger": self.ledger.snapshot(), "ticks": self._instance_ticks}
 
     def result(self, mark: Dict[str, Any], *, balanced_at: Optional[float] = None,
                reowned_at: Optional[float] = None) -> PhaseResult:
         before = mark["ledger"]
         after = self.ledger.snapshot()
         start = mark["at"]
-        overlap, deliverers = self.deliveries.overlap(start, self.scheduler.now)
+        overlap, deliverers = self.deliveries.overlap(start, self.now)
         return PhaseResult(
             ticks_to_balanced=None if balanced_at is None else self.ticks_between(start, balanced_at),
             balanced_at=balanced_at,
@@ -1386,7 +1242,7 @@ class Simulation:
             owner_changes=after["owner_changes"] - before["owner_changes"],
             requests=after["requests"] - before["requests"],
             instance_ticks=self._instance_ticks - mark["ticks"],
-            duration=self.scheduler.now - start,
+            duration=self.now - start,
             duplicates=self.deliveries.duplicates(start),
             overlap_seconds=overlap,
             max_deliverers=deliverers,
@@ -1396,7 +1252,7 @@ class Simulation:
 
     def undelivered(self, grace: float = 5.0) -> int:
         """Events enqueued more than ``grace`` seconds ago that no handler was given."""
-        cutoff = EPOCH + timedelta(seconds=self.scheduler.now - grace)
+        cutoff = EPOCH + timedelta(seconds=self.now - grace)
         return self.deliveries.undelivered(self.source, self.partition_ids, cutoff)
 
     def ticks_between(self, start: float, end: float) -> int:
@@ -1418,11 +1274,11 @@ class Simulation:
         deadline = mark["at"] + max_ticks * self.interval
 
         def settled() -> bool:
-            return self._balanced_since is not None and self.scheduler.now - self._balanced_since >= settle * self.interval
+            return self._balanced_since is not None and self.now - self._balanced_since >= settle * self.interval
 
         self._observe()
-        while self.scheduler.now < deadline and not settled():
-            await self.run_until(min(deadline, self.scheduler.now + self.interval), stop_when=settled)
+        while self.now < deadline and not settled():
+            await self.run_until(min(deadline, self.now + self.interval), stop_when=settled)
         balanced_at = self._balanced_since
         return self.result(mark, balanced_at=balanced_at)
 
@@ -1431,14 +1287,14 @@ class Simulation:
         instances; return that virtual time (None if it did not happen)."""
         def done() -> bool:
             names = {i.owner_id for i in self.alive}
-            now = self.scheduler.now
+            now = self.now
             return all(self.ledger.live_owner(pid, now) in names for pid in orphans)
 
-        deadline = self.scheduler.now + max_ticks * self.interval
+        deadline = self.now + max_ticks * self.interval
         if done():
-            return self.scheduler.now
+            return self.now
         await self.run_until(deadline, stop_when=done)
-        return self.scheduler.now if done() else None
+        return self.now if done() else None
 
     def resumed_at(self, orphans: Sequence[str], after: float) -> Optional[float]:
         """When the last of ``orphans`` got its first batch from an alive instance after
@@ -1455,7 +1311,7 @@ class Simulation:
     def record_expiry(self, partition_ids: Iterable[str]) -> float:
         """The virtual time at which the newest of these records expires."""
         return max((self.ledger.records[pid].modified + self.expiration for pid in partition_ids
-                    if pid in self.ledger.records), default=self.scheduler.now)
+                    if pid in self.ledger.records), default=self.now)
 
 
 @contextlib.asynccontextmanager

@@ -35,7 +35,7 @@ from stores import InMemoryCheckpointStore
 from . import program
 from .results import machine_line
 
-__all__ = ["main", "measure_processor", "measure_bare", "Measurement"]
+__all__ = ["main", "measure_processor", "measure_bare", "Measurement", "check_counts"]
 
 logger = logging.getLogger(__name__)
 
@@ -161,9 +161,23 @@ def main(argv: Optional[List[str]] = None, prog: Optional[str] = None) -> int:
     return program.run(parser, body, argv)
 
 
+def check_counts(processor: List[Measurement], bare: List[Measurement], total: int) -> str:
+    """Each side saw what it should: every bare round counted every event once; the
+    processor counted some and never more (what it dispatched before it owned every
+    partition is not counted). Raises ``RuntimeError`` if not; says what held."""
+    if any(b.events != total for b in bare):
+        raise RuntimeError(f"a bare round counted {[b.events for b in bare]} events, not {total}")
+    if any(not 0 < p.events <= total for p in processor) or any(m.seconds <= 0 for m in processor + bare):
+        raise RuntimeError(f"the processor counted {[p.events for p in processor]} events of {total} (or a round "
+                           "took no time)")
+    return (f"throughput: counts checked: every bare round counted all {total} events; the processor counted "
+            f"{min(p.events for p in processor)}-{max(p.events for p in processor)} (after it owned every partition)")
+
+
 def _run(args: argparse.Namespace, command: str) -> int:
     logging.basicConfig(level=logging.WARNING)
     processor, bare = asyncio.run(run(args.events_per_partition, args.rounds))
+    print(check_counts(processor, bare, PARTITIONS * args.events_per_partition), file=sys.stderr)
     best_p = max(processor, key=lambda m: m.per_second)
     best_b = max(bare, key=lambda m: m.per_second)
     ratios = sorted(p.per_second / b.per_second for p, b in zip(processor, bare))

@@ -20,13 +20,14 @@ from typing import List, Optional, Tuple
 
 from .ports import free_ports, port_open
 
-__all__ = ["AZURITE_FLAGS", "Azurite", "AzuriteUnavailable", "find_azurite", "start_azurite", "DEV_ACCOUNT_NAME"]
+__all__ = ["AZURITE_FLAGS", "Azurite", "AzuriteUnavailable", "find_azurite", "start_azurite", "DEV_ACCOUNT_NAME",
+           "DEV_ACCOUNT_KEY"]
 
 logger = logging.getLogger(__name__)
 
 DEV_ACCOUNT_NAME = "devstoreaccount1"
 # The emulator's fixed, publicly documented development key. Not a secret.
-_DEV_ACCOUNT_KEY = "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw=="
+DEV_ACCOUNT_KEY = "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw=="
 _HOST = "127.0.0.1"
 
 AZURITE_FLAGS = ("--silent", "--skipApiVersionCheck", "--loose", "--disableTelemetry")
@@ -61,7 +62,7 @@ class Azurite:
     def connection_string(self) -> str:
         """An explicit devstoreaccount1 connection string for blob, queue and table."""
         return (
-            f"DefaultEndpointsProtocol=http;AccountName={DEV_ACCOUNT_NAME};AccountKey={_DEV_ACCOUNT_KEY};"
+            f"DefaultEndpointsProtocol=http;AccountName={DEV_ACCOUNT_NAME};AccountKey={DEV_ACCOUNT_KEY};"
             f"BlobEndpoint={self.blob_endpoint};"
             f"QueueEndpoint=http://{_HOST}:{self.queue_port}/{DEV_ACCOUNT_NAME};"
             f"TableEndpoint={self.table_endpoint};"
@@ -69,7 +70,7 @@ class Azurite:
 
     @property
     def account_key(self) -> str:
-        return _DEV_ACCOUNT_KEY
+        return DEV_ACCOUNT_KEY
 
     @property
     def started_here(self) -> bool:

@@ -33,8 +33,8 @@ _T = TypeVar("_T")
 
 async def with_deadline(clock: Clock, seconds: float, call: Awaitable[_T], on_timeout: Callable[[], Exception]) -> _T:
     """Await ``call``; if ``clock`` says ``seconds`` passed first, cancel it and raise
-    ``on_timeout()``. Uses the injected clock (not ``asyncio.wait_for``), so it follows
-    the simulator's virtual time too."""
+    ``on_timeout()``. Uses the processor's clock (not ``asyncio.wait_for``), so a deadline
+    follows the same time as the leases it protects, whatever clock was injected."""
     work = asyncio.ensure_future(call)
     timer = asyncio.ensure_future(clock.sleep(seconds))
     try:
@@ -76,7 +76,7 @@ class BoundedStore(StoreWrapper):
     def __repr__(self) -> str:
         return f"BoundedStore({self.inner!r}, timeout={self.timeout})"
 
-    async def _forward(self, operation: str, call: Callable[[], Awaitable[_T]], units: int = 1) -> _T:
+    async def forward(self, operation: str, call: Callable[[], Awaitable[_T]], units: int = 1) -> _T:
         started = self._clock.monotonic()
         self.calls[operation] += 1
         error: Optional[BaseException] = None

@@ -10,8 +10,8 @@
 Every method is abstract: nothing quietly does less. A store that keeps no member
 records says so by raising ``NotImplementedError`` from the member methods (the processor
 then makes itself visible by claiming). :class:`StoreWrapper` is the one base of
-wrappers (bounded calls, faults, simulation, one-partition views): it forwards every
-method through a single hook, so a wrapper can never drop a method.
+wrappers (bounded calls, faults, ledgers, one-partition views): it forwards every
+method through :meth:`StoreWrapper.forward`, so a wrapper can never drop a method.
 
 One conformance suite (``tests/test_store_conformance.py``) runs against every
 implementation. The semantics:
@@ -59,7 +59,7 @@ import abc
 import contextvars
 from dataclasses import replace
 from types import TracebackType
-from typing import Awaitable, Callable, Iterable, List, Optional, Tuple, Type, TypeVar
+from typing import Any, Awaitable, Callable, Iterable, List, Optional, Tuple, Type, TypeVar
 
 from .records import Checkpoint, Member, MemberListing, Ownership, OwnershipListing
 
@@ -220,17 +220,23 @@ class CheckpointStore(OwnershipStore, CheckpointRecords, EntryLog):
 
 class StoreWrapper(CheckpointStore):
     """A store in front of another (``inner``): every method goes through
-    :meth:`_forward`, the one hook a wrapper overrides (bounds, faults, counting). A
+    :meth:`forward`, the one hook a wrapper overrides (bounds, faults, counting). A
     wrapper that needs to change what a method does overrides that method and still
-    calls ``_forward``.
+    calls ``forward``.
 
     Example::
 
         class Counting(StoreWrapper):
-            async def _forward(self, operation, call, units=1):
+            async def forward(self, operation, call, units=1):
                 self.calls[operation] += 1
                 return await call()
     """
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "_forward" in vars(cls):  # the hook's name before it was public: it would never be called
+            raise TypeError(f"{cls.__name__} overrides StoreWrapper._forward, which is now called forward: "
+                            "rename the method")
 
     def __init__(self, inner: CheckpointStore) -> None:
         self.inner = inner
@@ -238,73 +244,73 @@ class StoreWrapper(CheckpointStore):
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.inner!r})"
 
-    async def _forward(self, operation: str, call: Callable[[], Awaitable[_T]], units: int = 1) -> _T:
+    async def forward(self, operation: str, call: Callable[[], Awaitable[_T]], units: int = 1) -> _T:
         """Run one call of the inner store. ``operation`` names it (the tick's listing,
         ``list_ownership_and_members``, is named ``list_ownership``: one listing);
         ``units`` is how many records it writes."""
         return await call()
 
     async def check(self) -> None:
-        await self._forward("check", self.inner.check)
+        await self.forward("check", self.inner.check)
 
     async def list_ownership(self, fully_qualified_namespace: str, eventhub_name: str,
                              consumer_group: str) -> OwnershipListing:
-        return await self._forward("list_ownership", lambda: self.inner.list_ownership(
+        return await self.forward("list_ownership", lambda: self.inner.list_ownership(
             fully_qualified_namespace, eventhub_name, consumer_group))
 
     async def claim_ownership(self, ownerships: Iterable[Ownership]) -> List[Ownership]:
         claims = list(ownerships)
-        return await self._forward("claim_ownership", lambda: self.inner.claim_ownership(claims), len(claims))
+        return await self.forward("claim_ownership", lambda: self.inner.claim_ownership(claims), len(claims))
 
     async def release_ownership(self, ownership: Ownership) -> bool:
-        return await self._forward("release_ownership", lambda: self.inner.release_ownership(ownership))
+        return await self.forward("release_ownership", lambda: self.inner.release_ownership(ownership))
 
     async def list_ownership_and_members(self, fully_qualified_namespace: str, eventhub_name: str,
                                          consumer_group: str) -> Tuple[OwnershipListing, Optional[MemberListing]]:
-        return await self._forward("list_ownership", lambda: self.inner.list_ownership_and_members(
+        return await self.forward("list_ownership", lambda: self.inner.list_ownership_and_members(
             fully_qualified_namespace, eventhub_name, consumer_group))
 
     async def list_members(self, fully_qualified_namespace: str, eventhub_name: str,
                            consumer_group: str) -> MemberListing:
-        return await self._forward("list_members", lambda: self.inner.list_members(
+        return await self.forward("list_members", lambda: self.inner.list_members(
             fully_qualified_namespace, eventhub_name, consumer_group))
 
     async def write_member(self, member: Member) -> Member:
-        return await self._forward("write_member", lambda: self.inner.write_member(member))
+        return await self.forward("write_member", lambda: self.inner.write_member(member))
 
     async def delete_member(self, member: Member) -> None:
-        await self._forward("delete_member", lambda: self.inner.delete_member(member))
+        await self.forward("delete_member", lambda: self.inner.delete_member(member))
 
     async def fence_checkpoint(self, ownership: Ownership) -> Optional[Checkpoint]:
-        return await self._forward("fence_checkpoint", lambda: self.inner.fence_checkpoint(ownership))
+        return await self.forward("fence_checkpoint", lambda: self.inner.fence_checkpoint(ownership))
 
     async def update_checkpoint(self, checkpoint: Checkpoint, *, owner_id: str, epoch: int) -> None:
-        await self._forward("update_checkpoint", lambda: self.inner.update_checkpoint(
+        await self.forward("update_checkpoint", lambda: self.inner.update_checkpoint(
             checkpoint, owner_id=owner_id, epoch=epoch))
 
     async def list_checkpoints(self, fully_qualified_namespace: str, eventhub_name: str,
                                consumer_group: str) -> List[Checkpoint]:
-        return await self._forward("list_checkpoints", lambda: self.inner.list_checkpoints(
+        return await self.forward("list_checkpoints", lambda: self.inner.list_checkpoints(
             fully_qualified_namespace, eventhub_name, consumer_group))
 
     async def create_entry(self, fully_qualified_namespace: str, eventhub_name: str, consumer_group: str,
                            log_name: str, entry_name: str, data: bytes) -> bool:
-        return await self._forward("create_entry", lambda: self.inner.create_entry(
+        return await self.forward("create_entry", lambda: self.inner.create_entry(
             fully_qualified_namespace, eventhub_name, consumer_group, log_name, entry_name, data))
 
     async def read_entry(self, fully_qualified_namespace: str, eventhub_name: str, consumer_group: str,
                          log_name: str, entry_name: str) -> Optional[bytes]:
-        return await self._forward("read_entry", lambda: self.inner.read_entry(
+        return await self.forward("read_entry", lambda: self.inner.read_entry(
             fully_qualified_namespace, eventhub_name, consumer_group, log_name, entry_name))
 
     async def list_entries(self, fully_qualified_namespace: str, eventhub_name: str, consumer_group: str,
                            log_name: str, prefix: str = "") -> List[str]:
-        return await self._forward("list_entries", lambda: self.inner.list_entries(
+        return await self.forward("list_entries", lambda: self.inner.list_entries(
             fully_qualified_namespace, eventhub_name, consumer_group, log_name, prefix))
 
     async def delete_entry(self, fully_qualified_namespace: str, eventhub_name: str, consumer_group: str,
                            log_name: str, entry_name: str) -> None:
-        await self._forward("delete_entry", lambda: self.inner.delete_entry(
+        await self.forward("delete_entry", lambda: self.inner.delete_entry(
             fully_qualified_namespace, eventhub_name, consumer_group, log_name, entry_name))
 
     async def close(self) -> None:

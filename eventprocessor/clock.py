@@ -1,5 +1,7 @@
-"""Time as the processor sees it, injectable so that simulations run the real code
-under a virtual clock.
+"""Time as the processor sees it: by default the event loop's (virtual under
+:class:`~eventprocessor.testing.VirtualTimeLoop`), injectable (a frozen
+:class:`~eventprocessor.testing.ManualClock` makes a processor that never sees its
+leases end).
 
 The processor only needs elapsed time (``monotonic``) and a way to wait (``sleep``).
 Absolute time for expiry always comes from the checkpoint store, never from here.

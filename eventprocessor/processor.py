@@ -248,7 +248,8 @@ class EventProcessor:
         """Start balancing, renewing and processing in the background. Idempotent.
 
         ``balancing=False`` starts everything but the balancing loop, for a driver that
-        ticks :meth:`balance_once` itself (a simulator); call :meth:`join` first."""
+        ticks :meth:`balance_once` itself (a test or a simulation that counts ticks);
+        call :meth:`join` first."""
         if self.is_running or self._scope.running("renewer"):
             return
         scope = self._scope

@@ -19,7 +19,7 @@ from eventprocessor.errors import ConfigurationError
 
 from ._account import (ClientTimeouts, account_name_from_url, check_account_url, describe_error, one_of,
                        parse_connection_string, resolve_credential, safe_url)
-from ._protocol import (OWNERSHIP, BackendFailure, EtagMismatch, Kind, ProtocolStore, RecordBackend, RecordExists,
+from .protocol import (OWNERSHIP, BackendFailure, EtagMismatch, Kind, ProtocolStore, RecordBackend, RecordExists,
                         RecordMissing)
 
 __all__ = ["AzureRecords", "AzureCheckpointStore", "ServerClock", "server_date"]
@@ -216,6 +216,16 @@ class AzureCheckpointStore(ProtocolStore):
         account = parse_connection_string(conn_str, cls._service, credential_given=credential is not None)
         return cls(account.endpoint, home, credential=account.credential if credential is None else credential,
                    **kwargs)  # type: ignore[call-arg]
+
+    @property
+    def account_url(self) -> str:
+        """The storage account's endpoint this store talks to, without its query string
+        (a SAS given in the URL is never shown). Example::
+
+            store = BlobCheckpointStore.from_connection_string("UseDevelopmentStorage=true", "checkpoints")
+            assert store.account_url == "http://127.0.0.1:10000/devstoreaccount1"
+        """
+        return safe_url(self._account_url)
 
     def __repr__(self) -> str:
         return (f"{type(self).__name__}(account={self._account_name!r}, endpoint={safe_url(self._account_url)!r}, "

@@ -1,12 +1,12 @@
 """An in-process checkpoint store that runs the real protocol.
 
-``InMemoryCheckpointStore`` is :class:`~stores._protocol.ProtocolStore` (the claim,
+``InMemoryCheckpointStore`` is :class:`~stores.protocol.ProtocolStore` (the claim,
 fence, checkpoint, member and log-entry protocol the Blob and Table stores run) over
 :class:`InMemoryRecords`, a backend with the service's semantics: every write gets a
 new random etag and the injected clock's time, create-if-absent fails on an existing
 record, a stale etag fails, records are copied in and out. Used by unit tests, the demo
-and the benchmarks' simulator; its calls never suspend, so a simulator can drive them
-without an event loop.
+and simulations; its calls never suspend, so each one is a single step to whoever runs
+beside it (nothing can interleave with a claim half-way).
 """
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from dataclasses import replace
 from datetime import datetime, timezone
 from typing import Any, Callable, Dict, Mapping, Optional, Tuple
 
-from ._protocol import (MEMBER, OWNERSHIP, EtagMismatch, Fields, Kind, ProtocolStore, RecordBackend, RecordExists,
+from .protocol import (MEMBER, OWNERSHIP, EtagMismatch, Fields, Kind, ProtocolStore, RecordBackend, RecordExists,
                         RecordListing, RecordMissing, Scope, StoredRecord)
 
 __all__ = ["InMemoryCheckpointStore", "InMemoryRecords"]

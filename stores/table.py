@@ -1,7 +1,7 @@
 """Checkpoint store on Azure Table Storage (or the Cosmos DB Table API).
 
 The protocol (claims, fences, checkpoints, write tokens, members, log entries,
-timeouts) is :mod:`stores._protocol`; this module is its Table backend.
+timeouts) is :mod:`stores.protocol`; this module is its Table backend.
 
 Layout
 ======
@@ -21,7 +21,7 @@ Names are used as given (Table keys are case-sensitive); they may not contain
 ``/ \\ # ?``, control characters or whitespace (the service rejects the first ones,
 whitespace would make the key ambiguous), which is checked before any request with a
 ``ConfigurationError``. Owner, log and entry names are encoded by
-:func:`stores._protocol.encode_name`. A log entry's data is split across binary
+:func:`stores.protocol.encode_name`. A log entry's data is split across binary
 properties of at most 64 KiB (the property limit); 15 of them keep the entity under the
 service's 1 MiB, so an entry holds at most ``MAX_ENTRY_BYTES`` (983,040 bytes) here as
 on every store.
@@ -56,7 +56,7 @@ from eventprocessor.records import MAX_ENTRY_BYTES
 
 from ._account import DEFAULT_OPERATION_TIMEOUT, RETRY_BACKOFF, RETRY_TOTAL, check_table_name, one_of
 from ._azure_records import AzureCheckpointStore, AzureRecords, ServerClock
-from ._protocol import MEMBER, OWNERSHIP, Fields, Kind, RecordListing, RecordMissing, Scope, StoredRecord
+from .protocol import MEMBER, OWNERSHIP, Fields, Kind, RecordListing, RecordMissing, Scope, StoredRecord
 
 __all__ = ["TableCheckpointStore", "TableRecords"]
 

@@ -321,13 +321,13 @@ async def test_token_credentials_of_the_official_stores_carry_over() -> None:
         official = OfficialBlobCheckpointStore("https://acct.blob.core.windows.net", "checkpoints",
                                                credential=credential)
         ours = BlobCheckpointStore.from_azure_eventhub(official)
-        assert ours._backend.client.credential is credential and "s3cr3t" not in repr(ours)
+        assert ours.backend.client.credential is credential and "s3cr3t" not in repr(ours)
         await ours.close()
         await official.close()
     issued = IssuedHere()
     ours = BlobCheckpointStore.from_azure_eventhub(
         sync.BlobCheckpointStore("https://acct.blob.core.windows.net", "checkpoints", credential=issued))
-    wrapped = ours._backend.client.credential
+    wrapped = ours.backend.client.credential
     assert isinstance(wrapped, ThreadedTokenCredential)
     token = await wrapped.get_token("https://storage.azure.com/.default")
     assert token.token == "token for https://storage.azure.com/.default"

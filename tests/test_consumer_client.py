@@ -561,8 +561,9 @@ def test_the_official_blob_store_runs_as_ours_on_the_same_container_and_other_of
         "BlobEndpoint=http://127.0.0.1:1/devstoreaccount1;", container_name="checkpoints")
     with caplog.at_level(logging.INFO, logger="eventprocessor.consumer_client"):
         client = EventHubConsumerClient.from_source(MemoryEventSource(1), checkpoint_store=store)
-    assert isinstance(client._store, BlobCheckpointStore) and client._store.container_name == "checkpoints"
-    assert client._store._account_url == "http://127.0.0.1:1/devstoreaccount1"
+    assert isinstance(client.checkpoint_store, BlobCheckpointStore)
+    assert client.checkpoint_store.container_name == "checkpoints"
+    assert client.checkpoint_store.account_url == "http://127.0.0.1:1/devstoreaccount1"
     said = [r.getMessage() for r in caplog.records if "azure-eventhub's BlobCheckpointStore" in r.getMessage()]
     assert len(said) == 1 and "checkpoints" in said[0] and "c2VjcmV0LWtleQ==" not in caplog.text
 
@@ -655,7 +656,7 @@ def test_client_options_reach_the_amqp_client_and_bad_values_fail_at_receive():
     # The options given reach the client as given; EventHubSource adds its idle-timeout
     # default (30 s, so a black-holed connection is noticed) unless one is given.
     assert client._source._client_kwargs == {"retry_total": 1, "user_agent": "migrated", "idle_timeout": 30.0}
-    assert client._options["partition_ownership_expiration_interval"] == 180  # 6 x 30 s, as azure-eventhub
+    assert client.processor_options["partition_ownership_expiration_interval"] == 180  # 6 x 30 s, as azure-eventhub
     with pytest.raises(ConfigurationError, match="from_source"):
         EventHubConsumerClient.from_source(MemoryEventSource(1), checkpoint_store=InMemoryCheckpointStore(),
                                            retry_total=1)

@@ -1,27 +1,27 @@
 """Issue 11's rows that were seen on Azurite, on Azurite: real processors on the Blob
 store, through a loopback TCP fault proxy, in real time with generous bounds (the same
-scenarios run on virtual time in ``tests/test_processor_faults.py``; full lengths in
-``python -m benchmarks.faults --azurite``)."""
+scenarios run on virtual time in ``tests/test_processor_faults.py``; the scenarios are
+:mod:`eventprocessor.testing.azurite_faults`, at full length in ``python -m benchmarks.faults
+--azurite``)."""
 from __future__ import annotations
 
 import pytest
 
 from eventprocessor import StoreDataLostError
-
-from benchmarks.faults_azurite import black_hole, restarted_empty, run_scenario, slow_store
+from eventprocessor.testing.azurite_faults import black_hole, restarted_empty, run_fault_scenario, slow_store
 
 pytestmark = [pytest.mark.azurite, pytest.mark.slow]
 
 
 async def test_slow_store_leaves_every_partition_with_one_live_pump_and_loses_nothing(azurite):
-    run = await run_scenario("slow store", slow_store(12.0), azurite, traffic=40.0)
+    run = await run_fault_scenario("slow store", slow_store(12.0), azurite, traffic=40.0)
     assert run.lost == 0
     assert run.recovered_after is not None and run.recovered_after <= run.bound, run
     assert run.overlap < 1.0
 
 
 async def test_a_black_holed_store_self_fences_in_time_and_is_recovered_from(azurite):
-    run = await run_scenario("black hole", black_hole(20.0), azurite, traffic=50.0)
+    run = await run_fault_scenario("black hole", black_hole(20.0), azurite, traffic=50.0)
     assert run.lost == 0
     assert run.self_fenced > 0  # the leases ended on the processors' own clocks
     assert run.recovered_after is not None and run.recovered_after <= run.bound, run

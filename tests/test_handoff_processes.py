@@ -1,11 +1,12 @@
 """Planned moves without duplicates (issue 14) with real processes and real storage.
 
-Each processor is an OS process (``benchmarks/e2e_worker.py``): an ``EventProcessor`` with
+Each processor is an OS process (``python -m eventprocessor.testing.worker``): an ``EventProcessor`` with
 ``EventHubSource`` reading the session's Event Hubs emulator over AMQP and
 ``BlobCheckpointStore`` on the session's Azurite. The test process produces a steady
 stream with the official producer the whole time, scales, restarts or kills workers, then
 waits until every produced event was delivered. The scenarios and their measurements are
-``benchmarks/moves.py``'s, which also runs them for the official processor.
+:mod:`eventprocessor.testing.processes`; ``python -m benchmarks.moves`` also runs them
+for the official processor.
 
 Duplicates and losses are counted from what the handlers received: each worker prints a
 line per delivered batch *before* it checkpoints. A graceful stop is SIGTERM (the worker
@@ -31,8 +32,8 @@ from __future__ import annotations
 
 import pytest
 
-from benchmarks.moves import (CLAIM_BOUND, EXPIRY, SCENARIOS, TAKEOVER_BOUND, Group, Outcome, rolling_restart,
-                              scale_2_4_2, standby_takeover)
+from eventprocessor.testing.processes import (CLAIM_BOUND, EXPIRY, SCENARIOS, TAKEOVER_BOUND, Group, Outcome,
+                                              rolling_restart, scale_2_4_2, standby_takeover)
 
 pytestmark = [pytest.mark.azurite, pytest.mark.eventhubs, pytest.mark.slow]
 

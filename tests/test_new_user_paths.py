@@ -825,7 +825,7 @@ def test_the_readme_documents_the_status_expiration_the_cli_uses():
 
 def test_the_readme_blob_layout_names_the_member_prefix_the_store_writes():
     pytest.importorskip("azure.storage.blob")
-    from stores._protocol import MEMBER
+    from stores.protocol import MEMBER
     from stores.blob import BlobRecords
 
     prefix = BlobRecords.prefix(MEMBER, ("{namespace}", "{eventhub}", "{consumer_group}"))

@@ -24,9 +24,9 @@ class LateAnswers(FaultyStore):
 
     delay = 3.0
 
-    async def _forward(self, operation: str, call: Any, units: int = 1) -> Any:
+    async def forward(self, operation: str, call: Any, units: int = 1) -> Any:
         if operation != "list_ownership":  # the tick's listing (ownership and members together)
-            return await super()._forward(operation, call, units)
+            return await super().forward(operation, call, units)
         listing = await call()
         await asyncio.sleep(self.delay)
         return listing

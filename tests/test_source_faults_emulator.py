@@ -4,7 +4,7 @@ EventProcessor reads it with ``EventHubSource`` through a loopback TCP fault pro
 The same invariants as the virtual harness (``tests/test_source_fault_harness.py``),
 counted from what the handler received: nothing lost, nothing delivered twice to one
 claim, nothing handed to an ended claim, recovery within a generous bound
-(:func:`emulators.source_faults.recovery_bound`).
+(:func:`eventprocessor.testing.source_faults.recovery_bound`).
 
 Plus ``EventHubSource``'s own behaviour under these faults: a server-busy answer is
 classified with its retry-after and waited out, a black-holed connection is noticed by

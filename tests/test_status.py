@@ -339,9 +339,9 @@ def _closed_port() -> int:
 
 
 def _dev_connection_string(blob_url: str) -> str:
-    from emulators.azurite import _DEV_ACCOUNT_KEY
+    from emulators.azurite import DEV_ACCOUNT_KEY
 
-    return f"DefaultEndpointsProtocol=http;AccountName=devstoreaccount1;AccountKey={_DEV_ACCOUNT_KEY};BlobEndpoint={blob_url}"
+    return f"DefaultEndpointsProtocol=http;AccountName=devstoreaccount1;AccountKey={DEV_ACCOUNT_KEY};BlobEndpoint={blob_url}"
 
 
 @pytest.mark.parametrize("kind", ["refused", "silent"])

@@ -16,7 +16,6 @@ import pytest
 from eventprocessor.errors import CheckpointStoreError, ConfigurationError, OwnershipLostError
 from eventprocessor.records import Checkpoint, Ownership
 from stores import BlobCheckpointStore, TableCheckpointStore
-from stores._account import parse_connection_string
 
 # Looks like a real key (valid base64, 64 bytes) and is easy to search for.
 FAKE_KEY = base64.b64encode(b"topsecret-key-material-" + b"k" * 41).decode()
@@ -35,29 +34,37 @@ def _no_secret(texts: Iterable[str], *secrets: str) -> None:
 # ---------------------------------------------------------------- connection strings
 
 
+STORES = {"blob": BlobCheckpointStore, "table": TableCheckpointStore}
+
+
+def parsed(conn_str: str, service: str) -> Any:
+    """The store ``from_connection_string`` builds for ``service`` (nothing is sent)."""
+    return STORES[service].from_connection_string(conn_str, "checkpoints")
+
+
 @pytest.mark.parametrize("service, port", [("blob", 10000), ("table", 10002)])
 def test_development_storage_means_azurite_on_default_ports(service: str, port: int) -> None:
-    account = parse_connection_string("UseDevelopmentStorage=true", service)
-    assert account.endpoint == f"http://127.0.0.1:{port}/devstoreaccount1"
-    assert account.account_name == "devstoreaccount1"
-    proxied = parse_connection_string("UseDevelopmentStorage=true;DevelopmentStorageProxyUri=http://10.1.2.3", service)
-    assert proxied.endpoint == f"http://10.1.2.3:{port}/devstoreaccount1"
+    store = parsed("UseDevelopmentStorage=true", service)
+    assert store.account_url == f"http://127.0.0.1:{port}/devstoreaccount1"
+    assert "account='devstoreaccount1'" in repr(store)
+    proxied = parsed("UseDevelopmentStorage=true;DevelopmentStorageProxyUri=http://10.1.2.3", service)
+    assert proxied.account_url == f"http://10.1.2.3:{port}/devstoreaccount1"
 
 
 def test_explicit_connection_strings() -> None:
     cs = f"DefaultEndpointsProtocol=https;AccountName=acct;AccountKey={FAKE_KEY};EndpointSuffix=core.windows.net"
-    assert parse_connection_string(cs, "blob").endpoint == "https://acct.blob.core.windows.net"
-    assert parse_connection_string(cs, "table").endpoint == "https://acct.table.core.windows.net"
+    assert parsed(cs, "blob").account_url == "https://acct.blob.core.windows.net"
+    assert parsed(cs, "table").account_url == "https://acct.table.core.windows.net"
     cs = f"AccountName=acct;AccountKey={FAKE_KEY};EndpointSuffix=core.chinacloudapi.cn"
-    assert parse_connection_string(cs, "blob").endpoint == "https://acct.blob.core.chinacloudapi.cn"
+    assert parsed(cs, "blob").account_url == "https://acct.blob.core.chinacloudapi.cn"
     cs = f"BlobEndpoint=https://acct.blob.core.windows.net/;SharedAccessSignature=?{FAKE_SAS}"
-    account = parse_connection_string(cs, "blob")
-    assert account.endpoint == "https://acct.blob.core.windows.net"
-    assert account.credential.signature == FAKE_SAS
+    store = parsed(cs, "blob")
+    assert store.account_url == "https://acct.blob.core.windows.net"
+    assert store.backend.client.credential.signature == FAKE_SAS
     # keys are case-insensitive, as in the Azure SDKs; trailing ';' is fine
     cs = f"accountname=acct;accountkey={FAKE_KEY};defaultendpointsprotocol=http;"
-    assert parse_connection_string(cs, "table").endpoint == "http://acct.table.core.windows.net"
-    _no_secret([repr(account)], FAKE_SIG)
+    assert parsed(cs, "table").account_url == "http://acct.table.core.windows.net"
+    _no_secret([repr(store)], FAKE_SIG)
 
 
 @pytest.mark.parametrize(
@@ -361,7 +368,7 @@ async def test_the_official_argument_names_and_every_credential_form_work_on_azu
         "connection string without a key, credential=": TableCheckpointStore.from_connection_string(
             no_key, table_name=f"o3{suffix}", credential=AzureNamedKeyCredential("devstoreaccount1", key)),
     }
-    assert blobs["api_version="]._backend.client.api_version == "2019-07-07"
+    assert blobs["api_version="].backend.client.api_version == "2019-07-07"
     for what, store in {**blobs, **tables}.items():
         async with store:
             try:
@@ -408,5 +415,5 @@ async def test_a_token_credential_over_http_is_a_configuration_error_not_a_value
         _no_secret(_everything(raised.value), FAKE_SIG, "s3cr3t")
         store = BlobCheckpointStore(blob_account_url="https://acct.blob.core.windows.net", container_name="abc",
                                     credential=credential)
-        assert store._backend.client.credential is credential
+        assert store.backend.client.credential is credential
         await store.close()

@@ -1,6 +1,6 @@
 """One contract, three stores: the same tests against InMemory, Blob-on-Azurite and
 Table-on-Azurite (``eventprocessor/checkpoint_store.py`` states the contract,
-``stores/_protocol.py`` the protocol all three run).
+``stores/protocol.py`` the protocol all three run).
 
 Every test gets a fresh container / table and a fresh consumer group. Races are real:
 the two contenders are two store clients with their own fence caches (on Azurite, with
@@ -29,7 +29,7 @@ from eventprocessor.errors import (CheckpointStoreError, ClaimOwnershipError, Co
                                    StaleEpochError)
 from eventprocessor.records import MAX_ENTRY_BYTES, MAX_EPOCH, Checkpoint, Member, Ownership
 from stores import InMemoryCheckpointStore
-from stores._protocol import CHECKPOINT, EtagMismatch, Kind, RecordExists
+from stores.protocol import CHECKPOINT, EtagMismatch, Kind, RecordExists
 
 NAMESPACE = "conformance.servicebus.windows.net"
 HUB = "hub"
@@ -92,7 +92,7 @@ class Backend:
 def hook_reads(store: Any, kind: Kind, after_read: Callable[[Any], Awaitable[None]]) -> None:
     """Run ``after_read(record)`` once, right after ``store``'s next real read of a
     ``kind`` record: whatever it does happens between that read and the write that follows."""
-    backend = store._backend
+    backend = store.backend
     real_read = backend.read
     pending = [True]
 
@@ -891,7 +891,7 @@ def lose_first_response(store: Any, operation: str) -> List[bool]:
     """The next ``create`` or ``replace`` of ``store`` lands, but the caller gets the
     conflict the transport's retry would have met (409/412) instead of its response.
     (On Azurite, ``tests/test_store_faults.py`` does the same with a real lost response.)"""
-    backend = store._backend
+    backend = store.backend
     real = getattr(backend, operation)
     fired: List[bool] = []
 

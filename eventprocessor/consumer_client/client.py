@@ -4,6 +4,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import weakref
+from types import MappingProxyType
 from typing import (Any, Awaitable, Callable, Dict, List, Mapping, Optional, Tuple,
                     Union)
 
@@ -147,6 +148,30 @@ class EventHubConsumerClient:
     @property
     def fully_qualified_namespace(self) -> str:
         return self._source.fully_qualified_namespace
+
+    @property
+    def source(self) -> EventSource:
+        """The event source the receive calls read (an ``EventHubSource`` built from the
+        connection string or credential, or the one given to :meth:`from_source`)."""
+        return self._source
+
+    @property
+    def checkpoint_store(self) -> Optional[CheckpointStore]:
+        """The checkpoint store the receive calls share (``None``: each call keeps its
+        checkpoints in memory). An azure-eventhub ``BlobCheckpointStore`` given to the
+        constructor shows here as this SDK's store over the same container. Example::
+
+            client = EventHubConsumerClient.from_source(source, checkpoint_store=official_store)
+            print(client.checkpoint_store)   # BlobCheckpointStore(account=..., container='checkpoints')
+        """
+        return self._store
+
+    @property
+    def processor_options(self) -> Mapping[str, Any]:
+        """The :class:`~eventprocessor.EventProcessor` options each receive call starts its
+        processor with (the azure-eventhub defaults applied: an expiration of six
+        intervals, GREEDY), read-only."""
+        return MappingProxyType(self._options)
 
     @property
     def processors(self) -> Mapping[str, EventProcessor]:

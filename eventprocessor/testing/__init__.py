@@ -9,8 +9,20 @@
   in front of any event source;
 * :class:`DeliveryRecorder` and :func:`recording_handler`: what handlers received, and
   the duplicates, losses, overlaps and deliveries after a claim ended counted from it;
+* :class:`OwnershipLedger` and :class:`LedgerStore`: what the store saw (requests by
+  kind; claims, renewals, handoffs, releases, moves and steals), kept on the store's side;
 * :class:`Cluster`: real :class:`~eventprocessor.EventProcessor` s over one in-memory
   store and one :class:`~eventprocessor.sources.MemoryEventSource`, on the running loop.
+
+Modules for tests across processes and real transports (they need the extras and the
+local services, and are imported only when named):
+
+* :mod:`eventprocessor.testing.worker` (``python -m eventprocessor.testing.worker``) and
+  :mod:`eventprocessor.testing.processes`: consumer processes (this SDK's or
+  azure-eventhub's) that report every delivered batch, and planned-move scenarios;
+* :mod:`eventprocessor.testing.azurite_faults`: store faults on Azurite through a TCP
+  fault proxy; :mod:`eventprocessor.testing.source_faults`: source faults on the Event
+  Hubs emulator.
 
 Example::
 
@@ -29,10 +41,11 @@ Example::
 """
 from .cluster import Cluster
 from .loop import VIRTUAL_EPOCH, ManualClock, VirtualTimeLoop, run_virtual, virtual_utc_clock
+from .ownership import LedgerStore, OwnershipLedger
 from .recorder import Delivery, DeliveryRecorder, recording_handler
 from .source import FaultyReceiver, FaultySource
 from .store import FaultyStore
 
 __all__ = ["VirtualTimeLoop", "ManualClock", "run_virtual", "virtual_utc_clock", "VIRTUAL_EPOCH", "FaultyStore",
            "FaultySource", "FaultyReceiver", "Delivery",
-           "DeliveryRecorder", "recording_handler", "Cluster"]
+           "DeliveryRecorder", "recording_handler", "OwnershipLedger", "LedgerStore", "Cluster"]

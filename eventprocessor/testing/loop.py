@@ -38,22 +38,32 @@ VIRTUAL_EPOCH = datetime(2026, 1, 1, tzinfo=timezone.utc)
 
 class _VirtualSelector:
     """Wraps the loop's selector: polls for real I/O without blocking, and when there is
-    none, moves the loop's virtual clock forward by the time the loop meant to wait."""
+    none, moves the loop's virtual clock forward by the time the loop meant to wait.
+
+    The loop asks with ``timeout`` 0 (or within its clock resolution) while something is
+    due now; a longer wait means everything of the current instant has run: the loop's
+    idle callbacks run then, before the clock moves on."""
 
     def __init__(self, inner: selectors.BaseSelector, loop: "VirtualTimeLoop") -> None:
         self._inner = inner
         self._loop = loop
 
     def select(self, timeout: Optional[float] = None) -> List[Tuple[selectors.SelectorKey, int]]:
+        loop = self._loop
         events = self._inner.select(0)
-        if events:
+        if events or (timeout is not None and timeout <= loop._clock_resolution):
+            loop._ran = True
+            if not events and timeout:
+                loop.advance(timeout)
             return events
+        if loop._run_idle_callbacks():
+            return []  # what they made runnable runs at this same instant
         if timeout is None:
             # Nothing scheduled and nothing ready: only another thread could wake the
             # loop (call_soon_threadsafe writes to the self-pipe). Wait for it for real.
             return self._inner.select(0.05)
-        if timeout > 0:
-            self._loop.advance(timeout)
+        loop._jump(timeout)
+        loop._ran = True  # the timers now due run next
         return []
 
     def __getattr__(self, name: str) -> Any:
@@ -79,9 +89,52 @@ class VirtualTimeLoop(asyncio.SelectorEventLoop):
         # Timers due within this much of "now" run now. Virtual time is exact: keep it tiny
         # so that a timer never runs before its time by more than float rounding.
         self._clock_resolution = 1e-9
+        self._idle_callbacks: List[Callable[[], None]] = []
+        self._ran = True  # something ran since the idle callbacks last did
 
     def time(self) -> float:
         return self._virtual_now
+
+    def _jump(self, timeout: float) -> None:
+        """Move to the next timer's own time (``now + timeout`` can miss it by a rounding
+        error, and two timers meant for one instant would then run apart)."""
+        target = self._virtual_now + timeout
+        scheduled: List[asyncio.TimerHandle] = getattr(self, "_scheduled")  # BaseEventLoop's timer heap
+        if scheduled:  # the loop dropped cancelled timers from the head before asking
+            when = scheduled[0].when()
+            if self._virtual_now < when <= target + self._clock_resolution:
+                target = when
+        self._virtual_now = target
+
+    def add_idle_callback(self, callback: Callable[[], None]) -> None:
+        """Call ``callback()`` each time the loop has run everything due at the current
+        virtual instant, just before its clock moves on: every coroutine is then waiting.
+        It runs again at the same instant only if something ran since (what a callback
+        makes runnable, such as a future it resolves, runs at the same instant).
+
+        A simulation observes its state there, or runs work that must come after
+        everything else of the instant (every processor of a lockstep tick lists before
+        any of them writes). Example::
+
+            seen = []
+            loop.add_idle_callback(lambda: seen.append(loop.time()))
+            loop.run_until_complete(asyncio.sleep(5))
+            assert seen == [0.0]     # the instant at 0; at 5 the loop stopped first
+        """
+        self._idle_callbacks.append(callback)
+
+    def remove_idle_callback(self, callback: Callable[[], None]) -> None:
+        """Stop calling ``callback`` (added by :meth:`add_idle_callback`)."""
+        self._idle_callbacks.remove(callback)
+
+    def _run_idle_callbacks(self) -> bool:
+        """Run the idle callbacks if anything ran since they last did; say whether they ran."""
+        if not self._ran or not self._idle_callbacks:
+            return False
+        self._ran = False
+        for callback in list(self._idle_callbacks):
+            callback()
+        return True
 
     def advance(self, seconds: float) -> None:
         """Move virtual time forward (the loop does this by itself when idle)."""

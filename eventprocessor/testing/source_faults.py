@@ -13,6 +13,9 @@ events produced are the producer's acknowledged sends while it runs, and at the 
 the hub holds (its partition properties: every sequence number from 0 to the last
 enqueued one, on a fresh hub), never a figure of the SDK under test.
 
+Needs the ``[eventhub]`` extra and the project's Event Hubs emulator
+(:mod:`emulators.eventhubs`).
+
 Example::
 
     run = await run_source_fault(emulator.connection_string, hub, resets(every=2, seconds=12))

@@ -88,7 +88,7 @@ class FaultyStore(StoreWrapper):
             raise AttributeError(name)
         return getattr(self.inner, name)
 
-    async def _forward(self, operation: str, call: Callable[[], Awaitable[_T]], units: int = 1) -> _T:
+    async def forward(self, operation: str, call: Callable[[], Awaitable[_T]], units: int = 1) -> _T:
         listing = operation == "list_ownership"
         if listing:
             units = self._records_listed  # a listing costs the records it returns: the last one's count

@@ -196,8 +196,8 @@ class RecordBackend(abc.ABC):
 
     ``where`` names the container or table for messages; ``forbidden`` are the
     characters names may not contain; ``sequential`` makes batches of claims run one by
-    one (the in-memory backend, whose calls never suspend, so that a simulator can drive
-    it without an event loop). ``request_counts`` counts requests by ``{op}_{kind}``.
+    one (the in-memory backend: with no I/O to overlap, running them at once would only
+    let other callers interleave). ``request_counts`` counts requests by ``{op}_{kind}``.
     """
 
     where: str = "?"
@@ -464,6 +464,14 @@ class ProtocolStore(CheckpointStore):
         # (namespace, hub, group, partition) -> {(owner_id, epoch): checkpoint etag}
         self._fences: Dict[Tuple[str, str, str, str], Dict[Tuple[str, int], str]] = {}
         self._warn = WarnOnce(logger)
+
+    @property
+    def backend(self) -> RecordBackend:
+        """The record primitives this store runs the protocol over (for a Blob store,
+        :class:`~stores.blob.BlobRecords` with its ``ContainerClient`` as ``client``).
+        Read it to see where records go; wrap or replace its methods in a test to put a
+        fault between the protocol and the service."""
+        return self._backend
 
     @property
     def request_counts(self) -> Counter:
