@@ -5,8 +5,8 @@ Under pytest-xdist (``pytest -n 2``, what tox runs) the workers share one Azurit
 emulator: the first worker that needs one starts it under a file lock and writes where it
 listens into a directory the controller made (``EVENTPROCESSOR_TEST_SERVICES``); the others
 read it; the controller stops them all at the end of the session. Tests that need fixed
-ports (the README's default ports) run on one worker, and so do the Spark tests (one
-cluster): see ``pytest_collection_modifyitems``."""
+ports (the README's default ports) run on one worker, the Spark cluster's tests on one
+worker and the local Spark session's on one: see ``pytest_collection_modifyitems``."""
 from __future__ import annotations
 
 import json
@@ -32,6 +32,7 @@ SHARED = "EVENTPROCESSOR_TEST_SERVICES"
 # Modules whose tests must not run beside each other on two workers.
 FIXED_PORTS = ("test_getting_started", "test_new_user_paths", "test_cli", "test_readme_examples",
                "test_readme_eventhubs", "test_samples", "test_cli_eventhubs")
+SPARK_CLUSTER = ("test_spark_cluster", "test_readme_spark_source")
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -44,8 +45,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list) -> None:
         module = item.module.__name__.rsplit(".", 1)[-1] if item.module else ""
         if module in FIXED_PORTS:
             item.add_marker(pytest.mark.xdist_group("fixed-ports"))
-        elif module.startswith("test_spark"):
-            item.add_marker(pytest.mark.xdist_group("spark"))
+        elif module in SPARK_CLUSTER or module.startswith("test_spark_source"):
+            item.add_marker(pytest.mark.xdist_group("spark-cluster"))  # one cluster, on one worker
+        elif module == "test_spark_sink":
+            item.add_marker(pytest.mark.xdist_group("spark-local"))  # one local Spark session
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:

@@ -275,6 +275,7 @@ def _walk(walk: Walk, readme: str, tmp_path: Path) -> None:
     walk.env["EVENTPROCESSOR_STORE_CONNECTION_STRING"] = walk.env["STORAGE_CONNECTION_STRING"]
     walk.env["EVENTPROCESSOR_EVENTHUB_CONNECTION_STRING"] = \
         f"{walk.env['EVENTHUB_CONNECTION_STRING']};EntityPath=telemetry"
+    walk.env["COLUMNS"] = "200"  # as wide as a terminal: a narrow inherited COLUMNS would cut the columns
     status = walk.quiet("eventprocessor status --container checkpoints")
     assert re.search(rf"{len(sent)} partitions.*0 expired.*lag 0", status), status
     for pid, n in sent.items():
