@@ -92,8 +92,8 @@ def test_convergence_quick_run_prints_every_table_with_both_implementations(resu
     # Both sides choose from the same candidates within the official's budget; each side's
     # best is marked and its configuration stated.
     assert "**(the official's best)**" in out.stdout and "**(chosen: this SDK's best)**" in out.stdout
-    assert re.search(r"the official processor \(official, I=\d+ s E=\d+ s: interval \d+ s, expiration \d+ s",
-                     out.stdout), out.stdout
+    assert re.search(r"the official processor at interval \d+ s, expiration \d+ s, renewing every record every "
+                     r"tick \(official, I=\d+ s E=\d+ s\)", out.stdout), out.stdout
     assert not results_file.exists() and not (results_file.parent / "results").exists()
 
 
