@@ -102,14 +102,16 @@ class Cluster:
                     pumps[pid].append(p.owner_id)
         return pumps
 
-    def settled(self, running: List[EventProcessor]) -> bool:
+    def settled(self, running: List[EventProcessor], produced_before: Optional[int] = None) -> bool:
         """Every partition dispatched by exactly one running processor with a live pump,
-        and every produced event processed."""
+        and every produced event processed; with ``produced_before``, only the first that
+        many produced events (a producer still running always has some in flight, so
+        "everything processed at this instant" is a race, not a recovery)."""
         pumps = self.live_pumps()
         names = {p.owner_id for p in running}
         every = all(len([o for o in pumps.get(str(i), []) if o in names]) == 1
                     for i in range(self.source.partition_count))
-        return every and set(self.produced) <= self.ledger.processed()
+        return every and set(self.produced[:produced_before]) <= self.ledger.processed()
 
     async def wait_until(self, condition, *, timeout: float, step: float = 0.25) -> Optional[float]:
         """Poll ``condition`` every ``step`` virtual seconds; return when it held (the loop
