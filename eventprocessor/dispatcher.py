@@ -134,6 +134,27 @@ class Dispatcher:
             self._reporter.user_code_failed("the partition processor factory", failure)
         self._on_pump_ended()
 
+    async def drain(self, timeout: float) -> Set[str]:
+        """At stop, once every claim was ended: wait up to ``timeout`` for the pumps to
+        finish; cancel those still busy (a handler that does not return) and leave their
+        records to expire. Returns the partitions left to expire."""
+        hung = await self.wait_for_pumps(self._table.pumps(), timeout)
+        if not hung:
+            return set()
+        logger.error("processor %s: %d partition(s) %s did not finish within shutdown_timeout=%g s (a handler "
+                     "that does not return); cancelling them, their records are left to expire",
+                     self._describe, len(hung), sorted(p.context.partition_id for p in hung), timeout)
+        for pump in hung:
+            pump.cancel()
+            lease = self._table.get(pump.context.partition_id)
+            if lease is not None:
+                self._table.leave_to_expire(lease)
+        still = await self.wait_for_pumps(hung, 1.0)
+        if still:
+            logger.error("processor %s: partitions %s ignored cancellation; they may still run",
+                         self._describe, sorted(p.context.partition_id for p in still))
+        return {p.context.partition_id for p in hung}
+
     async def wait_for_pumps(self, pumps: Iterable[PartitionPump], timeout: float) -> List[PartitionPump]:
         """Wait up to ``timeout`` for ``pumps`` to end; return those still running."""
         live = [p for p in pumps if p.alive]

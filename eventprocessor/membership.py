@@ -9,15 +9,21 @@ makes itself visible by claiming one partition first.
 from __future__ import annotations
 
 import logging
-from typing import Callable, Dict, Mapping, Optional
+from typing import TYPE_CHECKING, Callable, Dict, Mapping, Optional
 
 from .balancer import HANDOFF_PROPERTY, ORDINAL_PROPERTY, LoadBalancingStrategy
 from .checkpoint_store import OwnershipStore
 from .clock import Clock
 from .errors import ConfigurationError
+from .lease_table import LeaseTable
+from .load import CpuMeter, LoadMeter
+from .load_plan import LOAD_PROPERTY, encode_load
 from .options import ProcessorOptions
 from .records import Member, MemberListing
 from .reporting import Reporter
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .warmup import Warmup
 
 __all__ = ["Membership"]
 
@@ -29,11 +35,14 @@ class Membership:
 
     ``state``: None (not known yet), True (the record is kept), False (the store keeps
     none). ``on_fatal(error)`` is called when the processor cannot run at all (the static
-    strategy on a store without member records).
+    strategy on a store without member records). Besides the basics the record carries
+    the replicas' lags of ``warmup`` (a stateful processor) and, with
+    ``balance_by="load"``, the load measured over the partitions of ``table``.
     """
 
     def __init__(self, *, options: ProcessorOptions, store: OwnershipStore, reporter: Reporter, describe: str,
-                 on_fatal: Callable[[Exception], None]) -> None:
+                 on_fatal: Callable[[Exception], None], table: LeaseTable,
+                 warmup: Optional["Warmup"] = None) -> None:
         self._options = options
         self._store = store
         self._reporter = reporter
@@ -42,15 +51,21 @@ class Membership:
         self._clock: Clock = options.clock
         self.state: Optional[bool] = None
         self.member: Optional[Member] = None
-        self.extra_properties: Callable[[], Dict[str, str]] = dict
-        """More properties for the record (a stateful processor's replica lags)."""
+        self._warmup = warmup
+        self._load: Optional[LoadMeter] = None
+        if options.balance_by == "load":
+            self._load = LoadMeter(table=table, clock_now=self._clock.monotonic,
+                                   utilization=options.load_meter or CpuMeter())
 
     def record(self) -> Member:
         options = self._options
         properties = {"strategy": options.strategy.value, HANDOFF_PROPERTY: "1" if options.handoff_timeout else "0"}
         if options.ordinal is not None:
             properties[ORDINAL_PROPERTY] = str(options.ordinal)
-        properties.update(self.extra_properties())
+        if self._warmup is not None:
+            properties.update(self._warmup.member_properties())
+        if self._load is not None:
+            properties[LOAD_PROPERTY] = encode_load(self._load.sample())
         return Member(*options.scope, options.owner_id, properties=properties)
 
     async def join(self) -> None:

@@ -1,6 +1,7 @@
 """EventProcessor: balances partitions with its peers and runs one pump per partition.
 
-A small façade over parts with one job each, all started and stopped by one task scope
+A small façade over parts with one job each, built and wired by
+:func:`~eventprocessor.assembly.assemble`, all started and stopped by one task scope
 (:class:`~eventprocessor.tasks.TaskScope`):
 
 * :class:`~eventprocessor.taker.Taker`: one balancing tick every
@@ -31,33 +32,22 @@ import random
 from types import TracebackType
 from typing import Any, Callable, Dict, FrozenSet, Iterable, Mapping, Optional, Type, Union
 
+from .assembly import assemble
 from .balancer import LoadBalancingStrategy
 from .bounded_store import BoundedStore
 from .checkpoint_store import CheckpointStore
 from .clock import Clock
 from .delivery import PoisonPolicy
-from .dispatcher import Dispatcher
 from .events import EventPosition
 from .lease import LeaseState
-from .lease_table import OWNERSHIP_LOG_FIELDS, OWNERSHIP_REASONS, LeaseTable
-from .load import CpuMeter, LoadMeter
-from .load_plan import LOAD_PROPERTY, LoadPolicy, encode_load
-from .membership import Membership
+from .lease_table import OWNERSHIP_LOG_FIELDS, OWNERSHIP_REASONS
+from .load_plan import LoadPolicy
 from .options import RENEWAL_WINDOW, ErrorHandler, PartitionProcessorFactory, ProcessorOptions, Timing
 from .pump import DeadLetter, PartitionPump
-from .releaser import Releaser
-from .renewer import LeaseRenewer
-from .reporting import Reporter
 from .sources.base import EventSource
 from .stats import ProcessorStats
-from .store_history import StoreHistory
-from .taker import BalanceReport, Taker
-from .tasks import TaskScope
-from .telemetry import Telemetry
+from .taker import BalanceReport
 from .usercode import HandlerExecutor
-from .warmup import Warmup
-from .watchdog import Watchdog
-from .writer import OwnershipWriter
 
 __all__ = ["EventProcessor", "BalanceReport", "Timing", "ProcessorStats", "OWNERSHIP_LOG_FIELDS", "OWNERSHIP_REASONS",
            "RENEWAL_WINDOW"]
@@ -134,49 +124,9 @@ class EventProcessor:
                                      "tracer_provider")}
         options = self._options = ProcessorOptions.validate(source, checkpoint_store, partition_processor,
                                                             **arguments)
-        describe = self._describe = f"{options.owner_id} on {source.eventhub_name}/{options.consumer_group}"
-        timing, clock_ = options.timing, options.clock
-        self._fatal: Optional[Exception] = None
-        self._scope = TaskScope(options.owner_id)
-        self._stats = ProcessorStats()
-        self._telemetry = Telemetry(eventhub_name=source.eventhub_name, consumer_group=options.consumer_group,
-                                    owner_id=options.owner_id, meter_provider=meter_provider,
-                                    tracer_provider=tracer_provider)
-        self._store = BoundedStore(checkpoint_store, timeout=timing.store_timeout, clock=clock_)
-        if self._telemetry.enabled:
-            self._store.observers.append(self._telemetry.store_call)
-        writer = OwnershipWriter(self._store)
-        history = StoreHistory()
-        self._table = LeaseTable(
-            owner_id=options.owner_id, eventhub_name=source.eventhub_name, consumer_group=options.consumer_group,
-            describe=describe, clock=clock_, timing=timing, stats=self._stats, telemetry=self._telemetry,
-            on_released=lambda leases: self._releaser.schedule(leases), on_refreshed=lambda: self._renewer.wake())
-        reporter = self._reporter = Reporter(describe=describe, clock=clock_, period=max(30.0, timing.expiration),
-                            error_handler=options.error_handler, table=self._table, scope=self._scope)
-        self._releaser = Releaser(options=options, store=self._store, writer=writer, table=self._table,
-                                  history=history, stats=self._stats, scope=self._scope, describe=describe)
-        self._watchdog = Watchdog(table=self._table, clock=clock_, timing=timing, reporter=reporter,
-                                  telemetry=self._telemetry, describe=describe)
-        self._membership = Membership(options=options, store=self._store, reporter=reporter, describe=describe,
-                                      on_fatal=self._halt)
-        self._renewer = LeaseRenewer(table=self._table, writer=writer, clock=clock_,
-                                     on_contested=lambda: self._taker.wake(),
-                                     on_error=lambda error, lease: reporter.report(error, [lease]),
-                                     describe=options.owner_id)
-        self._warmup = Warmup(options=options, store=self._store, describe=describe) if options.stateful else None
-        self._dispatcher = Dispatcher(
-            options=options, store=self._store, table=self._table, history=history, reporter=reporter,
-            telemetry=self._telemetry, describe=describe, on_loop_blocked=self._watchdog.loop_blocked,
-            on_pump_ended=self._watchdog.wake, on_fatal=self._halt,
-            on_started=self._pump_started, warmup=self._warmup)
-        self._load = LoadMeter(table=self._table, clock_now=clock_.monotonic,
-                               utilization=options.load_meter or CpuMeter()) if options.balance_by == "load" else None
-        self._membership.extra_properties = self._member_properties
-        self._taker = Taker(options=options, store=self._store, writer=writer, table=self._table, history=history,
-                            membership=self._membership, dispatcher=self._dispatcher, watchdog=self._watchdog,
-                            reporter=reporter, stats=self._stats, telemetry=self._telemetry, describe=describe,
-                            halted=lambda: self._fatal is not None, warmup=self._warmup)
-        self._telemetry.observe(owned=lambda: len(self.owned_partitions), lag=self.lag)
+        self._parts = parts = assemble(options, checkpoint_store, meter_provider=meter_provider,
+                                       tracer_provider=tracer_provider)
+        self._scope, self._table = parts.scope, parts.table  # the two the façade reads most
 
     def __repr__(self) -> str:
         return (f"EventProcessor(owner_id={self.owner_id!r}, eventhub_name={self._options.source.eventhub_name!r}, "
@@ -204,18 +154,18 @@ class EventProcessor:
 
     @property
     def ticks(self) -> int:
-        return self._stats.ticks
+        return self._parts.stats.ticks
 
     @property
     def overruns(self) -> int:
-        return self._stats.overruns
+        return self._parts.stats.overruns
 
     @property
     def stats(self) -> ProcessorStats:
         """Counters: ticks and overruns, claims, renewals, self-fenced leases, ..."""
-        self._stats.renewals = self._renewer.renewals
-        self._stats.failed_renewals = self._renewer.failed_renewals
-        return self._stats
+        stats, renewer = self._parts.stats, self._parts.renewer
+        stats.renewals, stats.failed_renewals = renewer.renewals, renewer.failed_renewals
+        return stats
 
     @property
     def is_running(self) -> bool:
@@ -224,12 +174,12 @@ class EventProcessor:
     @property
     def store_calls(self) -> BoundedStore:
         """The bounded store wrapper: call counts, failures, time-outs and latency."""
-        return self._store
+        return self._parts.store
 
     @property
     def membership(self) -> Optional[bool]:
         """Whether the store keeps this processor's member record (None: not known yet)."""
-        return self._membership.state
+        return self._parts.membership.state
 
     def pump(self, partition_id: str) -> Optional[PartitionPump]:
         lease = self._table.get(partition_id)
@@ -239,7 +189,7 @@ class EventProcessor:
         """Events behind per owned partition: the newest enqueued sequence number minus
         the last delivered one (None until known; needs
         ``track_last_enqueued_event_properties=True``)."""
-        return self._dispatcher.lag()
+        return self._parts.dispatcher.lag()
 
     # ----------------------------------------------------------------- life cycle
     async def start(self, *, balancing: bool = True) -> None:
@@ -250,47 +200,25 @@ class EventProcessor:
         call :meth:`join` first."""
         if self.is_running or self._scope.running("renewer"):
             return
-        scope = self._scope
+        parts, scope = self._parts, self._scope
         if balancing:
-            scope.start_loop("taker", self._taker.run())
-        scope.start_loop("renewer", self._renewer.run())
-        scope.start_loop("leases", self._watchdog.run_leases())
-        scope.start_loop("stall-probe", self._watchdog.run_stall_probe())
-        scope.start_loop("heartbeat", self._membership.run())
-        if self._warmup is not None:
-            scope.start_loop("warmup", self._warmup.run())
+            scope.start_loop("taker", parts.taker.run())
+        scope.start_loop("renewer", parts.renewer.run())
+        scope.start_loop("leases", parts.watchdog.run_leases())
+        scope.start_loop("stall-probe", parts.watchdog.run_stall_probe())
+        scope.start_loop("heartbeat", parts.membership.run())
+        if parts.warmup is not None:
+            scope.start_loop("warmup", parts.warmup.run())
         logger.info("processor %s started on %s/%s/%s", self.owner_id, *self._options.scope)
 
     async def join(self) -> None:
         """Write this processor's member record now (a driver of :meth:`balance_once`
         does it before the first tick, as the balancing loop does)."""
-        await self._membership.join()
+        await self._parts.membership.join()
 
     async def balance_once(self) -> BalanceReport:
         """Run one load-balancing tick (see :class:`~eventprocessor.taker.Taker`)."""
-        return await self._taker.tick()
-
-    def _member_properties(self) -> Dict[str, str]:
-        """What the member record says besides the basics: replica lags, measured load."""
-        properties = self._warmup.member_properties() if self._warmup is not None else {}
-        if self._load is not None:
-            properties[LOAD_PROPERTY] = encode_load(self._load.sample())
-        return properties
-
-    def _pump_started(self) -> None:
-        self._renewer.wake()
-        self._watchdog.wake()
-
-    def _halt(self, error: Exception) -> None:
-        """No claim can ever work (the factory does not make a ``PartitionProcessor``, the
-        static strategy without member records): say so once and stop balancing; ``run()``
-        raises the error, ``stop()`` (or leaving ``async with``) stops the rest."""
-        if self._fatal is not None:
-            return
-        self._fatal = error
-        logger.error("processor %s: %s; stopping", self._describe, error)
-        self._reporter.report(error, [])
-        self._taker.wake()
+        return await self._parts.taker.tick()
 
     async def stop(self, *, release: bool = True) -> None:
         """Stop within ``shutdown_timeout`` plus one ``store_timeout``.
@@ -302,41 +230,23 @@ class EventProcessor:
         once; one whose pump would not end is left to expire. ``release=False`` leaves
         every record to expire, as a crash would.
         """
-        timing, clock, scope = self._options.timing, self._options.clock, self._scope
+        parts, table, scope = self._parts, self._table, self._scope
+        timing, clock = self._options.timing, self._options.clock
         await scope.stop_loop("taker")
         started = clock.monotonic()
-        self._table.end_all(release=release)
-        hung = await self._dispatcher.wait_for_pumps(self._table.pumps(), timing.shutdown_timeout)
-        if hung:
-            logger.error("processor %s: %d partition(s) %s did not finish within shutdown_timeout=%g s (a handler "
-                         "that does not return); cancelling them, their records are left to expire",
-                         self._describe, len(hung), sorted(p.context.partition_id for p in hung),
-                         timing.shutdown_timeout)
-            for pump in hung:
-                pump.cancel()
-                lease = self._table.get(pump.context.partition_id)
-                if lease is not None:
-                    self._table.leave_to_expire(lease)
-            still = await self._dispatcher.wait_for_pumps(hung, 1.0)
-            if still:
-                logger.error("processor %s: partitions %s ignored cancellation; they may still run",
-                             self._describe, sorted(p.context.partition_id for p in still))
+        table.end_all(release=release)
+        left_to_expire = await parts.dispatcher.drain(timing.shutdown_timeout)  # cancels pumps that hang
         for name in ("renewer", "leases", "heartbeat", "stall-probe", "warmup"):
             await scope.stop_loop(name)
-        self._table.reconcile()
-        await self._releaser.wait()  # release writes, each bounded by store_timeout
-        self._table.forget_released()
-        remaining = started + timing.shutdown_timeout + timing.store_timeout - clock.monotonic()
-        if release and remaining > 0:
-            try:  # within the documented bound, or not at all
-                await asyncio.wait_for(self._releaser.sweep({p.context.partition_id for p in hung}), remaining)
-            except asyncio.TimeoutError:
-                logger.warning("processor %s: its last listing did not finish within stop()'s bound; records that "
-                               "still name it will expire", self._describe)
-        if release:
-            await self._membership.leave()
+        table.reconcile()
+        await parts.releaser.wait()  # release writes, each bounded by store_timeout
+        table.forget_released()
+        if release:  # the sweep within the documented bound, or not at all
+            remaining = started + timing.shutdown_timeout + timing.store_timeout - clock.monotonic()
+            await parts.releaser.sweep(left_to_expire, within=remaining)
+            await parts.membership.leave()
         await scope.close()
-        logger.info("processor %s stopped in %.2f s (released=%s)", self._describe, clock.monotonic() - started,
+        logger.info("processor %s stopped in %.2f s (released=%s)", parts.describe, clock.monotonic() - started,
                     release)
 
     async def run(self) -> None:
@@ -350,12 +260,12 @@ class EventProcessor:
             if taker is not None:
                 await asyncio.shield(taker)
         except asyncio.CancelledError:
-            if self._fatal is None:
+            if self._parts.taker.fatal is None:
                 raise
         finally:
             await self.stop()
-        if self._fatal is not None:
-            raise self._fatal
+        if self._parts.taker.fatal is not None:
+            raise self._parts.taker.fatal
 
     async def __aenter__(self) -> "EventProcessor":
         await self.start()

@@ -13,6 +13,7 @@ them, so that nobody waits for an expiration because of a processor that is gone
 """
 from __future__ import annotations
 
+import asyncio
 import logging
 from dataclasses import replace
 from typing import List, Set
@@ -120,12 +121,22 @@ class Releaser:
                            self._describe, sorted_ids(r.partition_id for r in again), written.error)
         return list(written.won)
 
-    async def sweep(self, left_to_expire: Set[str]) -> None:
+    async def sweep(self, left_to_expire: Set[str], within: float) -> None:
         """The last step of a graceful stop: one listing, then release every record that
         names this processor but that it does not hold and withdraw its own handoff
         requests. A handoff written after this listing still expires (it needs an owner
         that saw the request before the stop and wrote later), and so do the partitions
-        in ``left_to_expire`` (their handlers would not end)."""
+        in ``left_to_expire`` (their handlers would not end). Done ``within`` seconds
+        (what is left of stop()'s bound), or not at all."""
+        if within <= 0:
+            return
+        try:
+            await asyncio.wait_for(self._sweep(left_to_expire), within)
+        except asyncio.TimeoutError:
+            logger.warning("processor %s: its last listing did not finish within stop()'s bound; records that "
+                           "still name it will expire", self._describe)
+
+    async def _sweep(self, left_to_expire: Set[str]) -> None:
         try:
             listing = await self._store.list_ownership(*self._options.scope)
         except Exception as error:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from dataclasses import dataclass, field, replace
-from typing import Callable, Dict, FrozenSet, Iterable, List, Mapping, Optional, Set, Tuple
+from typing import Dict, FrozenSet, Iterable, List, Mapping, Optional, Set, Tuple
 
 from .backoff import Congestion, TickBackoff
 from .balancer import decide
@@ -68,7 +68,7 @@ class Taker:
     def __init__(self, *, options: ProcessorOptions, store: BoundedStore, writer: OwnershipWriter,
                  table: LeaseTable, history: StoreHistory, membership: Membership, dispatcher: Dispatcher,
                  watchdog: Watchdog, reporter: Reporter, stats: ProcessorStats, telemetry: Telemetry,
-                 describe: str, halted: Callable[[], bool], warmup: Optional[Warmup] = None) -> None:
+                 describe: str, warmup: Optional[Warmup] = None) -> None:
         self._options = options
         self._timing = options.timing
         self._clock = options.clock
@@ -84,8 +84,9 @@ class Taker:
         self._stats = stats
         self._telemetry = telemetry
         self._describe = describe
-        self._halted = halted
         self._warmup = warmup
+        self.fatal: Optional[Exception] = None
+        """The error that halted balancing (see :meth:`halt`), or None."""
         self._wake = asyncio.Event()
         self._store_answered = asyncio.Event()  # set by a prompt, successful store call while backing off
         self._backoff = TickBackoff(interval=self._timing.interval,
@@ -102,13 +103,24 @@ class Taker:
         """List now (a renewal lost its conditional write)."""
         self._wake.set()
 
+    def halt(self, error: Exception) -> None:
+        """No claim can ever work (the factory does not make a ``PartitionProcessor``, the
+        static strategy without member records): say so once and stop balancing. The
+        processor's ``run()`` raises ``error``; its ``stop()`` stops the rest."""
+        if self.fatal is not None:
+            return
+        self.fatal = error
+        logger.error("processor %s: %s; stopping", self._describe, error)
+        self._reporter.report(error, [])
+        self.wake()
+
     # ----------------------------------------------------------------- the loop
     async def run(self) -> None:
         """Tick until cancelled (or until the processor halts on a fatal error)."""
         interval = self._timing.interval
         if self._membership.state is None:
             await self._membership.join()
-        while not self._halted():
+        while self.fatal is None:
             self._wake.clear()
             started = self._clock.monotonic()
             try:
@@ -118,7 +130,7 @@ class Taker:
             except Exception as error:  # never let one bad tick end the loop
                 logger.exception("processor %s: load-balancing tick failed", self._describe)
                 self._reporter.report(error, [])
-            if self._halted():
+            if self.fatal is not None:
                 return
             elapsed = self._clock.monotonic() - started
             pause = interval * self._rng.uniform(0.9, 1.1)

@@ -1,6 +1,7 @@
 """Each part of the processor on its own (issue 23): the task scope, the ownership
-writer, the lease table, the store history, the releaser, membership, the watchdog's
-arithmetic and the reporter's throttle. The processor tests cover them together; these
+writer, the lease table, the store history, the releaser, membership, the dispatcher's
+drain at stop, the watchdog's arithmetic, the reporter's throttle, the taker's halt and
+the assembly that wires them. The processor tests cover them together; these
 say what each promises alone. Virtual time, the in-memory store."""
 from __future__ import annotations
 
@@ -9,14 +10,18 @@ import logging
 import random
 from dataclasses import replace
 from datetime import timedelta
+from types import SimpleNamespace
 from typing import List
 
 import pytest
 
 from eventprocessor import EventPosition
-from eventprocessor.errors import CheckpointStoreError
+from eventprocessor.assembly import assemble
+from eventprocessor.dispatcher import Dispatcher
+from eventprocessor.errors import CheckpointStoreError, ConfigurationError
 from eventprocessor.lease import LeaseEnd, LeaseState
 from eventprocessor.lease_table import LeaseTable
+from eventprocessor.load_plan import LOAD_PROPERTY, decode_load
 from eventprocessor.membership import Membership
 from eventprocessor.options import ProcessorOptions, Timing
 from eventprocessor.partition import PartitionProcessor
@@ -213,7 +218,7 @@ def test_a_release_is_written_once_and_a_handoff_with_the_next_epoch():
     assert (stats.released, stats.handed_off) == (1, 1)
 
 
-def _options(store) -> ProcessorOptions:
+def _options(store, **overrides) -> ProcessorOptions:
     return ProcessorOptions.validate(
         MemoryEventSource(2), store, PartitionProcessor, consumer_group="$default", owner_id="me",
         load_balancing_strategy="greedy", load_balancing_interval=1.0, partition_ownership_expiration_interval=12.0,
@@ -223,7 +228,7 @@ def _options(store) -> ProcessorOptions:
         default_event_position=EventPosition.earliest(), override_checkpoints=False,
         max_delivery_attempts=5, retry_backoff=0.5, on_poison="skip", dead_letter=None,
         refuse_checkpoint_rewind=False, handoff_timeout=30.0, balance_factor=1, ordinal=None, replica_count=None,
-        clock=LoopClock(), rng=random.Random(0), error_handler=None)
+        clock=LoopClock(), rng=random.Random(0), **{"error_handler": None, **overrides})
 
 
 # ----------------------------------------------------------------------------- Membership
@@ -233,7 +238,7 @@ def test_membership_counts_members_heard_from_within_half_the_expiration():
         reporter = Reporter(describe="me", clock=LoopClock(), period=30, error_handler=None, table=table(),
                             scope=TaskScope("t"))
         membership = Membership(options=_options(memory), store=memory, reporter=reporter, describe="me",
-                                on_fatal=lambda error: None)
+                                on_fatal=lambda error: None, table=table())
         assert membership.live(None) is None  # not joined yet: nobody is counted
         await membership.join()
         now = VIRTUAL_EPOCH + timedelta(seconds=asyncio.get_running_loop().time())
@@ -286,3 +291,122 @@ def test_the_throttle_reports_a_recurring_failure_once_per_period_and_says_when_
         return first, again, later, throttle.recovered("store"), throttle.recovered("store")
 
     assert run_virtual(scenario()) == ((True, 0), (False, 1), (True, 1), 1, None)
+
+
+def test_the_final_sweep_releases_what_names_this_processor_within_its_bound_or_not_at_all(caplog):
+    async def scenario():
+        memory = InMemoryCheckpointStore(clock=virtual_utc_clock())
+        store = FaultyStore(memory)
+        await memory.claim_ownership([record("0"), record("1", owner="other")])
+        releaser = Releaser(options=_options(store), store=store, writer=OwnershipWriter(store), table=table(),
+                            history=StoreHistory(), stats=ProcessorStats(), scope=TaskScope("t"), describe="me")
+        await releaser.sweep(set(), within=0.0)  # no time left: nothing is listed or written
+        untouched = {r.partition_id: r.owner_id for r in (await memory.list_ownership(*SCOPE)).ownerships}
+        store.hang = True
+        started = asyncio.get_running_loop().time()
+        await releaser.sweep(set(), within=3.0)
+        waited = asyncio.get_running_loop().time() - started
+        store.hang = False
+        await releaser.sweep(set(), within=3.0)
+        swept = {r.partition_id: r.owner_id for r in (await memory.list_ownership(*SCOPE)).ownerships}
+        return untouched, waited, swept, store.calls
+
+    with caplog.at_level(logging.WARNING, logger="eventprocessor"):
+        untouched, waited, swept, calls = run_virtual(scenario())
+    assert untouched == {"0": "me", "1": "other"}
+    assert waited == pytest.approx(3.0) and "did not finish within stop()'s bound" in caplog.text
+    assert swept == {"0": "", "1": "other"}
+
+
+# ----------------------------------------------------------------------------- Membership, Dispatcher, Taker
+def test_a_member_record_carries_the_measured_load_when_balancing_by_load():
+    async def scenario():
+        memory = InMemoryCheckpointStore(clock=virtual_utc_clock())
+        reporter = Reporter(describe="me", clock=LoopClock(), period=30, error_handler=None, table=table(),
+                            scope=TaskScope("t"))
+
+        def member(**overrides):
+            return Membership(options=_options(memory, **overrides), store=memory, reporter=reporter, describe="me",
+                              on_fatal=lambda error: None, table=table()).record().properties
+
+        return member(), member(balance_by="load", load_meter=lambda: 0.25)
+
+    by_count, by_load = run_virtual(scenario())
+    assert LOAD_PROPERTY not in by_count
+    assert decode_load(by_load[LOAD_PROPERTY]).utilization == pytest.approx(0.25)
+
+
+def test_the_dispatcher_drains_pumps_at_stop_and_leaves_the_records_of_hung_ones_to_expire(caplog):
+    async def scenario():
+        memory = InMemoryCheckpointStore(clock=virtual_utc_clock())
+        leases = table()
+        reporter = Reporter(describe="me", clock=LoopClock(), period=30, error_handler=None, table=leases,
+                            scope=TaskScope("t"))
+        dispatcher = Dispatcher(
+            options=_options(memory), store=memory, table=leases, history=StoreHistory(), reporter=reporter,
+            telemetry=Telemetry(eventhub_name="hub", consumer_group="$default", owner_id="me"), describe="me",
+            on_loop_blocked=lambda *args: None, on_pump_ended=lambda: None, on_fatal=lambda error: None,
+            on_started=lambda: None)
+
+        class Pump:  # what the table and the dispatcher need of a pump: a task that ends on stop, or not
+            def __init__(self, pid: str, seconds: float) -> None:
+                self.context = SimpleNamespace(partition_id=pid)
+                self.task = asyncio.ensure_future(asyncio.sleep(seconds))
+
+            @property
+            def alive(self) -> bool:
+                return not self.task.done()
+
+            def stop(self, reason) -> None:
+                pass
+
+            def cancel(self) -> None:
+                self.task.cancel()
+
+        pumps = {}
+        for pid, seconds in (("0", 1.0), ("1", 1e9)):
+            lease = leases.claiming(record(pid))
+            now = asyncio.get_running_loop().time()
+            leases.confirm(lease, record(pid), sent_at=now, answered_at=now)
+            pumps[pid] = Pump(pid, seconds)
+            leases.started(lease, pumps[pid])
+        leases.end_all(release=True)
+        started = asyncio.get_running_loop().time()
+        left = await dispatcher.drain(5.0)
+        return left, asyncio.get_running_loop().time() - started, leases, pumps
+
+    with caplog.at_level(logging.ERROR, logger="eventprocessor"):
+        left, waited, leases, pumps = run_virtual(scenario())
+    assert left == {"1"} and waited == pytest.approx(5.0)
+    assert pumps["1"].task.cancelled() and not pumps["0"].task.cancelled()
+    assert leases.get("0").release_to == "" and leases.get("1").release_to is None  # "1" is left to expire
+    assert "['1'] did not finish within shutdown_timeout=5 s" in caplog.text
+
+
+def test_assemble_wires_every_part_to_one_table_store_and_scope_and_a_halt_stops_the_taker_once(caplog):
+    async def scenario():
+        memory = InMemoryCheckpointStore(clock=virtual_utc_clock())
+        parts = assemble(_options(memory), memory)
+        assert parts.store.inner is memory
+        # table -> releaser -> store: a claim that ends with its pump gone is released.
+        won = (await memory.claim_ownership([record("0")]))[0]
+        lease = parts.table.claiming(won)
+        now = asyncio.get_running_loop().time()
+        parts.table.confirm(lease, won, sent_at=now, answered_at=now)
+        pump = SimpleNamespace(alive=True, stop=lambda reason: None)
+        parts.table.started(lease, pump)
+        parts.table.end(lease, LeaseEnd.SHUTDOWN, "stopping", release_to="")
+        pump.alive = False
+        parts.table.reconcile()
+        await parts.releaser.wait()
+        released = {r.partition_id: r.owner_id for r in (await memory.list_ownership(*SCOPE)).ownerships}
+        parts.taker.halt(ConfigurationError("the factory makes no PartitionProcessor"))
+        parts.taker.halt(ConfigurationError("a second error"))
+        await asyncio.wait_for(parts.taker.run(), 1.0)  # halted: returns at once
+        await parts.scope.close()
+        return released, parts.taker.fatal
+
+    with caplog.at_level(logging.ERROR, logger="eventprocessor"):
+        released, fatal = run_virtual(scenario())
+    assert released == {"0": ""}
+    assert str(fatal) == "the factory makes no PartitionProcessor" and "a second error" not in caplog.text
