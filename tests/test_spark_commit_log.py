@@ -13,6 +13,7 @@ import pytest
 from eventprocessor.errors import ConfigurationError
 from eventprocessor.spark.commit_log import (BatchRefused, CommitLog, FileLogStorage, LogStorage, PartitionRange,
                                              StagedFile, StaleFenceError, StoreLogStorage)
+from eventprocessor.spark.log_state import LogState
 from stores import InMemoryCheckpointStore
 
 SCOPE = dict(fully_qualified_namespace="memory.local", eventhub_name="hub", consumer_group="$default")
@@ -330,3 +331,25 @@ async def test_in_the_blob_store_two_logs_racing_get_unique_versions(azurite):
     finally:
         for store in stores:
             await store.close()
+
+
+# ----------------------------------------------------------------------------- the state, a pure fold
+def test_the_log_state_folds_entries_and_survives_a_snapshot_round_trip():
+    state = LogState()
+    assert state.apply(0, {"type": "fence", "partition_id": "0", "owner_id": "a", "epoch": 1}, "log") == {}
+    first = rng("0", 0, 9, "a", 1)
+    state.apply(1, {"type": "plan", "ranges": [first.to_json()]}, "log")
+    state.apply(2, {"type": "plan", "ranges": [rng("0", 10, 19, "a", 1).to_json()]}, "log")
+    assert state.apply(3, {"type": "commit", "batch_id": 1, "files": [StagedFile("part-0.parquet", 10, 1).to_json()]},
+                       "log") == {1: (first,)}
+    assert state.high_water_marks == {"0": 9} and state.outcome(1) == "committed" and state.outcome(2) == "planned"
+    assert [(p.number, p.batch_id) for p in state.unpublished.values()] == [(0, 1)]
+    # A newer claim's fence aborts the other claim's planned batch and makes its ranges lost.
+    resolved = state.apply(4, {"type": "fence", "partition_id": "0", "owner_id": "b", "epoch": 2}, "log")
+    assert list(resolved) == [2] and state.outcome(2) == "aborted" and state.lost([first]) == ["0"]
+    state.mark_published(0)
+    assert state.unpublished == {} and state.published_floor == 0
+    again = LogState.from_json(json.loads(json.dumps(state.to_json())))
+    assert again == state
+    with pytest.raises(ConfigurationError, match="unknown entry type 'merge'"):
+        state.apply(5, {"type": "merge"}, "log")

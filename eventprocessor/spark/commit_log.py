@@ -67,7 +67,6 @@ import collections
 import json
 import logging
 import os
-from dataclasses import dataclass, field
 from typing import (TYPE_CHECKING, Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple,
                     Union)
 
@@ -75,6 +74,7 @@ from ..clock import SystemClock
 from ..errors import ConfigurationError
 from .log_records import (_DIGITS, ABORTED, COMMITTED, FORMAT, PLANNED, SNAPSHOT_PREFIX, BatchRefused, FenceResult,
                           Manifest, PartitionRange, Publication, StagedFile, StaleFenceError)
+from .log_state import LogState
 from .log_storage import FileLogStorage, LogStorage, StoreLogStorage, fsync_directory
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -85,64 +85,6 @@ __all__ = ["CommitLog", "LogStorage", "FileLogStorage", "StoreLogStorage", "Part
            "fsync_directory", "Manifest"]
 
 logger = logging.getLogger(__name__)
-
-
-# ----------------------------------------------------------------------------- state
-
-
-@dataclass
-class _Fence:
-    owner_id: str
-    epoch: int
-    version: int
-    token: str = ""
-
-    @property
-    def claim(self) -> Tuple[str, int, str]:
-        return self.owner_id, self.epoch, self.token
-
-
-@dataclass
-class _State:
-    """What the log says after every entry below ``next_version``."""
-
-    next_version: int = 0
-    fences: Dict[str, _Fence] = field(default_factory=dict)
-    high_water_marks: Dict[str, int] = field(default_factory=dict)
-    planned: Dict[int, Tuple[PartitionRange, ...]] = field(default_factory=dict)
-    outcomes: Dict[int, str] = field(default_factory=dict)
-    next_publication: int = 0
-    unpublished: Dict[int, Publication] = field(default_factory=dict)
-    published_floor: int = -1  # every publication at or below it is known to be published
-
-    def to_json(self) -> Dict[str, Any]:
-        return {
-            "next_version": self.next_version,
-            "fences": {pid: [f.owner_id, f.epoch, f.version, f.token] for pid, f in self.fences.items()},
-            "high_water_marks": dict(self.high_water_marks),
-            "planned": {str(b): [r.to_json() for r in ranges] for b, ranges in self.planned.items()},
-            "outcomes": {str(b): o for b, o in self.outcomes.items()},
-            "next_publication": self.next_publication,
-            "unpublished": {str(p.number): [p.batch_id, [f.to_json() for f in p.files]]
-                            for p in self.unpublished.values()},
-            "published_floor": self.published_floor,
-        }
-
-    @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> "_State":
-        return cls(
-            next_version=int(data["next_version"]),
-            fences={pid: _Fence(str(f[0]), int(f[1]), int(f[2]), str(f[3]) if len(f) > 3 else "")
-                    for pid, f in data["fences"].items()},
-            high_water_marks={pid: int(v) for pid, v in data["high_water_marks"].items()},
-            planned={int(b): tuple(PartitionRange.from_json(r) for r in ranges)
-                     for b, ranges in data["planned"].items()},
-            outcomes={int(b): str(o) for b, o in data["outcomes"].items()},
-            next_publication=int(data["next_publication"]),
-            unpublished={int(n): Publication(int(n), int(v[0]), tuple(StagedFile.from_json(f) for f in v[1]))
-                         for n, v in data["unpublished"].items()},
-            published_floor=int(data["published_floor"]),
-        )
 
 
 class _AlreadyDone(Exception):
@@ -192,7 +134,7 @@ class CommitLog:
         # The running event loop's clock by default: virtual under VirtualTimeLoop, like
         # every other timed part of the SDK.
         self._clock = clock or SystemClock().monotonic
-        self._state = _State()
+        self._state = LogState()
         self._loaded = False
         self._tail_seen_at: Optional[float] = None  # when an entry was last found missing (the end)
         self._snapshot_version = 0  # the newest snapshot known (0: none)
@@ -266,17 +208,14 @@ class CommitLog:
         if data is None:  # deleted by a newer compaction meanwhile: read the listing again
             return await self._load_newest_snapshot()
         entry = self._decode(_snapshot_name(newest), data)
-        state = _State.from_json(entry["state"])
+        state = LogState.from_json(entry["state"])
         if self._loaded and state.next_version <= self._state.next_version:
             return
         if self._loaded:
             logger.warning("commit log %s: this process was behind the compacted log (at version %d, the newest "
                            "snapshot is %d); continuing from the snapshot", self.storage.description,
                            self._state.next_version, state.next_version)
-        # What this process knows to be published stays known.
-        state.published_floor = max(state.published_floor, self._state.published_floor)
-        for number in [n for n in state.unpublished if n <= state.published_floor]:
-            del state.unpublished[number]
+        state.mark_published(self._state.published_floor)  # what this process knows to be published stays known
         self._state = state
 
     async def _refresh(self) -> None:
@@ -302,46 +241,8 @@ class CommitLog:
             await self._refresh()
 
     def _apply(self, version: int, entry: Mapping[str, Any]) -> None:
-        state = self._state
-        kind = entry.get("type")
-        if kind == "fence":
-            pid = str(entry["partition_id"])
-            fence = _Fence(str(entry["owner_id"]), int(entry["epoch"]), version, str(entry.get("token", "")))
-            state.fences[pid] = fence
-            for planned_id, planned in list(state.planned.items()):
-                if any(r.partition_id == pid and r.claim != fence.claim for r in planned):
-                    self._resolve(planned_id, ABORTED)
-        elif kind == "plan":
-            state.planned[version] = tuple(PartitionRange.from_json(r) for r in entry["ranges"])
-        elif kind == "commit":
-            batch_id = int(entry["batch_id"])
-            ranges = state.planned.get(batch_id)
-            if ranges is None:  # cannot happen: a commit is validated against the history below it
-                logger.error("commit log %s: version %d commits batch %d, which is not planned; ignoring it",
-                             self.storage.description, version, batch_id)
-                return
-            files = entry.get("files")
-            self._resolve(batch_id, COMMITTED)
-            for r in ranges:
-                state.high_water_marks[r.partition_id] = max(state.high_water_marks.get(r.partition_id, -1),
-                                                             r.last_sequence_number)
-            if files is not None:
-                number = state.next_publication
-                state.next_publication += 1
-                state.unpublished[number] = Publication(number, batch_id,
-                                                        tuple(StagedFile.from_json(f) for f in files))
-        elif kind == "abort":
-            batch_id = int(entry["batch_id"])
-            if batch_id in state.planned:
-                self._resolve(batch_id, ABORTED)
-        else:
-            raise ConfigurationError(f"commit log {self.storage.description} has an unknown entry type {kind!r} at "
-                                     f"version {version}")
-
-    def _resolve(self, batch_id: int, outcome: str) -> None:
-        ranges = self._state.planned.pop(batch_id, None)
-        self._state.outcomes[batch_id] = outcome
-        if ranges is not None:
+        # The ranges of recently resolved batches are kept to name a refused batch's partitions.
+        for batch_id, ranges in self._state.apply(version, entry, self.storage.description).items():
             self._resolved_ranges[batch_id] = ranges
             while len(self._resolved_ranges) > 1000:
                 self._resolved_ranges.popitem(last=False)
@@ -364,9 +265,7 @@ class CommitLog:
     def outcome(self, batch_id: int) -> Optional[str]:
         """``planned``, ``committed``, ``aborted``, or ``None`` (unknown: not read yet, or
         compacted away), as of the last read."""
-        if batch_id in self._state.planned:
-            return PLANNED
-        return self._state.outcomes.get(batch_id)
+        return self._state.outcome(batch_id)
 
     def is_resolved_and_published(self, batch_id: int) -> bool:
         """True when the batch is not planned and has no committed files waiting to be
@@ -383,10 +282,7 @@ class CommitLog:
 
     def mark_published(self, through: int) -> None:
         """Every publication up to ``through`` is in place: forget their files."""
-        state = self._state
-        state.published_floor = max(state.published_floor, through)
-        for number in [n for n in state.unpublished if n <= state.published_floor]:
-            del state.unpublished[number]
+        self._state.mark_published(through)
 
     @property
     def next_version(self) -> int:
@@ -459,14 +355,6 @@ class CommitLog:
                     "aborted %s)", self.storage.description, owner_id, partition_id, epoch, version, hwm, aborted)
         return FenceResult(version=version, high_water_mark=hwm, aborted=tuple(aborted))
 
-    def _lost(self, ranges: Iterable[PartitionRange]) -> List[str]:
-        lost = []
-        for r in ranges:
-            current = self._state.fences.get(r.partition_id)
-            if current is None or current.claim != r.claim:
-                lost.append(r.partition_id)
-        return lost
-
     async def begin(self, ranges: Iterable[PartitionRange]) -> int:
         """Write the plan of a batch; its version is the ``batch_id``.
 
@@ -478,7 +366,7 @@ class CommitLog:
             raise ValueError("a batch needs at least one partition range")
 
         def validate() -> None:
-            lost = self._lost(ranges)
+            lost = self._state.lost(ranges)
             if lost:
                 raise BatchRefused(f"partitions {sorted(lost)} were fenced by a newer claim", lost)
             for r in ranges:
@@ -505,15 +393,15 @@ class CommitLog:
             if outcome == COMMITTED:
                 raise _AlreadyDone(None)
             if outcome == PLANNED:
-                lost = self._lost(self._state.planned[batch_id])
+                lost = self._state.lost(self._state.planned[batch_id])
                 if lost:
                     raise BatchRefused(f"batch {batch_id}: partitions {sorted(lost)} were fenced by a newer claim",
                                        lost)
                 return
             if outcome == ABORTED:
-                lost = self._lost(ranges) or [r.partition_id for r in ranges]
+                lost = self._state.lost(ranges) or [r.partition_id for r in ranges]
                 raise BatchRefused(f"batch {batch_id} was aborted (partitions {sorted(lost)} fenced by a newer "
-                                   "claim)" if self._lost(ranges) else f"batch {batch_id} was given up", lost)
+                                   "claim)" if self._state.lost(ranges) else f"batch {batch_id} was given up", lost)
             raise BatchRefused(f"batch {batch_id} is not in the commit log {self.storage.description} (compacted "
                                "while this process paused?)", [r.partition_id for r in ranges])
 
@@ -542,7 +430,7 @@ class CommitLog:
     async def lost_partitions(self, ranges: Iterable[PartitionRange]) -> List[str]:
         """The partitions of ``ranges`` fenced by a newer claim (reads the log first)."""
         await self.refresh()
-        return self._lost(ranges)
+        return self._state.lost(ranges)
 
     # ------------------------------------------------------------------ audits
 
@@ -573,12 +461,12 @@ class CommitLog:
             return
         if self._cleanup is not None and not self._cleanup.done():
             return
-        state = _State.from_json(self._state.to_json())  # a copy, as of now
+        state = LogState.from_json(self._state.to_json())  # a copy, as of now
         self._snapshot_version = state.next_version
         self._cleanup = asyncio.get_running_loop().create_task(self._compact(state),
                                                                name="spark-commit-log-compaction")
 
-    async def _compact(self, state: _State) -> None:
+    async def _compact(self, state: LogState) -> None:
         """Write a snapshot of ``state``, then delete what retention allows."""
         try:
             # Outcomes of batches planned before the previous snapshot are not needed any more.
