@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
-from eventprocessor._install import install_command as _install_command
+from eventprocessor.extras import install_command as _install_command
 
 __all__ = [
     "CHECKOUT", "CommandError", "MissingRequirementError", "install_command", "missing_modules", "one_line_message",
@@ -94,7 +94,7 @@ def install_command(extras: Sequence[str] = (), packages: Sequence[str] = ()) ->
 
     From a source checkout it is ``pip install -e '<checkout>[blob]'`` (it works from any
     directory); from a wheel, ``pip install '<the wheel>[blob]'`` (see
-    :func:`eventprocessor._install.install_command`).
+    :func:`eventprocessor.extras.install_command`).
     """
     return _install_command(extras, packages)
 

@@ -3,18 +3,23 @@
 ``InMemoryCheckpointStore`` needs nothing extra. ``BlobCheckpointStore`` needs the
 ``[blob]`` extra and ``TableCheckpointStore`` the ``[table]`` extra; they are imported
 lazily so that ``import stores`` never pulls in the Azure SDKs.
+
+:func:`describe_error` says what an Azure storage error means (type, HTTP status, error
+code, the service's first line with anything that could be a credential removed, the
+likely cause and its fix): the stores' own messages use it, and so may yours.
 """
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from ._account import describe_error
 from .memory import InMemoryCheckpointStore
 
 if TYPE_CHECKING:  # pragma: no cover
     from .blob import BlobCheckpointStore
     from .table import TableCheckpointStore
 
-__all__ = ["InMemoryCheckpointStore", "BlobCheckpointStore", "TableCheckpointStore"]
+__all__ = ["InMemoryCheckpointStore", "BlobCheckpointStore", "TableCheckpointStore", "describe_error"]
 
 _LAZY = {"BlobCheckpointStore": ".blob", "TableCheckpointStore": ".table"}
 
@@ -29,7 +34,7 @@ def __getattr__(name: str) -> Any:
         try:
             module = importlib.import_module(_LAZY[name], __name__)
         except ModuleNotFoundError as error:
-            from eventprocessor._install import install_command
+            from eventprocessor.extras import install_command
 
             raise ModuleNotFoundError(f"{name} needs the [{_EXTRA[name]}] extra ({error.name!r} is not installed): "
                                       f"{install_command([_EXTRA[name]])}", name=error.name) from error

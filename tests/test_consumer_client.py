@@ -10,7 +10,7 @@ import asyncio
 import logging
 import uuid
 from collections import defaultdict
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timezone
 from typing import Any, Dict, List, Optional
 
 import pytest
@@ -648,14 +648,47 @@ def test_without_a_checkpoint_store_receivers_are_not_exclusive_so_two_clients_b
     assert plain == [None] * 8 and leveled == [7]
 
 
-def test_client_options_reach_the_amqp_client_and_bad_values_fail_at_receive():
+def _azure_clients_made(monkeypatch) -> List[Any]:
+    """Every azure-eventhub ``EventHubConsumerClient`` built from now on, as ``(args,
+    kwargs)``: what this SDK hands the AMQP client. The real constructor runs (it does
+    not connect)."""
+    from azure.eventhub import aio as azure_aio
+
+    made: List[Any] = []
+
+    class Recorded(azure_aio.EventHubConsumerClient):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            made.append((args, kwargs))
+            super().__init__(*args, **kwargs)
+
+    monkeypatch.setattr(azure_aio, "EventHubConsumerClient", Recorded)
+    return made
+
+
+async def _open_and_close_a_receiver(client: EventHubConsumerClient) -> None:
+    """Build the AMQP client a receiver reads through (nothing is sent on the network)."""
+    receiver = await client.source.open_receiver("0", consumer_group="$default",
+                                                 starting_position=EventPosition.earliest(), owner_level=None)
+    await receiver.close()
+    await client.close()
+
+
+def test_client_options_reach_the_amqp_client_and_bad_values_fail_at_receive(monkeypatch):
+    made = _azure_clients_made(monkeypatch)
     client = EventHubConsumerClient.from_connection_string(
         "Endpoint=sb://127.0.0.1:1;SharedAccessKeyName=k;SharedAccessKey=x;EntityPath=hub;"
         "UseDevelopmentEmulator=true", "$default", checkpoint_store=InMemoryCheckpointStore(), retry_total=1,
         user_agent="migrated", load_balancing_strategy="balanced", owner_id="me")
     # The options given reach the client as given; EventHubSource adds its idle-timeout
     # default (30 s, so a black-holed connection is noticed) unless one is given.
-    assert client._source._client_kwargs == {"retry_total": 1, "user_agent": "migrated", "idle_timeout": 30.0}
+    asyncio.run(_open_and_close_a_receiver(client))
+    (_args, given), = made
+    assert {name: given.get(name) for name in ("retry_total", "user_agent", "idle_timeout")} == \
+        {"retry_total": 1, "user_agent": "migrated", "idle_timeout": 30.0}
+    # EventProcessor's own options stay with the processor: the AMQP client has azure-eventhub's defaults.
+    strategy = given["load_balancing_strategy"]
+    assert "owner_id" not in given and given["checkpoint_store"] is None
+    assert getattr(strategy, "value", strategy) == "greedy"
     assert client.processor_options["partition_ownership_expiration_interval"] == 180  # 6 x 30 s, as azure-eventhub
     with pytest.raises(ConfigurationError, match="from_source"):
         EventHubConsumerClient.from_source(MemoryEventSource(1), checkpoint_store=InMemoryCheckpointStore(),
@@ -707,14 +740,20 @@ def test_a_handoff_closes_the_old_owner_s_partitions_as_ownership_lost_and_loses
     assert len(delivered) == 80  # handed over at a checkpoint: no duplicates
 
 
-def test_the_official_constructor_and_the_management_calls():
+def test_the_official_constructor_and_the_management_calls(monkeypatch):
     from azure.core.credentials import AzureNamedKeyCredential
+
+    made = _azure_clients_made(monkeypatch)
 
     credential = AzureNamedKeyCredential("RootManageSharedAccessKey", "not-a-real-key")
     client = EventHubConsumerClient("contoso.servicebus.windows.net", "telemetry", "$default", credential,
                                     checkpoint_store=InMemoryCheckpointStore(), user_agent="migrated")
     assert (client.fully_qualified_namespace, client.eventhub_name) == ("contoso.servicebus.windows.net", "telemetry")
-    assert client._source._credential is credential and "not-a-real-key" not in repr(client)
+    assert "not-a-real-key" not in repr(client)
+    asyncio.run(_open_and_close_a_receiver(client))  # the AMQP client gets the credential as given
+    (args, given), = made
+    assert args[:4] == ("contoso.servicebus.windows.net", "telemetry", "$default", credential)
+    assert given["user_agent"] == "migrated"
 
     async def scenario():
         source, store = _world(2)

@@ -308,7 +308,7 @@ def test_the_service_message_kept_in_store_errors_never_carries_a_credential():
     """The service's own words are kept, but a message that quotes a SAS signature, a
     key or a string-to-sign loses them."""
     azure_exceptions = pytest.importorskip("azure.core.exceptions")
-    from stores._account import describe_error
+    from stores import describe_error
 
     key = base64.b64encode(b"k" * 64).decode()
     said = (f"Signature did not match. sig=abc%2Fdef&se=2030 used {key}; String to sign used was r\n2030\n/blob/x"
@@ -444,7 +444,7 @@ def test_the_migration_sample_checks_its_packages_before_starting_anything():
 
 
 # Being rewritten for issue 22 item 6 (the drop-in client, another change): its hint is to
-# come from eventprocessor._install.install_command there. Remove this when it does.
+# come from eventprocessor.extras.install_command there. Remove this when it does.
 NOT_YET: set = set()
 
 
@@ -479,7 +479,7 @@ def test_every_install_hint_quotes_its_brackets_and_names_no_package_the_index_l
 
 
 def test_the_install_hint_from_a_checkout_works_from_any_directory(tmp_path):
-    from eventprocessor._install import install_command
+    from eventprocessor.extras import install_command
 
     hint = install_command(["blob", "eventhub"], ["azure-identity"])
     assert hint == f"pip install -e {shlex.quote(str(ROOT) + '[blob,eventhub]')} azure-identity"
@@ -494,7 +494,7 @@ def test_the_install_hint_of_a_wheel_names_the_wheel(monkeypatch, tmp_path):
     extra: the project is not on any index."""
     from importlib import metadata
 
-    from eventprocessor import _install
+    from eventprocessor import extras
 
     wheel = tmp_path / "eventprocessor-0.1.0-py3-none-any.whl"
     wheel.write_bytes(b"")
@@ -504,9 +504,9 @@ def test_the_install_hint_of_a_wheel_names_the_wheel(monkeypatch, tmp_path):
             assert name == "direct_url.json"
             return json.dumps({"url": wheel.as_uri(), "archive_info": {}})
 
-    monkeypatch.setattr(_install, "source_checkout", lambda: None)
+    monkeypatch.setattr(extras, "source_checkout", lambda: None)
     monkeypatch.setattr(metadata, "distribution", lambda name: Installed())
-    assert _install.install_command(["blob"]) == f"pip install {shlex.quote(f'{wheel}[blob]')}"
+    assert extras.install_command(["blob"]) == f"pip install {shlex.quote(f'{wheel}[blob]')}"
 
 
 def test_importing_a_store_without_its_extra_says_the_install_command(tmp_path):
@@ -637,9 +637,9 @@ def test_the_demo_prints_the_status_command_that_watches_it_and_warns_about_noth
         shown = ""
         while time.monotonic() < deadline:
             # Run exactly as printed (the shell sets the variable), for two refreshes.
+            path = f"{Path(sys.executable).parent}:{os.environ['PATH']}"
             out = subprocess.run(["bash", "-c", f"{command} --count 2 --interval 1"], capture_output=True, text=True,
-                                 timeout=60, env=environment(PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}"),
-                                 cwd=tmp_path)
+                                 timeout=60, env=environment(PATH=path), cwd=tmp_path)
             assert out.returncode == 0, out.stderr
             shown = out.stdout
             if re.search(r"16 partitions \(seen in the store\): 16 owned", shown):

@@ -1,10 +1,12 @@
 """The core install stays light and typed."""
 from __future__ import annotations
 
+import ast
 import configparser
 import subprocess
 import sys
 from pathlib import Path
+from typing import Dict, Iterator, List, Set, Tuple
 
 import pytest
 
@@ -103,7 +105,6 @@ IMPORTS_BENCHMARKS_STILL = {
 }
 PRIVATE_IMPORTS_STILL = {
     "benchmarks/scale.py": {"stores._account"},  # DEFAULT_OPERATION_TIMEOUT; scale is being reworked
-    "tests/test_new_user_paths.py": {"stores._account", "eventprocessor._install"},  # describe_error, install hints
     "tests/test_source_faults_emulator.py": {"eventprocessor.sources.eventhub._ErrorContext"},  # the source's split
 }
 SDK = ("eventprocessor", "stores", "emulators")
@@ -137,3 +138,162 @@ def test_tests_and_benchmarks_import_no_private_name_of_the_sdk():
             if names:
                 wrong[str(path.relative_to(ROOT))] = sorted(names)
     assert not wrong, wrong
+
+
+# Nor do they touch a private attribute of an SDK object: ``x._name`` where ``x`` is a
+# name imported from the SDK, or a name bound (in the same function or an enclosing one)
+# to what calling one of those returns (``source = EventHubSource.from_connection_string(...)``).
+# Names bound any other way are not followed, so another library's internals are never
+# flagged; an SDK object reached another way can be missed. Each entry below is a known
+# exception, with who is to remove it.
+PRIVATE_ATTRIBUTES_STILL = {
+    # EventHubSource's split (another change) owns these: a public way to force the
+    # receive_batch fallback, and to see the client options and clients.
+    "tests/test_event_bodies.py": {"source._lean"},
+    "tests/test_eventhub_source.py": {"source._lean", "source._clients"},
+    "tests/test_source_faults_emulator.py": {"source._client_kwargs", "quiet._client_kwargs"},
+}
+_SCOPES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)
+
+
+def _sdk_names(tree: ast.AST) -> Set[str]:
+    names: Set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module and node.module.split(".")[0] in SDK:
+            names |= {alias.asname or alias.name for alias in node.names}
+        elif isinstance(node, ast.Import):
+            names |= {alias.asname or alias.name.split(".")[0] for alias in node.names
+                      if alias.name.split(".")[0] in SDK}
+    return names
+
+
+def _in_scope(node: ast.AST) -> Iterator[ast.AST]:
+    for child in ast.iter_child_nodes(node):
+        if not isinstance(child, _SCOPES):
+            yield child
+            yield from _in_scope(child)
+
+
+def _nested_scopes(node: ast.AST) -> Iterator[ast.AST]:
+    for child in ast.iter_child_nodes(node):
+        if isinstance(child, _SCOPES):
+            yield child
+        else:
+            yield from _nested_scopes(child)
+
+
+def _made_by(value: ast.AST, sdk: Set[str]) -> bool:
+    """``value`` calls (and maybe awaits) an SDK name or one of its attributes."""
+    if isinstance(value, ast.Await):
+        value = value.value
+    if not isinstance(value, ast.Call):
+        return False
+    func = value.func
+    while isinstance(func, ast.Attribute):
+        func = func.value
+    return isinstance(func, ast.Name) and func.id in sdk
+
+
+def _private_attributes_of_sdk_objects(path: Path) -> List[Tuple[int, str]]:
+    tree = ast.parse(path.read_text(), filename=str(path))
+    sdk = _sdk_names(tree)
+    found: List[Tuple[int, str]] = []
+
+    def visit(scope: ast.AST, outer: Set[str]) -> None:
+        nodes = list(_in_scope(scope))
+        bound = set(outer)
+        for node in nodes:
+            if isinstance(node, (ast.Assign, ast.AnnAssign)) and node.value is not None:
+                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+                names = {target.id for target in targets if isinstance(target, ast.Name)}
+                bound = bound | names if _made_by(node.value, sdk) else bound - names
+            elif isinstance(node, ast.withitem) and isinstance(node.optional_vars, ast.Name) \
+                    and _made_by(node.context_expr, sdk):
+                bound.add(node.optional_vars.id)
+        for node in nodes:
+            if isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__") \
+                    and isinstance(node.value, ast.Name) and node.value.id in bound | sdk:
+                found.append((node.lineno, f"{node.value.id}.{node.attr}"))
+        for child in _nested_scopes(scope):
+            visit(child, bound)
+
+    visit(tree, set())
+    return found
+
+
+def test_the_private_attribute_check_sees_reads_and_writes_and_leaves_other_libraries_alone(tmp_path):
+    sample = tmp_path / "sample.py"
+    sample.write_text(
+        "from azure.eventhub import EventData\n"
+        "from eventprocessor.sources.eventhub import EventHubSource\n"
+        "def test():\n"
+        "    source = EventHubSource.from_connection_string('x')\n"
+        "    async def inner():\n"
+        "        source._lean = False\n"
+        "        return EventHubSource._new_client\n"
+        "    client = source.clients['a']\n"
+        "    return client._consumer_group, EventData._from_message, source._client_kwargs, self._own\n")
+    assert _private_attributes_of_sdk_objects(sample) == [
+        (9, "source._client_kwargs"), (6, "source._lean"), (7, "EventHubSource._new_client")]
+
+
+def test_tests_and_benchmarks_touch_no_private_attribute_of_an_sdk_object():
+    wrong = {}
+    for folder in ("tests", "benchmarks"):
+        for path in sorted((ROOT / folder).glob("*.py")):
+            name = str(path.relative_to(ROOT))
+            touched = {what for _line, what in _private_attributes_of_sdk_objects(path)}
+            if touched - PRIVATE_ATTRIBUTES_STILL.get(name, set()):
+                wrong[name] = sorted(touched - PRIVATE_ATTRIBUTES_STILL.get(name, set()))
+    assert not wrong, wrong
+
+
+def _module_imports(package: str) -> Dict[str, Set[str]]:
+    """Module -> the modules of ``package`` it imports when it is imported (not those
+    imported under ``TYPE_CHECKING`` or inside a function)."""
+    modules = {}
+    for path in sorted((ROOT / package).rglob("*.py")):
+        parts = list(path.relative_to(ROOT).with_suffix("").parts)
+        modules[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+
+    def imported(module: str, statements: List[ast.stmt]) -> Iterator[str]:
+        here = module if modules[module].name == "__init__.py" else module.rpartition(".")[0]
+        for node in statements:
+            if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+                yield from imported(module, node.orelse)
+            elif isinstance(node, (ast.If, ast.Try)):
+                handlers = [statement for handler in getattr(node, "handlers", []) for statement in handler.body]
+                yield from imported(module, node.body + node.orelse + handlers + getattr(node, "finalbody", []))
+            elif isinstance(node, ast.Import):
+                yield from (alias.name for alias in node.names)
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    prefix = here.split(".")[:len(here.split(".")) - node.level + 1]
+                    base = ".".join(prefix + ([node.module] if node.module else []))
+                for alias in node.names:
+                    yield f"{base}.{alias.name}" if f"{base}.{alias.name}" in modules else base
+
+    return {module: {name for name in imported(module, ast.parse(path.read_text()).body)
+                     if name in modules and name != module} for module, path in modules.items()}
+
+
+@pytest.mark.parametrize("package", ["eventprocessor", "stores", "emulators", "eventprocessor_cli"])
+def test_no_import_cycles(package):
+    graph = _module_imports(package)
+    cycles = []
+    done: Set[str] = set()
+
+    def walk(module: str, path: List[str]) -> None:
+        if module in path:
+            cycles.append(" -> ".join(path[path.index(module):] + [module]))
+            return
+        if module in done:
+            return
+        for imported in sorted(graph[module]):
+            walk(imported, path + [module])
+        done.add(module)
+
+    for module in sorted(graph):
+        walk(module, [])
+    assert not cycles, cycles

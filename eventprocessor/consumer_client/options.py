@@ -47,7 +47,7 @@ def _require_azure_eventhub() -> None:
     try:
         import azure.eventhub  # noqa: F401
     except ImportError as error:  # pragma: no cover - depends on the extra
-        from .._install import install_command
+        from ..extras import install_command
 
         raise ConfigurationError("EventHubConsumerClient (the azure-eventhub drop-in) needs the [eventhub] extra: "
                                  f"{install_command(['eventhub'])}") from error
