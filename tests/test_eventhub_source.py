@@ -100,7 +100,7 @@ def test_event_data_and_raw_messages_convert_to_the_same_event():
 def test_the_installed_azure_eventhub_offers_the_lean_receive_path():
     """Fails loudly when azure-eventhub changes the consumer internals EventHubSource
     drives. It still works then (through receive_batch), but slower: update
-    eventprocessor/sources/eventhub.py."""
+    eventprocessor/sources/eventhub/lean.py."""
     import azure.eventhub
     from azure.eventhub.aio import EventHubConsumerClient
 
