@@ -27,6 +27,8 @@ _ENQUEUED = b"x-opt-enqueued-time"
 _PARTITION_KEY = b"x-opt-partition-key"
 _UTC = timezone.utc
 _DATA = BodyType.DATA
+_fromtimestamp = datetime.fromtimestamp
+_last_enqueued: Tuple[Any, Any] = (None, None)  # (x-opt-enqueued-time, its datetime) of the last event converted
 
 
 def to_starting_position(position: EventPosition) -> Tuple[Any, bool]:
@@ -117,6 +119,7 @@ def message_to_event(message: Any, partition_id: Optional[str] = None) -> Event:
     """Convert a received AMQP message (azure-eventhub's ``_pyamqp`` ``Message``) to an
     :class:`Event`, without building the ``EventData`` in between. The body is kept as
     sent (see :class:`Event`: ``body_type``, ``amqp_body``)."""
+    global _last_enqueued
     annotations = message.message_annotations
     data = message.data
     if data and len(data) == 1:  # the usual event: one data section
@@ -127,18 +130,34 @@ def message_to_event(message: Any, partition_id: Optional[str] = None) -> Event:
         body, body_type, amqp_body = message_body(message)
     offset = annotations[_OFFSET]
     key = annotations.get(_PARTITION_KEY)
+    # Events sent together share their enqueued time: one datetime (immutable) for all
+    # of them, instead of one per event (a quarter of this function's time).
+    enqueued = annotations[_ENQUEUED]
+    last = _last_enqueued
+    if last[0] == enqueued:
+        when = last[1]
+    else:
+        when = _fromtimestamp(enqueued / 1000, _UTC)
+        _last_enqueued = (enqueued, when)
     amqp = message.properties  # the AMQP properties section, None when the producer set none of it
+    if amqp is None:
+        message_id = content_type = correlation_id = None
+    else:
+        message_id = _amqp_value(amqp.message_id)
+        content_type = _amqp_value(amqp.content_type)
+        correlation_id = _amqp_value(amqp.correlation_id)
+    app = message.application_properties
     return received_event(
         body,
         annotations[_SEQ],
-        offset.decode("ascii") if isinstance(offset, bytes) else str(offset),
-        datetime.fromtimestamp(annotations[_ENQUEUED] / 1000, _UTC),
-        key.decode("utf-8") if isinstance(key, bytes) else (None if key is None else str(key)),
-        _properties(message.application_properties),
+        offset.decode("ascii") if offset.__class__ is bytes else str(offset),
+        when,
+        None if key is None else (key.decode("utf-8") if key.__class__ is bytes else str(key)),
+        _properties(app) if app else {},
         partition_id,
-        None if amqp is None else _amqp_value(amqp.message_id),
-        None if amqp is None else _amqp_value(amqp.content_type),
-        None if amqp is None else _amqp_value(amqp.correlation_id),
+        message_id,
+        content_type,
+        correlation_id,
         body_type,
         amqp_body,
     )
