@@ -5,7 +5,8 @@
 with ``azure-eventhub-checkpointstoreblob-aio``'s ``BlobCheckpointStore``. Both read the
 same hub and checkpoint every ``--checkpoint-every`` batches (or, with
 ``--checkpoint-events``, once that many events of a partition were delivered since its
-last checkpoint), with the same batch size and prefetch. Used by ``benchmarks/e2e.py``,
+last checkpoint), with the same batch size and prefetch; ``--checkpoint-on-close`` has
+the official one also checkpoint in ``on_partition_close``. Used by ``benchmarks/e2e.py``,
 ``benchmarks/soak.py``, ``benchmarks/moves.py`` and ``tests/test_eventhub_e2e.py``.
 
 ``--source memory`` (ours only) reads a ``MemoryEventSource`` in this process instead,
@@ -118,6 +119,9 @@ def _parse(argv: Optional[List[str]]) -> argparse.Namespace:
     parser.add_argument("--checkpoint-events", type=int, default=0,
                         help="checkpoint once N events of a partition were delivered since its last checkpoint "
                              "(replaces --checkpoint-every)")
+    parser.add_argument("--checkpoint-on-close", action="store_true",
+                        help="official: also checkpoint a partition's last delivered event in on_partition_close, as "
+                             "a careful user would (ours checkpoints on release by itself)")
     parser.add_argument("--stats-interval", type=float, default=0.25, help="seconds between stats lines")
     parser.add_argument("--tracemalloc-at", type=int, default=0,
                         help="trace allocations from this many delivered events on, baseline at twice as many; at the "
@@ -242,6 +246,7 @@ async def _official(args: argparse.Namespace, tally: _Tally, stop: asyncio.Event
     from azure.eventhub.extensions.checkpointstoreblobaio import BlobCheckpointStore
 
     cadence = _Cadence(args)
+    last: Dict[str, Any] = {}  # partition -> its last delivered event (--checkpoint-on-close)
 
     async def on_event_batch(context, events):
         if not events:
@@ -249,8 +254,18 @@ async def _official(args: argparse.Namespace, tally: _Tally, stop: asyncio.Event
         tally.delivered(context.partition_id, [e.sequence_number for e in events])
         if args.work:
             await asyncio.sleep(args.work)
+        if args.checkpoint_on_close:
+            last[context.partition_id] = events[-1]
         if cadence.due(context.partition_id, len(events)):
             await context.update_checkpoint(events[-1])
+
+    async def on_partition_close(context, _reason):
+        event = last.pop(context.partition_id, None)
+        if event is not None:
+            try:
+                await context.update_checkpoint(event)
+            except Exception as error:  # the official store does not fence: this rarely fails
+                logger.warning("checkpoint on close of partition %s failed: %r", context.partition_id, error)
 
     store = BlobCheckpointStore.from_connection_string(os.environ[STORAGE_ENV], args.container)
     client = EventHubConsumerClient.from_connection_string(
@@ -260,8 +275,9 @@ async def _official(args: argparse.Namespace, tally: _Tally, stop: asyncio.Event
     _emit({"event": "started", "owner": args.owner_id, "pid": os.getpid(), "impl": "official",
            "namespace": client._address.hostname, "eventhub": args.hub})
     async with client:
+        close = {"on_partition_close": on_partition_close} if args.checkpoint_on_close else {}
         task = asyncio.create_task(client.receive_batch(on_event_batch, max_batch_size=args.batch,
-                                                        prefetch=args.prefetch, starting_position="-1"))
+                                                        prefetch=args.prefetch, starting_position="-1", **close))
         try:
             await stop.wait()
         finally:

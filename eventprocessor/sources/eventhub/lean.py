@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import deque
-from typing import Any, Awaitable, Deque, List, Optional
+from typing import Any, Deque, List, Optional
 
 from ...events import Event, EventPosition
 from .conversion import last_enqueued_of, message_to_event, to_starting_position
@@ -28,28 +28,7 @@ logger = logging.getLogger(__name__)
 _FRAMES_PER_READ = 4
 _MAX_FRAMES_PER_READ = 1024
 _GATHER_SECONDS = 0.05
-_MIN_WINDOW = 0.005  # a read cut by the gather window still gets this long
-
-_timeout = getattr(asyncio, "timeout", None)  # Python 3.11+
-
-
-async def _within(operation: Awaitable[Any], seconds: float) -> Any:
-    """``await operation`` for at most ``seconds``; None if cut short. What it read
-    before the cut is kept: the client's frame reader keeps a partly read frame for its
-    next read (its own socket timeout cuts reads the same way)."""
-    if _timeout is None:  # Python 3.10: wait_for's TimeoutError is asyncio's own, not the builtin
-        try:
-            return await asyncio.wait_for(operation, seconds)
-        except asyncio.TimeoutError:
-            return None
-    scope = _timeout(seconds)
-    try:
-        async with scope:
-            return await operation
-    except TimeoutError:
-        if not scope.expired():  # the client's own (a CBS authentication timeout): not ours to hide
-            raise
-        return None
+_MIN_WINDOW = 0.005  # the least a receive waits for a read in progress
 
 
 def lean_receive_supported(client: Any) -> bool:
@@ -88,6 +67,8 @@ class _LeanReceiver(PartitionReceiverBase):
         self._closed = False
         self._last_sequence_number: Optional[int] = None  # of the last event handed out
         self._read_size = _FRAMES_PER_READ  # frames the next read asks for (see _read)
+        self._reading: "Optional[asyncio.Future[Any]]" = None  # a large read in progress
+        self._reading_frames = 0  # the frames it asked for
 
     async def _open(self) -> None:
         # Throttled (server-busy): wait out the hub's retry-after instead of asking again.
@@ -172,24 +153,41 @@ class _LeanReceiver(PartitionReceiverBase):
         many frames would hold a trickle of events until they all came. A read asks
         for a few frames (``_FRAMES_PER_READ``); each read that came back full asks for
         four times more the next time (up to the link credit and the room left in the
-        batch), and one that came back short starts again from a few. A read of more
-        than a few frames is cut at the end of the gather window, so that a backlog
-        read in few large calls (each call costs about as much as several frames) never
-        holds a trickle that follows it. Reading stops when the batch is full, when a
-        read came back short, or ``_GATHER_SECONDS`` after the first event arrived.
+        batch): a backlog is read in few calls (each call costs about as much as
+        several frames). A larger read runs as a task of its own, waited for until the
+        end of the gather window at most: what it read by then is delivered, and it
+        goes on reading for the next batch (it is never cancelled before the receiver
+        closes: the client sends its session and link flow frames from inside a read,
+        and one cancelled before it was sent would leave the hub without credit to
+        send). Reading stops when the batch is full, when a read came back short, or
+        ``_GATHER_SECONDS`` after the first event arrived.
         """
         loop = asyncio.get_running_loop()
         deadline = None if max_wait_time is None else loop.time() + max_wait_time
         first_at: Optional[float] = None
         while True:
             before = len(buffer)
-            frames = self._frames_to_read(max_batch_size - before)
+            reading = self._reading
+            if reading is None:
+                frames = self._frames_to_read(max_batch_size - before)
+                if frames > _FRAMES_PER_READ:
+                    reading = self._reading = asyncio.ensure_future(self._handler.do_work_async(batch=frames))
+                    self._reading_frames = frames
             try:
-                if frames <= _FRAMES_PER_READ:
+                if reading is None:
                     alive = await self._handler.do_work_async(batch=frames)
                 else:
-                    window = _GATHER_SECONDS if first_at is None else first_at + _GATHER_SECONDS - loop.time()
-                    alive = await _within(self._handler.do_work_async(batch=frames), max(window, _MIN_WINDOW))
+                    frames = self._reading_frames
+                    now = loop.time()
+                    window = _GATHER_SECONDS if first_at is None else first_at + _GATHER_SECONDS - now
+                    if deadline is not None:
+                        window = min(window, deadline - now)
+                    await asyncio.wait((reading,), timeout=max(window, _MIN_WINDOW))
+                    if reading.done():
+                        self._reading = None
+                        alive = reading.result()
+                    else:
+                        alive, frames = True, len(buffer) - before + 1  # still reading: not a full read
             except asyncio.CancelledError:
                 raise
             except Exception as error:
@@ -237,6 +235,11 @@ class _LeanReceiver(PartitionReceiverBase):
     async def _drop_consumer(self) -> None:
         consumer, self._consumer, self._handler = self._consumer, None, None
         self._buffer = deque()
+        reading, self._reading = self._reading, None
+        self._read_size = _FRAMES_PER_READ
+        if reading is not None:  # the link goes with the consumer: its flow state no longer matters
+            reading.cancel()
+            await asyncio.gather(reading, return_exceptions=True)
         if consumer is not None:
             # The client's close waits for its connection keep-alive task, which sleeps
             # in one-second steps: up to a second per closed receiver, during which a
