@@ -32,49 +32,43 @@ partition) or a :class:`concurrent.futures.Executor` whose threads run them."""
 
 OnBlock = Callable[[str, float, float], None]  # (what, started, ended), on the processor's clock
 
+_COROUTINE = types.CoroutineType
 
-class _TimedSteps:
-    """Drives a coroutine (its ``__await__`` iterator) and times each of its synchronous
-    steps; a step longer than ``threshold`` is reported to ``on_block``."""
 
-    __slots__ = ("_steps", "_monotonic", "_threshold", "_on_block", "_what")
-
-    def __init__(self, steps: Generator[Any, Any, Any], monotonic: Callable[[], float], threshold: float,
-                 on_block: OnBlock, what: str) -> None:
-        self._steps = steps
-        self._monotonic = monotonic
-        self._threshold = threshold
-        self._on_block = on_block
-        self._what = what
-
-    def _timed(self, started: float) -> None:
-        ended = self._monotonic()
-        if ended - started > self._threshold:
-            self._on_block(self._what, started, ended)
-
-    def __await__(self) -> Generator[Any, Any, Any]:
-        steps, monotonic = self._steps, self._monotonic
-        value: Any = None
-        error: Optional[BaseException] = None
-        while True:
-            started = monotonic()
-            try:
-                yielded = steps.send(value) if error is None else steps.throw(error)
-            except StopIteration as stop:
-                self._timed(started)
-                return stop.value
-            except BaseException:
-                self._timed(started)
-                raise
-            self._timed(started)
-            value, error = None, None
-            try:
-                value = yield yielded
-            except GeneratorExit:
-                steps.close()
-                raise
-            except BaseException as thrown:  # cancellation and the like: pass it in
-                error = thrown
+@types.coroutine
+def _timed_steps(steps: Any, monotonic: Callable[[], float], threshold: float, on_block: OnBlock,
+                 what: str) -> Generator[Any, Any, Any]:
+    """Drives a coroutine (or an awaitable's ``__await__`` iterator) and times each of its
+    synchronous steps; a step longer than ``threshold`` is reported to ``on_block``. A
+    generator-based coroutine rather than an object with ``__await__``: the hot path
+    (one call per batch) makes no object of its own."""
+    value: Any = None
+    error: Optional[BaseException] = None
+    while True:
+        started = monotonic()
+        try:
+            yielded = steps.send(value) if error is None else steps.throw(error)
+        except StopIteration as stop:
+            ended = monotonic()
+            if ended - started > threshold:
+                on_block(what, started, ended)
+            return stop.value
+        except BaseException:
+            ended = monotonic()
+            if ended - started > threshold:
+                on_block(what, started, ended)
+            raise
+        ended = monotonic()
+        if ended - started > threshold:
+            on_block(what, started, ended)
+        value = error = None
+        try:
+            value = yield yielded
+        except GeneratorExit:
+            steps.close()
+            raise
+        except BaseException as thrown:  # cancellation and the like: pass it in
+            error = thrown
 
 
 _thread_state = threading.local()
@@ -140,14 +134,14 @@ class UserCode:
             return await asyncio.get_running_loop().run_in_executor(executor, _run_in_this_thread, function, args)
         started = self._monotonic()
         result = function(*args)
-        if type(result) is types.CoroutineType:  # the usual case, tested first: the hot path
-            return await _TimedSteps(result.__await__(), self._monotonic, self._threshold, self._on_block, what)
+        if type(result) is _COROUTINE:  # the usual case, tested first: the hot path
+            return await _timed_steps(result, self._monotonic, self._threshold, self._on_block, what)
         if not inspect.isawaitable(result):
             ended = self._monotonic()
             if ended - started > self._threshold:
                 self._on_block(what, started, ended)
             return result
-        return await _TimedSteps(result.__await__(), self._monotonic, self._threshold, self._on_block, what)
+        return await _timed_steps(result.__await__(), self._monotonic, self._threshold, self._on_block, what)
 
     def close(self) -> None:
         """End this claim's own worker thread (once its current call, if any, returns)."""
