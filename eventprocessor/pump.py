@@ -292,8 +292,12 @@ class PartitionPump:
             self.batch_started = None
         if keeper is not None:
             keeper.state.end_batch()
-        if not self.batches_dispatched & 15:  # every 16th batch, counted for all 16
-            self.bytes_dispatched += 16 * sum(map(len, map(_BODY, batch)))
+        if not self.batches_dispatched & 15 and batch:
+            # Every 16th batch, counted for all 16, from the bodies of about 16 of its
+            # events spread over it (summing all 300 cost a fifth of this method).
+            size = len(batch)
+            sample = batch[::size // 16 or 1]
+            self.bytes_dispatched += 16 * size * sum(map(len, map(_BODY, sample))) // len(sample)
         self.batches_dispatched += 1
         self.events_dispatched += len(batch)
         if batch:
