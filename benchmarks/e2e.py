@@ -1,28 +1,40 @@
-"""End to end over AMQP: this SDK's processor against azure-eventhub's own, on one emulator.
+"""End to end over AMQP: this SDK's processor, azure-eventhub's own, and a bare receive loop, on one emulator.
 
 Run it with ``python -m benchmarks.e2e`` (or ``eventprocessor bench e2e``). It starts its
 own Event Hubs emulator (``emulators.eventhubs``) and its own Azurite, both on
-loopback, and uses them for both sides:
+loopback, and uses them for every side:
 
+* **floor**: a bare receive loop on azure-eventhub's own AMQP client
+  (``benchmarks/e2e_floor.py``): it receives and decodes the messages, reads their
+  sequence numbers and counts them; nothing else. No consumer can do less;
 * **ours**: ``EventProcessor`` + ``EventHubSource`` + this SDK's ``BlobCheckpointStore``;
 * **official**: ``azure.eventhub.aio.EventHubConsumerClient.receive_batch`` + the
   ``azure-eventhub-checkpointstoreblob-aio`` ``BlobCheckpointStore``.
 
-Both run as separate OS processes (``benchmarks/e2e_worker.py``) with the same batch
-size, prefetch, checkpoint cadence (every ``--checkpoint-every`` batches), strategy
-(GREEDY) and intervals. Measured, in the same run:
+Each runs as a separate OS process. Both consumers take batches of ``--batch`` events,
+balance GREEDY with the same intervals, and checkpoint a partition once
+``--checkpoint-events`` of its events were delivered since its last checkpoint (the same
+cadence in events on both sides, whatever the size of the batches each one gets).
+Measured, in one run:
 
-1. **Emulator ceiling**: the official producer filling the hub, and the official
-   consumer (no processor, no checkpoints) reading it; with the emulator's own CPU
-   per event, read from ``/proc``. This bounds both sides.
-2. **Throughput**: one process reading a pre-filled hub from the start; events/s and
-   CPU seconds per 100k events from its first delivered batch to the last expected
-   event. Rounds alternate which side goes first; medians are reported.
-3. **Failover**: two processes under a steady stream; one is SIGKILLed; seconds until
+1. **Fill**: the official producer fills a hub with ``--events`` events; its rate, its
+   CPU per event and the emulator's CPU per event in.
+2. **Prefetch sweep**: each side reads ``--sweep-events`` events from the start with
+   every prefetch of ``--sweep``; each side then runs at the prefetch that gave it the
+   most events/s.
+3. **Throughput**: ``--rounds`` rounds; in each, every side reads the whole hub from the
+   start (the order rotates). Events/s and CPU per event are those of the steady window
+   (from the moment every partition delivered a batch to the last expected event), with
+   the emulator's CPU per event in the same window and the CPU other processes of the
+   machine took meanwhile. Ours and the official are reported as fractions of the floor
+   of the same round; a round in which other work took more than ``--busy-cores`` of the
+   machine is flagged and left out of the headline.
+4. **Failover**: two processes under a steady stream; one is SIGKILLed; seconds until
    each of its partitions is delivered again by the survivor (max over partitions).
-4. **Scale-out**: two processes under a steady stream, then two more; duplicates
+5. **Scale-out**: two processes under a steady stream, then two more; duplicates
    delivered from the scale-out on (deliveries of events delivered before), and events
-   lost (must be 0).
+   lost (must be 0). The official runs twice: checkpointing in ``on_partition_close``
+   as a careful user would, and as its samples do (no checkpoint on close).
 """
 from __future__ import annotations
 
@@ -37,59 +49,67 @@ import tempfile
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import Any, Dict, Iterator, List, Optional, Set, Tuple
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Set, Tuple
 
-from .e2e_worker import WorkerHandle, create_container, spawn_worker
 from . import program
+from .e2e_floor import spawn_floor
+from .e2e_worker import WorkerHandle, create_container, spawn_worker
+from .machine import CpuMeter, process_cpu_seconds
 from .results import machine_line
 
-__all__ = ["main", "services"]
+__all__ = ["main", "services", "Phase", "summarize"]
 
 logger = logging.getLogger(__name__)
 
-IMPLS = ("ours", "official")
+SIDES = ("floor", "ours", "official")
+CONSUMERS = ("ours", "official")
+SCALE_OUT_SIDES = ("ours", "official", "official-as-documented")
+TARGET = 0.85  # ours / floor, events/s (issue 24)
 
-
-def _cpu_seconds(pid: int) -> Optional[float]:
-    """User + system CPU seconds of a process (Linux ``/proc``), or None elsewhere."""
-    try:
-        with open(f"/proc/{pid}/stat") as handle:
-            fields = handle.read().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    except (OSError, IndexError, ValueError):
-        return None
+_cpu_seconds = process_cpu_seconds  # the name benchmarks/scale.py imports
 
 
 @dataclass
-class Ceiling:
-    produce_rate: float = 0.0
+class Fill:
+    rate: float = 0.0
     producer_us: float = 0.0
-    emulator_in_us: Optional[float] = None
-    consume_rate: float = 0.0
-    consumer_us: float = 0.0
-    emulator_out_us: Optional[float] = None
+    emulator_us: Optional[float] = None
 
 
 @dataclass
-class Throughput:
-    rate: float
-    cpu_per_100k: float
-    startup: float
+class Phase:
+    """One side reading the pre-filled hub once: the figures of its steady window."""
+
+    side: str
+    prefetch: int
+    events: int
+    rate: float  # events/s
+    cpu_us: float  # the consumer process's CPU µs per event
+    emulator_us: Optional[float]  # the emulator's CPU µs per event
+    others_cores: Optional[float]  # cores other processes of the machine used meanwhile
+    load: float  # 1-minute load average at the end
+    startup: float  # seconds from the process start to every partition flowing
+
+    def busy(self, threshold: float) -> bool:
+        return self.others_cores is not None and self.others_cores > threshold
 
 
 @dataclass
 class Results:
-    ceiling: Ceiling = field(default_factory=Ceiling)
-    throughput: Dict[str, List[Throughput]] = field(default_factory=lambda: {i: [] for i in IMPLS})
-    failover: Dict[str, List[float]] = field(default_factory=lambda: {i: [] for i in IMPLS})
-    failover_lost: Dict[str, int] = field(default_factory=lambda: {i: 0 for i in IMPLS})
+    fill: Fill = field(default_factory=Fill)
+    sweep: List[Phase] = field(default_factory=list)
+    prefetch: Dict[str, int] = field(default_factory=dict)  # the sweep's choice per side
+    rounds: List[Dict[str, Phase]] = field(default_factory=list)
+    failover: Dict[str, List[float]] = field(default_factory=lambda: {i: [] for i in CONSUMERS})
+    failover_lost: Dict[str, int] = field(default_factory=lambda: {i: 0 for i in CONSUMERS})
     # per side, per round: duplicates after the scale-out, lost, partitions moved, seconds to settle
-    scale_out: Dict[str, List[Tuple[int, int, int, float]]] = field(default_factory=lambda: {i: [] for i in IMPLS})
+    scale_out: Dict[str, List[Tuple[int, int, int, float]]] = field(
+        default_factory=lambda: {i: [] for i in SCALE_OUT_SIDES})
 
 
 class Bench:
-    def __init__(self, args: argparse.Namespace, hub_conn: str, emulator_pid: int, storage_conn: str,
-                 log_dir: str) -> None:
+    def __init__(self, args: argparse.Namespace, hub_conn: str, emulator_pid: int, azurite_pid: Optional[int],
+                 storage_conn: str, log_dir: str) -> None:
         self.args = args
         self.hub_conn = hub_conn
         self.emulator_pid = emulator_pid
@@ -97,22 +117,22 @@ class Bench:
         self.log_dir = log_dir
         self.hubs = iter(f"bench-{i}" for i in range(100))
         self.results = Results()
+        own = {"emulator": emulator_pid, "benchmark": os.getpid()}
+        if azurite_pid is not None:
+            own["azurite"] = azurite_pid
+        self.meter = CpuMeter(own)
 
-    def options(self, interval: float, expiry: float) -> List[str]:
-        a = self.args
-        return ["--batch", str(a.batch), "--prefetch", str(a.prefetch), "--checkpoint-every", str(a.checkpoint_every),
-                "--interval", str(interval), "--expiry", str(expiry), "--strategy", "greedy"]
+    def options(self, interval: float, expiry: float, *, prefetch: int, checkpoint_events: int) -> List[str]:
+        return ["--batch", str(self.args.batch), "--prefetch", str(prefetch), "--checkpoint-events",
+                str(checkpoint_events), "--interval", str(interval), "--expiry", str(expiry), "--strategy", "greedy"]
 
     async def spawn(self, impl: str, owner: str, hub: str, container: str, extra: List[str]) -> WorkerHandle:
-        await self._create_container(container)
+        await create_container(self.storage_conn, container)
         return await spawn_worker(owner, hub=hub, container=container, hub_connection_string=self.hub_conn,
                                   storage_connection_string=self.storage_conn, log_dir=self.log_dir,
                                   extra=["--impl", impl, *extra])
 
-    async def _create_container(self, name: str) -> None:
-        await create_container(self.storage_conn, name)
-
-    # ------------------------------------------------------------------ 1. ceiling and fill
+    # ------------------------------------------------------------------ 1. fill
     async def fill(self, hub: str, total: int) -> None:
         from azure.eventhub import EventData
         from azure.eventhub.aio import EventHubProducerClient
@@ -122,7 +142,7 @@ class Bench:
         producer = EventHubProducerClient.from_connection_string(self.hub_conn, eventhub_name=hub)
         async with producer:
             await producer.get_partition_ids()
-            emulator_before = _cpu_seconds(self.emulator_pid)
+            emulator_before = process_cpu_seconds(self.emulator_pid)
             started, cpu_before = time.perf_counter(), time.process_time()
             for pid in range(partitions):
                 sent, share = 0, total // partitions
@@ -136,63 +156,40 @@ class Bench:
                         sent += 1
                     await producer.send_batch(batch)
             seconds, cpu = time.perf_counter() - started, time.process_time() - cpu_before
-            emulator_after = _cpu_seconds(self.emulator_pid)
-        ceiling = self.results.ceiling
-        ceiling.produce_rate = total / seconds
-        ceiling.producer_us = 1e6 * cpu / total
+            emulator_after = process_cpu_seconds(self.emulator_pid)
+        fill = self.results.fill
+        fill.rate = total / seconds
+        fill.producer_us = 1e6 * cpu / total
         if emulator_before is not None and emulator_after is not None:
-            ceiling.emulator_in_us = 1e6 * (emulator_after - emulator_before) / total
+            fill.emulator_us = 1e6 * (emulator_after - emulator_before) / total
 
-    async def consume_ceiling(self, hub: str, total: int) -> None:
-        from azure.eventhub.aio import EventHubConsumerClient
-
-        consumer = EventHubConsumerClient.from_connection_string(self.hub_conn, consumer_group="$default",
-                                                                 eventhub_name=hub)
-        got = 0
-        marks: Dict[str, float] = {}
-        done = asyncio.Event()
-
-        async def on_batch(_context, events):
-            nonlocal got
-            if not marks:
-                marks.update(t=time.perf_counter(), cpu=time.process_time(),
-                             emulator=_cpu_seconds(self.emulator_pid) or 0.0)
-            got += len(events)
-            if got >= total:
-                done.set()
-
-        async with consumer:
-            task = asyncio.create_task(consumer.receive_batch(on_batch, max_batch_size=self.args.batch,
-                                                              prefetch=self.args.prefetch, starting_position="-1"))
-            try:
-                await asyncio.wait_for(done.wait(), self.args.timeout)
-            finally:
-                seconds, cpu = time.perf_counter() - marks["t"], time.process_time() - marks["cpu"]
-                emulator = _cpu_seconds(self.emulator_pid)
-                task.cancel()
-                await asyncio.gather(task, return_exceptions=True)
-        ceiling = self.results.ceiling
-        ceiling.consume_rate = got / seconds
-        ceiling.consumer_us = 1e6 * cpu / got
-        if emulator is not None:
-            ceiling.emulator_out_us = 1e6 * (emulator - marks["emulator"]) / got
-
-    # ------------------------------------------------------------------ 2. throughput
-    async def throughput(self, impl: str, hub: str, total: int, round_: int) -> Throughput:
+    # ------------------------------------------------------------------ 2, 3. one side reading the hub
+    async def read_hub(self, side: str, hub: str, total: int, prefetch: int, tag: str) -> Phase:
+        """``side`` reads ``total`` events of ``hub`` from its start, in a process of its own."""
+        owner = f"{side}-{tag}"
         spawned = time.time()
-        worker = await self.spawn(impl, f"{impl}-tp-{round_}", hub, f"tp-{impl}-{round_}-{uuid.uuid4().hex[:6]}",
-                                  [*self.options(10.0, 60.0), "--report", "events", "--expect", str(total)])
+        if side == "floor":
+            worker = await spawn_floor(owner, hub=hub, hub_connection_string=self.hub_conn, log_dir=self.log_dir,
+                                       extra=["--prefetch", str(prefetch), "--expect", str(total)])
+        else:
+            worker = await self.spawn(side, owner, hub, f"tp-{side}-{uuid.uuid4().hex[:8]}",
+                                      [*self.options(10.0, 60.0, prefetch=prefetch,
+                                                     checkpoint_events=self.args.checkpoint_events),
+                                       "--report", "events", "--expect", str(total)])
+        self.meter.track("consumer", worker.process.pid)
         try:
             deadline = time.monotonic() + self.args.timeout
             while worker.done is None:
                 if time.monotonic() > deadline or not worker.alive:
-                    raise RuntimeError(f"{impl} did not consume {total} events:\n{worker.diagnostics()}")
+                    raise RuntimeError(f"{side} did not consume {total} events:\n{worker.diagnostics()}")
                 await asyncio.sleep(0.1)
+            await asyncio.sleep(2 * 0.25)  # a meter sample after the end of the window
         finally:
             await worker.stop()
+            self.meter.forget("consumer")
         assert worker.done is not None
         # The steady window starts when every partition is flowing (its first batch
-        # delivered): both sides claim and open receivers at their own pace, and that
+        # delivered): each side claims and opens receivers at its own pace, and that
         # start-up is reported on its own.
         first_batch: Dict[str, float] = {}
         for t, partition, _first, _last in worker.batches:
@@ -200,11 +197,15 @@ class Bench:
         flowing = max(first_batch.values())
         start = next((s for s in worker.stats if s[0] >= flowing), None)
         if start is None or worker.done["t"] - start[0] <= 0:
-            raise RuntimeError(f"{impl}: the run ended before a steady window (raise --events)")
+            raise RuntimeError(f"{side}: the run ended before a steady window (raise --events)")
         seconds = worker.done["t"] - start[0]
         events = worker.done["events"] - start[1]
         cpu = worker.done["cpu"] - start[2]
-        return Throughput(events / seconds, 1e5 * cpu / events, flowing - spawned)
+        window = self.meter.window(start[0], worker.done["t"])
+        emulator = window.cpu("emulator")
+        return Phase(side, prefetch, events, events / seconds, 1e6 * cpu / events,
+                     None if emulator is None else 1e6 * emulator / events, window.others_cores, window.load,
+                     flowing - spawned)
 
     # ------------------------------------------------------------------ steady streams
     async def _stream(self, hub: str, stop: asyncio.Event, rate: float, counter: List[int]) -> None:
@@ -227,7 +228,8 @@ class Bench:
     def _recent(worker: WorkerHandle, since: float) -> Set[str]:
         return {p for (t, p, _f, _l) in worker.batches if t >= since}
 
-    async def _until(self, condition, what: str, workers: List[WorkerHandle], timeout: Optional[float] = None) -> float:
+    async def _until(self, condition: Any, what: str, workers: List[WorkerHandle],
+                     timeout: Optional[float] = None) -> float:
         started = time.monotonic()
         limit = timeout or self.args.timeout
         while not condition():
@@ -265,24 +267,31 @@ class Bench:
         for worker in workers:
             await worker.stop()
 
-    # ------------------------------------------------------------------ 3. failover
-    async def failover(self, impl: str, round_: int) -> Tuple[float, int]:
+    def _stream_options(self, side: str) -> Tuple[str, List[str]]:
+        impl = "official" if side.startswith("official") else side
+        extra = self.options(self.args.interval, self.args.expiry, prefetch=self.args.stream_prefetch,
+                             checkpoint_events=self.args.stream_checkpoint_events)
+        if side == "official":
+            extra.append("--checkpoint-on-close")
+        return impl, extra
+
+    # ------------------------------------------------------------------ 4. failover
+    async def failover(self, side: str, round_: int) -> Tuple[float, int]:
         hub = next(self.hubs)
-        container = f"fo-{impl}-{round_}-{uuid.uuid4().hex[:6]}"
-        interval, expiry = self.args.interval, self.args.expiry
+        container = f"fo-{side}-{round_}-{uuid.uuid4().hex[:6]}"
+        impl, extra = self._stream_options(side)
         stop, counter = asyncio.Event(), [0]
-        workers = [await self.spawn(impl, f"{impl}-fo-{round_}-{i}", hub, container, self.options(interval, expiry))
-                   for i in range(2)]
+        workers = [await self.spawn(impl, f"{side}-fo-{round_}-{i}", hub, container, extra) for i in range(2)]
         stream = asyncio.create_task(self._stream(hub, stop, self.args.rate, counter))
         try:
-            await self._until(lambda: self._settled(workers), f"{impl}: two processes sharing the hub", workers)
+            await self._until(lambda: self._settled(workers), f"{side}: two processes sharing the hub", workers)
             victim, survivor = workers
             victim_partitions = self._recent(victim, time.time() - 2.0)
             victim.kill()
             killed_at = time.time()
             await victim.process.wait()
             await self._until(lambda: victim_partitions <= self._recent(survivor, killed_at),
-                              f"{impl}: the survivor taking over", [survivor], timeout=expiry * 4 + 30)
+                              f"{side}: the survivor taking over", [survivor], timeout=self.args.expiry * 4 + 30)
             seconds = max(min(t for (t, p, _f, _l) in survivor.batches if p == partition and t > killed_at)
                           - killed_at for partition in victim_partitions)
             stop.set()
@@ -290,28 +299,26 @@ class Bench:
             counts = await self._counts(hub)
             expected = {(p, s) for p, n in counts.items() for s in range(n)}
             await self._until(lambda: expected <= set(survivor.deliveries) | set(victim.deliveries),
-                              f"{impl}: draining after the failover", workers)
+                              f"{side}: draining after the failover", workers)
             lost = len(expected - (set(survivor.deliveries) | set(victim.deliveries)))
         finally:
             await self._wind_down(stop, stream, workers)
         return seconds, lost
 
-    # ------------------------------------------------------------------ 4. scale-out
-    async def scale_out(self, impl: str, round_: int) -> Tuple[int, int, int, float]:
+    # ------------------------------------------------------------------ 5. scale-out
+    async def scale_out(self, side: str, round_: int) -> Tuple[int, int, int, float]:
         hub = next(self.hubs)
-        container = f"so-{impl}-{round_}-{uuid.uuid4().hex[:6]}"
-        interval, expiry = self.args.interval, self.args.expiry
+        container = f"so-{side[:8]}-{round_}-{uuid.uuid4().hex[:6]}"
+        impl, extra = self._stream_options(side)
         stop, counter = asyncio.Event(), [0]
-        workers = [await self.spawn(impl, f"{impl}-so-{round_}-{i}", hub, container,
-                                      self.options(interval, expiry)) for i in range(2)]
+        workers = [await self.spawn(impl, f"{side}-so-{round_}-{i}", hub, container, extra) for i in range(2)]
         stream = asyncio.create_task(self._stream(hub, stop, self.args.rate, counter))
         try:
-            await self._until(lambda: self._settled(workers), f"{impl}: two processes sharing the hub", workers)
+            await self._until(lambda: self._settled(workers), f"{side}: two processes sharing the hub", workers)
             before = {p: w.owner_id for w in workers for p in self._recent(w, time.time() - 2.0)}
             scaled_at = time.time()
-            workers += [await self.spawn(impl, f"{impl}-so-{round_}-{i}", hub, container,
-                                         self.options(interval, expiry)) for i in (2, 3)]
-            settle = await self._until(lambda: self._settled(workers), f"{impl}: four processes sharing the hub",
+            workers += [await self.spawn(impl, f"{side}-so-{round_}-{i}", hub, container, extra) for i in (2, 3)]
+            settle = await self._until(lambda: self._settled(workers), f"{side}: four processes sharing the hub",
                                        workers)
             after = {p: w.owner_id for w in workers for p in self._recent(w, time.time() - 2.0)}
             await asyncio.sleep(2.0)
@@ -323,7 +330,7 @@ class Bench:
             def delivered() -> Set[Tuple[str, int]]:
                 return set().union(*(set(w.deliveries) for w in workers))
 
-            await self._until(lambda: expected <= delivered(), f"{impl}: draining after the scale-out", workers)
+            await self._until(lambda: expected <= delivered(), f"{side}: draining after the scale-out", workers)
         finally:
             await self._wind_down(stop, stream, workers)
         moved = sum(1 for p, owner in after.items() if before.get(p) != owner)
@@ -331,33 +338,50 @@ class Bench:
 
     # ------------------------------------------------------------------ the run
     async def run(self) -> Results:
-        args = self.args
+        async with self.meter.sampling():
+            return await self._run()
+
+    async def _run(self) -> Results:
+        args, results = self.args, self.results
         hub = next(self.hubs)
         print(f"filling {hub} with {args.events} events ...", file=sys.stderr)
         await self.fill(hub, args.events)
-        await self.consume_ceiling(hub, args.events)
-        c = self.results.ceiling
-        print(f"ceiling: produce {c.produce_rate:.0f}/s, consume {c.consume_rate:.0f}/s", file=sys.stderr)
+        print(f"fill: {results.fill.rate:.0f} events/s", file=sys.stderr)
+        for side in SIDES:
+            if len(args.sweep) == 1:
+                results.prefetch[side] = args.sweep[0]
+                continue
+            tried: Dict[int, float] = {}
+            for prefetch in args.sweep:
+                phase = await self.read_hub(side, hub, args.sweep_events, prefetch, f"sweep-{prefetch}")
+                results.sweep.append(phase)
+                tried[prefetch] = phase.rate
+                print(f"sweep {side} prefetch {prefetch}: {phase.rate:.0f} events/s, {phase.cpu_us:.1f} µs/event, "
+                      f"others {_cores(phase.others_cores)} cores", file=sys.stderr)
+            results.prefetch[side] = max(tried, key=lambda p: tried[p])
         for round_ in range(args.rounds):
-            order = IMPLS if round_ % 2 == 0 else IMPLS[::-1]
-            for impl in order:
-                result = await self.throughput(impl, hub, args.events, round_)
-                self.results.throughput[impl].append(result)
-                print(f"throughput round {round_} {impl}: {result.rate:.0f} events/s, "
-                      f"{result.cpu_per_100k:.2f} CPU s/100k", file=sys.stderr)
+            order = SIDES[round_ % 3:] + SIDES[:round_ % 3]
+            phases: Dict[str, Phase] = {}
+            for side in order:
+                phase = await self.read_hub(side, hub, args.events, results.prefetch[side], f"r{round_}")
+                phases[side] = phase
+                print(f"round {round_} {side}: {phase.rate:.0f} events/s, {phase.cpu_us:.1f} µs/event, emulator "
+                      f"{_us(phase.emulator_us)} µs/event, others {_cores(phase.others_cores)} cores, load "
+                      f"{phase.load:.1f}", file=sys.stderr)
+            results.rounds.append(phases)
         for round_ in range(args.failover_rounds):
-            for impl in (IMPLS if round_ % 2 == 0 else IMPLS[::-1]):
-                seconds, lost = await self.failover(impl, round_)
-                self.results.failover[impl].append(seconds)
-                self.results.failover_lost[impl] += lost
-                print(f"failover round {round_} {impl}: {seconds:.1f}s, lost {lost}", file=sys.stderr)
+            for side in (CONSUMERS if round_ % 2 == 0 else CONSUMERS[::-1]):
+                seconds, lost = await self.failover(side, round_)
+                results.failover[side].append(seconds)
+                results.failover_lost[side] += lost
+                print(f"failover round {round_} {side}: {seconds:.1f}s, lost {lost}", file=sys.stderr)
         for round_ in range(0 if args.no_scale_out else args.scale_out_rounds):
-            for impl in (IMPLS if round_ % 2 == 0 else IMPLS[::-1]):
-                outcome = await self.scale_out(impl, round_)
-                self.results.scale_out[impl].append(outcome)
-                print(f"scale-out round {round_} {impl}: {outcome[0]} duplicates, {outcome[1]} lost, "
+            for side in (SCALE_OUT_SIDES if round_ % 2 == 0 else SCALE_OUT_SIDES[::-1]):
+                outcome = await self.scale_out(side, round_)
+                results.scale_out[side].append(outcome)
+                print(f"scale-out round {round_} {side}: {outcome[0]} duplicates, {outcome[1]} lost, "
                       f"{outcome[2]} moved, settled in {outcome[3]:.1f}s", file=sys.stderr)
-        return self.results
+        return results
 
 
 def _duplicates_since(workers: List[WorkerHandle], since: float) -> int:
@@ -376,79 +400,168 @@ def _duplicates_since(workers: List[WorkerHandle], since: float) -> int:
     return duplicates
 
 
-def _median(values: List[float]) -> float:
+def _median(values: Sequence[float]) -> float:
     return statistics.median(values) if values else float("nan")
 
 
+def _span(values: Sequence[float], fmt: str) -> str:
+    return f"{format(min(values), fmt)}-{format(max(values), fmt)}" if values else "-"
+
+
+def _us(value: Optional[float]) -> str:
+    return f"{value:.1f}" if value is not None else "n/a"
+
+
+def _cores(value: Optional[float]) -> str:
+    return f"{value:.2f}" if value is not None else "n/a"
+
+
+@dataclass
+class Summary:
+    """The throughput rounds in figures: which rounds count, and the ratios over them."""
+
+    quiet: List[int]  # indexes of the rounds in which no phase was busy
+    busy: bool  # too few quiet rounds: the run is not a result
+    ratios: Dict[str, List[float]]  # "ours/floor", "official/floor", "ours/official": per counted round
+    cpu_ratios: Dict[str, List[float]]
+    counted: List[int]  # the rounds the figures come from (the quiet ones, or all when busy)
+
+
+def summarize(rounds: List[Dict[str, Phase]], busy_cores: float, min_quiet: int) -> Summary:
+    """Per-round ratios of events/s and CPU per event. A round counts when no phase of it
+    was busy (other processes used more than ``busy_cores``); with fewer than
+    ``min_quiet`` such rounds the run is flagged busy and every round is shown, for
+    information only.
+
+    Example::
+
+        summary = summarize(results.rounds, busy_cores=0.3, min_quiet=3)
+        print(summary.busy, statistics.median(summary.ratios["ours/floor"]))
+    """
+    quiet = [i for i, phases in enumerate(rounds) if not any(p.busy(busy_cores) for p in phases.values())]
+    busy = len(quiet) < min(min_quiet, len(rounds))
+    counted = list(range(len(rounds))) if busy else quiet
+    pairs = (("ours", "floor"), ("official", "floor"), ("ours", "official"))
+    ratios = {f"{a}/{b}": [rounds[i][a].rate / rounds[i][b].rate for i in counted] for a, b in pairs}
+    cpu_ratios = {f"{a}/{b}": [rounds[i][a].cpu_us / rounds[i][b].cpu_us for i in counted] for a, b in pairs}
+    return Summary(quiet, busy, ratios, cpu_ratios, counted)
+
+
 def render(results: Results, args: argparse.Namespace, command: str, seconds: float) -> str:
-    c = results.ceiling
-    ours = results.throughput["ours"]
-    official = results.throughput["official"]
-    rate = {i: _median([t.rate for t in results.throughput[i]]) for i in IMPLS}
-    cpu = {i: _median([t.cpu_per_100k for t in results.throughput[i]]) for i in IMPLS}
-    startup = {i: _median([t.startup for t in results.throughput[i]]) for i in IMPLS}
-    rate_ratio = rate["ours"] / rate["official"]
-    cpu_ratio = cpu["ours"] / cpu["official"]
+    summary = summarize(results.rounds, args.busy_cores, args.min_quiet_rounds)
+    fill, prefetch = results.fill, results.prefetch
+    counted = [results.rounds[i] for i in summary.counted]
 
-    def span(values: List[float], fmt: str) -> str:
-        return f"{format(min(values), fmt)}-{format(max(values), fmt)}" if values else "-"
+    def column(side: str, attribute: str) -> List[float]:
+        return [getattr(phases[side], attribute) for phases in counted
+                if getattr(phases[side], attribute) is not None]
 
-    def us(value: Optional[float]) -> str:
-        return f"{value:.1f}" if value is not None else "n/a"
-
+    ours_floor = summary.ratios["ours/floor"]
+    verdict = "met" if _median(ours_floor) >= TARGET else "not met"
+    busy_note = (f"**Busy machine: in {len(results.rounds) - len(summary.quiet)} of {len(results.rounds)} rounds other "
+                 f"processes used more than {args.busy_cores} cores, so this run is not a result.** The figures below "
+                 f"are medians over all rounds, shown for information only.") if summary.busy else (
+        f"{len(summary.quiet)} of {len(results.rounds)} rounds were quiet (other processes used at most "
+        f"{args.busy_cores} cores in every phase); the figures are medians over those rounds, with their range.")
+    loads = ", ".join(f"{max(p.load for p in results.rounds[i].values()):.1f}" for i in summary.counted)
     lines = [
-        "## End to end over AMQP: this SDK vs azure-eventhub (`e2e`)",
+        "## End to end over AMQP: this SDK, azure-eventhub, and a bare receive loop (`e2e`)",
         "",
         f"Command: `{command}` ({seconds:.0f} s). {machine_line()}",
         "",
         f"One Event Hubs emulator (`emulators.eventhubs`, its own process) and one Azurite, both on 127.0.0.1 and "
-        f"started by the benchmark, shared by both sides; consumers run as separate OS processes "
-        f"(`benchmarks/e2e_worker.py`). *ours*: `EventProcessor` + `EventHubSource` + our `BlobCheckpointStore`. "
-        f"*official*: `EventHubConsumerClient.receive_batch` + `azure-eventhub-checkpointstoreblob-aio`. Same "
-        f"settings for both: {args.partitions} partitions, {args.body}-byte events, batch {args.batch}, prefetch "
-        f"{args.prefetch}, a checkpoint every {args.checkpoint_every} batch(es), GREEDY.",
+        f"started by the benchmark; every consumer is a separate OS process. *floor*: a bare receive loop on "
+        f"azure-eventhub's own AMQP client (`benchmarks/e2e_floor.py`: receive, decode, read each sequence number, "
+        f"count; no `EventData`, no processor, no checkpoint). *ours*: `EventProcessor` + `EventHubSource` + our "
+        f"`BlobCheckpointStore`. *official*: `EventHubConsumerClient.receive_batch` + "
+        f"`azure-eventhub-checkpointstoreblob-aio` at its defaults. Both consumers: batches of at most {args.batch} "
+        f"events, a checkpoint of a partition every {args.checkpoint_events:,} of its events, GREEDY, "
+        f"{args.partitions} partitions of {args.events // args.partitions:,} {args.body}-byte events.",
         "",
-        "### Emulator ceiling (official producer, official consumer without a processor)",
+    ]
+    if results.sweep:
+        lines += [
+            f"### Prefetch sweep ({args.sweep_events:,} events from the start, one run per value)",
+            "",
+            "| side | " + " | ".join(f"prefetch {p}" for p in args.sweep) + " | chosen |",
+            "|---|" + "---:|" * len(args.sweep) + "---:|",
+        ]
+        for side in SIDES:
+            by_prefetch = {p.prefetch: p for p in results.sweep if p.side == side}
+            cells = [f"{by_prefetch[p].rate:,.0f}/s, {by_prefetch[p].cpu_us:.1f} µs"
+                     + (" (busy)" if by_prefetch[p].busy(args.busy_cores) else "") if p in by_prefetch else "-"
+                     for p in args.sweep]
+            lines.append(f"| {side} | " + " | ".join(cells) + f" | **{prefetch.get(side, '-')}** |")
+        lines += ["", "Each side then runs at the prefetch that gave it the most events/s (its link credit per "
+                      "partition).", ""]
+    lines += [
+        f"### Throughput ({args.events:,} events read from the start by one process per side; {args.rounds} rounds, "
+        f"the order of the sides rotating)",
         "",
-        "| | events/s | client CPU µs/event | emulator CPU µs/event |",
-        "|---|---:|---:|---:|",
-        f"| official producer -> emulator ({args.events} events) | {c.produce_rate:.0f} | {c.producer_us:.1f} | "
-        f"{us(c.emulator_in_us)} |",
-        f"| emulator -> official consumer, no checkpoints | {c.consume_rate:.0f} | {c.consumer_us:.1f} | "
-        f"{us(c.emulator_out_us)} |",
+        busy_note,
         "",
-        "The client's own CPU per event (about 30-40 µs, most of it decoding) is what limits both sides; the "
-        "emulator's cost per event is a fraction of it.",
+        "| side | prefetch | events/s (median) | range | CPU µs/event (median) | range | emulator CPU µs/event | "
+        "start-up (s) |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for side in SIDES:
+        rates, cpu = column(side, "rate"), column(side, "cpu_us")
+        lines.append(f"| {side} | {prefetch.get(side, '-')} | {_median(rates):,.0f} | {_span(rates, ',.0f')} | "
+                     f"{_median(cpu):.1f} | {_span(cpu, '.1f')} | {_us(_median(column(side, 'emulator_us')))} | "
+                     f"{_median(column(side, 'startup')):.1f} |")
+    lines += [
         "",
-        f"### Throughput ({args.events} events read from the start by one process; {args.rounds} rounds, "
-        f"alternating who goes first)",
+        "| ratio (per round) | events/s, median | range | CPU per event, median | range |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    for name in ("ours/floor", "official/floor", "ours/official"):
+        rates, cpu = summary.ratios[name], summary.cpu_ratios[name]
+        lines.append(f"| {name} | **{_median(rates):.2f}** | {_span(rates, '.2f')} | {_median(cpu):.2f} | "
+                     f"{_span(cpu, '.2f')} |")
+    lines += [
         "",
-        "| | events/s (median) | range | CPU s per 100k events (median) | range | process start to every partition flowing |",
-        "|---|---:|---:|---:|---:|---:|",
-        f"| ours | {rate['ours']:.0f} | {span([t.rate for t in ours], '.0f')} | {cpu['ours']:.2f} | "
-        f"{span([t.cpu_per_100k for t in ours], '.2f')} | {startup['ours']:.1f} s |",
-        f"| official | {rate['official']:.0f} | {span([t.rate for t in official], '.0f')} | {cpu['official']:.2f} | "
-        f"{span([t.cpu_per_100k for t in official], '.2f')} | {startup['official']:.1f} s |",
+        f"Ours at **{_median(ours_floor):.2f}x** of the floor's events/s, median of {len(ours_floor)} rounds (range "
+        f"{_span(ours_floor, '.2f')}; target >= {TARGET}: {verdict}{', busy machine: not a result' if summary.busy else ''}"
+        f"); 1-minute load average at the end of each of those rounds: {loads}.",
         "",
-        f"Ours / official: **{rate_ratio:.2f}x events/s**, **{cpu_ratio:.2f}x CPU per event** "
-        f"(target: >= 1.00x and <= 1.00x). Timed from the moment every partition has delivered a batch (sampled "
-        f"every 0.25 s) to the last expected event, counting only the events and CPU of that window; CPU is the "
-        f"consumer process's own (user + system). Start-up (claiming partitions, opening receivers) is the last "
-        f"column. Both claim every partition at their first tick (GREEDY; this SDK's processor writes its member record first, so its plan already counts it); the rest of start-up is opening the AMQP receivers.",
+        "Per round (events/s; CPU µs/event; cores used by other processes during the phase; `busy` when above "
+        f"{args.busy_cores}):",
+        "",
+        "| round | floor | ours | official | ours/floor | official/floor | load |",
+        "|---:|---|---|---|---:|---:|---:|",
+    ]
+    for index, phases in enumerate(results.rounds):
+        cells = [f"{phases[s].rate:,.0f}; {phases[s].cpu_us:.1f}; {_cores(phases[s].others_cores)}"
+                 + (" busy" if phases[s].busy(args.busy_cores) else "") for s in SIDES]
+        lines.append(f"| {index} | " + " | ".join(cells) + f" | {phases['ours'].rate / phases['floor'].rate:.2f} | "
+                     f"{phases['official'].rate / phases['floor'].rate:.2f} | "
+                     f"{max(p.load for p in phases.values()):.1f} |")
+    lines += [
+        "",
+        "Timed from the moment every partition has delivered a batch (sampled every 0.25 s) to the last expected "
+        "event, counting only the events and CPU of that window; CPU is the consumer process's own (user + system, "
+        "all threads). Other processes' CPU is the machine's busy time (`/proc/stat`) minus that of this run's "
+        "processes (consumer, emulator, Azurite, the benchmark) over the same window. The load average counts this "
+        "run's own processes too (about 1.3 on an idle machine). Start-up (claiming partitions, opening receivers) "
+        "is the last column of the first table.",
+        "",
+        f"Fill: the official producer sent {args.events:,} events at {fill.rate:,.0f}/s, {fill.producer_us:.1f} µs of "
+        f"its CPU per event; the emulator took {_us(fill.emulator_us)} µs per event in.",
         "",
     ]
     fo = results.failover
     if fo["ours"] or fo["official"]:
         lines += [
             f"### Failover (2 processes, {args.rate:.0f} events/s, load-balancing interval {args.interval} s, "
-            f"ownership expiration {args.expiry} s; one SIGKILLed)",
+            f"ownership expiration {args.expiry} s, prefetch {args.stream_prefetch}, a checkpoint every "
+            f"{args.stream_checkpoint_events} events of a partition; one SIGKILLed)",
             "",
             "| | seconds from SIGKILL to the last of its partitions delivered again (median) | range | events lost |",
             "|---|---:|---:|---:|",
         ]
-        for impl in IMPLS:
-            lines.append(f"| {impl} | {_median(fo[impl]):.1f} | {span(fo[impl], '.1f')} | "
-                         f"{results.failover_lost[impl]} |")
+        for side in CONSUMERS:
+            lines.append(f"| {side} | {_median(fo[side]):.1f} | {_span(fo[side], '.1f')} | "
+                         f"{results.failover_lost[side]} |")
         lines += ["", "Both wait for the dead process's ownership to expire, then claim at their next tick and "
                       "open a receiver. Ours judges expiry on the store's clock, whose timestamps have 1-second "
                       "resolution, and keeps a self-fencing margin; the official processor uses the local clock.",
@@ -456,39 +569,64 @@ def render(results: Results, args: argparse.Namespace, command: str, seconds: fl
     if any(results.scale_out.values()):
         lines += [
             f"### Scale-out 2 -> 4 processes ({args.rate:.0f} events/s, interval {args.interval} s, expiration "
-            f"{args.expiry} s; {args.scale_out_rounds} rounds)",
+            f"{args.expiry} s, a checkpoint every {args.stream_checkpoint_events} events of a partition; "
+            f"{args.scale_out_rounds} rounds)",
             "",
             "| | duplicates after the scale-out (median) | per round | events lost | partitions moved | "
             "seconds to settle (median) |",
             "|---|---:|---:|---:|---:|---:|",
         ]
-        for impl in IMPLS:
-            rounds = results.scale_out[impl]
+        labels = {"ours": "ours", "official": "official, checkpoint in `on_partition_close`",
+                  "official-as-documented": "official as its samples write it (no checkpoint on close)"}
+        for side in SCALE_OUT_SIDES:
+            rounds = results.scale_out[side]
             if rounds:
                 lines.append(
-                    f"| {impl} | {_median([r[0] for r in rounds]):.0f} | {', '.join(str(r[0]) for r in rounds)} | "
-                    f"{sum(r[1] for r in rounds)} | {', '.join(str(r[2]) for r in rounds)} | "
-                    f"{_median([r[3] for r in rounds]):.1f} |")
+                    f"| {labels[side]} | {_median([r[0] for r in rounds]):.0f} | "
+                    f"{', '.join(str(r[0]) for r in rounds)} | {sum(r[1] for r in rounds)} | "
+                    f"{', '.join(str(r[2]) for r in rounds)} | {_median([r[3] for r in rounds]):.1f} |")
         lines += ["", "A duplicate is a delivery, at or after the moment the two new processes start, of an event "
                       "some process had delivered before (a moved partition replays from its last checkpoint). "
-                      "It varies from round to round with where each moved partition was in its batch and "
-                      "checkpoint cycle.", ""]
+                      "Ours hands a moved partition over (its owner finishes the batch, checkpoints and releases "
+                      "it); the official new owner claims it over the old one, which still delivers until its next "
+                      "tick, so a checkpoint on close comes after the new owner read the older one.", ""]
     return "\n".join(lines)
+
+
+def _prefetches(text: str) -> List[int]:
+    try:
+        values = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--sweep takes prefetch values separated by commas, got {text!r}") from None
+    if not values or any(v <= 0 for v in values):
+        raise argparse.ArgumentTypeError(f"--sweep takes positive prefetch values, got {text!r}")
+    return values
 
 
 def _parser(prog: Optional[str]) -> argparse.ArgumentParser:
     parser = program.parser("e2e", __doc__, prog)
-    parser.add_argument("--events", type=int, default=None, help="events for the throughput runs (default 100000)")
+    parser.add_argument("--events", type=int, default=None, help="events per throughput phase (default 400000)")
     parser.add_argument("--partitions", type=int, default=8)
     parser.add_argument("--body", type=int, default=32, help="event size in bytes")
-    parser.add_argument("--batch", type=int, default=300)
-    parser.add_argument("--prefetch", type=int, default=300)
-    parser.add_argument("--checkpoint-every", type=int, default=1, help="checkpoint every N batches")
-    parser.add_argument("--rounds", type=int, default=3, help="throughput rounds per side")
+    parser.add_argument("--batch", type=int, default=300, help="max batch size of both consumers")
+    parser.add_argument("--checkpoint-events", type=int, default=1000,
+                        help="throughput: both consumers checkpoint a partition once this many of its events were "
+                             "delivered since its last checkpoint")
+    parser.add_argument("--sweep", type=_prefetches, default=[100, 300, 1000, 3000],
+                        help="prefetch values each side is tried with (one value: no sweep)")
+    parser.add_argument("--sweep-events", type=int, default=None, help="events per sweep phase (default: --events/2)")
+    parser.add_argument("--rounds", type=int, default=5, help="throughput rounds (each side once per round)")
+    parser.add_argument("--busy-cores", type=float, default=0.3,
+                        help="a phase is busy when other processes used more than this many cores meanwhile")
+    parser.add_argument("--min-quiet-rounds", type=int, default=3,
+                        help="with fewer quiet rounds than this, the run is flagged busy (not a result)")
     parser.add_argument("--failover-rounds", type=int, default=2)
     parser.add_argument("--scale-out-rounds", type=int, default=2)
     parser.add_argument("--no-scale-out", action="store_true")
     parser.add_argument("--rate", type=float, default=1000.0, help="events/s of the steady stream")
+    parser.add_argument("--stream-prefetch", type=int, default=300, help="prefetch in the failover and scale-out runs")
+    parser.add_argument("--stream-checkpoint-events", type=int, default=100,
+                        help="failover and scale-out: a checkpoint of a partition every this many of its events")
     parser.add_argument("--interval", type=float, default=1.0, help="load-balancing interval (failover, scale-out)")
     parser.add_argument("--expiry", type=float, default=6.0, help="ownership expiration (failover, scale-out)")
     parser.add_argument("--timeout", type=float, default=180.0, help="give up on a phase after this many seconds")
@@ -501,7 +639,7 @@ def main(argv: Optional[List[str]] = None, prog: Optional[str] = None) -> int:
 
     Example::
 
-        python -m benchmarks.e2e --events 100000 --rounds 3 --record
+        python -m benchmarks.e2e --record
     """
     parser = _parser(prog)
 
@@ -509,9 +647,13 @@ def main(argv: Optional[List[str]] = None, prog: Optional[str] = None) -> int:
         if args.quick:
             if args.record:
                 parser.error("--quick runs are partial: they are never recorded")
-            args.events = args.events or 8000
+            args.events = args.events or 60_000
+            args.sweep = args.sweep[:2]
             args.rounds, args.failover_rounds, args.no_scale_out = 1, 0, True
-        args.events = args.events or 100_000
+        args.events = args.events or 400_000
+        args.sweep_events = args.sweep_events or args.events // 2
+        if args.events < 8 * args.partitions or args.sweep_events > args.events:
+            parser.error("--events must be at least 8 per partition, and --sweep-events at most --events")
         return _run(args, program.recorded_command("e2e", argv))
 
     return program.run(parser, body, argv)
@@ -555,7 +697,9 @@ def _run(args: argparse.Namespace, command: str) -> int:
     try:
         with services(partitions=args.partitions, max_events_per_partition=max(100_000, args.events)) as (
                 emulator, azurite), tempfile.TemporaryDirectory(prefix="e2e-bench-") as log_dir:
-            bench = Bench(args, emulator.connection_string, emulator.pid, azurite.connection_string, log_dir)
+            azurite_pid = azurite.process.pid if azurite.process is not None else None
+            bench = Bench(args, emulator.connection_string, emulator.pid, azurite_pid, azurite.connection_string,
+                          log_dir)
             results = asyncio.run(bench.run())
     except AzuriteUnavailable as error:
         print(f"e2e: Azurite could not start: {error}", file=sys.stderr)

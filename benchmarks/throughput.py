@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 import statistics
 import sys
 import time
@@ -176,7 +177,9 @@ def check_counts(processor: List[Measurement], bare: List[Measurement], total: i
 
 def _run(args: argparse.Namespace, command: str) -> int:
     logging.basicConfig(level=logging.WARNING)
+    load_before = os.getloadavg()[0]
     processor, bare = asyncio.run(run(args.events_per_partition, args.rounds))
+    load_after = os.getloadavg()[0]
     print(check_counts(processor, bare, PARTITIONS * args.events_per_partition), file=sys.stderr)
     best_p = max(processor, key=lambda m: m.per_second)
     best_b = max(bare, key=lambda m: m.per_second)
@@ -187,7 +190,8 @@ def _run(args: argparse.Namespace, command: str) -> int:
     text = "\n".join([
         "## Throughput: EventProcessor vs a bare asyncio loop",
         "",
-        f"Command: `{command}`. {machine_line()}",
+        (f"Command: `{command}`. {machine_line()} 1-minute load average at start and end: {load_before:.1f} / "
+         f"{load_after:.1f} (on a shared machine the per-round ratio is the figure to trust)."),
         "",
         f"MemoryEventSource, {PARTITIONS} partitions x {args.events_per_partition:,} pre-filled events, batch size "
         f"{BATCH}; no-op handler (counts events) vs one task per receiver doing the same count. "

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from asyncio import _get_running_loop as _running_loop
 from typing import Optional, Protocol, runtime_checkable
 
 __all__ = ["Clock", "SystemClock"]
@@ -36,13 +37,15 @@ class SystemClock:
         self._loop: Optional[asyncio.AbstractEventLoop] = None
 
     def monotonic(self) -> float:
-        try:
-            self._loop = asyncio.get_running_loop()
-        except RuntimeError:
+        loop = _running_loop()  # None outside a running loop (no exception raised and caught)
+        if loop is None:
             # Read from synchronous code (a property, a test): the loop we last ran on.
-            if self._loop is None or self._loop.is_closed():
+            loop = self._loop
+            if loop is None or loop.is_closed():
                 return time.monotonic()
-        return self._loop.time()
+        elif loop is not self._loop:
+            self._loop = loop
+        return loop.time()
 
     async def sleep(self, seconds: float) -> None:
         await asyncio.sleep(seconds)

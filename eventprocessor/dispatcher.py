@@ -14,6 +14,7 @@ import logging
 from typing import TYPE_CHECKING, Callable, Dict, Iterable, List, Optional, Set
 
 from .checkpoint_store import CheckpointStore
+from .clock import SystemClock
 from .errors import ConfigurationError, OwnershipLostError
 from .events import EventPosition
 from .lease import Lease, LeaseState
@@ -92,6 +93,11 @@ class Dispatcher:
         def remember(written: Checkpoint) -> None:
             self._history.knew(pid, written)
 
+        # The pump asks is_owned before every batch: with the loop's own clock, read the
+        # loop's time directly (SystemClock would look the running loop up each time).
+        loop = asyncio._get_running_loop()
+        now = loop.time if loop is not None and type(clock) is SystemClock else clock.monotonic
+
         keeper: Optional[StateKeeper] = None
         if options.stateful:
             keeper = StateKeeper(StateLog(self._store, options.scope, pid), epoch=lease.epoch)
@@ -102,8 +108,8 @@ class Dispatcher:
             fully_qualified_namespace=options.source.fully_qualified_namespace,
             eventhub_name=options.source.eventhub_name, consumer_group=options.consumer_group,
             partition_id=pid, owner_id=options.owner_id, epoch=lease.epoch,
-            checkpoint_store=self._store, is_owned=lambda: lease.dispatchable(clock.monotonic()),
-            may_checkpoint=lambda: lease.may_checkpoint(clock.monotonic()), on_ownership_lost=lost,
+            checkpoint_store=self._store, is_owned=lambda: lease.dispatchable(now()),
+            may_checkpoint=lambda: lease.may_checkpoint(now()), on_ownership_lost=lost,
             on_checkpoint=remember, state=keeper,
         )
         context.last_checkpoint = checkpoint

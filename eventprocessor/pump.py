@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from operator import attrgetter
 from typing import Awaitable, Callable, List, Optional, Set
 
 from .backoff import Backoff
@@ -38,6 +39,8 @@ logger = logging.getLogger(__name__)
 
 DeadLetter = Callable[[List[Event], Exception, PartitionContext], Awaitable[None]]
 LoopBlocked = Callable[["PartitionPump", str, float, float], None]  # (pump, what, started, ended)
+
+_BODY = attrgetter("body")
 
 RECONNECT_BACKOFF = (0.1, 5.0)
 """A failed receiver is reopened after 0.1 s, doubling up to 5 s (reset by the next event)."""
@@ -90,6 +93,7 @@ class PartitionPump:
         self._on_loop_blocked = on_loop_blocked
         self._keeper = state
         self._resumed_from = checkpoint
+        self._now: Callable[[], float] = clock.monotonic
         self._user = UserCode(monotonic=clock.monotonic, on_block=self._blocked, executor=handler_executor,
                               threshold=block_threshold, name=f"handler-{context.partition_id}")
         self._process_events_name = "process_events"
@@ -259,7 +263,7 @@ class PartitionPump:
             raise DeliveryStopped()
         if batch:
             ctx.last_event = batch[-1]  # what update_checkpoint() defaults to: this delivery's last
-        self.batch_started = self._clock.monotonic()
+        self.batch_started = self._now()
         self._batch_reported = False
         keeper = self._keeper
         if keeper is not None:
@@ -288,8 +292,12 @@ class PartitionPump:
             self.batch_started = None
         if keeper is not None:
             keeper.state.end_batch()
-        if not self.batches_dispatched & 15:  # every 16th batch, counted for all 16
-            self.bytes_dispatched += 16 * sum(len(event.body) for event in batch)
+        if not self.batches_dispatched & 15 and batch:
+            # Every 16th batch, counted for all 16, from the bodies of about 16 of its
+            # events spread over it (summing all 300 cost a fifth of this method).
+            size = len(batch)
+            sample = batch[::size // 16 or 1]
+            self.bytes_dispatched += 16 * size * sum(map(len, map(_BODY, sample))) // len(sample)
         self.batches_dispatched += 1
         self.events_dispatched += len(batch)
         if batch:
@@ -422,8 +430,9 @@ class PartitionPump:
     async def _run(self) -> None:
         ctx = self.context
         ctx._home_loop = loop = asyncio.get_running_loop()
-        if type(self._clock) is SystemClock:
+        if type(self._clock) is SystemClock:  # the same clock, read without asking for the loop each time
             self._user.use_clock(loop.time)
+            self._now = loop.time
         reason = CloseReason.SHUTDOWN
         retry = Backoff(RECONNECT_BACKOFF[0], cap=RECONNECT_BACKOFF[1])
         try:

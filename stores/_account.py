@@ -407,7 +407,36 @@ class ClientTimeouts:
         )
 
     def client_options(self, kwargs: Dict[str, Any]) -> Dict[str, Any]:
-        """These timeouts under the user's own keyword arguments (which win)."""
+        """These timeouts under the user's own keyword arguments (which win), and the
+        environment's proxy settings left alone when it has none (see
+        :func:`environment_names_a_proxy`)."""
         options: Dict[str, Any] = {"connection_timeout": self.connection_timeout, "read_timeout": self.read_timeout}
+        if "transport" not in kwargs and not environment_names_a_proxy():
+            options["use_env_settings"] = False
         options.update(kwargs)
         return options
+
+
+def environment_names_a_proxy() -> bool:
+    """Whether the environment names a proxy (``HTTPS_PROXY``, ``http_proxy``... or the
+    system's settings) or has a netrc file: what aiohttp reads when told to trust the
+    environment, as azure-core tells it by default. It reads them again on every
+    request, each in a worker thread: two thread trips per store request, about half
+    of the client CPU of a checkpoint. The stores ask once, when they are built; with
+    nothing to read they tell azure-core not to (``use_env_settings=False``), and
+    with a proxy they keep its default. Pass ``use_env_settings`` to decide yourself.
+    """
+    import os
+    import urllib.request
+    from pathlib import Path
+
+    if urllib.request.getproxies():
+        return True
+    netrc = os.environ.get("NETRC")
+    if netrc:
+        return True
+    try:
+        home = Path.home()
+    except (RuntimeError, KeyError):  # no home directory: no netrc file either
+        return False
+    return (home / ".netrc").exists() or (home / "_netrc").exists()

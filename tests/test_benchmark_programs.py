@@ -130,7 +130,7 @@ def test_scale_quick_run_starts_both_sides_as_processes_and_checks_ownership_in_
 
 
 @pytest.mark.parametrize("module", ["convergence", "throughput", "store_bench", "spark_sink", "scale", "moves",
-                                    "faults", "decode"])
+                                    "faults", "decode", "e2e"])
 def test_every_benchmark_has_the_same_record_and_debug_flags(module):
     command = module.replace("_", "-")
     out = subprocess.run([sys.executable, "-m", "eventprocessor_cli", "bench", command, "--help"], cwd=ROOT,
@@ -175,3 +175,51 @@ def test_a_store_that_does_not_go_idle_is_reported_not_crashed_on(capsys, azurit
     markdown = scale.render(results, args, "python -m benchmarks.scale", 1.0, "n/a")
     assert "**Failed**: ours: Azurite was still at" in markdown
     assert "8 x 2: ours did not run (ours: Azurite was still at" in markdown
+
+
+def _e2e_round(floor: float, ours: float, official: float, others=(0.1, 0.1, 0.1)):
+    from benchmarks import e2e
+
+    return {side: e2e.Phase(side, 300, 100_000, rate, 1e6 / rate, 1.0, busy, 1.5, 2.0)
+            for side, rate, busy in zip(("floor", "ours", "official"), (floor, ours, official), others)}
+
+
+def test_e2e_states_ratios_from_quiet_rounds_only_and_flags_a_busy_run():
+    """A round in which other processes took the machine (here: 0.9 cores during ours)
+    is left out of the ratios; with too few quiet rounds the run says it is not a result."""
+    from benchmarks import e2e
+
+    rounds = [_e2e_round(30_000, 27_000, 15_000), _e2e_round(30_000, 12_000, 15_000, others=(0.1, 0.9, 0.1)),
+              _e2e_round(32_000, 28_800, 16_000), _e2e_round(29_000, 26_100, 14_500)]
+    summary = e2e.summarize(rounds, busy_cores=0.3, min_quiet=3)
+    assert summary.quiet == [0, 2, 3] and not summary.busy
+    assert summary.ratios["ours/floor"] == pytest.approx([0.9, 0.9, 0.9])
+    assert summary.ratios["ours/official"] == pytest.approx([1.8, 1.8, 1.8])
+
+    args = e2e._parser(None).parse_args([])
+    args.events, args.sweep_events = 100_000, 50_000
+    results = e2e.Results(rounds=rounds, prefetch={"floor": 300, "ours": 300, "official": 1000})
+    quiet = e2e.render(results, args, "python -m benchmarks.e2e", 1.0)
+    assert "Ours at **0.90x** of the floor's events/s, median of 3 rounds" in quiet and "not a result" not in quiet
+    assert "| 1 | 30,000; 33.3; 0.10 | 12,000; 83.3; 0.90 busy |" in quiet
+
+    results.rounds = rounds[:2]
+    busy = e2e.render(results, args, "python -m benchmarks.e2e", 1.0)
+    assert e2e.summarize(rounds[:2], 0.3, 3).busy
+    assert "**Busy machine: in 1 of 2 rounds other processes used more than 0.3 cores, so this run is not a " \
+           "result.**" in busy and "busy machine: not a result" in busy
+
+
+@pytest.mark.eventhubs
+def test_e2e_quick_run_reads_the_hub_with_the_floor_and_both_consumers(capsys, results_file):
+    """A smoke run with its own emulator and Azurite: every side reads every event (a
+    side that does not fails the run), the sweep and the ratio table are printed."""
+    from benchmarks import e2e
+
+    assert e2e.main(["--quick", "--events", "24000", "--sweep", "100,300"]) == 0
+    out = capsys.readouterr().out
+    for row in ("| floor | 100/s", "| ours | ", "| official | ", "| ours/floor | **", "| official/floor | **",
+                "| ours/official | **"):
+        assert any(line.startswith(row.split("100/s")[0]) for line in out.splitlines()), (row, out)
+    assert "### Prefetch sweep" in out and "Ours at **" in out
+    assert not results_file.exists()

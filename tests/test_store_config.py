@@ -417,3 +417,60 @@ async def test_a_token_credential_over_http_is_a_configuration_error_not_a_value
                                     credential=credential)
         assert store.backend.client.credential is credential
         await store.close()
+
+
+# ------------------------------------------------- the environment's proxy settings
+
+
+def _no_proxy_settings(monkeypatch: pytest.MonkeyPatch, home: Any) -> None:
+    import os
+
+    for name in list(os.environ):
+        if name.lower().endswith("_proxy"):
+            monkeypatch.delenv(name)
+    monkeypatch.delenv("NETRC", raising=False)
+    monkeypatch.setenv("HOME", str(home))  # no ~/.netrc
+
+
+@pytest.mark.parametrize("cls", [BlobCheckpointStore, TableCheckpointStore])
+async def test_with_no_proxy_settings_a_checkpoint_makes_no_trip_to_a_worker_thread(
+        cls: Any, azurite: Any, monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> None:
+    """aiohttp told to trust the environment (azure-core's default) reads the netrc file
+    and the proxy variables again on every request, each in a worker thread: two thread
+    trips per checkpoint, about half of its CPU (1.9 ms of client CPU per checkpoint,
+    1.0 ms without). With no proxy variable and no netrc file there is nothing to read:
+    the stores then leave the environment alone."""
+    import asyncio
+
+    _no_proxy_settings(monkeypatch, tmp_path)
+    loop = asyncio.get_running_loop()
+    trips: List[Any] = []
+    original = loop.run_in_executor
+
+    def counted(executor: Any, function: Any, *args: Any) -> Any:
+        trips.append(function)
+        return original(executor, function, *args)
+
+    monkeypatch.setattr(loop, "run_in_executor", counted)
+    name = f"env{uuid.uuid4().hex[:10]}"
+    async with cls.from_connection_string(azurite.connection_string, name) as store:
+        won = await store.claim_ownership([Ownership(NS, HUB, CG, "0", "me", epoch=1)])
+        await store.fence_checkpoint(won[0])
+        trips.clear()
+        for sequence_number in range(5):
+            await store.update_checkpoint(Checkpoint(NS, HUB, CG, "0", sequence_number=sequence_number,
+                                                     offset=str(sequence_number)), owner_id="me", epoch=1)
+    assert trips == []
+
+
+@pytest.mark.parametrize("cls", [BlobCheckpointStore, TableCheckpointStore])
+async def test_a_proxy_set_in_the_environment_is_used(cls: Any, azurite: Any, monkeypatch: pytest.MonkeyPatch,
+                                                      tmp_path: Any) -> None:
+    """The other side of the test above: a proxy named by the environment when the
+    store is built is used (here one that is not there, so the call fails)."""
+    _no_proxy_settings(monkeypatch, tmp_path)
+    monkeypatch.setenv("HTTP_PROXY", f"http://127.0.0.1:{_closed_port()}")
+    async with cls.from_connection_string(azurite.connection_string, f"env{uuid.uuid4().hex[:10]}",
+                                          retry_total=0, operation_timeout=5) as store:
+        with pytest.raises(CheckpointStoreError, match="(?i)unreachable|connect|refused"):
+            await store.list_ownership(NS, HUB, CG)
