@@ -41,7 +41,7 @@ from .events import EventPosition
 from .lease import LeaseState
 from .lease_table import OWNERSHIP_LOG_FIELDS, OWNERSHIP_REASONS, LeaseTable
 from .load import CpuMeter, LoadMeter
-from .load_plan import LOAD_PROPERTY, LoadPolicy, encode_load
+from .load_plan import LOAD_PROPERTY, LoadPolicy, MemberLoad, encode_load
 from .membership import Membership
 from .options import RENEWAL_WINDOW, ErrorHandler, PartitionProcessorFactory, ProcessorOptions, Timing
 from .pump import DeadLetter, PartitionPump
@@ -230,6 +230,17 @@ class EventProcessor:
     def membership(self) -> Optional[bool]:
         """Whether the store keeps this processor's member record (None: not known yet)."""
         return self._membership.state
+
+    @property
+    def load(self) -> Optional[MemberLoad]:
+        """The load this processor last measured and published in its member record
+        (``balance_by="load"``; None before the first sample, or when balancing by count).
+
+        Example::
+
+            processor.load   # MemberLoad(utilization=0.42, partitions={"3": PartitionLoad(120.5, ...)})
+        """
+        return self._load.current if self._load is not None else None
 
     def pump(self, partition_id: str) -> Optional[PartitionPump]:
         lease = self._table.get(partition_id)
