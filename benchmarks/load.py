@@ -145,6 +145,8 @@ def render(outcomes: list[LoadOutcome], rounds: int, command: str, seconds: floa
         lambda runs: ", ".join("no" if o.drained_after is None else f"{o.drained_after:.0f}" for o in runs))
     row("duplicates", lambda runs: _ints([o.duplicates for o in runs]))
     row("lost", lambda runs: _ints([o.lost for o in runs]))
+    row("checkpoints that timed out (ours: left to the next one)",
+        lambda runs: "n/a" if runs[0].side == "official" else _ints([o.checkpoint_timeouts for o in runs]))
     row("events produced", lambda runs: _ints([o.produced for o in runs]))
     lines += ["", ("How this SDK's processors moved partitions (ownership changes they logged, from the start of "
                    "phase *skew*, all rounds; the official processor does not say):"), ""]

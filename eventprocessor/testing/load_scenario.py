@@ -154,6 +154,7 @@ class LoadOutcome:
     quick_returns: int = 0  # moves of a partition back to a process it left within the cool-down
     moved_within_cooldown: int = 0  # moves of a partition that had moved less than the cool-down before
     burst: int = 0  # most moves out of one process within one load-balancing interval
+    checkpoint_timeouts: int = 0  # ours: checkpoints that timed out (left to the next one, not redelivered)
     changes: dict[str, int] = field(default_factory=dict)  # ours: ownership changes by reason
     slowed: str = ""
     lag_series: list[tuple[float, int]] = field(default_factory=list)  # (seconds since the start, total lag)
@@ -466,6 +467,7 @@ async def run_skewed(group: LoadGroup) -> LoadOutcome:
         for (t, _p, reason, _e) in worker.changes:
             if t >= origin:
                 outcome.changes[reason] = outcome.changes.get(reason, 0) + 1
+    outcome.checkpoint_timeouts = sum(w.checkpoint_timeouts for w in group.workers)
     if group.quotas is not None:
         outcome.throttled = {w.owner_id: group.quotas.throttled(f"{group.container}-{w.owner_id}")
                              for w in group.workers}

@@ -74,6 +74,7 @@ class WorkerHandle:
         self.traced: List[Dict[str, Any]] = []  # --tracemalloc-at: what grew most, by allocation site
         self.published: List[tuple] = []  # ours, --balance-by load: (wall time, utilisation it published)
         self.slowed: Optional[Dict[str, Any]] = None  # the "slowed" line (SIGUSR1 with --slow-factor)
+        self.checkpoint_timeouts = 0  # ours: checkpoints that timed out, left to the next one
         self.deliveries: Dict[tuple, int] = {}
         self.batches: List[tuple] = []  # (wall time, partition, first, last)
         self.first: Optional[Dict[str, Any]] = None
@@ -115,6 +116,8 @@ class WorkerHandle:
                 self.published.append((record["t"], record["u"]))
             elif kind == "slowed":
                 self.slowed = record
+            elif kind == "checkpoint_timeout":
+                self.checkpoint_timeouts += 1
             elif kind == "owned":
                 self.owned = record["owned"]
                 self.ownership.append((record["t"], record["owned"]))
