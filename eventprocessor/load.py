@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import time
 from pathlib import Path
-from typing import Callable, Dict, Optional, Tuple
+from typing import Callable, Dict, List, Optional, Tuple
 
 from .lease import LeaseState
 from .lease_table import LeaseTable
@@ -23,25 +23,71 @@ SMOOTHING = 0.3
 """Weight of the newest sample in the moving averages."""
 
 
-def available_cores(root: Path = Path("/sys/fs/cgroup")) -> float:
-    """The CPUs this process may use: the cgroup v2 (or v1) quota, else its affinity."""
+def available_cores(root: Path = Path("/sys/fs/cgroup"), membership: Path = Path("/proc/self/cgroup")) -> float:
+    """The CPUs this process may use: the tightest CPU quota of its cgroup and the
+    cgroup's ancestors (v2 ``cpu.max``, v1 ``cpu.cfs_quota_us``), else its affinity.
+
+    The process's own cgroup comes from ``/proc/self/cgroup``: a container sees its own
+    cgroup at the mount's root, but a systemd slice, a nested group or a host process in
+    a capped group does not, and a quota set on any ancestor limits it too."""
     try:
-        quota, period = (root / "cpu.max").read_text().split()[:2]
-        if quota != "max":
-            return max(0.01, int(quota) / int(period))
-    except (OSError, ValueError):
-        pass
-    try:
-        quota_v1 = int((root / "cpu" / "cpu.cfs_quota_us").read_text())
-        period_v1 = int((root / "cpu" / "cpu.cfs_period_us").read_text())
-        if quota_v1 > 0:
-            return max(0.01, quota_v1 / period_v1)
-    except (OSError, ValueError):
-        pass
-    try:
-        return float(len(os.sched_getaffinity(0)))
+        cores = float(len(os.sched_getaffinity(0)))
     except AttributeError:  # pragma: no cover - not on Linux
-        return float(os.cpu_count() or 1)
+        cores = float(os.cpu_count() or 1)
+    return min([cores, *_cgroup_quotas(root, membership)])
+
+
+def _cgroup_quotas(root: Path, membership: Path) -> List[float]:
+    """Every CPU quota (in cores) on the path from this process's cgroups up to the root."""
+    try:
+        lines = membership.read_text().splitlines()
+    except OSError:
+        lines = []
+    # (controller mount, the process's path in it, how one directory's quota is read)
+    hierarchies: List[Tuple[Path, str, Callable[[Path], Optional[float]]]] = []
+    for line in lines:
+        _id, _, rest = line.partition(":")
+        controllers, _, path = rest.partition(":")
+        if controllers == "":
+            hierarchies.append((root, path, _quota_v2))
+        elif "cpu" in controllers.split(","):
+            for name in ("cpu", "cpu,cpuacct", "cpuacct,cpu"):
+                if (root / name).is_dir():
+                    hierarchies.append((root / name, path, _quota_v1))
+                    break
+    if not hierarchies:  # no /proc (or an unusual one): the mount roots, as a container sees them
+        hierarchies = [(root, "/", _quota_v2), (root / "cpu", "/", _quota_v1)]
+    quotas = []
+    for mount, path, read in hierarchies:
+        directory = mount.joinpath(*[part for part in path.split("/") if part and part != ".."])
+        while True:
+            # A container's own cgroup is its mount's root: the path /proc names from the
+            # host's side does not exist in it, and the walk up reaches the root.
+            if directory.is_dir():
+                quota = read(directory)
+                if quota is not None:
+                    quotas.append(quota)
+            if directory == mount:
+                break
+            directory = directory.parent
+    return quotas
+
+
+def _quota_v2(directory: Path) -> Optional[float]:
+    try:
+        quota, period = (directory / "cpu.max").read_text().split()[:2]
+        return None if quota == "max" else max(0.01, int(quota) / int(period))
+    except (OSError, ValueError):
+        return None
+
+
+def _quota_v1(directory: Path) -> Optional[float]:
+    try:
+        quota = int((directory / "cpu.cfs_quota_us").read_text())
+        period = int((directory / "cpu.cfs_period_us").read_text())
+        return max(0.01, quota / period) if quota > 0 and period > 0 else None
+    except (OSError, ValueError):
+        return None
 
 
 class CpuMeter:

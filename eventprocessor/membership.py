@@ -17,7 +17,7 @@ from .clock import Clock
 from .errors import ConfigurationError
 from .lease_table import LeaseTable
 from .load import CpuMeter, LoadMeter
-from .load_plan import LOAD_PROPERTY, encode_load
+from .load_plan import LOAD_PROPERTY, MemberLoad, encode_load
 from .options import ProcessorOptions
 from .records import Member, MemberListing
 from .reporting import Reporter
@@ -56,6 +56,12 @@ class Membership:
         if options.balance_by == "load":
             self._load = LoadMeter(table=table, clock_now=self._clock.monotonic,
                                    utilization=options.load_meter or CpuMeter())
+
+    @property
+    def load(self) -> Optional[MemberLoad]:
+        """The load last measured and published (None when balancing by count or before
+        the first sample)."""
+        return self._load.current if self._load is not None else None
 
     def record(self) -> Member:
         options = self._options

@@ -41,7 +41,7 @@ from .delivery import PoisonPolicy
 from .events import EventPosition
 from .lease import LeaseState
 from .lease_table import OWNERSHIP_LOG_FIELDS, OWNERSHIP_REASONS
-from .load_plan import LoadPolicy
+from .load_plan import LoadPolicy, MemberLoad
 from .options import RENEWAL_WINDOW, ErrorHandler, PartitionProcessorFactory, ProcessorOptions, Timing
 from .pump import DeadLetter, PartitionPump
 from .sources.base import EventSource
@@ -181,8 +181,19 @@ class EventProcessor:
         """Whether the store keeps this processor's member record (None: not known yet)."""
         return self._parts.membership.state
 
+    @property
+    def load(self) -> Optional[MemberLoad]:
+        """The load this processor last measured and published in its member record
+        (``balance_by="load"``; None before the first sample, or when balancing by count).
+
+        Example::
+
+            processor.load   # MemberLoad(utilization=0.42, partitions={"3": PartitionLoad(120.5, ...)})
+        """
+        return self._parts.membership.load
+
     def pump(self, partition_id: str) -> Optional[PartitionPump]:
-        lease = self._table.get(partition_id)
+        lease = self._parts.table.get(partition_id)
         return lease.pump if lease is not None else None
 
     def lag(self) -> Dict[str, Optional[int]]:

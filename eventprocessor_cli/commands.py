@@ -45,6 +45,8 @@ BENCHMARKS = {
     "e2e": "End to end over AMQP: this SDK vs azure-eventhub's consumer on the Event Hubs emulator.",
     "moves": "Scale-out, scale-in, rolling restart and a crash as OS processes: duplicates, pauses vs azure-eventhub.",
     "scale": "Many processors as OS processes on Azurite, sized from the measured listing cost, vs azure-eventhub.",
+    "load": "One hot partition, then a slowed process, as capped OS processes: balancing by count vs by load vs "
+            "azure-eventhub.",
     "soak": "Resident memory of a long-running consumer over millions of events, vs azure-eventhub's consumer.",
 }
 

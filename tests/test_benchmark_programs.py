@@ -26,7 +26,7 @@ def bench(*args: str, results_path: Path, timeout: float = 600) -> subprocess.Co
     """Run ``python -m benchmarks.<args>`` with its results (and plots) pointed at ``results_path``."""
     env = dict(os.environ, EVENTPROCESSOR_BENCH_RESULTS=str(results_path))
     return subprocess.run([sys.executable, "-m", f"benchmarks.{args[0]}", *args[1:]], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=timeout)
+                          capture_output=True, text=True, timeout=timeout, check=False)
 
 
 @pytest.fixture
@@ -129,12 +129,45 @@ def test_scale_quick_run_starts_both_sides_as_processes_and_checks_ownership_in_
     assert "never recorded" in capsys.readouterr().err
 
 
+def _cgroups_unavailable() -> str:
+    from eventprocessor.testing.cpu_quota import unavailable
+
+    return unavailable() or ""
+
+
+@pytest.mark.skipif(bool(_cgroups_unavailable()), reason=_cgroups_unavailable())
+def test_load_quick_run_measures_a_side_from_its_processes_and_never_records(results_file):
+    """A smoke run of the skewed scenario: this SDK by load, 4 capped processes on the
+    emulator and Azurite the program starts. Timing figures are not asserted (they are
+    the benchmark's to record); the table's shape and the handlers' counts are."""
+    out = bench("load", "--quick", "--sides", "load", results_path=results_file, timeout=900)
+    assert out.returncode == 0, out.stderr[-3000:]
+    rows = {line.split(" | ")[0].lstrip("| "): line.rstrip(" |").split(" | ")[1:] for line in out.stdout.splitlines()
+            if line.startswith("| ")}
+    assert rows[""] == ["ours, by load"]  # the header: one column, the side that ran
+    for label in ("skew: max/mean utilisation", "slowed: max/mean utilisation", "skew: total lag at the end, events",
+                  "slowed: lag growth, events/s", "duplicates", "lost", "events produced"):
+        assert label in rows and rows[label][0] not in ("", "n/a"), (label, out.stdout)
+    # Four processes measured, each from its own CPU time, under its quota.
+    shares = [float(u) for u in rows["skew: utilisation per process (last round)"][0].split(" / ")]
+    assert len(shares) == 4 and all(0 < u < 1.5 for u in shares), shares
+    summary = re.search(r"^load: (\d+) events, duplicates (\d+), lost (\d+)", out.stderr, re.MULTILINE)
+    assert summary, out.stderr[-3000:]
+    produced, duplicates, lost = map(int, summary.groups())
+    assert produced > 0 and rows["events produced"] == [str(produced)] and rows["duplicates"] == [str(duplicates)]
+    assert rows["lost"] == [str(lost)]
+    assert not results_file.exists()
+    refused = bench("load", "--quick", "--record", results_path=results_file)
+    assert refused.returncode == 2 and "never recorded" in refused.stderr
+    assert not results_file.exists()
+
+
 @pytest.mark.parametrize("module", ["convergence", "throughput", "store_bench", "spark_sink", "scale", "moves",
-                                    "faults", "decode", "e2e"])
+                                    "faults", "decode", "e2e", "load"])
 def test_every_benchmark_has_the_same_record_and_debug_flags(module):
     command = module.replace("_", "-")
     out = subprocess.run([sys.executable, "-m", "eventprocessor_cli", "bench", command, "--help"], cwd=ROOT,
-                         capture_output=True, text=True, timeout=120)
+                         capture_output=True, text=True, timeout=120, check=False)
     assert out.returncode == 0, out.stderr
     assert f"usage: eventprocessor bench {command}" in out.stdout
     assert "--record" in out.stdout and "--debug" in out.stdout

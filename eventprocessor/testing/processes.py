@@ -55,7 +55,8 @@ class WorkerHandle:
     ``deliveries`` maps (partition, sequence number) to how many times it was delivered
     by this worker; ``batches`` every delivered batch as (wall time, partition, first,
     last); ``ownership`` every change of the dispatched set as (wall time, partitions);
-    ``changes`` every ownership change the processor logged, with its reason.
+    ``changes`` every ownership change the processor logged, with its reason;
+    ``published`` the utilisation it published (``--balance-by load``).
     """
 
     def __init__(self, owner_id: str, process: "asyncio.subprocess.Process", stderr_path: str) -> None:
@@ -71,6 +72,9 @@ class WorkerHandle:
         self.stats_at = 0.0
         self.stats: List[tuple] = []  # (wall time, events, CPU seconds, resident bytes or None)
         self.traced: List[Dict[str, Any]] = []  # --tracemalloc-at: what grew most, by allocation site
+        self.published: List[tuple] = []  # ours, --balance-by load: (wall time, utilisation it published)
+        self.slowed: Optional[Dict[str, Any]] = None  # the "slowed" line (SIGUSR1 with --slow-factor)
+        self.checkpoint_timeouts = 0  # ours: checkpoints that timed out, left to the next one
         self.deliveries: Dict[tuple, int] = {}
         self.batches: List[tuple] = []  # (wall time, partition, first, last)
         self.first: Optional[Dict[str, Any]] = None
@@ -108,6 +112,12 @@ class WorkerHandle:
                 self.stats.append((record["t"], record["events"], record["cpu"], record.get("rss")))
             elif kind == "tracemalloc":
                 self.traced.append(record)
+            elif kind == "load":
+                self.published.append((record["t"], record["u"]))
+            elif kind == "slowed":
+                self.slowed = record
+            elif kind == "checkpoint_timeout":
+                self.checkpoint_timeouts += 1
             elif kind == "owned":
                 self.owned = record["owned"]
                 self.ownership.append((record["t"], record["owned"]))

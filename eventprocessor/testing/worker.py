@@ -19,6 +19,14 @@ with ``InMemoryCheckpointStore``, fed by a producer task in this process that ke
 ``--backlog`` events ahead of the handler on every partition until ``--produce``
 events were sent; the source retains ``--retention`` events per partition.
 
+``--cpu-per-event SECONDS`` makes the handler CPU-bound: it spends that much of this
+process's CPU time on every event (a busy loop on the thread's CPU clock, so the cost
+is the same however busy the machine is). ``--slow-factor F`` multiplies that cost by F
+when the process gets SIGUSR1 (a processor slowed down: a heavier handler, a noisy
+neighbour). ``--balance-by load`` (ours only) balances by measured load
+(``EventProcessor(balance_by="load")``) with the ``LoadPolicy`` the ``--load-*`` options
+give.
+
 Connection strings come from the environment (``EVENTPROCESSOR_E2E_HUB`` for the hub,
 ``EVENTPROCESSOR_E2E_STORAGE`` for storage) so that they never show in a process
 listing. It prints JSON lines on stdout:
@@ -33,10 +41,13 @@ listing. It prints JSON lines on stdout:
 - ``{"event": "stats", "events": n, "cpu": seconds, "t": unix time, "rss": bytes}`` every
   ``--stats-interval`` seconds (four times a second by default); ``rss`` is this process's
   resident set from ``/proc/self/statm`` (null where there is no ``/proc``);
+- ``{"event": "load", "u": utilisation, "partitions": n, "t": unix time}`` (ours with
+  ``--balance-by load``) whenever the processor samples the load it publishes;
+- ``{"event": "slowed", "cpu_per_event": seconds, "t": unix time}`` when SIGUSR1 slowed it;
 - ``{"event": "first", "cpu": ..., "t": ...}`` at the first delivery and ``{"event": "done", ...}``
   when ``--expect`` events have been delivered (process CPU seconds and wall time).
 
-SIGTERM stops it gracefully.
+SIGTERM stops it gracefully; SIGUSR1 applies ``--slow-factor``.
 
 Example (a parent's side: :mod:`eventprocessor.testing.processes`)::
 
@@ -146,6 +157,17 @@ def _parse(argv: Optional[List[str]]) -> argparse.Namespace:
     parser.add_argument("--report", choices=["events", "counts"], default="events")
     parser.add_argument("--expect", type=int, default=0, help="say 'done' (with the CPU time) at this many events")
     parser.add_argument("--work", type=float, default=0.0, help="seconds each batch spends in the handler")
+    parser.add_argument("--cpu-per-event", type=float, default=0.0,
+                        help="CPU seconds the handler spends on each event (a busy loop on its thread's CPU clock)")
+    parser.add_argument("--slow-factor", type=float, default=1.0,
+                        help="on SIGUSR1, multiply --cpu-per-event by this (a processor slowed down)")
+    parser.add_argument("--balance-by", choices=["count", "load"], default="count",
+                        help="ours only: balance partition counts (the default) or measured load")
+    parser.add_argument("--load-threshold", type=float, help="--balance-by load: LoadPolicy.threshold")
+    parser.add_argument("--load-damping", type=float, help="--balance-by load: LoadPolicy.damping")
+    parser.add_argument("--load-max-moves", type=int, help="--balance-by load: LoadPolicy.max_moves")
+    parser.add_argument("--load-cooldown", type=float, help="--balance-by load: LoadPolicy.cooldown, seconds")
+    parser.add_argument("--load-floor", type=float, help="--balance-by load: LoadPolicy.floor")
     parser.add_argument("--log-level", default="WARNING", type=str.upper, choices=["DEBUG", "INFO", "WARNING", "ERROR"],
                         help="level of this SDK's log lines on stderr (INFO shows every move); others log WARNING")
     args = parser.parse_args(argv)
@@ -155,7 +177,39 @@ def _parse(argv: Optional[List[str]]) -> argparse.Namespace:
         parser.error("--checkpoint-on-close is for --impl official (this SDK checkpoints on release by itself)")
     if args.source == "eventhub" and not args.container:
         parser.error("--container is required with --source eventhub")
+    if args.balance_by != "count" and args.impl != "ours":
+        parser.error("--balance-by load is for --impl ours (the official processor balances counts only)")
+    if any(v is not None for v in _policy_options(args).values()) and args.balance_by != "load":
+        parser.error("the --load-* options set the policy of --balance-by load")
+    if args.cpu_per_event < 0 or args.slow_factor <= 0:
+        parser.error("--cpu-per-event must be >= 0 and --slow-factor > 0")
     return args
+
+
+def _policy_options(args: argparse.Namespace) -> Dict[str, Any]:
+    return {"threshold": args.load_threshold, "damping": args.load_damping, "max_moves": args.load_max_moves,
+            "cooldown": args.load_cooldown, "floor": args.load_floor}
+
+
+class _CpuCost:
+    """What each event costs the handler in CPU time; SIGUSR1 multiplies it (a slowdown)."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.per_event = args.cpu_per_event
+        self.factor = args.slow_factor
+
+    def slow_down(self) -> None:
+        self.per_event *= self.factor
+        emit({"event": "slowed", "cpu_per_event": self.per_event, "t": time.time()})
+
+    def spend(self, events: int) -> None:
+        """Busy-loop until this thread has used ``events`` times the cost in CPU time:
+        synchronous, as a CPU-bound handler is (it holds the event loop meanwhile)."""
+        if self.per_event <= 0 or events <= 0:
+            return
+        end = time.thread_time() + self.per_event * events
+        while time.thread_time() < end:
+            pass
 
 
 class _Cadence:
@@ -177,14 +231,21 @@ class _Cadence:
         return False
 
 
-async def _ours(args: argparse.Namespace, tally: _Tally, stop: asyncio.Event) -> None:
-    from eventprocessor import EventProcessor, OwnershipLostError, PartitionProcessor
+async def _ours(args: argparse.Namespace, tally: _Tally, stop: asyncio.Event, cost: _CpuCost) -> None:
+    from eventprocessor import (
+        EventProcessor,
+        LoadPolicy,
+        OwnershipLostError,
+        PartitionProcessor,
+    )
+    from eventprocessor.errors import StoreTimeoutError
     class Handler(PartitionProcessor):
         def __init__(self) -> None:
             self.cadence = _Cadence(args)  # one per claim: a partition claimed again counts afresh
 
         async def process_events(self, events, context):
             tally.delivered(context.partition_id, [e.sequence_number for e in events])
+            cost.spend(len(events))
             if args.work:
                 await asyncio.sleep(args.work)  # a handler that takes time: a stop or a handoff finds it mid-batch
             if self.cadence.due(context.partition_id, len(events)):
@@ -192,6 +253,11 @@ async def _ours(args: argparse.Namespace, tally: _Tally, stop: asyncio.Event) ->
                     await context.update_checkpoint()
                 except OwnershipLostError:
                     pass  # the next owner resumes from its own checkpoint
+                except StoreTimeoutError:
+                    # The batch was processed: failing it would have it delivered again. The
+                    # next checkpoint covers this one (the official processor does not redeliver a
+                    # batch whose handler failed either).
+                    emit({"event": "checkpoint_timeout", "partition": context.partition_id, "t": time.time()})
 
     producer: Optional["asyncio.Task[None]"] = None
     if args.source == "memory":
@@ -212,17 +278,24 @@ async def _ours(args: argparse.Namespace, tally: _Tally, stop: asyncio.Event) ->
     processor = EventProcessor(source, store, Handler, owner_id=args.owner_id, consumer_group=args.consumer_group,
                                load_balancing_strategy=args.strategy, load_balancing_interval=args.interval,
                                partition_ownership_expiration_interval=args.expiry, max_batch_size=args.batch,
-                               prefetch=args.prefetch)
+                               prefetch=args.prefetch, balance_by=args.balance_by,
+                               load_policy=LoadPolicy(**{name: value for name, value in _policy_options(args).items()
+                                                         if value is not None}))
     emit({"event": "started", "owner": args.owner_id, "pid": os.getpid(), "impl": "ours",
            "namespace": source.fully_qualified_namespace, "eventhub": source.eventhub_name})
     try:
         await processor.start()
         last: Optional[List[str]] = None
+        load = None
         while not stop.is_set():
             owned = sorted(processor.owned_partitions, key=lambda pid: (len(pid), pid))
             if owned != last:
                 emit({"event": "owned", "owned": owned, "ticks": processor.ticks, "t": time.time()})
                 last = owned
+            if processor.load is not load and processor.load is not None:
+                load = processor.load
+                emit({"event": "load", "u": round(load.utilization, 4), "partitions": len(load.partitions),
+                      "t": time.time()})
             try:
                 await asyncio.wait_for(stop.wait(), timeout=0.1)
             except asyncio.TimeoutError:
@@ -257,7 +330,7 @@ async def _produce(source: Any, args: argparse.Namespace, tally: _Tally) -> None
     emit({"event": "produced", "events": sent, "t": time.time()})
 
 
-async def _official(args: argparse.Namespace, tally: _Tally, stop: asyncio.Event) -> None:
+async def _official(args: argparse.Namespace, tally: _Tally, stop: asyncio.Event, cost: _CpuCost) -> None:
     from azure.eventhub.aio import EventHubConsumerClient
     from azure.eventhub.extensions.checkpointstoreblobaio import BlobCheckpointStore
 
@@ -268,6 +341,7 @@ async def _official(args: argparse.Namespace, tally: _Tally, stop: asyncio.Event
         if not events:
             return
         tally.delivered(context.partition_id, [e.sequence_number for e in events])
+        cost.spend(len(events))
         if args.checkpoint_on_close:
             unsaved[context.partition_id] = events[-1]
         if args.work:
@@ -310,6 +384,8 @@ async def _amain(args: argparse.Namespace) -> int:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     loop.add_signal_handler(signal.SIGTERM, stop.set)
+    cost = _CpuCost(args)
+    loop.add_signal_handler(signal.SIGUSR1, cost.slow_down)
     tally = _Tally(args.report == "events", args.expect)
 
     def stats_line() -> Dict[str, Any]:
@@ -325,7 +401,7 @@ async def _amain(args: argparse.Namespace) -> int:
     tracer = asyncio.create_task(_trace_allocations(args.tracemalloc_at, tally, args.tracemalloc_frames)) \
         if args.tracemalloc_at else None
     try:
-        await (_ours if args.impl == "ours" else _official)(args, tally, stop)
+        await (_ours if args.impl == "ours" else _official)(args, tally, stop, cost)
     finally:
         reporter.cancel()
         if tracer is not None:

@@ -1,0 +1,316 @@
+"""Balancing load instead of counts with real processes (issue 27): one partition at 10x
+the others, then a processor slowed down; this SDK by count, this SDK by load, and
+azure-eventhub's processor, side by side in one run.
+
+Run it with ``python -m benchmarks.load`` (or ``eventprocessor bench load``); it needs
+root (or another way to write the cgroup ``cpu`` controller): every processor is an OS
+process (``python -m eventprocessor.testing.worker``) capped at a quarter of a core by a
+cgroup of its own, so that four processors that are each really CPU-bound fit on a
+2-core machine, and a processor given more than its quota falls behind as a small VM
+would. It starts its own Event Hubs emulator and Azurite on loopback; the official
+producer sends the whole time.
+
+The scenario, its sizes and what is measured are :mod:`eventprocessor.testing.load_scenario`:
+24 partitions over 4 processes, an ordinary partition at 5 events/s and the hot one at
+50, each event costing its handler 3.5 ms of CPU; after the *skew* phase, one process
+that does not deliver the hot partition gets three times the CPU per event (*slowed*).
+Utilisation is each process's own CPU time over its quota; lag is the hub's last
+enqueued sequence numbers against what the handlers received; duplicates and losses
+come from the handlers' batch lines. The sides run one after the other (their order
+alternates per round), each on its own hub and container.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import math
+import os
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+from pathlib import Path
+
+from eventprocessor.testing.load_scenario import (
+    LAG_EVERY,
+    SIDES,
+    LoadGroup,
+    LoadOutcome,
+    Skew,
+    run_skewed,
+)
+from eventprocessor_cli.user_errors import CommandError
+
+from . import program
+from .results import RESULTS_DIR, machine_line
+
+__all__ = ["main", "render"]
+
+LABELS = {"count": "ours, by count", "load": "ours, by load", "official": "official"}
+BUSY = 2.0
+"""A 1-minute load average above this (on 2 cores) marks a run as busy: other work took
+CPU the capped processes were owed, and their lag shows it."""
+
+
+def _range(values: Sequence[float], fmt: str = "{:.2f}") -> str:
+    clean = [v for v in values if not math.isnan(v)]
+    if not clean:
+        return "n/a"
+    low, high = min(clean), max(clean)
+    return fmt.format(low) if len(clean) == 1 or fmt.format(low) == fmt.format(high) else \
+        f"{fmt.format(low)}-{fmt.format(high)}"
+
+
+def _ints(values: Sequence[int | None]) -> str:
+    return ", ".join("n/a" if v is None else str(v) for v in values)
+
+
+def render(outcomes: list[LoadOutcome], rounds: int, command: str, seconds: float, loads: list[list[float]],
+           plot: str | None) -> str:
+    skew = outcomes[0].skew
+    policy = skew.load_policy()
+    by_side = {side: [o for o in outcomes if o.side == side] for side in SIDES}
+    unit = skew.unit()
+    busy = [i for i, (before, after) in enumerate(loads) if max(before, after) > BUSY]
+    lines = [
+        "## Balancing load instead of counts with real processes (`load`)",
+        "",
+        f"Command: `{command}` ({seconds / 60:.0f} min). {machine_line()} Machine load (1-minute average) before "
+        f"and after each side's run: "
+        + "; ".join(f"{o.side} {lb:.1f} / {la:.1f}" for o, (lb, la) in zip(outcomes, loads))
+        + (f". Runs above {BUSY:g} are busy (other work took CPU the capped processes were owed): "
+           + ", ".join(f"{outcomes[i].side} (round {i // len(SIDES) + 1})" for i in busy) + "." if busy else "."),
+        "",
+        (f"One Event Hubs emulator and one Azurite on 127.0.0.1, started by the benchmark. {skew.processes} processes "
+        f"per side (`python -m eventprocessor.testing.worker`), each in a cgroup of its own capped at "
+        f"{skew.cores:g} of a core (CFS quota: a small VM), on {skew.partitions} partitions. The official producer "
+        f"sends {skew.rate:g} events/s to every partition and {skew.hot_factor}x that to partition {skew.hot} "
+        f"({skew.total_rate:g} events/s in all, every {skew.period:g} s). Each handler spends "
+        f"{skew.cpu_per_event * 1000:g} ms of CPU per event (a busy loop on its thread's CPU clock), so an "
+        f"ordinary partition needs {unit:.0%} of a process's quota and the hot one {unit * skew.hot_factor:.0%}. "
+        f"Phase *skew* runs {skew.skew_seconds:g} s from the moment every partition is delivered by one process; "
+        f"then one process not delivering the hot partition is slowed down ({skew.slow_factor:g}x the CPU per event) "
+        f"and phase *slowed* runs {skew.slow_seconds:g} s. Then the producer stops and each side gets "
+        f"{skew.drain_seconds:g} s to deliver everything."),
+        "",
+        f"*ours, by count*: `EventProcessor` (GREEDY, `balance_by=\"count\"`, its default) + `EventHubSource` + our "
+        f"`BlobCheckpointStore`. *ours, by load*: the same with `balance_by=\"load\"` and "
+        f"`LoadPolicy(threshold={policy.threshold:g}, damping={policy.damping:g}, max_moves={policy.max_moves}, "
+        f"cooldown={policy.cooldown:g}, floor={policy.floor:g})`"
+        + (" (its defaults)" if not skew.policy else
+           f" (its defaults but {', '.join(f'{k}={v:g}' for k, v in skew.policy)}: the partitions are all claimed "
+           f"at the start and none moves before its cool-down has passed, and the default 300 s would not fit "
+           f"a run of minutes)") + ". *official*: azure-eventhub's "
+        f"`EventHubConsumerClient.receive_batch` + `azure-eventhub-checkpointstoreblob-aio`, GREEDY, at its best "
+        f"for this scenario: it balances partition counts only (no setting weighs load), so the same interval and "
+        f"expiration as ours, which settle it fastest. All: load-balancing interval {skew.interval:g} s, ownership "
+        f"expiration {skew.expiry:g} s, batch {skew.batch}, prefetch {skew.prefetch}, a checkpoint every "
+        f"{skew.checkpoint_events} events of a partition.",
+        "",
+        (f"*Utilisation*: each process's own CPU time (its stats lines, `time.process_time()`) over wall time and its "
+        f"quota, over the last {skew.window:g} s of a phase; *max/mean* across the {skew.processes} processes "
+        f"(threshold {1 + policy.threshold:g}). *Lag*: every {LAG_EVERY:g} s, the hub's last enqueued sequence "
+        f"number of every partition (a management call to the emulator) minus the newest one any handler received, "
+        f"added up over the partitions; *growth* is its least-squares slope over the last {skew.window:g} s "
+        f"(events/s). *Moves*: changes of the process delivering a partition. *Duplicates* and *lost*: from the "
+        f"handlers' batch lines. Ranges over {rounds} round(s)."),
+        "",
+        "| | " + " | ".join(LABELS[s] for s in SIDES if by_side[s]) + " |",
+        "|---|" + "---:|" * sum(1 for s in SIDES if by_side[s]) + "",
+    ]
+
+    def row(label: str, cell: Callable[..., str]) -> None:
+        lines.append(f"| {label} | " + " | ".join(cell(by_side[s]) for s in SIDES if by_side[s]) + " |")
+
+    for index, name in enumerate(("skew", "slowed")):
+        row(f"{name}: max/mean utilisation", lambda runs, index=index: _range([o.phases[index].ratio for o in runs]))
+        row(f"{name}: utilisation per process (last round)",
+            lambda runs, index=index: " / ".join(f"{u:.2f}" for u in runs[-1].phases[index].utilisation))
+        row(f"{name}: partitions per process at the end (last round)",
+            lambda runs, index=index: " / ".join(str(n) for n in runs[-1].phases[index].partitions)
+            + f" (hot on {runs[-1].phases[index].hot_owner})")
+        row(f"{name}: total lag at the end, events",
+            lambda runs, index=index: _ints([o.phases[index].lag_end for o in runs]))
+        row(f"{name}: lag growth, events/s", lambda runs, index=index: _range([o.phases[index].lag_growth for o in runs],
+                                                                 "{:+.1f}"))
+        row(f"{name}: moves", lambda runs, index=index: _ints([o.phases[index].moves for o in runs]))
+    row("moves back within the cool-down (oscillation)", lambda runs: _ints([o.quick_returns for o in runs]))
+    row(f"partitions moved again within the cool-down ({policy.cooldown:g} s; by load: 0 allowed)",
+        lambda runs: _ints([o.moved_within_cooldown for o in runs]))
+    row(f"most moves out of one process within one interval ({skew.interval:g} s; by load: {policy.max_moves} "
+        f"allowed)", lambda runs: _ints([o.burst for o in runs]))
+    row("drained after the producer stopped, s",
+        lambda runs: ", ".join("no" if o.drained_after is None else f"{o.drained_after:.0f}" for o in runs))
+    row("duplicates", lambda runs: _ints([o.duplicates for o in runs]))
+    row("lost", lambda runs: _ints([o.lost for o in runs]))
+    row("checkpoints that timed out (ours: left to the next one)",
+        lambda runs: "n/a" if runs[0].side == "official" else _ints([o.checkpoint_timeouts for o in runs]))
+    row("events produced", lambda runs: _ints([o.produced for o in runs]))
+    lines += ["", ("How this SDK's processors moved partitions (ownership changes they logged, from the start of "
+                   "phase *skew*, all rounds; the official processor does not say):"), ""]
+    for side in ("count", "load"):
+        totals: dict[str, int] = {}
+        for o in by_side[side]:
+            for reason, n in o.changes.items():
+                totals[reason] = totals.get(reason, 0) + n
+        if by_side[side]:
+            lines.append(f"- {LABELS[side]}: " + (", ".join(f"{k} {v}" for k, v in sorted(totals.items()))
+                                                  or "none"))
+    if plot:
+        lines += ["", f"![Total lag and max/mean utilisation over time]({plot})"]
+    lines += ["", (f"What the machine could not hold: {skew.processes} processes at full CPU each (it has 2 cores), "
+                   f"so each is capped at {skew.cores:g} of a core; the group needs at most "
+                   f"{skew.processes * skew.cores:g} core for its handlers and clients, the emulator, Azurite and the "
+                   f"producer use the rest. A busier machine (other work) takes CPU the capped processes were owed: "
+                   f"their lag grows then, whichever side runs.")]
+    return "\n".join(lines)
+
+
+def plot_series(outcomes: list[LoadOutcome], path: str) -> str | None:
+    """Total lag and max/mean utilisation over time, one line per side (last round)."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:  # pragma: no cover - matplotlib is in the benchmark deps
+        return None
+    last = {o.side: o for o in outcomes}
+    fig, (lag_ax, ratio_ax) = plt.subplots(2, 1, figsize=(10, 7), sharex=True)
+    for side, o in last.items():
+        lag_ax.plot([t for t, _ in o.lag_series], [v for _, v in o.lag_series], label=LABELS[side], linewidth=1)
+        ratio_ax.plot([t for t, _ in o.ratio_series], [v for _, v in o.ratio_series], label=LABELS[side],
+                      linewidth=1)
+    some = next(iter(last.values()))
+    for ax in (lag_ax, ratio_ax):
+        for start in some.phase_starts[1:]:
+            ax.axvline(start, color="grey", linestyle="--", linewidth=1)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    policy = some.skew.load_policy()
+    ratio_ax.axhline(1 + policy.threshold, color="black", linestyle=":", linewidth=1)
+    lag_ax.set_ylabel("total lag (events)")
+    ratio_ax.set_ylabel("max / mean utilisation")
+    ratio_ax.set_xlabel("seconds since every partition was delivered (dashed: one process slowed down)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    return path
+
+
+def _config(path: str, rounds: int, partitions: int) -> str:
+    entities = [{"Name": f"load-{side}-{r}", "PartitionCount": str(partitions)} for side in SIDES
+                for r in range(rounds)]
+    with open(path, "w") as handle:
+        json.dump({"UserConfig": {"NamespaceConfig": [{"Type": "EventHub", "Name": "emulatorNs1",
+                                                       "Entities": entities}]}}, handle)
+    return path
+
+
+async def _measure(args: argparse.Namespace, skew: Skew, hub_conn: str, storage_conn: str, log_dir: str,
+                   loads: list[list[float]]) -> list[LoadOutcome]:
+    from eventprocessor.testing.cpu_quota import CpuQuotas
+
+    outcomes = []
+    quotas = CpuQuotas(skew.cores)
+    try:
+        for r in range(args.rounds):
+            for side in (args.sides if r % 2 == 0 else args.sides[::-1]):
+                before = os.getloadavg()[0]
+                group = LoadGroup(side, hub=f"load-{side}-{r}", skew=skew, hub_connection_string=hub_conn,
+                                  storage_connection_string=storage_conn, log_dir=log_dir, quotas=quotas)
+                try:
+                    outcome = await run_skewed(group)
+                finally:
+                    await group.close()
+                loads.append([before, os.getloadavg()[0]])
+                print(outcome.summary(), file=sys.stderr)
+                Path(group.log_dir, "outcome.json").write_text(json.dumps(outcome.to_json()))
+                outcomes.append(outcome)
+    finally:
+        kept = quotas.remove()
+        if kept:
+            print(f"load: cgroups still in use, not removed: {kept} under {quotas.parent}", file=sys.stderr)
+    return outcomes
+
+
+def main(argv: list[str] | None = None, prog: str | None = None) -> int:
+    """Run the scenario for every side and print the table; ``--record`` writes it.
+
+    Example::
+
+        python -m benchmarks.load --record
+    """
+    parser = program.parser("load", __doc__, prog)
+    parser.add_argument("--rounds", type=int, default=1, help="rounds of the scenario per side")
+    parser.add_argument("--sides", nargs="+", choices=SIDES, default=list(SIDES),
+                        help="the sides to run (default: all; a subset is never recorded)")
+    parser.add_argument("--skew-seconds", type=float, help="length of the skew phase (a shorter run is never "
+                                                           "recorded)")
+    parser.add_argument("--slow-seconds", type=float, help="length of the slowed phase (never recorded)")
+    parser.add_argument("--quick", action="store_true",
+                        help="a smoke run: phases of 20 s, 60 s to drain (never recorded)")
+    parser.add_argument("--log-dir", help="keep every worker's log and each side's timeline here (default: a "
+                                          "temporary directory, removed)")
+
+    def body(args: argparse.Namespace) -> int:
+        partial = args.sides != list(SIDES) or args.skew_seconds is not None or args.slow_seconds is not None \
+            or args.quick
+        if args.record and partial:
+            parser.error("partial runs (--quick, --sides, --skew-seconds, --slow-seconds) are never recorded")
+        from eventprocessor.testing.cpu_quota import unavailable
+
+        why = unavailable()
+        if why is not None:
+            raise CommandError(f"this benchmark caps each process at a CPU quota and cannot here: {why}")
+        skew = Skew()
+        if args.quick:
+            skew = replace(skew, skew_seconds=20.0, slow_seconds=20.0, window=15.0, drain_seconds=60.0)
+        if args.skew_seconds is not None or args.slow_seconds is not None:
+            skew = replace(skew, skew_seconds=args.skew_seconds or skew.skew_seconds,
+                           slow_seconds=args.slow_seconds or skew.slow_seconds,
+                           window=min(skew.window, args.skew_seconds or skew.window,
+                                      args.slow_seconds or skew.window))
+        given = list(sys.argv[1:] if argv is None else argv)
+        shown = [a for i, a in enumerate(given) if a != "--log-dir" and not a.startswith("--log-dir=")
+                 and (i == 0 or given[i - 1] != "--log-dir")]
+        return _run(args, skew, program.recorded_command("load", shown))
+
+    return program.run(parser, body, argv)
+
+
+def _run(args: argparse.Namespace, skew: Skew, command: str) -> int:
+    from emulators.azurite import start_azurite
+    from emulators.eventhubs.process import start_emulator_process
+
+    started = time.monotonic()
+    loads: list[list[float]] = []
+    if args.log_dir:
+        os.makedirs(args.log_dir, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="load-bench-") as scratch:
+        log_dir = args.log_dir or scratch
+        azurite = start_azurite()
+        try:
+            emulator = start_emulator_process(["--config", _config(os.path.join(scratch, "Config.json"),
+                                                                   args.rounds, skew.partitions)])
+            try:
+                outcomes = asyncio.run(_measure(args, skew, emulator.connection_string, azurite.connection_string,
+                                                log_dir, loads))
+            finally:
+                emulator.stop()
+        finally:
+            azurite.stop()
+    plot = None
+    if args.record:
+        RESULTS_DIR.mkdir(parents=True, exist_ok=True)
+        if plot_series(outcomes, str(RESULTS_DIR / "load.png")):
+            plot = "results/load.png"
+    program.report("load", render(outcomes, args.rounds, command, time.monotonic() - started, loads, plot),
+                   args.record)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
