@@ -15,9 +15,10 @@ import pytest
 
 from eventprocessor import ConfigurationError, EventProcessor, PartitionProcessor
 from eventprocessor.errors import InvalidCheckpointError
-from eventprocessor.records import StateRef
+from eventprocessor.records import Checkpoint, StateRef
 from eventprocessor.sources import MemoryEventSource
 from eventprocessor.state import PartitionState, StateKeeper, StateLog, StateUnreadableError
+from eventprocessor.state.replica import WarmReplica
 from eventprocessor.testing import FaultyStore, run_virtual, virtual_utc_clock
 from stores import InMemoryCheckpointStore
 
@@ -362,3 +363,97 @@ async def _produce(source: MemoryEventSource, partitions: int, *, rate: float) -
         await source.send(f"k{i % 5}:{i}", partition_id=str(i % partitions))
         i += 1
         await asyncio.sleep(1 / rate)
+
+
+def test_a_replica_is_handed_over_even_when_the_claim_outlasts_a_refresh():
+    """The replica of a partition being claimed must survive until the claim takes it:
+    a store slow to answer claims and fences (longer than the replicas' refresh, half an
+    interval) once let the refresh drop it first, and the new owner restored cold."""
+    restores: Dict[str, object] = {}
+
+    class Recording(counting()):  # type: ignore[misc]
+        async def initialize(self, context):
+            restores[f"{context.owner_id}/{context.partition_id}"] = context.state_restored
+
+    async def scenario():
+        source = MemoryEventSource(4, clock=virtual_utc_clock())
+        store = FaultyStore(InMemoryCheckpointStore(clock=virtual_utc_clock()))
+        store.latency, store.only = 0.4, {"claim_ownership", "fence_checkpoint"}  # > interval / 2
+        a = EventProcessor(source, store, Recording, owner_id="a", stateful=True, **FAST)
+        await a.start()
+        producing = asyncio.ensure_future(_produce(source, 4, rate=20))
+        await until(lambda: len(a.owned_partitions) == 4)
+        await asyncio.sleep(3)
+        b = EventProcessor(source, store, Recording, owner_id="b", stateful=True, **FAST)
+        await b.start()
+        await until(lambda: len(b.owned_partitions) == 2, what="two partitions moved")
+        await asyncio.sleep(2)
+        producing.cancel()
+        await asyncio.sleep(1)
+        await a.stop()
+        await b.stop()
+        return await final_state(store, 4), expected(source, 4)
+
+    restored, wanted = run_virtual(scenario())
+    moved = {key: info for key, info in restores.items() if key.startswith("b/")}
+    assert len(moved) == 2 and all(info.warm for info in moved.values()), moved
+    assert restored == wanted
+
+
+def test_a_replica_handed_over_no_longer_changes_the_new_owners_state():
+    """A refresh of the replica still in flight when the claim takes it (it started
+    before) must not write into the state the new owner now processes with."""
+    async def scenario():
+        store = InMemoryCheckpointStore(clock=virtual_utc_clock())
+        owner = StateKeeper(StateLog(store, SCOPE, "0"), epoch=1)
+        owner.state["pad"] = "x" * 1000  # changes of one small key do not outweigh it: no compaction meanwhile
+        checkpoints = []
+        for n in range(3):
+            owner.state["k"] = n
+            ref = await owner.prepare(n)
+            owner.committed(ref)
+            checkpoints.append(Checkpoint("memory.local", "hub", "$default", "0", sequence_number=n, offset=str(n),
+                                          state=ref))
+        replica = WarmReplica(StateLog(store, SCOPE, "0"))
+        await replica.follow(checkpoints[0])
+        new_owner = StateKeeper(StateLog(store, SCOPE, "0"), epoch=2)
+        replica.hand_over(new_owner)
+        restored = await new_owner.restore(checkpoints[2])
+        new_owner.state["k"] = 100  # the new owner processes
+        await replica.follow(checkpoints[1])  # the refresh that was in flight completes
+        return restored, new_owner.state["k"], replica.keeper.state["k"]
+
+    restored, value, replicas = run_virtual(scenario())
+    assert restored.warm
+    assert value == 100 and replicas == 1
+
+
+def test_a_warm_replica_whose_changes_were_compacted_away_is_restored_once():
+    """When the changes since a replica's head were compacted away, the new owner
+    restores from the snapshot: once, not twice."""
+    async def scenario():
+        store = InMemoryCheckpointStore(clock=virtual_utc_clock())
+        owner = StateKeeper(StateLog(store, SCOPE, "0"), epoch=1, snapshot_every=2)
+        checkpoints = []
+        for n in range(6):
+            owner.state["k"] = n
+            ref = await owner.prepare(n)
+            owner.committed(ref)
+            await asyncio.sleep(0)  # the background snapshot and compaction
+            checkpoints.append(Checkpoint("memory.local", "hub", "$default", "0", sequence_number=n, offset=str(n),
+                                          state=ref))
+        await owner.close(wait=True)
+        replica = WarmReplica(StateLog(store, SCOPE, "0"))
+        replica.keeper.state["k"], replica.keeper.head = 0, checkpoints[0].state  # a replica left at the start
+        replica.loaded, replica.sequence_number = True, 0
+        new_owner = StateKeeper(StateLog(store, SCOPE, "0"), epoch=2)
+        replica.hand_over(new_owner)
+        reads = store.request_counts["read_entry"]
+        restored = await new_owner.restore(checkpoints[-1])
+        return restored, store.request_counts["read_entry"] - reads, dict(new_owner.state)
+
+    restored, reads, state = run_virtual(scenario())
+    assert state == {"k": 5} and not restored.warm
+    # The changes above the replica's head (only the newest is left: the chain breaks
+    # there), then the snapshot, once (it was read twice).
+    assert restored.entries_read == 1 and reads == 2, (reads, restored.entries_read)

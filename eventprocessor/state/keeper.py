@@ -77,7 +77,8 @@ class StateKeeper:
             applied = await self.catch_up(checkpoint)
             if applied >= 0:  # a warm replica's state, and the few changes since
                 self.restored = Restored(self.state.texts(), self.head, self._head_sequence, applied, warm=True)
-                return self.restored
+            assert self.restored is not None  # catch_up restored fully when the changes were compacted away
+            return self.restored
         head = None if checkpoint is None else checkpoint.state
         if head is None and checkpoint is not None and checkpoint.sequence_number >= 0:
             if await self.log.has_entries():
