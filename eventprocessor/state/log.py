@@ -12,10 +12,10 @@ by the claim's epoch like every checkpoint. So:
 * a commit writes what changed, not the whole state.
 
 From time to time (every ``snapshot_every`` commits, or once the changes since the last
-snapshot outweigh the state) a *snapshot* of the whole state at the head is written in
-the background and the entries before it are deleted, so a restore reads one snapshot and
-a few changes. Every entry is immutable and created only if absent (the store's
-``EntryLog``); one too large for a store entry is split into chunks.
+snapshot outweigh the state and one store entry) a *snapshot* of the whole state at the
+head is written in the background and the entries before it are deleted, so a restore
+reads one snapshot and a few changes. Every entry is immutable and created only if
+absent (the store's ``EntryLog``); one too large for a store entry is split into chunks.
 """
 from __future__ import annotations
 
