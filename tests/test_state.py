@@ -14,8 +14,10 @@ from typing import Dict, List
 import pytest
 
 from eventprocessor import ConfigurationError, EventProcessor, PartitionProcessor
+from eventprocessor.bounded_store import BoundedStore
+from eventprocessor.clock import SystemClock
 from eventprocessor.errors import InvalidCheckpointError
-from eventprocessor.records import Checkpoint, StateRef
+from eventprocessor.records import MAX_ENTRY_BYTES, Checkpoint, StateRef
 from eventprocessor.sources import MemoryEventSource
 from eventprocessor.state import PartitionState, StateKeeper, StateLog, StateUnreadableError
 from eventprocessor.state.replica import WarmReplica
@@ -478,3 +480,27 @@ def test_a_small_state_is_not_snapshotted_at_every_commit():
     counts, restored = run_virtual(scenario())
     assert counts.get("create_entry") == 30 and not counts.get("delete_entry"), counts  # the 30 changes only
     assert restored.texts == {f"k{i}": str(25 + i) for i in range(5)}
+
+
+def test_a_state_of_many_store_entries_is_written_and_read_within_the_store_timeout():
+    """Every store call has its own deadline (store_timeout). A large change or snapshot
+    is many entry-sized chunks: sent all at once to a store that serves one request at a
+    time (Azurite), the last ones waited behind the others past their deadline, so a
+    64 MB state could never be committed or restored with a 6-s expiration. A few at a
+    time, each call's deadline covers its own request."""
+    async def scenario():
+        faulty = FaultyStore(InMemoryCheckpointStore(clock=virtual_utc_clock()))
+        faulty.service = {"create_entry": 0.05, "read_entry": 0.05}  # one worker, 50 ms per chunk
+        store = BoundedStore(faulty, timeout=0.5, clock=SystemClock())
+        keeper = StateKeeper(StateLog(store, SCOPE, "0"), epoch=1)
+        for i in range(16):  # 16 chunks
+            keeper.state[f"big{i}"] = "x" * (MAX_ENTRY_BYTES - 20)
+        ref = await keeper.prepare(0)
+        keeper.committed(ref)
+        await keeper.close(wait=True)
+        restored = await StateKeeper(StateLog(store, SCOPE, "0"), epoch=2).restore(
+            Checkpoint("memory.local", "hub", "$default", "0", sequence_number=0, offset="0", state=ref))
+        return restored, store.timeouts
+
+    restored, timeouts = run_virtual(scenario())
+    assert len(restored.texts) == 16 and not timeouts
