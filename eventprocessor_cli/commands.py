@@ -45,6 +45,7 @@ BENCHMARKS = {
     "e2e": "End to end over AMQP: this SDK vs azure-eventhub's consumer on the Event Hubs emulator.",
     "moves": "Scale-out, scale-in, rolling restart and a crash as OS processes: duplicates, pauses vs azure-eventhub.",
     "scale": "Many processors as OS processes on Azurite, sized from the measured listing cost, vs azure-eventhub.",
+    "state": "Stateful partitions: pause of a planned move at 1, 16, 64 MB of state, warm-up vs naive restore.",
     "soak": "Resident memory of a long-running consumer over millions of events, vs azure-eventhub's consumer.",
 }
 
