@@ -301,6 +301,8 @@ class Taker:
         claims += self._reclaims_after_store_loss(reconciliation, snapshot, held | {c.partition_id for c in claims},
                                                   partition_ids)
         adoptions = [r for r in reconciliation.adopt if r.partition_id not in held]
+        if warmup is not None:
+            warmup.claiming({r.partition_id for r in claims + adoptions})
         won, failed, claim_error = await self._take(claims, adoptions)
         adopted = {r.partition_id for r in adoptions}
         claimed = frozenset(won) - adopted

@@ -60,6 +60,13 @@ class Warmup:
             self._wake.set()
         self._wanted = wanted
 
+    def claiming(self, partition_ids: Iterable[str]) -> None:
+        """Partitions this processor claims or adopts now (a handoff answered, a
+        failover): their replicas are kept until the claim takes them, however long
+        the claim and its fence take. (``want`` and ``plan`` no longer list them: they
+        are neither asked for nor someone else's.)"""
+        self._wanted |= set(partition_ids) & set(self._replicas)
+
     def plan(self, listing: OwnershipListing, members: Optional[Mapping[str, Mapping[str, str]]],
              owned: Iterable[str]) -> Dict[str, str]:
         """One tick: the standbys this processor keeps, and who should claim each

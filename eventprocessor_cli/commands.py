@@ -47,6 +47,7 @@ BENCHMARKS = {
     "scale": "Many processors as OS processes on Azurite, sized from the measured listing cost, vs azure-eventhub.",
     "load": "One hot partition, then a slowed process, as capped OS processes: balancing by count vs by load vs "
             "azure-eventhub.",
+    "state": "Stateful partitions: pause of a planned move at 1, 16, 64 MB of state, warm-up vs naive restore.",
     "soak": "Resident memory of a long-running consumer over millions of events, vs azure-eventhub's consumer.",
 }
 

@@ -159,11 +159,42 @@ def test_load_quick_run_measures_a_side_from_its_processes_and_never_records(res
     assert not results_file.exists()
     refused = bench("load", "--quick", "--record", results_path=results_file)
     assert refused.returncode == 2 and "never recorded" in refused.stderr
+
+
+@pytest.mark.azurite
+@pytest.mark.eventhubs
+@pytest.mark.slow
+def test_state_quick_run_moves_a_partition_on_both_sides_with_exact_counts_and_records_its_command(results_file):
+    """A smoke run at 50 kB of state, one round: the program starts its own emulator and
+    Azurite, moves one partition per side and checks the counts against the hub's events
+    itself. Pauses are not asserted (they are the benchmark's to record); what each side
+    restored is: the warm-up side from its replica, the naive side by reading its blob."""
+    out = bench("state", "--sizes", "0.05", "--rounds", "1", "--record", results_path=results_file, timeout=400)
+    assert out.returncode == 0, out.stderr
+    rows = {cells[1]: cells for cells in ([cell.strip() for cell in line.strip().strip("|").split("|")]
+                                          for line in out.stdout.splitlines() if line.startswith("| 0.05 MB |"))}
+    assert set(rows) == {"warm-up (`stateful=True`)", "naive (one blob, restored at the claim)"}, out.stdout
+    warm, naive = rows["warm-up (`stateful=True`)"], rows["naive (one blob, restored at the claim)"]
+    assert warm[5] == "yes" and naive[5] == "no"  # b restored warm
+    assert int(naive[6].replace(",", "")) > 50_000  # the naive new owner read its whole blob at the claim
+    for cells in rows.values():
+        assert cells[9:12] == ["0", "0", "yes"], cells  # duplicates, lost, counts exact
+    assert "Counts that differ" not in out.stdout
+    text = results_file.read_text()
+    assert "Command: `python -m benchmarks.state --sizes 0.05 --rounds 1 --record`" in text
+    assert "<!-- BEGIN state -->" in text
+
+
+def test_state_refuses_a_size_of_nothing_before_it_starts_anything(results_file):
+    out = bench("state", "--sizes", "0", results_path=results_file, timeout=120)
+    assert out.returncode == 2
+    assert "every --sizes value above 0 MB" in out.stderr
     assert not results_file.exists()
 
 
 @pytest.mark.parametrize("module", ["convergence", "throughput", "store_bench", "spark_sink", "scale", "moves",
-                                    "faults", "decode", "e2e", "load"])
+                                    "faults", "decode", "e2e", "load", "state"])
+                                    "faults", "decode", "state"])
 def test_every_benchmark_has_the_same_record_and_debug_flags(module):
     command = module.replace("_", "-")
     out = subprocess.run([sys.executable, "-m", "eventprocessor_cli", "bench", command, "--help"], cwd=ROOT,

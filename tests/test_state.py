@@ -14,10 +14,13 @@ from typing import Dict, List
 import pytest
 
 from eventprocessor import ConfigurationError, EventProcessor, PartitionProcessor
+from eventprocessor.bounded_store import BoundedStore
+from eventprocessor.clock import SystemClock
 from eventprocessor.errors import InvalidCheckpointError
-from eventprocessor.records import StateRef
+from eventprocessor.records import MAX_ENTRY_BYTES, Checkpoint, StateRef
 from eventprocessor.sources import MemoryEventSource
 from eventprocessor.state import PartitionState, StateKeeper, StateLog, StateUnreadableError
+from eventprocessor.state.replica import WarmReplica
 from eventprocessor.testing import FaultyStore, run_virtual, virtual_utc_clock
 from stores import InMemoryCheckpointStore
 
@@ -362,3 +365,142 @@ async def _produce(source: MemoryEventSource, partitions: int, *, rate: float) -
         await source.send(f"k{i % 5}:{i}", partition_id=str(i % partitions))
         i += 1
         await asyncio.sleep(1 / rate)
+
+
+def test_a_replica_is_handed_over_even_when_the_claim_outlasts_a_refresh():
+    """The replica of a partition being claimed must survive until the claim takes it:
+    a store slow to answer claims and fences (longer than the replicas' refresh, half an
+    interval) once let the refresh drop it first, and the new owner restored cold."""
+    restores: Dict[str, object] = {}
+
+    class Recording(counting()):  # type: ignore[misc]
+        async def initialize(self, context):
+            restores[f"{context.owner_id}/{context.partition_id}"] = context.state_restored
+
+    async def scenario():
+        source = MemoryEventSource(4, clock=virtual_utc_clock())
+        store = FaultyStore(InMemoryCheckpointStore(clock=virtual_utc_clock()))
+        store.latency, store.only = 0.4, {"claim_ownership", "fence_checkpoint"}  # > interval / 2
+        a = EventProcessor(source, store, Recording, owner_id="a", stateful=True, **FAST)
+        await a.start()
+        producing = asyncio.ensure_future(_produce(source, 4, rate=20))
+        await until(lambda: len(a.owned_partitions) == 4)
+        await asyncio.sleep(3)
+        b = EventProcessor(source, store, Recording, owner_id="b", stateful=True, **FAST)
+        await b.start()
+        await until(lambda: len(b.owned_partitions) == 2, what="two partitions moved")
+        await asyncio.sleep(2)
+        producing.cancel()
+        await asyncio.sleep(1)
+        await a.stop()
+        await b.stop()
+        return await final_state(store, 4), expected(source, 4)
+
+    restored, wanted = run_virtual(scenario())
+    moved = {key: info for key, info in restores.items() if key.startswith("b/")}
+    assert len(moved) == 2 and all(info.warm for info in moved.values()), moved
+    assert restored == wanted
+
+
+def test_a_replica_handed_over_no_longer_changes_the_new_owners_state():
+    """A refresh of the replica still in flight when the claim takes it (it started
+    before) must not write into the state the new owner now processes with."""
+    async def scenario():
+        store = InMemoryCheckpointStore(clock=virtual_utc_clock())
+        owner = StateKeeper(StateLog(store, SCOPE, "0"), epoch=1)
+        owner.state["pad"] = "x" * 1000  # changes of one small key do not outweigh it: no compaction meanwhile
+        checkpoints = []
+        for n in range(3):
+            owner.state["k"] = n
+            ref = await owner.prepare(n)
+            owner.committed(ref)
+            checkpoints.append(Checkpoint("memory.local", "hub", "$default", "0", sequence_number=n, offset=str(n),
+                                          state=ref))
+        replica = WarmReplica(StateLog(store, SCOPE, "0"))
+        await replica.follow(checkpoints[0])
+        new_owner = StateKeeper(StateLog(store, SCOPE, "0"), epoch=2)
+        replica.hand_over(new_owner)
+        restored = await new_owner.restore(checkpoints[2])
+        new_owner.state["k"] = 100  # the new owner processes
+        await replica.follow(checkpoints[1])  # the refresh that was in flight completes
+        return restored, new_owner.state["k"], replica.keeper.state["k"]
+
+    restored, value, replicas = run_virtual(scenario())
+    assert restored.warm
+    assert value == 100 and replicas == 1
+
+
+def test_a_warm_replica_whose_changes_were_compacted_away_is_restored_once():
+    """When the changes since a replica's head were compacted away, the new owner
+    restores from the snapshot: once, not twice."""
+    async def scenario():
+        store = InMemoryCheckpointStore(clock=virtual_utc_clock())
+        owner = StateKeeper(StateLog(store, SCOPE, "0"), epoch=1, snapshot_every=2)
+        checkpoints = []
+        for n in range(6):
+            owner.state["k"] = n
+            ref = await owner.prepare(n)
+            owner.committed(ref)
+            await asyncio.sleep(0)  # the background snapshot and compaction
+            checkpoints.append(Checkpoint("memory.local", "hub", "$default", "0", sequence_number=n, offset=str(n),
+                                          state=ref))
+        await owner.close(wait=True)
+        replica = WarmReplica(StateLog(store, SCOPE, "0"))
+        replica.keeper.state["k"], replica.keeper.head = 0, checkpoints[0].state  # a replica left at the start
+        replica.loaded, replica.sequence_number = True, 0
+        new_owner = StateKeeper(StateLog(store, SCOPE, "0"), epoch=2)
+        replica.hand_over(new_owner)
+        reads = store.request_counts["read_entry"]
+        restored = await new_owner.restore(checkpoints[-1])
+        return restored, store.request_counts["read_entry"] - reads, dict(new_owner.state)
+
+    restored, reads, state = run_virtual(scenario())
+    assert state == {"k": 5} and not restored.warm
+    # The changes above the replica's head (only the newest is left: the chain breaks
+    # there), then the snapshot, once (it was read twice).
+    assert restored.entries_read == 1 and reads == 2, (reads, restored.entries_read)
+
+
+def test_a_small_state_is_not_snapshotted_at_every_commit():
+    """The changes of a small counter outweigh it at once; a snapshot (and a listing and
+    deletes) at every commit tripled what a commit costs, and compacted away the changes
+    a warm replica a commit behind needed. Up to one store entry of changes waits for the
+    commit count."""
+    async def scenario():
+        store = InMemoryCheckpointStore(clock=virtual_utc_clock())
+        keeper = StateKeeper(StateLog(store, SCOPE, "0"), epoch=1)
+        for n in range(30):
+            keeper.state[f"k{n % 5}"] = n
+            ref = await keeper.prepare(n)
+            keeper.committed(ref)
+            await asyncio.sleep(0)
+        await keeper.close(wait=True)
+        return dict(store.request_counts), await keeper.log.restore(keeper.head)
+
+    counts, restored = run_virtual(scenario())
+    assert counts.get("create_entry") == 30 and not counts.get("delete_entry"), counts  # the 30 changes only
+    assert restored.texts == {f"k{i}": str(25 + i) for i in range(5)}
+
+
+def test_a_state_of_many_store_entries_is_written_and_read_within_the_store_timeout():
+    """Every store call has its own deadline (store_timeout). A large change or snapshot
+    is many entry-sized chunks: sent all at once to a store that serves one request at a
+    time (Azurite), the last ones waited behind the others past their deadline, so a
+    64 MB state could never be committed or restored with a 6-s expiration. A few at a
+    time, each call's deadline covers its own request."""
+    async def scenario():
+        faulty = FaultyStore(InMemoryCheckpointStore(clock=virtual_utc_clock()))
+        faulty.service = {"create_entry": 0.05, "read_entry": 0.05}  # one worker, 50 ms per chunk
+        store = BoundedStore(faulty, timeout=0.5, clock=SystemClock())
+        keeper = StateKeeper(StateLog(store, SCOPE, "0"), epoch=1)
+        for i in range(16):  # 16 chunks
+            keeper.state[f"big{i}"] = "x" * (MAX_ENTRY_BYTES - 20)
+        ref = await keeper.prepare(0)
+        keeper.committed(ref)
+        await keeper.close(wait=True)
+        restored = await StateKeeper(StateLog(store, SCOPE, "0"), epoch=2).restore(
+            Checkpoint("memory.local", "hub", "$default", "0", sequence_number=0, offset="0", state=ref))
+        return restored, store.timeouts
+
+    restored, timeouts = run_virtual(scenario())
+    assert len(restored.texts) == 16 and not timeouts

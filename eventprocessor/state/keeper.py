@@ -9,8 +9,9 @@
 * **batches**: the pump brackets each delivery, so a batch whose handler raises is rolled
   back before it is delivered again;
 * **snapshots**: every ``snapshot_every`` commits, or once the changes since the last
-  snapshot outweigh the state, a snapshot is written by a task of the keeper's own and
-  older entries are deleted; :meth:`close` waits for it (or cancels it).
+  snapshot outweigh the state and one store entry, a snapshot is written by a task of
+  the keeper's own and older entries are deleted; :meth:`close` waits for it (or
+  cancels it).
 """
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ import logging
 from typing import Dict, Optional
 
 from ..errors import OwnershipLostError
-from ..records import Checkpoint, StateRef
+from ..records import MAX_ENTRY_BYTES, Checkpoint, StateRef
 from .log import Restored, StateLog, StateUnreadableError
 from .mapping import PartitionState, encode
 
@@ -77,7 +78,8 @@ class StateKeeper:
             applied = await self.catch_up(checkpoint)
             if applied >= 0:  # a warm replica's state, and the few changes since
                 self.restored = Restored(self.state.texts(), self.head, self._head_sequence, applied, warm=True)
-                return self.restored
+            assert self.restored is not None  # catch_up restored fully when the changes were compacted away
+            return self.restored
         head = None if checkpoint is None else checkpoint.state
         if head is None and checkpoint is not None and checkpoint.sequence_number >= 0:
             if await self.log.has_entries():
@@ -165,8 +167,12 @@ class StateKeeper:
             return
         if self.head is None or self.state.changed:
             return
-        state_bytes = max(1, sum(len(text) for text in self.state.texts().values()))
-        if self._since_snapshot < self.snapshot_every and self._bytes_since_snapshot < state_bytes:
+        # Changes that outweigh the state make restores read more than a snapshot would,
+        # but up to one store entry of them costs a restore little, while a snapshot at
+        # every commit of a small state tripled a commit's requests.
+        state_bytes = sum(len(text) for text in self.state.texts().values())
+        if self._since_snapshot < self.snapshot_every and self._bytes_since_snapshot < max(state_bytes,
+                                                                                          MAX_ENTRY_BYTES):
             return
         head, texts, sequence = self.head, self.state.texts(), self._head_sequence
         self._since_snapshot, self._bytes_since_snapshot = 0, 0

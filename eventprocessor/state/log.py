@@ -12,19 +12,20 @@ by the claim's epoch like every checkpoint. So:
 * a commit writes what changed, not the whole state.
 
 From time to time (every ``snapshot_every`` commits, or once the changes since the last
-snapshot outweigh the state) a *snapshot* of the whole state at the head is written in
-the background and the entries before it are deleted, so a restore reads one snapshot and
-a few changes. Every entry is immutable and created only if absent (the store's
-``EntryLog``); one too large for a store entry is split into chunks.
+snapshot outweigh the state and one store entry) a *snapshot* of the whole state at the
+head is written in the background and the entries before it are deleted, so a restore
+reads one snapshot and a few changes. Every entry is immutable and created only if
+absent (the store's ``EntryLog``); one too large for a store entry is split into chunks.
 """
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 import re
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Tuple
+from typing import Awaitable, Callable, Dict, List, Optional, Sequence, Tuple, TypeVar
 
 from ..checkpoint_store import EntryLog
 from ..errors import CheckpointStoreError
@@ -38,7 +39,27 @@ logger = logging.getLogger(__name__)
 CHANGE = "c"
 SNAPSHOT = "s"
 _NAME = re.compile(r"^([cs])(\d{12})\.(\d+)\.(\d+)\.(\d+)$")
-_READS_AT_ONCE = 16
+IN_FLIGHT = 8
+"""Store calls one state log keeps in flight (chunks written or read, entries deleted).
+Every call has its own deadline (``store_timeout``): sent all at once to a store that
+serves one request at a time (Azurite), the chunks of a large state queued behind each
+other past it, and a 64 MB state could be neither committed nor restored with a 6-s
+expiration (0.5-s calls). A few at a time, each deadline covers its own request."""
+
+_T = TypeVar("_T")
+
+
+async def _at_most(limit: int, calls: Sequence[Callable[[], Awaitable[_T]]]) -> List[_T]:
+    """Run ``calls`` with at most ``limit`` in flight; their results, in order."""
+    if len(calls) <= limit:
+        return list(await asyncio.gather(*(call() for call in calls)))
+    gate = asyncio.Semaphore(limit)
+
+    async def one(call: Callable[[], Awaitable[_T]]) -> _T:
+        async with gate:
+            return await call()
+
+    return list(await asyncio.gather(*(one(call) for call in calls)))
 
 
 class StateUnreadableError(CheckpointStoreError):
@@ -121,8 +142,9 @@ class StateLog:
     async def _create(self, kind: str, ref: StateRef, data: bytes) -> None:
         chunks = _chunks(data)
         names = [_name(kind, ref, i, len(chunks)) for i in range(len(chunks))]
-        created = await asyncio.gather(*(self._store.create_entry(*self._scope, self.log_name, name, chunk)
-                                         for name, chunk in zip(names, chunks)))
+        created = await _at_most(IN_FLIGHT, [
+            functools.partial(self._store.create_entry, *self._scope, self.log_name, name, chunk)
+            for name, chunk in zip(names, chunks)])
         for name, chunk, was_created in zip(names, chunks, created):
             if not was_created and await self._store.read_entry(*self._scope, self.log_name, name) != chunk:
                 raise CheckpointStoreError(f"state entry {name} of partition {self.partition_id} exists with other "
@@ -134,9 +156,8 @@ class StateLog:
         listing = await self._list()
         doomed = [name for (kind, version, epoch), count in listing.totals.items() if version < keep.version
                   for name in (_name(kind, StateRef(version, epoch), i, count) for i in range(count))]
-        for first in range(0, len(doomed), _READS_AT_ONCE):
-            await asyncio.gather(*(self._store.delete_entry(*self._scope, self.log_name, name)
-                                   for name in doomed[first:first + _READS_AT_ONCE]))
+        await _at_most(IN_FLIGHT, [functools.partial(self._store.delete_entry, *self._scope, self.log_name, name)
+                                   for name in doomed])
         return len(doomed)
 
     # ----------------------------------------------------------------- reading
@@ -158,17 +179,31 @@ class StateLog:
         return listing
 
     async def _read(self, kind: str, key: Tuple[int, int], count: int) -> Tuple[dict, int]:
-        ref = StateRef(*key)
-        parts = await asyncio.gather(*(self._store.read_entry(*self._scope, self.log_name, _name(kind, ref, i, count))
-                                       for i in range(count)))
-        if any(part is None for part in parts):
-            raise StateUnreadableError(f"state entry {kind}{ref} of partition {self.partition_id} is missing a chunk")
-        data = b"".join(part for part in parts if part is not None)
-        try:
-            return json.loads(data.decode("utf-8")), len(data)
-        except (UnicodeDecodeError, ValueError) as error:
-            raise StateUnreadableError(f"state entry {kind}{ref} of partition {self.partition_id} is corrupt: "
-                                       f"{error}") from None
+        return (await self._read_entries(kind, [(key, count)]))[0]
+
+    async def _read_entries(self, kind: str, entries: List[Tuple[Tuple[int, int], int]]) -> List[Tuple[dict, int]]:
+        """Read whole entries (every chunk, :data:`IN_FLIGHT` at a time): each one's
+        document and size, in order."""
+        names = [(index, _name(kind, StateRef(*key), i, count))
+                 for index, (key, count) in enumerate(entries) for i in range(count)]
+        parts = await _at_most(IN_FLIGHT, [functools.partial(self._store.read_entry, *self._scope, self.log_name, name)
+                                           for _index, name in names])
+        chunks: List[List[Optional[bytes]]] = [[] for _entry in entries]
+        for (index, _name_), part in zip(names, parts):
+            chunks[index].append(part)
+        results = []
+        for (key, _count), found in zip(entries, chunks):
+            ref = StateRef(*key)
+            if any(part is None for part in found):
+                raise StateUnreadableError(f"state entry {kind}{ref} of partition {self.partition_id} is missing a "
+                                           "chunk")
+            data = b"".join(part for part in found if part is not None)
+            try:
+                results.append((json.loads(data.decode("utf-8")), len(data)))
+            except (UnicodeDecodeError, ValueError) as error:
+                raise StateUnreadableError(f"state entry {kind}{ref} of partition {self.partition_id} is corrupt: "
+                                           f"{error}") from None
+        return results
 
     async def restore(self, head: Optional[StateRef], *, attempts: int = 3) -> Restored:
         """The state at ``head`` (``None``: empty). Retries from a fresh listing when a
@@ -220,12 +255,8 @@ class StateLog:
         (changes of commits that never happened included: they are simply not followed)."""
         keys = [key for key, present in listing.changes.items()
                 if above < key[0] <= up_to and present == listing.totals[(CHANGE, *key)]]
-        docs: Dict[Tuple[int, int], Tuple[dict, int]] = {}
-        for first in range(0, len(keys), _READS_AT_ONCE):
-            batch = keys[first:first + _READS_AT_ONCE]
-            results = await asyncio.gather(*(self._read(CHANGE, key, listing.totals[(CHANGE, *key)]) for key in batch))
-            docs.update(zip(batch, results))
-        return docs
+        results = await self._read_entries(CHANGE, [(key, listing.totals[(CHANGE, *key)]) for key in keys])
+        return dict(zip(keys, results))
 
     async def changes_between(self, older: Optional[StateRef], head: StateRef) -> Optional[List[dict]]:
         """The changes from just after ``older`` up to ``head``, oldest first (each a

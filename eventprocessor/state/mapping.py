@@ -150,6 +150,14 @@ class PartitionState(MutableMapping[str, Any]):
             if self._dirty.get(key, _MISSING) == text:
                 del self._dirty[key]
 
+    def copy(self) -> "PartitionState":
+        """A committed copy (no pending changes, no batch): a warm replica hands this to
+        the claim that takes its partition, and keeps following on its own. Shallow: a
+        value is never changed in place (lists and dicts are copied on read)."""
+        clone = PartitionState(max_value_bytes=self._max_value_bytes)
+        clone._values, clone._text = dict(self._values), dict(self._text)
+        return clone
+
     def texts(self) -> Dict[str, str]:
         """Every key's JSON text (for a snapshot)."""
         return dict(self._text)

@@ -114,5 +114,7 @@ class WarmReplica:
         return max(0, checkpoint.sequence_number - (self.sequence_number if self.sequence_number is not None else -1))
 
     def hand_over(self, keeper: StateKeeper) -> None:
-        """Give the replica's state to the claim that takes the partition."""
-        keeper.adopt(self.keeper.state, self.keeper.head, self.sequence_number)
+        """Give the replica's state to the claim that takes the partition: a copy, so a
+        refresh of the replica still in flight (it started before the claim) cannot
+        write into the state the new owner processes with."""
+        keeper.adopt(self.keeper.state.copy(), self.keeper.head, self.sequence_number)

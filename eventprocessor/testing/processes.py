@@ -33,6 +33,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import random
 import signal
 import statistics
 import sys
@@ -46,7 +47,8 @@ from .worker import HUB_ENV, STORAGE_ENV
 
 __all__ = ["WorkerHandle", "spawn_worker", "create_container", "Group", "Outcome", "SCENARIOS", "CLAIM_BOUND",
            "TAKEOVER_BOUND", "EXPIRY", "INTERVAL", "CHECKPOINT_EVERY", "WORK", "PERIOD", "BATCH", "fair_shares",
-           "scale_2_4_2", "rolling_restart", "standby_takeover"]
+           "scale_2_4_2", "rolling_restart", "standby_takeover", "Failover", "stateful_failover", "hub_bodies",
+           "stored_states", "standby_replicas", "count_mismatches"]
 
 
 class WorkerHandle:
@@ -79,6 +81,8 @@ class WorkerHandle:
         self.batches: List[tuple] = []  # (wall time, partition, first, last)
         self.first: Optional[Dict[str, Any]] = None
         self.done: Optional[Dict[str, Any]] = None
+        self.restores: List[Dict[str, Any]] = []  # --stateful, --naive: each claim's restored state, in order
+        self.checkpoints: List[tuple] = []  # --stateful, --naive: (wall time, partition, sequence number, ms)
         self.lines: List[str] = []
         self.reader: Optional["asyncio.Task[None]"] = None
 
@@ -123,6 +127,10 @@ class WorkerHandle:
                 self.ownership.append((record["t"], record["owned"]))
             elif kind == "ownership":
                 self.changes.append((record["t"], record["p"], record["reason"], record["epoch"]))
+            elif kind == "restored":
+                self.restores.append(record)
+            elif kind == "checkpoint":
+                self.checkpoints.append((record["t"], record["p"], record["seq"], record["ms"]))
             elif kind == "started":
                 self.started = record
             elif kind == "first":
@@ -259,6 +267,7 @@ class Outcome:
     steady_gap: float = 0.0
     seconds: float = 0.0
     settle: List[float] = field(default_factory=list)  # seconds to settle after each step
+    failovers: List["Failover"] = field(default_factory=list)  # stateful_failover: each partition of the victim
     takeover: Optional[float] = None  # standby: SIGKILL to the partition's first batch elsewhere
     claimed: Optional[float] = None  # standby: SIGKILL to the claim (ours reports its claims)
     taker_was_standby: Optional[bool] = None
@@ -273,6 +282,10 @@ class Outcome:
             parts.append(f"SIGKILL: {'a standby' if self.taker_was_standby else 'NOT a standby'} {claim}delivered "
                          f"after {self.takeover:.2f}s (bounds {CLAIM_BOUND:.1f}s and {TAKEOVER_BOUND:.1f}s); shares "
                          f"after {self.shares_after}")
+        for failover in self.failovers:
+            parts.append(f"partition {failover.partition}: standbys {failover.standbys}, taken by {failover.taker} "
+                         f"({'warm' if failover.warm else 'NOT warm'}), claimed after {failover.claimed}s, "
+                         f"restored after {failover.restored}s, delivered after {failover.takeover}s")
         if self.changes:
             changes = ", ".join(f"{reason} {n}" for reason, n in sorted(self.changes.items()))
             parts.append(f"ownership changes {changes}")
@@ -281,6 +294,19 @@ class Outcome:
         parts.append(f"paused per partition (s, all moves) {_fmt(self.total)}; longest single pause "
                      f"{_fmt(self.longest)}; steady gap between batches {self.steady_gap:.2f}s; {self.seconds:.0f}s")
         return "; ".join(parts)
+
+
+@dataclass
+class Failover:
+    """One partition of a SIGKILLed stateful owner (:func:`stateful_failover`)."""
+
+    partition: str
+    standbys: List[str]  # the live processes that published a caught-up replica of it before the kill
+    taker: Optional[str] = None  # the process that delivered it first after the kill
+    claimed: Optional[float] = None  # seconds from the SIGKILL to the taker's claim
+    restored: Optional[float] = None  # seconds from the SIGKILL to the taker's restored state (its initialize)
+    takeover: Optional[float] = None  # seconds from the SIGKILL to the taker's first batch
+    warm: Optional[bool] = None  # the taker restored it from its warm replica
 
 
 def _fmt(values: Dict[str, float]) -> str:
@@ -294,10 +320,14 @@ class Group:
 
     ``impl`` is ``"ours"`` or ``"official"``; ``checkpoint_on_close`` (official only)
     makes its workers also checkpoint in ``on_partition_close``, as a careful user of the
-    official client would. :attr:`label` names the side in results."""
+    official client would. :attr:`label` names the side in results. ``keys`` and
+    ``worker_options`` make a stateful group: events with keys, workers that count them
+    (``worker_options=["--stateful"]``); :func:`stored_states` and :func:`hub_bodies`
+    then say what the store holds and what the hub holds."""
 
     def __init__(self, *, impl: str, hub: str, partitions: int, hub_connection_string: str,
-                 storage_connection_string: str, log_dir: str, checkpoint_on_close: bool = False) -> None:
+                 storage_connection_string: str, log_dir: str, checkpoint_on_close: bool = False,
+                 keys: int = 0, worker_options: Optional[List[str]] = None) -> None:
         if impl not in ("ours", "official"):
             raise ValueError(f"impl must be 'ours' or 'official', not {impl!r}")
         if checkpoint_on_close and impl != "official":
@@ -305,6 +335,11 @@ class Group:
                              "by itself)")
         self.impl = impl
         self.checkpoint_on_close = checkpoint_on_close
+        self.keys = keys
+        """Events carry one of this many keys as their body (``k0``, ``k1``, ...; drawn at
+        random); 0: every body is ``e``. Stateful workers count per key."""
+        self.worker_options = list(worker_options or [])
+        """More options for every worker (``--stateful``, ``--standbys 1``, ...)."""
         self.hub = hub
         self.partitions = partitions
         self.hub_connection_string = hub_connection_string
@@ -341,6 +376,7 @@ class Group:
                    "--work", str(WORK), "--log-level", "INFO"]
         if self.checkpoint_on_close:
             options.append("--checkpoint-on-close")
+        options += self.worker_options
         worker = await spawn_worker(owner_id, hub=self.hub, container=self.container,
                                     hub_connection_string=self.hub_connection_string,
                                     storage_connection_string=self.storage_connection_string, log_dir=self.log_dir,
@@ -406,10 +442,15 @@ class Group:
         from azure.eventhub.aio import EventHubProducerClient
 
         producer = EventHubProducerClient.from_connection_string(self.hub_connection_string, eventhub_name=self.hub)
+        rng = random.Random(self.hub)
+
+        def body() -> bytes:
+            return f"k{rng.randrange(self.keys)}".encode() if self.keys else b"e"
+
         async with producer:
             rounds, started = 0, time.monotonic()
             while not self._stop.is_set():
-                await asyncio.gather(*(producer.send_batch([EventData(b"e") for _ in range(BATCH)],
+                await asyncio.gather(*(producer.send_batch([EventData(body()) for _ in range(BATCH)],
                                                            partition_id=pid) for pid in sorted(self.all_partitions)))
                 self.sent += BATCH * self.partitions
                 rounds += 1
@@ -574,3 +615,174 @@ SCENARIOS: Dict[str, Tuple[int, Scenario]] = {
     "standby": (4, standby_takeover),
 }
 """Scenario name -> (partitions of its hub, the scenario)."""
+
+
+# ---------------------------------------------------------------------------- stateful groups
+
+def _scope(group: Group) -> Tuple[str, str, str]:
+    started = next((w.started for w in group.workers if w.started), None)
+    if started is None:
+        raise RuntimeError(f"{group.label}: no worker said where it reads (no 'started' line)")
+    return started["namespace"], started["eventhub"], "$default"
+
+
+async def hub_bodies(connection_string: str, hub: str, *, consumer_group: str = "$default",
+                     timeout: float = 60.0) -> Dict[str, List[str]]:
+    """Every event the hub holds, read back with azure-eventhub's consumer: partition ->
+    the bodies as text, indexed by sequence number. Read it once the workers stopped (a
+    receiver without an owner level is refused beside theirs on one consumer group)."""
+    from azure.eventhub.aio import EventHubConsumerClient
+
+    client = EventHubConsumerClient.from_connection_string(connection_string, consumer_group=consumer_group,
+                                                           eventhub_name=hub)
+    async with client:
+        ends = {pid: (await client.get_partition_properties(pid))["last_enqueued_sequence_number"]
+                for pid in await client.get_partition_ids()}
+        received: Dict[str, Dict[int, str]] = {pid: {} for pid in ends}
+        complete = asyncio.Event()
+
+        async def on_batch(context: Any, events: List[Any]) -> None:
+            for event in events:
+                received[context.partition_id][event.sequence_number] = event.body_as_str()
+            if all(len(received[pid]) >= end + 1 for pid, end in ends.items()):
+                complete.set()
+
+        if all(end < 0 for end in ends.values()):
+            complete.set()
+        task = asyncio.create_task(client.receive_batch(on_batch, starting_position="-1", max_batch_size=300))
+        try:
+            await asyncio.wait_for(complete.wait(), timeout)
+        finally:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+    bodies: Dict[str, List[str]] = {}
+    for pid, end in ends.items():
+        if sorted(received[pid]) != list(range(end + 1)):
+            raise RuntimeError(f"partition {pid} of hub {hub}: read back sequence numbers other than 0..{end}")
+        bodies[pid] = [received[pid][n] for n in range(end + 1)]
+    return bodies
+
+
+async def stored_states(group: Group) -> Dict[str, Tuple[int, Dict[str, Any]]]:
+    """What a new owner of each partition would restore now, read from the group's
+    Blob container with this SDK's own restore (``StateKeeper.restore``): partition ->
+    (the checkpoint's sequence number, -1 without one; the per-key counts, padding left
+    out)."""
+    from stores.blob import BlobCheckpointStore
+
+    from ..state import StateKeeper, StateLog
+    from .worker import PAD_PREFIX
+
+    scope = _scope(group)
+    states: Dict[str, Tuple[int, Dict[str, Any]]] = {}
+    async with BlobCheckpointStore.from_connection_string(group.storage_connection_string, group.container) as store:
+        checkpoints = {c.partition_id: c for c in await store.list_checkpoints(*scope)}
+        for pid in sorted(group.all_partitions, key=int):
+            checkpoint = checkpoints.get(pid)
+            keeper = StateKeeper(StateLog(store, scope, pid), epoch=0)
+            await keeper.restore(checkpoint)
+            states[pid] = (checkpoint.sequence_number if checkpoint is not None else -1,
+                           {k: v for k, v in keeper.state.items() if not k.startswith(PAD_PREFIX)})
+    return states
+
+
+async def standby_replicas(group: Group, acceptable_recovery_lag: int = 10_000) -> Dict[str, Set[str]]:
+    """Partition -> the processes whose member record publishes a replica of it within
+    ``acceptable_recovery_lag`` events (what failover chooses from)."""
+    from stores.blob import BlobCheckpointStore
+
+    from ..state.replica import LAGS_PROPERTY, decode_lags
+
+    async with BlobCheckpointStore.from_connection_string(group.storage_connection_string, group.container) as store:
+        listing = await store.list_members(*_scope(group))
+    replicas: Dict[str, Set[str]] = {}
+    for member in listing.members:
+        for pid, lag in decode_lags(member.properties.get(LAGS_PROPERTY)).items():
+            if lag <= acceptable_recovery_lag:
+                replicas.setdefault(pid, set()).add(member.owner_id)
+    return replicas
+
+
+def count_mismatches(group: Group, bodies: Dict[str, List[str]],
+                     states: Optional[Dict[str, Tuple[int, Dict[str, Any]]]] = None) -> List[str]:
+    """Where a per-key count differs from the events the hub holds: every state a claim
+    restored (it must equal the count of the events up to the checkpoint it resumed
+    from) and, given ``states``, the state in the store at the end (its checkpoint must
+    be at the last event, its counts those of the whole partition). Empty: exact."""
+    problems = []
+    for worker in group.workers:
+        for restored in worker.restores:
+            pid, seq = restored["p"], restored["seq"]
+            expected = dict(Counter(bodies[pid][:seq + 1]))
+            if restored["counts"] != expected:
+                problems.append(f"{worker.owner_id} restored partition {pid} at sequence number {seq} with counts "
+                                f"{restored['counts']}, the hub's events up to it say {expected}")
+    for pid, (seq, counts) in sorted((states or {}).items()):
+        if seq != len(bodies[pid]) - 1:
+            problems.append(f"partition {pid}: the last checkpoint is at sequence number {seq}, the hub holds "
+                            f"{len(bodies[pid])} events")
+        expected = dict(Counter(bodies[pid][:seq + 1]))
+        if counts != expected:
+            problems.append(f"partition {pid}: the stored state counts {counts}, the hub's events up to its "
+                            f"checkpoint say {expected}")
+    return problems
+
+
+async def stateful_failover(group: Group, processes: int = 3) -> Outcome:
+    """Stateful processes with standbys (the group's ``worker_options`` say
+    ``--stateful --standbys N``); once every partition has a caught-up standby, the owner
+    of the most partitions is SIGKILLed and each of its partitions must go to one of
+    its standbys, restored from the warm replica."""
+    started = time.monotonic()
+    outcome = Outcome(f"{processes} stateful processes with standbys, SIGKILL of an owner", group.label,
+                      group.partitions)
+    workers = [await group.spawn(f"{group.impl}-stateful-{i}") for i in range(processes)]
+    await group.start(workers)
+    replicas: Dict[str, Set[str]] = {}
+    deadline = time.monotonic() + SETTLE_TIMEOUT
+    while True:  # every partition has a caught-up standby that does not own it
+        shares = group.shares(workers)
+        owners = {pid: w.owner_id for w in workers for pid in w.owned}
+        replicas = await standby_replicas(group)
+        if shares is not None and all(replicas.get(pid, set()) - {owner} for pid, owner in owners.items()) \
+                and len(owners) == group.partitions:
+            break
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{group.label}: no caught-up standby of every partition within {SETTLE_TIMEOUT:.0f}s: "
+                               f"{replicas}\n" + "\n".join(w.diagnostics() for w in workers))
+        await asyncio.sleep(0.5)
+    await asyncio.sleep(2.0)  # a few checkpoints more, which the standbys follow
+    victim = max(workers, key=lambda w: (len(w.owned), w.owner_id))
+    partitions = list(victim.owned)
+    replicas = await standby_replicas(group)
+    outcome.failovers = [Failover(pid, sorted(replicas.get(pid, set()) - {victim.owner_id})) for pid in partitions]
+    victim.kill()
+    killed_at = time.time()
+    await victim.process.wait()
+    survivors = [w for w in workers if w is not victim]
+
+    def first_batch(pid: str) -> Optional[Tuple[float, WorkerHandle]]:
+        return min(((t, w) for w in survivors for (t, p, _f, _l) in w.batches if p == pid and t > killed_at),
+                   key=lambda tw: tw[0], default=None)
+
+    await group.until(lambda: all(first_batch(pid) is not None for pid in partitions),
+                      f"partitions {partitions} resumed after the SIGKILL", TAKEOVER_BOUND + 30)
+    for failover in outcome.failovers:
+        found = first_batch(failover.partition)
+        assert found is not None
+        at, taker = found
+        failover.taker, failover.takeover = taker.owner_id, round(at - killed_at, 2)
+        claims = [t for (t, owned) in taker.ownership if failover.partition in owned and t > killed_at]
+        failover.claimed = round(min(claims) - killed_at, 2) if claims else None
+        restores = [r for r in taker.restores if r["p"] == failover.partition and r["t"] > killed_at]
+        if restores:
+            failover.restored = round(restores[0]["t"] - killed_at, 2)
+            failover.warm = bool(restores[0]["warm"])
+    outcome.takeover = max(f.takeover for f in outcome.failovers if f.takeover is not None)
+    outcome.taker_was_standby = all(f.taker in f.standbys for f in outcome.failovers)
+    await group.until(lambda: group.settled(survivors), f"{len(survivors)} processes sharing the hub", SETTLE_TIMEOUT,
+                      fail=False)
+    outcome.shares_after = sorted(group.shares(survivors) or [])
+    await group.finish(outcome)
+    outcome.seconds = time.monotonic() - started
+    return outcome

@@ -14,6 +14,17 @@ last checkpoint), with the same batch size and prefetch. ``--checkpoint-on-close
 ``on_partition_close``, as a careful user of the official client would (this SDK's
 processor does that by itself: ``PartitionProcessor.checkpoint_on_release``).
 
+``--stateful`` (ours only): the handler counts events per key in ``context.state``
+(``EventProcessor(..., stateful=True)``; the key is the event's body as text), so the
+counts move with the partition and are committed with each checkpoint;
+``--standbys N`` keeps N warm replicas of every partition (``num_standbys``);
+``--state-bytes B`` pads each partition's state to about B bytes at its first claim (keys
+``~pad/NNNNNN`` of 1,000-character strings: a large state for benchmarks). ``--naive``
+(ours only, not with ``--stateful``) counts the same way in a plain dict, as a user
+would by hand without the feature: the dict is one JSON blob per partition in the
+checkpoint container, read in ``initialize`` and written before each checkpoint and in
+``close``.
+
 ``--source memory`` (ours only) reads a ``MemoryEventSource`` in this process instead,
 with ``InMemoryCheckpointStore``, fed by a producer task in this process that keeps
 ``--backlog`` events ahead of the handler on every partition until ``--produce``
@@ -44,6 +55,14 @@ listing. It prints JSON lines on stdout:
 - ``{"event": "load", "u": utilisation, "partitions": n, "t": unix time}`` (ours with
   ``--balance-by load``) whenever the processor samples the load it publishes;
 - ``{"event": "slowed", "cpu_per_event": seconds, "t": unix time}`` when SIGUSR1 slowed it;
+- ``{"event": "restored", "p": partition, "seq": ..., "counts": {...}, "warm": ..., "entries": n,
+  "bytes": n, "keys": n, "t": ...}`` (``--stateful``, ``--naive``) when a claim starts, before
+  its first batch: the checkpoint's sequence number it resumes from (-1: none), the
+  per-key counts it restored (padding left out), and how the state was loaded (warm
+  replica or not, state entries and bytes read; ``--naive``: the blob, ``ms`` to read it);
+- ``{"event": "checkpoint", "p": partition, "seq": ..., "ms": ..., "t": ...}``
+  (``--stateful``, ``--naive``) after each checkpoint the handler wrote (``ms``: the
+  state and the checkpoint together);
 - ``{"event": "first", "cpu": ..., "t": ...}`` at the first delivery and ``{"event": "done", ...}``
   when ``--expect`` events have been delivered (process CPU seconds and wall time).
 
@@ -168,6 +187,17 @@ def _parse(argv: Optional[List[str]]) -> argparse.Namespace:
     parser.add_argument("--load-max-moves", type=int, help="--balance-by load: LoadPolicy.max_moves")
     parser.add_argument("--load-cooldown", type=float, help="--balance-by load: LoadPolicy.cooldown, seconds")
     parser.add_argument("--load-floor", type=float, help="--balance-by load: LoadPolicy.floor")
+    parser.add_argument("--stateful", action="store_true",
+                        help="count events per key (the body) in context.state (EventProcessor(stateful=True))")
+    parser.add_argument("--standbys", type=int, default=0, help="--stateful: warm replicas per partition (num_standbys)")
+    parser.add_argument("--recovery-lag", type=int, default=None,
+                        help="--stateful: acceptable_recovery_lag, events (default: the processor's)")
+    parser.add_argument("--state-bytes", type=int, default=0,
+                        help="--stateful, --naive: pad each partition's state to about this many bytes at its first "
+                             "claim")
+    parser.add_argument("--naive", action="store_true",
+                        help="count per key in a dict kept in one blob per partition, read at the claim and written "
+                             "with each checkpoint (the way without the feature; not with --stateful)")
     parser.add_argument("--log-level", default="WARNING", type=str.upper, choices=["DEBUG", "INFO", "WARNING", "ERROR"],
                         help="level of this SDK's log lines on stderr (INFO shows every move); others log WARNING")
     args = parser.parse_args(argv)
@@ -175,6 +205,14 @@ def _parse(argv: Optional[List[str]]) -> argparse.Namespace:
         parser.error("--source memory runs this SDK's processor only (--impl ours)")
     if args.checkpoint_on_close and args.impl != "official":
         parser.error("--checkpoint-on-close is for --impl official (this SDK checkpoints on release by itself)")
+    if (args.stateful or args.naive) and args.impl != "ours":
+        parser.error("--stateful and --naive run this SDK's processor (--impl ours)")
+    if args.stateful and args.naive:
+        parser.error("--naive is the way without --stateful: give one of them")
+    if args.naive and args.source != "eventhub":
+        parser.error("--naive keeps its blobs in the checkpoint container: it needs --source eventhub")
+    if args.standbys and not args.stateful:
+        parser.error("--standbys keeps replicas of partition state: it needs --stateful")
     if args.source == "eventhub" and not args.container:
         parser.error("--container is required with --source eventhub")
     if args.balance_by != "count" and args.impl != "ours":
@@ -231,14 +269,28 @@ class _Cadence:
         return False
 
 
+PAD_PREFIX = "~pad/"
+"""Keys that pad a partition's state to ``--state-bytes`` (left out of the reported counts)."""
+_PAD_VALUE = "x" * 1000
+_PAD_ENTRY_BYTES = len(json.dumps({f"{PAD_PREFIX}000000": _PAD_VALUE}, separators=(",", ":")))  # as a snapshot holds it
+
+
+def _pad(state: Any, target_bytes: int) -> None:
+    """Pad ``state`` to about ``target_bytes`` of JSON, once (a state padded already stays)."""
+    if target_bytes <= 0 or f"{PAD_PREFIX}000000" in state:
+        return
+    for index in range(max(1, target_bytes // _PAD_ENTRY_BYTES)):
+        state[f"{PAD_PREFIX}{index:06d}"] = _PAD_VALUE
+
+
+def _counts(state: Any) -> Dict[str, Any]:
+    return {key: value for key, value in state.items() if not key.startswith(PAD_PREFIX)}
+
+
 async def _ours(args: argparse.Namespace, tally: _Tally, stop: asyncio.Event, cost: _CpuCost) -> None:
-    from eventprocessor import (
-        EventProcessor,
-        LoadPolicy,
-        OwnershipLostError,
-        PartitionProcessor,
-    )
+    from eventprocessor import CloseReason, EventProcessor, LoadPolicy, OwnershipLostError, PartitionProcessor
     from eventprocessor.errors import StoreTimeoutError
+
     class Handler(PartitionProcessor):
         def __init__(self) -> None:
             self.cadence = _Cadence(args)  # one per claim: a partition claimed again counts afresh
@@ -246,11 +298,12 @@ async def _ours(args: argparse.Namespace, tally: _Tally, stop: asyncio.Event, co
         async def process_events(self, events, context):
             tally.delivered(context.partition_id, [e.sequence_number for e in events])
             cost.spend(len(events))
+            self.count(events, context)
             if args.work:
                 await asyncio.sleep(args.work)  # a handler that takes time: a stop or a handoff finds it mid-batch
             if self.cadence.due(context.partition_id, len(events)):
                 try:
-                    await context.update_checkpoint()
+                    await self.checkpoint(context)
                 except OwnershipLostError:
                     pass  # the next owner resumes from its own checkpoint
                 except StoreTimeoutError:
@@ -258,6 +311,87 @@ async def _ours(args: argparse.Namespace, tally: _Tally, stop: asyncio.Event, co
                     # next checkpoint covers this one (the official processor does not redeliver a
                     # batch whose handler failed either).
                     emit({"event": "checkpoint_timeout", "partition": context.partition_id, "t": time.time()})
+
+        def count(self, events, context) -> None:
+            pass
+
+        async def checkpoint(self, context) -> None:
+            await context.update_checkpoint()
+
+    class Counting(Handler):
+        """--stateful: a per-key counter in context.state, committed with each checkpoint."""
+
+        async def initialize(self, context):
+            restored, checkpoint = context.state_restored, context.last_checkpoint
+            emit({"event": "restored", "p": context.partition_id,
+                  "seq": checkpoint.sequence_number if checkpoint is not None else -1,
+                  "counts": _counts(context.state), "warm": restored.warm, "entries": restored.entries_read,
+                  "bytes": restored.bytes_read, "keys": len(context.state), "t": time.time()})
+            _pad(context.state, args.state_bytes)
+
+        def count(self, events, context) -> None:
+            state = context.state
+            for event in events:
+                key = event.body_as_str()
+                state[key] = state.get(key, 0) + 1
+
+        async def checkpoint(self, context) -> None:
+            started = time.perf_counter()
+            await context.update_checkpoint()
+            emit({"event": "checkpoint", "p": context.partition_id, "seq": context.last_checkpoint.sequence_number,
+                  "ms": (time.perf_counter() - started) * 1000, "t": time.time()})
+
+    class Naive(Handler):
+        """--naive: the same counter as a user keeps it without the feature: a dict in
+        one blob per partition, read at the claim, written before each checkpoint."""
+
+        async def initialize(self, context):
+            from azure.core.exceptions import ResourceNotFoundError
+
+            self.blob = naive_blobs.get_blob_client(
+                f"naive-state/{context.eventhub_name}/{context.consumer_group}/{context.partition_id}".lower())
+            started = time.perf_counter()
+            try:
+                data = await (await self.blob.download_blob()).readall()
+            except ResourceNotFoundError:
+                data = b""
+            self.state: Dict[str, Any] = json.loads(data) if data else {}
+            checkpoint = context.last_checkpoint
+            emit({"event": "restored", "p": context.partition_id,
+                  "seq": checkpoint.sequence_number if checkpoint is not None else -1, "counts": _counts(self.state),
+                  "warm": False, "entries": 1 if data else 0, "bytes": len(data), "keys": len(self.state),
+                  "ms": (time.perf_counter() - started) * 1000, "t": time.time()})
+            _pad(self.state, args.state_bytes)
+
+        def count(self, events, context) -> None:
+            for event in events:
+                key = event.body_as_str()
+                self.state[key] = self.state.get(key, 0) + 1
+
+        async def checkpoint(self, context) -> None:
+            started = time.perf_counter()
+            await self.blob.upload_blob(json.dumps(self.state).encode(), overwrite=True)
+            await context.update_checkpoint()
+            emit({"event": "checkpoint", "p": context.partition_id, "seq": context.last_checkpoint.sequence_number,
+                  "ms": (time.perf_counter() - started) * 1000, "t": time.time()})
+
+        async def close(self, reason, context):
+            # A graceful end: the SDK checkpoints the last handled event after close
+            # (checkpoint_on_release), so the blob is written first.
+            if reason in (CloseReason.SHUTDOWN, CloseReason.HANDOFF) and hasattr(self, "state"):
+                await self.blob.upload_blob(json.dumps(self.state).encode(), overwrite=True)
+
+    naive_blobs: Any = None
+    if args.naive:
+        from azure.storage.blob.aio import ContainerClient
+
+        naive_blobs = ContainerClient.from_connection_string(os.environ[STORAGE_ENV], args.container)
+    handler = Counting if args.stateful else Naive if args.naive else Handler
+    state_options: Dict[str, Any] = {}
+    if args.stateful:
+        state_options = {"stateful": True, "num_standbys": args.standbys}
+        if args.recovery_lag is not None:
+            state_options["acceptable_recovery_lag"] = args.recovery_lag
 
     producer: Optional["asyncio.Task[None]"] = None
     if args.source == "memory":
@@ -275,12 +409,12 @@ async def _ours(args: argparse.Namespace, tally: _Tally, stop: asyncio.Event, co
 
         source = EventHubSource.from_connection_string(os.environ[HUB_ENV], eventhub_name=args.hub)
         store = BlobCheckpointStore.from_connection_string(os.environ[STORAGE_ENV], args.container)
-    processor = EventProcessor(source, store, Handler, owner_id=args.owner_id, consumer_group=args.consumer_group,
+    processor = EventProcessor(source, store, handler, owner_id=args.owner_id, consumer_group=args.consumer_group,
                                load_balancing_strategy=args.strategy, load_balancing_interval=args.interval,
                                partition_ownership_expiration_interval=args.expiry, max_batch_size=args.batch,
                                prefetch=args.prefetch, balance_by=args.balance_by,
                                load_policy=LoadPolicy(**{name: value for name, value in _policy_options(args).items()
-                                                         if value is not None}))
+                                                         if value is not None}), **state_options)
     emit({"event": "started", "owner": args.owner_id, "pid": os.getpid(), "impl": "ours",
            "namespace": source.fully_qualified_namespace, "eventhub": source.eventhub_name})
     try:
@@ -307,6 +441,8 @@ async def _ours(args: argparse.Namespace, tally: _Tally, stop: asyncio.Event, co
         await processor.stop()
         await store.close()
         await source.close()
+        if naive_blobs is not None:
+            await naive_blobs.close()
 
 
 async def _produce(source: Any, args: argparse.Namespace, tally: _Tally) -> None:
