@@ -24,7 +24,7 @@ import time
 from dataclasses import dataclass
 from typing import Dict, Iterable, List, Optional, Tuple
 
-__all__ = ["BUSY_OTHER_CORES", "LoadReading", "LoadWindow", "busy_flag", "load_average"]
+__all__ = ["BUSY_OTHER_CORES", "LoadReading", "LoadWindow", "busy_flag", "load_average", "process_cpu_seconds"]
 
 BUSY_OTHER_CORES = 0.25
 """Other processes' mean CPU (cores) above which a run is flagged as taken on a busy machine.
@@ -37,6 +37,16 @@ def load_average() -> Optional[float]:
     try:
         return os.getloadavg()[0]
     except (OSError, AttributeError):
+        return None
+
+
+def process_cpu_seconds(pid: int) -> Optional[float]:
+    """User + system CPU seconds of one process (Linux ``/proc``), or None elsewhere or once it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as handle:
+            fields = handle.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, IndexError, ValueError):
         return None
 
 

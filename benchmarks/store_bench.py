@@ -477,7 +477,7 @@ class Summary:
         phases = self._phases(phase)
         if not phases or any(p.methods is None for p in phases):
             return "n/a"
-        total: Counter = sum((p.methods for p in phases), Counter())
+        total: Counter = sum((p.methods for p in phases if p.methods is not None), Counter())
         ops = sum(p.ops for p in phases)
         return " + ".join(f"{method} {count / ops:.2f}" for method, count in sorted(total.items())) or "none"
 
