@@ -159,7 +159,7 @@ def run_emulator_source_rows() -> List[SourceRow]:
     """The real-transport rows: the emulator in its own process for the proxy faults; an
     in-process one (restartable, throttleable) for the others."""
     from emulators.eventhubs.process import start_emulator_process
-    from emulators.source_faults import (Controls, LocalEmulator, black_hole, recovery_bound, resets, restart,
+    from eventprocessor.testing.source_faults import (Controls, LocalEmulator, black_hole, recovery_bound, resets, restart,
                                          run_source_fault, throttle)
 
     bound_text = "idle timeout + C + B + 5 s"

@@ -122,7 +122,8 @@ class FaultProxy:
 
     def pass_through(self) -> None:
         """Forward everything unchanged."""
-        self._mode, self._latency, self._drop_at, self._drop_method, self._counted = "pass", 0.0, 0, None, 0
+        self._drop_method: Optional[str] = None
+        self._mode, self._latency, self._drop_at, self._counted = "pass", 0.0, 0, 0
 
     def add_latency(self, seconds: float) -> None:
         """Wait ``seconds`` before forwarding each request."""

@@ -1,12 +1,22 @@
 """Shared fixtures: a session-wide Azurite, a session-wide Event Hubs emulator, and the CI
-rule that missing services fail."""
+rule that missing services fail.
+
+Under pytest-xdist (``pytest -n 2``, what tox runs) the workers share one Azurite and one
+emulator: the first worker that needs one starts it under a file lock and writes where it
+listens into a directory the controller made (``EVENTPROCESSOR_TEST_SERVICES``); the others
+read it; the controller stops them all at the end of the session. Tests that need fixed
+ports (the README's default ports) run on one worker, and so do the Spark tests (one
+cluster): see ``pytest_collection_modifyitems``."""
 from __future__ import annotations
 
 import json
 import os
+import signal
+import tempfile
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Dict, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Dict, Iterator, Optional
 
 import pytest
 
@@ -17,6 +27,83 @@ if TYPE_CHECKING:  # pragma: no cover
     from emulators.eventhubs.process import EmulatorProcess
 
 IN_CI = bool(os.environ.get("CI"))
+SHARED = "EVENTPROCESSOR_TEST_SERVICES"
+
+# Modules whose tests must not run beside each other on two workers.
+FIXED_PORTS = ("test_getting_started", "test_new_user_paths", "test_cli", "test_readme_examples",
+               "test_readme_eventhubs", "test_samples", "test_cli_eventhubs")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if not hasattr(config, "workerinput") and config.getoption("numprocesses", default=None):
+        os.environ[SHARED] = tempfile.mkdtemp(prefix="eventprocessor-services-")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list) -> None:
+    for item in items:
+        module = item.module.__name__.rsplit(".", 1)[-1] if item.module else ""
+        if module in FIXED_PORTS:
+            item.add_marker(pytest.mark.xdist_group("fixed-ports"))
+        elif module.startswith("test_spark"):
+            item.add_marker(pytest.mark.xdist_group("spark"))
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """The controller stops the services the workers shared, by the process ids they wrote."""
+    directory = os.environ.get(SHARED)
+    if not directory or hasattr(session.config, "workerinput"):
+        return
+    for info in Path(directory).glob("*.json"):
+        for pid in json.loads(info.read_text()).get("pids", []):
+            _stop_pid(pid)
+
+
+def _stop_pid(pid: int) -> None:
+    try:
+        os.kill(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.1)
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+def shared_service(name: str, start: Callable[[], Any], describe: Callable[[Any], Dict[str, Any]],
+                   rebuild: Callable[[Dict[str, Any]], Any]) -> Iterator[Any]:
+    """One service for the whole run: started here, or (under xdist) by whichever worker
+    asked first, and found by the others through the shared directory."""
+    directory = os.environ.get(SHARED)
+    if not directory:
+        yield None  # the caller starts and stops its own
+        return
+    from filelock import FileLock
+
+    info = Path(directory) / f"{name}.json"
+    found: Optional[Dict[str, Any]] = None
+    with FileLock(str(info) + ".lock"):
+        if info.exists():
+            found = json.loads(info.read_text())
+        else:
+            try:
+                service = start()
+            except BaseException as error:  # every worker fails the same way, without trying again
+                info.write_text(json.dumps({"error": str(error) or type(error).__name__, "pids": []}))
+                raise
+            info.write_text(json.dumps(describe(service)))
+    if found is None:
+        yield service
+        return
+    if "error" in found:
+        unavailable(found["error"])
+    yield rebuild(found)
 
 
 def unavailable(reason: str) -> None:
@@ -26,14 +113,26 @@ def unavailable(reason: str) -> None:
     pytest.skip(reason)
 
 
-@pytest.fixture(scope="session")
-def azurite() -> Iterator[Azurite]:
-    """One Azurite for the whole test session, on free loopback ports."""
+def _start_azurite() -> Azurite:
     try:
-        instance = start_azurite()
+        return start_azurite()
     except AzuriteUnavailable as error:
         unavailable(f"Azurite could not start: {error}")
         raise  # unreachable; keeps type checkers happy
+
+
+@pytest.fixture(scope="session")
+def azurite() -> Iterator[Azurite]:
+    """One Azurite for the whole test session, on free loopback ports."""
+    shared = shared_service(
+        "azurite", _start_azurite,
+        lambda a: {"ports": [a.blob_port, a.queue_port, a.table_port], "pids": [a.process.pid] if a.process else []},
+        lambda info: Azurite(*info["ports"]))
+    instance = next(shared)
+    if instance is not None:
+        yield instance
+        return
+    instance = _start_azurite()
     try:
         yield instance
     finally:
@@ -44,7 +143,7 @@ def azurite() -> Iterator[Azurite]:
 
 # Hubs of the session emulator, handed out one per test so tests never see each other's
 # events: "pool4-N" have 4 partitions, "pool8-N" 8; all have consumer groups cg1 and cg2.
-HUB_POOLS = {4: 60, 8: 12}
+HUB_POOLS = {4: 120, 8: 24}
 
 
 @dataclass
@@ -63,11 +162,22 @@ class SessionEmulator:
         return self.process.port
 
     def fresh_hub(self, partitions: int = 4) -> str:
-        """The name of a hub no other test of this session has used."""
-        index = self._next.get(partitions, 0)
+        """The name of a hub no other test of this run has used (on any worker)."""
+        directory = os.environ.get(SHARED)
+        if directory:
+            from filelock import FileLock
+
+            counters = Path(directory) / "hubs.counters"
+            with FileLock(str(counters) + ".lock"):
+                taken = json.loads(counters.read_text()) if counters.exists() else {}
+                index = taken.get(str(partitions), 0)
+                taken[str(partitions)] = index + 1
+                counters.write_text(json.dumps(taken))
+        else:
+            index = self._next.get(partitions, 0)
+            self._next[partitions] = index + 1
         if partitions not in HUB_POOLS or index >= HUB_POOLS[partitions]:
             raise RuntimeError(f"no fresh {partitions}-partition hub left: raise HUB_POOLS in tests/conftest.py")
-        self._next[partitions] = index + 1
         return f"pool{partitions}-{index}"
 
 
@@ -85,8 +195,26 @@ def _session_config(path: Path) -> Path:
 def eventhubs_emulator(tmp_path_factory) -> Iterator[SessionEmulator]:
     """One Event Hubs emulator process for the whole session, on a free loopback port,
     stopped by PID even when tests fail."""
-    from emulators.eventhubs.process import EmulatorUnavailable, start_emulator_process
+    from emulators.eventhubs.process import EmulatorProcess, EmulatorUnavailable, start_emulator_process
 
+    def start() -> SessionEmulator:
+        directory = tmp_path_factory.mktemp("eventhubs")
+        config = _session_config(directory / "Config.json")
+        try:
+            process = start_emulator_process(["--config", str(config), "--max-events-per-partition", "200000"],
+                                             stderr=(directory / "emulator.log").open("wb"))
+        except EmulatorUnavailable as error:
+            unavailable(f"the Event Hubs emulator could not start: {error}")
+            raise  # unreachable
+        return SessionEmulator(process)
+
+    shared = shared_service(
+        "eventhubs", start, lambda e: {"connection_string": e.connection_string, "pids": [e.process.pid]},
+        lambda info: SessionEmulator(EmulatorProcess(info["connection_string"], None)))  # type: ignore[arg-type]
+    emulator = next(shared)
+    if emulator is not None:
+        yield emulator
+        return
     directory = tmp_path_factory.mktemp("eventhubs")
     config = _session_config(directory / "Config.json")
     log = (directory / "emulator.log").open("wb")

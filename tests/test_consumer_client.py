@@ -652,7 +652,9 @@ def test_client_options_reach_the_amqp_client_and_bad_values_fail_at_receive():
         "Endpoint=sb://127.0.0.1:1;SharedAccessKeyName=k;SharedAccessKey=x;EntityPath=hub;"
         "UseDevelopmentEmulator=true", "$default", checkpoint_store=InMemoryCheckpointStore(), retry_total=1,
         user_agent="migrated", load_balancing_strategy="balanced", owner_id="me")
-    assert client._source._client_kwargs == {"retry_total": 1, "user_agent": "migrated"}
+    # The options given reach the client as given; EventHubSource adds its idle-timeout
+    # default (30 s, so a black-holed connection is noticed) unless one is given.
+    assert client._source._client_kwargs == {"retry_total": 1, "user_agent": "migrated", "idle_timeout": 30.0}
     assert client._options["partition_ownership_expiration_interval"] == 180  # 6 x 30 s, as azure-eventhub
     with pytest.raises(ConfigurationError, match="from_source"):
         EventHubConsumerClient.from_source(MemoryEventSource(1), checkpoint_store=InMemoryCheckpointStore(),

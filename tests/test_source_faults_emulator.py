@@ -25,7 +25,7 @@ from eventprocessor.testing import DeliveryRecorder, recording_handler
 
 from emulators.eventhubs import connection_string
 from emulators.fault_proxy import TcpFaultProxy
-from emulators.source_faults import Controls, LocalEmulator, black_hole, resets, restart, run_source_fault
+from eventprocessor.testing.source_faults import Controls, LocalEmulator, black_hole, resets, restart, run_source_fault
 
 pytestmark = [pytest.mark.eventhubs, pytest.mark.slow]
 

@@ -25,11 +25,12 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable, Dict, List, Optional, Set, Tuple
 
-from eventprocessor import EventPosition, EventProcessor
-from eventprocessor.sources.eventhub import EventHubSource
-from eventprocessor.testing import DeliveryRecorder, recording_handler
+from emulators.fault_proxy import TcpFaultProxy
 
-from .fault_proxy import TcpFaultProxy
+from ..events import EventPosition
+from ..processor import EventProcessor
+from ..sources.eventhub import EventHubSource
+from .recorder import DeliveryRecorder, recording_handler
 
 __all__ = ["SourceFaultRun", "run_source_fault", "resets", "black_hole", "restart", "throttle", "Controls",
            "LocalEmulator", "recovery_bound"]
@@ -306,7 +307,7 @@ class LocalEmulator:
     """
 
     def __init__(self, eventhubs: List[str], *, partitions: int = 4) -> None:
-        from .eventhubs import EventHubsEmulator
+        from emulators.eventhubs import EventHubsEmulator
 
         self.emulator = EventHubsEmulator(eventhubs=eventhubs, partitions=partitions)
 
