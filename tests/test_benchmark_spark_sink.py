@@ -23,6 +23,7 @@ def _spark_sink(*args: str, timeout: float = 400) -> subprocess.CompletedProcess
 
 @pytest.mark.spark
 @pytest.mark.slow
+@pytest.mark.xdist_group("spark")  # one Spark at a time under xdist, as tests/conftest.py does for test_spark*
 def test_a_small_local_run_reports_the_sink_against_its_pipelined_floor_round_by_round():
     results = (ROOT / "benchmarks" / "RESULTS.md").read_bytes()
     run = _spark_sink("--master", "local[2]", "--events", "4000", "--batch", "1000", "--partitions", "2",
