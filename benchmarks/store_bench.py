@@ -397,9 +397,9 @@ class Phase:
         return 1000 * self.cpu_seconds / self.ops if self.ops else float("nan")
 
     def to_dict(self) -> Dict[str, Any]:
-        return {"ops": self.ops, "seconds": self.seconds, "methods": None if self.methods is None else dict(self.methods),
-                "failures": self.failures, "cpu_seconds": self.cpu_seconds, "per_second": self.per_second,
-                "requests_per_op": self.requests_per_op}
+        return {"ops": self.ops, "seconds": self.seconds,
+                "methods": None if self.methods is None else dict(self.methods), "failures": self.failures,
+                "cpu_seconds": self.cpu_seconds, "per_second": self.per_second, "requests_per_op": self.requests_per_op}
 
 
 @dataclass
@@ -703,6 +703,41 @@ def _official_version() -> str:
         return "?"
 
 
+# The headline's comparisons, in the order the sentence states them.
+_HEADLINE = (
+    ("ours-blob", "official-blob", "the official Blob store (azure-eventhub-checkpointstoreblob-aio {version} at "
+                                   "its defaults, unfenced, on the same Azurite Blob service)"),
+    ("ours-blob", "bare-blob", "its floor (a bare conditional Blob write)"),
+    ("ours-table", "bare-table", "its floor (a bare conditional Table update)"),
+)
+
+
+def _verdict(comparisons: Sequence["Comparison"], loads: Sequence[LoadReading]) -> List[str]:
+    """The headline: checkpoint throughput and client CPU of our stores against the official
+    store and the floors, as medians of the per-round ratios with their range, per partition
+    count. Only figures the tables below show; on a busy machine it says it is not a result."""
+    by_key = {(c.store.kind, c.reference.kind, c.store.partitions): c for c in comparisons}
+    sentences = []
+    for partitions in sorted({c.store.partitions for c in comparisons}):
+        parts = []
+        for kind, reference, what in _HEADLINE:
+            c = by_key.get((kind, reference, partitions))
+            if c is None or not c.throughput:
+                continue
+            store = "our fenced Blob store" if kind == "ours-blob" else "our fenced Table store"
+            cpu = f" with {_span(c.cpu, 2, 'x')} its client CPU per checkpoint" if c.cpu else ""
+            parts.append(f"{store} at {_span(c.throughput, 2, 'x')} the checkpoints/s of "
+                         f"{what.format(version=_official_version())}{cpu}")
+        if parts:
+            sentences.append(f"At {partitions} partitions: " + "; ".join(parts) + ".")
+    if not sentences:
+        return []
+    rounds = max(len(c.throughput) for c in comparisons)
+    lead = "**Headline (busy machine, not a result)**" if any(r.busy for r in loads) else "**Headline**"
+    return [f"{lead}, medians of {rounds} per-round ratio(s), range in brackets. "
+            + " ".join(sentences), ""]
+
+
 def render(
     results: List[StoreResult], *, command: str, concurrency: int, checkpoint_ops: int, phase_ops: int,
     list_repeats: int, rounds: int, loads: Sequence[LoadReading], whole: Optional[LoadReading] = None,
@@ -717,6 +752,7 @@ def render(
         machine_line() + (f" Load over the whole run: {whole.describe()}." if whole is not None else ""),
         "",
         *busy_flag(loads, "these figures"),
+        *_verdict(compare(summaries), loads),
         f"Azurite (in-memory persistence) on 127.0.0.1, started by the benchmark; the Python client and "
         f"Azurite share the machine. Concurrency: {concurrency} asyncio workers in one process, each owning "
         f"a disjoint set of partitions. Each store gets a fresh container/table per round; {rounds} "
@@ -768,9 +804,9 @@ def render(
             "our Table store is compared with its own floor and, as a comparison of backends and not of "
             "implementations, with our Blob store.",
             "",
-            "| Comparison | Partitions | rounds | checkpoints/s ratio, median (range) | client CPU per checkpoint ratio, "
-            "median (range) | client CPU ms/checkpoint, store vs reference | requests per checkpoint by method, "
-            "store vs reference |",
+            "| Comparison | Partitions | rounds | checkpoints/s ratio, median (range) | client CPU per checkpoint "
+            "ratio, median (range) | client CPU ms/checkpoint, store vs reference | requests per checkpoint by "
+            "method, store vs reference |",
             "|---|---:|---:|---:|---:|---|---|",
         ]
         for c in comparisons:

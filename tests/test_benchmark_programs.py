@@ -62,8 +62,8 @@ def test_convergence_quick_run_prints_every_table_with_both_implementations(caps
         assert heading in out
     assert "| cold start P=12 N=3 | staggered | balanced | 4 |" in out  # limit column: ceil(12/3)
     # Duplicates are measured for both SDKs: the official's stop cancels batches in flight.
-    scale_in = next(line for line in out.splitlines() if line.startswith("| graceful scale in P=12 N=4->3 | staggered | "
-                                                                         "greedy |"))
+    scale_in = next(line for line in out.splitlines()
+                    if line.startswith("| graceful scale in P=12 N=4->3 | staggered | greedy |"))
     ours_duplicates, official_duplicates = scale_in.split(" | ")[16:18]
     assert ours_duplicates == "0" and int(official_duplicates) > 0
     assert "| official, defaults | 30 / 180 / 30 |" in out

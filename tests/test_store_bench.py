@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -76,6 +77,7 @@ def test_dry_run_on_the_memory_store_renders_every_column(tmp_path):
     assert "Concurrency: 16" in table and "2 round(s)" in table
     assert "python -m benchmarks.store_bench --stores memory" in table
     assert "Load over the whole run: other processes" in table and "Load per round" in table
+    assert "**Headline" not in table  # no peer and no floor measured: nothing to compare
 
 
 def test_bad_arguments_are_rejected_with_the_option_named():
@@ -150,3 +152,12 @@ def test_the_floors_and_the_comparisons_round_by_round(tmp_path):
         assert row[1:3] == ["6", "2"], row  # partitions, rounds with both sides
         assert row[3].endswith(")") and "x (" in row[3], row  # median and range of the per-round ratios
     assert "floor: bare conditional Blob write" in out and "floor: bare conditional Table update" in out
+    # The headline states only the comparisons' medians and ranges, each with its peer named and configured.
+    [headline] = [line for line in out.splitlines() if line.startswith("**Headline")]
+    assert "medians of 2 per-round ratio(s)" in headline
+    ratio = r"at \d+\.\d\dx \(\d+\.\d\d-\d+\.\d\d\) the checkpoints/s of "
+    assert re.search("At 6 partitions: our fenced Blob store " + ratio + r"the official Blob store "
+                     r"\(azure-eventhub-checkpointstoreblob-aio [\d.]+ at its defaults, unfenced", headline), headline
+    assert re.search("our fenced Blob store " + ratio + r"its floor \(a bare conditional Blob write\)", headline)
+    assert re.search("our fenced Table store " + ratio + r"its floor \(a bare conditional Table update\)", headline)
+    assert headline.startswith("**Headline (busy machine, not a result)**") == ("**Busy machine" in out)
