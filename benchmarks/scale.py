@@ -3,22 +3,23 @@
 Run it with ``python -m benchmarks.scale`` (or ``eventprocessor bench scale``); ``--record``
 writes its section of ``benchmarks/RESULTS.md``. It starts a fresh Azurite (in-memory, on
 127.0.0.1) for each size ``PxN`` (P partitions, N processors; ``1024x16,2048x16,4096x32``
-by default, smallest first):
+by default, smallest first), or uses the storage whose connection string is in
+``EVENTPROCESSOR_SCALE_STORAGE`` (never on the command line: it holds a key; ``--store-pid``
+names that Azurite's process, for its CPU):
 
 1. **Measures the listing cost** on this machine: P ownership records are written to a
    scratch container and listed ``--calibration-listings`` times; the client's CPU
    (this process) and Azurite's CPU (``/proc``) per listing are the medians. Just before,
    it samples how many cores the machine leaves idle (other users' work counts as busy).
-2. **Sizes the timing from it** (:func:`choose_timing`, the rule in the README, "Timing"):
-   with c the CPU seconds of one listing (client + Azurite) and C the cores the
-   processors can count on (the idle ones, at least a quarter of the machine),
-   ``I = N·c / (f·C)`` rounded up to whole seconds (at least ``--min-interval``), so the
-   listings of all N processors use at most the fraction ``f`` (``--cpu-budget``, 0.5)
-   of C; ``E = 5·I`` (the ratio of this SDK's defaults); for ours ``R = E/2`` and the
-   Blob store's ``operation_timeout`` at least the store timeout derived from them. A
-   size whose two sides could outlast what is left of ``--budget-minutes`` (15) is
-   sized and reported, not run.
-3. **Runs each side** with that I and E and the same strategy (GREEDY by default), as N
+2. **Sizes the timing from it** (:func:`choose_timing`, the rule in the README, "Timing";
+   ``--size-for`` prints what it chooses for costs you give it): with c the CPU seconds
+   of one listing (client + Azurite) and C the cores the processors can count on (the
+   idle ones, at least a quarter of the machine), ``I = N·c / (f·C)`` rounded up to whole
+   seconds (at least ``--min-interval``), so the listings of all N processors use at most
+   the fraction ``f`` (``--cpu-budget``, 0.5) of C; E at each SDK's own ratio to I (ours
+   ``5·I`` as 15 s / 75 s, the official ``6·I`` as 30 s / 180 s); for ours ``R = E/2``
+   and the Blob store's ``operation_timeout`` at least the store timeout derived from them.
+3. **Runs each side** with that I and the same strategy (GREEDY by default), as N
    separate OS processes (``benchmarks/scale_worker.py``) started together once all have
    imported: *ours* is ``EventProcessor`` + this SDK's ``BlobCheckpointStore``; *official*
    is azure-eventhub's own ``EventProcessor`` class with
@@ -26,19 +27,30 @@ by default, smallest first):
    client (same partition ids, idle consumers instead of AMQP links; ours reads an empty
    in-memory source, so neither side spends anything on events). Each side gets its own
    container on the same Azurite; the order of the sides alternates from size to size.
+   A side runs until it is balanced or until every processor has made ``--cap-ticks``
+   ticks (60; a recorded run needs at least 60), within ``--budget-minutes`` (45): a side
+   is started only when the cap's ticks at I fit in what is left of the budget, keeping
+   what the other side of its size needs, and a side whose ticks overrun so much that the
+   budget ends it before the cap is reported as stopped by the budget. Sizes and sides
+   that do not fit are sized and reported, not run.
 
 Measured per side: seconds and ticks from the common start to balanced (every partition
-dispatched by exactly one processor, shares differing by at most one), then held for
-``R + E/10`` (every lease of ours renewed at least once); missed renewals (must be 0),
-overrun ticks and overrun WARNING lines, HTTP requests per second counted at each
-worker's transport, CPU per processor (``time.process_time`` in the worker), Azurite's
-CPU and the longest event-loop stall of any processor, per phase. At the end, one
-listing of the store checks that every partition's record names exactly one live
-processor, is not expired, and agrees with what that processor dispatches.
+dispatched by exactly one processor, shares differing by at most one), or to the cap,
+then held for ``R + E/10`` (every lease of ours renewed at least once); missed renewals
+(must be 0), by one rule for both SDKs (``scale_worker.RenewalWatch``: a partition still
+dispatched more than E after the last accepted write of its ownership record), ours'
+self-fenced leases, overrun ticks and overrun WARNING lines, HTTP requests per second
+counted at each worker's transport, CPU per processor (``time.process_time`` in the
+worker), Azurite's CPU, the longest event-loop stall of any processor and the CPU other
+processes used on the machine meanwhile (:mod:`benchmarks.machine_load`; a busy run is
+flagged). At the end, one listing of the store checks that every partition's record
+names exactly one live processor, is not expired, and agrees with what that processor
+dispatches.
 
 Every phase is bounded in time; every worker and Azurite are stopped on the way out,
-failures and SIGTERM included. A size that does not balance in time is reported as such,
-with what was owned, never as a success. The exit status is 1 when ours missed a check.
+failures and SIGTERM included. A side that does not balance by the cap is reported as
+such, with what was owned, never as a success. The exit status is 1 when ours missed a
+check.
 """
 from __future__ import annotations
 
@@ -57,11 +69,11 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from typing import Any, Dict, List, Optional, Sequence, Set, Tuple
+from typing import Any, Dict, List, Optional, Set, Tuple
 
 from . import program
-from .e2e import _cpu_seconds as process_cpu_seconds
 from .e2e_worker import WorkerHandle
+from .machine_load import LoadReading, LoadWindow, busy_flag, process_cpu_seconds
 from .results import machine_line
 from .scale_worker import NAMESPACE, STORAGE_ENV
 
@@ -74,6 +86,9 @@ DEFAULT_SIZES = "1024x16,2048x16,4096x32"
 QUICK_SIZES = "8x2"
 CONSUMER_GROUP = "$default"
 EXPIRATION_RATIO = 5.0  # this SDK's defaults: 15 s interval, 75 s expiration
+OFFICIAL_EXPIRATION_RATIO = 6.0  # azure-eventhub's defaults: 30 s interval, 180 s expiration
+CAP_TICKS = 60  # a side that has not balanced after this many ticks of every processor is reported as such
+DEFAULT_BUDGET_MINUTES = 45.0
 
 
 def _cpu_seconds(pid: Optional[int]) -> Optional[float]:
@@ -141,7 +156,7 @@ class Sizing:
     """The settings the rule chose, and what they imply (seconds)."""
 
     interval: float  # I, both sides
-    expiration: float  # E, both sides
+    expiration: float  # E, ours: 5·I (this SDK's ratio)
     renewal_age: float  # ours: ownership_renewal_age R
     store_timeout: float  # ours: store_timeout T, derived by the processor from E and R
     operation_timeout: float  # ours: the Blob store's own operation_timeout
@@ -152,6 +167,14 @@ class Sizing:
     store_load: Optional[float] = None  # the share of the store's one thread that listings take: N·s/I
     burst: Optional[float] = None  # B = N·s + 2·P·w: the store's seconds of work when every processor starts
     bound_by: str = "client CPU"  # which term of the rule chose I
+
+    @property
+    def official_expiration(self) -> float:
+        """E for the official processor: its own ratio (6·I, as 30 s / 180 s)."""
+        return OFFICIAL_EXPIRATION_RATIO * self.interval
+
+    def expiration_of(self, impl: str) -> float:
+        return self.official_expiration if impl == "official" else self.expiration
 
     @property
     def hold(self) -> float:
@@ -337,7 +360,7 @@ async def spawn(impl: str, owner_id: str, *, container: str, hub: str, partition
         process = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "benchmarks.scale_worker", "--impl", impl, "--container", container, "--hub", hub,
             "--owner-id", owner_id, "--partitions", str(partitions), "--interval", f"{sizing.interval:g}",
-            "--expiry", f"{sizing.expiration:g}", "--strategy", strategy, "--lifetime", f"{lifetime:.0f}",
+            "--expiry", f"{sizing.expiration_of(impl):g}", "--strategy", strategy, "--lifetime", f"{lifetime:.0f}",
             "--report-every", f"{report_every:g}",
             *(["--renewal-age", f"{sizing.renewal_age:g}", "--operation-timeout", f"{sizing.operation_timeout:g}"]
               if impl == "ours" else []),
@@ -383,6 +406,11 @@ class SideResult:
     processors: int
     balanced_after: Optional[float] = None  # seconds from the common start
     ticks_to_balanced: Optional[int] = None  # the busiest processor's ticks by then
+    ended_by: str = "balanced"  # or "cap" (every processor made the cap's ticks) or "budget" (time ran out first)
+    waited: float = 0.0  # seconds from the common start until balanced or given up
+    ticks_waited: Tuple[int, int] = (0, 0)  # the fewest and the most ticks of a processor by then
+    expiration: float = 0.0  # E this side ran with
+    load: Optional[LoadReading] = None  # the machine's load while the side ran
     converge: Phase = field(default_factory=Phase)
     hold: Phase = field(default_factory=Phase)
     counters: Dict[str, int] = field(default_factory=dict)  # summed over processors, at the end
@@ -498,8 +526,9 @@ class Runner:
                     f"Azurite was still at {100 * (after - before):.0f}% of a core {waited:.0f} s after the previous "
                     f"side stopped: saturated with requests its clients had given up on")
 
-    async def side(self, impl: str, partitions: int, processors: int, sizing: Sizing) -> SideResult:
-        result = SideResult(impl, partitions, processors)
+    async def side(self, impl: str, partitions: int, processors: int, sizing: Sizing, deadline: float) -> SideResult:
+        """Run one side; it waits for balance until the cap or ``deadline`` (monotonic), whichever first."""
+        result = SideResult(impl, partitions, processors, expiration=sizing.expiration_of(impl))
         tag = uuid.uuid4().hex[:6]
         container, hub = f"scale-{impl}-{partitions}x{processors}-{tag}", f"hub-{partitions}"
         result.drain_wait = await self.drained()
@@ -508,17 +537,20 @@ class Runner:
         except Exception as error:
             raise StoreSaturated(f"creating the side's container failed: {error!r:.200}") from error
         try:
-            return await self._run_side(result, impl, partitions, processors, sizing, container, hub)
+            window = LoadWindow()
+            try:
+                return await self._run_side(result, impl, partitions, processors, sizing, container, hub, deadline)
+            finally:
+                result.load = window.reading()
         finally:
             await self.delete_container(self.connection_string, container)
 
     async def _run_side(self, result: "SideResult", impl: str, partitions: int, processors: int, sizing: Sizing,
-                        container: str, hub: str) -> "SideResult":
+                        container: str, hub: str, deadline: float) -> "SideResult":
         args = self.args
         # Long enough for every lease of ours to be renewed once after the last claim.
         hold = args.hold if args.hold is not None else sizing.hold
-        balance_limit = balance_limit_for(args, sizing)
-        lifetime = args.ready_timeout + balance_limit + hold + 120.0
+        lifetime = args.ready_timeout + max(0.0, deadline - time.monotonic()) + hold + 120.0
         workers: List[Worker] = []
         try:
             spawned = time.monotonic()
@@ -535,11 +567,15 @@ class Runner:
             for worker in workers:
                 worker.go()
             go_at = time.time()
-            print(f"{impl} {partitions}x{processors}: started (I={sizing.interval:g} s, E={sizing.expiration:g} s)",
-                  file=sys.stderr, flush=True)
-            balanced = await self._wait_balanced(workers, partitions, balance_limit, impl)
+            print(f"{impl} {partitions}x{processors}: started (I={sizing.interval:g} s, "
+                  f"E={sizing.expiration_of(impl):g} s)", file=sys.stderr, flush=True)
+            result.ended_by = await self._wait_balanced(workers, partitions, deadline, impl)
+            balanced = result.ended_by == "balanced"
             converge_end = time.time()
             azurite1 = _cpu_seconds(self.azurite_pid)
+            result.waited = converge_end - go_at
+            ticks = [int(w.last.get("ticks", 0)) for w in workers]
+            result.ticks_waited = (min(ticks), max(ticks))
             if balanced:
                 balanced_at = max(w.owned_since for w in workers)
                 result.balanced_after = balanced_at - go_at
@@ -549,8 +585,12 @@ class Runner:
                 await self._hold(workers, hold)
             else:
                 owned = len(set().union(*(w.owned_set for w in workers)))
-                result.problems.append(f"not balanced within {balance_limit:.0f} s: {owned} of {partitions} "
-                                       f"partitions dispatched, shares {sorted(len(w.owned_set) for w in workers)}")
+                why = (f"every processor had made at least {args.cap_ticks:g} ticks" if result.ended_by == "cap"
+                       else "the time budget ran out first")
+                result.problems.append(f"not balanced after {result.waited:.0f} s and {result.ticks_waited[0]}-"
+                                       f"{result.ticks_waited[1]} ticks per processor ({why}): {owned} of "
+                                       f"{partitions} partitions dispatched, shares "
+                                       f"{sorted(len(w.owned_set) for w in workers)}")
                 print(f"{impl} {partitions}x{processors}: {result.problems[-1]}", file=sys.stderr, flush=True)
             end = time.time()
             azurite2 = _cpu_seconds(self.azurite_pid)
@@ -561,7 +601,7 @@ class Runner:
             except asyncio.TimeoutError:
                 owners = {}
                 result.problems.append(f"the final listing did not answer within {args.final_listing_timeout:.0f} s")
-            good, problems = check_final(owners, workers, partitions, sizing.expiration)
+            good, problems = check_final(owners, workers, partitions, sizing.expiration_of(impl))
             result.final_owned = good
             result.problems += problems[:5] + ([f"... and {len(problems) - 5} more"] if len(problems) > 5 else [])
             counts = [len(w.owned_set) for w in workers]
@@ -588,7 +628,7 @@ class Runner:
         totals: Dict[str, int] = {}
         for worker in workers:
             for key in ("ticks", "overruns", "overrun_warnings", "missed_renewals", "renewals", "failed_renewals",
-                        "claims", "lost", "store_timeouts", "backed_off"):
+                        "self_fenced", "claims", "lost", "store_timeouts", "backed_off"):
                 totals[key] = totals.get(key, 0) + int(worker.last.get(key, 0))
             result.max_tick = max(result.max_tick, float(worker.last.get("max_tick", 0.0)))
             result.loop_lag = max(result.loop_lag, float(worker.last.get("loop_lag", 0.0)))
@@ -609,22 +649,26 @@ class Runner:
                 raise RuntimeError(f"{what} did not happen within {timeout:.0f} s\n" + workers[0].diagnostics())
             await asyncio.sleep(0.1)
 
-    async def _wait_balanced(self, workers: List[Worker], partitions: int, limit: float, impl: str) -> bool:
-        deadline = time.monotonic() + limit
+    async def _wait_balanced(self, workers: List[Worker], partitions: int, deadline: float, impl: str) -> str:
+        """Wait until balanced (``"balanced"``), until every processor has made the cap's
+        ticks (``"cap"``) or until ``deadline`` (``"budget"``)."""
         reported = time.monotonic()
         while time.monotonic() < deadline:
             dead = [w for w in workers if not w.alive]
             if dead:
                 raise RuntimeError(f"{impl}: {len(dead)} worker(s) exited\n" + dead[0].diagnostics())
             if _balanced(workers, partitions):
-                return True
+                return "balanced"
+            if min(int(w.last.get("ticks", 0)) for w in workers) >= self.args.cap_ticks:
+                return "cap"
             if time.monotonic() - reported > 30:
                 reported = time.monotonic()
                 owned = len(set().union(*(w.owned_set for w in workers)))
-                print(f"  ... {owned}/{partitions} dispatched, shares {sorted(len(w.owned_set) for w in workers)}",
-                      file=sys.stderr, flush=True)
+                ticks = [int(w.last.get("ticks", 0)) for w in workers]
+                print(f"  ... {owned}/{partitions} dispatched, shares {sorted(len(w.owned_set) for w in workers)}, "
+                      f"ticks {min(ticks)}-{max(ticks)}", file=sys.stderr, flush=True)
             await asyncio.sleep(0.1)
-        return False
+        return "budget"
 
     async def _hold(self, workers: List[Worker], seconds: float) -> None:
         deadline = time.monotonic() + seconds
@@ -647,17 +691,23 @@ class SizeResult:
     sides: Dict[str, SideResult] = field(default_factory=dict)
     error: Optional[str] = None
     not_run: Optional[str] = None  # why this size was measured and sized but not run
+    skipped: Dict[str, str] = field(default_factory=dict)  # impl -> why that side was not run
 
 
-def balance_limit_for(args: argparse.Namespace, sizing: Sizing) -> float:
-    """How long a side may take to balance before it is reported as not balanced."""
-    return args.balance_ticks * 1.1 * sizing.interval + 30.0
+def cap_seconds(args: argparse.Namespace, sizing: Sizing) -> float:
+    """How long the cap's ticks take when every tick keeps time (10 % slack, 30 s start-up)."""
+    return args.cap_ticks * 1.1 * sizing.interval + 30.0
 
 
-def projected_seconds(args: argparse.Namespace, sizing: Sizing, processors: int) -> float:
-    """The longest both sides of one size can take: imports, balancing, holding, stopping."""
+def side_seconds(args: argparse.Namespace, sizing: Sizing, processors: int) -> float:
+    """The longest one side takes when its ticks keep time: imports, the cap, holding, stopping."""
     hold = args.hold if args.hold is not None else sizing.hold
-    return 2 * (min(args.ready_timeout, 2.0 * processors) + balance_limit_for(args, sizing) + hold + 15.0)
+    return _overhead(args, processors) + cap_seconds(args, sizing) + hold
+
+
+def _overhead(args: argparse.Namespace, processors: int) -> float:
+    """Imports of the workers, the final listing and stopping: what a side takes beside balancing."""
+    return min(args.ready_timeout, 2.0 * processors) + 30.0
 
 
 async def run_sizes(args: argparse.Namespace, connection_string: str, azurite_pid: Optional[int], *,
@@ -668,6 +718,7 @@ async def run_sizes(args: argparse.Namespace, connection_string: str, azurite_pi
     the whole run (the order of the sides alternates with it)."""
     machine = os.cpu_count() or 1
     started = time.monotonic() if started is None else started
+    budget_end = started + args.budget_minutes * 60
     results: List[SizeResult] = []
     with tempfile.TemporaryDirectory(prefix="scale-bench-") as scratch:
         log_dir = args.log_dir or scratch
@@ -701,27 +752,33 @@ async def run_sizes(args: argparse.Namespace, connection_string: str, azurite_pi
                   flush=True)
             size = SizeResult(partitions, processors, calibration, sizing)
             results.append(size)
-            left = args.budget_minutes * 60 - (time.monotonic() - started)
-            projected = projected_seconds(args, sizing, processors)
-            if projected > left:
-                size.not_run = (f"sized at I = {sizing.interval:g} s and E = {sizing.expiration:g} s, both sides could "
-                                f"take up to {projected / 60:.0f} min (balancing within {args.balance_ticks:g} "
-                                f"intervals, then {sizing.hold:.0f} s held so that every lease is renewed once), and "
-                                f"{max(left, 0) / 60:.0f} min of the {args.budget_minutes:g}-minute budget were left")
-                print(f"{partitions}x{processors}: not run: {size.not_run}", file=sys.stderr, flush=True)
-                continue
-            order = IMPLS if index % 2 == 0 else IMPLS[::-1]
-            for impl in order:
-                if impl not in args.impls:
+            order = [impl for impl in (IMPLS if index % 2 == 0 else IMPLS[::-1]) if impl in args.impls]
+            need = side_seconds(args, sizing, processors)
+            for position, impl in enumerate(order):
+                # The sides after this one keep what they need; this one may use the rest
+                # when its ticks overrun, and is cut there ("budget"), never at the cap.
+                reserved = need * (len(order) - position - 1)
+                left = budget_end - time.monotonic() - reserved
+                if need > left:
+                    size.skipped[impl] = (
+                        f"sized at I = {sizing.interval:g} s, it could take {need / 60:.0f} min ({args.cap_ticks:g} "
+                        f"ticks to the cap, then {sizing.hold:.0f} s held so that every lease is renewed once) and "
+                        f"{max(left, 0) / 60:.0f} min of the {args.budget_minutes:g}-minute budget were left for it")
+                    print(f"{partitions}x{processors} {impl}: not run: {size.skipped[impl]}", file=sys.stderr,
+                          flush=True)
                     continue
+                hold = args.hold if args.hold is not None else sizing.hold
+                deadline = time.monotonic() + left - _overhead(args, processors) - hold
                 try:
-                    size.sides[impl] = await runner.side(impl, partitions, processors, sizing)
+                    size.sides[impl] = await runner.side(impl, partitions, processors, sizing, deadline)
                 except asyncio.CancelledError:
                     raise
                 except Exception as error:  # a saturated store, a worker that died: say so, go on
                     first = (str(error) or repr(error)).splitlines()[0]
                     size.error = "; ".join(filter(None, [size.error, f"{impl}: {first}"]))
                     print(f"{partitions}x{processors} {impl} failed: {error!r:.500}", file=sys.stderr, flush=True)
+            if order and len(size.skipped) == len(order):
+                size.not_run = size.skipped[order[0]]
     return results
 
 
@@ -729,27 +786,43 @@ def _pct(value: float) -> str:
     return "n/a" if math.isnan(value) else f"{100 * value:.0f}%"
 
 
-def render(results: List[SizeResult], args: argparse.Namespace, command: str, seconds: float, load: str) -> str:
+def _waited(r: SideResult) -> str:
+    if r.balanced_after is not None:
+        return f"{r.balanced_after:.1f}"
+    why = "cap reached" if r.ended_by == "cap" else "stopped by the time budget before the cap"
+    return f"not balanced after {r.waited:.0f} ({why})"
+
+
+def render(results: List[SizeResult], args: argparse.Namespace, command: str, seconds: float, load: str,
+           whole: Optional[LoadReading] = None) -> str:
     cores = os.cpu_count() or 1
+    readings = [side.load for size in results for side in size.sides.values() if side.load is not None]
     lines = [
         "## Scale on Azurite: separate processes, ours vs the official EventProcessor (`scale`)",
         "",
         f"Command: `{command}` ({seconds:.0f} s). {machine_line()} Load average (1/5/15 min) at start and end: "
-        f"{load}.",
+        f"{load}." + (f" Whole run: {whole.describe()}." if whole is not None else ""),
         "",
-        f"One Azurite per size (in-memory, 127.0.0.1), started fresh by the benchmark. Each processor is its own OS process "
-        f"(`benchmarks/scale_worker.py`); all of a side start together after their imports. *ours*: "
+        *busy_flag(readings, "the figures of the flagged sides"),
+        f"One Azurite per size (in-memory, 127.0.0.1), started fresh by the benchmark. Each processor is its own OS "
+        f"process (`benchmarks/scale_worker.py`); all of a side start together after their imports. *ours*: "
         f"`EventProcessor` + our `BlobCheckpointStore`, reading an empty `MemoryEventSource`. *official*: "
         f"azure-eventhub {_official_version()}'s own `EventProcessor` class (its `OwnershipManager` and "
         f"load-balancing loop) + `azure-eventhub-checkpointstoreblob-aio`, with a stand-in client that gives the "
         f"same partition ids and idle consumers instead of AMQP links. Only ownership is measured: no events on "
-        f"either side. Same strategy ({args.strategy.upper()}), interval I and expiration E for both; each side "
-        f"its own container on the same Azurite; sides run one after the other (order alternating per size). "
-        f"*Missed renewals*: for ours, leases that ran out before a renewal succeeded (`stats.self_fenced`); the "
-        f"official processor has no lease of its own and rewrites its records at each tick, so for it, partitions "
-        f"it still ran more than E after the last successful write of their record (from then on another "
-        f"processor may take them). *Overrun*: a tick longer than I (ours logs a WARNING; the official logs "
-        f"nothing, the worker times its ticks).",
+        f"either side. Same strategy ({args.strategy.upper()}) and interval I for both, each side with its own "
+        f"SDK's ratio of expiration to interval: E = {EXPIRATION_RATIO:g}·I for ours (15 s / 75 s), "
+        f"{OFFICIAL_EXPIRATION_RATIO:g}·I for the official (its 30 s / 180 s). Each side its own container on the "
+        f"same Azurite; sides run one after the other (order alternating per size). Each side runs until it is "
+        f"balanced or until every processor has made {args.cap_ticks:g} ticks (the cap), within the time budget "
+        f"(`--budget-minutes {args.budget_minutes:g}`): a side is only started when the cap's {args.cap_ticks:g} "
+        f"intervals fit in what is left of it, and one whose ticks overrun so much that the budget ends it first "
+        f"says so. *Missed renewals*, the same rule for both sides, measured in each worker around the store's "
+        f"`claim_ownership`: a partition the processor still dispatched more than E after the last write of its "
+        f"ownership record that it sent and the store accepted (from then on another processor may take it). "
+        f"*Self-fenced* (ours only): leases it gave up because no renewal succeeded in time, before they could "
+        f"expire. *Overrun*: a tick longer than I (ours logs a WARNING; the official logs nothing, the worker "
+        f"times its ticks).",
         "",
         "### Sizing: listing cost measured here, interval and expiration derived",
         "",
@@ -757,8 +830,7 @@ def render(results: List[SizeResult], args: argparse.Namespace, command: str, se
         f"here ({args.calibration_listings} listings, median); I = ⌈N·c / (f·C)⌉ (at least {args.min_interval:g} s) "
         f"with f = {args.cpu_budget:g} and C the cores the processors can count on: those the machine left idle "
         f"over {args.idle_sample:g} s just before (other users' work counts as busy), at least a quarter of its "
-        f"{cores}; so the listings of all N processors use at most f of them. E = {EXPIRATION_RATIO:g}·I for both "
-        f"sides. Ours also gets R = E/2 "
+        f"{cores}; so the listings of all N processors use at most f of them. Ours also gets R = E/2 "
         f"(`ownership_renewal_age`): lease − R = 0.4·E is how long a processor can be kept from renewing (a "
         f"listing's XML parsing holds its event loop, up to N·c/C when all list at once) and still keep its "
         f"leases, and the store timeout T the processor derives from it exceeds that herd; the Blob store's own "
@@ -768,45 +840,50 @@ def render(results: List[SizeResult], args: argparse.Namespace, command: str, se
         f"B = N·s + 2·P·w (every processor lists, a greedy start writes every claim and its checkpoint fence) lets "
         f"the start-up burst fit in T ≈ 0.67·I; I is the largest of the three. Before each side the benchmark waits "
         f"for Azurite to go idle, and each side's container is deleted after it. A side is held "
-        f"R + E/10 once balanced (every lease of ours renewed once), and gives up on balance after "
-        f"{args.balance_ticks:g}·1.1·I + 30 s.",
+        f"R + E/10 once balanced (every lease of ours renewed once).",
         "",
-        "| P x N | client ms/record | Azurite ms/record | c (s) | listing wall (s) | idle cores | C | I (s) | E (s) | "
-        "listing load (cores) | herd N·c/C (s) | Azurite w (ms/record written) | store load N·s/I | burst B (s) | "
-        "I bound by | ours: R / T / store operation_timeout (s) | ours: lease − R (s) |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|",
+        "| P x N | client ms/record | Azurite ms/record | c (s) | listing wall (s) | idle cores | C | I (s) | "
+        "E ours / official (s) | listing load (cores) | herd N·c/C (s) | Azurite w (ms/record written) | "
+        "store load N·s/I | burst B (s) | I bound by | ours: R / T / store operation_timeout (s) | "
+        "ours: lease − R (s) | cap: 60 ticks at I (min) |".replace("60", f"{args.cap_ticks:g}"),
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|",
     ]
     for size in results:
         cal, s = size.calibration, size.sizing
         server = "n/a" if cal.server_ms_per_record is None else f"{cal.server_ms_per_record:.3f}"
         idle = "n/a" if cal.idle_cores is None else f"{cal.idle_cores:.1f}"
         lines.append(f"| {size.partitions} x {size.processors} | {cal.client_ms_per_record:.3f} | {server} | "
-                     f"{cal.cpu:.2f} | {cal.wall:.2f} | {idle} | {s.cores:g} | {s.interval:g} | {s.expiration:g} | "
-                     f"{s.listing_load:.2f} | {s.herd:.1f} | "
+                     f"{cal.cpu:.2f} | {cal.wall:.2f} | {idle} | {s.cores:g} | {s.interval:g} | "
+                     f"{s.expiration:g} / {s.official_expiration:g} | {s.listing_load:.2f} | {s.herd:.1f} | "
                      f"{'n/a' if cal.server_write_cpu is None else f'{1000 * cal.server_write_cpu:.2f}'} | "
                      f"{'n/a' if s.store_load is None else f'{s.store_load:.2f}'} | "
                      f"{'n/a' if s.burst is None else f'{s.burst:.1f}'} | {s.bound_by} | "
                      f"{s.renewal_age:g} / {s.store_timeout:.1f} / "
-                     f"{s.operation_timeout:g} | {s.stall_room:.1f} |")
+                     f"{s.operation_timeout:g} | {s.stall_room:.1f} | {cap_seconds(args, s) / 60:.1f} |")
     for size in results:
         lines += ["", f"### {size.partitions} partitions x {size.processors} processors "
-                      f"(I = {size.sizing.interval:g} s, E = {size.sizing.expiration:g} s)", ""]
+                      f"(I = {size.sizing.interval:g} s; E = {size.sizing.expiration:g} s ours, "
+                      f"{size.sizing.official_expiration:g} s official)", ""]
         if size.not_run:
             lines += [f"**Not run**: {size.not_run}."]
             continue
         if size.error:
             lines += [f"**Failed**: {size.error}", ""]
+        for impl, why in size.skipped.items():
+            lines += [f"**{impl} not run**: {why}.", ""]
         sides = [size.sides.get(impl) for impl in IMPLS]
         lines += ["| | ours | official |", "|---|---:|---:|"]
 
         def row(label: str, value: Any) -> None:
             lines.append(f"| {label} | " + " | ".join("-" if side is None else value(side) for side in sides) + " |")
 
-        row("seconds to balanced (from the common start)",
-            lambda r: "not balanced" if r.balanced_after is None else f"{r.balanced_after:.1f}")
+        row("seconds to balanced (from the common start)", _waited)
         row("ticks to balanced (busiest processor)",
-            lambda r: "-" if r.ticks_to_balanced is None else str(r.ticks_to_balanced))
-        row("missed renewals (must be 0)", lambda r: str(r.counters.get("missed_renewals", 0)))
+            lambda r: str(r.ticks_to_balanced) if r.ticks_to_balanced is not None
+            else f"not balanced after {r.ticks_waited[0]}-{r.ticks_waited[1]} per processor")
+        row("missed renewals (same rule both sides; must be 0)", lambda r: str(r.counters.get("missed_renewals", 0)))
+        row("leases given up before they could expire (ours: self-fenced)",
+            lambda r: str(r.counters.get("self_fenced", 0)) if r.impl == "ours" else "no leases")
         row("every partition owned by exactly one live processor at the end",
             lambda r: ("yes" if r.every_partition_owned_once else "**no**") + f" ({r.final_owned}/{r.partitions})")
         row("partitions per processor at the end (min-max)", lambda r: f"{r.shares[0]}-{r.shares[1]}")
@@ -821,8 +898,8 @@ def render(results: List[SizeResult], args: argparse.Namespace, command: str, se
         row("longest tick (s)", lambda r: f"{r.max_tick:.2f}")
         row("longest event-loop stall in a processor (s)", lambda r: f"{r.loop_lag:.2f}")
         row("ticks, all processors", lambda r: str(r.counters.get("ticks", 0)))
-        row("renewals / failed renewals", lambda r: f"{r.counters.get('renewals', 0)} / "
-                                                   f"{r.counters.get('failed_renewals', 0)}")
+        row("renewals / failed renewals (same rule both sides)",
+            lambda r: f"{r.counters.get('renewals', 0)} / {r.counters.get('failed_renewals', 0)}")
         row("claims won / partitions lost", lambda r: f"{r.counters.get('claims', 0)} / {r.counters.get('lost', 0)}")
         row("claims while held (after balanced)", lambda r: str(r.moved_while_held))
         row("requests/s to balanced (all processors)", lambda r: f"{r.converge.requests_per_second:.0f}")
@@ -838,6 +915,11 @@ def render(results: List[SizeResult], args: argparse.Namespace, command: str, se
                       f"{_pct(r.hold.azurite_share or float('nan')) if r.balanced_after is not None else '-'}")
         row("held for (s)", lambda r: "-" if r.balanced_after is None else f"{r.hold.seconds:.0f}")
         row("start-up imports of all workers (s, not measured above)", lambda r: f"{r.spawn_seconds:.1f}")
+        row("other processes on the machine meanwhile (cores) / 1-min load average",
+            lambda r: "n/a" if r.load is None else
+            f"{'n/a' if r.load.other_cores is None else f'{r.load.other_cores:.2f}'} / "
+            f"{'n/a' if r.load.load_start is None else f'{r.load.load_start:.1f}'}-"
+            f"{'n/a' if r.load.load_end is None else f'{r.load.load_end:.1f}'}")
         problems = [f"{side.impl}: {p}" for side in sides if side is not None for p in side.problems]
         if problems:
             lines += ["", "Problems found: " + "; ".join(problems)]
@@ -856,16 +938,26 @@ def _official_version() -> str:
 
 def _verdict(results: List[SizeResult], args: argparse.Namespace) -> List[str]:
     cores = os.cpu_count() or 1
-    held, not_held = [], []
+    held, not_held, official = [], [], []
     for size in results:
         ours = size.sides.get("ours")
         label = f"{size.partitions} x {size.processors}"
+        theirs = size.sides.get("official")
+        if theirs is not None:
+            official.append(f"{label}: " + (
+                f"balanced after {theirs.balanced_after:.1f} s and {theirs.ticks_to_balanced} ticks"
+                if theirs.balanced_after is not None else
+                f"not balanced after {theirs.waited:.0f} s and {theirs.ticks_waited[0]}-{theirs.ticks_waited[1]} "
+                f"ticks per processor ({'the cap' if theirs.ended_by == 'cap' else 'the time budget'} ended it)")
+                + f", {theirs.counters.get('missed_renewals', 0)} missed renewals")
+        elif "official" in size.skipped:
+            official.append(f"{label}: not run ({size.skipped['official']})")
         if ours is not None and ours.balanced_after is not None and ours.every_partition_owned_once \
                 and ours.counters.get("missed_renewals", 0) == 0:
             held.append(label)
             continue
-        if size.not_run:
-            not_held.append(f"{label}: not run; {size.not_run}")
+        if size.not_run or "ours" in size.skipped:
+            not_held.append(f"{label}: not run; {size.not_run or size.skipped['ours']}")
             continue
         if ours is None:
             not_held.append(f"{label}: ours did not run ({size.error})")
@@ -885,6 +977,9 @@ def _verdict(results: List[SizeResult], args: argparse.Namespace) -> List[str]:
              + (", ".join(held) or "none") + "."]
     if not_held:
         lines += ["", "**Not held**, as measured above:", ""] + [f"- {line}." for line in not_held]
+    if official:
+        lines += ["", "**The official processor**, same interval, its own expiration ratio:", ""] + \
+                 [f"- {line}." for line in official]
     return lines
 
 
@@ -911,16 +1006,25 @@ def _parser(prog: Optional[str]) -> argparse.ArgumentParser:
     parser.add_argument("--hold", type=float, default=None,
                         help="seconds to keep running once balanced (default: the renewal age + E/10, so that "
                              "every lease of ours is renewed at least once)")
-    parser.add_argument("--balance-ticks", type=float, default=6.0,
-                        help="give up on balance after this many intervals (+30 s)")
-    parser.add_argument("--budget-minutes", type=float, default=15.0,
-                        help="a size whose two sides could take longer than what is left of this budget is sized "
-                             "and reported, not run (default 15)")
+    parser.add_argument("--cap-ticks", type=float, default=float(CAP_TICKS),
+                        help=f"a side that is not balanced once every processor has made this many ticks is reported "
+                             f"as not balanced (default {CAP_TICKS}, at least 60 for a recorded run)")
+    parser.add_argument("--budget-minutes", type=float, default=DEFAULT_BUDGET_MINUTES,
+                        help="the whole run's time budget: a side is only started when the cap's ticks fit in what is "
+                             "left of it (keeping what the other side of the size needs); the sizes and sides that "
+                             f"did not fit are sized and reported, not run (default {DEFAULT_BUDGET_MINUTES:g})")
     parser.add_argument("--calibration-listings", type=int, default=5)
     parser.add_argument("--ready-timeout", type=float, default=180.0, help="seconds for all workers to import")
     parser.add_argument("--stop-timeout", type=float, default=40.0)
     parser.add_argument("--drain-timeout", type=float, default=300.0,
                         help="seconds to wait for Azurite to go idle before a side starts (default 300)")
+    parser.add_argument("--store-pid", type=int, default=None,
+                        help=f"with {STORAGE_ENV} set (a storage of your own instead of the Azurite the benchmark "
+                             "starts): the process id of that Azurite, to measure its CPU and wait for it to go idle")
+    parser.add_argument("--size-for", metavar="JSON", default=None,
+                        help="print what the sizing rule chooses for these measured costs and exit, e.g. "
+                             '\'{"listing_cpu": 0.55, "processors": 16, "cores": 2}\' (optional: store_listing, '
+                             "store_write, partitions, budget, min_interval)")
     parser.add_argument("--final-listing-timeout", type=float, default=120.0, help=argparse.SUPPRESS)
     parser.add_argument("--report-every", type=float, default=0.5, help=argparse.SUPPRESS)
     parser.add_argument("--idle-sample", type=float, default=5.0, help=argparse.SUPPRESS)
@@ -929,9 +1033,22 @@ def _parser(prog: Optional[str]) -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: Optional[List[str]] = None, prog: Optional[str] = None, *, azurite: Any = None) -> int:
+def _size_for(parser: argparse.ArgumentParser, text: str) -> int:
+    """``--size-for``: the sizing rule alone, as JSON on stdout."""
+    try:
+        given = json.loads(text)
+        sizing = choose_timing(float(given.pop("listing_cpu")), int(given.pop("processors")),
+                               float(given.pop("cores")), **given)
+    except (ValueError, KeyError, TypeError) as error:
+        parser.error(f"--size-for needs a JSON object with listing_cpu, processors and cores, and optionally "
+                     f"store_listing, store_write, partitions, budget and min_interval: {error}")
+    print(json.dumps({**vars(sizing), "hold": sizing.hold, "stall_room": sizing.stall_room,
+                      "official_expiration": sizing.official_expiration}))
+    return 0
+
+
+def main(argv: Optional[List[str]] = None, prog: Optional[str] = None) -> int:
     """Run the benchmark and print its tables; ``--record`` writes them to RESULTS.md.
-    ``azurite``: an already running ``emulators.azurite.Azurite`` to use (the tests').
 
     Example::
 
@@ -940,8 +1057,13 @@ def main(argv: Optional[List[str]] = None, prog: Optional[str] = None, *, azurit
     parser = _parser(prog)
 
     def body(args: argparse.Namespace) -> int:
+        if args.size_for is not None:
+            return _size_for(parser, args.size_for)
         if args.quick and args.record:
             parser.error("--quick runs are partial: they are never recorded")
+        if args.record and args.cap_ticks < CAP_TICKS:
+            parser.error(f"--record needs --cap-ticks of at least {CAP_TICKS}: a shorter cap is a give-up window, "
+                         f"not a measurement")
         if args.quick:  # a smoke run: shorter samples, quicker reports
             args.idle_sample, args.report_every, args.calibration_listings = 0.5, 0.25, 3
         try:
@@ -952,9 +1074,11 @@ def main(argv: Optional[List[str]] = None, prog: Optional[str] = None, *, azurit
             parser.error("--sizes: partitions and processors must be positive")
         if not 0 < args.cpu_budget <= 1:
             parser.error("--cpu-budget must be in (0, 1]")
+        if args.cap_ticks < 1:
+            parser.error("--cap-ticks must be at least 1")
         args.impls = [i.strip() for i in args.impls.split(",") if i.strip()]
         args.unmeasured = []
-        return _run(args, program.recorded_command("scale", argv), azurite)
+        return _run(args, program.recorded_command("scale", argv))
 
     return program.run(parser, body, argv)
 
@@ -963,16 +1087,19 @@ def _interrupt(_signum: int, _frame: Any) -> None:
     raise KeyboardInterrupt("SIGTERM")
 
 
-def _run(args: argparse.Namespace, command: str, azurite: Any) -> int:
+def _run(args: argparse.Namespace, command: str) -> int:
     from eventprocessor_cli.user_errors import require, require_azurite
 
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     require(purpose="the scale benchmark", extras=["blob", "eventhub"],
             packages=[("azure.eventhub.extensions.checkpointstoreblobaio", "azure-eventhub-checkpointstoreblob-aio")])
     started = time.monotonic()
+    whole = LoadWindow()
     load_start = _load_average()
-    own = azurite is None
-    if own:
+    # A storage of the user's own (never on the command line: a connection string holds a key).
+    given = os.environ.get(STORAGE_ENV)
+    azurite = None
+    if not given:
         require_azurite("the scale benchmark")
         from emulators.azurite import start_azurite
 
@@ -983,7 +1110,7 @@ def _run(args: argparse.Namespace, command: str, azurite: Any) -> int:
         previous = signal.signal(signal.SIGTERM, _interrupt)
     results: List[SizeResult] = []
     try:
-        if own:
+        if azurite is not None:
             # One Azurite per size, started fresh: a size does not inherit the records,
             # memory and queued requests of the one before (Azurite keeps everything in
             # one in-memory database served by one thread).
@@ -995,17 +1122,17 @@ def _run(args: argparse.Namespace, command: str, azurite: Any) -> int:
                 results += asyncio.run(run_sizes(args, azurite.connection_string, pid, sizes=[size],
                                                  started=started, first_index=index))
         else:
-            pid = azurite.process.pid if azurite.process is not None else None
-            results = asyncio.run(run_sizes(args, azurite.connection_string, pid))
+            results = asyncio.run(run_sizes(args, given or "", args.store_pid, started=started))
     except KeyboardInterrupt:
         print(f"{program.command_name('scale')}: interrupted; every worker was stopped", file=sys.stderr)
         return 130
     finally:
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
-        if own:
+        if azurite is not None:
             azurite.stop()
-    markdown = render(results, args, command, time.monotonic() - started, f"{load_start} / {_load_average()}")
+    markdown = render(results, args, command, time.monotonic() - started, f"{load_start} / {_load_average()}",
+                      whole.reading())
     program.report("scale", markdown, args.record)
     # 1 when ours missed a check in a size that ran (the official side's results are findings)
     failed = any(size.error or (ours is not None and (not ours.every_partition_owned_once

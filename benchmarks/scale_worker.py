@@ -19,14 +19,19 @@ and all processors start together. Then it prints a ``state`` JSON line every
 since "go"), ``owned`` (the partitions it dispatches; only when that set changed),
 ``count``, ``ticks``, ``overruns``, ``overrun_warnings`` (WARNING lines logged about
 overrunning ticks), ``max_tick``, ``missed_renewals``, ``renewals``, ``failed_renewals``,
-``claims``, ``lost``.
+``claims``, ``lost``; for ours also ``self_fenced``.
 
-``missed_renewals`` is ``stats.self_fenced`` for ours (a lease that ran out before a
-renewal succeeded). The official processor has no lease of its own; for it, the worker
-counts partitions it still ran (a receive task alive) more than the expiration after
-the last successful write of their ownership record, sampled every 0.1 s: past that
-point another processor may claim them. ``overruns`` for the official side are
-measured here (ticks longer than the interval); it logs nothing about them.
+``missed_renewals``, ``renewals`` and ``failed_renewals`` are measured the same way for
+both processors, by :class:`RenewalWatch` around the store's ``claim_ownership`` (the
+one call through which both write ownership records): a missed renewal is a partition
+the processor still dispatched (ours: ``owned_partitions``; the official: a receive task
+alive) more than the expiration after the last write of its ownership record that this
+processor sent and the store accepted, sampled every 0.1 s; past that point another
+processor may claim it. The time is when the write was sent, so the count errs toward
+"missed". ``self_fenced`` (ours) counts leases it gave up because no renewal succeeded
+in time: the safety net that keeps its missed renewals at 0. ``overruns`` for the
+official side are measured here (ticks longer than the interval); it logs nothing
+about them.
 
 SIGTERM stops it gracefully (releasing ownership), then it prints ``stopped``.
 """
@@ -88,6 +93,57 @@ class _Side:
     counters: Callable[[], Dict[str, Any]]
 
 
+class RenewalWatch:
+    """Renewals and missed renewals of one processor, by the same rule for both SDKs.
+
+    :meth:`wrap` goes around the store's ``claim_ownership``: the time a write of one of
+    this processor's records was sent is kept when the store accepts it. :meth:`watch`
+    samples what the processor dispatches every 0.1 s and counts a partition as one missed
+    renewal when it is still dispatched more than ``expiry`` after that time."""
+
+    def __init__(self, owner_id: str, expiry: float, owned: Callable[[], Set[str]],
+                 field: Callable[[Any, str], Any]) -> None:
+        self.owner_id = owner_id
+        self.expiry = expiry
+        self.owned = owned
+        self.field = field  # how to read a record's field (dicts for the official, Ownership for ours)
+        self.written: Dict[str, float] = {}  # partition -> monotonic send time of its last accepted write
+        self.lapsed: Set[str] = set()
+        self.missed = self.renewals = self.failed_renewals = 0
+
+    def wrap(self, claim: Callable[..., Any]) -> Callable[..., Any]:
+        async def counted_claim(ownerships: Any, **kwargs: Any) -> Any:
+            records = list(ownerships)
+            sent_at = time.monotonic()
+            wanted = {self.field(r, "partition_id") for r in records if self.field(r, "owner_id") == self.owner_id}
+            had = {pid for pid in wanted if pid in self.written}
+            won = list(await claim(records, **kwargs))
+            mine = {self.field(r, "partition_id") for r in won if self.field(r, "owner_id") == self.owner_id}
+            for pid in mine:
+                self.written[pid] = sent_at
+            self.renewals += len(had & mine)
+            self.failed_renewals += len(had - mine)
+            return won
+
+        return counted_claim
+
+    async def watch(self) -> None:
+        while True:
+            now = time.monotonic()
+            for pid in self.owned():
+                last = self.written.get(pid)
+                if last is not None and now - last > self.expiry:
+                    if pid not in self.lapsed:
+                        self.lapsed.add(pid)
+                        self.missed += 1
+                else:
+                    self.lapsed.discard(pid)
+            await asyncio.sleep(0.1)
+
+    def counters(self) -> Dict[str, int]:
+        return {"missed_renewals": self.missed, "renewals": self.renewals, "failed_renewals": self.failed_renewals}
+
+
 async def _ours(args: argparse.Namespace, transport: Any, go: asyncio.Event, stop: asyncio.Event,
                 side: _Side) -> None:
     from eventprocessor import EventProcessor, PartitionProcessor
@@ -109,12 +165,14 @@ async def _ours(args: argparse.Namespace, transport: Any, go: asyncio.Event, sto
                                partition_ownership_expiration_interval=args.expiry,
                                ownership_renewal_age=args.renewal_age)
 
+    watch = RenewalWatch(args.owner_id, args.expiry, lambda: set(processor.owned_partitions), getattr)
+    store.claim_ownership = watch.wrap(store.claim_ownership)  # type: ignore[method-assign]
+
     def counters() -> Dict[str, Any]:
         stats = processor.stats
         return {"ticks": stats.ticks, "overruns": stats.overruns, "overrun_warnings": warnings.count,
-                "max_tick": round(stats.max_tick_duration, 3), "missed_renewals": stats.self_fenced,
-                "renewals": stats.renewals, "failed_renewals": stats.failed_renewals, "claims": stats.claims_won,
-                "lost": stats.lost, "store_calls": dict(processor.store_calls.calls),
+                "max_tick": round(stats.max_tick_duration, 3), **watch.counters(), "self_fenced": stats.self_fenced,
+                "claims": stats.claims_won, "lost": stats.lost, "store_calls": dict(processor.store_calls.calls),
                 "store_timeouts": sum(processor.store_calls.timeouts.values()),
                 "backed_off": stats.backed_off_ticks, "backoff_level": stats.backoff_level}
 
@@ -122,11 +180,14 @@ async def _ours(args: argparse.Namespace, transport: Any, go: asyncio.Event, sto
     side.counters = counters
     await go.wait()
     await processor.start()
+    watcher = asyncio.create_task(watch.watch())
     try:
         await stop.wait()
     finally:
+        watcher.cancel()
         await processor.stop()
         await store.close()
+        await asyncio.gather(watcher, return_exceptions=True)
 
 
 class _IdleConsumer:
@@ -172,28 +233,14 @@ async def _official(args: argparse.Namespace, transport: Any, go: asyncio.Event,
         load_balancing_strategy=LoadBalancingStrategy(args.strategy))
     manager = processor._ownership_manager
     processor._id = manager.owner_id = args.owner_id  # as EventHubConsumerClient names it, for the final check
-    tally: Dict[str, Any] = {"ticks": 0, "overruns": 0, "max_tick": 0.0, "missed_renewals": 0, "claims": 0,
-                             "lost": 0, "renewals": 0, "failed_renewals": 0}
-    written: Dict[str, float] = {}  # partition -> local monotonic send time of its last accepted write
-    lapsed: Set[str] = set()
+    tally: Dict[str, Any] = {"ticks": 0, "overruns": 0, "max_tick": 0.0, "claims": 0, "lost": 0}
     tick_started: List[float] = []
 
-    claim = store.claim_ownership
+    def held() -> Set[str]:
+        return {pid for pid, task in processor._tasks.items() if not task.done()}
 
-    async def counted_claim(ownerships: Any, **kwargs: Any) -> Any:
-        records = list(ownerships)
-        sent_at = time.monotonic()
-        wanted = {r["partition_id"] for r in records if r.get("owner_id") == args.owner_id}
-        had = {pid for pid in wanted if pid in written}
-        won = list(await claim(records, **kwargs))
-        mine = {r["partition_id"] for r in won if r.get("owner_id") == args.owner_id}
-        for pid in mine:
-            written[pid] = sent_at
-        tally["renewals"] += len(had & mine)
-        tally["failed_renewals"] += len(had - mine)
-        return won
-
-    store.claim_ownership = counted_claim  # type: ignore[method-assign,assignment]
+    watch = RenewalWatch(args.owner_id, args.expiry, held, lambda record, name: record.get(name))
+    store.claim_ownership = watch.wrap(store.claim_ownership)  # type: ignore[method-assign]
 
     balance = manager.claim_ownership
 
@@ -227,28 +274,11 @@ async def _official(args: argparse.Namespace, transport: Any, go: asyncio.Event,
     processor._create_tasks_for_claimed_ownership = counted_create  # type: ignore[method-assign,assignment]
     processor._cancel_tasks_for_partitions = counted_cancel  # type: ignore[method-assign,assignment]
 
-    def held() -> Set[str]:
-        return {pid for pid, task in processor._tasks.items() if not task.done()}
-
-    async def watch_lapses() -> None:
-        while True:
-            now = time.monotonic()
-            current = held()
-            for pid in current:
-                last = written.get(pid)
-                if last is not None and now - last > args.expiry:
-                    if pid not in lapsed:
-                        lapsed.add(pid)
-                        tally["missed_renewals"] += 1
-                else:
-                    lapsed.discard(pid)
-            await asyncio.sleep(0.1)
-
     side.owned = held
-    side.counters = lambda: dict(tally, overrun_warnings=0)
+    side.counters = lambda: dict(tally, overrun_warnings=0, **watch.counters())
     await go.wait()
     running = asyncio.create_task(processor.start())
-    watcher = asyncio.create_task(watch_lapses())
+    watcher = asyncio.create_task(watch.watch())
     try:
         await stop.wait()
     finally:

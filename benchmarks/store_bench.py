@@ -1,40 +1,53 @@
-"""Checkpoint-store benchmark: our stores against the official blob store, on one Azurite.
+"""Checkpoint-store benchmark: our stores, the official blob store and a bare-SDK floor, on one Azurite.
 
 Run it with ``python -m benchmarks.store_bench`` (or ``eventprocessor bench store-bench``);
-``--record`` writes the table into ``benchmarks/RESULTS.md``.
+``--record`` writes the tables into ``benchmarks/RESULTS.md``; ``--raw PATH`` writes every
+round's measurements as JSON.
 It starts its own Azurite on free loopback ports, and for each partition count (32 and
-1024 by default) measures, store after store in the same run:
+1024 by default) measures, store after store in the same round, ``--rounds`` rounds with
+the store order rotated each round:
 
-* claims/s: claiming every partition from nothing (create-if-absent), then re-claiming
-  every partition with its etag (the renewal every tick does);
+* claims/s: claiming every partition from nothing (create-if-absent, one per partition),
+  then re-claiming with the etag (the renewal every tick does), over all partitions again
+  and again until at least ``--phase-ops`` re-claims;
 * fences/s (our stores): the fence a new owner writes right after winning a claim
-  (``fence_checkpoint``: read ownership, read checkpoint, conditional write);
-* checkpoints/s: steady-state checkpoint writes by the owner (after one untimed write
-  per partition, so first-write creates are not counted);
+  (``fence_checkpoint``: read ownership, read checkpoint, conditional write), repeated
+  like the re-claims;
+* checkpoints/s: ``--checkpoint-ops`` steady-state checkpoint writes by the owner (after
+  one untimed write per partition, so first-write creates are not counted), and the
+  client CPU per checkpoint (this process; Azurite is another);
 * list-ownership latency: median and p95 of repeated listings of all N records;
 * HTTP requests per operation, counted at the transport.
 
 The stores: our ``BlobCheckpointStore`` (fenced checkpoints), the official
 ``azure-eventhub-checkpointstoreblob-aio`` ``BlobCheckpointStore`` (unfenced, dict API),
-our ``TableCheckpointStore`` when it is importable, and optionally the in-memory store
-(``--stores memory`` runs the harness without Azurite, as a dry run). Every measurement
-is bounded in operation count; concurrency is fixed and printed with the results. The
-cost of fencing is reported as ratios of our fenced checkpoint throughput and requests
-to the official store's unfenced ones.
+our ``TableCheckpointStore``, and two floors: the unavoidable work of a fenced checkpoint
+written with the bare Azure SDK and nothing else, a conditional ``set_blob_metadata``
+If-Match the last etag (``bare-blob``) and a conditional Table ``update_entity``
+(``bare-table``), same fields, same concurrency. ``--stores memory`` runs the harness on
+the in-memory store without Azurite, as a dry run.
+
+Comparisons are per round (the stores of one round ran back to back), reported as the
+median and the range of the per-round ratios: ours against the official store on the same
+backend (Blob: what fencing costs), each store against its backend's floor, and our Table
+store against our Blob store, labelled as a backend comparison (the official store has no
+Table backend). The machine's load is measured beside every round
+(:mod:`benchmarks.machine_load`); a run on a busy machine is flagged as such.
 """
 from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import logging
-import os
+import math
 import statistics
 import sys
 import time
 import uuid
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, List, Optional, Sequence
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 try:
     from azure.core.pipeline.transport import AioHttpTransport
@@ -45,6 +58,7 @@ from eventprocessor.records import Checkpoint, Ownership
 from eventprocessor_cli.user_errors import require, require_azurite
 
 from . import program
+from .machine_load import LoadReading, LoadWindow, busy_flag
 from .results import machine_line
 
 __all__ = ["main", "measure", "CountingTransport", "StoreResult", "Summary"]
@@ -58,10 +72,20 @@ OWNER = "bench-owner"
 
 DEFAULT_PARTITIONS = (32, 1024)
 DEFAULT_CONCURRENCY = 16
-DEFAULT_CHECKPOINT_OPS = 256
+DEFAULT_CHECKPOINT_OPS = 4096
+DEFAULT_PHASE_OPS = 1024
 DEFAULT_LIST_REPEATS = 10
-DEFAULT_ROUNDS = 2
-ALL_STORES = ("ours-blob", "official-blob", "ours-table")
+DEFAULT_ROUNDS = 6
+ALL_STORES = ("ours-blob", "official-blob", "ours-table", "bare-blob", "bare-table")
+
+# (store, reference, what the ratio means): per-round ratios of checkpoint throughput and client CPU.
+COMPARISONS = (
+    ("ours-blob", "official-blob", "fencing cost on the same backend: our Blob store vs the official Blob store"),
+    ("ours-blob", "bare-blob", "our Blob store vs its floor, a bare conditional Blob write"),
+    ("official-blob", "bare-blob", "the official Blob store vs the same floor"),
+    ("ours-table", "bare-table", "our Table store vs its floor, a bare conditional Table update"),
+    ("ours-table", "ours-blob", "backend comparison, not a peer: our Table store vs our Blob store"),
+)
 
 
 class CountingTransport(AioHttpTransport):
@@ -95,7 +119,9 @@ class StoreUnderTest:
     """
 
     name: str = "?"
+    kind: str = "?"  # the --stores name
     fenced: bool = False
+    checkpoint_only: bool = False  # a floor: it only writes checkpoints
 
     async def open(self) -> None:
         """Create what the store needs (container, table) before timing starts."""
@@ -134,10 +160,12 @@ class ContractStore(StoreUnderTest):
         name: str,
         store: Any,
         *,
+        kind: str,
         request_counts: Callable[[], Optional[Counter]],
         on_close: Optional[Callable[[], Any]] = None,
     ) -> None:
         self.name = name
+        self.kind = kind
         self._store = store
         self._request_counts = request_counts
         self._on_close = on_close
@@ -194,6 +222,7 @@ class OfficialBlobStore(StoreUnderTest):
     """
 
     name = "official blob (unfenced)"
+    kind = "official-blob"
     fenced = False
 
     def __init__(self, connection_string: str, container: str) -> None:
@@ -257,6 +286,87 @@ class OfficialBlobStore(StoreUnderTest):
         return len(list(await self._store.list_ownership(NAMESPACE, EVENTHUB, CONSUMER_GROUP)))
 
 
+class BareBlobWrites(StoreUnderTest):
+    """The floor of a fenced Blob checkpoint: ``set_blob_metadata`` If-Match the etag of the
+    previous write, with the azure-storage-blob SDK and nothing else (no verification,
+    no write token, no record parsing). The same four fields our store writes."""
+
+    name = "floor: bare conditional Blob write"
+    kind = "bare-blob"
+    fenced = False
+    checkpoint_only = True
+
+    def __init__(self, connection_string: str, container: str) -> None:
+        from azure.storage.blob.aio import ContainerClient
+
+        self.transport = CountingTransport()
+        self._client = ContainerClient.from_connection_string(connection_string, container, transport=self.transport)
+        self._etags: Dict[str, str] = {}
+
+    async def open(self) -> None:
+        await self._client.create_container()
+
+    async def close(self) -> None:
+        await self._client.close()
+
+    def request_counts(self) -> Optional[Counter]:
+        return Counter(self.transport.requests)
+
+    async def checkpoint(self, partition_id: str, sequence_number: int) -> None:
+        from azure.core import MatchConditions
+
+        metadata = {"sequencenumber": str(sequence_number), "offset": str(sequence_number), "ownerid": OWNER,
+                    "epoch": "1"}
+        blob = self._client.get_blob_client(f"{NAMESPACE}/{EVENTHUB}/{CONSUMER_GROUP}/checkpoint/{partition_id}")
+        etag = self._etags.get(partition_id)
+        if etag is None:  # the untimed first write of each partition creates its blob
+            response = await blob.upload_blob(b"", metadata=metadata, overwrite=True)
+        else:
+            response = await blob.set_blob_metadata(metadata, etag=etag, match_condition=MatchConditions.IfNotModified)
+        self._etags[partition_id] = response["etag"]
+
+
+class BareTableWrites(StoreUnderTest):
+    """The floor of a fenced Table checkpoint: ``update_entity`` (replace) If-Match the etag
+    of the previous write, with the azure-data-tables SDK and nothing else."""
+
+    name = "floor: bare conditional Table update"
+    kind = "bare-table"
+    fenced = False
+    checkpoint_only = True
+
+    def __init__(self, connection_string: str, table: str) -> None:
+        from azure.data.tables.aio import TableClient
+
+        self.transport = CountingTransport()
+        self._client = TableClient.from_connection_string(connection_string, table, transport=self.transport)
+        self._etags: Dict[str, str] = {}
+
+    async def open(self) -> None:
+        await self._client.create_table()
+
+    async def close(self) -> None:
+        await self._client.close()
+
+    def request_counts(self) -> Optional[Counter]:
+        return Counter(self.transport.requests)
+
+    async def checkpoint(self, partition_id: str, sequence_number: int) -> None:
+        from azure.core import MatchConditions
+        from azure.data.tables import EdmType, EntityProperty, UpdateMode
+
+        entity = {"PartitionKey": f"{NAMESPACE} {EVENTHUB} {CONSUMER_GROUP} Checkpoint", "RowKey": partition_id,
+                  "sequencenumber": str(sequence_number), "offset": str(sequence_number), "ownerid": OWNER,
+                  "epoch": EntityProperty(1, EdmType.INT64)}
+        etag = self._etags.get(partition_id)
+        if etag is None:  # the untimed first write of each partition creates its entity
+            response = await self._client.create_entity(entity)
+        else:
+            response = await self._client.update_entity(entity, mode=UpdateMode.REPLACE, etag=etag,
+                                                        match_condition=MatchConditions.IfNotModified)
+        self._etags[partition_id] = response["etag"]
+
+
 # --------------------------------------------------------------------------- measuring
 
 
@@ -282,26 +392,54 @@ class Phase:
     def requests_per_op(self) -> Optional[float]:
         return None if self.requests is None or not self.ops else self.requests / self.ops
 
+    @property
+    def cpu_ms_per_op(self) -> float:
+        return 1000 * self.cpu_seconds / self.ops if self.ops else float("nan")
+
+    def to_dict(self) -> Dict[str, Any]:
+        return {"ops": self.ops, "seconds": self.seconds,
+                "methods": None if self.methods is None else dict(self.methods), "failures": self.failures,
+                "cpu_seconds": self.cpu_seconds, "per_second": self.per_second, "requests_per_op": self.requests_per_op}
+
 
 @dataclass
 class StoreResult:
     store: str
+    kind: str
     fenced: bool
     partitions: int
-    create: Phase
-    reclaim: Phase
+    round: int
+    create: Optional[Phase]  # None for a floor: it only writes checkpoints
+    reclaim: Optional[Phase]
     fence: Optional[Phase]
     checkpoint: Phase
     list_ms: List[float] = field(default_factory=list)
     list_requests: Optional[float] = None
 
+    def to_dict(self) -> Dict[str, Any]:
+        phases = {name: None if getattr(self, name) is None else getattr(self, name).to_dict()
+                  for name in ("create", "reclaim", "fence", "checkpoint")}
+        return {"store": self.store, "kind": self.kind, "fenced": self.fenced, "partitions": self.partitions,
+                "round": self.round, **phases, "list_ms": self.list_ms, "list_requests": self.list_requests}
+
+
+def _span(values: Sequence[float], digits: int = 0, unit: str = "") -> str:
+    """``median (min-max)`` of per-round values; the median alone for one round."""
+    if not values:
+        return "n/a"
+    median = f"{statistics.median(values):,.{digits}f}{unit}"
+    if len(values) < 2:
+        return median
+    return f"{median} ({min(values):,.{digits}f}-{max(values):,.{digits}f})"
+
 
 @dataclass
 class Summary:
-    """One store at one partition count over all rounds: medians of the per-round
-    rates, listings pooled."""
+    """One store at one partition count over all rounds: medians and ranges of the
+    per-round figures, listings pooled."""
 
     store: str
+    kind: str
     fenced: bool
     partitions: int
     rounds: List[StoreResult]
@@ -310,46 +448,55 @@ class Summary:
         present = [v for v in values if v is not None]
         return statistics.median(present) if present else None
 
-    def rate(self, phase: str) -> float:
-        return statistics.median(getattr(r, phase).per_second for r in self.rounds)
+    def _phases(self, phase: str) -> List[Phase]:
+        return [getattr(r, phase) for r in self.rounds if getattr(r, phase) is not None]
 
-    def spread(self, phase: str) -> str:
-        rates = [getattr(r, phase).per_second for r in self.rounds]
-        return f"{min(rates):.0f}-{max(rates):.0f}" if len(rates) > 1 else ""
+    def has(self, phase: str) -> bool:
+        return bool(self._phases(phase))
+
+    def rate(self, phase: str) -> float:
+        return statistics.median(p.per_second for p in self._phases(phase))
+
+    def rates(self, phase: str) -> str:
+        """Median (min-max) operations/s over rounds."""
+        return _span([p.per_second for p in self._phases(phase)]) if self.has(phase) else "n/a"
+
+    def ops(self, phase: str) -> str:
+        counts = sorted({p.ops for p in self._phases(phase)})
+        return "-" if not counts else "/".join(str(c) for c in counts)
 
     def requests(self, phase: str) -> Optional[float]:
-        return self._median([getattr(r, phase).requests_per_op for r in self.rounds])
+        return self._median([p.requests_per_op for p in self._phases(phase)])
 
-    def cpu_ms(self, phase: str) -> float:
-        """Client CPU per operation (ms), median over rounds: steadier than throughput
-        on a machine shared with other work."""
-        return statistics.median(1000 * getattr(r, phase).cpu_seconds / getattr(r, phase).ops for r in self.rounds)
+    def cpu_ms(self, phase: str) -> str:
+        """Client CPU per operation (ms), median (min-max) over rounds."""
+        return _span([p.cpu_ms_per_op for p in self._phases(phase)], 3)
 
     def methods(self, phase: str) -> str:
         """Requests per operation by HTTP method, e.g. ``HEAD 1.00 + PUT 1.00``, summed over rounds."""
-        phases = [getattr(r, phase) for r in self.rounds]
-        if any(p.methods is None for p in phases):
+        phases = self._phases(phase)
+        if not phases or any(p.methods is None for p in phases):
             return "n/a"
-        total: Counter = sum((p.methods for p in phases), Counter())
+        total: Counter = sum((p.methods for p in phases if p.methods is not None), Counter())
         ops = sum(p.ops for p in phases)
         return " + ".join(f"{method} {count / ops:.2f}" for method, count in sorted(total.items())) or "none"
 
     def failures(self, phase: str) -> int:
-        return sum(getattr(r, phase).failures for r in self.rounds)
+        return sum(p.failures for p in self._phases(phase))
 
     @property
     def list_ms(self) -> List[float]:
         return [ms for r in self.rounds for ms in r.list_ms]
 
     @property
-    def list_median(self) -> float:
-        return statistics.median(self.list_ms)
+    def list_median(self) -> Optional[float]:
+        return statistics.median(self.list_ms) if self.list_ms else None
 
     @property
-    def list_p95(self) -> float:
+    def list_p95(self) -> Optional[float]:
         pooled = self.list_ms
         if len(pooled) < 2:
-            return pooled[0]
+            return pooled[0] if pooled else None
         return statistics.quantiles(pooled, n=20, method="inclusive")[18]
 
     @property
@@ -363,9 +510,38 @@ def summarize(results: List[StoreResult]) -> List[Summary]:
     for r in results:
         key = (r.store, r.partitions)
         if key not in groups:
-            groups[key] = Summary(r.store, r.fenced, r.partitions, [])
+            groups[key] = Summary(r.store, r.kind, r.fenced, r.partitions, [])
         groups[key].rounds.append(r)
     return sorted(groups.values(), key=lambda g: (g.partitions, results.index(g.rounds[0])))
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """Per-round ratios of one store's checkpoints to a reference's, at one partition count."""
+
+    store: Summary
+    reference: Summary
+    meaning: str
+    throughput: List[float]  # store checkpoints/s over the reference's, one per round both ran
+    cpu: List[float]  # store client CPU per checkpoint over the reference's
+
+
+def compare(summaries: List[Summary]) -> List[Comparison]:
+    found = []
+    for partitions in sorted({g.partitions for g in summaries}):
+        by_kind = {g.kind: g for g in summaries if g.partitions == partitions}
+        for kind, reference, meaning in COMPARISONS:
+            if kind not in by_kind or reference not in by_kind:
+                continue
+            a, b = by_kind[kind], by_kind[reference]
+            rounds_b = {r.round: r for r in b.rounds}
+            pairs = [(r, rounds_b[r.round]) for r in a.rounds if r.round in rounds_b]
+            found.append(Comparison(
+                a, b, meaning,
+                [x.checkpoint.per_second / y.checkpoint.per_second for x, y in pairs],
+                [x.checkpoint.cpu_ms_per_op / y.checkpoint.cpu_ms_per_op for x, y in pairs
+                 if y.checkpoint.cpu_seconds > 0]))
+    return found
 
 
 async def _run_sharded(
@@ -408,17 +584,25 @@ async def _timed(
 
 
 async def measure(
-    adapter: StoreUnderTest, partitions: int, *, concurrency: int, checkpoint_ops: int, list_repeats: int
+    adapter: StoreUnderTest, partitions: int, *, concurrency: int, checkpoint_ops: int, list_repeats: int,
+    phase_ops: int = 1, round_index: int = 0,
 ) -> StoreResult:
-    """All phases for one store at one partition count. The store must be fresh."""
+    """All phases for one store at one partition count. The store must be fresh.
+
+    Re-claims and fences go over all partitions as many times as it takes to reach
+    ``phase_ops`` operations (a create can only happen once per partition)."""
     ids = [str(i) for i in range(partitions)]
     index = {pid: i for i, pid in enumerate(ids)}
     by_partition = lambda pid: index[pid]  # noqa: E731
+    repeated = ids * math.ceil(phase_ops / partitions)
 
     await adapter.open()
-    create = await _timed(adapter, ids, concurrency, adapter.create_claim, by_partition)
-    reclaim = await _timed(adapter, ids, concurrency, adapter.reclaim, by_partition)
-    fence = await _timed(adapter, ids, concurrency, adapter.fence, by_partition) if adapter.fenced else None
+    create = reclaim = fence = None
+    if not adapter.checkpoint_only:
+        create = await _timed(adapter, ids, concurrency, adapter.create_claim, by_partition)
+        reclaim = await _timed(adapter, repeated, concurrency, adapter.reclaim, by_partition)
+        if adapter.fenced:
+            fence = await _timed(adapter, repeated, concurrency, adapter.fence, by_partition)
 
     # Checkpoints go to the first min(N, ops) partitions, round-robin; one untimed
     # write each first, so the timed phase is the steady state (no first-write creates).
@@ -434,18 +618,19 @@ async def measure(
     checkpoint = await _timed(adapter, work, concurrency, write, lambda item: index[item[0]])
 
     list_ms: List[float] = []
-    before = adapter.request_counts()
-    for _ in range(list_repeats):
-        start = time.perf_counter()
-        count = await adapter.list_ownership()
-        list_ms.append((time.perf_counter() - start) * 1000.0)
-        if count != partitions:
-            raise RuntimeError(f"{adapter.name}: listed {count} ownership records, expected {partitions}")
-    after = adapter.request_counts()
-    list_requests = None if before is None or after is None else sum((after - before).values()) / list_repeats
-    return StoreResult(
-        adapter.name, adapter.fenced, partitions, create, reclaim, fence, checkpoint, list_ms, list_requests
-    )
+    list_requests = None
+    if not adapter.checkpoint_only:
+        before = adapter.request_counts()
+        for _ in range(list_repeats):
+            start = time.perf_counter()
+            count = await adapter.list_ownership()
+            list_ms.append((time.perf_counter() - start) * 1000.0)
+            if count != partitions:
+                raise RuntimeError(f"{adapter.name}: listed {count} ownership records, expected {partitions}")
+        after = adapter.request_counts()
+        list_requests = None if before is None or after is None else sum((after - before).values()) / list_repeats
+    return StoreResult(adapter.name, adapter.kind, adapter.fenced, partitions, round_index, create, reclaim, fence,
+                       checkpoint, list_ms, list_requests)
 
 
 # --------------------------------------------------------------------------- stores
@@ -459,7 +644,8 @@ def _contract_blob(connection_string: str, container: str) -> Optional[StoreUnde
         return None
     transport = CountingTransport()
     store = BlobCheckpointStore.from_connection_string(connection_string, container, transport=transport)
-    return ContractStore("ours blob (fenced)", store, request_counts=lambda: Counter(transport.requests))
+    return ContractStore("ours blob (fenced)", store, kind="ours-blob",
+                         request_counts=lambda: Counter(transport.requests))
 
 
 def _contract_table(connection_string: str, table: str) -> Optional[StoreUnderTest]:
@@ -470,7 +656,8 @@ def _contract_table(connection_string: str, table: str) -> Optional[StoreUnderTe
         return None
     transport = CountingTransport()
     store = TableCheckpointStore.from_connection_string(connection_string, table, transport=transport)
-    return ContractStore("ours table (fenced)", store, request_counts=lambda: Counter(transport.requests))
+    return ContractStore("ours table (fenced)", store, kind="ours-table",
+                         request_counts=lambda: Counter(transport.requests))
 
 
 def _memory() -> StoreUnderTest:
@@ -478,7 +665,7 @@ def _memory() -> StoreUnderTest:
 
     store = InMemoryCheckpointStore()
     return ContractStore(
-        "ours in-memory (fenced)", store, request_counts=lambda: Counter(store.request_counts)
+        "ours in-memory (fenced)", store, kind="memory", request_counts=lambda: Counter(store.request_counts)
     )
 
 
@@ -493,6 +680,10 @@ def _make(kind: str, connection_string: Optional[str], partitions: int) -> Optio
         return OfficialBlobStore(connection_string, f"bench-official-{suffix}")
     if kind == "ours-table":
         return _contract_table(connection_string, f"benchours{suffix}")
+    if kind == "bare-blob":
+        return BareBlobWrites(connection_string, f"bench-bare-{suffix}")
+    if kind == "bare-table":
+        return BareTableWrites(connection_string, f"benchbare{suffix}")
     raise ValueError(f"unknown store {kind!r}")
 
 
@@ -503,60 +694,96 @@ def _fmt(value: Optional[float], digits: int = 1) -> str:
     return "n/a" if value is None else f"{value:.{digits}f}"
 
 
-def _ratio(a: Optional[float], b: Optional[float]) -> str:
-    if a is None or b is None or b == 0:
-        return "n/a"
-    return f"{a / b:.2f}x"
-
-
-def _load_average() -> str:
+def _official_version() -> str:
     try:
-        return f"{os.getloadavg()[0]:.1f}"
-    except OSError:  # not on every platform
-        return "n/a"
+        from importlib.metadata import version
+
+        return version("azure-eventhub-checkpointstoreblob-aio")
+    except Exception:  # not installed: the dry run
+        return "?"
+
+
+# The headline's comparisons, in the order the sentence states them.
+_HEADLINE = (
+    ("ours-blob", "official-blob", "the official Blob store (azure-eventhub-checkpointstoreblob-aio {version} at "
+                                   "its defaults, unfenced, on the same Azurite Blob service)"),
+    ("ours-blob", "bare-blob", "its floor (a bare conditional Blob write)"),
+    ("ours-table", "bare-table", "its floor (a bare conditional Table update)"),
+)
+
+
+def _verdict(comparisons: Sequence["Comparison"], loads: Sequence[LoadReading]) -> List[str]:
+    """The headline: checkpoint throughput and client CPU of our stores against the official
+    store and the floors, as medians of the per-round ratios with their range, per partition
+    count. Only figures the tables below show; on a busy machine it says it is not a result."""
+    by_key = {(c.store.kind, c.reference.kind, c.store.partitions): c for c in comparisons}
+    sentences = []
+    for partitions in sorted({c.store.partitions for c in comparisons}):
+        parts = []
+        for kind, reference, what in _HEADLINE:
+            c = by_key.get((kind, reference, partitions))
+            if c is None or not c.throughput:
+                continue
+            store = "our fenced Blob store" if kind == "ours-blob" else "our fenced Table store"
+            cpu = f" with {_span(c.cpu, 2, 'x')} its client CPU per checkpoint" if c.cpu else ""
+            parts.append(f"{store} at {_span(c.throughput, 2, 'x')} the checkpoints/s of "
+                         f"{what.format(version=_official_version())}{cpu}")
+        if parts:
+            sentences.append(f"At {partitions} partitions: " + "; ".join(parts) + ".")
+    if not sentences:
+        return []
+    rounds = max(len(c.throughput) for c in comparisons)
+    lead = "**Headline (busy machine, not a result)**" if any(r.busy for r in loads) else "**Headline**"
+    return [f"{lead}, medians of {rounds} per-round ratio(s), range in brackets. "
+            + " ".join(sentences), ""]
 
 
 def render(
-    results: List[StoreResult], *, command: str, concurrency: int, checkpoint_ops: int, list_repeats: int,
-    rounds: int, load: str = "",
+    results: List[StoreResult], *, command: str, concurrency: int, checkpoint_ops: int, phase_ops: int,
+    list_repeats: int, rounds: int, loads: Sequence[LoadReading], whole: Optional[LoadReading] = None,
 ) -> str:
+    """The section: a busy-machine flag when there is one, the stores, the comparisons."""
     summaries = summarize(results)
     lines = [
         "## Checkpoint stores on Azurite (`store_bench`)",
         "",
         f"Command: `{command}`",
         "",
-        machine_line() + (f" 1-minute load average at start and end: {load}." if load else ""),
+        machine_line() + (f" Load over the whole run: {whole.describe()}." if whole is not None else ""),
         "",
+        *busy_flag(loads, "these figures"),
+        *_verdict(compare(summaries), loads),
         f"Azurite (in-memory persistence) on 127.0.0.1, started by the benchmark; the Python client and "
         f"Azurite share the machine. Concurrency: {concurrency} asyncio workers in one process, each owning "
         f"a disjoint set of partitions. Each store gets a fresh container/table per round; {rounds} "
-        f"round(s), the store order rotated each round; rates are the median over rounds (min-max in "
-        f"brackets). Claims: every partition created once (create-if-absent), then re-claimed once with "
-        f"its etag. Fences (our stores; the official one has none): every partition fenced once after its "
-        f"claim, as a new owner does before reading where to resume. Checkpoints: {checkpoint_ops} timed steady-state writes (after one untimed write per "
-        f"target partition; targets are the first min(N, {checkpoint_ops}) partitions). Listing: "
-        f"{list_repeats} sequential listings of all N records per round, pooled. Requests: HTTP requests "
-        f"counted at the transport (retries included), per operation.",
+        f"round(s), the stores of a round run back to back, their order rotated each round; figures are the "
+        f"median over rounds (min-max in brackets). Claims: every partition created once (create-if-absent), "
+        f"then re-claimed with its etag, over all partitions until at least {phase_ops} re-claims. Fences (our "
+        f"stores; the official one has none): the fence a new owner writes after its claim, repeated like the "
+        f"re-claims. Checkpoints: {checkpoint_ops} timed steady-state writes per round (after one untimed write "
+        f"per target partition; targets are the first min(N, {checkpoint_ops}) partitions). Client CPU: this "
+        f"process's CPU time over the phase per operation (Azurite's is not in it). Listing: {list_repeats} "
+        f"sequential listings of all N records per round, pooled. Requests: HTTP requests counted at the "
+        f"transport (retries included), per operation. *official*: azure-eventhub-checkpointstoreblob-aio "
+        f"{_official_version()} with its defaults (one unconditional `set_blob_metadata` per checkpoint). "
+        f"*floor*: the request a fenced checkpoint cannot do without, sent with the bare Azure SDK and nothing "
+        f"else: a conditional write If-Match the etag of the previous one, the same four fields.",
         "",
-        "| Store | Partitions | create claims/s | req/create | re-claims/s | req/re-claim | fences/s | req/fence | "
-        "checkpoints/s | req/checkpoint | list median ms | list p95 ms | req/list |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| Store | Partitions | timed ops per round: create / re-claim / fence / checkpoint | create claims/s | "
+        "req/create | re-claims/s | req/re-claim | fences/s | req/fence | checkpoints/s | req/checkpoint | "
+        "client CPU ms/checkpoint | list median ms | list p95 ms | req/list |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
-
-    def rate(summary: Summary, phase: str) -> str:
-        if getattr(summary.rounds[0], phase) is None:
-            return "n/a"
-        spread = summary.spread(phase)
-        return f"{summary.rate(phase):.0f}" + (f" ({spread})" if spread else "")
 
     for g in summaries:
         lines.append(
-            f"| {g.store} | {g.partitions} | {rate(g, 'create')} | {_fmt(g.requests('create'), 2)} | "
-            f"{rate(g, 'reclaim')} | {_fmt(g.requests('reclaim'), 2)} | "
-            f"{rate(g, 'fence')} | {_fmt(g.requests('fence') if g.fenced else None, 2)} | "
-            f"{rate(g, 'checkpoint')} | {_fmt(g.requests('checkpoint'), 2)} | "
-            f"{g.list_median:.1f} | {g.list_p95:.1f} | {_fmt(g.list_requests, 1)} |"
+            f"| {g.store} | {g.partitions} | "
+            f"{g.ops('create')} / {g.ops('reclaim')} / {g.ops('fence')} / {g.ops('checkpoint')} | "
+            f"{g.rates('create')} | {_fmt(g.requests('create'), 2)} | "
+            f"{g.rates('reclaim')} | {_fmt(g.requests('reclaim'), 2)} | "
+            f"{g.rates('fence')} | {_fmt(g.requests('fence'), 2)} | "
+            f"{g.rates('checkpoint')} | {_fmt(g.requests('checkpoint'), 2)} | {g.cpu_ms('checkpoint')} | "
+            f"{_fmt(g.list_median)} | {_fmt(g.list_p95)} | {_fmt(g.list_requests, 1)} |"
         )
     lost = [g for g in summaries if g.failures("create") or g.failures("reclaim")]
     if lost:
@@ -565,36 +792,36 @@ def render(
             for g in lost
         )]
 
-    # Fencing cost: each fenced store's checkpoints against the unfenced ones.
-    ratio_rows = []
-    for g in summaries:
-        if not g.fenced or "memory" in g.store:
-            continue
-        for peer in summaries:
-            if peer.fenced or peer.partitions != g.partitions:
-                continue
-            ratio_rows.append(
-                f"| {g.store} vs {peer.store} | {g.partitions} | "
-                f"{_ratio(g.rate('checkpoint'), peer.rate('checkpoint'))} | "
-                f"{_ratio(g.requests('checkpoint'), peer.requests('checkpoint'))} | "
-                f"{g.cpu_ms('checkpoint'):.2f} vs {peer.cpu_ms('checkpoint'):.2f} | "
-                f"{g.methods('checkpoint')} vs {peer.methods('checkpoint')} | {g.methods('fence')} |"
-            )
-    if ratio_rows:
+    comparisons = compare(summaries)
+    if comparisons:
         lines += [
             "",
-            "Cost of fencing, as ratios of steady-state checkpoint throughput and of HTTP requests per "
-            "checkpoint (throughput below 1x and requests above 1x are what fencing costs). Our stores "
-            "have no unfenced mode, so the unfenced reference is the official blob store (same blob "
-            "layout, same Azure transport); the table row compares across backends. Our checkpoints are "
-            "conditional on the etag of the owner's fence or last write; the fence itself is paid once per "
-            "claim (last column).",
+            "Checkpoints compared round by round (the stores of a round ran back to back): the median and the range "
+            "of the per-round ratios of checkpoint throughput (below 1x: slower) and of client CPU per checkpoint "
+            "(above 1x: more CPU). Ours against the official store compares like with like (one Azurite Blob "
+            "service, the same blob layout, the same Azure transport): it is what fencing costs. Each store against "
+            "its floor shows what is left above the request itself. The official store has no Table backend, so "
+            "our Table store is compared with its own floor and, as a comparison of backends and not of "
+            "implementations, with our Blob store.",
             "",
-            "| Fenced vs unfenced | Partitions | checkpoints/s ratio | requests/checkpoint ratio | "
-            "client CPU ms/checkpoint | requests per checkpoint by method | requests per fence by method |",
+            "| Comparison | Partitions | rounds | checkpoints/s ratio, median (range) | client CPU per checkpoint "
+            "ratio, median (range) | client CPU ms/checkpoint, store vs reference | requests per checkpoint by "
+            "method, store vs reference |",
             "|---|---:|---:|---:|---:|---|---|",
-            *ratio_rows,
         ]
+        for c in comparisons:
+            lines.append(
+                f"| {c.meaning} | {c.store.partitions} | {len(c.throughput)} | {_span(c.throughput, 2, 'x')} | "
+                f"{_span(c.cpu, 2, 'x')} | {c.store.cpu_ms('checkpoint')} vs {c.reference.cpu_ms('checkpoint')} | "
+                f"{c.store.methods('checkpoint')} vs {c.reference.methods('checkpoint')} |")
+    fenced = [g for g in summaries if g.fenced and g.has("fence")]
+    if fenced:
+        lines += ["", "A fence is paid once per won claim: " + "; ".join(
+            f"{g.store} @ {g.partitions}: {g.methods('fence')}" for g in fenced) + "."]
+    if loads:
+        lines += ["", "Load per round (all partition counts): " + "; ".join(
+            f"round {i + 1}: other processes {_fmt(r.other_cores, 2)} cores, load average "
+            f"{_fmt(r.load_start)}-{_fmt(r.load_end)}" for i, r in enumerate(loads)) + "."]
     return "\n".join(lines) + "\n"
 
 
@@ -613,17 +840,25 @@ def _parser(prog: Optional[str]) -> argparse.ArgumentParser:
         help="timed checkpoint writes per store, partition count and round (default: %(default)s)",
     )
     parser.add_argument(
+        "--phase-ops", type=int, default=DEFAULT_PHASE_OPS,
+        help="at least this many timed re-claims and fences per store, partition count and round "
+             "(default: %(default)s)",
+    )
+    parser.add_argument(
         "--list-repeats", type=int, default=DEFAULT_LIST_REPEATS,
         help="listings per store, partition count and round (default: %(default)s)",
     )
     parser.add_argument(
         "--stores", default=",".join(ALL_STORES),
-        help="comma-separated: ours-blob, official-blob, ours-table, memory (default: %(default)s)",
+        help="comma-separated: ours-blob, official-blob, ours-table, bare-blob, bare-table, memory "
+             "(default: %(default)s)",
     )
     parser.add_argument(
         "--rounds", type=int, default=DEFAULT_ROUNDS,
-        help="rounds over all stores, order rotated each round; medians reported (default: %(default)s)",
+        help="rounds over all stores, order rotated each round; medians and ranges reported (default: %(default)s)",
     )
+    parser.add_argument("--raw", metavar="PATH", default=None,
+                        help="also write every round's measurements to PATH as JSON")
     return parser
 
 
@@ -635,8 +870,8 @@ def _check(parser: argparse.ArgumentParser, args: argparse.Namespace) -> argpars
     args.stores = [s.strip() for s in args.stores.split(",") if s.strip()]
     unknown = set(args.stores) - set(ALL_STORES) - {"memory"}
     if unknown:
-        parser.error(f"unknown store(s): {', '.join(sorted(unknown))}")
-    for name in ("concurrency", "checkpoint_ops", "list_repeats", "rounds"):
+        parser.error(f"unknown store(s): {', '.join(sorted(unknown))} (known: {', '.join(ALL_STORES)}, memory)")
+    for name in ("concurrency", "checkpoint_ops", "phase_ops", "list_repeats", "rounds"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be at least 1")
     if any(p < 1 for p in args.partitions):
@@ -644,10 +879,13 @@ def _check(parser: argparse.ArgumentParser, args: argparse.Namespace) -> argpars
     return args
 
 
-async def _run(args: argparse.Namespace, connection_string: Optional[str]) -> List[StoreResult]:
+async def _run(args: argparse.Namespace, connection_string: Optional[str]
+               ) -> Tuple[List[StoreResult], List[LoadReading]]:
     results: List[StoreResult] = []
-    for partitions in args.partitions:
-        for round_index in range(args.rounds):
+    loads: List[LoadReading] = []
+    for round_index in range(args.rounds):
+        window = LoadWindow()
+        for partitions in args.partitions:
             # Rotating the order spreads the drift of a shared machine over all stores.
             shift = round_index % len(args.stores)
             for kind in args.stores[shift:] + args.stores[:shift]:
@@ -664,11 +902,14 @@ async def _run(args: argparse.Namespace, connection_string: Optional[str]) -> Li
                         await measure(
                             adapter, partitions, concurrency=args.concurrency,
                             checkpoint_ops=args.checkpoint_ops, list_repeats=args.list_repeats,
+                            phase_ops=args.phase_ops, round_index=round_index,
                         )
                     )
                 finally:
                     await adapter.close()
-    return results
+        loads.append(window.reading())
+        print(f"round {round_index + 1}: {loads[-1].describe()}", file=sys.stderr, flush=True)
+    return results, loads
 
 
 # What each store needs beyond the core install: extras, and packages no extra provides.
@@ -677,12 +918,14 @@ _NEEDS = {
     "official-blob": (["blob"], [("azure.eventhub.extensions.checkpointstoreblobaio",
                                   "azure-eventhub-checkpointstoreblob-aio")]),
     "ours-table": (["table"], []),
+    "bare-blob": (["blob"], []),
+    "bare-table": (["table"], []),
     "memory": ([], []),
 }
 
 
 def main(argv: Optional[List[str]] = None, prog: Optional[str] = None) -> int:
-    """Run the benchmark and print the table; with ``--record``, write it to
+    """Run the benchmark and print the tables; with ``--record``, write them to
     benchmarks/RESULTS.md. Example::
 
         python -m benchmarks.store_bench --partitions 32,1024 --record
@@ -708,19 +951,23 @@ def _run_and_report(args: argparse.Namespace, command: str) -> int:
 
         azurite = start_azurite()
         connection_string = azurite.connection_string
-    load_at_start = _load_average()
+    whole = LoadWindow()
     try:
-        results = asyncio.run(_run(args, connection_string))
+        results, loads = asyncio.run(_run(args, connection_string))
     finally:
         if azurite is not None:
             azurite.stop()
     if not results:
         print("store_bench: no store could be measured", file=sys.stderr)
         return 1
+    if args.raw:
+        with open(args.raw, "w") as handle:
+            json.dump({"command": command, "rounds": [r.to_dict() for r in results],
+                       "load": [vars(r) for r in loads]}, handle, indent=1)
     markdown = render(
-        results, command=command, concurrency=args.concurrency,
-        checkpoint_ops=args.checkpoint_ops, list_repeats=args.list_repeats, rounds=args.rounds,
-        load=f"{load_at_start} / {_load_average()}",
+        results, command=command, concurrency=args.concurrency, checkpoint_ops=args.checkpoint_ops,
+        phase_ops=args.phase_ops, list_repeats=args.list_repeats, rounds=args.rounds, loads=loads,
+        whole=whole.reading(),
     )
     program.report("store_bench", markdown, args.record)
     return 0

@@ -6,8 +6,6 @@ They run as programs (``python -m benchmarks.NAME``): tests never import the ben
 records writes to a scratch copy named by ``EVENTPROCESSOR_BENCH_RESULTS``."""
 from __future__ import annotations
 
-import asyncio
-import math
 import os
 import re
 import subprocess
@@ -16,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks import results, scale
+from benchmarks import results
 
 ROOT = Path(__file__).resolve().parent.parent
 REAL_RESULTS = ROOT / "benchmarks" / "RESULTS.md"
@@ -104,31 +102,6 @@ def test_a_quick_run_refuses_to_record(results_file):
     assert not results_file.exists()
 
 
-@pytest.mark.azurite
-def test_scale_quick_run_starts_both_sides_as_processes_and_checks_ownership_in_the_store(capsys, results_file,
-                                                                                         azurite):
-    """A smoke run: 8 partitions x 2 processes per side on the session's Azurite. Timing
-    figures are not asserted (they are the benchmark's to record); the table's shape is."""
-    code = scale.main(["--quick"], azurite=azurite)
-    out = capsys.readouterr().out
-    assert code in (0, 1), out  # 1: a side missed a check, which the table says
-    assert "| 8 x 2 |" in out  # the sizing row: measured listing cost, I and E
-    rows = {line.split(" | ")[0].lstrip("| "): line.split(" | ")[1:] for line in out.splitlines()
-            if line.startswith("| ") and line.count(" | ") == 2}
-    for label in ("seconds to balanced (from the common start)", "missed renewals (must be 0)",
-                  "every partition owned by exactly one live processor at the end",
-                  "requests/s to balanced (all processors)",
-                  "CPU per processor to balanced, mean (max), % of a core"):
-        assert label in rows and all(cell.strip(" |") not in ("", "-") for cell in rows[label]), (label, out)
-    # the final check listed the store and counted, for each side, the partitions owned once
-    owned_once = rows["every partition owned by exactly one live processor at the end"]
-    assert all(re.search(r"\(\d+/8\)", cell) for cell in owned_once)
-    assert not results_file.exists()
-    with pytest.raises(SystemExit):
-        scale.main(["--quick", "--record"], azurite=azurite)
-    assert "never recorded" in capsys.readouterr().err
-
-
 def _cgroups_unavailable() -> str:
     from eventprocessor.testing.cpu_quota import unavailable
 
@@ -202,42 +175,6 @@ def test_every_benchmark_has_the_same_record_and_debug_flags(module):
     assert f"usage: eventprocessor bench {command}" in out.stdout
     assert "--record" in out.stdout and "--debug" in out.stdout
     assert "--no-write" not in out.stdout and "--no-record" not in out.stdout
-
-
-def test_the_sizing_rule_counts_the_stores_one_thread_and_the_start_up_burst():
-    # 4096 x 32 as measured here: 2.23 s CPU per listing (0.64 s of it Azurite's), 2 cores.
-    client_bound = scale.choose_timing(2.23, 32, 2.0, store_listing=0.64, store_write=0.0015, partitions=4096)
-    assert (client_bound.interval, client_bound.bound_by) == (72.0, "client CPU")
-    assert client_bound.store_load == pytest.approx(32 * 0.64 / 72)
-    assert client_bound.burst == pytest.approx(32 * 0.64 + 2 * 4096 * 0.0015)
-    # A store that costs more than the clients (a slow emulator, a remote account): it sets I.
-    store_bound = scale.choose_timing(0.5, 16, 2.0, store_listing=0.4, store_write=0.001, partitions=1024)
-    assert store_bound.bound_by == "the store's thread" and store_bound.interval == 13.0  # ⌈16·0.4/0.5⌉
-    assert store_bound.store_load <= 0.5
-    burst_bound = scale.choose_timing(0.5, 16, 2.0, store_listing=0.1, store_write=0.01, partitions=1024)
-    assert burst_bound.bound_by == "the start-up burst" and burst_bound.interval == math.ceil(1.5 * (1.6 + 20.48))
-    assert burst_bound.store_timeout >= burst_bound.burst  # the burst fits in one store timeout
-
-
-@pytest.mark.azurite
-def test_a_store_that_does_not_go_idle_is_reported_not_crashed_on(capsys, azurite, tmp_path):
-    """Before: a saturated Azurite made the benchmark crash on the next side's container
-    (ServiceRequestTimeoutError) and nothing was recorded. Now each side waits for the
-    store to go idle, and one that does not is reported in the table."""
-    busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])  # stands in for a saturated Azurite
-    try:
-        args = scale._parser(None).parse_args(["--drain-timeout", "2", "--sizes", "8x2", "--idle-sample", "0.5",
-                                               "--calibration-listings", "2", "--impls", "ours"])
-        args.sizes, args.impls, args.unmeasured = [(8, 2)], ["ours"], []
-        results = asyncio.run(scale.run_sizes(args, azurite.connection_string, busy.pid))
-    finally:
-        busy.kill()
-        busy.wait()
-    [size] = results
-    assert size.sides == {} and "ours: Azurite was still at" in size.error and "given up on" in size.error
-    markdown = scale.render(results, args, "python -m benchmarks.scale", 1.0, "n/a")
-    assert "**Failed**: ours: Azurite was still at" in markdown
-    assert "8 x 2: ours did not run (ours: Azurite was still at" in markdown
 
 
 def _e2e_round(floor: float, ours: float, official: float, others=(0.1, 0.1, 0.1)):

@@ -100,8 +100,7 @@ def test_the_testing_package_builds_on_the_core_the_stores_and_the_emulators_onl
 # benchmarks (a benchmark's own machinery is tested by running it as a program). Each
 # entry below is a known exception, with who is to remove it.
 IMPORTS_BENCHMARKS_STILL = {
-    "tests/test_store_bench.py",  # store_bench's tests: being reworked with store_bench itself
-    "tests/test_benchmark_programs.py",  # its scale tests: moving to a file that runs scale as a program
+    "tests/test_benchmark_programs.py",  # the e2e tests call e2e.summarize/render and e2e.main in-process
 }
 PRIVATE_IMPORTS_STILL = {
     "benchmarks/scale.py": {"stores._account"},  # DEFAULT_OPERATION_TIMEOUT; scale is being reworked
