@@ -45,11 +45,12 @@ class Dispatcher:
     def __init__(self, *, options: ProcessorOptions, store: CheckpointStore, table: LeaseTable,
                  history: StoreHistory, reporter: Reporter, telemetry: Telemetry, describe: str,
                  on_loop_blocked: LoopBlocked, on_pump_ended: Callable[[], None],
-                 on_fatal: Callable[[Exception], None], on_started: Callable[[], None]) -> None:
+                 on_fatal: Callable[[Exception], None], on_started: Callable[[], None],
+                 warmup: Optional["Warmup"] = None) -> None:
         self._options = options
         self._store = store
         self._table = table
-        self.warmup: Optional["Warmup"] = None
+        self.warmup = warmup
         self._history = history
         self._reporter = reporter
         self._telemetry = telemetry

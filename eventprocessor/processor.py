@@ -163,14 +163,12 @@ class EventProcessor:
                                      on_contested=lambda: self._taker.wake(),
                                      on_error=lambda error, lease: reporter.report(error, [lease]),
                                      describe=options.owner_id)
+        self._warmup = Warmup(options=options, store=self._store, describe=describe) if options.stateful else None
         self._dispatcher = Dispatcher(
             options=options, store=self._store, table=self._table, history=history, reporter=reporter,
             telemetry=self._telemetry, describe=describe, on_loop_blocked=self._watchdog.loop_blocked,
             on_pump_ended=self._watchdog.wake, on_fatal=self._halt,
-            on_started=self._pump_started)
-        self._warmup = Warmup(options=options, store=self._store, describe=describe) if options.stateful else None
-        if self._warmup is not None:
-            self._dispatcher.warmup = self._warmup
+            on_started=self._pump_started, warmup=self._warmup)
         self._load = LoadMeter(table=self._table, clock_now=clock_.monotonic,
                                utilization=options.load_meter or CpuMeter()) if options.balance_by == "load" else None
         self._membership.extra_properties = self._member_properties
