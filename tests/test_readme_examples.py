@@ -407,7 +407,8 @@ def test_docs_shell_block(block: ShellBlock, tmp_path):
     else:
         out = subprocess.run(["bash", "-e", "-c", block.body], capture_output=True, text=True, timeout=300,
                              cwd=tmp_path, env=_environment())
-        assert out.returncode == 0, f"{block.where} exited {out.returncode}:\n{out.stdout[-3000:]}\n{out.stderr[-3000:]}"
+        assert out.returncode == 0, \
+            f"{block.where} exited {out.returncode}:\n{out.stdout[-3000:]}\n{out.stderr[-3000:]}"
 
 
 def test_every_fenced_block_names_its_language():
@@ -434,3 +435,46 @@ def test_an_unmarked_shell_block_fails():
 def test_the_command_check_catches_what_a_reader_would_trip_on(command, complaint):
     with pytest.raises(AssertionError, match=re.escape(complaint)):
         _check_command(command, "page.md:1")
+
+
+# --------------------------------------------------------------------------- the landing page
+
+
+def test_the_readme_is_a_landing_page_whose_links_resolve():
+    """README.md stays a few hundred lines with a table of contents; every relative
+    link in it (into docs/, to CHANGELOG.md) names a file of the checkout, so it works
+    on GitHub. The site's own links are checked by ``mkdocs build --strict``."""
+    text = docs_pages.text(docs_pages.README)
+    assert len(text.splitlines()) <= 300, "README.md is a landing page: move the detail into docs/"
+    headings = re.findall(r"^## (.+)$", text, re.M)
+    contents = re.findall(r"^- \[(.+?)\]\(#([\w-]+)\)$", text, re.M)
+    assert [title for title, _ in contents] == headings, "the table of contents lists every section, in order"
+    links = re.findall(r"\]\(([^)#\s]+)(?:#[\w-]*)?\)", text)
+    relative = [link for link in links if not re.match(r"^[a-z]+:", link)]
+    assert any(link.startswith("docs/") for link in relative)
+    missing = [link for link in relative if not (ROOT / link).exists()]
+    assert not missing, f"README.md links to files that do not exist: {missing}"
+
+
+_CHECKOUT_PATH = re.compile(r"`((?:\.ci|tests|samples|benchmarks|docs|emulators|eventprocessor|eventprocessor_cli"
+                            r"|stores)/[\w./-]*)`")
+
+
+def checkout_paths_missing(page: str, source: str) -> list[str]:
+    """The files and folders of the checkout that ``source`` names in inline code
+    (`tests/test_x.py`, `benchmarks/results/`) and that do not exist. A path with a
+    placeholder (`benchmarks/NAME.py`, `tests/FILE.py`) is the reader's to fill in."""
+    named = {match.group(1) for match in _CHECKOUT_PATH.finditer(source)}
+    return sorted(f"{page}: {path}" for path in named
+                  if not re.search(r"/(NAME|FILE)\b", path) and not (ROOT / path).exists())
+
+
+def test_every_file_the_docs_name_exists():
+    """README.md and docs/ say what is true now, so a test, sample or benchmark they
+    name must be in the checkout (CHANGELOG.md may name what is gone)."""
+    missing = [path for page in docs_pages.pages() if page.name != "CHANGELOG.md"
+               for path in checkout_paths_missing(docs_pages.name(page), docs_pages.text(page))]
+    assert not missing, f"the docs name files that do not exist: {missing}"
+    assert checkout_paths_missing("page.md", "run by `tests/test_docs.py`, see `benchmarks/NAME.py`, "
+                                  "`benchmarks/RESULT.md`") == ["page.md: benchmarks/RESULT.md",
+                                                                "page.md: tests/test_docs.py"]
