@@ -478,3 +478,22 @@ def test_every_file_the_docs_name_exists():
     assert checkout_paths_missing("page.md", "run by `tests/test_docs.py`, see `benchmarks/NAME.py`, "
                                   "`benchmarks/RESULT.md`") == ["page.md: benchmarks/RESULT.md",
                                                                 "page.md: tests/test_docs.py"]
+
+
+def test_ci_retakes_the_screenshot_and_builds_the_site_with_warnings_as_errors():
+    """tox (which ``.ci/run`` runs) installs the ``[docs]`` extra, retakes the status
+    screenshot and then runs ``mkdocs build --strict``; the extra has what mkdocs.yml
+    uses (the theme, mkdocstrings' Python handler) and what the screenshot needs (pyte)."""
+    tox = configparser.ConfigParser()
+    tox.read(ROOT / "tox.ini")
+    env = tox["testenv"]
+    assert "docs" in env["extras"].split()
+    commands = [line.strip() for line in env["commands"].splitlines() if line.strip()]
+    build = next(i for i, line in enumerate(commands) if line.startswith("mkdocs build"))
+    assert "--strict" in commands[build].split()
+    assert any(line.startswith("python docs/status_screenshot.py") for line in commands[:build])
+    cfg = configparser.ConfigParser()
+    cfg.read(ROOT / "setup.cfg")
+    docs_extra = {re.split(r"[<>=!~ ;]", line.strip())[0]
+                  for line in cfg["options.extras_require"]["docs"].splitlines() if line.strip()}
+    assert {"mkdocs", "mkdocs-material", "mkdocstrings[python]", "pyte"} <= docs_extra, docs_extra
