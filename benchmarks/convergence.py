@@ -1343,7 +1343,7 @@ def _run(args: argparse.Namespace, command: str) -> int:
         print(f"\n{len(missed)} target(s) missed (see the table)", file=sys.stderr)
         if args.quick:
             print("This was a --quick run: smaller sizes, fewer ticks, crash instants and candidate settings than the "
-                  "full run that RESULTS.md and the README report (`eventprocessor bench convergence`, about a "
+                  "full run that RESULTS.md and the docs report (`eventprocessor bench convergence`, about a "
                   "minute). A target missed here and met there depends on the size; one missed there too is a "
                   "regression.", file=sys.stderr)
     return 0

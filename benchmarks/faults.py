@@ -4,7 +4,7 @@ Every scenario runs real EventProcessors with events flowing, injects one fault,
 measures from what the handlers received: the time from the end of the fault until
 every partition is dispatched by exactly one live pump and every event is processed
 (recovery), events lost (must be 0), duplicate deliveries, and the longest time two
-claims delivered one partition at once (overlap). Each row names the bound the README's
+claims delivered one partition at once (overlap). Each row names the bound the docs'
 timing model gives for it.
 
 Two transports:
@@ -57,7 +57,7 @@ def _options(**extra: object) -> dict:
 
 
 def _recovery_bound(timing) -> float:
-    """README "Timing": E + 1 s + (ceil(P/N) + 2)·1.1·I + T."""
+    """docs/concepts/timing.md: E + 1 s + (ceil(P/N) + 2)·1.1·I + T."""
     return timing.expiration + 1.0 + (math.ceil(PARTITIONS / PROCESSORS) + 2) * 1.1 * timing.interval \
         + timing.store_timeout
 
@@ -210,7 +210,7 @@ def main(argv: Optional[List[str]] = None, prog: Optional[str] = None) -> int:
         if args.emulator:
             source_rows += run_emulator_source_rows()
         settings = (f"{PROCESSORS} processors, {PARTITIONS} partitions, {RATE:.0f} events/s, interval {INTERVAL:g} s, "
-                    f"expiration {EXPIRATION:g} s (lease, renewal age and store timeout derived: README \"Timing\"), "
+                    f"expiration {EXPIRATION:g} s (lease, renewal age and store timeout derived: docs/concepts/timing.md), "
                     "GREEDY, handlers checkpoint after every batch.")
         markdown = "\n".join([
             "## Faults", "", f"Command: `{program.recorded_command('faults', argv)}`. {machine_line()}", "",

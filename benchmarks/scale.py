@@ -11,7 +11,7 @@ names that Azurite's process, for its CPU):
    scratch container and listed ``--calibration-listings`` times; the client's CPU
    (this process) and Azurite's CPU (``/proc``) per listing are the medians. Just before,
    it samples how many cores the machine leaves idle (other users' work counts as busy).
-2. **Sizes the timing from it** (:func:`choose_timing`, the rule in the README, "Timing";
+2. **Sizes the timing from it** (:func:`choose_timing`, the rule in docs/concepts/timing.md, "Sizing";
    ``--size-for`` prints what it chooses for costs you give it): with c the CPU seconds
    of one listing (client + Azurite) and C the cores the processors can count on (the
    idle ones, at least a quarter of the machine), ``I = N·c / (f·C)`` rounded up to whole
@@ -191,7 +191,7 @@ class Sizing:
 def choose_timing(listing_cpu: float, processors: int, cores: float, *, budget: float = 0.5,
                   min_interval: float = 1.0, store_listing: Optional[float] = None,
                   store_write: Optional[float] = None, partitions: int = 0) -> Sizing:
-    """The sizing rule (README, "Timing"), from the measured CPU of one listing.
+    """The sizing rule (docs/concepts/timing.md, "Sizing"), from the measured CPU of one listing.
 
     * ``I = ⌈N·c / (f·C)⌉`` (at least ``min_interval``): the listings of all N
       processors, one per interval each, use at most ``f`` (``budget``) of the C cores.
@@ -826,7 +826,7 @@ def render(results: List[SizeResult], args: argparse.Namespace, command: str, se
         "",
         "### Sizing: listing cost measured here, interval and expiration derived",
         "",
-        f"Rule (README, \"Timing\"): c = CPU seconds of one listing of P records (client + Azurite), measured "
+        f"Rule (docs/concepts/timing.md, \"Sizing\"): c = CPU seconds of one listing of P records (client + Azurite), measured "
         f"here ({args.calibration_listings} listings, median); I = ⌈N·c / (f·C)⌉ (at least {args.min_interval:g} s) "
         f"with f = {args.cpu_budget:g} and C the cores the processors can count on: those the machine left idle "
         f"over {args.idle_sample:g} s just before (other users' work counts as busy), at least a quarter of its "

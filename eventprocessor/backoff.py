@@ -10,7 +10,7 @@ A store call that times out is not free for the store: the request was sent, and
 saturated store (a single-threaded emulator, a throttled account) still works through
 it after the client gave up. If every processor then lists and claims again at its
 usual pace, the store never drains: every call keeps timing out, leases self-fence and
-nothing is owned (a metastable overload; see README, "Timing").
+nothing is owned (a metastable overload; see docs/concepts/timing.md).
 
 So the balancing loop backs off. Each tick that saw a store call of this processor time
 out (its listing, its claims, its fences, or a renewal since the last tick) raises the

@@ -22,7 +22,7 @@ Every store call is bounded by ``store_timeout`` (:class:`~eventprocessor.bounde
 BoundedStore`). Leases are measured on the local monotonic clock from the moment the
 write the store accepted was *sent*, and end ``expiration - safety margin`` later, before
 any other processor could judge the record expired on the store's clock (self-fencing).
-The timing model and how to size it are in the README ("Timing").
+The timing model and how to size it are in docs/concepts/timing.md.
 """
 from __future__ import annotations
 
@@ -70,7 +70,7 @@ class EventProcessor:
         async with EventProcessor(source, InMemoryCheckpointStore(), Printer):
             await asyncio.sleep(30)
 
-    The timing arguments and how to size them are described in the README ("Timing") and
+    The timing arguments and how to size them are described in docs/concepts/timing.md and
     in :class:`Timing`, which :attr:`timing` returns.
     """
 

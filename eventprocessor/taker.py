@@ -183,7 +183,7 @@ class Taker:
                 "the next tick in %.1f s "
                 "instead of %g s (level %d of %d), claiming at most %d partitions per tick; renewals keep "
                 "their own schedule. If this persists, the store cannot serve this many processors and partitions "
-                "at this interval: raise load_balancing_interval (README, \"Timing\").", self._describe, timed_out,
+                "at this interval: raise load_balancing_interval (docs/concepts/timing.md, \"Sizing\").", self._describe, timed_out,
                 "no answer" if self._listing_seconds is None else f"answered in {self._listing_seconds:.1f} s",
                 self._timing.store_timeout, pause, self._timing.interval, self._backoff.level,
                 self._backoff.max_level, BATCH)

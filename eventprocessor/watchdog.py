@@ -138,6 +138,6 @@ class Watchdog:
         logger.warning(
             "processor %s: %s%s. Meanwhile no lease was renewed, no balancing tick ran and no other partition was "
             "dispatched: %s. Run blocking or CPU-heavy handlers off the event loop with EventProcessor(..., "
-            "handler_executor=\"thread\") (README, \"Errors and guarantees\").", self._describe, what,
+            "handler_executor=\"thread\") (docs/concepts/timing.md, \"A blocked event loop\").", self._describe, what,
             f" ({suppressed} more times since the last report)" if suppressed else "",
             "; ".join(harm) if harm else "no lease was at risk yet")

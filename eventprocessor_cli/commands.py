@@ -169,7 +169,7 @@ def emulator(host: str, port: int, eventhubs: Tuple[str, ...], partitions: int, 
     """A local Event Hubs emulator the official azure-eventhub clients use unchanged.
 
     Prints one line, the connection string, once it accepts connections; stops on
-    SIGINT or SIGTERM. Without --eventhub or --config it serves the hub the README's
+    SIGINT or SIGTERM. Without --eventhub or --config it serves the hub the docs'
     examples and the samples read, telemetry, with --partitions partitions and
     consumer group cg1.
     """

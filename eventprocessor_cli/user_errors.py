@@ -46,7 +46,7 @@ _MODULE_EXTRA = [
 
 CHECKOUT = Path(__file__).resolve().parent.parent
 
-# The Azurite package.json pins and the Node.js its engines range accepts (README,
+# The Azurite package.json pins and the Node.js its engines range accepts (README.md,
 # "Quick start"); tests/test_new_user_paths.py keeps the three in step.
 PINNED_AZURITE = "3.35.0"
 NODE_VERSION = "20.6 or newer"

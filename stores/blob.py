@@ -237,7 +237,7 @@ class BlobCheckpointStore(AzureCheckpointStore):
     string, an account key string, ``AzureNamedKeyCredential``/``AzureSasCredential``,
     a dict ``{"account_name", "account_key"}``, or ``None`` when ``account_url`` carries
     a SAS token. ``operation_timeout`` (seconds, default 10, ``None`` for no deadline)
-    bounds every call, retries included: see README "Timeouts". Other keyword arguments
+    bounds every call, retries included: see docs/howto/checkpoint-stores.md, "Timeouts". Other keyword arguments
     go to ``azure.storage.blob.aio.ContainerClient`` (for example ``api_version``,
     ``retry_policy``, ``retry_total``, ``transport``, ``connection_timeout``,
     ``read_timeout``). The container is created on first use when missing.

@@ -1,4 +1,4 @@
-"""One member of a live consumer group, for ``tests/test_status.py`` (and the README's
+"""One member of a live consumer group, for ``tests/test_status.py`` (and the docs'
 screenshot of ``eventprocessor status --watch``).
 
 Runs an ``EventProcessor`` on a ``BlobCheckpointStore`` (connection string from

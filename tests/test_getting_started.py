@@ -1,28 +1,30 @@
-"""The README's getting-started path, walked as a new user walks it, from a clean clone
+"""The docs' getting-started path, walked as a new user walks it, from a clean clone
 in a fresh virtual environment.
 
-One test, in the README's order:
+One test, in the order a reader meets it (README.md, then the site's pages in the order
+of mkdocs.yml's nav), every text read from the clone:
 
 1. ``git clone`` of this checkout's HEAD into a scratch directory, ``python -m venv``;
 2. the quick start exactly as written (``pip install -e . && eventprocessor demo``);
-3. the README's Python examples that need nothing more (run, and their claimed output
-   checked), then ``pip install -e '.[otel]'`` as the Metrics section says, and its
-   example;
+3. the Python examples of every page that need nothing more (run, and their claimed
+   output checked), with ``pip install -e '.[otel]'`` as the Metrics section of
+   docs/howto/operating.md says before its example;
 4. ``eventprocessor demo --store azurite`` before ``[blob]`` is installed: the one-line
    error names an install command, which is run exactly as printed;
-5. ``npm ci`` and Azurite started as the README's ``azurite`` block says;
-6. the README's local Event Hubs block line by line (``[eventhub,blob]``, the emulator,
-   the variables, ``RUN_SECONDS=20 python eventhubs_example.py`` on the README's
-   program, after events were sent to the hub), and ``eventprocessor status`` reading
-   what it checkpointed; ``[table]`` and ``status --store table`` on the same Azurite;
+5. ``npm ci`` and Azurite started as the ``azurite`` block of docs/getting-started.md says;
+6. the local Event Hubs block of docs/howto/eventhubs.md line by line (``[eventhub,blob]``,
+   the emulator, the variables, ``RUN_SECONDS=20 python eventhubs_example.py`` on the
+   guide's program, after events were sent to the hub), and ``eventprocessor status``
+   reading what it checkpointed; ``[table]`` and ``status --store table`` on the same
+   Azurite;
 7. Azurite and the emulator stopped as a user stops them (SIGINT, Ctrl-C).
 
 It fails on any traceback, any WARNING, any process left running (every process it
 starts carries an environment marker; none may outlive the walk), and any command
-that does not do what the README says it does.
+that does not do what the docs say it does.
 
 Offline and fast: ``pip`` reads a wheelhouse (``PIP_NO_INDEX``/``PIP_FIND_LINKS``, so
-the commands stay exactly as the README writes them) that ``pip download`` fills once
+the commands stay exactly as the docs write them) that ``pip download`` fills once
 and keeps beside the test environment (``<sys.prefix>/getting-started-wheels``), keyed
 by the requirements of setup.cfg. The ``[spark]`` extra is left out: pyspark installs
 from a 456 MB source archive (about 45 s) and a session needs Java; the Spark sample
@@ -150,10 +152,32 @@ def _first_line(process: subprocess.Popen, timeout: float = 60) -> str:
     return line
 
 
-def _readme_block(readme: str, name: str) -> List[str]:
-    match = re.search(rf"<!-- getting-started: {re.escape(name)} -->\s*```bash\n(.*?)```", readme, re.S)
-    assert match, f"the README has no getting-started block {name!r}"
-    return [line for line in match.group(1).splitlines() if line.strip()]
+class ClonedDocs:
+    """The docs as the clone has them: README.md and the site's pages in nav order."""
+
+    def __init__(self, clone: Path) -> None:
+        self.clone = clone
+        self.readme = (clone / "README.md").read_text(encoding="utf-8")
+        nav = (clone / "mkdocs.yml").read_text(encoding="utf-8")
+        nav = nav[nav.index("\nnav:"):]
+        names = re.findall(r":\s*([\w./-]+\.md)\s*$", nav[:re.search(r"\n\S", nav[1:]).start() + 1], re.M)
+        self.pages = {"README.md": self.readme}
+        self.pages.update({f"docs/{name}": (clone / "docs" / name).read_text(encoding="utf-8") for name in names})
+
+    def page(self, name: str) -> str:
+        return self.pages[name]
+
+    def block(self, name: str) -> List[str]:
+        """The lines of the block marked ``<!-- getting-started: name -->``, on whichever page."""
+        pattern = rf"<!-- getting-started: {re.escape(name)} -->\s*(?:<!--.*?-->\s*)*```bash\n(.*?)```"
+        found = [match for text in self.pages.values() if (match := re.search(pattern, text, re.S))]
+        assert len(found) == 1, f"{len(found)} getting-started blocks {name!r} in the docs"
+        return [line for line in found[0].group(1).splitlines() if line.strip()]
+
+    def find(self, pattern: str, what: str) -> "re.Match[str]":
+        found = [match for text in self.pages.values() if (match := re.search(pattern, text, re.S))]
+        assert found, f"the docs have no {what}"
+        return found[0]
 
 
 def _send_events(connection_string: str, count_per_partition: int) -> Dict[str, int]:
@@ -189,10 +213,10 @@ def test_the_getting_started_path_from_a_clean_clone(tmp_path):
     subprocess.run(["git", "clone", "--quiet", str(ROOT), str(clone)], check=True, timeout=120)
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
-    readme = (clone / "README.md").read_text(encoding="utf-8")
+    docs = ClonedDocs(clone)
     walk = Walk(clone, venv, uuid.uuid4().hex, wheels)
     try:
-        _walk(walk, readme, tmp_path)
+        _walk(walk, docs, tmp_path)
     finally:
         walk.stop_all()
     for process in walk.background:
@@ -200,26 +224,28 @@ def test_the_getting_started_path_from_a_clean_clone(tmp_path):
     assert_nothing_left(walk.marker)
 
 
-def _walk(walk: Walk, readme: str, tmp_path: Path) -> None:
+def _walk(walk: Walk, docs: ClonedDocs, tmp_path: Path) -> None:
     # 2. The quick start, as written.
-    quick = re.search(r"## Quick start.*?```bash\n(.*?)```", readme, re.S)
+    quick = re.search(r"## Quick start.*?```bash\n(.*?)```", docs.readme, re.S)
     assert quick and quick.group(1).strip() == "pip install -e . && eventprocessor demo", quick
     demo = walk.quiet(quick.group(1).strip(), timeout=240)
     lost = [line for line in demo.splitlines() if "events lost" in line]
     assert lost and lost[0].split()[-2] == "0", demo[-2000:]
     assert "[done] all" in demo
 
-    # 3. The Python examples, in the README's order, each extra as its section says.
+    # 3. The Python examples, in the reader's order, each extra as its section says.
     scratch = tmp_path / "examples"
     scratch.mkdir()
-    for example in examples(readme):
-        if example.mode != "run":
-            continue
+    ran = [(page, text, example) for page, text in docs.pages.items() for example in examples(text, page)
+           if example.mode == "run"]
+    assert ran and ran[0][0] == "README.md", "the README's first example is the first the walk runs"
+    assert any("opentelemetry" in example.code for _, _, example in ran), "the walk runs the metrics example"
+    for page, text, example in ran:
         if "opentelemetry" in example.code:
-            install = re.search(r"Install `\[otel\]` \(`(pip install -e '\.\[otel\]')`", readme)
-            assert install, "the Metrics section says how to install [otel]"
+            install = re.search(r"Install `\[otel\]` \(`(pip install -e '\.\[otel\]')`", text)
+            assert install, f"the Metrics section ({page}) says how to install [otel]"
             walk.quiet(install.group(1))
-        script = scratch / f"{example.name}.py"
+        script = scratch / f"{page.replace('/', '-')}-{example.name}.py"
         script.write_text(example.code, encoding="utf-8")
         output = walk.quiet(f"python {shlex.quote(str(script))}", cwd=scratch)
         if example.expected is not None:
@@ -232,21 +258,20 @@ def _walk(walk: Walk, readme: str, tmp_path: Path) -> None:
     assert hint.group(1) == f"pip install -e {shlex.quote(str(walk.clone) + '[blob]')}", said
     walk.quiet(hint.group(1), cwd=tmp_path)  # from another directory: it must not depend on the cwd
 
-    # 5. Azurite as the README starts it: npm ci in the checkout, then its block.
-    assert "`npm ci`\nin the checkout installs the pinned version" in readme
+    # 5. Azurite as Getting started starts it: npm ci in the checkout, then its block.
+    assert "`npm ci`\nin the checkout installs the pinned version" in docs.page("docs/getting-started.md")
     walk.run("npm ci --no-audit --no-fund --loglevel=error", timeout=300)
-    [azurite_line] = _readme_block(readme, "azurite")
+    [azurite_line] = docs.block("azurite")
     assert azurite_line == "eventprocessor azurite &"
     azurite = walk.start(azurite_line[:-1].strip())
     storage = _first_line(azurite)
     assert storage.startswith("DefaultEndpointsProtocol=http;") and "127.0.0.1:10000" in storage, storage
 
-    # 6. The Event Hubs example on this machine, line by line as the README's block says.
-    example = re.search(r"<!-- BEGIN eventhubs-example -->\s*```python\n(.*?)```", readme, re.S)
-    assert example
+    # 6. The Event Hubs example on this machine, line by line as the guide's block says.
+    example = docs.find(r"<!-- BEGIN eventhubs-example -->\s*```python\n(.*?)```", "eventhubs-example block")
     (walk.clone / "eventhubs_example.py").write_text(example.group(1), encoding="utf-8")
     sent: Dict[str, int] = {}
-    for line in _readme_block(readme, "eventhubs-local"):
+    for line in docs.block("eventhubs-local"):
         command = line.split("  #")[0].strip()
         if command == "eventprocessor azurite &":
             assert "unless it runs already" in line
@@ -261,7 +286,7 @@ def _walk(walk: Walk, readme: str, tmp_path: Path) -> None:
                 walk.env[name] = value
             continue
         if command.startswith("RUN_SECONDS="):
-            assert walk.env["EVENTHUB_CONNECTION_STRING"] == announced, "the README's string is the emulator's"
+            assert walk.env["EVENTHUB_CONNECTION_STRING"] == announced, "the guide's string is the emulator's"
             assert walk.env["STORAGE_CONNECTION_STRING"] == "UseDevelopmentStorage=true"
             sent = _send_events(walk.env["EVENTHUB_CONNECTION_STRING"], 5)
             printed = walk.quiet(command, timeout=120)
@@ -271,7 +296,7 @@ def _walk(walk: Walk, readme: str, tmp_path: Path) -> None:
         walk.quiet(command)
     assert sent, "the block ran the example"
 
-    # `eventprocessor status` (README, "Operating it") on what the example checkpointed.
+    # `eventprocessor status` (docs/howto/operating.md) on what the example checkpointed.
     walk.env["EVENTPROCESSOR_STORE_CONNECTION_STRING"] = walk.env["STORAGE_CONNECTION_STRING"]
     walk.env["EVENTPROCESSOR_EVENTHUB_CONNECTION_STRING"] = \
         f"{walk.env['EVENTHUB_CONNECTION_STRING']};EntityPath=telemetry"
@@ -280,7 +305,7 @@ def _walk(walk: Walk, readme: str, tmp_path: Path) -> None:
     assert re.search(rf"{len(sent)} partitions.*0 expired.*lag 0", status), status
     for pid, n in sent.items():
         assert re.search(rf"^\s+{pid}\s+-\s+released\s+\d+\s+\S+\s+{n - 1}\s", status, re.M), status
-    # [table], as the Checkpoint stores section installs it, on the same Azurite.
+    # [table], as Getting started installs it, on the same Azurite.
     walk.quiet("pip install -e '.[table]'")
     table = walk.quiet("eventprocessor status --store table --table checkpoints")
     assert "no records of consumer group '$default'" in table, table

@@ -5,7 +5,7 @@ this SDK's drop-in (``eventprocessor.EventHubConsumerClient`` with
 Azurite, with the same results.
 
 The program below is the same for both: only the two classes differ (``CLIENTS``), which
-is the migration the README describes.
+is the migration docs/howto/migrating.md describes.
 
 1. From scratch, on two consumer groups of one hub: the same events per partition (sequence
    numbers and bodies), the same partitions initialized and closed (``SHUTDOWN``), the

@@ -1,8 +1,8 @@
 """The first hour of a new user (issue 22): each row of the issue's table, as a test.
 
-A user follows the README from a fresh clone. Each test here walks one of the paths
-that failed them, as they walked it (the command line in a subprocess, the README's
-own program text, a sample as ``python samples/...``), and checks what they should
+A user follows the docs (README.md and docs/) from a fresh clone. Each test here walks
+one of the paths that failed them, as they walked it (the command line in a subprocess,
+the docs' own program text, a sample as ``python samples/...``), and checks what they should
 have got: an error that keeps the service's own words and names the fix, a non-zero
 exit when nothing can work, nothing left running, no warning at the program's own
 settings, install hints that are commands that work, documentation that agrees with
@@ -37,10 +37,12 @@ import click
 import pytest
 
 from eventprocessor_cli import main
+from tests import docs_pages
 from tests.conftest import unavailable
 
 ROOT = Path(__file__).resolve().parent.parent
 README = (ROOT / "README.md").read_text(encoding="utf-8")
+DOCS = docs_pages.everything()  # README.md, every page of docs/, CHANGELOG.md
 MARKER = "EVENTPROCESSOR_TEST_MARKER"
 
 
@@ -167,16 +169,12 @@ def _default_ports_free() -> None:
 
 
 def _readme_block(name: str) -> str:
-    """The fenced block the README marks ``<!-- getting-started: name -->``."""
-    match = re.search(rf"<!-- getting-started: {re.escape(name)} -->\s*```bash\n(.*?)```", README, re.S)
-    assert match, f"the README has no getting-started block {name!r}"
-    return match.group(1)
+    """The fenced block the docs mark ``<!-- getting-started: name -->``."""
+    return "\n".join(docs_pages.getting_started_block(name)) + "\n"
 
 
 def _eventhubs_example() -> str:
-    match = re.search(r"<!-- BEGIN eventhubs-example -->\s*```python\n(.*?)```", README, re.S)
-    assert match, "the README has no eventhubs-example block"
-    return match.group(1)
+    return docs_pages.eventhubs_example()
 
 
 # --------------------------------------------------------------------------- an Azurite without the flag
@@ -322,7 +320,7 @@ def test_the_service_message_kept_in_store_errors_never_carries_a_credential():
 
 @pytest.mark.azurite
 def test_azurite_started_by_hand_as_the_readme_says_serves_the_stores(tmp_path):
-    """The README's by-hand command, run as written (default ports, so that
+    """The by-hand command of the docs (Getting started), run as written (default ports, so that
     ``UseDevelopmentStorage=true`` reaches it)."""
     _needs_azurite_binary()
     _default_ports_free()
@@ -330,7 +328,7 @@ def test_azurite_started_by_hand_as_the_readme_says_serves_the_stores(tmp_path):
     assert command.endswith("&") and THE_FLAG in command and "--loose" in command, command
     argv = shlex.split(command[:-1])
     assert argv[0] == "node_modules/.bin/azurite"
-    argv[0] = str(ROOT / argv[0])  # the README runs it from the checkout root
+    argv[0] = str(ROOT / argv[0])  # the docs run it from the checkout root
     process = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=tmp_path,
                                start_new_session=True)
     try:
@@ -449,9 +447,10 @@ NOT_YET: set = set()
 
 
 def _install_hints() -> List[str]:
-    """Every ``pip install ...`` a user is told, in the README, the samples, the
-    program sources and the docs, as written (up to the end of its code span or line)."""
-    texts = [README] + [path.read_text(encoding="utf-8") for folder in ("eventprocessor", "eventprocessor_cli",
+    """Every ``pip install ...`` a user is told, in the README and every page of the
+    docs, the samples and the program sources, as written (up to the end of its code
+    span or line)."""
+    texts = [docs_pages.text(page) for page in docs_pages.pages()] + [path.read_text(encoding="utf-8") for folder in ("eventprocessor", "eventprocessor_cli",
                                                                          "stores", "emulators", "samples", "docs",
                                                                          "benchmarks")
                         for path in sorted((ROOT / folder).rglob("*.py"))
@@ -561,11 +560,11 @@ def test_samples_without_their_extras_are_one_line(sample, blocked, needle):
 
 
 def test_the_otel_extra_installs_what_the_metrics_example_imports():
-    """``pip install -e '.[otel]'`` then the README's metrics example:
+    """``pip install -e '.[otel]'`` then the metrics example (docs/howto/operating.md):
     ``ModuleNotFoundError: opentelemetry.sdk`` (the extra had only the API)."""
     from importlib import metadata
 
-    section = README[README.index("### Metrics"):README.index("### Logging")]
+    section = docs_pages.section("docs/howto/operating.md", "Metrics")
     example = re.search(r"```python\n(.*?)```", section, re.S)
     assert example
     imported = set(re.findall(r"^(?:from|import) (opentelemetry[\w.]*)", example.group(1), re.M))
@@ -735,6 +734,8 @@ def test_the_pinned_azurite_accepts_the_node_the_readme_names(tmp_path):
         unavailable("npm, or node_modules (`npm ci`), is missing")
     named = re.search(r"Node\.js (\d+)\.(\d+) or newer", README)
     assert named, "the README names the Node.js it needs"
+    assert set(re.findall(r"Node\.js (\d+\.\d+) or newer", DOCS)) == {f"{named.group(1)}.{named.group(2)}"}, \
+        "every page names the same Node.js"
     minimum = f"{named.group(1)}.{named.group(2)}.0"
     from eventprocessor_cli.user_errors import NODE_VERSION
 
@@ -744,7 +745,7 @@ def test_the_pinned_azurite_accepts_the_node_the_readme_names(tmp_path):
     assert lock["packages"]["node_modules/azurite"]["version"] == pinned
     from eventprocessor_cli.user_errors import PINNED_AZURITE
 
-    assert PINNED_AZURITE == pinned and f"pins `azurite` {pinned}" in README
+    assert PINNED_AZURITE == pinned and f"pins `azurite` {pinned}" in DOCS
     refused = _excluding({name: entry["engines"]["node"] for name, entry in lock["packages"].items()
                           if isinstance(entry.get("engines"), dict) and "node" in entry["engines"]}, minimum)
     assert not refused, f"packages whose engines range excludes Node {minimum}: {refused}"
@@ -806,15 +807,15 @@ def test_the_quick_convergence_run_meets_its_targets_or_says_why():
     assert "| **no** |" not in out.stdout, [line for line in out.stdout.splitlines() if "**no**" in line]
 
 
-# --------------------------------------------------------------------------- the README agrees with the code
+# --------------------------------------------------------------------------- the docs agree with the code
 
 
-def test_the_readme_documents_the_status_expiration_the_cli_uses():
+def test_the_docs_document_the_status_expiration_the_cli_uses():
     status = main.get_command(click.Context(main), "status")
     assert status is not None
     default = next(p.default for p in status.params if p.name == "expiration")
     documented = re.search(r"`--expiration` must be the processors' `partition_ownership_expiration_interval`\s+"
-                           r"\(default (\d+) s", README)
+                           r"\(default (\d+) s", DOCS)
     assert documented and float(documented.group(1)) == default, (documented and documented.group(0), default)
     from eventprocessor import EventProcessor
     import inspect
@@ -823,23 +824,24 @@ def test_the_readme_documents_the_status_expiration_the_cli_uses():
         "partition_ownership_expiration_interval"].default == default
 
 
-def test_the_readme_blob_layout_names_the_member_prefix_the_store_writes():
+def test_the_docs_blob_layout_names_the_member_prefix_the_store_writes():
     pytest.importorskip("azure.storage.blob")
     from stores.protocol import MEMBER
     from stores.blob import BlobRecords
 
     prefix = BlobRecords.prefix(MEMBER, ("{namespace}", "{eventhub}", "{consumer_group}"))
-    layout = re.search(r"\*\*Blob layout\.\*\*.*?```\n(.*?)```", README, re.S)
-    assert layout, "the README shows the blob layout"
+    layout = re.search(r"## Blob layout\n.*?```text\n(.*?)```", docs_pages.text(docs_pages.DOCS / "howto" /
+                                                                             "checkpoint-stores.md"), re.S)
+    assert layout, "the checkpoint stores guide shows the blob layout"
     members = [line for line in layout.group(1).splitlines() if "member" in line]
     assert members and all(line.startswith(prefix) for line in members), (prefix, members)
 
 
-def test_the_emulator_serves_the_hub_the_readme_example_reads():
+def test_the_emulator_serves_the_hub_the_docs_example_reads():
     from emulators.eventhubs import EventHubsEmulator
 
     hub = re.search(r'HUB = os\.environ\.get\("EVENTHUB_NAME", "([\w-]+)"\)', _eventhubs_example())
     assert hub
     served = [h.name for h in EventHubsEmulator().config.eventhubs]
     assert served == [hub.group(1)], (served, hub.group(1))
-    assert f"serves the hub `{hub.group(1)}`" in README or f"the hub {hub.group(1)}" in README
+    assert f"serves the hub `{hub.group(1)}`" in DOCS or f"the hub {hub.group(1)}" in DOCS

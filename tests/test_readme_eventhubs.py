@@ -1,4 +1,5 @@
-"""The README's Event Hubs section runs as written, against the local emulator and Azurite.
+"""The Event Hubs guide's example (docs/howto/eventhubs.md) runs as written, against the
+local emulator and Azurite.
 
 The block between ``<!-- BEGIN eventhubs-example -->`` and ``<!-- END eventhubs-example -->``
 is extracted and run as a program, with the connection settings a reader would set
@@ -9,27 +10,24 @@ branch is checked for what it builds, with a stand-in credential.
 from __future__ import annotations
 
 import os
-import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from tests import docs_pages
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
 def _example() -> str:
-    text = (ROOT / "README.md").read_text()
-    match = re.search(r"<!-- BEGIN eventhubs-example -->\s*```python\n(.*?)```\s*<!-- END eventhubs-example -->",
-                      text, re.S)
-    assert match, "the README has no eventhubs-example block"
-    return match.group(1)
+    return docs_pages.eventhubs_example()
 
 
 @pytest.mark.eventhubs
 @pytest.mark.azurite
-async def test_the_readme_example_consumes_a_hub_on_the_local_emulator(eventhubs_emulator, azurite, tmp_path):
+async def test_the_docs_example_consumes_a_hub_on_the_local_emulator(eventhubs_emulator, azurite, tmp_path):
     from azure.eventhub import EventData
     from azure.eventhub.aio import EventHubProducerClient
 
@@ -51,11 +49,11 @@ async def test_the_readme_example_consumes_a_hub_on_the_local_emulator(eventhubs
     assert lines == {(str(pid), str(i), f"reading {pid}-{i}") for pid in range(4) for i in range(5)}
 
 
-def test_the_readme_entra_id_branch_builds_a_source_and_store_on_the_credential(monkeypatch):
+def test_the_docs_entra_id_branch_builds_a_source_and_store_on_the_credential(monkeypatch):
     import azure.identity.aio
 
     class StandInCredential:
-        """The README passes DefaultAzureCredential(); any async token credential fits."""
+        """The example passes DefaultAzureCredential(); any async token credential fits."""
 
         async def get_token(self, *scopes, **kwargs):  # pragma: no cover - no network here
             raise AssertionError("no token is needed to build the clients")
@@ -69,7 +67,7 @@ def test_the_readme_entra_id_branch_builds_a_source_and_store_on_the_credential(
     monkeypatch.setenv("EVENTHUB_NAMESPACE", "contoso.servicebus.windows.net")
     monkeypatch.setenv("STORAGE_ACCOUNT_URL", "https://contoso.blob.core.windows.net")
     namespace: dict = {"__name__": "readme_example"}
-    exec(compile(_example().replace("asyncio.run(main())", ""), "README.md", "exec"), namespace)
+    exec(compile(_example().replace("asyncio.run(main())", ""), "docs/howto/eventhubs.md", "exec"), namespace)
     source, store = namespace["connect"]()
     assert source.fully_qualified_namespace == "contoso.servicebus.windows.net"
     assert source.eventhub_name == "telemetry"

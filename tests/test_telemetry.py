@@ -1,5 +1,5 @@
 """Metrics and traces through OpenTelemetry's SDK, read with its in-memory reader and
-exporter: every metric the README names changes when it should."""
+exporter: every metric the docs name changes when it should."""
 from __future__ import annotations
 
 import asyncio

@@ -79,7 +79,7 @@ class EventHubsEmulator:
 
     Give a :class:`EmulatorConfig`, or name hubs with ``eventhubs=`` (all with
     ``partitions`` partitions and the ``consumer_groups``). With no hubs at all it serves
-    :data:`DEFAULT_EVENTHUB` (``telemetry``, the hub the README's examples and the
+    :data:`DEFAULT_EVENTHUB` (``telemetry``, the hub the docs' examples and the
     samples read) with ``partitions`` partitions and consumer group ``cg1``, as
     Microsoft's default configuration serves its ``eh1``.
     ``port=0`` picks a free port. With ``sas_key``, tokens must be signed with it.

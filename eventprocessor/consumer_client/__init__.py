@@ -28,7 +28,7 @@ directly too. Without a checkpoint store, as in azure-eventhub, each receive cal
 every partition with checkpoints in memory. This module is a thin adapter: one
 :class:`~eventprocessor.EventProcessor` per ``receive``/``receive_batch`` call, whose
 :class:`~eventprocessor.PartitionProcessor` calls the callbacks. What stays, what changes
-and what is better is in the README ("Migrating from azure-eventhub").
+and what is better is in docs/howto/migrating.md.
 
 Callbacks get ``azure.eventhub.EventData`` events (the ``[eventhub]`` extra) and a
 :class:`ConsumerPartitionContext`, which has the official context's attributes and

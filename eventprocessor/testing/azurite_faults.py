@@ -120,7 +120,7 @@ class ProcessorGroup:
 
 
 def _bound(timing: Timing) -> float:
-    """README "Timing", plus 5 s of slack for a shared machine and real I/O."""
+    """The recovery bound of docs/concepts/timing.md, plus 5 s of slack for a shared machine and real I/O."""
     t = timing
     return t.expiration + 1.0 + (math.ceil(PARTITIONS / PROCESSORS) + 2) * 1.1 * t.interval + t.store_timeout + 5.0
 

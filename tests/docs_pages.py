@@ -1,0 +1,95 @@
+"""The documentation as the tests read it: README.md, CHANGELOG.md and every page of docs/.
+
+The tests that check what the docs say (the examples run, the commands work, the facts
+agree with the code) find the text here, wherever the docs keep it, so a section can
+move between pages without its test losing track of it. A page's source is read as
+written: a ``--8<--`` include (pymdownx.snippets) is checked where it is written, in
+the file it includes.
+"""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import List, Tuple
+
+ROOT = Path(__file__).resolve().parent.parent
+DOCS = ROOT / "docs"
+README = ROOT / "README.md"
+
+
+def nav() -> List[Path]:
+    """The site's pages in the order of mkdocs.yml's ``nav`` (a reader's order)."""
+    text = (ROOT / "mkdocs.yml").read_text(encoding="utf-8")
+    section = text[text.index("\nnav:"):]
+    section = section[:re.search(r"\n\S", section[1:]).start() + 1]  # up to the next top-level key
+    return [DOCS / name for name in re.findall(r":\s*([\w./-]+\.md)\s*$", section, re.M)]
+
+
+def pages() -> List[Path]:
+    """Every Markdown page a reader is given: README.md first, then the site in nav
+    order, then any page of docs/ the nav does not list, then CHANGELOG.md."""
+    ordered = [README] + nav()
+    ordered += sorted(set(DOCS.rglob("*.md")) - set(ordered))
+    return ordered + [ROOT / "CHANGELOG.md"]
+
+
+def text(page: Path) -> str:
+    return page.read_text(encoding="utf-8")
+
+
+def everything() -> str:
+    """All pages as one text, for facts that may sit on any of them."""
+    return "\n\n".join(text(page) for page in pages())
+
+
+def name(page: Path) -> str:
+    return str(page.relative_to(ROOT))
+
+
+def find(pattern: str, what: str, flags: int = re.S) -> Tuple[Path, re.Match]:
+    """The one page where ``pattern`` matches, and the match; fails naming ``what``."""
+    found = [(page, match) for page in pages() if (match := re.search(pattern, text(page), flags))]
+    assert found, f"no page of the docs has {what}"
+    assert len(found) == 1, f"{what} is on several pages: {[name(page) for page, _ in found]}"
+    return found[0]
+
+
+def getting_started_block(block: str) -> List[str]:
+    """The lines of the fenced block marked ``<!-- getting-started: block -->``."""
+    _, match = find(rf"<!-- getting-started: {re.escape(block)} -->\s*(?:<!--.*?-->\s*)*```bash\n(.*?)```",
+                    f"a getting-started block {block!r}")
+    return [line for line in match.group(1).splitlines() if line.strip()]
+
+
+def eventhubs_example() -> str:
+    """The program between ``<!-- BEGIN eventhubs-example -->`` and its END."""
+    _, match = find(r"<!-- BEGIN eventhubs-example -->\s*```python\n(.*?)```\s*<!-- END eventhubs-example -->",
+                    "the eventhubs-example block")
+    return match.group(1)
+
+
+def headings(source: str) -> List[Tuple[int, int, str]]:
+    """(offset, level, title) of every Markdown heading outside fenced code."""
+    found, offset, fence = [], 0, None
+    for line in source.splitlines(keepends=True):
+        opening = re.match(r"(```+|~~~+)", line)
+        if fence is None and opening:
+            fence = opening.group(1)
+        elif fence is not None and line.startswith(fence):
+            fence = None
+        elif fence is None and (heading := re.match(r"(#+) (.*?)\s*$", line)):
+            found.append((offset, len(heading.group(1)), heading.group(2)))
+        offset += len(line)
+    return found
+
+
+def section(page: str, heading: str) -> str:
+    """The text of ``page`` (relative to the checkout) under ``heading``, up to the next
+    heading of the same or a higher level."""
+    source = (ROOT / page).read_text(encoding="utf-8")
+    marks = headings(source)
+    starts = [i for i, (_, _, title) in enumerate(marks) if title == heading]
+    assert starts, f"{page} has no heading {heading!r}"
+    offset, level, _ = marks[starts[0]]
+    end = next((o for o, lvl, _ in marks[starts[0] + 1:] if lvl <= level), len(source))
+    return source[offset:end]
