@@ -64,15 +64,37 @@ def _imported_roots(path: Path):
 # eventprocessor.testing is a layer of its own, above the stores: its Cluster runs real
 # processors over the in-memory store. Nothing else in the core may import it.
 TESTING = Path("eventprocessor") / "testing"
+# The Spark source builds the Blob or Table store its options name: a layer above the
+# stores too. The core reaches it only through the lazy export in eventprocessor.spark.
+SPARK_SOURCE = Path("eventprocessor") / "spark" / "source"
+ABOVE_THE_STORES = (TESTING, SPARK_SOURCE)
+
+
+def _in(path: Path, package: Path) -> bool:
+    return package in path.relative_to(ROOT).parents
 
 
 @pytest.mark.parametrize("package", sorted(LAYERS))
 def test_no_module_imports_a_layer_above_its_own(package):
     allowed = LAYERS[package]
     wrong = [f"{path.relative_to(ROOT)}:{line} imports {root}"
-             for path in sorted((ROOT / package).rglob("*.py")) if TESTING not in path.relative_to(ROOT).parents
+             for path in sorted((ROOT / package).rglob("*.py")) if not any(_in(path, p) for p in ABOVE_THE_STORES)
              for root, line in _imported_roots(path) if root in OURS and root not in allowed]
     assert not wrong, "\n".join(wrong)
+
+
+def test_the_spark_source_builds_on_the_core_and_the_stores_only_and_pulls_in_no_pyspark_until_asked():
+    wrong = [f"{path.relative_to(ROOT)}:{line} imports {root}"
+             for path in sorted((ROOT / SPARK_SOURCE).rglob("*.py"))
+             for root, line in _imported_roots(path) if root in OURS and root not in ("eventprocessor", "stores")]
+    assert not wrong, "\n".join(wrong)
+    code = ("import sys, eventprocessor.spark, eventprocessor.spark.source.offsets, eventprocessor.spark.source.options; "
+            "before = sorted(m for m in sys.modules if m.split('.')[0] in ('pyspark', 'stores')); "
+            "from eventprocessor.spark import EventHubsDataSource; "
+            "print(before, EventHubsDataSource.name(), 'pyspark' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[] eventhubs True"
 
 
 def test_the_testing_package_builds_on_the_core_and_the_stores_only():

@@ -1,0 +1,285 @@
+"""The eventhubs source's calls to the hub: on the driver, partition properties and
+positions; on the executors, the events of one sequence range.
+
+Both go through :class:`~eventprocessor.sources.eventhub.EventHubSource` (its lean
+receive path: azure-eventhub's own consumer, no ``EventData`` per event). Spark calls
+the source's methods synchronously, so each side runs its coroutines on an event loop
+of its own: the driver keeps one for the life of the query (its clients stay open
+between micro-batches), a task makes one per range it reads.
+
+Example::
+
+    with DriverHub(options) as hub:
+        properties = hub.properties()
+    for batch in read_range(options, ReadRange("0", 100, 200)):
+        ...
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any, Awaitable, Callable, Dict, Iterator, List, Mapping, Optional, TypeVar
+
+import pyarrow as pa
+
+from ...errors import EventSourceError
+from ...events import Event, EventPosition
+from ...sources.base import PartitionProperties
+from ...sources.eventhub import EventHubSource
+from .offsets import PartitionPosition, ReadRange
+from .options import Position, SourceOptions
+from .rows import events_to_record_batch
+
+__all__ = ["DriverHub", "read_range", "DataLossError", "RECORD_BATCH_ROWS"]
+
+logger = logging.getLogger(__name__)
+
+_T = TypeVar("_T")
+
+RECORD_BATCH_ROWS = 8192
+"""Events per Arrow record batch handed to Spark."""
+
+_RESOLVE_WAIT = 5.0  # as the Microsoft connector: the first event at a position arrives at once, or there is none
+
+
+class DataLossError(EventSourceError):
+    """Events the query was to read expired from the hub first (``failOnDataLoss=true``)."""
+
+
+def _source(options: SourceOptions, operation_timeout: Optional[float] = None) -> EventHubSource:
+    return EventHubSource.from_connection_string(
+        options.connection_string, eventhub_name=options.eventhub_name,
+        operation_timeout=min(options.operation_timeout, operation_timeout or options.operation_timeout),
+        partition_ids_ttl=0.0)
+
+
+def _event_position(position: Position) -> EventPosition:
+    if position.kind == "start":
+        return EventPosition.earliest()
+    if position.kind == "end":
+        return EventPosition.latest()
+    if position.kind == "offset":
+        return EventPosition.from_offset(position.value, inclusive=position.inclusive)
+    if position.kind == "sequence_number":
+        return EventPosition.from_sequence_number(position.value, inclusive=True)
+    # The connector (Java SDK) reads after an enqueued time, never at it.
+    return EventPosition.from_enqueued_time(position.value, inclusive=False)
+
+
+class DriverHub:
+    """The driver's view of the hub, on an event loop of its own that lives as long as
+    the query's reader (clients are made on first use, never pickled)."""
+
+    def __init__(self, options: SourceOptions, *, clock: Callable[[], float] = time.monotonic) -> None:
+        self._options = options
+        self._clock = clock
+        self._loop: Optional[asyncio.AbstractEventLoop] = None
+        self._source: Optional[EventHubSource] = None
+
+    def __enter__(self) -> "DriverHub":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop:
+        if self._loop is None or self._loop.is_closed():
+            self._loop = asyncio.new_event_loop()
+        return self._loop
+
+    @property
+    def source(self) -> EventHubSource:
+        if self._source is None:
+            self._source = _source(self._options)
+        return self._source
+
+    def run(self, make: Callable[[], Awaitable[_T]]) -> _T:
+        """Run a coroutine on the driver's loop, bounded by ``eventhubs.operationTimeout``."""
+        async def bounded() -> _T:
+            return await asyncio.wait_for(make(), self._options.operation_timeout)
+
+        return self.loop.run_until_complete(bounded())
+
+    def properties(self) -> Dict[str, PartitionProperties]:
+        """Every partition's properties now, fetched concurrently."""
+        async def fetch() -> Dict[str, PartitionProperties]:
+            ids = await self.source.get_partition_ids()
+            found = await asyncio.gather(*(self.source.get_partition_properties(pid) for pid in ids))
+            return {pid: props for pid, props in zip(ids, found)}
+
+        return self.run(fetch)
+
+    def starting_positions(self, positions: Mapping[str, Position],
+                           properties: Mapping[str, PartitionProperties]) -> Dict[str, PartitionPosition]:
+        """Where each partition starts, as the connector translates positions: a
+        sequence number as given (inclusive), the start and end of the stream from the
+        partition's properties, an offset or an enqueued time by reading the first
+        event there (none within 5 s: the partition's end)."""
+        result: Dict[str, PartitionPosition] = {}
+        to_read: Dict[str, Position] = {}
+        for pid, props in properties.items():
+            position = positions[pid]
+            last = props.last_enqueued_sequence_number
+            end_offset = props.last_enqueued_offset if last >= 0 and props.last_enqueued_offset != "-1" else None
+            if position.kind == "start":
+                # An empty partition (never written, or every event expired) starts after its last event.
+                result[pid] = (PartitionPosition(last + 1, end_offset) if props.is_empty
+                               else PartitionPosition(props.beginning_sequence_number))
+            elif position.kind == "end":
+                result[pid] = PartitionPosition(last + 1, end_offset)
+            elif position.kind == "sequence_number":
+                seq = int(position.value)
+                if seq > last + 1:
+                    raise EventSourceError(
+                        f"eventhubs.startingPosition(s): sequence number {seq} of partition {pid} is past its end "
+                        f"(the last event is {last}); use {{\"offset\": \"@latest\"}} to start at the end",
+                        fully_qualified_namespace=self._options.fully_qualified_namespace,
+                        eventhub_name=self._options.eventhub_name, reason="refused")
+                result[pid] = PartitionPosition(seq)
+            else:
+                to_read[pid] = position
+        if to_read:
+            firsts = self.run(lambda: self._first_events(to_read, properties))
+            for pid, event in firsts.items():
+                position = to_read[pid]
+                props = properties[pid]
+                if event is None:
+                    last = props.last_enqueued_sequence_number
+                    result[pid] = PartitionPosition(last + 1, props.last_enqueued_offset if last >= 0 else None)
+                else:
+                    # Reading after an offset: the offset is the previous event's.
+                    before = position.value if position.kind == "offset" and not position.inclusive else None
+                    result[pid] = PartitionPosition(event.sequence_number, before)
+        return result
+
+    def ending_sequence_numbers(self, positions: Mapping[str, Position],
+                                properties: Mapping[str, PartitionProperties]) -> Dict[str, int]:
+        """Where a batch read stops (exclusive), translated as the connector does."""
+        starts = self.starting_positions(positions, properties)
+        return {pid: position.sequence_number for pid, position in starts.items()}
+
+    async def _first_events(self, positions: Mapping[str, Position],
+                            properties: Mapping[str, PartitionProperties]) -> Dict[str, Optional[Event]]:
+        async def first(pid: str, position: Position) -> Optional[Event]:
+            receiver = await self.source.open_receiver(
+                pid, consumer_group=self._options.consumer_group, starting_position=_event_position(position),
+                owner_level=None, prefetch=1)
+            try:
+                events = await receiver.receive(1, _RESOLVE_WAIT)
+            finally:
+                await receiver.close()
+            return events[0] if events else None
+
+        pids = list(positions)
+        found = await asyncio.gather(*(first(pid, positions[pid]) for pid in pids))
+        return dict(zip(pids, found))
+
+    def offsets_of(self, sequence_numbers: Mapping[str, int]) -> Dict[str, str]:
+        """The offset strings of the events at these sequence numbers (one short read
+        each, concurrently): what an Event Hubs checkpoint of a rate-limited batch needs."""
+        if not sequence_numbers:
+            return {}
+
+        async def lookup() -> Dict[str, str]:
+            async def one(pid: str, seq: int) -> str:
+                receiver = await self.source.open_receiver(
+                    pid, consumer_group=self._options.consumer_group,
+                    starting_position=EventPosition.from_sequence_number(seq, inclusive=True), owner_level=None,
+                    prefetch=1)
+                try:
+                    events = await receiver.receive(1, self._options.receiver_timeout)
+                finally:
+                    await receiver.close()
+                if not events or events[0].sequence_number != seq:
+                    raise EventSourceError(
+                        f"partition {pid}: the event at sequence number {seq} could not be read to learn its offset",
+                        fully_qualified_namespace=self._options.fully_qualified_namespace,
+                        eventhub_name=self._options.eventhub_name, reason="timeout")
+                return events[0].offset
+
+            pids = list(sequence_numbers)
+            found = await asyncio.gather(*(one(pid, sequence_numbers[pid]) for pid in pids))
+            return dict(zip(pids, found))
+
+        return self.run(lookup)
+
+    def close(self) -> None:
+        source, self._source = self._source, None
+        loop, self._loop = self._loop, None
+        if loop is None or loop.is_closed():
+            return
+        try:
+            if source is not None:
+                loop.run_until_complete(source.close())
+        except Exception:
+            logger.debug("closing the driver's Event Hubs client failed", exc_info=True)
+        finally:
+            loop.close()
+
+
+def read_range(options: SourceOptions, read: ReadRange, *,
+               rows_per_batch: int = RECORD_BATCH_ROWS) -> Iterator[pa.RecordBatch]:
+    """The events ``[from, until)`` of one partition as Arrow record batches (on an
+    executor). Fails if an event the driver saw in the hub does not arrive within
+    ``eventhubs.receiverTimeout``; with ``failOnDataLoss`` it fails if the range starts
+    below the oldest event the hub still holds, else it logs the gap and goes on."""
+    if read.count <= 0:
+        return
+    loop = asyncio.new_event_loop()
+    source = _source(options)
+    receiver: Any = None
+    try:
+        receiver = loop.run_until_complete(source.open_receiver(
+            read.partition_id, consumer_group=options.consumer_group,
+            starting_position=EventPosition.from_sequence_number(read.from_sequence_number, inclusive=True),
+            owner_level=0 if options.exclusive_receiver else None, prefetch=options.prefetch_count))
+        expected = read.from_sequence_number
+        pending: List[Event] = []
+        while expected < read.until_sequence_number:
+            want = min(read.until_sequence_number - expected, rows_per_batch * 2)
+            events = loop.run_until_complete(receiver.receive(want, options.receiver_timeout))
+            if not events:
+                raise EventSourceError(
+                    f"partition {read.partition_id} of {options.eventhub_name!r}: no event arrived in "
+                    f"{options.receiver_timeout:g} s (eventhubs.receiverTimeout) although the hub reported events up "
+                    f"to sequence number {read.until_sequence_number - 1}; waiting for {expected}",
+                    fully_qualified_namespace=options.fully_qualified_namespace, eventhub_name=options.eventhub_name,
+                    reason="timeout")
+            first = events[0].sequence_number
+            if first > expected:
+                _gap(options, read, expected, first)
+            for event in events:
+                seq = event.sequence_number
+                if seq < expected:
+                    continue
+                if seq >= read.until_sequence_number:
+                    break
+                pending.append(event)
+                expected = seq + 1
+            if len(pending) >= rows_per_batch or expected >= read.until_sequence_number:
+                yield events_to_record_batch(read.partition_id, pending)
+                pending = []
+        if pending:
+            yield events_to_record_batch(read.partition_id, pending)
+    finally:
+        try:
+            if receiver is not None:
+                loop.run_until_complete(receiver.close())
+            loop.run_until_complete(source.close())
+        except Exception:
+            logger.debug("closing the receiver of partition %s failed", read.partition_id, exc_info=True)
+        finally:
+            loop.close()
+
+
+def _gap(options: SourceOptions, read: ReadRange, expected: int, first: int) -> None:
+    message = (f"partition {read.partition_id} of {options.eventhub_name!r}: the query was to read from sequence "
+               f"number {expected}, but the first event the hub returned is {first}; {first - expected} events "
+               "expired (retention) before they were read")
+    if options.fail_on_data_loss:
+        raise DataLossError(message + ". Set failOnDataLoss=false to go on without them",
+                            fully_qualified_namespace=options.fully_qualified_namespace,
+                            eventhub_name=options.eventhub_name, reason="refused")
+    logger.warning("%s; going on (failOnDataLoss=false)", message)
