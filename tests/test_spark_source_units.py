@@ -237,7 +237,7 @@ def test_the_arrow_schema_is_what_spark_expects_of_the_declared_schema():
 
 def test_rows_carry_the_connectors_columns_and_json_property_values():
     when = datetime(2026, 5, 1, 12, 30, 15, 123000, tzinfo=timezone.utc)
-    events = [Event(b"\x00body", 7, "1792", when, "key-1", {"kind": "reading", "n": 5, "ok": True, "raw": b"\x01\xff"},
+    events = [Event(b"\x00body", 7, "1792", when, "key-1", {"kind": b"reading", "n": 5, "ok": True, "raw": b"\x01\xff"},
                     "3", "msg-7", "application/json", "corr-1"),
               Event(b"", 8, "2048", when + timedelta(seconds=1))]
     batch = events_to_record_batch("3", events)
@@ -246,7 +246,8 @@ def test_rows_carry_the_connectors_columns_and_json_property_values():
     assert rows[0]["body"] == b"\x00body" and rows[0]["partition"] == "3" and rows[0]["offset"] == "1792"
     assert rows[0]["sequenceNumber"] == 7 and rows[0]["enqueuedTime"] == when
     assert rows[0]["publisher"] is None and rows[0]["partitionKey"] == "key-1"
-    assert dict(rows[0]["properties"]) == {"kind": '"reading"', "n": "5", "ok": "true", "raw": "[1,-1]"}
+    assert dict(rows[0]["properties"]) == {"kind": '"reading"', "n": "5", "ok": "true", "raw": "[1,-1]"}, \
+        "AMQP strings arrive as bytes: text is a JSON string, other bytes an array of signed bytes"
     assert dict(rows[0]["systemProperties"]) == {"x-opt-partition-key": '"key-1"', "message-id": '"msg-7"',
                                                  "correlation-id": '"corr-1"', "content-type": '"application/json"'}
     assert rows[1]["properties"] == [] and rows[1]["systemProperties"] == [] and rows[1]["partitionKey"] is None

@@ -41,6 +41,7 @@ Example::
 """
 from __future__ import annotations
 
+import asyncio
 import logging
 import uuid
 from dataclasses import dataclass, field, replace
@@ -227,14 +228,15 @@ class CheckpointWriter:
         report.written[pid] = last
 
     async def release(self) -> None:
-        """Release every record the query holds (when the query stops)."""
+        """Release every record the query holds, all at once (when the query stops:
+        Spark gives the reader's process only a moment)."""
         held, self._held = list(self._held.values()), {}
-        for record in held:
-            try:
-                await self.store.release_ownership(record)
-            except Exception as error:  # the records expire on their own
+        results = await asyncio.gather(*(self.store.release_ownership(record) for record in held),
+                                       return_exceptions=True)
+        for record, result in zip(held, results):
+            if isinstance(result, BaseException):  # the record expires on its own
                 logger.info("query %s: releasing partition %s failed (%s); it expires instead", self.owner_id,
-                            record.partition_id, error)
+                            record.partition_id, result)
 
     async def close(self) -> None:
         store, self._store = self._store, None

@@ -19,7 +19,10 @@ Example::
 """
 from __future__ import annotations
 
+import asyncio
 import logging
+import signal
+import threading
 import time
 from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence
 
@@ -64,6 +67,7 @@ DEFAULT_EVENTS_PER_PARTITION = 1000
 partition of the hub, as the Microsoft connector does."""
 
 _IDLE_POLL = 0.25  # seconds between hub polls while a stream has nothing new
+_STOP_SECONDS = 10.0  # what stop() may spend releasing the query's partitions
 
 
 class EventHubsPartition(InputPartition):
@@ -142,6 +146,29 @@ def _starting(options: SourceOptions, hub: DriverHub, writer: Optional[Checkpoin
     return HubOffset(options.eventhub_name, {**resolved, **stored})
 
 
+def _stop_on_sigterm() -> None:
+    """Let Spark's own ``finally: reader.stop()`` run when the query ends.
+
+    Spark ends a stream reader's worker process with SIGTERM, whose default action
+    kills Python before any ``finally``, so ``stop()`` (which releases the query's
+    partitions in the checkpoint store) would never run. In that dedicated process,
+    SIGTERM becomes ``SystemExit``. Nothing is changed in a thread other than the main
+    one, nor where someone already handles SIGTERM.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        return
+    if signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+        return
+
+    def exit_cleanly(signum: int, _frame: Any) -> None:
+        # Spark sends SIGTERM twice in a row; the second must not cut stop() short
+        # (stop() bounds itself: _STOP_SECONDS).
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, exit_cleanly)
+
+
 class EventHubsStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     """The micro-batch reader (one per query run, on the driver; pickled to executors)."""
 
@@ -154,6 +181,8 @@ class EventHubsStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
         self._target_properties: Dict[str, Any] = {}
         self._latest: Optional[HubOffset] = None
         self._idle_since: Optional[float] = None
+        self._published: Optional[HubOffset] = None
+        self._published_at = float("-inf")
 
     def __getstate__(self) -> Dict[str, Any]:
         # Executors get the options only: clients, loops and the store stay on the driver.
@@ -175,6 +204,7 @@ class EventHubsStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
     @property
     def writer(self) -> Optional[CheckpointWriter]:
         if self._writer is None and self._options.store is not None:
+            _stop_on_sigterm()
             o = self._options
             self._writer = CheckpointWriter(o.store, o.fully_qualified_namespace, o.eventhub_name,  # type: ignore[arg-type]
                                             o.consumer_group)
@@ -199,6 +229,9 @@ class EventHubsStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
 
     def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
         begin = HubOffset.from_json(start, self._options.eventhub_name)
+        # Spark asks for the next batch only once every batch up to ``start`` is committed
+        # (its sink and commit log written): ``start`` is what the query has consumed.
+        self._publish(begin)
         max_rows = limit.max_rows if isinstance(limit, ReadMaxRows) else None
         if not isinstance(limit, (ReadMaxRows, ReadAllAvailable)):
             logger.warning("the eventhubs source does not know read limit %r; reading all available", limit)
@@ -270,15 +303,27 @@ class EventHubsStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
     # ------------------------------------------------------------------ commits
 
     def commit(self, end: dict) -> None:
+        # Spark calls this for batch N-1 once batch N is planned: never newer than what
+        # latestOffset already published, but it keeps the ownership records renewed.
+        self._publish(HubOffset.from_json(end, self._options.eventhub_name))
+
+    def _publish(self, consumed: HubOffset) -> None:
+        """Write ``consumed`` to the checkpoint store (when one is named): at most once per
+        position, and again every third of the ownership expiration to stay a live owner."""
         writer = self.writer
         if writer is None:
             return
+        now = self._clock()
+        renew_every = writer.options.ownership_expiration / 3
+        if consumed == self._published and now - self._published_at < renew_every:
+            return
         try:
-            report = self.hub.run(lambda: writer.commit(HubOffset.from_json(end, self._options.eventhub_name)))
+            report = self.hub.run(lambda: writer.commit(consumed))
         except Exception as error:  # the store is advisory: Spark's checkpoint is what the query resumes from
-            logger.warning("query %s: writing Event Hubs checkpoints failed (%s: %s); the next commit tries again",
+            logger.warning("query %s: writing Event Hubs checkpoints failed (%s: %s); the next batch tries again",
                            writer.owner_id, type(error).__name__, error)
             return
+        self._published, self._published_at = consumed, now
         if report.written or report.held_by_others or report.behind:
             logger.info("query %s checkpointed %s; left to live owners %s; not moved back %s", writer.owner_id,
                         report.written, report.held_by_others, report.behind)
@@ -290,8 +335,8 @@ class EventHubsStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
             return
         try:
             if writer is not None:
-                hub.run(writer.release)
-                hub.run(writer.close)
+                hub.run(lambda: asyncio.wait_for(writer.release(), _STOP_SECONDS))
+                hub.run(lambda: asyncio.wait_for(writer.close(), _STOP_SECONDS))
         except Exception as error:
             logger.info("closing the checkpoint store failed (%s: %s); the query's records expire on their own",
                         type(error).__name__, error)

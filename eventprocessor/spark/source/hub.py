@@ -4,8 +4,9 @@ positions; on the executors, the events of one sequence range.
 Both go through :class:`~eventprocessor.sources.eventhub.EventHubSource` (its lean
 receive path: azure-eventhub's own consumer, no ``EventData`` per event). Spark calls
 the source's methods synchronously, so each side runs its coroutines on an event loop
-of its own: the driver keeps one for the life of the query (its clients stay open
-between micro-batches), a task makes one per range it reads.
+of its own: the driver keeps one for the life of the query; an executor's Python
+worker keeps one in a daemon thread, with the receivers it may reuse for the next
+batch (:class:`WorkerReceivers`).
 
 Example::
 
@@ -18,8 +19,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 import time
-from typing import Any, Awaitable, Callable, Dict, Iterator, List, Mapping, Optional, TypeVar
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any, Awaitable, Callable, Dict, Iterator, List, Mapping, Optional, Tuple, TypeVar
 
 import pyarrow as pa
 
@@ -31,7 +35,7 @@ from .offsets import PartitionPosition, ReadRange
 from .options import Position, SourceOptions
 from .rows import events_to_record_batch
 
-__all__ = ["DriverHub", "read_range", "DataLossError", "RECORD_BATCH_ROWS"]
+__all__ = ["DriverHub", "read_range", "DataLossError", "RECORD_BATCH_ROWS", "WorkerReceivers", "WORKER_RECEIVERS"]
 
 logger = logging.getLogger(__name__)
 
@@ -51,7 +55,7 @@ def _source(options: SourceOptions, operation_timeout: Optional[float] = None) -
     return EventHubSource.from_connection_string(
         options.connection_string, eventhub_name=options.eventhub_name,
         operation_timeout=min(options.operation_timeout, operation_timeout or options.operation_timeout),
-        partition_ids_ttl=0.0)
+        partition_ids_ttl=5.0)
 
 
 def _event_position(position: Position) -> EventPosition:
@@ -219,27 +223,154 @@ class DriverHub:
             loop.close()
 
 
-def read_range(options: SourceOptions, read: ReadRange, *,
-               rows_per_batch: int = RECORD_BATCH_ROWS) -> Iterator[pa.RecordBatch]:
+@dataclass
+class _OpenReceiver:
+    source: EventHubSource
+    receiver: Any
+    next_sequence_number: int
+    used_at: float = 0.0
+
+
+class WorkerReceivers:
+    """The receivers one executor Python worker keeps open between tasks.
+
+    Spark reuses a Python worker for task after task, and a streaming query reads each
+    partition from where its previous batch ended. Opening a receiver costs a
+    connection, a CBS handshake and an attach (about half a second with azure-eventhub),
+    so a worker keeps the receiver of each range it read, positioned at the range's end,
+    and the next task of that partition on this worker takes it over (its prefetched
+    events included), skipping up to ``max_skip`` events when another worker read the
+    ranges in between (reading and dropping a few thousand events costs far less than
+    a new receiver).
+    The receivers live on an event loop in a daemon thread of the worker, so their
+    connections keep being serviced between tasks; one unused for ``idle`` seconds is
+    closed, and at most ``capacity`` are kept (least recently used closed first). A
+    reused receiver whose connection dropped meanwhile is replaced by a new one.
+    """
+
+    def __init__(self, *, idle: float = 15.0, capacity: int = 16, max_skip: int = 10_000,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.idle = idle
+        self.capacity = capacity
+        self.max_skip = max_skip
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._loop: Optional[asyncio.AbstractEventLoop] = None
+        self._kept: "OrderedDict[Tuple[Any, ...], _OpenReceiver]" = OrderedDict()
+        self.reused = 0
+        self.opened = 0
+
+    def run(self, coroutine: Awaitable[_T]) -> _T:
+        """Run a coroutine on the worker's receiver loop and wait for it."""
+        return asyncio.run_coroutine_threadsafe(coroutine, self._running_loop()).result()  # type: ignore[arg-type]
+
+    def _running_loop(self) -> asyncio.AbstractEventLoop:
+        with self._lock:
+            if self._loop is None or self._loop.is_closed():
+                loop = asyncio.new_event_loop()
+                threading.Thread(target=loop.run_forever, name="eventhubs-receivers", daemon=True).start()
+                self._loop = loop
+            return self._loop
+
+    def take(self, key: Tuple[Any, ...], sequence_number: int) -> Optional[_OpenReceiver]:
+        """The kept receiver of ``key`` if it stands at most ``max_skip`` events before
+        ``sequence_number`` and was used within ``idle`` seconds."""
+        with self._lock:
+            kept = self._kept.pop(key, None)
+        if kept is None:
+            return None
+        ahead = sequence_number - kept.next_sequence_number
+        if 0 <= ahead <= self.max_skip and self._clock() - kept.used_at <= self.idle:
+            self.reused += 1
+            return kept
+        self.discard(kept)
+        return None
+
+    def keep(self, key: Tuple[Any, ...], receiver: _OpenReceiver) -> None:
+        receiver.used_at = self._clock()
+        with self._lock:
+            self._kept[key] = receiver
+            self._kept.move_to_end(key)
+            evicted = []
+            while len(self._kept) > self.capacity:
+                evicted.append(self._kept.popitem(last=False)[1])
+        for old in evicted:
+            self.discard(old)
+        loop = self._running_loop()
+        loop.call_soon_threadsafe(loop.call_later, self.idle + 0.5, self._expire, key, receiver)
+
+    def _expire(self, key: Tuple[Any, ...], receiver: _OpenReceiver) -> None:
+        with self._lock:
+            if self._kept.get(key) is not receiver or self._clock() - receiver.used_at < self.idle:
+                return
+            del self._kept[key]
+        asyncio.ensure_future(_close(receiver))
+
+    def discard(self, receiver: _OpenReceiver) -> None:
+        """Close a receiver that will not be used again (in the background)."""
+        asyncio.run_coroutine_threadsafe(_close(receiver), self._running_loop())
+
+    def kept(self) -> int:
+        with self._lock:
+            return len(self._kept)
+
+
+async def _close(opened: _OpenReceiver) -> None:
+    try:
+        await opened.receiver.close()
+        await opened.source.close()
+    except Exception:
+        logger.debug("closing a kept receiver failed", exc_info=True)
+
+
+WORKER_RECEIVERS = WorkerReceivers()
+"""The receivers of this Python process (an executor's Python worker)."""
+
+
+def read_range(options: SourceOptions, read: ReadRange, *, rows_per_batch: int = RECORD_BATCH_ROWS,
+               receivers: Optional[WorkerReceivers] = None) -> Iterator[pa.RecordBatch]:
     """The events ``[from, until)`` of one partition as Arrow record batches (on an
     executor). Fails if an event the driver saw in the hub does not arrive within
     ``eventhubs.receiverTimeout``; with ``failOnDataLoss`` it fails if the range starts
-    below the oldest event the hub still holds, else it logs the gap and goes on."""
+    below the oldest event the hub still holds, else it logs the gap and goes on. The
+    receiver is kept for the range that starts where this one ends
+    (:class:`WorkerReceivers`)."""
     if read.count <= 0:
         return
-    loop = asyncio.new_event_loop()
-    source = _source(options)
-    receiver: Any = None
-    try:
-        receiver = loop.run_until_complete(source.open_receiver(
+    pool = receivers or WORKER_RECEIVERS
+    owner_level = 0 if options.exclusive_receiver else None
+    key = (options.connection_string, options.consumer_group, read.partition_id, owner_level, options.prefetch_count)
+    opened = pool.take(key, read.from_sequence_number)
+    reused = opened is not None
+
+    async def open_new() -> _OpenReceiver:
+        source = _source(options)
+        receiver = await source.open_receiver(
             read.partition_id, consumer_group=options.consumer_group,
             starting_position=EventPosition.from_sequence_number(read.from_sequence_number, inclusive=True),
-            owner_level=0 if options.exclusive_receiver else None, prefetch=options.prefetch_count))
+            owner_level=owner_level, prefetch=options.prefetch_count)
+        pool.opened += 1
+        return _OpenReceiver(source, receiver, read.from_sequence_number)
+
+    if opened is None:
+        opened = pool.run(open_new())
+    clean = False
+    try:
         expected = read.from_sequence_number
         pending: List[Event] = []
         while expected < read.until_sequence_number:
             want = min(read.until_sequence_number - expected, rows_per_batch * 2)
-            events = loop.run_until_complete(receiver.receive(want, options.receiver_timeout))
+            try:
+                events = pool.run(opened.receiver.receive(want, options.receiver_timeout))
+            except EventSourceError:
+                if not reused or expected != read.from_sequence_number:
+                    raise
+                # A kept receiver whose connection dropped while it waited: open a new one.
+                pool.discard(opened)
+                reused = False
+                opened = pool.run(open_new())
+                continue
+            reused = False
             if not events:
                 raise EventSourceError(
                     f"partition {read.partition_id} of {options.eventhub_name!r}: no event arrived in "
@@ -255,7 +386,7 @@ def read_range(options: SourceOptions, read: ReadRange, *,
                 if seq < expected:
                     continue
                 if seq >= read.until_sequence_number:
-                    break
+                    raise _Overshot()
                 pending.append(event)
                 expected = seq + 1
             if len(pending) >= rows_per_batch or expected >= read.until_sequence_number:
@@ -263,15 +394,22 @@ def read_range(options: SourceOptions, read: ReadRange, *,
                 pending = []
         if pending:
             yield events_to_record_batch(read.partition_id, pending)
+        clean = True
+    except _Overshot:
+        # Only after a gap (expired events): the receiver went past this range, so it
+        # cannot serve the next one; what it read of this range is complete.
+        if pending:
+            yield events_to_record_batch(read.partition_id, pending)
     finally:
-        try:
-            if receiver is not None:
-                loop.run_until_complete(receiver.close())
-            loop.run_until_complete(source.close())
-        except Exception:
-            logger.debug("closing the receiver of partition %s failed", read.partition_id, exc_info=True)
-        finally:
-            loop.close()
+        if clean:
+            opened.next_sequence_number = read.until_sequence_number
+            pool.keep(key, opened)
+        else:
+            pool.discard(opened)
+
+
+class _Overshot(Exception):
+    pass
 
 
 def _gap(options: SourceOptions, read: ReadRange, expected: int, first: int) -> None:

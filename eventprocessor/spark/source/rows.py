@@ -8,8 +8,9 @@ all nullable::
     properties map<string,string>, systemProperties map<string,string>
 
 Like the connector, map values are JSON text (json4s' ``Serialization.write``): a
-string property ``"a"`` is ``"\\"a\\""``, a number ``5`` is ``"5"``, binary is a JSON
-array of byte values. ``systemProperties`` holds what the connector puts there that an
+string property ``"a"`` is ``"\\"a\\""``, a number ``5`` is ``"5"``, binary that is not
+UTF-8 text is a JSON array of byte values (azure-eventhub decodes AMQP strings to bytes,
+so bytes that are UTF-8 text are rendered as a string). ``systemProperties`` holds what the connector puts there that an
 event here carries: ``x-opt-partition-key``, ``message-id``, ``correlation-id`` and
 ``content-type`` (when set); never the offset, sequence number or enqueued time, which
 have columns. ``publisher`` is null (it is set only by publisher policies, which Event
@@ -60,8 +61,14 @@ def json_value(value: Any) -> str:
     if value is None or isinstance(value, (bool, int, float, str)):
         return json.dumps(value, ensure_ascii=False)
     if isinstance(value, (bytes, bytearray, memoryview)):
-        # json4s writes a byte array as an array of signed bytes.
-        return json.dumps([b - 256 if b > 127 else b for b in bytes(value)], separators=(",", ":"))
+        raw = bytes(value)
+        # azure-eventhub's AMQP decoder hands AMQP strings over as bytes, like binary:
+        # text is rendered as the JSON string the connector writes for a string.
+        try:
+            return json.dumps(raw.decode("utf-8"), ensure_ascii=False)
+        except UnicodeDecodeError:
+            # json4s writes a byte array as an array of signed bytes.
+            return json.dumps([b - 256 if b > 127 else b for b in raw], separators=(",", ":"))
     if isinstance(value, datetime):
         return json.dumps(value.strftime("%Y-%m-%dT%H:%M:%S.") + f"{value.microsecond // 1000:03d}Z")
     if isinstance(value, UUID):

@@ -1,0 +1,70 @@
+"""A streaming query from the eventhubs source into Parquet, run as a process of its own
+by ``tests/test_spark_source.py`` (the tests SIGKILL it, or its Spark Connect server).
+
+With ``--master`` it is the driver (a classic session in this process); with
+``--remote`` it is a Spark Connect client and the server is the driver. It prints one
+line per micro-batch (``batch <id> rows <n>``) and stops the query cleanly on SIGTERM.
+
+    python tests/spark_source_worker.py --master spark://127.0.0.1:7077 --out /tmp/t --checkpoint /tmp/c \\
+        --max-events 200        # the connection string comes from EVENTHUB_CONNECTION_STRING
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+import threading
+import time
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    where = parser.add_mutually_exclusive_group(required=True)
+    where.add_argument("--master")
+    where.add_argument("--remote")
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--checkpoint", required=True)
+    parser.add_argument("--max-events", type=int, default=200)
+    args = parser.parse_args()
+
+    stopping = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stopping.set())
+
+    from eventprocessor.spark import EventHubsDataSource, spark_session
+
+    if args.remote:
+        spark = spark_session(remote=args.remote)
+    else:
+        spark = spark_session(args.master, {"spark.cores.max": "2", "spark.executor.memory": "512m",
+                                            "spark.sql.shuffle.partitions": "2"})
+        spark.sparkContext.setLogLevel("WARN")
+    spark.dataSource.register(EventHubsDataSource)
+    start = '{"offset": "-1", "seqNo": -1, "enqueuedTime": null, "isInclusive": true}'
+    query = (spark.readStream.format("eventhubs")
+             .option("eventhubs.connectionString", os.environ["EVENTHUB_CONNECTION_STRING"])
+             .option("eventhubs.startingPosition", start)
+             .option("maxEventsPerTrigger", args.max_events)
+             .load()
+             .writeStream.format("parquet").option("path", args.out).option("checkpointLocation", args.checkpoint)
+             .trigger(processingTime="200 milliseconds")
+             .start())
+    print("query started", flush=True)
+    seen = -1
+    while not stopping.is_set():
+        if query.exception() is not None:
+            print(f"query failed: {query.exception()}", flush=True)
+            return 1
+        progress = query.lastProgress
+        # Attributes, not keys: over Spark Connect progress["numInputRows"] is None.
+        if progress is not None and progress.batchId != seen:
+            seen = progress.batchId
+            print(f"batch {seen} rows {progress.numInputRows} ms {progress.durationMs}", flush=True)
+        time.sleep(0.1)
+    query.stop()
+    print("query stopped", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

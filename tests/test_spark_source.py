@@ -1,0 +1,461 @@
+"""The eventhubs Spark source on the session's standalone cluster, reading the session's
+Event Hubs emulator while the official producer sends.
+
+* A streaming query to Parquet whose driver is SIGKILLed in the middle of a micro-batch
+  and restarted writes every event exactly once: a classic driver process on
+  ``spark://``, and a Spark Connect server of its own (the driver over Connect).
+* ``Trigger.AvailableNow`` with ``maxEventsPerTrigger`` reads what was there, in
+  batches no larger than the limit, and stops; a second run reads only what came since.
+* A batch read between per-partition starting and ending positions, with the
+  connector's columns.
+* A bad option fails at ``load()`` (at the first analysis over Connect), naming it.
+* One consumer group, two engines (Blob store on Azurite): the query starts after an
+  ``EventProcessor``'s checkpoints and writes its own; azure-eventhub's consumer and an
+  ``EventProcessor`` both resume exactly after them; a partition a live owner holds is
+  left alone.
+
+Tables are read back with the test process's own Spark Connect session.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections import Counter
+from datetime import timedelta
+from pathlib import Path
+from typing import Any, Callable, Dict, List, Optional, Tuple
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+WORKER = Path(__file__).resolve().parent / "spark_source_worker.py"
+
+pytestmark = [pytest.mark.spark, pytest.mark.eventhubs]
+
+START = json.dumps({"offset": "-1", "seqNo": -1, "enqueuedTime": None, "isInclusive": True})
+
+
+def hub_connection(emulator: Any, hub: str) -> str:
+    return emulator.process.connection_string_for(hub)
+
+
+async def send(conn: str, per_partition: Dict[str, int], start: Dict[str, int], *,
+               properties: Optional[Dict[str, Any]] = None) -> Dict[Tuple[str, int], bytes]:
+    """Send ``per_partition[pid]`` events to each partition with the official producer;
+    return {(partition, sequence number): body}, sequence numbers counted from ``start``."""
+    from azure.eventhub import EventData
+    from azure.eventhub.aio import EventHubProducerClient
+
+    sent: Dict[Tuple[str, int], bytes] = {}
+    producer = EventHubProducerClient.from_connection_string(conn)
+    async with producer:
+        for pid, count in per_partition.items():
+            first = start.get(pid, 0)
+            for chunk in range(0, count, 100):
+                batch = []
+                for i in range(first + chunk, first + min(count, chunk + 100)):
+                    event = EventData(f"{pid}:{i}")
+                    if properties:
+                        event.properties = dict(properties)
+                    batch.append(event)
+                    sent[(pid, i)] = f"{pid}:{i}".encode()
+                await producer.send_batch(batch, partition_id=pid)
+    return sent
+
+
+def read_table(spark: Any, path: Path) -> List[Tuple[str, int, bytes]]:
+    rows = spark.read.parquet(str(path)).select("partition", "sequenceNumber", "body").collect()
+    return [(r.partition, int(r.sequenceNumber), bytes(r.body)) for r in rows]
+
+
+def assert_exactly_once(rows: List[Tuple[str, int, bytes]], expected: Dict[Tuple[str, int], bytes]) -> None:
+    counts = Counter((pid, seq) for pid, seq, _ in rows)
+    duplicates = sorted(k for k, n in counts.items() if n > 1)
+    assert not duplicates, f"{len(duplicates)} events written more than once, e.g. {duplicates[:5]}"
+    missing = sorted(set(expected) - set(counts))
+    assert not missing, f"{len(missing)} events missing, e.g. {missing[:5]}"
+    extra = sorted(set(counts) - set(expected))
+    assert not extra, f"{len(extra)} events nobody sent, e.g. {extra[:5]}"
+    assert all(body == expected[(pid, seq)] for pid, seq, body in rows)
+
+
+def wait_for(condition: Callable[[], bool], what: str, timeout: float, diagnostics: Callable[[], str] = str) -> float:
+    """A safety bound, not a speed assertion. Returns the seconds it took."""
+    began = time.monotonic()
+    while not condition():
+        if time.monotonic() - began > timeout:
+            raise AssertionError(f"gave up waiting for {what} after {timeout:.0f} s{diagnostics()}")
+        time.sleep(0.05)
+    return time.monotonic() - began
+
+
+def batch_in_flight(checkpoint: Path, at_least: int) -> bool:
+    """Spark has logged the offsets of a batch (>= ``at_least``) and not yet its commit."""
+    offsets = {int(p.name) for p in (checkpoint / "offsets").glob("[0-9]*")} if (checkpoint / "offsets").exists() else set()
+    commits = {int(p.name) for p in (checkpoint / "commits").glob("[0-9]*")} if (checkpoint / "commits").exists() else set()
+    return any(batch >= at_least and batch not in commits for batch in offsets)
+
+
+def committed_rows(checkpoint: Path, out: Path, spark: Any) -> int:
+    if not (out / "_spark_metadata").exists():
+        return 0
+    return spark.read.parquet(str(out)).count()
+
+
+class Driver:
+    """``tests/spark_source_worker.py`` as a process group of its own."""
+
+    def __init__(self, name: str, args: List[str], env: Dict[str, str], workdir: Path) -> None:
+        self.log = workdir / f"{name}.log"
+        with open(self.log, "wb") as out:
+            self.process = subprocess.Popen([sys.executable, str(WORKER), *args], env=env, cwd=str(workdir),
+                                            stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+
+    def text(self) -> str:
+        return self.log.read_text(errors="replace") if self.log.exists() else ""
+
+    def kill(self) -> None:
+        try:
+            os.killpg(os.getpgid(self.process.pid), signal.SIGKILL)  # the Python driver and its JVM
+        except ProcessLookupError:
+            pass
+        self.process.wait(timeout=30)
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                self.kill()
+        try:  # whatever of its group is left (a JVM the Python process started)
+            os.killpg(self.process.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+# ----------------------------------------------------------------------------- SIGKILL the driver
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["classic", "connect"])
+def test_a_driver_sigkilled_mid_batch_and_restarted_writes_every_event_exactly_once(
+        mode, spark_cluster, connect_spark, eventhubs_emulator, tmp_path):
+    hub = eventhubs_emulator.fresh_hub(4)
+    conn = hub_connection(eventhubs_emulator, hub)
+    out, checkpoint = tmp_path / "table", tmp_path / "checkpoint"
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+               SPARK_LOCAL_IP="127.0.0.1", PYSPARK_PYTHON=sys.executable, EVENTHUB_CONNECTION_STRING=conn)
+    expected = asyncio.run(send(conn, {str(p): 300 for p in range(4)}, {}))
+    drivers: List[Driver] = []
+    servers: List[Any] = []
+
+    def start_driver(name: str) -> Driver:
+        if mode == "classic":
+            where = ["--master", spark_cluster.master_url]
+        else:
+            servers.append(spark_cluster.start_connect_server(f"{name}-{tmp_path.name}"[:60]))
+            where = ["--remote", servers[-1].url]
+        driver = Driver(name, [*where, "--out", str(out), "--checkpoint", str(checkpoint), "--max-events", "200"],
+                        env, tmp_path)
+        drivers.append(driver)
+        return driver
+
+    def diagnostics() -> str:
+        logs = "".join(f"\n--- {d.log.name} ---\n{d.text()[-3000:]}" for d in drivers)
+        return logs + "".join(f"\n--- connect server ---\n{s.log()[-3000:]}" for s in servers)
+
+    try:
+        first = start_driver("first")
+        # Kill while a batch after the first is planned (its offsets logged) and not committed.
+        wait_for(lambda: batch_in_flight(checkpoint, 1), "a batch in flight", 120, diagnostics)
+        if mode == "classic":
+            first.kill()
+        else:
+            servers[-1].kill()  # the Connect server is the driver
+            first.kill()
+        killed_in = sorted(int(p.name) for p in (checkpoint / "offsets").glob("[0-9]*"))
+        committed = sorted(int(p.name) for p in (checkpoint / "commits").glob("[0-9]*"))
+        assert killed_in[-1] not in committed, "the kill hit a batch between its offsets and its commit"
+        # More events while no driver runs, and after the restart.
+        expected.update(asyncio.run(send(conn, {str(p): 100 for p in range(4)}, {str(p): 300 for p in range(4)})))
+        second = start_driver("second")
+        wait_for(lambda: "batch" in second.text(), "the restarted query's first batch", 120, diagnostics)
+        expected.update(asyncio.run(send(conn, {str(p): 100 for p in range(4)}, {str(p): 400 for p in range(4)})))
+        wait_for(lambda: committed_rows(checkpoint, out, connect_spark) >= len(expected), "every event committed", 120,
+                 diagnostics)
+        second.stop()
+        assert second.process.returncode == 0, diagnostics()
+    finally:
+        for driver in drivers:
+            driver.stop()
+        for server in servers:
+            server.stop()
+    assert_exactly_once(read_table(connect_spark, out), expected)
+    assert (checkpoint / "commits" / str(killed_in[-1])).exists(), "the restarted query ran the killed batch again"
+
+
+# ----------------------------------------------------------------------------- in this process, over Connect
+
+
+@pytest.fixture
+def spark(connect_spark):
+    from eventprocessor.spark import EventHubsDataSource
+
+    connect_spark.dataSource.register(EventHubsDataSource)
+    return connect_spark
+
+
+def available_now(spark: Any, conn: str, out: Path, checkpoint: Path, *, timeout: float = 120.0,
+                  on_first_batch: Optional[Callable[[], None]] = None, **options: Any) -> List[int]:
+    """Run a ``Trigger.AvailableNow`` query to Parquet; return each batch's input rows."""
+    reader = spark.readStream.format("eventhubs").option("eventhubs.connectionString", conn)
+    for key, value in options.items():
+        reader = reader.option(key, value)
+    query = (reader.load().writeStream.format("parquet").option("path", str(out))
+             .option("checkpointLocation", str(checkpoint)).trigger(availableNow=True).start())
+    try:
+        if on_first_batch is not None:
+            wait_for(lambda: query.lastProgress is not None or not query.isActive, "the first batch", timeout)
+            on_first_batch()
+        assert query.awaitTermination(timeout), f"the AvailableNow query did not stop within {timeout:.0f} s"
+    finally:
+        if query.isActive:
+            query.stop()
+    if query.exception() is not None:
+        raise AssertionError(f"the query failed: {query.exception()}")
+    return [p.numInputRows for p in query.recentProgress if p.numInputRows]
+
+
+def test_available_now_reads_what_was_there_in_batches_of_max_events_then_stops(spark, eventhubs_emulator,
+                                                                                  tmp_path):
+    hub = eventhubs_emulator.fresh_hub(4)
+    conn = hub_connection(eventhubs_emulator, hub)
+    expected = asyncio.run(send(conn, {"0": 400, "1": 250, "2": 100, "3": 0}, {}))
+    out, checkpoint = tmp_path / "table", tmp_path / "checkpoint"
+    late: Dict[Tuple[str, int], bytes] = {}
+
+    def send_late() -> None:  # after the trigger fixed its target: for the next run
+        late.update(asyncio.run(send(conn, {str(p): 20 for p in range(4)}, {"0": 400, "1": 250, "2": 100})))
+
+    batches = available_now(spark, conn, out, checkpoint, on_first_batch=send_late, maxEventsPerTrigger=300,
+                            **{"eventhubs.startingPosition": START})
+    assert batches == [300, 300, 150], "AvailableNow in batches of at most maxEventsPerTrigger, then done"
+    assert_exactly_once(read_table(spark, out), expected)
+    again = available_now(spark, conn, out, checkpoint, maxEventsPerTrigger=300)
+    assert again == [80], "the next run reads only what came since"
+    assert_exactly_once(read_table(spark, out), {**expected, **late})
+
+
+def test_a_batch_read_between_starting_and_ending_positions_has_the_connectors_columns(spark, eventhubs_emulator):
+    hub = eventhubs_emulator.fresh_hub(4)
+    conn = hub_connection(eventhubs_emulator, hub)
+    asyncio.run(send(conn, {str(p): 100 for p in range(4)}, {}, properties={"kind": "reading", "n": 7}))
+    everything = spark.read.format("eventhubs").option("eventhubs.connectionString", conn) \
+        .option("eventhubs.startingPosition", START).load()
+    assert [(f.name, f.dataType.simpleString()) for f in everything.schema.fields] == [
+        ("body", "binary"), ("partition", "string"), ("offset", "string"), ("sequenceNumber", "bigint"),
+        ("enqueuedTime", "timestamp"), ("publisher", "string"), ("partitionKey", "string"),
+        ("properties", "map<string,string>"), ("systemProperties", "map<string,string>")]
+    rows = everything.collect()
+    assert len(rows) == 400
+    first = next(r for r in rows if r.partition == "1" and r.sequenceNumber == 0)
+    assert (bytes(first.body), first.publisher, first.partitionKey) == (b"1:0", None, None)
+    assert first.properties == {"kind": '"reading"', "n": "7"}, "property values are JSON, as the connector's"
+    offsets = {(r.partition, r.sequenceNumber): r.offset for r in rows}
+
+    def key(pid: int) -> str:
+        return json.dumps({"ehName": hub, "partitionId": pid})
+
+    starting = {key(0): {"offset": None, "seqNo": 10, "enqueuedTime": None, "isInclusive": True},
+                key(1): {"offset": offsets[("1", 20)], "seqNo": -1, "enqueuedTime": None, "isInclusive": True},
+                key(2): {"offset": offsets[("2", 20)], "seqNo": -1, "enqueuedTime": None, "isInclusive": False}}
+    ending = {key(0): {"offset": None, "seqNo": 50, "enqueuedTime": None, "isInclusive": True},
+              key(1): {"offset": offsets[("1", 60)], "seqNo": -1, "enqueuedTime": None, "isInclusive": True},
+              key(3): {"offset": "-1", "seqNo": -1, "enqueuedTime": None, "isInclusive": True}}
+    bounded = (spark.read.format("eventhubs").option("eventhubs.connectionString", conn)
+               .option("eventhubs.startingPosition", START)
+               .option("eventhubs.startingPositions", json.dumps(starting))
+               .option("eventhubs.endingPositions", json.dumps(ending)).load()
+               .select("partition", "sequenceNumber").collect())
+    got: Dict[str, List[int]] = {}
+    for row in bounded:
+        got.setdefault(row.partition, []).append(row.sequenceNumber)
+    assert {pid: sorted(seqs) for pid, seqs in got.items()} == {
+        "0": list(range(10, 50)),   # a sequence number starts at it and ends before it
+        "1": list(range(20, 60)),   # an offset, inclusive: from that event, to the one before the ending offset
+        "2": list(range(21, 100)),  # an offset, exclusive: after it; no ending position: the end of the partition
+    }, "partition 3 ends at its start: nothing"
+
+
+def test_a_bad_option_fails_the_first_analysis_naming_it(spark, eventhubs_emulator):
+    conn = hub_connection(eventhubs_emulator, "pool4-0")
+    df = spark.readStream.format("eventhubs").option("eventhubs.connectionString", conn) \
+        .option("maxEventsPerTriger", "100").option("eventhubs.startingPosition", "{").load()
+    with pytest.raises(Exception) as error:
+        df.schema  # over Spark Connect, load() is lazy: the server analyses here
+    text = str(error.value)
+    assert "did you mean maxEventsPerTrigger" in text and "eventhubs.startingPosition is not JSON" in text
+    assert "SAS_KEY_VALUE" not in text
+
+
+# ----------------------------------------------------------------------------- one group, two engines
+
+
+async def _run_processor(conn: str, store: Any, group: str, owner: str, want: int) -> Any:
+    """An EventProcessor on ``group`` until its handlers received ``want`` events (and a
+    second more, for anything it should not get); it checkpoints every batch and
+    releases its partitions when it stops."""
+    from eventprocessor import EventProcessor
+    from eventprocessor.sources.eventhub import EventHubSource
+    from eventprocessor.testing import DeliveryRecorder, recording_handler
+
+    recorder = DeliveryRecorder()
+    source = EventHubSource.from_connection_string(conn)
+    processor = EventProcessor(source, store, recording_handler(recorder), consumer_group=group, owner_id=owner,
+                               load_balancing_interval=0.5, partition_ownership_expiration_interval=6)
+    await processor.start()
+    try:
+        began = time.monotonic()
+        while sum(recorder.received.values()) < want:
+            assert time.monotonic() - began < 60, f"{owner} received {sum(recorder.received.values())} of {want}"
+            await asyncio.sleep(0.1)
+        await asyncio.sleep(1.0)
+    finally:
+        await processor.stop()
+        await source.close()
+    return recorder
+
+
+async def _run_official_consumer(conn: str, storage: str, container: str, group: str, want: int) -> Dict[Tuple[str, int], int]:
+    """azure-eventhub's own consumer with its own blob checkpoint store (it resumes from
+    a checkpoint's *offset*), until it received ``want`` events and a second more."""
+    from azure.eventhub.aio import EventHubConsumerClient
+    from azure.eventhub.extensions.checkpointstoreblobaio import BlobCheckpointStore as OfficialStore
+
+    received: Dict[Tuple[str, int], int] = Counter()
+
+    async def on_batch(context: Any, events: List[Any]) -> None:
+        for event in events:
+            received[(context.partition_id, event.sequence_number)] += 1
+
+    store = OfficialStore.from_connection_string(storage, container)
+    client = EventHubConsumerClient.from_connection_string(conn, consumer_group=group, checkpoint_store=store,
+                                                           load_balancing_interval=0.5)
+    task = asyncio.create_task(client.receive_batch(on_batch, starting_position="-1", max_wait_time=0.5))
+    try:
+        began = time.monotonic()
+        while sum(received.values()) < want:
+            assert time.monotonic() - began < 60 and not task.done(), f"the official consumer got {dict(received)}"
+            await asyncio.sleep(0.1)
+        await asyncio.sleep(1.0)
+    finally:
+        await client.close()
+        await asyncio.gather(task, return_exceptions=True)
+        await store.close()
+    return received
+
+
+@pytest.mark.azurite
+async def test_one_consumer_group_two_engines_checkpoints_carry_over_both_ways(spark, eventhubs_emulator, azurite,
+                                                                              tmp_path):
+    """EventProcessor -> query -> azure-eventhub's consumer and EventProcessor, each
+    resuming exactly after the other's checkpoints (Blob store on Azurite); a partition
+    a live owner holds is left alone and no checkpoint ever moves back."""
+    from eventprocessor.records import Ownership
+    from eventprocessor.spark.source.options import SourceOptions
+    from stores import BlobCheckpointStore
+
+    hub = eventhubs_emulator.fresh_hub(4)
+    conn = hub_connection(eventhubs_emulator, hub)
+    group, container = "cg1", f"spark-source-{uuid.uuid4().hex[:10]}"
+    store = BlobCheckpointStore.from_connection_string(azurite.connection_string, container)
+    scope = (SourceOptions.parse({"eventhubs.connectionString": conn}).fully_qualified_namespace, hub, group)
+    out, checkpoint = tmp_path / "table", tmp_path / "checkpoint"
+    options = {"eventhubs.consumerGroup": group, "maxEventsPerTrigger": 70,
+               "eventhubs.checkpointStore.connectionString": azurite.connection_string,
+               "eventhubs.checkpointStore.container": container,
+               "eventhubs.checkpointStore.ownershipExpiration": 6}
+
+    async def stored() -> Dict[str, Any]:
+        return {c.partition_id: c for c in await store.list_checkpoints(*scope)}
+
+    try:
+        # 1. An EventProcessor reads the first 100 of each partition and checkpoints them.
+        await send(conn, {str(p): 100 for p in range(4)}, {})
+        first = await _run_processor(conn, store, group, "processor-1", 400)
+        assert sorted(first.processed()) == sorted((str(p), s) for p in range(4) for s in range(100))
+        assert {pid: c.sequence_number for pid, c in (await stored()).items()} == {str(p): 99 for p in range(4)}
+
+        # 2. The query starts after those checkpoints (no startingPosition given) and writes its own,
+        #    with the offset string of each partition's last event (the batches are rate-limited).
+        second = await send(conn, {str(p): 50 for p in range(4)}, {str(p): 100 for p in range(4)})
+        batches = await asyncio.to_thread(available_now, spark, conn, out, checkpoint, **options)
+        assert sum(batches) == 200 and max(batches) <= 70
+        assert_exactly_once(read_table(spark, out), second)
+        offsets = {(r.partition, r.sequenceNumber): r.offset
+                   for r in spark.read.parquet(str(out)).select("partition", "sequenceNumber", "offset").collect()}
+        after_query = await stored()
+        assert {pid: (c.sequence_number, c.offset) for pid, c in after_query.items()} == \
+            {str(p): (149, offsets[(str(p), 149)]) for p in range(4)}
+        owner = after_query["0"].owner_id
+        assert owner and owner.startswith("spark-")
+        released = False
+        for _ in range(100):  # Spark stops the reader's process as the query ends, a moment after
+            released = all(o.is_released for o in (await store.list_ownership(*scope)).ownerships)
+            if released:
+                break
+            await asyncio.sleep(0.1)
+        assert released, "the stopped query released its partitions"
+
+        # 3. azure-eventhub's consumer (it resumes from offsets) and an EventProcessor (from sequence
+        #    numbers) each take over exactly after the query's checkpoints.
+        third = await send(conn, {str(p): 30 for p in range(4)}, {str(p): 150 for p in range(4)})
+        official = await _run_official_consumer(conn, azurite.connection_string, container, group, 120)
+        assert dict(official) == {key: 1 for key in third}, "azure-eventhub's consumer resumed after the query"
+        ours = await _run_processor(conn, store, group, "processor-2", 120)
+        assert sorted(ours.processed()) == sorted(third) and ours.duplicates() == 0, \
+            "the EventProcessor resumed after the query"
+
+        # 4. A live owner keeps partition 0 (it renews its record every second, as a processor does);
+        #    the query, behind the store on every partition now, never moves a checkpoint back and
+        #    writes again only past the stored ones.
+        [held] = [o for o in (await store.list_ownership(*scope)).ownerships if o.partition_id == "0"]
+        [live] = await store.claim_ownership([Ownership(*scope, "0", "processor-live", etag=held.etag,
+                                                        epoch=held.epoch + 1)])
+        fourth = await send(conn, {str(p): 40 for p in range(4)}, {str(p): 180 for p in range(4)})
+        seen: Dict[str, List[int]] = {}
+        running = True
+
+        async def watch_and_renew() -> None:
+            nonlocal live
+            while running:
+                for pid, c in (await stored()).items():
+                    seen.setdefault(pid, []).append(c.sequence_number)
+                if (await store.list_ownership(*scope)).server_time - live.last_modified_time > timedelta(seconds=1):
+                    [live] = await store.claim_ownership([live])
+                await asyncio.sleep(0.05)
+
+        watcher = asyncio.create_task(watch_and_renew())
+        try:
+            batches = await asyncio.to_thread(available_now, spark, conn, out, checkpoint,
+                                              **{**options, "maxEventsPerTrigger": 40})
+        finally:
+            running = False
+            await watcher
+        assert sum(batches) == 4 * 70
+        for pid, history in seen.items():
+            assert history == sorted(history), f"partition {pid}'s checkpoint moved back: {history}"
+        final = await stored()
+        assert final["0"].sequence_number == 179 and final["0"].owner_id == "processor-2", \
+            "the live owner's partition was left alone"
+        assert {pid: final[pid].sequence_number for pid in "123"} == {pid: 219 for pid in "123"}
+        assert_exactly_once(read_table(spark, out), {**second, **third, **fourth})
+    finally:
+        await store.close()
