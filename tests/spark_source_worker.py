@@ -7,6 +7,9 @@ line per micro-batch (``batch <id> rows <n>``) and stops the query cleanly on SI
 
     python tests/spark_source_worker.py --master spark://127.0.0.1:7077 --out /tmp/t --checkpoint /tmp/c \\
         --max-events 200        # the connection string comes from EVENTHUB_CONNECTION_STRING
+
+``--wait-for PATH`` makes the session (a JVM, or a Connect client) first and starts the
+query only once PATH exists: a test starts the driver that replaces a killed one ahead.
 """
 from __future__ import annotations
 
@@ -26,8 +29,10 @@ def main() -> int:
     parser.add_argument("--out", required=True)
     parser.add_argument("--checkpoint", required=True)
     parser.add_argument("--max-events", type=int, default=200)
+    parser.add_argument("--wait-for", help="start the query only once this file exists (the session is made first)")
     args = parser.parse_args()
 
+    began = time.monotonic()
     stopping = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stopping.set())
 
@@ -39,7 +44,11 @@ def main() -> int:
         spark = spark_session(args.master, {"spark.cores.max": "2", "spark.executor.memory": "512m",
                                             "spark.sql.shuffle.partitions": "2"})
         spark.sparkContext.setLogLevel("WARN")
+    print(f"session after {time.monotonic() - began:.1f} s", flush=True)
     spark.dataSource.register(EventHubsDataSource)
+    while args.wait_for and not os.path.exists(args.wait_for):
+        if stopping.wait(0.05):
+            return 0
     start = '{"offset": "-1", "seqNo": -1, "enqueuedTime": null, "isInclusive": true}'
     query = (spark.readStream.format("eventhubs")
              .option("eventhubs.connectionString", os.environ["EVENTHUB_CONNECTION_STRING"])
@@ -49,7 +58,7 @@ def main() -> int:
              .writeStream.format("parquet").option("path", args.out).option("checkpointLocation", args.checkpoint)
              .trigger(processingTime="200 milliseconds")
              .start())
-    print("query started", flush=True)
+    print(f"query started after {time.monotonic() - began:.1f} s", flush=True)
     seen = -1
     while not stopping.is_set():
         if query.exception() is not None:
@@ -59,7 +68,8 @@ def main() -> int:
         # Attributes, not keys: over Spark Connect progress["numInputRows"] is None.
         if progress is not None and progress.batchId != seen:
             seen = progress.batchId
-            print(f"batch {seen} rows {progress.numInputRows} ms {progress.durationMs}", flush=True)
+            print(f"batch {seen} rows {progress.numInputRows} at {time.monotonic() - began:.1f} s, ms "
+                  f"{progress.durationMs}", flush=True)
         time.sleep(0.1)
     query.stop()
     print("query stopped", flush=True)

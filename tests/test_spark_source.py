@@ -19,6 +19,7 @@ Tables are read back with the test process's own Spark Connect session.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import json
 import os
 import signal
@@ -152,18 +153,22 @@ def test_a_driver_sigkilled_mid_batch_and_restarted_writes_every_event_exactly_o
     out, checkpoint = tmp_path / "table", tmp_path / "checkpoint"
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
                SPARK_LOCAL_IP="127.0.0.1", PYSPARK_PYTHON=sys.executable, EVENTHUB_CONNECTION_STRING=conn)
-    expected = asyncio.run(send(conn, {str(p): 300 for p in range(4)}, {}))
+    expected = asyncio.run(send(conn, {str(p): 150 for p in range(4)}, {}))
     drivers: List[Driver] = []
+    phases: Dict[str, float] = {}
+    began = time.monotonic()
     servers: List[Any] = []
 
-    def start_driver(name: str) -> Driver:
-        if mode == "classic":
-            where = ["--master", spark_cluster.master_url]
-        else:
-            servers.append(spark_cluster.start_connect_server(f"{name}-{tmp_path.name}"[:60]))
-            where = ["--remote", servers[-1].url]
-        driver = Driver(name, [*where, "--out", str(out), "--checkpoint", str(checkpoint), "--max-events", "200"],
-                        env, tmp_path)
+    if mode == "connect":  # two drivers: the one to kill and the one that replaces it, started side by side
+        with concurrent.futures.ThreadPoolExecutor(2) as pool:
+            servers.extend(pool.map(lambda name: spark_cluster.start_connect_server(f"{name}-{uuid.uuid4().hex[:8]}"),
+                                    ["first", "second"]))
+
+    def start_driver(name: str, *extra: str) -> Driver:
+        where = ["--master", spark_cluster.master_url] if mode == "classic" else \
+            ["--remote", servers[len(drivers)].url]
+        driver = Driver(name, [*where, "--out", str(out), "--checkpoint", str(checkpoint), "--max-events", "200",
+                               *extra], env, tmp_path)
         drivers.append(driver)
         return driver
 
@@ -171,25 +176,35 @@ def test_a_driver_sigkilled_mid_batch_and_restarted_writes_every_event_exactly_o
         logs = "".join(f"\n--- {d.log.name} ---\n{d.text()[-3000:]}" for d in drivers)
         return logs + "".join(f"\n--- connect server ---\n{s.log()[-3000:]}" for s in servers)
 
+    go = tmp_path / "go"
     try:
         first = start_driver("first")
+        # The driver that replaces it makes its session meanwhile (a JVM, or a Connect client of the
+        # second server), and starts its query on "go". A classic one starts once the first has its
+        # executors: its application then waits for the cores the kill frees.
+        if mode == "classic":
+            wait_for(lambda: "batch 0" in first.text(), "the first batch", 120, diagnostics)
+        second = start_driver("second", "--wait-for", str(go))
         # Kill while a batch after the first is planned (its offsets logged) and not committed.
         wait_for(lambda: batch_in_flight(checkpoint, 1), "a batch in flight", 120, diagnostics)
         if mode == "classic":
             first.kill()
         else:
-            servers[-1].kill()  # the Connect server is the driver
+            servers[0].kill()  # the Connect server is the driver
             first.kill()
+        phases["to the kill"] = time.monotonic() - began
         killed_in = sorted(int(p.name) for p in (checkpoint / "offsets").glob("[0-9]*"))
         committed = sorted(int(p.name) for p in (checkpoint / "commits").glob("[0-9]*"))
         assert killed_in[-1] not in committed, "the kill hit a batch between its offsets and its commit"
         # More events while no driver runs, and after the restart.
-        expected.update(asyncio.run(send(conn, {str(p): 100 for p in range(4)}, {str(p): 300 for p in range(4)})))
-        second = start_driver("second")
+        expected.update(asyncio.run(send(conn, {str(p): 50 for p in range(4)}, {str(p): 150 for p in range(4)})))
+        go.touch()
         wait_for(lambda: "batch" in second.text(), "the restarted query's first batch", 120, diagnostics)
-        expected.update(asyncio.run(send(conn, {str(p): 100 for p in range(4)}, {str(p): 400 for p in range(4)})))
+        phases["to the restarted query's first batch"] = time.monotonic() - began
+        expected.update(asyncio.run(send(conn, {str(p): 50 for p in range(4)}, {str(p): 200 for p in range(4)})))
         wait_for(lambda: committed_rows(checkpoint, out, connect_spark) >= len(expected), "every event committed", 120,
                  diagnostics)
+        phases["to every event committed"] = time.monotonic() - began
         second.stop()
         assert second.process.returncode == 0, diagnostics()
     finally:
@@ -199,6 +214,7 @@ def test_a_driver_sigkilled_mid_batch_and_restarted_writes_every_event_exactly_o
             server.stop()
     assert_exactly_once(read_table(connect_spark, out), expected)
     assert (checkpoint / "commits" / str(killed_in[-1])).exists(), "the restarted query ran the killed batch again"
+    print(f"\n{mode}: " + ", ".join(f"{name} {seconds:.1f} s" for name, seconds in phases.items()))
 
 
 # ----------------------------------------------------------------------------- in this process, over Connect
