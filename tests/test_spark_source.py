@@ -475,3 +475,58 @@ async def test_one_consumer_group_two_engines_checkpoints_carry_over_both_ways(s
         assert_exactly_once(read_table(spark, out), {**second, **third, **fourth})
     finally:
         await store.close()
+
+
+# ----------------------------------------------------------------------------- the hub calls, without Spark
+
+
+def test_the_drivers_management_link_answers_as_the_public_calls_and_reopens_after_a_drop(eventhubs_emulator):
+    from eventprocessor.spark.source.hub import DriverHub, ManagementLink
+    from eventprocessor.spark.source.options import SourceOptions
+
+    assert ManagementLink.supported(), "the installed azure-eventhub lost the pieces the management link uses"
+    hub = eventhubs_emulator.fresh_hub(4)
+    conn = hub_connection(eventhubs_emulator, hub)
+    asyncio.run(send(conn, {"0": 30, "2": 5}, {}))
+    with DriverHub(SourceOptions.parse({"eventhubs.connectionString": conn})) as driver:
+        kept = driver.properties()
+        public = driver.run(lambda: asyncio.gather(*(driver.source.get_partition_properties(str(p)) for p in range(4))))
+        assert kept == {p.partition_id: p for p in public}
+        assert kept["0"].last_enqueued_sequence_number == 29 and kept["1"].is_empty
+        link = driver._link
+        assert link is not None and link._mgmt is not None, "the link stays open between calls"
+        driver.run(lambda: link._mgmt._connection._transport.close())  # the connection drops while idle
+        asyncio.run(send(conn, {"1": 3}, {}))
+        again = driver.properties()  # answered by the public calls; the next call opens a new link
+        assert again["1"].last_enqueued_sequence_number == 2 and driver._link is None
+        assert driver.properties() == again and driver._link is not None
+
+
+def test_a_worker_keeps_its_receivers_for_the_next_range_and_skips_forward(eventhubs_emulator):
+    from eventprocessor.spark.source.hub import WorkerReceivers, read_range
+    from eventprocessor.spark.source.offsets import ReadRange
+    from eventprocessor.spark.source.options import SourceOptions
+
+    hub = eventhubs_emulator.fresh_hub(4)
+    conn = hub_connection(eventhubs_emulator, hub)
+    sent = asyncio.run(send(conn, {"0": 300, "1": 10}, {}))
+    options = SourceOptions.parse({"eventhubs.connectionString": conn})
+    pool = WorkerReceivers(idle=30.0)
+
+    def read(pid: str, begin: int, until: int) -> List[Tuple[int, bytes]]:
+        rows = [row for batch in read_range(options, ReadRange(pid, begin, until), rows_per_batch=64, receivers=pool)
+                for row in batch.to_pylist()]
+        assert all(row["partition"] == pid for row in rows)
+        return [(row["sequenceNumber"], row["body"]) for row in rows]
+
+    assert read("0", 0, 100) == [(s, sent[("0", s)]) for s in range(100)]
+    assert read("0", 100, 150) == [(s, sent[("0", s)]) for s in range(100, 150)]
+    assert read("0", 200, 300) == [(s, sent[("0", s)]) for s in range(200, 300)], "skipping what another worker read"
+    assert (pool.opened, pool.reused) == (1, 2)
+    assert read("0", 10, 20) == [(s, sent[("0", s)]) for s in range(10, 20)], "behind the kept receiver: a new one"
+    assert read("1", 0, 10) == [(s, sent[("1", s)]) for s in range(10)]
+    assert (pool.opened, pool.kept()) == (3, 2)
+    partial = read_range(options, ReadRange("1", 0, 10), rows_per_batch=4, receivers=pool)
+    next(partial)
+    partial.close()  # a task that stops early: its receiver is not kept
+    assert pool.kept() == 1
