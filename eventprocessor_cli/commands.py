@@ -36,6 +36,7 @@ BENCHMARKS = {
     "throughput": "Events/s through an EventProcessor vs a bare asyncio loop.",
     "store_bench": "Checkpoint-store throughput and latency on Azurite vs the official blob store.",
     "spark_sink": "Rows/s through the Spark sink vs Spark writing Parquet directly.",
+    "spark_source": "Rows/s from Event Hubs into Parquet through the Spark source vs the official consumer and the sink.",
     "faults": "Recovery from store faults, crashes and hung handlers against their documented bounds.",
     "e2e": "End to end over AMQP: this SDK vs azure-eventhub's consumer on the Event Hubs emulator.",
     "moves": "Scale-out, scale-in, rolling restart and a crash as OS processes: duplicates, pauses vs azure-eventhub.",

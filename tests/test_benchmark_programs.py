@@ -97,7 +97,7 @@ def test_scale_quick_run_starts_both_sides_as_processes_and_checks_ownership_in_
     assert "never recorded" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("module", ["convergence", "throughput", "store_bench", "spark_sink", "scale"])
+@pytest.mark.parametrize("module", ["convergence", "throughput", "store_bench", "spark_sink", "spark_source", "scale"])
 def test_every_benchmark_has_the_same_record_and_debug_flags(module, capsys):
     import importlib
 

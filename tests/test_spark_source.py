@@ -530,3 +530,37 @@ def test_a_worker_keeps_its_receivers_for_the_next_range_and_skips_forward(event
     next(partial)
     partial.close()  # a task that stops early: its receiver is not kept
     assert pool.kept() == 1
+
+
+async def test_a_partition_added_to_the_hub_is_read_from_its_first_event_at_the_next_batch():
+    """The stream reader's own offset methods and read(), without Spark, on an emulator in
+    this process whose hub grows from 2 to 3 partitions between two batches."""
+    from pyspark.sql.streaming.datasource import ReadAllAvailable
+
+    from emulators.eventhubs import EventHubsEmulator
+    from eventprocessor.spark.source.datasource import EventHubsStreamReader
+    from eventprocessor.spark.source.options import SourceOptions
+
+    async with EventHubsEmulator(eventhubs=["growing"], partitions=2) as emulator:
+        conn = emulator.connection_string_for("growing")
+        sent = await send(conn, {"0": 5, "1": 5}, {})
+        reader = EventHubsStreamReader(SourceOptions.parse({"eventhubs.connectionString": conn,
+                                                            "eventhubs.startingPosition": START}))
+
+        def batch(start: dict) -> Tuple[dict, List[Tuple[str, int, bytes]]]:
+            end = reader.latestOffset(start, ReadAllAvailable())
+            rows = [(r["partition"], r["sequenceNumber"], r["body"]) for part in reader.partitions(start, end)
+                    for b in reader.read(part) for r in b.to_pylist()]
+            return end, rows
+
+        try:
+            start = await asyncio.to_thread(reader.initialOffset)
+            first_end, first = await asyncio.to_thread(batch, start)
+            assert sorted(first) == sorted((pid, seq, body) for (pid, seq), body in sent.items())
+            emulator.namespace.hub("growing").add_partitions(3)
+            late = await send(conn, {"2": 4, "0": 1}, {"0": 5})
+            second_end, second = await asyncio.to_thread(batch, first_end)
+            assert sorted(second) == sorted((pid, seq, body) for (pid, seq), body in late.items())
+            assert second_end["partitions"]["2"]["seqNo"] == 4
+        finally:
+            await asyncio.to_thread(reader.stop)
