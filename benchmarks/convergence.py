@@ -601,6 +601,11 @@ FULL = Plan(
     steady_ticks=1000,
     skew_ticks=20,
 )
+# Small sizes, but the steady-state cost and the equal-cost failover at the full run's
+# P=32, N=4: their targets depend on the size. The steady request ratio follows
+# N/I + P/R + 4N/E against (N + P)/I, above one half at P/N = 4 by the formula itself, and
+# a mean crash-to-resumed time of one crash instant is one sample. At P=12, N=3 and one
+# instant, a quick run missed three targets the full run meets.
 QUICK = Plan(
     cold_sizes=[(12, 3)],
     scale_out=[(12, 3, 1)],
@@ -615,12 +620,12 @@ QUICK = Plan(
     steady_ticks=30,
     skew_ticks=2,
     balance_factor_size=(9, 2, 1),
-    steady_size=(12, 3),
+    steady_size=(32, 4),
     skew_size=(12, 3),
-    equal_cost_size=(12, 3),
+    equal_cost_size=(32, 4),
     equal_cost_intervals=(30.0,),
     renewal_rules=("default",),
-    crash_instants=1,
+    crash_instants=3,
     cost_ticks=30,
     schedules=("staggered",),
 )
@@ -1247,6 +1252,11 @@ def _run(args: argparse.Namespace, command: str) -> int:
     missed = [name for name, ok, _e in check_targets(sections) if not ok]
     if missed:
         print(f"\n{len(missed)} target(s) missed (see the table)", file=sys.stderr)
+        if args.quick:
+            print("This was a --quick run: smaller sizes, fewer ticks, crash instants and candidate settings than the "
+                  "full run that RESULTS.md and the README report (`eventprocessor bench convergence`, about a "
+                  "minute). A target missed here and met there depends on the size; one missed there too is a "
+                  "regression.", file=sys.stderr)
     return 0
 
 

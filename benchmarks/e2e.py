@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import logging
 import os
 import statistics
@@ -36,13 +37,13 @@ import tempfile
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Set, Tuple
+from typing import Any, Dict, Iterator, List, Optional, Set, Tuple
 
-from .e2e_worker import WorkerHandle, spawn_worker
+from .e2e_worker import WorkerHandle, create_container, spawn_worker
 from . import program
 from .results import machine_line
 
-__all__ = ["main"]
+__all__ = ["main", "services"]
 
 logger = logging.getLogger(__name__)
 
@@ -109,14 +110,7 @@ class Bench:
                                   extra=["--impl", impl, *extra])
 
     async def _create_container(self, name: str) -> None:
-        from azure.core.exceptions import ResourceExistsError
-        from azure.storage.blob.aio import BlobServiceClient
-
-        async with BlobServiceClient.from_connection_string(self.storage_conn) as service:
-            try:
-                await service.create_container(name)
-            except ResourceExistsError:
-                pass
+        await create_container(self.storage_conn, name)
 
     # ------------------------------------------------------------------ 1. ceiling and fill
     async def fill(self, hub: str, total: int) -> None:
@@ -523,34 +517,52 @@ def main(argv: Optional[List[str]] = None, prog: Optional[str] = None) -> int:
     return program.run(parser, body, argv)
 
 
+@contextlib.contextmanager
+def services(*, partitions: int, max_events_per_partition: int, hubs: int = 100) -> Iterator[Tuple[Any, Any]]:
+    """An Azurite and an Event Hubs emulator (hubs ``bench-0`` ... ``bench-{hubs-1}``, each
+    with ``partitions`` partitions), both on 127.0.0.1, stopped on exit; yields
+    (emulator, azurite). Raises ``AzuriteUnavailable`` or ``EmulatorUnavailable``.
+
+    Example::
+
+        with services(partitions=8, max_events_per_partition=100_000) as (emulator, azurite):
+            print(emulator.connection_string, azurite.connection_string)
+    """
+    from emulators.azurite import start_azurite
+    from emulators.eventhubs.process import start_emulator_process
+
+    names: List[str] = []
+    for index in range(hubs):
+        names += ["--eventhub", f"bench-{index}"]
+    azurite = start_azurite()
+    try:
+        emulator = start_emulator_process([*names, "--partitions", str(partitions),
+                                           "--max-events-per-partition", str(max_events_per_partition)])
+        try:
+            yield emulator, azurite
+        finally:
+            emulator.stop()
+    finally:
+        azurite.stop()
+
+
 def _run(args: argparse.Namespace, command: str) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    from emulators.azurite import AzuriteUnavailable, start_azurite
-    from emulators.eventhubs.process import EmulatorUnavailable, start_emulator_process
+    from emulators.azurite import AzuriteUnavailable
+    from emulators.eventhubs.process import EmulatorUnavailable
 
     started = time.monotonic()
-    hubs: List[str] = []
-    for index in range(100):
-        hubs += ["--eventhub", f"bench-{index}"]
     try:
-        azurite = start_azurite()
+        with services(partitions=args.partitions, max_events_per_partition=max(100_000, args.events)) as (
+                emulator, azurite), tempfile.TemporaryDirectory(prefix="e2e-bench-") as log_dir:
+            bench = Bench(args, emulator.connection_string, emulator.pid, azurite.connection_string, log_dir)
+            results = asyncio.run(bench.run())
     except AzuriteUnavailable as error:
         print(f"e2e: Azurite could not start: {error}", file=sys.stderr)
         return 2
-    try:
-        emulator = start_emulator_process([*hubs, "--partitions", str(args.partitions),
-                                           "--max-events-per-partition", str(max(100_000, args.events))])
     except EmulatorUnavailable as error:
-        azurite.stop()
         print(f"e2e: {error}", file=sys.stderr)
         return 2
-    try:
-        with tempfile.TemporaryDirectory(prefix="e2e-bench-") as log_dir:
-            bench = Bench(args, emulator.connection_string, emulator.pid, azurite.connection_string, log_dir)
-            results = asyncio.run(bench.run())
-    finally:
-        emulator.stop()
-        azurite.stop()
     markdown = render(results, args, command, time.monotonic() - started)
     program.report("e2e", markdown, args.record)
     return 0

@@ -99,7 +99,7 @@ async def _ours(args: argparse.Namespace, transport: Any, go: asyncio.Event, sto
             pass
 
     warnings = _OverrunWarnings()
-    logging.getLogger("eventprocessor.processor").addHandler(warnings)
+    logging.getLogger("eventprocessor").addHandler(warnings)
     source = MemoryEventSource(args.partitions, eventhub_name=args.hub, fully_qualified_namespace=NAMESPACE)
     options: Dict[str, Any] = {} if args.operation_timeout is None else {"operation_timeout": args.operation_timeout}
     store = BlobCheckpointStore.from_connection_string(os.environ[STORAGE_ENV], args.container, transport=transport,

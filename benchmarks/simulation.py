@@ -57,13 +57,16 @@ from collections import Counter
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from types import SimpleNamespace
-from typing import Any, Callable, Dict, FrozenSet, Iterable, Iterator, List, Optional, Sequence, Set, Tuple
+from typing import (Any, Awaitable, Callable, Dict, FrozenSet, Iterable, Iterator, List, Optional, Sequence, Set,
+                    Tuple, TypeVar)
 
-from eventprocessor.checkpoint_store import CheckpointStore
+from eventprocessor.checkpoint_store import CheckpointStore, StoreWrapper
 from eventprocessor.errors import CheckpointStoreError, OwnershipLostError
 from eventprocessor.events import EventPosition
 from eventprocessor.records import Checkpoint, Member, MemberListing, Ownership, OwnershipListing
 from eventprocessor.sources import MemoryEventSource
+
+_T = TypeVar("_T")
 
 __all__ = [
     "EPOCH",
@@ -399,7 +402,7 @@ class _Crashed(CheckpointStoreError):
     """The instance behind this store view crashed: it sends nothing any more."""
 
 
-class SimulatedStore(CheckpointStore):
+class SimulatedStore(StoreWrapper):
     """One instance's view of this SDK's :class:`~stores.InMemoryCheckpointStore`, behind
     virtual latency.
 
@@ -409,12 +412,13 @@ class SimulatedStore(CheckpointStore):
     request executes at the midpoint of its round trip; a batch claim is one round trip
     (a real store issues the writes concurrently) but is billed one request per record,
     like the inner store's ``request_counts``. Member records (heartbeats and their
-    listing) cost requests too.
+    listing) cost requests too, and so does every checkpoint fence (the real processor
+    fences each claim it wins, as on Blob and Table).
     """
 
     def __init__(self, inner: CheckpointStore, scheduler: VirtualScheduler, ledger: Ledger,
                  latency: float = 0.0, rng: Optional[random.Random] = None, *, writer: str = "") -> None:
-        self._inner = inner
+        super().__init__(inner)
         self._ledger = ledger
         self._latency = _Latency(scheduler, latency, rng or random.Random(0))
         self._scheduler = scheduler
@@ -422,7 +426,7 @@ class SimulatedStore(CheckpointStore):
         self.dead = False
 
     def for_instance(self, owner_id: str) -> "SimulatedStore":
-        view = SimulatedStore(self._inner, self._scheduler, self._ledger, writer=owner_id)
+        view = SimulatedStore(self.inner, self._scheduler, self._ledger, writer=owner_id)
         view._latency = self._latency
         return view
 
@@ -430,63 +434,35 @@ class SimulatedStore(CheckpointStore):
         if self.dead:
             raise _Crashed(f"{self.writer} crashed; it sends no more requests")
 
-    async def _call(self, kind: str, call: Callable[[], Any]) -> Any:
+    async def _forward(self, operation: str, call: Callable[[], Awaitable[_T]], units: int = 1) -> _T:
         self._check()
 
         async def execute() -> Any:
-            self._ledger.count(kind)
+            self._ledger.count(operation)
             return await call()
 
         return await self._latency.round_trip(execute)
-
-    async def list_ownership(self, fully_qualified_namespace: str, eventhub_name: str,
-                             consumer_group: str) -> OwnershipListing:
-        return await self._call("list_ownership", lambda: self._inner.list_ownership(
-            fully_qualified_namespace, eventhub_name, consumer_group))
 
     async def claim_ownership(self, ownerships: Iterable[Ownership]) -> List[Ownership]:
         self._check()
         claims = list(ownerships)
 
         def execute(claim: Ownership) -> Optional[Ownership]:
-            won = _run_now(self._inner.claim_ownership([claim]))
+            won = _run_now(self.inner.claim_ownership([claim]))
             self._ledger.write(claim.partition_id, claim.owner_id, bool(won), self._scheduler.now, self.writer)
             return won[0] if won else None
 
         results = await self._latency.writes(claims, execute)
         return [record for record in results if record is not None]
 
-    async def update_checkpoint(self, checkpoint: Checkpoint, *, owner_id: str, epoch: int) -> None:
-        await self._call("update_checkpoint", lambda: self._inner.update_checkpoint(
-            checkpoint, owner_id=owner_id, epoch=epoch))
-
-    async def list_checkpoints(self, fully_qualified_namespace: str, eventhub_name: str,
-                               consumer_group: str) -> List[Checkpoint]:
-        return await self._call("list_checkpoints", lambda: self._inner.list_checkpoints(
-            fully_qualified_namespace, eventhub_name, consumer_group))
-
-    async def list_ownership_and_members(self, fully_qualified_namespace: str, eventhub_name: str,
-                                         consumer_group: str) -> Any:
-        """One request, as the Blob and Table stores make it: the tick's listing."""
-        return await self._call("list_ownership", lambda: self._inner.list_ownership_and_members(
-            fully_qualified_namespace, eventhub_name, consumer_group))
-
-    async def list_members(self, fully_qualified_namespace: str, eventhub_name: str,
-                           consumer_group: str) -> MemberListing:
-        return await self._call("list_members", lambda: self._inner.list_members(
-            fully_qualified_namespace, eventhub_name, consumer_group))
-
     async def write_member(self, member: Member) -> Member:
         self._check()
 
         async def execute() -> Member:
             self._ledger.member_written(member.owner_id, self._scheduler.now)
-            return await self._inner.write_member(member)
+            return await self.inner.write_member(member)
 
         return await self._latency.round_trip(execute)
-
-    async def delete_member(self, member: Member) -> None:
-        await self._call("delete_member", lambda: self._inner.delete_member(member))
 
 
 @dataclass
@@ -857,8 +833,8 @@ class OursInstance(_Instance):
         # As EventProcessor.start does: the renewer, lease keeper and member heartbeat
         # run on their own (on the virtual clock); the balancing loop writes the member
         # record before its first tick. The simulation drives the ticks themselves.
-        self.processor._start_background(balancing=False)
-        await self.processor._join()
+        await self.processor.start(balancing=False)
+        await self.processor.join()
 
     async def tick(self) -> None:
         await self.processor.balance_once()

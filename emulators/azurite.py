@@ -1,23 +1,26 @@
 """Start and stop the Azurite storage emulator on loopback.
 
-Used by the test suite, ``eventprocessor demo --store azurite`` and the store
-benchmark. Azurite is the npm package pinned in ``package.json``; ``npm ci`` (run by
-tox) puts it in ``node_modules/.bin/azurite``. It is started with in-memory
-persistence on free ports bound to 127.0.0.1 only, and stopped by PID.
+Used by the test suite, ``eventprocessor azurite``, ``eventprocessor demo --store
+azurite``, the samples and the benchmarks. Azurite is the npm package pinned in
+``package.json``; ``npm ci`` (run by tox) puts it in ``node_modules/.bin/azurite``. It
+is started with in-memory persistence (or in a directory) on free ports (or given
+ones) bound to 127.0.0.1 only, with the flags this SDK needs (:data:`AZURITE_FLAGS`),
+and stopped by PID.
 """
 from __future__ import annotations
 
 import logging
 import os
 import shutil
-import socket
 import subprocess
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import List, Optional, Tuple
 
-__all__ = ["Azurite", "AzuriteUnavailable", "find_azurite", "start_azurite", "DEV_ACCOUNT_NAME"]
+from .ports import free_ports, port_open
+
+__all__ = ["AZURITE_FLAGS", "Azurite", "AzuriteUnavailable", "find_azurite", "start_azurite", "DEV_ACCOUNT_NAME"]
 
 logger = logging.getLogger(__name__)
 
@@ -25,6 +28,12 @@ DEV_ACCOUNT_NAME = "devstoreaccount1"
 # The emulator's fixed, publicly documented development key. Not a secret.
 _DEV_ACCOUNT_KEY = "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw=="
 _HOST = "127.0.0.1"
+
+AZURITE_FLAGS = ("--silent", "--skipApiVersionCheck", "--loose", "--disableTelemetry")
+"""What every Azurite this project starts gets. ``--skipApiVersionCheck``: the current
+azure-storage SDKs send an API version newer than Azurite knows, and without the flag
+every call fails with ``HTTP 400 InvalidHeaderValue``. ``--loose``: Azurite ignores the
+headers it does not support instead of failing the request."""
 
 
 class AzuriteUnavailable(RuntimeError):
@@ -101,34 +110,19 @@ def find_azurite() -> Optional[Path]:
     return Path(found) if found else None
 
 
-def _free_ports(count: int) -> List[int]:
-    sockets = []
-    try:
-        for _ in range(count):
-            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            sock.bind((_HOST, 0))
-            sockets.append(sock)
-        return [sock.getsockname()[1] for sock in sockets]
-    finally:
-        for sock in sockets:
-            sock.close()
-
-
-def port_open(port: int, host: str = _HOST, timeout: float = 0.2) -> bool:
-    try:
-        with socket.create_connection((host, port), timeout=timeout):
-            return True
-    except OSError:
-        return False
-
-
 def start_azurite(*, timeout: float = 30.0, executable: Optional[Path] = None,
-                  ports: Optional[Tuple[int, int, int]] = None) -> Azurite:
+                  ports: Optional[Tuple[int, int, int]] = None, location: Optional[Path] = None) -> Azurite:
     """Start Azurite on free loopback ports (or on ``ports``: blob, queue, table, to
-    restart one where it was) and wait until blob and table accept.
+    restart one where it was; 0 picks a free one) and wait until blob and table accept.
+    Its data is kept in memory, or in the directory ``location``.
 
     Raises :class:`AzuriteUnavailable` with the reason (not installed, node missing,
     exited early with its output, or not listening in time).
+
+    Example::
+
+        with start_azurite() as azurite:
+            store = BlobCheckpointStore.from_connection_string(azurite.connection_string, "checkpoints")
     """
     binary = executable or find_azurite()
     if binary is None or not Path(binary).exists():
@@ -140,10 +134,11 @@ def start_azurite(*, timeout: float = 30.0, executable: Optional[Path] = None,
         raise AzuriteUnavailable("node is not on PATH; Azurite needs Node.js")
     last_error = ""
     for _attempt in range(3):
-        blob, queue, table = ports if ports is not None else _free_ports(3)
+        free = iter(free_ports(3))
+        blob, queue, table = [port or next(free) for port in (ports or (0, 0, 0))]
+        persistence = ["--location", str(location)] if location is not None else ["--inMemoryPersistence"]
         args = [
-            str(binary), "--silent", "--inMemoryPersistence", "--loose", "--skipApiVersionCheck",
-            "--disableTelemetry",
+            str(binary), *AZURITE_FLAGS, *persistence,
             "--blobHost", _HOST, "--queueHost", _HOST, "--tableHost", _HOST,
             "--blobPort", str(blob), "--queuePort", str(queue), "--tablePort", str(table),
         ]

@@ -1,4 +1,5 @@
-"""A loopback TCP fault proxy for HTTP/1.1 services (Azurite, emulators), for fault tests.
+"""Loopback TCP fault proxies, for fault tests: :class:`FaultProxy` for HTTP/1.1 services
+(Azurite), :class:`TcpFaultProxy` for any TCP protocol (AMQP: the Event Hubs emulator).
 
 It listens on 127.0.0.1 (a free port), forwards every connection to one upstream
 ``host:port``, and injects the fault of its current mode into the *next request* on any
@@ -32,6 +33,18 @@ its own thread::
     with ThreadedFaultProxy("127.0.0.1", azurite.blob_port) as proxy:
         run_workers(blob_endpoint=f"http://127.0.0.1:{proxy.port}/devstoreaccount1")
         proxy.reset()
+
+:class:`TcpFaultProxy` relays bytes without reading them, so it sits in front of any
+protocol; its faults act on connections, not requests: ``reset_all()`` (every open
+connection reset now, as a restarted middlebox or a flapping network does), ``refuse()``
+(new connections reset at once), ``black_hole()`` (connections accepted, nothing relayed
+either way, nothing answered; connections caught in it stay dead after it ends, as a TCP
+path whose packets were lost does). Its upstream can be moved (``upstream =``) while it
+runs, for an emulator restarted elsewhere::
+
+    async with TcpFaultProxy("127.0.0.1", emulator.port) as proxy:
+        source = EventHubSource.from_connection_string(connection_string("127.0.0.1", proxy.port), ...)
+        proxy.reset_all()
 """
 from __future__ import annotations
 
@@ -43,7 +56,7 @@ import threading
 from types import TracebackType
 from typing import List, Optional, Set, Tuple, Type
 
-__all__ = ["FaultProxy", "ThreadedFaultProxy"]
+__all__ = ["FaultProxy", "ThreadedFaultProxy", "TcpFaultProxy"]
 
 logger = logging.getLogger(__name__)
 
@@ -277,9 +290,9 @@ class ThreadedFaultProxy:
             self._thread.join(timeout=10)
             self._loop.close()
 
-    def _call(self, method: str, *args: object, **kwargs: object) -> None:
+    def _call(self, name: str, *args: object, **kwargs: object) -> None:
         async def call() -> None:
-            getattr(self.proxy, method)(*args, **kwargs)
+            getattr(self.proxy, name)(*args, **kwargs)
 
         asyncio.run_coroutine_threadsafe(call(), self._loop).result(timeout=10)
 
@@ -300,3 +313,131 @@ class ThreadedFaultProxy:
 
     def close_connections(self) -> None:
         self._call("close_connections")
+
+
+class _Pipe:
+    """One client connection and its upstream connection."""
+
+    def __init__(self, client: asyncio.StreamWriter) -> None:
+        self.client = client
+        self.upstream: Optional[asyncio.StreamWriter] = None
+        self.swallowed = False  # caught by a black hole: never relays again
+
+    def reset(self) -> None:
+        _reset(self.client)
+        if self.upstream is not None:
+            self.upstream.transport.abort()
+
+
+class TcpFaultProxy:
+    """A byte relay with connection faults, for protocols other than HTTP (see the module
+    docstring). Binds 127.0.0.1 only. ``accepted`` counts client connections,
+    ``resets`` connections it reset, ``swallowed`` connections a black hole caught."""
+
+    def __init__(self, upstream_host: str, upstream_port: int) -> None:
+        self.upstream = (upstream_host, upstream_port)
+        self.port = 0
+        self.accepted = 0
+        self.resets = 0
+        self.swallowed = 0
+        self._mode = "pass"
+        self._pipes: Set[_Pipe] = set()
+        self._handlers: Set[asyncio.Task] = set()
+        self._server: Optional[asyncio.AbstractServer] = None
+
+    @property
+    def connections(self) -> int:
+        """Client connections open now."""
+        return len(self._pipes)
+
+    def pass_through(self) -> None:
+        """Relay new connections (connections a black hole caught stay dead)."""
+        self._mode = "pass"
+
+    def refuse(self) -> None:
+        """Reset every new connection as soon as it is accepted."""
+        self._mode = "refuse"
+
+    def black_hole(self) -> None:
+        """From now on relay nothing, answer nothing, on open and new connections alike."""
+        self._mode = "black_hole"
+        for pipe in self._pipes:
+            if not pipe.swallowed:
+                pipe.swallowed = True
+                self.swallowed += 1
+
+    def reset_all(self) -> int:
+        """Reset every open connection now (both sides); returns how many."""
+        pipes = list(self._pipes)
+        for pipe in pipes:
+            pipe.reset()
+        self.resets += len(pipes)
+        return len(pipes)
+
+    async def start(self) -> "TcpFaultProxy":
+        self._server = await asyncio.start_server(self._accept, "127.0.0.1", self.port)
+        self.port = self._server.sockets[0].getsockname()[1]
+        return self
+
+    async def stop(self) -> None:
+        if self._server is not None:
+            self._server.close()
+        for pipe in list(self._pipes):
+            pipe.reset()
+        if self._handlers:
+            _done, stuck = await asyncio.wait(list(self._handlers), timeout=5)
+            for task in stuck:
+                task.cancel()
+        if self._server is not None:
+            await self._server.wait_closed()
+            self._server = None
+
+    async def __aenter__(self) -> "TcpFaultProxy":
+        return await self.start()
+
+    async def __aexit__(self, exc_type: Optional[Type[BaseException]], exc: Optional[BaseException],
+                        tb: Optional[TracebackType]) -> None:
+        await self.stop()
+
+    async def _accept(self, client_reader: asyncio.StreamReader, client_writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self._handlers.add(task)
+        self.accepted += 1
+        pipe = _Pipe(client_writer)
+        self._pipes.add(pipe)
+        relays: List[asyncio.Task] = []
+        try:
+            if self._mode == "refuse":
+                self.resets += 1
+                pipe.reset()
+                return
+            if self._mode == "black_hole":
+                pipe.swallowed = True
+                self.swallowed += 1
+            else:
+                try:
+                    upstream_reader, pipe.upstream = await asyncio.open_connection(*self.upstream)
+                except OSError:
+                    pipe.reset()  # the service is down: the client sees its connection reset
+                    return
+                relays.append(asyncio.ensure_future(self._relay(upstream_reader, client_writer, pipe)))
+            relays.append(asyncio.ensure_future(self._relay(client_reader, pipe.upstream, pipe)))
+            await asyncio.wait(relays, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for relay in relays:
+                relay.cancel()
+            self._pipes.discard(pipe)
+            pipe.reset()
+            self._handlers.discard(task)
+
+    @staticmethod
+    async def _relay(reader: asyncio.StreamReader, writer: Optional[asyncio.StreamWriter], pipe: _Pipe) -> None:
+        try:
+            while data := await reader.read(65536):
+                if pipe.swallowed or writer is None:
+                    continue  # into the black hole
+                writer.write(data)
+                await writer.drain()
+        except (ConnectionError, OSError):
+            pass

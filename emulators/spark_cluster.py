@@ -40,7 +40,6 @@ import logging
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -48,6 +47,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, List, Mapping, Optional, Sequence
+
+from .ports import free_ports
 
 __all__ = ["SparkCluster", "SparkClusterUnavailable", "start_spark_cluster", "find_spark_home",
            "CONNECT_APP_CONF", "ConnectServer"]
@@ -94,19 +95,6 @@ def _java_ok() -> bool:
     if java_home and (Path(java_home) / "bin" / "java").exists():
         return True
     return shutil.which("java") is not None
-
-
-def _free_ports(count: int) -> List[int]:
-    sockets = []
-    try:
-        for _ in range(count):
-            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            sock.bind((_HOST, 0))
-            sockets.append(sock)
-        return [sock.getsockname()[1] for sock in sockets]
-    finally:
-        for sock in sockets:
-            sock.close()
 
 
 @dataclass
@@ -221,7 +209,7 @@ class SparkCluster:
         if any(piece.name == name for piece in self.pieces):
             raise ValueError(f"a piece named {name!r} already runs on this cluster")
         env = _environment(find_spark_home(), self.directory, self.python or sys.executable)
-        [port] = _free_ports(1)
+        [port] = free_ports(1)
         piece = _launch_connect(find_spark_home(), env, self.directory, self.master_url, port, conf, name)
         self.pieces.append(piece)
         try:
@@ -360,7 +348,7 @@ def start_spark_cluster(*, connect: bool = True, worker_cores: int = 3, worker_m
     owned_directory = directory is None
     workdir = Path(tempfile.mkdtemp(prefix="spark-cluster-")) if directory is None else Path(directory)
     env = _environment(home, workdir, python or sys.executable)
-    master_port, master_ui, worker_port, worker_ui, connect_port = _free_ports(5)
+    master_port, master_ui, worker_port, worker_ui, connect_port = free_ports(5)
     master_url = f"spark://{_HOST}:{master_port}"
     cluster = SparkCluster(master_url=master_url, connect_url=None, directory=workdir, worker_cores=worker_cores,
                            worker_memory=worker_memory, keep_directory=not owned_directory,

@@ -35,7 +35,8 @@ from .errors import (CheckpointStoreError, ClaimOwnershipError, ConfigurationErr
                      EventSourceError, HandlerTimeoutError, InvalidCheckpointError, OwnershipLostError,
                      PoisonEventsError, ReceiverDisconnectedError, StaleEpochError, StoreDataLostError,
                      StoreTimeoutError)
-from .events import Event, EventPosition
+from .events import BodyType, Event, EventPosition
+from .load_plan import LoadPolicy
 from .partition import CloseReason, PartitionContext, PartitionProcessor
 from .processor import BalanceReport, EventProcessor, ProcessorStats, Timing
 from .records import Checkpoint, Member, MemberListing, Ownership, OwnershipListing, UnreadableOwnership
@@ -45,7 +46,7 @@ __version__ = "0.1.0"
 __all__ = [
     # running a processor
     "EventProcessor", "PartitionProcessor", "PartitionContext", "CloseReason", "EventPosition", "Event",
-    "LoadBalancingStrategy", "PoisonPolicy", "ProcessorStats", "Timing", "BalanceReport",
+    "BodyType", "LoadBalancingStrategy", "PoisonPolicy", "ProcessorStats", "Timing", "BalanceReport", "LoadPolicy",
     # the drop-in for azure-eventhub's EventHubConsumerClient (callbacks)
     "EventHubConsumerClient", "ConsumerPartitionContext",
     # errors

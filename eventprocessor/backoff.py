@@ -1,4 +1,10 @@
-"""TickBackoff: the balancing loop slows down while the checkpoint store times out.
+"""Backoff: how every loop of this SDK waits before trying again.
+
+:class:`Backoff` is the one exponential retry delay (a receiver reopened, a commit-log
+write retried, a batch published again): ``initial`` doubling up to ``cap``, back to
+``initial`` after a success. :class:`TickBackoff` is the balancing loop's, below.
+
+TickBackoff: the balancing loop slows down while the checkpoint store times out.
 
 A store call that times out is not free for the store: the request was sent, and a
 saturated store (a single-threaded emulator, a throttled account) still works through
@@ -26,7 +32,40 @@ import enum
 import random
 from typing import Optional
 
-__all__ = ["TickBackoff", "Congestion"]
+__all__ = ["Backoff", "TickBackoff", "Congestion"]
+
+
+class Backoff:
+    """An exponential retry delay.
+
+    Example::
+
+        retry = Backoff(0.1, cap=5.0)
+        while True:
+            try:
+                return await receive()
+            except EventSourceError:
+                await clock.sleep(retry.next())   # 0.1, 0.2, 0.4, ... 5.0, 5.0
+    """
+
+    __slots__ = ("initial", "cap", "current")
+
+    def __init__(self, initial: float, *, cap: float) -> None:
+        if initial <= 0 or cap < initial:
+            raise ValueError(f"initial must be positive and cap at least initial, got {initial!r}, {cap!r}")
+        self.initial = initial
+        self.cap = cap
+        self.current = initial
+
+    def next(self) -> float:
+        """The delay to wait now; the next one is twice as long, up to ``cap``."""
+        delay = self.current
+        self.current = min(delay * 2, self.cap)
+        return delay
+
+    def reset(self) -> None:
+        """A success: the next failure waits ``initial`` again."""
+        self.current = self.initial
 
 
 class Congestion(enum.Enum):

@@ -29,6 +29,7 @@ from collections import Counter
 from dataclasses import dataclass, field, replace
 from typing import Collection, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
+from .load_plan import LoadPolicy, MemberLoad, plan_moves
 from .records import Ownership, OwnershipListing, UnreadableOwnership, partition_sort_key
 
 __all__ = ["LoadBalancingStrategy", "BalanceDecision", "decide", "fair_share", "static_assignment",
@@ -229,6 +230,10 @@ def decide(
     handoff_timeout: Optional[float] = None,
     requests_made: Optional[Mapping[str, float]] = None,
     replica_count: int = 0,
+    preferred: Optional[Mapping[str, str]] = None,
+    balance_by: str = "count",
+    loads: Optional[Mapping[str, MemberLoad]] = None,
+    load_policy: LoadPolicy = LoadPolicy(),
 ) -> BalanceDecision:
     """Decide this tick's claims and handoff requests for ``owner_id``.
 
@@ -246,6 +251,16 @@ def decide(
     ``members`` (a store that keeps none), a processor that owns nothing is invisible
     and claims one partition first, as the seed's protocol does. ``balance_factor``
     is the imbalance tolerated before any partition moves between live owners.
+
+    ``preferred`` maps claimable partitions (no live owner) to the member that should
+    take them (a caught-up standby of a stateful partition, see
+    :func:`~eventprocessor.state.replica.failover_plan`): everyone else leaves them alone,
+    and that member claims them on top of its share (handoffs restore the balance later).
+
+    ``balance_by="load"`` (with ``members`` and their ``loads``): partitions with a live
+    owner move by :func:`~eventprocessor.load_plan.plan_moves` (from busy processors to
+    idle ones, damped, every move a handoff request) instead of by counts; unowned ones
+    are still dealt by counts. Until every live member has published a load, nothing moves.
 
     ``renewals`` are listed for the record only: the renewer renews on its own schedule.
 
@@ -337,6 +352,18 @@ def decide(
                 take = rng.sample(sorted(free, key=partition_sort_key), min(len(take), len(free)))
             else:
                 take = _random_surplus(plan, owned_by, len(take), rng)
+
+    if balance_by == "load" and strategy is not LoadBalancingStrategy.STATIC and members is not None:
+        take = [pid for pid in take if pid not in active]  # live owners' partitions move by load
+        if loads is not None and all(member in loads for member in members):
+            moves = plan_moves({member: loads[member] for member in members}, load_policy)
+            take += sorted((pid for pid, target in moves.items() if target == owner_id and pid in active
+                            and members.get(active[pid].owner_id, {}).get(HANDOFF_PROPERTY) == "1"),
+                           key=partition_sort_key)
+    if preferred:
+        take = [pid for pid in take if pid in active or preferred.get(pid, owner_id) == owner_id]
+        take += sorted((pid for pid, member in preferred.items() if member == owner_id and pid in wanted
+                        and pid not in active and pid not in blocked and pid not in take), key=partition_sort_key)
 
     claims: List[Ownership] = []
     requests: List[Ownership] = []

@@ -12,12 +12,11 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import Counter
-from typing import Any, Awaitable, Callable, Dict, Iterable, List, Optional, Tuple, TypeVar
+from typing import Awaitable, Callable, Dict, List, Optional, TypeVar
 
-from .checkpoint_store import CheckpointStore
+from .checkpoint_store import CALLER_DEADLINE, CheckpointStore, StoreWrapper
 from .clock import Clock
 from .errors import StoreTimeoutError
-from .records import Checkpoint, Member, MemberListing, Ownership, OwnershipListing
 
 __all__ = ["BoundedStore", "with_deadline", "BATCH"]
 
@@ -51,8 +50,10 @@ async def with_deadline(clock: Clock, seconds: float, call: Awaitable[_T], on_ti
     raise on_timeout()
 
 
-class BoundedStore(CheckpointStore):
-    """A :class:`CheckpointStore` whose every call ends within ``timeout`` seconds.
+class BoundedStore(StoreWrapper):
+    """A :class:`CheckpointStore` whose every call ends within ``timeout`` seconds: the
+    one deadline of the call (the inner store applies none of its own meanwhile; see
+    :data:`~eventprocessor.checkpoint_store.CALLER_DEADLINE`).
 
     Example::
 
@@ -62,7 +63,7 @@ class BoundedStore(CheckpointStore):
     """
 
     def __init__(self, inner: CheckpointStore, *, timeout: float, clock: Clock) -> None:
-        self.inner = inner
+        super().__init__(inner)
         self.timeout = timeout
         self._clock = clock
         self.calls: Counter = Counter()
@@ -75,12 +76,13 @@ class BoundedStore(CheckpointStore):
     def __repr__(self) -> str:
         return f"BoundedStore({self.inner!r}, timeout={self.timeout})"
 
-    async def _call(self, operation: str, call: Awaitable[_T]) -> _T:
+    async def _forward(self, operation: str, call: Callable[[], Awaitable[_T]], units: int = 1) -> _T:
         started = self._clock.monotonic()
         self.calls[operation] += 1
         error: Optional[BaseException] = None
+        token = CALLER_DEADLINE.set(True)  # copied into the task that runs the call
         try:
-            return await with_deadline(self._clock, self.timeout, call, lambda: StoreTimeoutError(
+            return await with_deadline(self._clock, self.timeout, call(), lambda: StoreTimeoutError(
                 f"{operation} on {type(self.inner).__name__} did not answer within {self.timeout:g} s"))
         except StoreTimeoutError as exc:
             self.timeouts[operation] += 1
@@ -91,61 +93,8 @@ class BoundedStore(CheckpointStore):
             error = exc
             raise
         finally:
+            CALLER_DEADLINE.reset(token)
             elapsed = self._clock.monotonic() - started
             self.seconds[operation] = self.seconds.get(operation, 0.0) + elapsed
             for observe in self.observers:
                 observe(operation, elapsed, error)
-
-    async def list_ownership(self, fully_qualified_namespace: str, eventhub_name: str,
-                             consumer_group: str) -> OwnershipListing:
-        return await self._call("list_ownership", self.inner.list_ownership(
-            fully_qualified_namespace, eventhub_name, consumer_group))
-
-    async def claim_ownership(self, ownerships: Iterable[Ownership]) -> List[Ownership]:
-        return await self._call("claim_ownership", self.inner.claim_ownership(list(ownerships)))
-
-    async def release_ownership(self, ownership: Ownership) -> bool:
-        return await self._call("release_ownership", self.inner.release_ownership(ownership))
-
-    async def fence_checkpoint(self, ownership: Ownership) -> Optional[Checkpoint]:
-        return await self._call("fence_checkpoint", self.inner.fence_checkpoint(ownership))
-
-    async def update_checkpoint(self, checkpoint: Checkpoint, *, owner_id: str, epoch: int) -> None:
-        await self._call("update_checkpoint", self.inner.update_checkpoint(checkpoint, owner_id=owner_id,
-                                                                           epoch=epoch))
-
-    async def list_checkpoints(self, fully_qualified_namespace: str, eventhub_name: str,
-                               consumer_group: str) -> List[Checkpoint]:
-        return await self._call("list_checkpoints", self.inner.list_checkpoints(
-            fully_qualified_namespace, eventhub_name, consumer_group))
-
-    async def list_members(self, fully_qualified_namespace: str, eventhub_name: str,
-                           consumer_group: str) -> MemberListing:
-        return await self._call("list_members", self.inner.list_members(
-            fully_qualified_namespace, eventhub_name, consumer_group))
-
-    async def list_ownership_and_members(self, fully_qualified_namespace: str, eventhub_name: str,
-                                         consumer_group: str) -> Tuple[OwnershipListing, Optional[MemberListing]]:
-        return await self._call("list_ownership", self.inner.list_ownership_and_members(
-            fully_qualified_namespace, eventhub_name, consumer_group))
-
-    async def write_member(self, member: Member) -> Member:
-        return await self._call("write_member", self.inner.write_member(member))
-
-    async def delete_member(self, member: Member) -> None:
-        await self._call("delete_member", self.inner.delete_member(member))
-
-    async def create_entry(self, *args: Any) -> bool:
-        return await self._call("create_entry", self.inner.create_entry(*args))
-
-    async def read_entry(self, *args: Any) -> Optional[bytes]:
-        return await self._call("read_entry", self.inner.read_entry(*args))
-
-    async def list_entries(self, *args: Any) -> List[str]:
-        return await self._call("list_entries", self.inner.list_entries(*args))
-
-    async def delete_entry(self, *args: Any) -> None:
-        await self._call("delete_entry", self.inner.delete_entry(*args))
-
-    async def close(self) -> None:
-        await self.inner.close()

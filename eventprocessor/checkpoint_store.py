@@ -1,4 +1,17 @@
-"""The contract every checkpoint store satisfies.
+"""The contracts every checkpoint store satisfies, split by who needs them.
+
+* :class:`OwnershipStore`: what a processor's balancing needs (ownership and member
+  records);
+* :class:`CheckpointRecords`: what a partition's context needs (fence, update and list
+  checkpoints);
+* :class:`EntryLog`: what the Spark sink's commit log needs (named immutable entries);
+* :class:`CheckpointStore`: all three, which every store (memory, Blob, Table) is.
+
+Every method is abstract: nothing quietly does less. A store that keeps no member
+records says so by raising ``NotImplementedError`` from the member methods (the processor
+then makes itself visible by claiming). :class:`StoreWrapper` is the one base of
+wrappers (bounded calls, faults, simulation, one-partition views): it forwards every
+method through a single hook, so a wrapper can never drop a method.
 
 One conformance suite (``tests/test_store_conformance.py``) runs against every
 implementation. The semantics:
@@ -43,17 +56,26 @@ implementation. The semantics:
 from __future__ import annotations
 
 import abc
+import contextvars
 from dataclasses import replace
 from types import TracebackType
-from typing import Iterable, List, Optional, Tuple, Type
+from typing import Awaitable, Callable, Iterable, List, Optional, Tuple, Type, TypeVar
 
 from .records import Checkpoint, Member, MemberListing, Ownership, OwnershipListing
 
-__all__ = ["CheckpointStore"]
+__all__ = ["OwnershipStore", "CheckpointRecords", "EntryLog", "CheckpointStore", "StoreWrapper",
+           "release_ownership", "CALLER_DEADLINE"]
+
+_T = TypeVar("_T")
+
+CALLER_DEADLINE: "contextvars.ContextVar[bool]" = contextvars.ContextVar("eventprocessor_caller_deadline",
+                                                                        default=False)
+"""Set by a caller that bounds a store call itself (the processor's ``BoundedStore``):
+the store then applies no deadline of its own, so each call has exactly one."""
 
 
-class CheckpointStore(abc.ABC):
-    """Abstract base of checkpoint stores. Async only."""
+class OwnershipStore(abc.ABC):
+    """Ownership and member records: what a processor's balancing reads and writes."""
 
     @abc.abstractmethod
     async def list_ownership(
@@ -65,15 +87,46 @@ class CheckpointStore(abc.ABC):
     async def claim_ownership(self, ownerships: Iterable[Ownership]) -> List[Ownership]:
         """Conditionally write each record; return the ones won."""
 
+    @abc.abstractmethod
+    async def list_ownership_and_members(
+        self, fully_qualified_namespace: str, eventhub_name: str, consumer_group: str
+    ) -> Tuple[OwnershipListing, Optional[MemberListing]]:
+        """Ownership and member records together, in one request where the store can:
+        what a balancing tick reads. ``None`` members when the store keeps none."""
+
+    @abc.abstractmethod
+    async def list_members(
+        self, fully_qualified_namespace: str, eventhub_name: str, consumer_group: str
+    ) -> MemberListing:
+        """The member (heartbeat) records of the consumer group, plus the store's clock.
+        Raises ``NotImplementedError`` if the store keeps none."""
+
+    @abc.abstractmethod
+    async def write_member(self, member: Member) -> Member:
+        """Create or overwrite ``member``'s heartbeat record; return it as stored.
+        Raises ``NotImplementedError`` if the store keeps none."""
+
+    @abc.abstractmethod
+    async def delete_member(self, member: Member) -> None:
+        """Delete ``member``'s heartbeat record if it exists."""
+
     async def release_ownership(self, ownership: Ownership) -> bool:
-        """Clear the owner of ``ownership`` if its etag is still current.
+        """Clear the owner of ``ownership`` if its etag is still current (a claim with
+        no owner id). Returns True when released. The epoch is kept, so the next owner's
+        epoch is still higher than any the partition had."""
+        return await release_ownership(self, ownership)
 
-        Returns True when released. The epoch is kept, so the next owner's epoch is
-        still higher than any the partition had.
-        """
-        won = await self.claim_ownership([replace(ownership, owner_id="")])
-        return bool(won)
 
+async def release_ownership(store: OwnershipStore, ownership: Ownership) -> bool:
+    """Release through ``store.claim_ownership``: the one way a release is written."""
+    won = await store.claim_ownership([replace(ownership, owner_id="")])
+    return bool(won)
+
+
+class CheckpointRecords(abc.ABC):
+    """Checkpoint records: what a claim's context reads and writes."""
+
+    @abc.abstractmethod
     async def fence_checkpoint(self, ownership: Ownership) -> Optional[Checkpoint]:
         """Make ``ownership`` (a claim just won) the only writer of its partition's
         checkpoint, and return the checkpoint to resume from (``None`` if there is none).
@@ -86,15 +139,7 @@ class CheckpointStore(abc.ABC):
         :class:`~eventprocessor.errors.StaleEpochError` if the stored checkpoint was
         written with a higher epoch, or the same epoch by another owner, while it does
         (the ownership record lost its epoch: re-claim above ``error.stored_epoch``).
-        Calling it again for the same claim is harmless.
-
-        This default, for stores that cannot fence, only reads the checkpoint.
-        """
-        scope = (ownership.fully_qualified_namespace, ownership.eventhub_name, ownership.consumer_group)
-        for checkpoint in await self.list_checkpoints(*scope):
-            if checkpoint.partition_id == ownership.partition_id:
-                return checkpoint
-        return None
+        Calling it again for the same claim is harmless."""
 
     @abc.abstractmethod
     async def update_checkpoint(self, checkpoint: Checkpoint, *, owner_id: str, epoch: int) -> None:
@@ -110,54 +155,53 @@ class CheckpointStore(abc.ABC):
     ) -> List[Checkpoint]:
         """All checkpoints of the consumer group."""
 
-    async def list_members(
-        self, fully_qualified_namespace: str, eventhub_name: str, consumer_group: str
-    ) -> MemberListing:
-        """The member (heartbeat) records of the consumer group, plus the store's clock."""
-        raise NotImplementedError(f"{type(self).__name__} keeps no member records")
 
-    async def list_ownership_and_members(
-        self, fully_qualified_namespace: str, eventhub_name: str, consumer_group: str
-    ) -> Tuple[OwnershipListing, Optional[MemberListing]]:
-        """Ownership and member records together: what a balancing tick reads. Stores
-        that can do it in one request (Blob, Table, memory) override this; the default
-        makes two calls, and gives ``None`` members when the store keeps none."""
-        scope = (fully_qualified_namespace, eventhub_name, consumer_group)
-        ownership = await self.list_ownership(*scope)
-        try:
-            members: Optional[MemberListing] = await self.list_members(*scope)
-        except NotImplementedError:
-            members = None
-        return ownership, members
+class EntryLog(abc.ABC):
+    """Named, immutable entries in named logs of a consumer group (the Spark sink's
+    commit log). Raises ``NotImplementedError`` if the store keeps none."""
 
-    async def write_member(self, member: Member) -> Member:
-        """Create or overwrite ``member``'s heartbeat record; return it as stored."""
-        raise NotImplementedError(f"{type(self).__name__} keeps no member records")
-
-    async def delete_member(self, member: Member) -> None:
-        """Delete ``member``'s heartbeat record if it exists."""
-        raise NotImplementedError(f"{type(self).__name__} keeps no member records")
-
+    @abc.abstractmethod
     async def create_entry(self, fully_qualified_namespace: str, eventhub_name: str, consumer_group: str,
                            log_name: str, entry_name: str, data: bytes) -> bool:
         """Create entry ``entry_name`` of log ``log_name`` holding ``data``, only if it
         does not exist. Returns False (and changes nothing) when it exists."""
-        raise NotImplementedError(f"{type(self).__name__} keeps no log entries")
 
+    @abc.abstractmethod
     async def read_entry(self, fully_qualified_namespace: str, eventhub_name: str, consumer_group: str,
                          log_name: str, entry_name: str) -> Optional[bytes]:
         """The data of an entry, or ``None`` if it does not exist."""
-        raise NotImplementedError(f"{type(self).__name__} keeps no log entries")
 
+    @abc.abstractmethod
     async def list_entries(self, fully_qualified_namespace: str, eventhub_name: str, consumer_group: str,
                            log_name: str, prefix: str = "") -> List[str]:
         """The names of the log's entries that start with ``prefix``, sorted."""
-        raise NotImplementedError(f"{type(self).__name__} keeps no log entries")
 
+    @abc.abstractmethod
     async def delete_entry(self, fully_qualified_namespace: str, eventhub_name: str, consumer_group: str,
                            log_name: str, entry_name: str) -> None:
         """Delete an entry if it exists (compaction)."""
-        raise NotImplementedError(f"{type(self).__name__} keeps no log entries")
+
+
+class CheckpointStore(OwnershipStore, CheckpointRecords, EntryLog):
+    """Abstract base of checkpoint stores: all three contracts. Async only."""
+
+    async def check(self) -> None:
+        """Make sure the store can be used, in one or two requests: raise
+        ``CheckpointStoreError`` (its message names the cause and the fix) if not.
+
+        A processor rides out store failures (it keeps retrying, and its leases
+        self-fence), so a store that can never work (a wrong key, an emulator refusing
+        the API version, no permission) would show only in its warnings. Call this
+        at start-up to fail at once instead. A store with nothing to reach (in memory)
+        has nothing to check: the default does nothing; wrappers forward it.
+
+        Example::
+
+            store = BlobCheckpointStore.from_connection_string(conn_str, "checkpoints")
+            await store.check()   # CheckpointStoreError: ... (likely cause: ...)
+            async with EventProcessor(source, store, MyProcessor):
+                ...
+        """
 
     async def close(self) -> None:
         """Release network resources. Safe to call twice."""
@@ -172,3 +216,96 @@ class CheckpointStore(abc.ABC):
         tb: Optional[TracebackType],
     ) -> None:
         await self.close()
+
+
+class StoreWrapper(CheckpointStore):
+    """A store in front of another (``inner``): every method goes through
+    :meth:`_forward`, the one hook a wrapper overrides (bounds, faults, counting). A
+    wrapper that needs to change what a method does overrides that method and still
+    calls ``_forward``.
+
+    Example::
+
+        class Counting(StoreWrapper):
+            async def _forward(self, operation, call, units=1):
+                self.calls[operation] += 1
+                return await call()
+    """
+
+    def __init__(self, inner: CheckpointStore) -> None:
+        self.inner = inner
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.inner!r})"
+
+    async def _forward(self, operation: str, call: Callable[[], Awaitable[_T]], units: int = 1) -> _T:
+        """Run one call of the inner store. ``operation`` names it (the tick's listing,
+        ``list_ownership_and_members``, is named ``list_ownership``: one listing);
+        ``units`` is how many records it writes."""
+        return await call()
+
+    async def check(self) -> None:
+        await self._forward("check", self.inner.check)
+
+    async def list_ownership(self, fully_qualified_namespace: str, eventhub_name: str,
+                             consumer_group: str) -> OwnershipListing:
+        return await self._forward("list_ownership", lambda: self.inner.list_ownership(
+            fully_qualified_namespace, eventhub_name, consumer_group))
+
+    async def claim_ownership(self, ownerships: Iterable[Ownership]) -> List[Ownership]:
+        claims = list(ownerships)
+        return await self._forward("claim_ownership", lambda: self.inner.claim_ownership(claims), len(claims))
+
+    async def release_ownership(self, ownership: Ownership) -> bool:
+        return await self._forward("release_ownership", lambda: self.inner.release_ownership(ownership))
+
+    async def list_ownership_and_members(self, fully_qualified_namespace: str, eventhub_name: str,
+                                         consumer_group: str) -> Tuple[OwnershipListing, Optional[MemberListing]]:
+        return await self._forward("list_ownership", lambda: self.inner.list_ownership_and_members(
+            fully_qualified_namespace, eventhub_name, consumer_group))
+
+    async def list_members(self, fully_qualified_namespace: str, eventhub_name: str,
+                           consumer_group: str) -> MemberListing:
+        return await self._forward("list_members", lambda: self.inner.list_members(
+            fully_qualified_namespace, eventhub_name, consumer_group))
+
+    async def write_member(self, member: Member) -> Member:
+        return await self._forward("write_member", lambda: self.inner.write_member(member))
+
+    async def delete_member(self, member: Member) -> None:
+        await self._forward("delete_member", lambda: self.inner.delete_member(member))
+
+    async def fence_checkpoint(self, ownership: Ownership) -> Optional[Checkpoint]:
+        return await self._forward("fence_checkpoint", lambda: self.inner.fence_checkpoint(ownership))
+
+    async def update_checkpoint(self, checkpoint: Checkpoint, *, owner_id: str, epoch: int) -> None:
+        await self._forward("update_checkpoint", lambda: self.inner.update_checkpoint(
+            checkpoint, owner_id=owner_id, epoch=epoch))
+
+    async def list_checkpoints(self, fully_qualified_namespace: str, eventhub_name: str,
+                               consumer_group: str) -> List[Checkpoint]:
+        return await self._forward("list_checkpoints", lambda: self.inner.list_checkpoints(
+            fully_qualified_namespace, eventhub_name, consumer_group))
+
+    async def create_entry(self, fully_qualified_namespace: str, eventhub_name: str, consumer_group: str,
+                           log_name: str, entry_name: str, data: bytes) -> bool:
+        return await self._forward("create_entry", lambda: self.inner.create_entry(
+            fully_qualified_namespace, eventhub_name, consumer_group, log_name, entry_name, data))
+
+    async def read_entry(self, fully_qualified_namespace: str, eventhub_name: str, consumer_group: str,
+                         log_name: str, entry_name: str) -> Optional[bytes]:
+        return await self._forward("read_entry", lambda: self.inner.read_entry(
+            fully_qualified_namespace, eventhub_name, consumer_group, log_name, entry_name))
+
+    async def list_entries(self, fully_qualified_namespace: str, eventhub_name: str, consumer_group: str,
+                           log_name: str, prefix: str = "") -> List[str]:
+        return await self._forward("list_entries", lambda: self.inner.list_entries(
+            fully_qualified_namespace, eventhub_name, consumer_group, log_name, prefix))
+
+    async def delete_entry(self, fully_qualified_namespace: str, eventhub_name: str, consumer_group: str,
+                           log_name: str, entry_name: str) -> None:
+        await self._forward("delete_entry", lambda: self.inner.delete_entry(
+            fully_qualified_namespace, eventhub_name, consumer_group, log_name, entry_name))
+
+    async def close(self) -> None:
+        await self.inner.close()

@@ -10,7 +10,7 @@ import asyncio
 import time
 from typing import Optional, Protocol, runtime_checkable
 
-__all__ = ["Clock", "SystemClock", "ManualClock"]
+__all__ = ["Clock", "SystemClock"]
 
 
 @runtime_checkable
@@ -47,33 +47,3 @@ class SystemClock:
 
     def __repr__(self) -> str:
         return "SystemClock()"
-
-
-class ManualClock:
-    """A clock that moves only when told to, for tests and simulators.
-
-    ``sleep`` yields to the event loop once and returns; callers advance time with
-    :meth:`advance`. Example::
-
-        clock = ManualClock()
-        processor = EventProcessor(..., clock=clock)
-        await processor.balance_once()
-        clock.advance(10)
-    """
-
-    def __init__(self, start: float = 0.0) -> None:
-        self._now = float(start)
-
-    def monotonic(self) -> float:
-        return self._now
-
-    def advance(self, seconds: float) -> None:
-        if seconds < 0:
-            raise ValueError("a clock cannot go backwards")
-        self._now += seconds
-
-    async def sleep(self, seconds: float) -> None:
-        await asyncio.sleep(0)
-
-    def __repr__(self) -> str:
-        return f"ManualClock(now={self._now})"

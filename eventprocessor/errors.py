@@ -119,21 +119,27 @@ class EventSourceError(EventProcessorError):
     contains a key or a connection string. Distinct from :class:`CheckpointStoreError`,
     so that a user can tell the hub from the store. ``reason`` classifies it for code
     that reacts differently (one of :data:`EVENT_SOURCE_REASONS`, or ``""``).
+    ``retry_after`` is how many seconds the hub asked the caller to wait before trying
+    again (set with ``reason="server-busy"``: Event Hubs' ``com.microsoft:server-busy``
+    throttling), else None.
     """
 
     def __init__(self, message: str, *, fully_qualified_namespace: str = "", eventhub_name: str = "",
-                 reason: str = "") -> None:
+                 reason: str = "", retry_after: Optional[float] = None) -> None:
         super().__init__(message)
         self.fully_qualified_namespace = fully_qualified_namespace
         self.eventhub_name = eventhub_name
         self.reason = reason
+        self.retry_after = retry_after
 
 
 #: ``EventSourceError.reason`` values: the hub could not be reached (or timed out), an
 #: entity (hub, consumer group, partition) does not exist, the credential was refused,
-#: the request was refused (a position past the end, a malformed request), or the
-#: connection failed after it was established.
-EVENT_SOURCE_REASONS = ("unreachable", "timeout", "not-found", "unauthorized", "refused", "disconnected")
+#: the request was refused (a position past the end, a malformed request), the
+#: connection failed after it was established, or the hub is throttling the caller
+#: (``server-busy``: wait ``retry_after`` seconds before trying again).
+EVENT_SOURCE_REASONS = ("unreachable", "timeout", "not-found", "unauthorized", "refused", "disconnected",
+                        "server-busy")
 
 
 class HandlerTimeoutError(EventProcessorError):

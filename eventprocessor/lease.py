@@ -92,6 +92,7 @@ class Lease:
         self.partition_id = record.partition_id
         self.record = record
         self.state = LeaseState.CLAIMING
+        self.claimed_at = now
         self.deadline = now
         self.renew_at = now
         self.confirmed_at = now

@@ -5,14 +5,15 @@ import asyncio
 import enum
 import logging
 import weakref
-from typing import TYPE_CHECKING, Callable, List, Optional
+from typing import TYPE_CHECKING, Any, Callable, List, Optional
 
 from .errors import InvalidCheckpointError, OwnershipLostError
 from .events import Event
 from .records import Checkpoint
 
 if TYPE_CHECKING:  # pragma: no cover
-    from .checkpoint_store import CheckpointStore
+    from .checkpoint_store import CheckpointRecords
+    from .state import PartitionState, StateKeeper
     from .sources.base import LastEnqueuedEventProperties
 
 __all__ = ["CloseReason", "PartitionContext", "PartitionProcessor"]
@@ -68,11 +69,12 @@ class PartitionContext:
         partition_id: str,
         owner_id: str,
         epoch: int,
-        checkpoint_store: "CheckpointStore",
+        checkpoint_store: "CheckpointRecords",
         is_owned: Callable[[], bool],
         may_checkpoint: Optional[Callable[[], bool]] = None,
         on_ownership_lost: Optional[Callable[[], None]] = None,
         on_checkpoint: Optional[Callable[[Checkpoint], None]] = None,
+        state: Optional["StateKeeper"] = None,
     ) -> None:
         self.fully_qualified_namespace = fully_qualified_namespace
         self.eventhub_name = eventhub_name
@@ -89,6 +91,7 @@ class PartitionContext:
         self._on_ownership_lost = on_ownership_lost
         self._on_checkpoint = on_checkpoint
         self._home_loop: Optional[asyncio.AbstractEventLoop] = None  # the processor's, once the pump runs
+        self._state = state
 
     def __repr__(self) -> str:
         return (
@@ -117,6 +120,31 @@ class PartitionContext:
     def _received(self, newest: Optional["LastEnqueuedEventProperties"]) -> None:
         if newest is not None:
             self._last_enqueued = newest
+
+    @property
+    def state(self) -> "PartitionState":
+        """This partition's state: a mutable mapping of string keys to JSON values,
+        private to this claim, restored before the first batch and committed together
+        with the position by :meth:`update_checkpoint` (``EventProcessor(...,
+        stateful=True)``). A batch whose handler raises is rolled back before it is
+        delivered again. Assign to change a value (a list or dict read is a copy).
+
+        Example::
+
+            context.state[key] = context.state.get(key, 0) + 1
+        """
+        if self._state is None:
+            from .errors import ConfigurationError
+
+            raise ConfigurationError("context.state needs a stateful processor: EventProcessor(..., stateful=True)")
+        return self._state.state
+
+    @property
+    def state_restored(self) -> Optional[Any]:
+        """How this claim's state was loaded (:class:`~eventprocessor.state.Restored`:
+        the head, entries and bytes read, ``warm`` when it came from a warm replica), or
+        None for a stateless processor."""
+        return self._state.restored if self._state is not None else None
 
     @property
     def is_owned(self) -> bool:
@@ -149,14 +177,23 @@ class PartitionContext:
         if event is None:
             return
         self._check_checkpoint_event(event, allow_rewind)
-        last = self.last_checkpoint
-        if last is not None and last.sequence_number == event.sequence_number and last.epoch == self.epoch:
+        last, keeper = self.last_checkpoint, self._state
+        if last is not None and last.sequence_number == event.sequence_number and last.epoch == self.epoch \
+                and (keeper is None or not keeper.state.changed):
             return
+        if keeper is not None and last is not None and event.sequence_number < last.sequence_number:
+            raise InvalidCheckpointError(
+                f"update_checkpoint on partition {self.partition_id} would move a stateful partition's checkpoint back "
+                f"from sequence number {last.sequence_number} to {event.sequence_number}: its state cannot move back "
+                "with it")
         if not self._may_checkpoint():
             raise OwnershipLostError(
                 f"partition {self.partition_id} is no longer owned by {self.owner_id}",
                 partition_id=self.partition_id,
             )
+        # The state's change is written first; the checkpoint names it, fenced by the
+        # claim's epoch, so the position and the state are committed together or not at all.
+        state_ref = await keeper.prepare(event.sequence_number) if keeper is not None else None
         checkpoint = Checkpoint(
             fully_qualified_namespace=self.fully_qualified_namespace,
             eventhub_name=self.eventhub_name,
@@ -166,14 +203,23 @@ class PartitionContext:
             offset=event.offset,
             owner_id=self.owner_id,
             epoch=self.epoch,
+            state=state_ref,
         )
         try:
             await self._store.update_checkpoint(checkpoint, owner_id=self.owner_id, epoch=self.epoch)
         except OwnershipLostError:
             # The store knows better than our lease: stop dispatching this claim now
             # rather than at the next load-balancing tick.
+            if keeper is not None:
+                keeper.failed()
             self._ownership_lost()
             raise
+        except BaseException:
+            if keeper is not None:
+                keeper.failed()
+            raise
+        if keeper is not None:
+            keeper.committed(state_ref)
         self.last_checkpoint = checkpoint
         if self._on_checkpoint is not None:
             self._on_checkpoint(checkpoint)

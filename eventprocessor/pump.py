@@ -20,13 +20,16 @@ import asyncio
 import logging
 from typing import Awaitable, Callable, List, Optional, Set
 
+from .backoff import Backoff
 from .clock import Clock, SystemClock
 from .delivery import DeliveryStopped, Poison, PoisonPolicy, RetryPolicy, redeliver
-from .errors import ConfigurationError, HandlerTimeoutError, OwnershipLostError, PoisonEventsError
+from .errors import ConfigurationError, EventSourceError, HandlerTimeoutError, OwnershipLostError, PoisonEventsError
 from .events import Event, EventPosition
 from .partition import CloseReason, PartitionContext, PartitionProcessor, already_logged
 from .sources.base import EventSource, PartitionReceiver
 from .telemetry import Telemetry
+from .records import Checkpoint
+from .state import StateKeeper, StateUnreadableError
 from .usercode import BLOCK_THRESHOLD, HandlerExecutor, UserCode
 
 __all__ = ["PartitionPump", "DeadLetter"]
@@ -36,7 +39,8 @@ logger = logging.getLogger(__name__)
 DeadLetter = Callable[[List[Event], Exception, PartitionContext], Awaitable[None]]
 LoopBlocked = Callable[["PartitionPump", str, float, float], None]  # (pump, what, started, ended)
 
-_MAX_BACKOFF = 5.0
+RECONNECT_BACKOFF = (0.1, 5.0)
+"""A failed receiver is reopened after 0.1 s, doubling up to 5 s (reset by the next event)."""
 
 
 class PartitionPump:
@@ -63,6 +67,8 @@ class PartitionPump:
         handler_executor: HandlerExecutor = None,
         on_loop_blocked: Optional[LoopBlocked] = None,
         block_threshold: float = BLOCK_THRESHOLD,
+        state: Optional[StateKeeper] = None,
+        checkpoint: Optional[Checkpoint] = None,
     ) -> None:
         self.context = context
         self.processor: Optional[PartitionProcessor] = None
@@ -82,6 +88,8 @@ class PartitionPump:
         self._track_last_enqueued = track_last_enqueued_event_properties
         self._telemetry = telemetry
         self._on_loop_blocked = on_loop_blocked
+        self._keeper = state
+        self._resumed_from = checkpoint
         self._user = UserCode(monotonic=clock.monotonic, on_block=self._blocked, executor=handler_executor,
                               threshold=block_threshold, name=f"handler-{context.partition_id}")
         self._process_events_name = "process_events"
@@ -96,6 +104,8 @@ class PartitionPump:
         self._early_errors: List[Exception] = []
         self.batches_dispatched = 0
         self.events_dispatched = 0
+        self.bytes_dispatched = 0
+        """Bytes of event bodies dispatched, estimated from every 16th batch (for load)."""
         self.batch_started: Optional[float] = None
         """When the ``process_events`` call in progress started (None between calls)."""
         self._batch_reported = False
@@ -251,6 +261,9 @@ class PartitionPump:
             ctx.last_event = batch[-1]  # what update_checkpoint() defaults to: this delivery's last
         self.batch_started = self._clock.monotonic()
         self._batch_reported = False
+        keeper = self._keeper
+        if keeper is not None:
+            keeper.state.begin_batch()
         try:
             telemetry = self._telemetry
             if telemetry is not None and telemetry.active:
@@ -259,14 +272,24 @@ class PartitionPump:
             else:
                 await self._user.call(self._process_events_name, self._processor.process_events, batch, ctx)
         except OwnershipLostError as lost:
+            if keeper is not None:
+                keeper.state.roll_back_batch()
             self.failure = lost
             ctx._ownership_lost()
             logger.info("partition %s of %s/%s: the handler found the claim lost (%s); owner %s stops without "
                         "delivering the batch again", ctx.partition_id, ctx.eventhub_name, ctx.consumer_group, lost,
                         ctx.owner_id)
             raise DeliveryStopped() from lost
+        except BaseException:
+            if keeper is not None:  # the batch is delivered again (or not at all): undo what it changed
+                keeper.state.roll_back_batch()
+            raise
         finally:
             self.batch_started = None
+        if keeper is not None:
+            keeper.state.end_batch()
+        if not self.batches_dispatched & 15:  # every 16th batch, counted for all 16
+            self.bytes_dispatched += 16 * sum(len(event.body) for event in batch)
         self.batches_dispatched += 1
         self.events_dispatched += len(batch)
         if batch:
@@ -295,6 +318,61 @@ class PartitionPump:
         outcome = await redeliver(self._deliver, events, policy=self._retry_policy, clock=self._clock,
                                   report=self._failed, on_poison=self._poisoned)
         return outcome.parked
+
+    async def _restore_state(self) -> bool:
+        """Load this claim's state before anything is dispatched. A state that cannot be
+        read (or does not go with the checkpoint) is reported loudly and tried again with
+        backoff while the claim lasts: the partition is never run on an empty state.
+        False when the claim ended first."""
+        keeper, ctx = self._keeper, self.context
+        assert keeper is not None
+        retry = Backoff(1.0, cap=30.0)
+        while self._stop_reason is None and ctx.is_owned:
+            try:
+                restored = await keeper.restore(self._resumed_from)
+                logger.debug("partition %s of %s/%s: state restored at %s (%d keys, %d entries, %d bytes)",
+                             ctx.partition_id, ctx.eventhub_name, ctx.consumer_group, restored.head,
+                             len(restored.texts), restored.entries_read, restored.bytes_read)
+                return True
+            except Exception as error:
+                delay = retry.next()
+                unreadable = isinstance(error, StateUnreadableError)
+                logger.error("partition %s of %s/%s: its state %s (%r); it is not dispatched, trying again in %g s",
+                             ctx.partition_id, ctx.eventhub_name, ctx.consumer_group,
+                             "cannot be read for its checkpoint" if unreadable else "could not be loaded", error,
+                             delay)
+                already_logged(error)
+                await self._report(error)
+                await self._clock.sleep(delay)
+        return False
+
+    async def _check_position(self, refusal: Exception) -> None:
+        """The hub refused the position to resume from: if the partition now ends before
+        the events this claim already received, the hub lost them (it was recreated, or
+        an emulator restarted empty) and will never reach that position again. Say so and
+        resume from the beginning of what it holds, rather than waiting forever for
+        sequence numbers it already gave out."""
+        last, ctx = self._last_received, self.context
+        if last is None:
+            return
+        try:
+            properties = await self._source.get_partition_properties(ctx.partition_id)
+        except Exception:
+            return
+        if properties.last_enqueued_sequence_number >= last.sequence_number:
+            return
+        lost = EventSourceError(
+            f"partition {ctx.partition_id} of {ctx.eventhub_name}: the hub's newest event is sequence number "
+            f"{properties.last_enqueued_sequence_number}, below the {last.sequence_number} this claim already "
+            f"received ({refusal}): the hub lost its events (recreated, or an emulator restarted empty). Resuming "
+            "from the beginning of what it holds; events it lost cannot be delivered",
+            fully_qualified_namespace=ctx.fully_qualified_namespace, eventhub_name=ctx.eventhub_name,
+            reason="refused")
+        logger.error("%s", lost)
+        already_logged(lost)
+        await self._report(lost)
+        self._last_received = None
+        self._claim_start = EventPosition.earliest()
 
     async def _poisoned(self, poison: Poison) -> bool:
         """An event failed every attempt: report it, then skip it (True) or park (False)."""
@@ -347,7 +425,7 @@ class PartitionPump:
         if type(self._clock) is SystemClock:
             self._user.use_clock(loop.time)
         reason = CloseReason.SHUTDOWN
-        backoff = 0.1
+        retry = Backoff(RECONNECT_BACKOFF[0], cap=RECONNECT_BACKOFF[1])
         try:
             try:
                 self.processor = self._make_processor()
@@ -359,6 +437,9 @@ class PartitionPump:
             for early in self._early_errors:
                 self.report_error(early)
             self._early_errors.clear()
+            if self._keeper is not None and not await self._restore_state():
+                reason = self._stop_reason or CloseReason.OWNERSHIP_LOST
+                return
             try:
                 await self._user.call(self._what("initialize"), processor.initialize, ctx)
             except Exception as error:
@@ -392,17 +473,22 @@ class PartitionPump:
                     reason = CloseReason.OWNERSHIP_LOST
                     break
                 except Exception as error:
+                    delay = retry.next()
+                    retry_after = getattr(error, "retry_after", None)
+                    if isinstance(retry_after, (int, float)) and retry_after > delay:
+                        delay = float(retry_after)  # the hub asked to be left alone this long (server busy)
+                    if getattr(error, "reason", None) == "refused":
+                        await self._check_position(error)
                     logger.warning("partition %s of %s/%s: receive failed: %r; reopening after %g s at %s",
-                                   ctx.partition_id, ctx.eventhub_name, ctx.consumer_group, error, backoff,
+                                   ctx.partition_id, ctx.eventhub_name, ctx.consumer_group, error, delay,
                                    self._resume_position())
                     await self._report(error)
                     await self._close_receiver()
-                    await self._clock.sleep(backoff)
-                    backoff = min(backoff * 2, _MAX_BACKOFF)
+                    await self._clock.sleep(delay)
                     continue
                 if events:
                     self._last_received = events[-1]
-                    backoff = 0.1
+                    retry.reset()
                 elif self._max_wait_time is None:
                     continue
                 self._dispatching = True
@@ -437,6 +523,8 @@ class PartitionPump:
                     self._user_code_failed("close", failure)
                 if reason in (CloseReason.SHUTDOWN, CloseReason.HANDOFF):
                     await self._checkpoint_on_release(self.processor)
+            if self._keeper is not None:
+                await self._keeper.close(wait=reason in (CloseReason.SHUTDOWN, CloseReason.HANDOFF))
             self._user.close()
 
     async def _checkpoint_on_release(self, processor: PartitionProcessor) -> None:
@@ -446,7 +534,8 @@ class PartitionPump:
         if done is None or not getattr(processor, "checkpoint_on_release", True):
             return
         last = ctx.last_checkpoint
-        if last is not None and last.epoch == ctx.epoch and last.sequence_number >= done.sequence_number:
+        if last is not None and last.epoch == ctx.epoch and last.sequence_number >= done.sequence_number \
+                and (self._keeper is None or not self._keeper.state.changed):
             return
         try:
             await ctx.update_checkpoint(done)

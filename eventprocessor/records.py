@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Mapping, Optional, Tuple
 
-__all__ = ["Ownership", "Checkpoint", "OwnershipListing", "UnreadableOwnership", "Member", "MemberListing",
+__all__ = ["Ownership", "Checkpoint", "StateRef", "OwnershipListing", "UnreadableOwnership", "Member", "MemberListing",
            "MAX_EPOCH", "MAX_SEQUENCE_NUMBER", "MAX_ENTRY_BYTES", "partition_sort_key"]
 
 MAX_EPOCH = 2**63 - 1
@@ -61,12 +61,33 @@ class Ownership:
 
 
 @dataclass(frozen=True)
+class StateRef:
+    """Which version of a partition's state goes with a checkpoint: the head of its state
+    log, written by the claim of ``epoch`` (see :mod:`eventprocessor.state`)."""
+
+    version: int
+    epoch: int
+
+    def __str__(self) -> str:
+        return f"{self.version}.{self.epoch}"
+
+    @staticmethod
+    def parse(text: str) -> "StateRef":
+        version, _, epoch = text.partition(".")
+        if not version.isdigit() or not epoch.isdigit():
+            raise ValueError(f"a state reference is '<version>.<epoch>', got {text!r}")
+        return StateRef(int(version), int(epoch))
+
+
+@dataclass(frozen=True)
 class Checkpoint:
     """The position of the last processed event of a partition.
 
     Consumers resume *after* ``sequence_number``. ``owner_id`` and ``epoch`` record
     who wrote it (``None`` when written by another SDK, such as the official store).
     ``last_modified_time`` is when the store last wrote it (set by stores on listing).
+    ``state`` is the version of the partition's state that goes with this position
+    (stateful processors only; ``None`` otherwise).
     """
 
     fully_qualified_namespace: str
@@ -78,6 +99,7 @@ class Checkpoint:
     owner_id: Optional[str] = None
     epoch: Optional[int] = None
     last_modified_time: Optional[datetime] = None
+    state: Optional[StateRef] = None
 
 
 @dataclass(frozen=True)

@@ -1,10 +1,13 @@
-"""The ``eventprocessor`` command line: ``demo``, ``status``, ``emulator`` and ``bench``.
+"""The ``eventprocessor`` command line: ``demo``, ``status``, ``emulator``, ``azurite`` and
+``bench``.
 
 One function per command, each registered on :data:`main` (or on the ``bench`` group).
 A command checks what it needs before it starts (extras, tools, services; see
 :mod:`eventprocessor_cli.user_errors`). A failure a user can fix ends in one line on
 stderr that says what to do, and a non-zero exit; ``--debug`` shows the traceback
-instead. ``--help`` works without any extra installed.
+instead. ``--help`` works without any extra installed. Every numeric option has a
+range. A command that starts a service stops it on every way out, SIGTERM included
+(:mod:`eventprocessor_cli.running`).
 """
 from __future__ import annotations
 
@@ -21,6 +24,7 @@ import click
 
 from eventprocessor import LoadBalancingStrategy, __version__
 
+from .running import Interrupted, run, sigterm_interrupts
 from .user_errors import CommandError, one_line_message, source_checkout
 
 logger = logging.getLogger(__name__)
@@ -34,6 +38,7 @@ _DEBUG_KEY = "eventprocessor.debug"
 BENCHMARKS = {
     "convergence": "Rebalance convergence: this SDK vs azure-eventhub's load balancer, simulated.",
     "throughput": "Events/s through an EventProcessor vs a bare asyncio loop.",
+    "decode": "Per-event cost of turning a received AMQP message into an Event, vs azure-eventhub's EventData.",
     "store_bench": "Checkpoint-store throughput and latency on Azurite vs the official blob store.",
     "spark_sink": "Rows/s through the Spark sink vs Spark writing Parquet directly.",
     "spark_source": "Rows/s from Event Hubs into Parquet through the Spark source vs the official consumer and the sink.",
@@ -41,6 +46,7 @@ BENCHMARKS = {
     "e2e": "End to end over AMQP: this SDK vs azure-eventhub's consumer on the Event Hubs emulator.",
     "moves": "Scale-out, scale-in, rolling restart and a crash as OS processes: duplicates, pauses vs azure-eventhub.",
     "scale": "Many processors as OS processes on Azurite, sized from the measured listing cost, vs azure-eventhub.",
+    "soak": "Resident memory of a long-running consumer over millions of events, vs azure-eventhub's consumer.",
 }
 
 
@@ -55,7 +61,8 @@ class _OneLineErrors(click.Group):
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
-            return super().invoke(ctx)
+            with sigterm_interrupts():  # finally blocks run, and stop what the command started
+                return super().invoke(ctx)
         except (click.ClickException, click.exceptions.Exit, click.exceptions.Abort):
             raise
         except Exception as error:
@@ -93,10 +100,11 @@ def main(ctx: click.Context, verbose: int, debug: bool) -> None:
               help="Processors in this process.")
 @click.option("--strategy", type=click.Choice(["greedy", "balanced"]), default="greedy",
               show_default=True, help="greedy: the fair share at once; balanced: one new partition per tick.")
-@click.option("--interval", default=0.5, show_default=True, type=click.FloatRange(min=0.01),
-              help="Load-balancing interval in seconds.")
-@click.option("--expiration", default=4.0, show_default=True, type=click.FloatRange(min=0.05),
-              help="Ownership expiration in seconds (failover waits this long after a crash).")
+@click.option("--interval", type=click.FloatRange(min=0.01),
+              help="Load-balancing interval in seconds.  [default: 0.5; 2 with --store azurite]")
+@click.option("--expiration", type=click.FloatRange(min=0.05),
+              help="Ownership expiration in seconds (failover waits this long after a crash).  "
+                   "[default: 4; 12 with --store azurite]")
 @click.option("--rate", default=400.0, show_default=True, type=click.FloatRange(min=0),
               help="Events per second the producer sends (0 = as fast as it can).")
 @click.option("--store", type=click.Choice(["memory", "azurite"]), default="memory", show_default=True,
@@ -104,18 +112,23 @@ def main(ctx: click.Context, verbose: int, debug: bool) -> None:
 @click.option("--source", type=click.Choice(["memory", "emulator"]), default="memory", show_default=True,
               help="memory: in-process log; emulator: the real AMQP path (EventHubSource on a local Event Hubs "
                    "emulator, fed by azure-eventhub's producer).")
-@click.option("--timeout", default=60.0, show_default=True, help="Give up on a phase after this many seconds.")
-def demo(partitions: int, processors: int, strategy: str, interval: float, expiration: float, rate: float,
-         store: str, source: str, timeout: float) -> None:
+@click.option("--timeout", default=60.0, show_default=True, type=click.FloatRange(min=0, min_open=True),
+              help="Give up on a phase after this many seconds.")
+def demo(partitions: int, processors: int, strategy: str, interval: Optional[float], expiration: Optional[float],
+         rate: float, store: str, source: str, timeout: float) -> None:
     """Producer and processors in one process: convergence, scale-in, crash, failover.
 
     Ends with a summary of events produced, processed, lost (must be 0) and
-    duplicated. Exits 1 if any event was lost.
+    duplicated. Exits 1 if any event was lost. With --store azurite it prints the
+    `eventprocessor status` command that watches it from another terminal.
     """
     from rich.console import Console
 
-    from .demo import DemoConfig, run_demo, summary_table
+    from .demo import DemoConfig, default_timing, run_demo, summary_table
 
+    default_interval, default_expiration = default_timing(store)
+    interval = default_interval if interval is None else interval
+    expiration = default_expiration if expiration is None else expiration
     if expiration <= interval:
         raise click.BadParameter("must be longer than --interval", param_hint="--expiration")
     console = Console()
@@ -123,9 +136,9 @@ def demo(partitions: int, processors: int, strategy: str, interval: float, expir
                         interval=interval, expiration=expiration, rate=rate, store=store, source=source,
                         timeout=timeout)
     try:
-        result = asyncio.run(run_demo(config, console))
-    except KeyboardInterrupt:
-        sys.exit(130)
+        result = run(run_demo(config, console))
+    except Interrupted as stopped:
+        sys.exit(stopped.exit_code)
     except (TimeoutError, RuntimeError) as error:
         raise click.ClickException(str(error)) from None
     console.print(summary_table(result))
@@ -154,8 +167,9 @@ def emulator(host: str, port: int, eventhubs: Tuple[str, ...], partitions: int, 
     """A local Event Hubs emulator the official azure-eventhub clients use unchanged.
 
     Prints one line, the connection string, once it accepts connections; stops on
-    SIGINT or SIGTERM. Without --eventhub or --config it serves Microsoft's default:
-    hub eh1 with 2 partitions and consumer group cg1.
+    SIGINT or SIGTERM. Without --eventhub or --config it serves the hub the README's
+    examples and the samples read, telemetry, with --partitions partitions and
+    consumer group cg1.
     """
     from emulators.eventhubs import EmulatorConfig, EmulatorConfigError, EventHubsEmulator, serve
 
@@ -173,6 +187,50 @@ def emulator(host: str, port: int, eventhubs: Tuple[str, ...], partitions: int, 
         asyncio.run(serve(hub_emulator))
     except OSError as error:
         raise click.ClickException(f"cannot listen on {host}:{port}: {error.strerror}") from None
+
+
+@main.command()
+@click.option("--blob-port", default=10000, show_default=True, type=click.IntRange(0, 65535),
+              help="Blob service port; 0 picks a free one.")
+@click.option("--queue-port", default=10001, show_default=True, type=click.IntRange(0, 65535),
+              help="Queue service port; 0 picks a free one.")
+@click.option("--table-port", default=10002, show_default=True, type=click.IntRange(0, 65535),
+              help="Table service port; 0 picks a free one.")
+@click.option("--location", type=click.Path(file_okay=False, path_type=Path),
+              help="Keep the data in this directory. Default: in memory (gone when it stops).")
+def azurite(blob_port: int, queue_port: int, table_port: int, location: Optional[Path]) -> None:
+    """Azurite, the Azure Storage emulator, on 127.0.0.1 with the flags this SDK needs.
+
+    Starts node_modules/.bin/azurite (`npm ci` in the checkout installs it) with
+    --skipApiVersionCheck (without it, every call of the current azure-storage SDKs
+    fails with HTTP 400 InvalidHeaderValue) and --loose, on Azurite's default ports,
+    where UseDevelopmentStorage=true finds it. Prints one line, the connection string,
+    once it accepts connections; stops on Ctrl-C or SIGTERM.
+    """
+    from emulators.azurite import AzuriteUnavailable, port_open, start_azurite
+
+    from .user_errors import require_azurite
+
+    busy = [port for port in (blob_port, queue_port, table_port) if port and port_open(port)]
+    if busy:
+        raise CommandError(f"127.0.0.1:{busy[0]} is in use (an Azurite already running?): stop it, or choose other "
+                           "ports with --blob-port, --queue-port and --table-port (0 picks a free one)")
+    require_azurite("`eventprocessor azurite`")
+    if location is not None:
+        location.mkdir(parents=True, exist_ok=True)
+    try:
+        emulator = start_azurite(ports=(blob_port, queue_port, table_port), location=location)
+    except AzuriteUnavailable as error:
+        raise CommandError(f"Azurite did not start: {' '.join(str(error).split())}") from None
+    try:
+        click.echo(emulator.connection_string)
+        assert emulator.process is not None
+        code = emulator.process.wait()
+        raise CommandError(f"Azurite exited by itself with code {code}")
+    except KeyboardInterrupt:
+        pass
+    finally:
+        emulator.stop()
 
 
 _STATUS_EPILOG = """\b

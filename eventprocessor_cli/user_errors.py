@@ -13,13 +13,17 @@ from __future__ import annotations
 import importlib.util
 import logging
 import os
+import shlex
 import shutil
+import sys
 from pathlib import Path
 from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
+from eventprocessor._install import install_command as _install_command
+
 __all__ = [
     "CHECKOUT", "CommandError", "MissingRequirementError", "install_command", "missing_modules", "one_line_message",
-    "require", "require_azurite", "require_java", "source_checkout",
+    "require", "require_azurite", "require_java", "require_or_exit", "source_checkout",
 ]
 
 logger = logging.getLogger(__name__)
@@ -30,16 +34,22 @@ EXTRA_MODULES: Dict[str, Tuple[str, ...]] = {
     "table": ("azure.data.tables", "azure.core", "aiohttp"),
     "eventhub": ("azure.eventhub",),
     "spark": ("pyspark", "pyarrow", "pandas"),
+    "otel": ("opentelemetry.sdk",),
 }
 
 # Who to blame for a ModuleNotFoundError nobody checked for, longest prefix first.
 _MODULE_EXTRA = [
     ("azure.storage", "blob"), ("azure.data", "table"), ("azure.eventhub", "eventhub"),
     ("azure.core", "blob"), ("aiohttp", "blob"), ("azure", "all"),
-    ("pyspark", "spark"), ("pyarrow", "spark"), ("pandas", "spark"),
+    ("pyspark", "spark"), ("pyarrow", "spark"), ("pandas", "spark"), ("opentelemetry", "otel"),
 ]
 
 CHECKOUT = Path(__file__).resolve().parent.parent
+
+# The Azurite package.json pins and the Node.js its engines range accepts (README,
+# "Quick start"); tests/test_new_user_paths.py keeps the three in step.
+PINNED_AZURITE = "3.35.0"
+NODE_VERSION = "20.6 or newer"
 
 
 def source_checkout() -> Optional[Path]:
@@ -61,7 +71,7 @@ class MissingRequirementError(CommandError, ImportError):
         try:
             require(extras=["blob"], purpose="--store azurite")
         except MissingRequirementError as error:
-            print(error)   # --store azurite needs ...: run `cd /src && pip install -e '.[blob]'`
+            print(error)   # --store azurite needs ...: run `pip install -e '/src/eventprocessor[blob]'`
     """
 
 
@@ -79,19 +89,14 @@ def missing_modules(modules: Iterable[str]) -> List[str]:
 
 
 def install_command(extras: Sequence[str] = (), packages: Sequence[str] = ()) -> str:
-    """The one command that installs ``extras`` of this project and other ``packages``.
+    """The one command that installs ``extras`` of this project and other ``packages``,
+    from where this copy came from, quoted for every POSIX shell.
 
-    From a source checkout it is ``cd <checkout> && pip install -e '.[blob]'``,
-    otherwise ``pip install 'eventprocessor[blob]'``.
+    From a source checkout it is ``pip install -e '<checkout>[blob]'`` (it works from any
+    directory); from a wheel, ``pip install '<the wheel>[blob]'`` (see
+    :func:`eventprocessor._install.install_command`).
     """
-    words = []
-    checkout = source_checkout()
-    if extras:
-        wanted = ",".join(sorted(set(extras)))
-        words.append(f"-e '.[{wanted}]'" if checkout else f"'eventprocessor[{wanted}]'")
-    words.extend(packages)
-    command = "pip install " + " ".join(words)
-    return f"cd {checkout} && {command}" if checkout and extras else command
+    return _install_command(extras, packages)
 
 
 def require(*, purpose: str, extras: Sequence[str] = (), packages: Sequence[Tuple[str, str]] = ()) -> None:
@@ -129,16 +134,16 @@ def require_azurite(purpose: str) -> None:
     binary = find_azurite()
     if binary is None or not binary.exists():
         checkout = source_checkout()
-        how = (f"cd {checkout} && npm ci" if checkout and (checkout / "package.json").exists()
-               else "npm install -g azurite")
+        how = (f"cd {shlex.quote(str(checkout))} && npm ci" if checkout and (checkout / "package.json").exists()
+               else f"npm install -g azurite@{PINNED_AZURITE}")
         where = f" ($AZURITE_BIN is {binary})" if os.environ.get("AZURITE_BIN") else ""
         raise MissingRequirementError(
             f"{purpose} needs the Azurite storage emulator, which is not installed{where}: run `{how}` "
-            "(needs Node.js 20+ and npm)")
+            f"(needs Node.js {NODE_VERSION} and npm)")
     if shutil.which("node") is None:
         raise MissingRequirementError(
             f"{purpose} needs Node.js to run Azurite ({binary}), and `node` is not on PATH: "
-            "install Node.js 20 or newer")
+            f"install Node.js {NODE_VERSION}")
 
 
 def require_java(purpose: str) -> None:
@@ -151,6 +156,28 @@ def require_java(purpose: str) -> None:
     raise MissingRequirementError(
         f"{purpose} needs Java 17 for Spark, and there is no `java` on PATH nor in $JAVA_HOME: install a JDK 17 "
         "(for example `sudo apt-get install openjdk-17-jre-headless`) and try again")
+
+
+def require_or_exit(purpose: str, *, extras: Sequence[str] = (), packages: Sequence[Tuple[str, str]] = (),
+                    java: bool = False, azurite: bool = False) -> None:
+    """For a program of this project (a sample): check what it needs before it starts
+    anything; if something is missing, print one line that says what to run and exit
+    with status 2. ``azurite``: Azurite and Node.js must be there to be started.
+
+    Example (the first lines of a sample's ``main``)::
+
+        require_or_exit("samples/spark_consumer.py", extras=["spark"], java=True)
+        # Error: samples/spark_consumer.py needs the [spark] extra, which is not installed: run `pip install ...`
+    """
+    try:
+        require(purpose=purpose, extras=extras, packages=packages)
+        if java:
+            require_java(purpose)
+        if azurite:
+            require_azurite(purpose)
+    except MissingRequirementError as error:
+        print(f"Error: {_flat(error)}", file=sys.stderr)
+        raise SystemExit(2) from None
 
 
 def _extra_for_module(name: str) -> Optional[str]:

@@ -20,12 +20,18 @@ from collections import Counter
 from contextlib import AsyncExitStack
 from typing import List, Optional
 
-from azure.eventhub import EventData
-from azure.eventhub.aio import EventHubProducerClient
+from eventprocessor_cli.running import run_program
+from eventprocessor_cli.user_errors import require_or_exit
 
-from eventprocessor import EventProcessor, PartitionContext, PartitionProcessor
-from eventprocessor.sources.eventhub import EventHubSource
-from stores import InMemoryCheckpointStore
+# What the sample needs, checked before anything starts: a missing piece is one line naming the fix.
+require_or_exit("samples/eventhub_consumer.py", extras=["eventhub"])
+
+from azure.eventhub import EventData  # noqa: E402
+from azure.eventhub.aio import EventHubProducerClient  # noqa: E402
+
+from eventprocessor import EventProcessor, PartitionContext, PartitionProcessor  # noqa: E402
+from eventprocessor.sources.eventhub import EventHubSource  # noqa: E402
+from stores import InMemoryCheckpointStore  # noqa: E402
 
 received: Counter = Counter()
 
@@ -78,4 +84,4 @@ async def main(argv: Optional[List[str]] = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(asyncio.run(main()))
+    raise SystemExit(run_program(main()))  # Ctrl-C and SIGTERM stop the emulator it started, too

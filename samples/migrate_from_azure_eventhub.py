@@ -8,9 +8,10 @@ Run it from the repository root (needs the ``[eventhub,blob]`` extras,
     python samples/migrate_from_azure_eventhub.py --eventhub hub   # with STORAGE_CONNECTION_STRING and
                                                                    # EVENTHUB_CONNECTION_STRING set
 
-``run()`` is the user's program. It is called twice, with the two classes that differ
-between the two SDKs (``OFFICIAL`` and ``EVENTPROCESSOR``): that is the whole migration.
-The checkpoints stay in the same container, in the same blobs.
+``run()`` is the user's program. It is called twice, with the classes of ``official()``
+and of ``eventprocessor()``: only the consumer client's import differs, that is the whole
+migration. azure-eventhub's ``BlobCheckpointStore`` stays; the drop-in runs
+``stores.BlobCheckpointStore`` on its container, so the checkpoints stay in the same blobs.
 """
 from __future__ import annotations
 
@@ -23,6 +24,9 @@ from collections import defaultdict
 from contextlib import AsyncExitStack
 from typing import Any, Dict, List, Optional, Tuple
 
+from eventprocessor_cli.running import run_program
+from eventprocessor_cli.user_errors import require_or_exit
+
 
 def official() -> Tuple[Any, Any]:
     from azure.eventhub.aio import EventHubConsumerClient
@@ -32,8 +36,9 @@ def official() -> Tuple[Any, Any]:
 
 
 def eventprocessor() -> Tuple[Any, Any]:
+    from azure.eventhub.extensions.checkpointstoreblobaio import BlobCheckpointStore
+
     from eventprocessor import EventHubConsumerClient
-    from stores import BlobCheckpointStore
 
     return EventHubConsumerClient, BlobCheckpointStore
 
@@ -56,7 +61,7 @@ async def run(classes: Tuple[Any, Any], *, conn: str, eventhub: str, storage: st
     async def on_error(partition_context, error):
         print(f"error on {partition_context.partition_id if partition_context else 'load balancing'}: {error!r}")
 
-    checkpoint_store = BlobCheckpointStore.from_connection_string(storage, container)
+    checkpoint_store = BlobCheckpointStore.from_connection_string(storage, container_name=container)
     client = EventHubConsumerClient.from_connection_string(
         conn, consumer_group="$default", eventhub_name=eventhub, checkpoint_store=checkpoint_store,
         load_balancing_interval=1.0, partition_ownership_expiration_interval=10.0)
@@ -82,6 +87,11 @@ async def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--eventhub", default="telemetry")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
+    # Everything it needs, checked before it starts anything: a missing piece is one line naming the fix.
+    require_or_exit("samples/migrate_from_azure_eventhub.py", extras=["eventhub", "blob"],
+                    packages=[("azure.eventhub.extensions.checkpointstoreblobaio",
+                               "azure-eventhub-checkpointstoreblob-aio")],
+                    azurite=not os.environ.get("STORAGE_CONNECTION_STRING"))
     from azure.eventhub import EventData
     from azure.eventhub.aio import EventHubProducerClient
     from azure.storage.blob.aio import BlobServiceClient
@@ -127,4 +137,4 @@ async def main(argv: Optional[List[str]] = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(asyncio.run(main()))
+    raise SystemExit(run_program(main()))  # Ctrl-C and SIGTERM stop Azurite and the emulator it started, too

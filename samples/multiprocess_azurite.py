@@ -28,6 +28,8 @@ from contextlib import AsyncExitStack
 from typing import Any, Dict, List, Optional, Set
 
 from eventprocessor import EventProcessor, PartitionContext, PartitionProcessor
+from eventprocessor_cli.running import run_program
+from eventprocessor_cli.user_errors import require_or_exit
 
 WORKERS = 3
 OPTIONS = dict(load_balancing_interval=2.0, partition_ownership_expiration_interval=10.0)
@@ -208,7 +210,10 @@ def main(argv: Optional[List[str]] = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     if args.worker:
         return asyncio.run(worker(args.worker, args.eventhub, args.container))
-    return asyncio.run(parent(args))
+    # Everything it needs, checked before it starts anything: a missing piece is one line naming the fix.
+    require_or_exit("samples/multiprocess_azurite.py", extras=["eventhub", "blob"],
+                    azurite=not os.environ.get("STORAGE_CONNECTION_STRING"))
+    return run_program(parent(args))  # Ctrl-C and SIGTERM stop the workers, Azurite and the emulator, too
 
 
 if __name__ == "__main__":

@@ -34,34 +34,37 @@ import tempfile
 import time
 import uuid
 from pathlib import Path
+from contextlib import AsyncExitStack
 from typing import Any, List, Optional, Tuple, Union
-
-import pyarrow as pa
 
 from eventprocessor import EventProcessor
 from eventprocessor.checkpoint_store import CheckpointStore
 from eventprocessor.sources import MemoryEventSource
-from eventprocessor.spark import SparkSink, json_body, spark_session
+from eventprocessor_cli.running import run_program
+from emulators.azurite import port_open
+from eventprocessor_cli.user_errors import require_or_exit
 
-READING = pa.schema([("device", pa.string()), ("temperature", pa.float64())])
 
-
-async def open_store(kind: str) -> Tuple[CheckpointStore, Optional[Any]]:
+async def open_store(kind: str, stack: AsyncExitStack) -> CheckpointStore:
+    """The store; what it starts is stopped by ``stack`` on every way out."""
     if kind == "memory":
         from stores import InMemoryCheckpointStore
 
-        return InMemoryCheckpointStore(), None
-    from emulators.azurite import Azurite, port_open, start_azurite
+        return InMemoryCheckpointStore()
+    from emulators.azurite import Azurite, start_azurite
     from stores import BlobCheckpointStore
 
     if port_open(10000):
-        emulator, started = Azurite(10000, 10001, 10002), None
+        emulator = Azurite(10000, 10001, 10002)
         print("store: Azurite already running on 127.0.0.1:10000")
     else:
-        emulator = started = start_azurite()
+        emulator = start_azurite()
+        stack.callback(emulator.stop)
         print(f"store: started Azurite on 127.0.0.1:{emulator.blob_port}")
     container = f"spark-sample-{uuid.uuid4().hex[:8]}"
-    return BlobCheckpointStore.from_connection_string(emulator.connection_string, container), started
+    store = BlobCheckpointStore.from_connection_string(emulator.connection_string, container)
+    stack.push_async_callback(store.close)
+    return store
 
 
 async def produce(source: MemoryEventSource, count: int, rate: float) -> None:
@@ -73,6 +76,11 @@ async def produce(source: MemoryEventSource, count: int, rate: float) -> None:
 
 
 async def run(args: argparse.Namespace) -> int:
+    import pyarrow as pa
+
+    from eventprocessor.spark import spark_session
+
+    reading = pa.schema([("device", pa.string()), ("temperature", pa.float64())])
     output = Path(args.output) if args.output else Path(tempfile.mkdtemp(prefix="spark-consumer-")) / "table"
     if output.exists() and any(output.iterdir()):
         print(f"{output} is not empty; this sample's in-memory event hub starts from sequence number 0, "
@@ -83,14 +91,22 @@ async def run(args: argparse.Namespace) -> int:
     where = f"Spark Connect {args.remote.split('/;')[0]}" if args.remote else args.master or "local[*]"
     print(f"spark: {where} (Spark {spark.version})")  # a Connect URL's parameters (a token) are not printed
     source = MemoryEventSource(args.partitions)
-    store, emulator = await open_store(args.store)
+    async with AsyncExitStack() as stack:
+        store = await open_store(args.store, stack)
+        return await consume(args, spark, source, store, output, reading)
+
+
+async def consume(args: argparse.Namespace, spark: Any, source: MemoryEventSource, store: CheckpointStore,
+                  output: Path, reading: Any) -> int:
+    from eventprocessor.spark import SparkSink, json_body
+
     # With a shared checkpoint store, keep the commit log in it: no shared directory needed.
     commit_log: Union[CheckpointStore, None] = store if args.store != "memory" else None
     sinks: List[SparkSink] = []
     processors: List[EventProcessor] = []
     for i in range(2):
         sink = SparkSink(output, spark=spark, commit_log=commit_log, partition_by="partition_id",
-                         decode=json_body(READING), max_events=args.max_events, max_interval=1.0)
+                         decode=json_body(reading), max_events=args.max_events, max_interval=1.0)
         sinks.append(sink)
         processors.append(EventProcessor(source, store, sink, owner_id=f"spark-consumer-{i + 1}",
                                          load_balancing_interval=0.5, partition_ownership_expiration_interval=5))
@@ -116,9 +132,6 @@ async def run(args: argparse.Namespace) -> int:
             await processor.stop()
         for sink in sinks:
             await sink.close()
-        await store.close()
-        if emulator is not None:
-            emulator.stop()
 
     def report() -> Tuple[int, int]:
         table = spark.read.parquet(str(output))
@@ -149,7 +162,12 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--timeout", type=float, default=300)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
-    return asyncio.run(run(args))
+    # Everything it needs, checked before it starts anything: a missing piece is one line naming the
+    # fix. Java runs a classic session in this process; over Spark Connect (--remote) the server has it.
+    azurite = args.store == "azurite"
+    require_or_exit("samples/spark_consumer.py", extras=["spark"] + (["blob"] if azurite else []),
+                    java=args.remote is None, azurite=azurite and not port_open(10000))
+    return run_program(run(args))  # Ctrl-C and SIGTERM stop the Azurite it started, too
 
 
 if __name__ == "__main__":

@@ -19,9 +19,19 @@ __all__ = ["InMemoryCheckpointStore", "BlobCheckpointStore", "TableCheckpointSto
 _LAZY = {"BlobCheckpointStore": ".blob", "TableCheckpointStore": ".table"}
 
 
+_EXTRA = {"BlobCheckpointStore": "blob", "TableCheckpointStore": "table"}
+
+
 def __getattr__(name: str) -> Any:
     if name in _LAZY:
         import importlib
 
-        return getattr(importlib.import_module(_LAZY[name], __name__), name)
+        try:
+            module = importlib.import_module(_LAZY[name], __name__)
+        except ModuleNotFoundError as error:
+            from eventprocessor._install import install_command
+
+            raise ModuleNotFoundError(f"{name} needs the [{_EXTRA[name]}] extra ({error.name!r} is not installed): "
+                                      f"{install_command([_EXTRA[name]])}", name=error.name) from error
+        return getattr(module, name)
     raise AttributeError(f"module 'stores' has no attribute {name!r}")

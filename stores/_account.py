@@ -4,8 +4,10 @@ of errors and URLs that are safe to show.
 
 Nothing here ever puts a key, a SAS token or a whole connection string into a message:
 errors name the *part* that is wrong ("AccountKey is not valid base64"), URLs are
-shown without their query string, and Azure exceptions are described by type, status
-and error code only.
+shown without their query string, and Azure exceptions are described by type, status,
+error code and the first line of the service's own message with anything that looks
+like a credential removed, followed by the likely cause and its fix when there is a
+known one (an Azurite that refuses the API version, a refused key, a missing container).
 """
 from __future__ import annotations
 
@@ -51,16 +53,103 @@ def safe_url(url: str) -> str:
 
 
 def describe_error(error: BaseException) -> str:
-    """Type, HTTP status and service error code of ``error``; never its message, which
-    for some Azure errors quotes request details."""
+    """What went wrong, for a message: type, HTTP status, the service's error code, the
+    service's own message (its first line, with anything that could be a credential
+    removed) and, for the failures a user can fix, the likely cause and the fix.
+
+    Example::
+
+        describe_error(error)
+        # 'HttpResponseError HTTP 403 AuthorizationFailure: "Server failed to authenticate the request. ..."
+        #  (likely cause: the account key or SAS token was refused ...)'
+    """
     parts = [type(error).__name__]
     status = getattr(error, "status_code", None)
     if status is not None:
         parts.append(f"HTTP {status}")
-    code = getattr(error, "error_code", None)
+    code = _error_code(error)
     if code:
-        parts.append(str(getattr(code, "value", code)))
-    return " ".join(parts)
+        parts.append(code)
+    text = " ".join(parts)
+    said = service_message(error)
+    if said:
+        text += f': "{said}"'
+    cause = likely_cause(error)
+    if cause:
+        text += f" (likely cause: {cause})"
+    return text
+
+
+def _error_code(error: BaseException) -> str:
+    code = getattr(error, "error_code", None)
+    return str(getattr(code, "value", code) or "")
+
+
+_MAX_SAID = 400
+# What could be a credential in a service's message: a SAS signature, a long base64
+# run (a key, a token, a MAC), the string-to-sign some services quote.
+_SECRET_LOOKING = [
+    (re.compile(r"(?i)\bsig=[^&\s'\"]*"), "sig=<removed>"),
+    (re.compile(r"[A-Za-z0-9+/_-]{32,}={0,2}"), "<removed>"),
+    (re.compile(r"(?i)(string to sign|string-to-sign|stringtosign)\b.*"), r"\1 <removed>"),
+]
+
+
+def service_message(error: BaseException) -> str:
+    """The first line of the message the service (or the transport) gave ``error``: the
+    part that explains it ("The API version ... is not supported by Azurite ..."), without
+    the request id, the time or anything that looks like a credential."""
+    message = getattr(error, "message", None)
+    if not isinstance(message, str) or not message.strip():
+        message = str(error)
+    first = message.strip().splitlines()[0].strip() if message.strip() else ""
+    for pattern, replacement in _SECRET_LOOKING:
+        first = pattern.sub(replacement, first)
+    if len(first) > _MAX_SAID:
+        first = first[:_MAX_SAID - 3].rstrip() + "..."
+    return first
+
+
+_REFUSED_CREDENTIAL = frozenset({"AuthenticationFailed", "AuthorizationFailure", "InvalidAuthenticationInfo"})
+_NOT_PERMITTED = frozenset({
+    "AuthorizationPermissionMismatch", "AuthorizationResourceTypeMismatch", "AuthorizationServiceMismatch",
+    "AuthorizationProtocolMismatch", "AuthorizationSourceIPMismatch", "InsufficientAccountPermissions",
+    "KeyBasedAuthenticationNotPermitted",
+})
+_HOME_MISSING = frozenset({"ContainerNotFound", "TableNotFound"})
+
+
+def likely_cause(error: BaseException) -> Optional[str]:
+    """The likely cause of a storage failure a user can fix, and the fix; None otherwise.
+
+    Example::
+
+        likely_cause(error)   # for Azurite started without --skipApiVersionCheck:
+        # 'Azurite refuses the storage API version of the installed azure-storage SDK: start it
+        #  with --skipApiVersionCheck (`eventprocessor azurite` does), or use a newer Azurite'
+    """
+    code = _error_code(error)
+    status = getattr(error, "status_code", None)
+    said = service_message(error).lower()
+    if code in ("InvalidHeaderValue", "InvalidApiVersion", "UnsupportedHeader") and \
+            ("api version" in said or "x-ms-version" in said or "skipapiversioncheck" in said):
+        return ("Azurite refuses the storage API version of the installed azure-storage SDK: start it with "
+                "--skipApiVersionCheck (`eventprocessor azurite` does), or use a newer Azurite")
+    if code in _REFUSED_CREDENTIAL:
+        return ("the account key or SAS token was refused: check that it belongs to this account and, for a SAS, "
+                "that it has not expired (a clock far off makes a valid one look expired)")
+    if code in _NOT_PERMITTED:
+        return ("the credential is valid but not allowed to do this: give the identity the \"Storage Blob Data "
+                "Contributor\" (or \"Storage Table Data Contributor\") role, or use a SAS that may read, list, "
+                "create, write and delete")
+    if code in _HOME_MISSING:
+        what = "table" if code == "TableNotFound" else "container"
+        return (f"the {what} does not exist and the credential may not create it: create the {what}, or use a "
+                f"credential that may")
+    if status is None and type(error).__name__ in ("ServiceRequestError", "ServiceRequestTimeoutError"):
+        return "nothing answers at the account URL: start the storage service (Azurite: `eventprocessor azurite`) " \
+               "or fix the URL"
+    return None
 
 
 # --------------------------------------------------------------------------- names
@@ -107,13 +196,15 @@ def _is_base64(value: str) -> bool:
         return False
 
 
-def parse_connection_string(conn_str: Any, service: str) -> StorageAccount:
+def parse_connection_string(conn_str: Any, service: str, *, credential_given: bool = False) -> StorageAccount:
     """Parse an Azure Storage connection string for ``service`` ("blob" or "table").
 
     Accepts ``UseDevelopmentStorage=true`` (optionally with ``DevelopmentStorageProxyUri``)
     and explicit strings with ``AccountName``/``AccountKey`` or ``SharedAccessSignature``
     and either ``BlobEndpoint``/``TableEndpoint`` or ``DefaultEndpointsProtocol`` +
-    ``EndpointSuffix``. Errors name the faulty part, never its value.
+    ``EndpointSuffix``. With ``credential_given`` (the caller has its own credential, as
+    the Azure SDKs allow) a string with neither key nor SAS is fine; its credential is
+    then ``None``. Errors name the faulty part, never its value.
     """
     from azure.core.credentials import AzureNamedKeyCredential, AzureSasCredential
 
@@ -167,6 +258,8 @@ def parse_connection_string(conn_str: Any, service: str) -> StorageAccount:
         if "sig=" not in sas:
             raise ConfigurationError("connection string SharedAccessSignature has no 'sig=' field")
         credential = AzureSasCredential(sas.lstrip("?"))
+    elif credential_given:
+        credential = None
     else:
         raise ConfigurationError(
             "connection string has neither AccountKey nor SharedAccessSignature; use one, or "
@@ -197,6 +290,14 @@ def parse_connection_string(conn_str: Any, service: str) -> StorageAccount:
             raise ConfigurationError("connection string EndpointSuffix is not a host suffix")
         endpoint = f"{protocol}://{account_name}.{service}.{suffix}"
     return StorageAccount(endpoint, account_name or account_name_from_url(endpoint), credential)
+
+
+def one_of(ours: str, our_value: Any, official: str, official_value: Any) -> Any:
+    """The value of an argument that has our name and the official SDK's name: given
+    under one of them, not both (``None`` when neither)."""
+    if our_value is not None and official_value is not None:
+        raise ConfigurationError(f"{ours} and {official} name the same thing; give one of them, not both")
+    return our_value if our_value is not None else official_value
 
 
 def account_name_from_url(url: str) -> Optional[str]:

@@ -15,9 +15,12 @@ from typing import Any, Awaitable, Callable, Dict, FrozenSet, Generic, Optional,
 from azure.core.exceptions import (AzureError, HttpResponseError, ResourceExistsError, ResourceModifiedError,
                                    ResourceNotFoundError)
 
-from ._account import (ClientTimeouts, account_name_from_url, check_account_url, describe_error, parse_connection_string,
-                       resolve_credential, safe_url)
-from ._protocol import BackendFailure, EtagMismatch, Kind, ProtocolStore, RecordBackend, RecordExists, RecordMissing
+from eventprocessor.errors import ConfigurationError
+
+from ._account import (ClientTimeouts, account_name_from_url, check_account_url, describe_error, one_of,
+                       parse_connection_string, resolve_credential, safe_url)
+from ._protocol import (OWNERSHIP, BackendFailure, EtagMismatch, Kind, ProtocolStore, RecordBackend, RecordExists,
+                        RecordMissing)
 
 __all__ = ["AzureRecords", "AzureCheckpointStore", "ServerClock", "server_date"]
 
@@ -97,6 +100,16 @@ class AzureRecords(RecordBackend, Generic[_Client]):
     async def _create_home(self) -> None:
         """Make sure the container or table exists (raises ``AzureError``)."""
 
+    @abc.abstractmethod
+    async def _list_one(self) -> None:
+        """Read the first page (of one record at most) of the container or table."""
+
+    async def check(self) -> None:
+        # Creating the home passes on a 403 (a SAS scoped to the container may not check
+        # it), so a listing follows: it needs what every tick needs.
+        self.request_counts["check"] += 1
+        await self._send("check", OWNERSHIP, self._list_one, count=False)
+
     async def _ensure_home(self) -> None:
         if self._ready:
             return
@@ -149,6 +162,7 @@ class AzureCheckpointStore(ProtocolStore):
 
     _service = ""  # the connection string's endpoint: "blob" or "table"
     _home = ""  # what ``name`` names: "container" or "table"
+    _name_keyword = ""  # the official stores' keyword for it: "container_name" or "table_name"
     _sas_as_string = False  # the Blob SDK takes a SAS token as a string
 
     def __init__(self, account_url: str, name: str, *, credential: Any, operation_timeout: Optional[float],
@@ -158,7 +172,14 @@ class AzureCheckpointStore(ProtocolStore):
         self._account_name = account_name_from_url(self._account_url)
         resolved = resolve_credential(credential, self._account_url, sas_as_string=self._sas_as_string)
         timeouts = ClientTimeouts.for_operation(operation_timeout)
-        backend = self._backend_for(resolved, timeouts.client_options(client_options))
+        try:
+            backend = self._backend_for(resolved, timeouts.client_options(client_options))
+        except ValueError as error:
+            # The SDK client refuses an option (an unknown api_version, a token credential
+            # over http). Its first line says which; the URL in it is shown without query.
+            reason = str(error).splitlines()[0] if str(error) else type(error).__name__
+            reason = reason.replace(self._account_url, safe_url(self._account_url))
+            raise ConfigurationError(f"{type(self).__name__} for {self._home} {self._home_name!r}: {reason}") from None
         super().__init__(backend, operation_timeout=timeouts.operation_timeout)
 
     @staticmethod
@@ -171,9 +192,13 @@ class AzureCheckpointStore(ProtocolStore):
         """The backend, with an SDK client built from ``credential`` and ``options``."""
 
     @classmethod
-    def from_connection_string(cls: Type[_Store], conn_str: str, name: str, **kwargs: Any) -> _Store:
+    def from_connection_string(cls: Type[_Store], conn_str: str, name: Optional[str] = None, *,
+                               credential: Any = None, **kwargs: Any) -> _Store:
         """Create a store from an Azure Storage connection string; ``name`` is the
-        container (Blob) or table (Table). Keyword arguments as for the constructor.
+        container (Blob) or table (Table), also accepted under the official stores'
+        keyword (``container_name=`` or ``table_name=``). ``credential``, when given, is
+        used instead of the string's key or SAS (as in the Azure SDKs); other keyword
+        arguments as for the constructor (``api_version=`` among them).
 
         ``UseDevelopmentStorage=true`` means Azurite on its default ports. A malformed
         string raises ``ConfigurationError`` naming the part that is wrong, never its
@@ -182,9 +207,15 @@ class AzureCheckpointStore(ProtocolStore):
         Example::
 
             store = BlobCheckpointStore.from_connection_string("UseDevelopmentStorage=true", "checkpoints")
+            store = BlobCheckpointStore.from_connection_string(conn_str, container_name="checkpoints")
         """
-        account = parse_connection_string(conn_str, cls._service)
-        return cls(account.endpoint, name, credential=account.credential, **kwargs)  # type: ignore[call-arg]
+        home = one_of("name", name, cls._name_keyword, kwargs.pop(cls._name_keyword, None))
+        if home is None:
+            raise ConfigurationError(f"{cls.__name__}.from_connection_string needs the {cls._home} name: "
+                                     f"from_connection_string(conn_str, {cls._name_keyword}=...)")
+        account = parse_connection_string(conn_str, cls._service, credential_given=credential is not None)
+        return cls(account.endpoint, home, credential=account.credential if credential is None else credential,
+                   **kwargs)  # type: ignore[call-arg]
 
     def __repr__(self) -> str:
         return (f"{type(self).__name__}(account={self._account_name!r}, endpoint={safe_url(self._account_url)!r}, "

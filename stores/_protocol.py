@@ -65,7 +65,10 @@ Timeouts
 With ``operation_timeout`` set (the Azure stores: 10 s by default), every call, retries
 included, is cut at that many seconds and raises ``StoreTimeoutError``; for a claim
 batch the deadline applies to each claim, so the claims that were won are still
-reported (``ClaimOwnershipError.claimed``).
+reported (``ClaimOwnershipError.claimed``). A caller that bounds its calls itself (the
+processor's ``BoundedStore``, at ``store_timeout``) sets
+:data:`~eventprocessor.checkpoint_store.CALLER_DEADLINE`, and the store then applies no
+deadline of its own: each call has exactly one.
 """
 from __future__ import annotations
 
@@ -82,10 +85,10 @@ from types import TracebackType
 from typing import (Any, Awaitable, Dict, Iterable, List, Mapping, Optional, Tuple, Type, TypeVar, Union)
 from urllib.parse import unquote
 
-from eventprocessor.checkpoint_store import CheckpointStore
+from eventprocessor.checkpoint_store import CALLER_DEADLINE, CheckpointStore
 from eventprocessor.errors import (CheckpointStoreError, ClaimOwnershipError, ConfigurationError, OwnershipLostError,
                                    StaleEpochError, StoreTimeoutError)
-from eventprocessor.records import (MAX_ENTRY_BYTES, MAX_EPOCH, MAX_SEQUENCE_NUMBER, Checkpoint, Member,
+from eventprocessor.records import (MAX_ENTRY_BYTES, MAX_EPOCH, MAX_SEQUENCE_NUMBER, Checkpoint, Member, StateRef,
                                     MemberListing, Ownership, OwnershipListing, UnreadableOwnership)
 
 __all__ = ["ProtocolStore", "RecordBackend", "Kind", "StoredRecord", "RecordListing", "RecordConflict",
@@ -235,6 +238,10 @@ class RecordBackend(abc.ABC):
 
     async def open(self) -> None:
         """Open network resources early (``async with``)."""
+
+    async def check(self) -> None:
+        """One real request that every other one depends on (see ``CheckpointStore.check``);
+        raises :class:`BackendFailure`. Backends without a service to reach do nothing."""
 
     async def close(self) -> None:
         """Release network resources. Safe to call twice."""
@@ -395,11 +402,17 @@ def parse_checkpoint(record: StoredRecord, scope: Scope) -> Union[Checkpoint, st
             return problem
     offset = fields.get("offset")
     owner = fields.get("ownerid")
+    state: Optional[StateRef] = None
+    if fields.get("state"):
+        try:
+            state = StateRef.parse(str(fields["state"]))
+        except ValueError as error:
+            return f"its state reference is unreadable ({error})"
     return Checkpoint(
         *scope, record.key, sequence_number,
         offset=str(offset) if offset not in (None, "", NO_OFFSET) else None,
         owner_id=owner if isinstance(owner, str) and owner else None,
-        epoch=epoch,
+        epoch=epoch, state=state,
     )
 
 
@@ -473,6 +486,18 @@ class ProtocolStore(CheckpointStore):
     async def close(self) -> None:
         await self._backend.close()
 
+    async def check(self) -> None:
+        """Make sure the store can be used (its container or table is there or can be
+        created, the credential is accepted, records can be listed), within
+        ``operation_timeout``; raises ``CheckpointStoreError`` naming the cause and the fix.
+
+        Example::
+
+            store = BlobCheckpointStore.from_connection_string("UseDevelopmentStorage=true", "checkpoints")
+            await store.check()   # an Azurite without --skipApiVersionCheck fails here, saying so
+        """
+        await self._bounded("checking the store", self._backend.check())
+
     # ------------------------------------------------------------------ plumbing
 
     def _scope(self, namespace: Any, eventhub: Any, consumer_group: Any) -> Scope:
@@ -485,7 +510,7 @@ class ProtocolStore(CheckpointStore):
         """Run one store operation under ``operation_timeout``; a backend failure
         becomes ``CheckpointStoreError`` naming ``what`` and the container or table."""
         try:
-            if self._operation_timeout is None:
+            if self._operation_timeout is None or CALLER_DEADLINE.get():
                 return await operation
             if sys.version_info >= (3, 11):  # no extra task per call, unlike wait_for
                 async with asyncio.timeout(self._operation_timeout):
@@ -767,6 +792,8 @@ class ProtocolStore(CheckpointStore):
                 "ownerid": owner,
                 "epoch": epoch,
             }
+            if stored is not None and stored.state is not None:
+                fields["state"] = str(stored.state)  # the state goes with the position it keeps
             try:
                 record = await self._write(CHECKPOINT, scope, pid, fields, None if current is None else current.etag)
             except RecordConflict as conflict:
@@ -810,6 +837,8 @@ class ProtocolStore(CheckpointStore):
             "ownerid": owner_id,
             "epoch": epoch,
         }
+        if checkpoint.state is not None:
+            fields["state"] = str(checkpoint.state)
         await self._bounded(f"checkpoint of partition {pid}", self._update(scope, pid, fields, owner_id, epoch))
         logger.debug("processor %s checkpointed partition %s (hub %s, consumer group %s) at sequence number %s",
                      owner_id, pid, scope[1], scope[2], checkpoint.sequence_number)

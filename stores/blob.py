@@ -53,18 +53,24 @@ Example::
 """
 from __future__ import annotations
 
+import asyncio
+import inspect
 import logging
 from typing import Any, Dict, List, Mapping, Optional, Tuple
+from urllib.parse import urlsplit
 
 from azure.core import MatchConditions
+from azure.core.credentials import AzureNamedKeyCredential
 from azure.core.exceptions import ResourceExistsError
 from azure.storage.blob.aio import BlobClient, ContainerClient, LinearRetry
 
-from ._account import DEFAULT_OPERATION_TIMEOUT, RETRY_BACKOFF, RETRY_TOTAL, check_container_name
+from eventprocessor.errors import ConfigurationError
+
+from ._account import DEFAULT_OPERATION_TIMEOUT, RETRY_BACKOFF, RETRY_TOTAL, check_container_name, one_of
 from ._azure_records import AzureCheckpointStore, AzureRecords, ServerClock
 from ._protocol import MEMBER, OWNERSHIP, Fields, Kind, RecordListing, RecordMissing, Scope, StoredRecord
 
-__all__ = ["BlobCheckpointStore", "BlobRecords"]
+__all__ = ["BlobCheckpointStore", "BlobRecords", "is_azure_eventhub_blob_store"]
 
 logger = logging.getLogger(__name__)
 
@@ -114,6 +120,12 @@ class BlobRecords(AzureRecords[ContainerClient]):
                         self.account_name)
         except ResourceExistsError:
             pass  # created by another processor meanwhile
+
+    async def _list_one(self) -> None:
+        async for page in self.client.list_blobs(results_per_page=1).by_page():
+            async for _blob in page:
+                break
+            break
 
     @staticmethod
     def prefix(kind: Kind, scope: Scope) -> str:
@@ -223,12 +235,17 @@ class BlobCheckpointStore(AzureCheckpointStore):
 
     ``credential`` may be an async TokenCredential (``azure.identity.aio``), a SAS token
     string, an account key string, ``AzureNamedKeyCredential``/``AzureSasCredential``,
-    or ``None`` when ``account_url`` carries a SAS token. ``operation_timeout`` (seconds,
-    default 10, ``None`` for no deadline) bounds every call, retries included: see
-    README "Timeouts". Other keyword arguments go to
-    ``azure.storage.blob.aio.ContainerClient`` (for example ``retry_policy``,
-    ``retry_total``, ``transport``, ``connection_timeout``, ``read_timeout``). The
-    container is created on first use when missing.
+    a dict ``{"account_name", "account_key"}``, or ``None`` when ``account_url`` carries
+    a SAS token. ``operation_timeout`` (seconds, default 10, ``None`` for no deadline)
+    bounds every call, retries included: see README "Timeouts". Other keyword arguments
+    go to ``azure.storage.blob.aio.ContainerClient`` (for example ``api_version``,
+    ``retry_policy``, ``retry_total``, ``transport``, ``connection_timeout``,
+    ``read_timeout``). The container is created on first use when missing.
+
+    The official store's argument names work too: ``blob_account_url`` for
+    ``account_url``, and ``container_name`` (ours as well) positionally or by keyword.
+    :meth:`from_azure_eventhub` builds this store on an azure-eventhub
+    ``BlobCheckpointStore``'s container and credential.
 
     Example::
 
@@ -242,12 +259,43 @@ class BlobCheckpointStore(AzureCheckpointStore):
     _check_name = staticmethod(check_container_name)
     _service = "blob"
     _home = "container"
+    _name_keyword = "container_name"
     _sas_as_string = True
 
-    def __init__(self, account_url: str, container_name: str, *, credential: Any = None,
-                 operation_timeout: Optional[float] = DEFAULT_OPERATION_TIMEOUT, **kwargs: Any) -> None:
-        super().__init__(account_url, container_name, credential=credential, operation_timeout=operation_timeout,
-                         client_options=kwargs)
+    def __init__(self, account_url: Optional[str] = None, container_name: Optional[str] = None, *,
+                 credential: Any = None, operation_timeout: Optional[float] = DEFAULT_OPERATION_TIMEOUT,
+                 blob_account_url: Optional[str] = None, **kwargs: Any) -> None:
+        url = one_of("account_url", account_url, "blob_account_url", blob_account_url)
+        if url is None:
+            raise ConfigurationError("BlobCheckpointStore needs the storage account's blob URL: "
+                                     "BlobCheckpointStore(account_url, container_name, credential=...)")
+        super().__init__(url, container_name, credential=credential,  # type: ignore[arg-type]
+                         operation_timeout=operation_timeout, client_options=kwargs)
+
+    @classmethod
+    def from_azure_eventhub(cls, store: Any, **kwargs: Any) -> "BlobCheckpointStore":
+        """This store on the container, account and credential of azure-eventhub's
+        ``BlobCheckpointStore`` (``azure.eventhub.extensions.checkpointstoreblobaio``,
+        or the sync ``...checkpointstoreblob``): the same blobs, with this store's
+        fencing (conditional claims, epoch-fenced checkpoints), so the official consumers
+        and this SDK's share checkpoints and ownership.
+
+        The official store's API version is kept; its other client settings (transport,
+        retries, headers, the secondary host) are not: this store's timeouts and retries
+        apply (``operation_timeout`` and ``ContainerClient`` options as keyword arguments).
+        A synchronous token credential (from the sync store) is called in a worker thread.
+        ``EventHubConsumerClient`` does this by itself when given the official store.
+
+        Example::
+
+            from azure.eventhub.extensions.checkpointstoreblobaio import BlobCheckpointStore as Official
+            official = Official.from_connection_string(storage_conn_str, container_name="checkpoints")
+            store = BlobCheckpointStore.from_azure_eventhub(official)
+        """
+        account_url, container_name, credential, api_version = _official_container(store)
+        if api_version is not None:
+            kwargs.setdefault("api_version", api_version)
+        return cls(account_url, container_name, credential=credential, **kwargs)
 
     def _backend_for(self, credential: Any, options: Dict[str, Any]) -> BlobRecords:
         retry_total = options.pop("retry_total", RETRY_TOTAL)
@@ -262,3 +310,66 @@ class BlobCheckpointStore(AzureCheckpointStore):
     @property
     def container_name(self) -> str:
         return self._home_name
+
+
+OFFICIAL_MODULES = ("azure.eventhub.extensions.checkpointstoreblobaio", "azure.eventhub.extensions.checkpointstoreblob")
+"""Where azure-eventhub's blob checkpoint stores live (async, then sync)."""
+
+
+def is_azure_eventhub_blob_store(store: Any) -> bool:
+    """Whether ``store`` is (a subclass of) azure-eventhub's ``BlobCheckpointStore``."""
+    return any(cls.__name__ == "BlobCheckpointStore" and cls.__module__.split("._")[0] in OFFICIAL_MODULES
+               for cls in type(store).__mro__)
+
+
+def _official_container(store: Any) -> Tuple[str, str, Any, Optional[str]]:
+    """``(account_url, container_name, credential, api_version)`` of an azure-eventhub
+    ``BlobCheckpointStore``, read from the public attributes of its (vendored
+    azure-storage-blob) container client."""
+    if not is_azure_eventhub_blob_store(store):
+        raise ConfigurationError(f"from_azure_eventhub takes azure-eventhub's BlobCheckpointStore, got "
+                                 f"{type(store).__module__}.{type(store).__name__}")
+    container: Any = getattr(store, "_container_client", None)
+    scheme: Any = getattr(container, "scheme", None)
+    host: Any = getattr(container, "primary_hostname", None)
+    name: Any = getattr(container, "container_name", None)
+    url: Any = getattr(container, "url", None)
+    if not all(isinstance(value, str) and value for value in (scheme, host, name, url)):
+        raise ConfigurationError(
+            f"this version of azure-eventhub's BlobCheckpointStore ({type(store).__module__}) has no container client "
+            "this SDK can read; build the store yourself: stores.BlobCheckpointStore.from_connection_string("
+            "<the same connection string>, container_name=<the same container>)")
+    query = urlsplit(url).query  # a SAS token given in the URL or the connection string
+    account_url = f"{scheme}://{host}" + (f"?{query}" if query else "")
+    credential: Any = getattr(container, "credential", None)
+    if isinstance(getattr(credential, "account_name", None), str) and isinstance(
+            getattr(credential, "account_key", None), str):
+        # The client keeps an account key as its signing policy; the key is what we need.
+        credential = AzureNamedKeyCredential(credential.account_name, credential.account_key)
+    elif hasattr(credential, "get_token") and not inspect.iscoroutinefunction(credential.get_token):
+        credential = ThreadedTokenCredential(credential)
+    api_version = getattr(container, "api_version", None)
+    return account_url, name, credential, api_version if isinstance(api_version, str) else None
+
+
+class ThreadedTokenCredential:
+    """A synchronous ``TokenCredential`` as an async one: ``get_token`` runs in a worker
+    thread. The wrapped credential stays the caller's: :meth:`close` leaves it open."""
+
+    def __init__(self, credential: Any) -> None:
+        self._credential = credential
+
+    async def get_token(self, *scopes: str, **kwargs: Any) -> Any:
+        return await asyncio.to_thread(self._credential.get_token, *scopes, **kwargs)
+
+    async def close(self) -> None:
+        pass
+
+    async def __aenter__(self) -> "ThreadedTokenCredential":
+        return self
+
+    async def __aexit__(self, *args: Any) -> None:
+        pass
+
+    def __repr__(self) -> str:
+        return f"ThreadedTokenCredential({type(self._credential).__name__})"

@@ -51,9 +51,10 @@ from azure.core.exceptions import ResourceExistsError
 from azure.data.tables import EdmType, EntityProperty, UpdateMode
 from azure.data.tables.aio import TableClient
 
+from eventprocessor.errors import ConfigurationError
 from eventprocessor.records import MAX_ENTRY_BYTES
 
-from ._account import DEFAULT_OPERATION_TIMEOUT, RETRY_BACKOFF, RETRY_TOTAL, check_table_name
+from ._account import DEFAULT_OPERATION_TIMEOUT, RETRY_BACKOFF, RETRY_TOTAL, check_table_name, one_of
 from ._azure_records import AzureCheckpointStore, AzureRecords, ServerClock
 from ._protocol import MEMBER, OWNERSHIP, Fields, Kind, RecordListing, RecordMissing, Scope, StoredRecord
 
@@ -89,6 +90,12 @@ class TableRecords(AzureRecords[TableClient]):
             logger.info("created table %s in account %s for checkpoints", self.home_name, self.account_name)
         except ResourceExistsError:
             pass
+
+    async def _list_one(self) -> None:
+        async for page in self.client.list_entities(results_per_page=1).by_page():
+            async for _entity in page:
+                break
+            break
 
     @staticmethod
     def partition_key(kind: Kind, scope: Scope) -> str:
@@ -199,8 +206,10 @@ class TableCheckpointStore(AzureCheckpointStore):
     ``credential`` may be an async TokenCredential, a SAS token string, an account key
     string, ``AzureNamedKeyCredential`` or ``AzureSasCredential``. ``operation_timeout``
     (seconds, default 10, ``None`` for no deadline) bounds every call, retries included.
-    Other keyword arguments go to ``azure.data.tables.aio.TableClient``. The table is
-    created on first use when missing.
+    Other keyword arguments go to ``azure.data.tables.aio.TableClient`` (``api_version``
+    among them). The table is created on first use when missing. The names of the official
+    table store (``azure-eventhub-checkpointstoretable``) work too: ``table_account_url``
+    for ``account_url``, ``table_name`` positionally or by keyword.
 
     Example::
 
@@ -211,11 +220,17 @@ class TableCheckpointStore(AzureCheckpointStore):
     _check_name = staticmethod(check_table_name)
     _service = "table"
     _home = "table"
+    _name_keyword = "table_name"
 
-    def __init__(self, account_url: str, table_name: str, *, credential: Any = None,
-                 operation_timeout: Optional[float] = DEFAULT_OPERATION_TIMEOUT, **kwargs: Any) -> None:
-        super().__init__(account_url, table_name, credential=credential, operation_timeout=operation_timeout,
-                         client_options=kwargs)
+    def __init__(self, account_url: Optional[str] = None, table_name: Optional[str] = None, *, credential: Any = None,
+                 operation_timeout: Optional[float] = DEFAULT_OPERATION_TIMEOUT,
+                 table_account_url: Optional[str] = None, **kwargs: Any) -> None:
+        url = one_of("account_url", account_url, "table_account_url", table_account_url)
+        if url is None:
+            raise ConfigurationError("TableCheckpointStore needs the storage account's table URL: "
+                                     "TableCheckpointStore(account_url, table_name, credential=...)")
+        super().__init__(url, table_name, credential=credential,  # type: ignore[arg-type]
+                         operation_timeout=operation_timeout, client_options=kwargs)
 
     def _backend_for(self, credential: Any, options: Dict[str, Any]) -> TableRecords:
         # azure-core's RetryPolicy: a few quick retries of 408/429/5xx and connection errors.

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from benchmarks import convergence, results, scale, throughput
+from benchmarks import convergence, decode, results, scale, throughput
 
 
 @pytest.fixture
@@ -35,6 +35,18 @@ async def test_throughput_processor_and_bare_loop_each_see_every_event_once():
 def test_throughput_prints_the_ratio_and_writes_nothing_by_default(capsys, results_file):
     assert throughput.main(["--events-per-partition", "300", "--rounds", "1"]) == 0
     assert "median per-round ratio" in capsys.readouterr().out
+    assert not results_file.exists()
+
+
+def test_decode_compares_every_contestant_on_messages_as_the_client_decodes_them(capsys, results_file):
+    messages = decode.received_messages(3, "data3")
+    assert [m.data for m in messages] == [[b"x" * 10, b"x" * 10, b"x" * 12]] * 3
+    assert decode.previous_message_to_event(messages[0]).body == b"x" * 32  # the old join
+    assert decode.main(["--events", "200", "--rounds", "2"]) == 0
+    out = capsys.readouterr().out
+    for row in ("floor", "previous `message_to_event`", "current `message_to_event`", "EventData._from_message",
+                "three data sections", "one sequence section", "an amqp-value"):
+        assert row in out
     assert not results_file.exists()
 
 

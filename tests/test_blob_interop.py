@@ -7,6 +7,7 @@ import asyncio
 import types
 import uuid
 from dataclasses import replace
+from datetime import datetime, timedelta, timezone
 from typing import Any, AsyncIterator, Dict, List, Tuple
 
 import pytest
@@ -226,3 +227,156 @@ async def test_switch_over_resumes_from_the_same_checkpoints(stores: Any) -> Non
     assert len(ownership) == 4 and not any(o["owner_id"] for o in ownership), "released on stop"
     back = await official.claim_ownership([dict(o, owner_id="legacy-again") for o in ownership])
     assert len(back) == 4
+
+
+# ------------------------------------------- azure-eventhub's store, run as ours
+
+
+def _official_builds(azurite: Any, container: str) -> Dict[str, Any]:
+    """azure-eventhub's BlobCheckpointStore (aio and sync) built each way its docs show."""
+    from azure.core.credentials import AzureNamedKeyCredential, AzureSasCredential
+    from azure.storage.blob import AccountSasPermissions, ResourceTypes, generate_account_sas
+
+    sync = pytest.importorskip("azure.eventhub.extensions.checkpointstoreblob")
+    sas = generate_account_sas("devstoreaccount1", azurite.account_key,
+                               ResourceTypes(service=True, container=True, object=True),
+                               AccountSasPermissions(read=True, list=True, write=True, create=True, delete=True),
+                               expiry=datetime.now(timezone.utc) + timedelta(hours=1))
+    sas_string = f"BlobEndpoint={azurite.blob_endpoint};SharedAccessSignature={sas}"
+    builds = {}
+    for flavour, cls in (("aio", OfficialBlobCheckpointStore), ("sync", sync.BlobCheckpointStore)):
+        builds.update({
+            f"{flavour}: connection string with a key": cls.from_connection_string(
+                azurite.connection_string, container_name=container),
+            f"{flavour}: connection string with a SAS": cls.from_connection_string(sas_string, container),
+            f"{flavour}: URL with a SAS": cls(f"{azurite.blob_endpoint}?{sas}", container),
+            f"{flavour}: AzureSasCredential": cls(blob_account_url=azurite.blob_endpoint, container_name=container,
+                                                  credential=AzureSasCredential(sas)),
+            f"{flavour}: AzureNamedKeyCredential": cls(azurite.blob_endpoint, container, credential=(
+                AzureNamedKeyCredential("devstoreaccount1", azurite.account_key))),
+        })
+    return {"sas": sas, **builds}
+
+
+async def test_azure_eventhub_s_store_runs_as_ours_on_its_container_with_fencing(azurite: Any) -> None:
+    """``BlobCheckpointStore.from_azure_eventhub``: whatever way the official store was
+    built, ours runs on the same container and account, writes blobs the official store
+    reads, and fences checkpoints by epoch, which the official store never does."""
+    container = f"adopt-{uuid.uuid4().hex[:10]}"
+    builds = _official_builds(azurite, container)
+    sig = builds.pop("sas").split("sig=")[1].split("&")[0]
+    try:
+        for index, (what, official) in enumerate(builds.items()):
+            cg = f"cg-{index}"
+            ours = BlobCheckpointStore.from_azure_eventhub(official)
+            async with ours:
+                assert ours.container_name == container, what
+                assert azurite.account_key not in repr(ours) and sig not in repr(ours), what
+                [first] = await ours.claim_ownership([Ownership(NS, HUB, cg, "0", "first-owner")])
+                await ours.update_checkpoint(Checkpoint(NS, HUB, cg, "0", 40, "4000"), owner_id="first-owner",
+                                             epoch=first.epoch)
+                [second] = await ours.claim_ownership([replace(first, owner_id="new-owner", epoch=first.epoch + 1)])
+                await ours.update_checkpoint(Checkpoint(NS, HUB, cg, "0", 41, "4100"), owner_id="new-owner",
+                                             epoch=second.epoch)
+                with pytest.raises(OwnershipLostError):  # the first owner, a zombie now
+                    await ours.update_checkpoint(Checkpoint(NS, HUB, cg, "0", 42, "4200"), owner_id="first-owner",
+                                                 epoch=first.epoch)
+            read_back = official.list_checkpoints(NS, HUB, cg)
+            owners = official.list_ownership(NS, HUB, cg)
+            if asyncio.iscoroutine(read_back):
+                read_back, owners = await read_back, await owners
+            assert [(c["partition_id"], c["sequence_number"], c["offset"]) for c in read_back] == [("0", 41, "4100")], \
+                what
+            assert [(o["partition_id"], o["owner_id"]) for o in owners] == [("0", "new-owner")], what
+    finally:
+        for official in builds.values():
+            closing = official.close()
+            if asyncio.iscoroutine(closing):
+                await closing
+        async with ContainerClient.from_connection_string(azurite.connection_string, container) as raw:
+            await raw.delete_container()
+
+
+async def test_token_credentials_of_the_official_stores_carry_over() -> None:
+    """An async token credential is used as it is; the sync store's sync credential is
+    called in a worker thread (no request is sent: Azurite takes tokens over HTTPS only)."""
+    import threading
+
+    from azure.core.credentials import AccessToken
+    from azure.identity.aio import ClientSecretCredential
+
+    from stores.blob import ThreadedTokenCredential
+
+    sync = pytest.importorskip("azure.eventhub.extensions.checkpointstoreblob")
+
+    class IssuedHere:  # a sync TokenCredential that says on which thread it was asked
+        def __init__(self) -> None:
+            self.threads: List[int] = []
+
+        def get_token(self, *scopes: str, **kwargs: Any) -> AccessToken:
+            self.threads.append(threading.get_ident())
+            return AccessToken(f"token for {scopes[0]}", 4_000_000_000)
+
+    async with ClientSecretCredential("tenant", "client", "s3cr3t-client-secret") as credential:
+        official = OfficialBlobCheckpointStore("https://acct.blob.core.windows.net", "checkpoints",
+                                               credential=credential)
+        ours = BlobCheckpointStore.from_azure_eventhub(official)
+        assert ours._backend.client.credential is credential and "s3cr3t" not in repr(ours)
+        await ours.close()
+        await official.close()
+    issued = IssuedHere()
+    ours = BlobCheckpointStore.from_azure_eventhub(
+        sync.BlobCheckpointStore("https://acct.blob.core.windows.net", "checkpoints", credential=issued))
+    wrapped = ours._backend.client.credential
+    assert isinstance(wrapped, ThreadedTokenCredential)
+    token = await wrapped.get_token("https://storage.azure.com/.default")
+    assert token.token == "token for https://storage.azure.com/.default"
+    assert issued.threads and issued.threads[0] != threading.get_ident()
+    await ours.close()
+
+
+def test_only_azure_eventhub_s_blob_store_is_taken() -> None:
+    from eventprocessor.errors import ConfigurationError
+
+    with pytest.raises(ConfigurationError, match="takes azure-eventhub's BlobCheckpointStore"):
+        BlobCheckpointStore.from_azure_eventhub(BlobCheckpointStore("https://acct.blob.core.windows.net", "abc"))
+
+
+async def test_the_drop_in_given_the_official_store_receives_again_after_close(azurite: Any) -> None:
+    """azure-eventhub's client can receive again after ``close()``; so can the drop-in,
+    although it closed the store it built from the official one."""
+    from eventprocessor import EventHubConsumerClient
+
+    container = f"again-{uuid.uuid4().hex[:10]}"
+    official = OfficialBlobCheckpointStore.from_connection_string(azurite.connection_string, container_name=container)
+    source = MemoryEventSource(2)
+    client = EventHubConsumerClient.from_source(source, "$default", checkpoint_store=official,
+                                                load_balancing_interval=1.0)
+    received: List[int] = []
+    errors: List[Exception] = []
+
+    async def on_event_batch(context: Any, events: List[Any]) -> None:
+        received.extend(event.sequence_number for event in events)
+        await context.update_checkpoint()
+
+    async def on_error(context: Any, error: Exception) -> None:
+        errors.append(error)
+
+    try:
+        for round_ in range(2):
+            for i in range(8):
+                await source.send(f"r{round_}-{i}", partition_id=str(i % 2))
+            task = asyncio.create_task(client.receive_batch(on_event_batch, starting_position="-1", on_error=on_error))
+            for _ in range(200):
+                if len(received) == 8 * (round_ + 1) or task.done():
+                    break
+                await asyncio.sleep(0.05)
+            await client.close()
+            await task
+        assert sorted(received) == sorted(list(range(4)) * 2 + list(range(4, 8)) * 2) and errors == []
+        read_back = await official.list_checkpoints(source.fully_qualified_namespace, source.eventhub_name, "$default")
+        assert sorted((c["partition_id"], c["sequence_number"]) for c in read_back) == [("0", 7), ("1", 7)]
+    finally:
+        await official.close()
+        async with ContainerClient.from_connection_string(azurite.connection_string, container) as raw:
+            await raw.delete_container()

@@ -96,15 +96,15 @@ def test_every_help_works_without_any_extra():
 
 
 @pytest.mark.parametrize("args, install", [
-    (["demo", "--store", "azurite"], "pip install -e '.[blob]'"),
-    (["bench", "convergence", "--quick"], "pip install -e '.[eventhub]'"),
-    (["bench", "store-bench"], "pip install -e '.[blob,table]' azure-eventhub-checkpointstoreblob-aio"),
-    (["bench", "store_bench", "--stores", "ours-table"], "pip install -e '.[table]'"),
-    (["bench", "spark-sink"], "pip install -e '.[spark]'"),
+    (["demo", "--store", "azurite"], f"pip install -e '{ROOT}[blob]'"),
+    (["bench", "convergence", "--quick"], f"pip install -e '{ROOT}[eventhub]'"),
+    (["bench", "store-bench"], f"pip install -e '{ROOT}[blob,table]' azure-eventhub-checkpointstoreblob-aio"),
+    (["bench", "store_bench", "--stores", "ours-table"], f"pip install -e '{ROOT}[table]'"),
+    (["bench", "spark-sink"], f"pip install -e '{ROOT}[spark]'"),
 ])
 def test_a_missing_extra_is_one_line_naming_the_install_command(args, install):
     out = run_cli(*args, extras=False)
-    assert_one_line_error(out, install, f"cd {ROOT} && ")
+    assert_one_line_error(out, install)
 
 
 def test_commands_that_need_no_extra_run_without_them(tmp_path):

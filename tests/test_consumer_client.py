@@ -7,6 +7,7 @@ honour. ``tests/test_migration.py`` runs the same callbacks under the official c
 from __future__ import annotations
 
 import asyncio
+import logging
 import uuid
 from collections import defaultdict
 from datetime import datetime, timedelta, timezone
@@ -536,7 +537,7 @@ def test_a_second_receive_on_the_same_client_and_group_is_refused():
     (dict(uamqp_transport=True), ["uamqp_transport"]),
     (dict(loop=object()), ["loop"]),
     (dict(prefetch_count=10, owner_levl=1), ["owner_levl", "prefetch_count"]),
-    (dict(checkpoint_store=None), ["checkpoint_store is required", "InMemoryCheckpointStore"]),
+    (dict(checkpoint_store=object()), ["checkpoint_store must be", "stores.BlobCheckpointStore", "object"]),
 ])
 def test_arguments_it_cannot_honour_are_refused_by_name(kwargs, needles):
     options = {"checkpoint_store": InMemoryCheckpointStore(), **kwargs}
@@ -549,13 +550,101 @@ def test_arguments_it_cannot_honour_are_refused_by_name(kwargs, needles):
     assert "secret-key" not in str(raised.value)
 
 
-def test_the_official_checkpoint_store_is_refused_with_the_replacement_named():
+def test_the_official_blob_store_runs_as_ours_on_the_same_container_and_other_official_stores_are_refused(caplog):
     official = pytest.importorskip("azure.eventhub.extensions.checkpointstoreblobaio")
+    from azure.eventhub.aio import CheckpointStore as OfficialCheckpointStore
+
+    from stores import BlobCheckpointStore
+
     store = official.BlobCheckpointStore.from_connection_string(
-        "DefaultEndpointsProtocol=http;AccountName=devstoreaccount1;AccountKey=a2V5;"
-        "BlobEndpoint=http://127.0.0.1:1/devstoreaccount1;", "checkpoints")
-    with pytest.raises(ConfigurationError, match=r"stores\.BlobCheckpointStore\.from_connection_string"):
-        EventHubConsumerClient.from_source(MemoryEventSource(1), checkpoint_store=store)
+        "DefaultEndpointsProtocol=http;AccountName=devstoreaccount1;AccountKey=c2VjcmV0LWtleQ==;"
+        "BlobEndpoint=http://127.0.0.1:1/devstoreaccount1;", container_name="checkpoints")
+    with caplog.at_level(logging.INFO, logger="eventprocessor.consumer_client"):
+        client = EventHubConsumerClient.from_source(MemoryEventSource(1), checkpoint_store=store)
+    assert isinstance(client._store, BlobCheckpointStore) and client._store.container_name == "checkpoints"
+    assert client._store._account_url == "http://127.0.0.1:1/devstoreaccount1"
+    said = [r.getMessage() for r in caplog.records if "azure-eventhub's BlobCheckpointStore" in r.getMessage()]
+    assert len(said) == 1 and "checkpoints" in said[0] and "c2VjcmV0LWtleQ==" not in caplog.text
+
+    class CustomOfficialStore(OfficialCheckpointStore):  # a user's own store for the official client
+        async def list_ownership(self, *args, **kwargs): return []
+        async def claim_ownership(self, *args, **kwargs): return []
+        async def update_checkpoint(self, *args, **kwargs): pass
+        async def list_checkpoints(self, *args, **kwargs): return []
+
+    CustomOfficialStore.__module__ = "azure.eventhub.extensions.checkpointstoretable"
+    with pytest.raises(ConfigurationError, match="only BlobCheckpointStore is taken") as raised:
+        EventHubConsumerClient.from_source(MemoryEventSource(1), checkpoint_store=CustomOfficialStore())
+    assert "stores.TableCheckpointStore" in str(raised.value)
+
+
+def _count_per_partition(recorder: "Recorder") -> Dict[str, List[int]]:
+    return {pid: sorted(seqs) for pid, seqs in sorted(recorder.events.items())}
+
+
+def test_without_a_checkpoint_store_each_receive_call_reads_every_partition_in_memory(caplog):
+    """azure-eventhub's meaning of no checkpoint store: the receive call reads every
+    partition itself, with checkpoints in memory for that call only; said once (INFO)."""
+    async def scenario():
+        source = MemoryEventSource(4, clock=virtual_utc_clock())
+        for i in range(40):
+            await source.send(f"e{i}", partition_id=str(i % 4))
+        client = EventHubConsumerClient.from_source(source, "$default")  # the defaults, as the samples use them
+        first = Recorder()
+        task = asyncio.create_task(client.receive(first.on_event, starting_position="-1", **first.callbacks()))
+        await _until(lambda: first.total() == 40)
+        await client.close()
+        await asyncio.wait_for(task, 5)
+        # The first call checkpointed every event; a new call has a new in-memory store.
+        again = Recorder()
+        task = asyncio.create_task(client.receive_batch(again.on_event_batch, starting_position="-1"))
+        await _until(lambda: again.total() == 40)
+        await asyncio.sleep(5)
+        await client.close()
+        await asyncio.wait_for(task, 5)
+        return first, again
+
+    with caplog.at_level(logging.INFO, logger="eventprocessor.consumer_client"):
+        first, again = run_virtual(scenario())
+    every = {str(p): list(range(10)) for p in range(4)}
+    assert _count_per_partition(first) == every and _count_per_partition(again) == every
+    assert sorted(first.initialized) == ["0", "1", "2", "3"]
+    assert sorted(first.closed) == [(str(p), OfficialCloseReason.SHUTDOWN) for p in range(4)]
+    assert not first.errors
+    notes = [r for r in caplog.records if "no checkpoint_store" in r.getMessage()]
+    assert [r.levelno for r in notes] == [logging.INFO], notes
+    assert "in memory" in notes[0].getMessage()
+
+
+def test_without_a_checkpoint_store_receivers_are_not_exclusive_so_two_clients_both_read_everything():
+    async def scenario():
+        source = RecordingSource(4, clock=virtual_utc_clock())
+        for i in range(40):
+            await source.send(f"e{i}", partition_id=str(i % 4))
+        recorders = [Recorder(), Recorder()]
+        clients = [EventHubConsumerClient.from_source(source, "$default") for _ in recorders]
+        tasks = [asyncio.create_task(c.receive_batch(r.on_event_batch, starting_position="-1", **r.callbacks()))
+                 for c, r in zip(clients, recorders)]
+        await _until(lambda: all(r.total() == 40 for r in recorders))
+        await asyncio.sleep(5)
+        for client in clients:
+            await client.close()
+        await asyncio.gather(*tasks)
+        plain = list(source.owner_levels)
+        # An owner_level given without a store is used as it is, as azure-eventhub does.
+        leveled = EventHubConsumerClient.from_source(source, "$default")
+        task = asyncio.create_task(leveled.receive_batch(Recorder().on_event_batch, partition_id="2",
+                                                         owner_level=7))
+        await _until(lambda: len(source.owner_levels) == len(plain) + 1)
+        await leveled.close()
+        await task
+        return recorders, plain, source.owner_levels[len(plain):]
+
+    recorders, plain, leveled = run_virtual(scenario())
+    every = {str(p): list(range(10)) for p in range(4)}
+    assert [_count_per_partition(r) for r in recorders] == [every, every]
+    assert not any(r.errors for r in recorders)
+    assert plain == [None] * 8 and leveled == [7]
 
 
 def test_client_options_reach_the_amqp_client_and_bad_values_fail_at_receive():

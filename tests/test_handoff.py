@@ -176,7 +176,7 @@ def test_greedy_cold_start_with_membership_balances_after_each_processor_ticked_
         cluster = Cluster(32, seed=9, **OPTIONS)
         ps = [cluster.add(f"p{i}") for i in range(4)]
         for p in ps:
-            await p._join()  # all four are members before anyone's first tick, as at a real start
+            await p.join()  # all four are members before anyone's first tick, as at a real start
         for p in ps:
             await p.start()
         at = await balanced(cluster, ps)

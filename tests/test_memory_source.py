@@ -107,3 +107,57 @@ async def test_higher_owner_level_disconnects_lower_and_lower_cannot_open():
                                        owner_level=1, prefetch=0)
     await source.send("e")
     assert len(await new.receive(10, 1)) == 1 and len(await other.receive(10, 1)) == 1
+
+
+async def test_retention_keeps_the_newest_events_of_each_partition():
+    source = MemoryEventSource(2, clock=Ticking(), max_events_per_partition=5)
+    sent = [await source.send(f"e{i}", partition_id="0") for i in range(12)]
+    assert [e.sequence_number for e in sent] == list(range(12))
+    assert [e.sequence_number for e in source.events("0")] == [7, 8, 9, 10, 11]
+    properties = await source.get_partition_properties("0")
+    assert (properties.beginning_sequence_number, properties.last_enqueued_sequence_number) == (7, 11)
+    assert source.last_sequence_number("0") == 11
+    seqs = lambda events: [e.sequence_number for e in events]  # noqa: E731
+    assert seqs(await _read_all(source, "0", EventPosition.earliest())) == [7, 8, 9, 10, 11]
+    # A position older than what is retained starts at the oldest retained event.
+    assert seqs(await _read_all(source, "0", EventPosition.from_sequence_number(2))) == [7, 8, 9, 10, 11]
+    assert seqs(await _read_all(source, "0", EventPosition.from_sequence_number(9))) == [10, 11]
+    assert seqs(await _read_all(source, "0", EventPosition.from_offset(sent[8].offset))) == [9, 10, 11]
+    assert seqs(await _read_all(source, "0", EventPosition.from_enqueued_time(sent[9].enqueued_time))) == [10, 11]
+    assert seqs(await _read_all(source, "0", EventPosition.latest())) == []
+    assert source.events("1") == [] and (await source.get_partition_properties("1")).is_empty
+
+
+async def test_a_receiver_that_falls_behind_retention_goes_on_from_the_oldest_retained_event():
+    source = MemoryEventSource(1, max_events_per_partition=4)
+    for i in range(3):
+        await source.send(str(i))
+    receiver = await source.open_receiver("0", consumer_group="g", starting_position=EventPosition.earliest(),
+                                          owner_level=None, prefetch=0)
+    assert [e.sequence_number for e in await receiver.receive(2, 0.01)] == [0, 1]
+    for i in range(3, 3000):  # past the point where the log compacts its list
+        await source.send(str(i))
+    assert [e.sequence_number for e in await receiver.receive(10, 0.01)] == [2996, 2997, 2998, 2999]
+    await source.send("next")
+    assert [e.sequence_number for e in await receiver.receive(10, 0.01)] == [3000]
+    await receiver.close()
+
+
+async def test_retention_frees_the_events_it_drops():
+    """What a soak needs: a producer that runs for hours keeps the process bounded."""
+    import gc
+    import weakref
+
+    source = MemoryEventSource(1, max_events_per_partition=10)
+    first = weakref.ref(await source.send("first"))
+    for i in range(5000):
+        await source.send(str(i))
+    gc.collect()
+    assert first() is None
+    assert len(source.events("0")) == 10
+
+
+def test_retention_must_be_a_positive_count():
+    for bad in (0, -1, 2.5, True, "10"):
+        with pytest.raises(ConfigurationError, match="max_events_per_partition must be an int of at least 1"):
+            MemoryEventSource(1, max_events_per_partition=bad)

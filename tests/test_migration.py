@@ -12,7 +12,9 @@ is the migration the README describes.
    same last-enqueued properties, and the same checkpoints, each read back through the
    other side's store.
 2. Resuming: official, then ours, then official on one consumer group, and the reverse;
-   each run receives exactly the events after the other's checkpoints.
+   each run receives exactly the events after the other's checkpoints. Also official,
+   then the drop-in given azure-eventhub's own store (only the consumer's import changed),
+   then official.
 3. The AMQP properties a producer sets (``message_id``, ``content_type``,
    ``correlation_id``; strings, a UUID and an int id) read the same in both clients'
    callbacks: as attributes, in ``system_properties`` and in ``raw_amqp_message.properties``.
@@ -34,10 +36,16 @@ CLIENT_OPTIONS = dict(load_balancing_interval=1.0, partition_ownership_expiratio
 
 
 def _classes(implementation: str) -> Tuple[Any, Any]:
-    """The only difference between the two programs: where the two classes come from."""
+    """The only difference between the programs: where the two classes come from.
+    ``one-import`` changes only the consumer's import and keeps azure-eventhub's store,
+    which the drop-in runs as ``stores.BlobCheckpointStore`` on the same container."""
     if implementation == "official":
         from azure.eventhub.aio import EventHubConsumerClient
         from azure.eventhub.extensions.checkpointstoreblobaio import BlobCheckpointStore
+    elif implementation == "one-import":
+        from azure.eventhub.extensions.checkpointstoreblobaio import BlobCheckpointStore
+
+        from eventprocessor import EventHubConsumerClient  # type: ignore[assignment]
     else:
         from eventprocessor import EventHubConsumerClient  # type: ignore[assignment]
         from stores import BlobCheckpointStore  # type: ignore[assignment]
@@ -168,7 +176,7 @@ async def _checkpoints(implementation: str, storage: str, container: str, namesp
         found = await store.list_checkpoints(namespace, hub, group)
     finally:
         await store.close()
-    if implementation == "official":
+    if implementation in ("official", "one-import"):
         return {c["partition_id"]: (int(c["sequence_number"]), str(c["offset"])) for c in found}
     return {c.partition_id: (c.sequence_number, str(c.offset)) for c in found}
 
@@ -207,8 +215,9 @@ async def test_one_set_of_callbacks_gives_the_same_results_under_both_clients(ev
     assert {pid: seq for pid, (seq, _offset) in written_by_ours.items()} == {str(p): 22 for p in range(PARTITIONS)}
 
 
-@pytest.mark.parametrize("order", [("official", "ours", "official"), ("ours", "official", "ours")],
-                         ids=["official-then-ours", "ours-then-official"])
+@pytest.mark.parametrize("order", [("official", "ours", "official"), ("ours", "official", "ours"),
+                                   ("official", "one-import", "official")],
+                         ids=["official-then-ours", "ours-then-official", "official-then-one-import"])
 async def test_each_client_resumes_from_the_other_s_checkpoints(eventhubs_emulator, azurite, order):
     conn, storage = eventhubs_emulator.connection_string, azurite.connection_string
     hub = eventhubs_emulator.fresh_hub(PARTITIONS)

@@ -16,14 +16,14 @@ from eventprocessor.testing import run_virtual
 from eventprocessor.testing import Cluster
 
 OPTIONS = dict(load_balancing_interval=1.0, partition_ownership_expiration_interval=8.0)
-LOGGER = "eventprocessor.processor"
+LOGGER = "eventprocessor"  # ownership lines come from eventprocessor.lease_table
 
 
 def _changes(caplog: pytest.LogCaptureFixture) -> List[Dict[str, object]]:
     """The ownership-change records, as their structured fields plus level and message."""
     found = []
     for record in caplog.records:
-        if record.name == LOGGER and hasattr(record, "eventprocessor.reason"):
+        if record.name.startswith(LOGGER) and hasattr(record, "eventprocessor.reason"):
             fields: Dict[str, object] = {name.split(".", 1)[1]: getattr(record, name) for name in OWNERSHIP_LOG_FIELDS}
             fields.update(level=record.levelname, message=record.getMessage())
             found.append(fields)

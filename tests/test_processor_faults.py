@@ -15,6 +15,7 @@ import pytest
 from eventprocessor import CloseReason, EventProcessor, PartitionProcessor, StoreDataLostError
 from eventprocessor.lease import LeaseState
 from eventprocessor.testing import run_virtual
+from stores import InMemoryCheckpointStore
 
 from eventprocessor.testing import Cluster, recording_handler
 
@@ -97,7 +98,7 @@ def test_listing_slower_than_the_interval_is_logged_and_never_costs_a_lease(capl
         await a.stop()
         return fenced, overruns, renewals
 
-    with caplog.at_level(logging.WARNING, logger="eventprocessor.processor"):
+    with caplog.at_level(logging.WARNING, logger="eventprocessor"):
         fenced, overruns, renewals = run_virtual(scenario())
     assert fenced == []
     assert overruns > 10
@@ -374,20 +375,31 @@ def test_an_unreadable_ownership_record_is_claimed_over_once_it_has_expired(fiel
 def test_the_renewer_sleeps_while_it_has_nothing_to_renew():
     """With no renewable lease the renewer waited ``renewal_age`` and looked again, and a
     renewal age near 0 made it spin on the event loop. It now waits to be woken."""
+    from eventprocessor.lease_table import LeaseTable
+    from eventprocessor.options import Timing
     from eventprocessor.renewer import LeaseRenewer
+    from eventprocessor.stats import ProcessorStats
+    from eventprocessor.telemetry import Telemetry
+    from eventprocessor.writer import OwnershipWriter
 
-    class Counting(LeaseRenewer):
+    class Counting(LeaseTable):
         rounds = 0
 
-        def _due(self, now):
+        def renewal_due(self, now):
             Counting.rounds += 1
-            return super()._due(now)
+            return super().renewal_due(now)
 
     async def scenario():
         loop = asyncio.get_running_loop()
         clock = type("LoopClock", (), {"monotonic": staticmethod(loop.time), "sleep": staticmethod(asyncio.sleep)})()
-        renewer = Counting(store=None, leases={}, clock=clock, renewal_age=0.001, lease_length=10.0,
-                           retry_interval=1.0, on_contested=lambda: None, on_error=lambda e, l: None, describe="t")
+        timing = Timing.derive(interval=1.0, expiration=12.0, renewal_age=0.001, store_timeout=None,
+                               shutdown_timeout=1.0, handler_timeout=None)
+        table = Counting(owner_id="t", eventhub_name="hub", consumer_group="$default", describe="t", clock=clock,
+                         timing=timing, stats=ProcessorStats(), telemetry=Telemetry(eventhub_name="hub",
+                         consumer_group="$default", owner_id="t"), on_released=lambda leases: None,
+                         on_refreshed=lambda: None)
+        renewer = LeaseRenewer(table=table, writer=OwnershipWriter(InMemoryCheckpointStore()), clock=clock,
+                               on_contested=lambda: None, on_error=lambda e, l: None, describe="t")
         task = asyncio.ensure_future(renewer.run())
         await asyncio.sleep(100)
         renewer.wake()
@@ -396,3 +408,14 @@ def test_the_renewer_sleeps_while_it_has_nothing_to_renew():
         return Counting.rounds
 
     assert run_virtual(scenario()) <= 3
+
+
+def test_backoff_doubles_to_its_cap_and_starts_over_after_a_success():
+    from eventprocessor.backoff import Backoff
+
+    retry = Backoff(0.1, cap=0.5)
+    assert [retry.next() for _ in range(5)] == [0.1, 0.2, 0.4, 0.5, 0.5]
+    retry.reset()
+    assert retry.next() == 0.1
+    with pytest.raises(ValueError):
+        Backoff(0.0, cap=1.0)

@@ -461,3 +461,56 @@ def test_the_drop_in_per_event_callback_stops_mid_batch_once_the_claim_has_ended
     run_virtual(scenario())
     assert calls[0] == (True, 0)
     assert all(owned for owned, _seq in calls), calls
+
+
+def test_a_throttled_hub_is_left_alone_for_the_time_it_asked():
+    """Event Hubs answers server-busy with a retry-after: the pump waits that long before
+    it opens the partition again, instead of its own shorter backoff."""
+    from eventprocessor.testing import FaultySource
+
+    recorder = DeliveryRecorder()
+
+    async def scenario():
+        memory = MemoryEventSource(2, clock=virtual_utc_clock())
+        source = FaultySource(memory)
+        store = InMemoryCheckpointStore(clock=virtual_utc_clock())
+        async with EventProcessor(source, store, recording_handler(recorder), **FAST) as processor:
+            await until(lambda: processor.owned_partitions == {"0", "1"}, what="the claims")
+            await asyncio.sleep(0.5)
+            source.throttle(10.0, retry_after=4.0)
+            for i in range(10):
+                await memory.send(f"e{i}", partition_id=str(i % 2))
+            await until(lambda: len(recorder.received) == 10, timeout=60, what="every event")
+        return source.injected
+
+    injected = run_virtual(scenario())
+    assert injected["server_busy"] >= 2
+    assert injected["ignored_retry_after"] == 0, injected
+
+
+def test_a_recreated_hub_is_reported_and_read_from_its_beginning_instead_of_waiting_for_old_positions(caplog):
+    """An emulator restarted empty (or a hub deleted and recreated) starts its sequence
+    numbers at 0 again: the pump's position after the events it received is past the new
+    end and refused until the hub catches up, so the new hub's first events were never
+    delivered. It now says so and reads the new hub from its beginning."""
+    recorder = DeliveryRecorder()
+
+    async def scenario():
+        memory = MemoryEventSource(1, clock=virtual_utc_clock())
+        store = InMemoryCheckpointStore(clock=virtual_utc_clock())
+        for i in range(5):
+            await memory.send(f"old {i}")
+        async with EventProcessor(memory, store, recording_handler(recorder, checkpoint=False), **FAST):
+            await until(lambda: len(recorder.received) == 5, what="the old events")
+            memory.recreate()
+            for i in range(3):
+                await memory.send(f"new {i}")
+            await until(lambda: len(recorder.deliveries) >= 2 and recorder.deliveries[-1].first == 0, timeout=30,
+                        what="the new hub's events")
+            await asyncio.sleep(2)
+        return [(d.first, d.last) for d in recorder.deliveries]
+
+    with caplog.at_level(logging.ERROR, logger="eventprocessor"):
+        deliveries = run_virtual(scenario())
+    assert deliveries[-1] == (0, 2)
+    assert any("lost its events" in r.getMessage() for r in caplog.records)

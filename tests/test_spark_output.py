@@ -12,7 +12,7 @@ from typing import List
 import pyarrow.fs as pafs
 import pytest
 
-from eventprocessor.spark import commit_log as commit_log_module
+from eventprocessor.spark import log_storage as log_storage_module
 from eventprocessor.spark import output as output_module
 from eventprocessor.spark.commit_log import Publication, StagedFile
 from eventprocessor.spark.output import METADATA_DIR, STAGING_DIR, OutputLocation, ParquetWriter
@@ -95,14 +95,14 @@ def test_a_half_moved_batch_is_finished_by_whoever_publishes_it(tmp_path):
 
 def test_local_publication_fsyncs_the_directories_it_changes(tmp_path, monkeypatch):
     synced: List[str] = []
-    real = commit_log_module.fsync_directory
+    real = log_storage_module.fsync_directory
 
     def spy(directory) -> None:
         synced.append(str(directory))
         real(directory)
 
     monkeypatch.setattr(output_module, "fsync_directory", spy)
-    monkeypatch.setattr(commit_log_module, "fsync_directory", spy)
+    monkeypatch.setattr(log_storage_module, "fsync_directory", spy)
     location = OutputLocation(tmp_path / "table")
     writer = ParquetWriter(location, ["partition_id"], {})
     stage(location, 0, ["partition_id=0/part-0.parquet"])

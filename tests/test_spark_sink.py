@@ -19,7 +19,7 @@ import pyarrow as pa
 import pytest
 
 from eventprocessor import CloseReason, EventProcessor, LoadBalancingStrategy
-from eventprocessor.clock import ManualClock
+from eventprocessor.testing import ManualClock
 from eventprocessor.sources import MemoryEventSource
 from eventprocessor.spark import EVENT_SCHEMA, MicroBatch, SparkSink, events_to_table, json_body
 from eventprocessor.spark import STAGING_DIR
@@ -107,6 +107,23 @@ def test_events_become_arrow_columns_with_the_documented_schema():
     assert dict(table["properties"][0].as_py()) == {"n": "1", "b": "x", "s": "y"}
     assert table["properties"][1].as_py() is None
     assert table["sequence_number"].to_pylist() == [a.sequence_number, b.sequence_number]
+
+
+def test_bodies_with_bytes_fill_the_body_column_and_the_others_are_refused_by_name():
+    """Several data sections are joined (as ``Event.body``), a binary or text AMQP value
+    is its bytes; a sequence body or another value has no bytes form: a TypeError naming
+    the event, never an empty or made-up body."""
+    source = MemoryEventSource(1)
+    events = [source.append([b"aa", b"bb"]), source.append(value_body=b"bin"), source.append(value_body="text"),
+              source.append(value_body=None)]
+    assert events_to_table([("0", events)])["body"].to_pylist() == [b"aabb", b"bin", b"text", b""]
+    for body, what in [({"sequence_body": [b"message", 123.456, True]}, "a sequence body"),
+                       ({"value_body": {b"key": [-123, b"data", False]}}, r"an AMQP value body \(dict\)"),
+                       ({"value_body": 7}, r"an AMQP value body \(int\)")]:
+        odd = source.append(**body)
+        with pytest.raises(TypeError, match=f"event {odd.sequence_number} of partition 0 has {what}, which has no "
+                                            "bytes form.*send data bodies"):
+            events_to_table([("0", events + [odd])])
 
 
 def test_json_body_decodes_columns_or_a_struct_in_one_pass():
@@ -466,6 +483,44 @@ async def test_a_poison_batch_is_skipped_through_dead_letter_when_the_policy_say
     assert sink.events_committed == 10, "a skipped batch is not counted as written"
     checkpoints = await store.list_checkpoints(source.fully_qualified_namespace, source.eventhub_name, "$default")
     assert [c.sequence_number for c in checkpoints] == [19]
+
+
+async def test_a_batch_with_a_value_body_fails_by_name_and_the_poison_policy_sets_it_aside(spark, tmp_path):
+    """Nothing of a body without bytes reaches the table: its batch fails with the
+    TypeError, is retried, then goes to dead_letter (on_poison="skip"); the batches
+    around it are written."""
+    from eventprocessor.delivery import RetryPolicy
+
+    source = MemoryEventSource(1)
+    for i in range(25):
+        if i == 13:
+            source.append(value_body={b"key": [-123, b"data", False]}, partition_id="0")
+        else:
+            source.append(f"event {i}", partition_id="0")
+    store = InMemoryCheckpointStore()
+    written: List[Tuple[int, int]] = []
+    dead: List[Tuple[str, int, int, str]] = []
+
+    def record(df, batch_id, batch):
+        written.append((batch.ranges["0"].first_sequence_number, df.count()))
+
+    async def dead_letter(events, error, context):
+        dead.append((context.partition_id, events[0].sequence_number, len(events), repr(error.__cause__)))
+
+    sink = SparkSink(foreach_batch=record, commit_log=tmp_path / "log", spark=spark, max_events=10,
+                     max_interval=0.2, retry_policy=RetryPolicy(max_delivery_attempts=2, retry_backoff=0.05),
+                     on_poison="skip", dead_letter=dead_letter)
+    processor = EventProcessor(source, store, sink, load_balancing_interval=0.2,
+                               partition_ownership_expiration_interval=10, max_batch_size=10)
+    await processor.start()
+    await wait_until(lambda: sink.committed_high_water_marks().get("0") == 24, "every batch through")
+    await processor.stop()
+    await sink.close()
+    assert len(dead) == 1
+    partition, first, count, cause = dead[0]
+    assert partition == "0" and first <= 13 < first + count
+    assert "TypeError" in cause and "event 13 of partition 0 has an AMQP value body (dict)" in cause
+    assert sum(n for _first, n in written) == 25 - count, "every other event was written"
 
 
 async def test_a_transient_write_failure_is_retried_with_the_same_batch_id(spark, tmp_path):

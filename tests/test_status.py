@@ -283,8 +283,8 @@ SCOPE = ["--namespace", NS, "--eventhub", HUB]
 
 
 @pytest.mark.parametrize("args, needles", [
-    (["--container", "ckpts"], ["--store blob", "pip install -e '.[blob]'"]),
-    (["--store", "table", "--table", "t1"], ["--store table", "pip install -e '.[table]'"]),
+    (["--container", "ckpts"], ["--store blob", f"pip install -e '{ROOT}[blob]'"]),
+    (["--store", "table", "--table", "t1"], ["--store table", f"pip install -e '{ROOT}[table]'"]),
 ])
 def test_a_missing_extra_is_one_line_with_the_install_command(args, needles):
     out = run_cli("status", *SCOPE, *args, extras=False, env={STORE_CONNECTION_STRING_ENV: "UseDevelopmentStorage=true"})

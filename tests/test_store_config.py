@@ -23,6 +23,7 @@ FAKE_KEY = base64.b64encode(b"topsecret-key-material-" + b"k" * 41).decode()
 FAKE_SIG = "SIGtopsecretSIGNATUREvalue%3D"
 FAKE_SAS = f"sv=2021-08-06&ss=bt&srt=sco&sp=rwdlacu&se=2099-01-01T00%3A00%3A00Z&sig={FAKE_SIG}"
 NS, HUB, CG = "cfg.servicebus.windows.net", "hub", "$default"
+FAKE_CS = f"DefaultEndpointsProtocol=https;AccountName=acct;AccountKey={FAKE_KEY};EndpointSuffix=core.windows.net"
 
 
 def _no_secret(texts: Iterable[str], *secrets: str) -> None:
@@ -319,3 +320,93 @@ async def test_container_and_table_are_created_on_first_use(azurite: Any, caplog
     async with TableServiceClient.from_connection_string(azurite.connection_string) as service:
         assert [t.name async for t in service.query_tables("TableName eq @t", parameters={"t": table})] == [table]
         await service.delete_table(table)
+
+
+# ------------------------------------------------- the official stores' argument names
+
+
+async def test_the_official_argument_names_and_every_credential_form_work_on_azurite(azurite: Any) -> None:
+    """What azure-eventhub's samples and docs write (``container_name=``,
+    ``blob_account_url=``, ``table_name=``, ``table_account_url=``, ``api_version=``,
+    ``credential=`` next to a connection string) builds a working store, with each
+    credential form the Azure SDKs take."""
+    from azure.core.credentials import AzureNamedKeyCredential, AzureSasCredential
+
+    key = azurite.account_key
+    blob_sas, table_sas = _blob_sas(azurite, write=True), _table_sas(azurite)
+    no_key = f"BlobEndpoint={azurite.blob_endpoint};TableEndpoint={azurite.table_endpoint};"
+    suffix = uuid.uuid4().hex[:8]
+    blobs = {
+        "from_connection_string(container_name=)":
+            BlobCheckpointStore.from_connection_string(azurite.connection_string, container_name=f"o1-{suffix}"),
+        "official constructor keywords, account key string":
+            BlobCheckpointStore(blob_account_url=azurite.blob_endpoint, container_name=f"o2-{suffix}", credential=key),
+        "AzureNamedKeyCredential": BlobCheckpointStore(
+            azurite.blob_endpoint, f"o3-{suffix}", credential=AzureNamedKeyCredential("devstoreaccount1", key)),
+        "AzureSasCredential": BlobCheckpointStore(azurite.blob_endpoint, f"o4-{suffix}",
+                                                  credential=AzureSasCredential(blob_sas)),
+        "dict from a connection string": BlobCheckpointStore(
+            azurite.blob_endpoint, f"o5-{suffix}", credential={"account_name": "devstoreaccount1", "account_key": key}),
+        "connection string without a key, credential=": BlobCheckpointStore.from_connection_string(
+            no_key, container_name=f"o6-{suffix}", credential=AzureNamedKeyCredential("devstoreaccount1", key)),
+        "api_version=": BlobCheckpointStore.from_connection_string(
+            azurite.connection_string, container_name=f"o7-{suffix}", api_version="2019-07-07"),
+    }
+    tables = {
+        "from_connection_string(table_name=)":
+            TableCheckpointStore.from_connection_string(azurite.connection_string, table_name=f"o1{suffix}"),
+        "official constructor keywords, AzureSasCredential": TableCheckpointStore(
+            table_account_url=azurite.table_endpoint, table_name=f"o2{suffix}",
+            credential=AzureSasCredential(table_sas)),
+        "connection string without a key, credential=": TableCheckpointStore.from_connection_string(
+            no_key, table_name=f"o3{suffix}", credential=AzureNamedKeyCredential("devstoreaccount1", key)),
+    }
+    assert blobs["api_version="]._backend.client.api_version == "2019-07-07"
+    for what, store in {**blobs, **tables}.items():
+        async with store:
+            try:
+                await _exercise(store)
+            except Exception as error:  # pragma: no cover - says which form failed
+                raise AssertionError(f"{what}: {error!r}") from error
+
+
+@pytest.mark.parametrize("build, problem", [
+    (lambda: BlobCheckpointStore.from_connection_string(FAKE_CS, "a-b", container_name="a-b"),
+     "name and container_name name the same thing"),
+    (lambda: BlobCheckpointStore.from_connection_string(FAKE_CS),
+     "from_connection_string(conn_str, container_name=...)"),
+    (lambda: TableCheckpointStore.from_connection_string(FAKE_CS, "ab1", table_name="ab1"),
+     "name and table_name name the same thing"),
+    (lambda: TableCheckpointStore.from_connection_string(FAKE_CS), "from_connection_string(conn_str, table_name=...)"),
+    (lambda: BlobCheckpointStore("https://acct.blob.core.windows.net", "abc",
+                                 blob_account_url="https://acct.blob.core.windows.net"),
+     "account_url and blob_account_url name the same thing"),
+    (lambda: BlobCheckpointStore(container_name="abc"), "needs the storage account's blob URL"),
+    (lambda: TableCheckpointStore(table_name="abc", table_account_url="https://acct.table.core.windows.net",
+                                  account_url="https://acct.table.core.windows.net"),
+     "account_url and table_account_url name the same thing"),
+    (lambda: TableCheckpointStore(table_name="abc"), "needs the storage account's table URL"),
+    (lambda: BlobCheckpointStore("https://acct.blob.core.windows.net"), "container_name must be a non-empty string"),
+    (lambda: BlobCheckpointStore.from_connection_string(FAKE_CS, "abc", api_version="1999-01-01"),
+     "Unsupported API version '1999-01-01'"),
+    (lambda: BlobCheckpointStore.from_connection_string(
+        "BlobEndpoint=https://acct.blob.core.windows.net;", "abc"), "neither AccountKey nor SharedAccessSignature"),
+])
+def test_official_names_given_twice_or_not_at_all_are_clear_errors(build: Any, problem: str) -> None:
+    with pytest.raises(ConfigurationError) as raised:
+        build()
+    assert problem in str(raised.value)
+    _no_secret([str(raised.value)], FAKE_KEY)
+
+
+async def test_a_token_credential_over_http_is_a_configuration_error_not_a_value_error() -> None:
+    from azure.identity.aio import ClientSecretCredential
+
+    async with ClientSecretCredential("tenant", "client", "s3cr3t-client-secret") as credential:
+        with pytest.raises(ConfigurationError, match="only supported with HTTPS") as raised:
+            BlobCheckpointStore(f"http://127.0.0.1:1/devstoreaccount1?{FAKE_SAS}", "abc", credential=credential)
+        _no_secret(_everything(raised.value), FAKE_SIG, "s3cr3t")
+        store = BlobCheckpointStore(blob_account_url="https://acct.blob.core.windows.net", container_name="abc",
+                                    credential=credential)
+        assert store._backend.client.credential is credential
+        await store.close()

@@ -936,3 +936,25 @@ async def test_a_real_conflict_is_still_a_lost_race(backend: Backend) -> None:
     assert (await backend.records())["0"].etag == stolen.etag
 
 
+
+
+async def test_a_checkpoint_carries_its_state_reference_and_the_fence_keeps_it(backend: Backend) -> None:
+    """Stateful partitions (issue 26): the checkpoint names the head of its state log;
+    a new owner's fence keeps the position and the state that goes with it, and the
+    state log's entries are in the same store."""
+    from eventprocessor.records import StateRef
+    from eventprocessor.state import StateLog
+
+    old = await backend.claim(backend.store, "0", "old")
+    await backend.store.fence_checkpoint(old)
+    log = StateLog(backend.store, (NAMESPACE, HUB, backend.consumer_group), "0")
+    await log.append(prev=None, ref=StateRef(1, old.epoch), sequence_number=10, changes={"k": "\"v\""})
+    await backend.store.update_checkpoint(replace(backend.checkpoint("0", 10), state=StateRef(1, old.epoch)),
+                                          owner_id="old", epoch=old.epoch)
+    assert (await backend.checkpoints())["0"].state == StateRef(1, old.epoch)
+    new = await backend.claim(backend.peer, "0", "new")
+    resume = await backend.peer.fence_checkpoint(new)
+    assert resume is not None and resume.state == StateRef(1, old.epoch)
+    assert (await backend.checkpoints())["0"].state == StateRef(1, old.epoch), "the fence keeps the state"
+    restored = await StateLog(backend.peer, (NAMESPACE, HUB, backend.consumer_group), "0").restore(resume.state)
+    assert restored.texts == {"k": "\"v\""} and restored.sequence_number == 10

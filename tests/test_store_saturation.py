@@ -53,7 +53,7 @@ def test_a_saturated_store_drains_and_every_partition_stays_owned(caplog):
     """Before: the backlog grew without bound (74 s of work queued after 300 s), every
     call timed out, all 256 leases self-fenced and nothing was owned from t=60 s on.
     Now the ticks back off until the store keeps up, and the group holds every partition."""
-    caplog.set_level(logging.WARNING, logger="eventprocessor.processor")
+    caplog.set_level(logging.WARNING, logger="eventprocessor")
     samples: list = []
     cluster = run_virtual(_saturated_group(samples, until=300.0))
     store_timeout = cluster.processors[0].timing.store_timeout
@@ -69,7 +69,7 @@ def test_a_saturated_store_drains_and_every_partition_stays_owned(caplog):
 
 
 def test_once_the_store_keeps_up_again_the_interval_is_back_to_normal(caplog):
-    caplog.set_level(logging.WARNING, logger="eventprocessor.processor")
+    caplog.set_level(logging.WARNING, logger="eventprocessor")
     samples: list = []
     cluster = run_virtual(_saturated_group(samples, until=400.0, clear_at=150.0))
     assert max(level for *_, level in samples if _[0] < 150.0) >= 1

@@ -131,9 +131,8 @@ def test_claims_lost_to_a_race_are_counted():
         ps = [EventProcessor(cluster.source, cluster.store, PartitionProcessor, owner_id=f"p{i}",
                              meter_provider=otel.meters, load_balancing_strategy="balanced", **OPTIONS)
               for i in range(4)]
-        # no member records: four invisible newcomers pick at random, and some collide
-        for p in ps:
-            p._membership = False
+        # no member records (none has joined): four invisible newcomers pick at random, and some collide
+        assert all(p.membership is None for p in ps)
         await asyncio.gather(*(p.balance_once() for p in ps))
         return sum(p.stats.claims_lost for p in ps), otel.total("eventprocessor.claims.lost")
 

@@ -52,7 +52,7 @@ from .broker import Namespace
 from .config import EmulatorConfig, EmulatorConfigError, EventHubConfig
 from .server import AMQPServer
 
-__all__ = ["EventHubsEmulator", "EmulatorConfig", "EventHubConfig", "EmulatorConfigError", "connection_string",
+__all__ = ["DEFAULT_EVENTHUB", "EventHubsEmulator", "EmulatorConfig", "EventHubConfig", "EmulatorConfigError", "connection_string",
            "DEFAULT_KEY_NAME", "DEFAULT_KEY", "serve"]
 
 logger = logging.getLogger(__name__)
@@ -70,12 +70,18 @@ def connection_string(host: str, port: int, *, eventhub_name: Optional[str] = No
             "UseDevelopmentEmulator=true")
 
 
+DEFAULT_EVENTHUB = "telemetry"
+"""The hub served when none is named."""
+
+
 class EventHubsEmulator:
     """The emulator in this event loop, as an async context manager.
 
     Give a :class:`EmulatorConfig`, or name hubs with ``eventhubs=`` (all with
     ``partitions`` partitions and the ``consumer_groups``). With no hubs at all it serves
-    Microsoft's default: ``eh1`` with 2 partitions and consumer group ``cg1``.
+    :data:`DEFAULT_EVENTHUB` (``telemetry``, the hub the README's examples and the
+    samples read) with ``partitions`` partitions and consumer group ``cg1``, as
+    Microsoft's default configuration serves its ``eh1``.
     ``port=0`` picks a free port. With ``sas_key``, tokens must be signed with it.
 
     Example::
@@ -91,7 +97,7 @@ class EventHubsEmulator:
                                           consumer_groups=list(consumer_groups))
         config = config.with_hubs(flags) if config is not None else flags
         if not config.eventhubs:
-            config = config.with_hubs(EmulatorConfig((EventHubConfig("eh1", 2, ("cg1",)),)))
+            config = config.with_hubs(EmulatorConfig((EventHubConfig(DEFAULT_EVENTHUB, partitions, ("cg1",)),)))
         self.config = config
         self.namespace = Namespace(host=host, max_events_per_partition=config.max_events_per_partition,
                                    retention_seconds=config.retention_seconds)

@@ -426,6 +426,33 @@ class Namespace:
     retention_seconds: float = 3600.0
     max_message_size: int = 1024 * 1024
     hubs: Dict[str, EventHub] = field(default_factory=dict)
+    busy_until: float = 0.0  # time.monotonic() until which receivers are throttled (see throttle)
+    busy_retry_after: float = 4.0
+    throttled: int = 0  # receiver attaches refused with server-busy
+
+    def throttle(self, seconds: float, *, retry_after: float = 4.0) -> None:
+        """Throttle receivers for ``seconds``, as the service does when a namespace is over
+        its throughput units: every receiver is detached, and every receiver attach is
+        refused, with ``com.microsoft:server-busy`` and the service's "Please wait N
+        seconds" text. (Call it on the emulator's event loop.)"""
+        self.busy_until = time.monotonic() + seconds
+        self.busy_retry_after = retry_after
+        for hub in self.hubs.values():
+            for partition in hub.partitions:
+                for group in partition.receivers.values():
+                    for receiver in list(group):
+                        group.remove(receiver)
+                        receiver.disconnect("com.microsoft:server-busy", self._busy_text())
+
+    def _busy_text(self) -> str:
+        return (f"The request was terminated because the namespace {self.host} is being throttled. Error code : "
+                f"50002. Please wait {self.busy_retry_after:g} seconds and try again.")
+
+    def check_busy(self) -> None:
+        """Raise server-busy while the namespace is throttled (see :meth:`throttle`)."""
+        if time.monotonic() < self.busy_until:
+            self.throttled += 1
+            raise BrokerError("com.microsoft:server-busy", self._busy_text())
 
     def add_hub(self, name: str, partition_count: int, consumer_groups: Optional[List[str]] = None) -> EventHub:
         hub = EventHub(self, name, partition_count)

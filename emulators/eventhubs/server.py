@@ -578,6 +578,7 @@ class _Connection(asyncio.Protocol):
         hub = self.namespace.hub(path[0])
         hub.check_consumer_group(path[2])
         partition = hub.partition(path[4])
+        self.namespace.check_busy()
         self._check_authorized(hub)
         link = _OutboundLink(session, name, remote_handle, handle, address, "partition")
         link.consumer_group = path[2]

@@ -17,7 +17,9 @@ load-balancing ``EventProcessor`` per call, polls its buffers every 50 ms and bu
 instead (``EventHubConsumerClient._create_consumer`` and the consumer's AMQP handler)
 and turns each received AMQP message straight into an :class:`~eventprocessor.Event`.
 Connection, authentication, retries of the link and the wire format stay the
-client's. These are private parts of azure-eventhub: :func:`lean_receive_supported`
+client's. It also drops the delivery tags the client's AMQP link would otherwise keep
+for every event received (a set that only grows: see ``_LeanReceiver._forget_delivery_tags``).
+These are private parts of azure-eventhub: :func:`lean_receive_supported`
 checks them once, and when they are missing (a future azure-eventhub) the source
 falls back to ``receive_batch`` and logs a warning. ``tests/test_eventhub_source.py``
 fails loudly when the installed version no longer offers them. Measured gain: see the
@@ -53,11 +55,13 @@ from collections import deque
 from datetime import datetime, timezone
 from typing import Any, Callable, Deque, Dict, List, Optional, Tuple
 
+from .._install import install_command
 from ..errors import ConfigurationError, EventSourceError, ReceiverDisconnectedError
-from ..events import Event, EventPosition
+from ..events import BodyType, Event, EventPosition, body_fields, received_event
 from .base import EventSource, LastEnqueuedEventProperties, PartitionProperties, PartitionReceiver
 
-__all__ = ["EventHubSource", "to_event", "to_starting_position", "message_to_event", "lean_receive_supported"]
+__all__ = ["EventHubSource", "to_event", "to_starting_position", "message_to_event", "message_body",
+           "lean_receive_supported"]
 
 logger = logging.getLogger(__name__)
 
@@ -70,6 +74,11 @@ _UNAUTHORIZED_MARKERS = ("unauthorized", "status code: 401", "token authenticati
                          "authentication")
 _REFUSED_MARKERS = ("argument-out-of-range", "argumentoutofrange", "invalid-field", "argument-error",
                     "not-allowed", "resource-limit-exceeded", "message-size-exceeded")
+_BUSY_MARKERS = ("server-busy", "serverbusy", "is being throttled")
+# Event Hubs says how long to wait in its text ("... Please wait 4 seconds and try again.");
+# without it, the service's documented minimum (azure-eventhub waits the same).
+_RETRY_AFTER = re.compile(r"wait\s+(\d+(?:\.\d+)?)\s*(?:seconds|second|secs|sec|s)\b", re.I)
+_DEFAULT_RETRY_AFTER = 4.0
 _UNREACHABLE_MARKERS = ("failed to initiate the connection", "connect call failed", "name or service not known",
                         "connection refused", "socketerror", "socket-error", "errno", "nodename nor servname",
                         "temporary failure in name resolution")
@@ -87,6 +96,7 @@ _OFFSET = b"x-opt-offset"
 _ENQUEUED = b"x-opt-enqueued-time"
 _PARTITION_KEY = b"x-opt-partition-key"
 _UTC = timezone.utc
+_DATA = BodyType.DATA
 
 
 def to_starting_position(position: EventPosition) -> Tuple[Any, bool]:
@@ -125,13 +135,24 @@ def _amqp_value(value: Any) -> Any:
     return value
 
 
+def message_body(message: Any) -> Tuple[bytes, BodyType, Any]:
+    """``(body, body_type, amqp_body)`` of a received ``_pyamqp`` message, classified as
+    azure-eventhub classifies it (``AmqpAnnotatedMessage``): data sections if there are
+    any, else sequence sections if any, else the value (None when there is no body)."""
+    if message.data:
+        return body_fields(BodyType.DATA, message.data)
+    if message.sequence:
+        return body_fields(BodyType.SEQUENCE, message.sequence)
+    return body_fields(BodyType.VALUE, message.value)
+
+
 def to_event(event_data: Any, partition_id: Optional[str] = None) -> Event:
-    """Convert an ``azure.eventhub.EventData`` to this SDK's :class:`Event`."""
-    body = event_data.body
-    if not isinstance(body, (bytes, bytearray)):
-        body = b"".join(bytes(part) for part in body)
+    """Convert an ``azure.eventhub.EventData`` to this SDK's :class:`Event`, its body as
+    sent (``raw_amqp_message.body`` and ``body_type``)."""
+    raw = event_data.raw_amqp_message
+    body, body_type, amqp_body = body_fields(BodyType(raw.body_type.value), raw.body)
     return Event(
-        body=bytes(body),
+        body=body,
         sequence_number=event_data.sequence_number,
         offset=str(event_data.offset),
         enqueued_time=event_data.enqueued_time,
@@ -141,6 +162,8 @@ def to_event(event_data: Any, partition_id: Optional[str] = None) -> Event:
         message_id=_amqp_value(event_data.message_id),
         content_type=_amqp_value(event_data.content_type),
         correlation_id=_amqp_value(event_data.correlation_id),
+        body_type=body_type,
+        amqp_body=amqp_body,
     )
 
 
@@ -162,21 +185,21 @@ def last_enqueued_of(message: Any) -> Optional[LastEnqueuedEventProperties]:
 
 def message_to_event(message: Any, partition_id: Optional[str] = None) -> Event:
     """Convert a received AMQP message (azure-eventhub's ``_pyamqp`` ``Message``) to an
-    :class:`Event`, without building the ``EventData`` in between."""
+    :class:`Event`, without building the ``EventData`` in between. The body is kept as
+    sent (see :class:`Event`: ``body_type``, ``amqp_body``)."""
     annotations = message.message_annotations
     data = message.data
-    if data:
-        body = data[0] if len(data) == 1 else b"".join(data)
-    elif message.value is not None:
-        value = message.value
-        body = value if isinstance(value, bytes) else str(value).encode("utf-8")
+    if data and len(data) == 1:  # the usual event: one data section
+        body, body_type, amqp_body = data[0], _DATA, None
+        if body.__class__ is not bytes:
+            body = bytes(body)
     else:
-        body = b""
+        body, body_type, amqp_body = message_body(message)
     offset = annotations[_OFFSET]
     key = annotations.get(_PARTITION_KEY)
     amqp = message.properties  # the AMQP properties section, None when the producer set none of it
-    return Event(
-        body if isinstance(body, bytes) else bytes(body),
+    return received_event(
+        body,
         annotations[_SEQ],
         offset.decode("ascii") if isinstance(offset, bytes) else str(offset),
         datetime.fromtimestamp(annotations[_ENQUEUED] / 1000, _UTC),
@@ -186,6 +209,8 @@ def message_to_event(message: Any, partition_id: Optional[str] = None) -> Event:
         None if amqp is None else _amqp_value(amqp.message_id),
         None if amqp is None else _amqp_value(amqp.content_type),
         None if amqp is None else _amqp_value(amqp.correlation_id),
+        body_type,
+        amqp_body,
     )
 
 
@@ -218,14 +243,16 @@ class _ErrorContext:
             text = pattern.sub(replacement, text)
         return text
 
-    def error(self, reason: str, what: str, cause: Optional[BaseException] = None) -> EventSourceError:
+    def error(self, reason: str, what: str, cause: Optional[BaseException] = None, *,
+              retry_after: Optional[float] = None) -> EventSourceError:
         detail = ""
         if cause is not None:
             first = str(cause).strip().splitlines()[0] if str(cause).strip() else ""
             detail = f": {type(cause).__name__}" + (f": {self.scrub(first)[:300]}" if first else "")
         return EventSourceError(
             f"event hub {self.eventhub_name!r} in namespace {self.namespace!r}: {what}{detail}",
-            fully_qualified_namespace=self.namespace, eventhub_name=self.eventhub_name, reason=reason)
+            fully_qualified_namespace=self.namespace, eventhub_name=self.eventhub_name, reason=reason,
+            retry_after=retry_after)
 
     def classify(self, error: BaseException, doing: str, *, consumer_group: Optional[str] = None,
                  partition_id: Optional[str] = None) -> EventSourceError:
@@ -236,6 +263,11 @@ class _ErrorContext:
             where = f" (consumer group {consumer_group!r}, partition {partition_id!r})"
         if isinstance(error, asyncio.TimeoutError):
             return self.error("timeout", f"{doing}{where} did not finish in time", None)
+        if any(marker in text for marker in _BUSY_MARKERS):
+            found = _RETRY_AFTER.search(f"{error} {getattr(error, 'description', '') or ''}")
+            wait = float(found.group(1)) if found else _DEFAULT_RETRY_AFTER
+            return self.error("server-busy", f"{doing}{where} was throttled by the hub (server busy); retry after "
+                                             f"{wait:g} s", error, retry_after=wait)
         if any(marker in text for marker in _NOT_FOUND_MARKERS):
             thing = "the consumer group, the partition or the event hub" if consumer_group else "the event hub"
             return self.error("not-found", f"{doing}{where} failed: {thing} does not exist", error)
@@ -285,8 +317,13 @@ class _PartitionReceiverBase(PartitionReceiver):
             return ReceiverDisconnectedError(
                 f"receiver on partition {self.partition_id} of {self._source.eventhub_name!r} (owner level "
                 f"{self._owner_level}) was taken over by a higher owner level", partition_id=self.partition_id)
-        return self._source._errors.classify(error, doing, consumer_group=self.consumer_group,
-                                             partition_id=self.partition_id)
+        return self._source._note(self._source._errors.classify(error, doing, consumer_group=self.consumer_group,
+                                                                partition_id=self.partition_id))
+
+
+def _outcome_retrieved(task: "asyncio.Future[Any]") -> None:
+    if not task.cancelled() and task.exception() is not None:
+        logger.debug("an abandoned receiver open failed: %r", task.exception())
 
 
 class _LeanReceiver(_PartitionReceiverBase):
@@ -303,9 +340,16 @@ class _LeanReceiver(_PartitionReceiverBase):
         self._handler: Any = None
         self._buffer: Deque[Any] = deque()
         self._closed = False
+        self._last_sequence_number: Optional[int] = None  # of the last event handed out
 
     async def _open(self) -> None:
-        starting_position, inclusive = to_starting_position(self._position)
+        # Throttled (server-busy): wait out the hub's retry-after instead of asking again.
+        await self._source._wait_if_busy()
+        # Reopened after a failure (the link dropped its buffer with the consumer): go on
+        # right after the last event handed out, neither replaying nor skipping any.
+        position = self._position if self._last_sequence_number is None else \
+            EventPosition.from_sequence_number(self._last_sequence_number)
+        starting_position, inclusive = to_starting_position(position)
 
         async def unused(*_args: Any) -> None:  # the lean path reads the buffer itself
             return None
@@ -315,8 +359,13 @@ class _LeanReceiver(_PartitionReceiverBase):
             prefetch=self._prefetch, event_position_inclusive=inclusive,
             track_last_enqueued_event_properties=self._track)
         self._consumer = consumer
+        opening = asyncio.ensure_future(consumer._open())
+        # A receiver closed while it opens (its claim ended) can make the client's open
+        # fail after wait_for stopped waiting for it; its outcome is of no use then, and
+        # unretrieved it would be logged as "Task exception was never retrieved".
+        opening.add_done_callback(_outcome_retrieved)
         try:
-            await asyncio.wait_for(consumer._open(), self._source.operation_timeout)
+            await asyncio.wait_for(opening, self._source.operation_timeout)
         except asyncio.CancelledError:
             raise
         except BaseException as error:
@@ -375,13 +424,29 @@ class _LeanReceiver(_PartitionReceiverBase):
                     raise self._source._errors.error(
                         "disconnected", f"the receiver of partition {self.partition_id} (consumer group "
                                         f"{self.consumer_group!r}) was closed by the client")
+        self._forget_delivery_tags()
         count = min(max_batch_size, len(buffer))
         popleft = buffer.popleft
         pid = self.partition_id
         messages = [popleft() for _ in range(count)]
         if self._track and messages:
             self._last_enqueued = last_enqueued_of(messages[-1]) or self._last_enqueued
-        return [message_to_event(message, pid) for message in messages]
+        events = [message_to_event(message, pid) for message in messages]
+        if events:
+            self._last_sequence_number = events[-1].sequence_number
+        return events
+
+    def _forget_delivery_tags(self) -> None:
+        """The client's AMQP link (``_pyamqp`` ``ReceiverLink``) adds the tag of every
+        delivery it receives to ``_received_delivery_tags`` and removes it only when it
+        sends a disposition for it. azure-eventhub never sends one (Event Hubs deliveries
+        need no settling), so the set grows by a tag per event for as long as the
+        receiver stays open: about 100 bytes per event, 90 MB per million (measured by
+        ``python -m benchmarks.soak``). Nothing here settles deliveries, so the tags are
+        dropped after each read."""
+        tags = getattr(getattr(self._handler, "_link", None), "_received_delivery_tags", None)
+        if isinstance(tags, set):
+            tags.clear()
 
     def _frames_to_read(self) -> int:
         """Frames for the next read: a few, and never more than the link credit left
@@ -486,7 +551,11 @@ class EventHubSource(EventSource):
 
     ``operation_timeout`` bounds ``get_partition_ids`` and the opening of a receiver;
     ``partition_ids_ttl`` is how long partition ids are reused before the hub is asked
-    again.
+    again; ``idle_timeout`` (the AMQP connection idle time-out, 30 s by default) is how
+    soon a receiver notices a connection that went silent (a black-holed network path, a
+    hung gateway): the hub keeps a live connection busy with empty frames, so only a dead
+    one stays silent that long. A server-busy answer (throttling) is waited out: no
+    receiver is opened and no partition ids are asked for until its retry-after passed.
 
     Example::
 
@@ -498,7 +567,8 @@ class EventHubSource(EventSource):
     """
 
     def __init__(self, fully_qualified_namespace: str, eventhub_name: str, credential: Any, *,
-                 operation_timeout: float = 10.0, partition_ids_ttl: float = 30.0, **client_kwargs: Any) -> None:
+                 operation_timeout: float = 10.0, partition_ids_ttl: float = 30.0,
+                 idle_timeout: Optional[float] = 30.0, **client_kwargs: Any) -> None:
         if not fully_qualified_namespace:
             raise ConfigurationError("fully_qualified_namespace must not be empty")
         if not eventhub_name:
@@ -507,11 +577,16 @@ class EventHubSource(EventSource):
             raise ConfigurationError(f"operation_timeout must be positive, got {operation_timeout}")
         if partition_ids_ttl < 0:
             raise ConfigurationError(f"partition_ids_ttl must not be negative, got {partition_ids_ttl}")
+        if idle_timeout is not None and idle_timeout <= 0:
+            raise ConfigurationError(f"idle_timeout must be positive seconds (or None: never), got {idle_timeout}")
+        if idle_timeout is not None:
+            client_kwargs.setdefault("idle_timeout", float(idle_timeout))
         self.fully_qualified_namespace = fully_qualified_namespace
         self.eventhub_name = eventhub_name
         self.operation_timeout = float(operation_timeout)
         self.partition_ids_ttl = float(partition_ids_ttl)
         self._credential = credential
+        self._tls: Any = None
         self._conn_str: Optional[str] = None
         self._client_kwargs = client_kwargs
         self._clients: Dict[str, Any] = {}
@@ -521,6 +596,7 @@ class EventHubSource(EventSource):
         self._errors = _ErrorContext(fully_qualified_namespace, eventhub_name, None)
         self._lean: Optional[bool] = None
         self.clock: Callable[[], float] = time.monotonic
+        self._busy_until = float("-inf")  # clock() until which the hub asked us to wait (server-busy)
 
     @classmethod
     def from_connection_string(cls, conn_str: str, *, eventhub_name: Optional[str] = None,
@@ -531,7 +607,7 @@ class EventHubSource(EventSource):
         try:
             from azure.eventhub import parse_connection_string
         except ImportError as error:  # pragma: no cover - depends on the extra
-            raise ConfigurationError("EventHubSource needs the [eventhub] extra: pip install eventprocessor[eventhub]") \
+            raise ConfigurationError(f"EventHubSource needs the [eventhub] extra: {install_command(['eventhub'])}") \
                 from error
         if not isinstance(conn_str, str) or not conn_str.strip():
             raise ConfigurationError("the Event Hubs connection string is empty")
@@ -562,11 +638,29 @@ class EventHubSource(EventSource):
         from azure.eventhub.aio import EventHubConsumerClient
 
         kwargs = {**self._client_kwargs, **overrides}
+        if not ({"ssl_context", "connection_verify"} & kwargs.keys()) and not kwargs.get("uamqp_transport"):
+            kwargs["ssl_context"] = self._ssl_context()
         if self._conn_str is not None:
             return EventHubConsumerClient.from_connection_string(
                 self._conn_str, consumer_group=consumer_group, eventhub_name=self.eventhub_name, **kwargs)
         return EventHubConsumerClient(self.fully_qualified_namespace, self.eventhub_name, consumer_group,
                                       self._credential, **kwargs)
+
+    def _ssl_context(self) -> Any:
+        """One TLS context for every connection of this source, the one the client would
+        build for each (``certifi``'s CA bundle, certificates and host names checked).
+        The client builds it for every connection, even a plain one to an emulator, and
+        loading the CA bundle holds the event loop about 50 ms: one per receiver, so a
+        processor taking 16 partitions stalled its loop for most of a second."""
+        if self._tls is None:
+            import ssl
+
+            import certifi
+
+            context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+            context.load_verify_locations(certifi.where())
+            self._tls = context
+        return self._tls
 
     def _client(self, consumer_group: str) -> Any:
         client = self._clients.get(consumer_group)
@@ -587,6 +681,22 @@ class EventHubSource(EventSource):
                                "receiving through its public receive_batch instead (slower)")
         return self._lean
 
+    def _note(self, error: EventSourceError) -> EventSourceError:
+        """Remember a server-busy answer's retry-after (for every receiver of this source:
+        Event Hubs throttles a namespace, not a link)."""
+        if error.reason == "server-busy" and error.retry_after:
+            now = self.clock()
+            if self._busy_until <= now:  # once per throttling episode, not per partition
+                logger.warning("%r: the hub is throttling (server busy); no receiver is opened for %.1f s", self,
+                               error.retry_after)
+            self._busy_until = max(self._busy_until, now + error.retry_after)
+        return error
+
+    async def _wait_if_busy(self) -> None:
+        delay = self._busy_until - self.clock()
+        if delay > 0:
+            await asyncio.sleep(delay)
+
     async def get_partition_ids(self) -> List[str]:
         """The hub's partition ids, reused for ``partition_ids_ttl`` seconds.
 
@@ -596,6 +706,10 @@ class EventHubSource(EventSource):
         now = self.clock()
         if self._partition_ids is not None and now - self._partition_ids_at < self.partition_ids_ttl:
             return list(self._partition_ids)
+        wait = self._busy_until - now
+        if wait > 0:
+            raise self._errors.error("server-busy", f"reading the partition ids: the hub is throttling; retry after "
+                                                    f"{wait:.1f} s", retry_after=wait)
         ids = await self._fetch_partition_ids()
         self._partition_ids, self._partition_ids_at = ids, self.clock()
         return list(ids)
@@ -615,7 +729,7 @@ class EventHubSource(EventSource):
             except asyncio.CancelledError:
                 raise
             except BaseException as error:
-                failure = self._errors.classify(error, "reading the partition ids")
+                failure = self._note(self._errors.classify(error, "reading the partition ids"))
                 # One quick second attempt for a hub that may be restarting; a missing
                 # hub or a rejected credential will not change in half a second.
                 if attempt >= 2 or failure.reason not in ("unreachable", "disconnected") \

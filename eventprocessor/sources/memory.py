@@ -2,7 +2,9 @@
 
 For tests, demos and benchmarks: sequence numbers and offsets per partition, enqueued
 times, starting positions, partition keys hashed to a stable partition, partitions
-added at run time, and owner-level (epoch) receivers.
+added at run time, owner-level (epoch) receivers, and retention by count
+(``max_events_per_partition``), so that a long run keeps a bounded window of the log
+as Event Hubs' retention does.
 """
 from __future__ import annotations
 
@@ -12,10 +14,10 @@ import hashlib
 import itertools
 import logging
 from datetime import datetime, timezone
-from typing import Any, Callable, Dict, List, Mapping, Optional, Union
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
-from ..errors import ConfigurationError, ReceiverDisconnectedError
-from ..events import Event, EventPosition, MessageId
+from ..errors import ConfigurationError, EventSourceError, ReceiverDisconnectedError
+from ..events import BodyType, Event, EventPosition, MessageId, body_fields
 from .base import EventSource, LastEnqueuedEventProperties, PartitionProperties, PartitionReceiver
 
 __all__ = ["MemoryEventSource"]
@@ -27,13 +29,80 @@ def _utcnow() -> datetime:
     return datetime.now(timezone.utc)
 
 
+_UNSET: Any = object()
+Body = Union[bytes, str, Sequence[Union[bytes, str]]]
+"""A data body: bytes or str (one data section), or a list of them (one section each)."""
+
+
+def _body_fields(body: Any, sequence_body: Any, value_body: Any) -> Tuple[bytes, BodyType, Any]:
+    """An appended event's body fields, from the arguments as ``AmqpAnnotatedMessage`` takes them."""
+    given = [name for name, value in (("body", body), ("sequence_body", sequence_body), ("value_body", value_body))
+             if value is not _UNSET]
+    if len(given) != 1:
+        raise ConfigurationError(
+            f"give exactly one of body (data), sequence_body or value_body, got {', '.join(given) or 'none'}")
+    if body is not _UNSET:
+        sections: List[Any]
+        if isinstance(body, (bytes, bytearray, str)):
+            sections = [body]
+        elif isinstance(body, (list, tuple)) and body:
+            sections = list(body)
+        else:
+            raise TypeError(f"body must be bytes, str or a non-empty list of them (one data section each), not "
+                            f"{type(body).__name__}")
+        for section in sections:
+            if not isinstance(section, (bytes, bytearray, str)):
+                raise TypeError(f"a data section must be bytes or str, not {type(section).__name__}")
+        return body_fields(BodyType.DATA, [s.encode("utf-8") if isinstance(s, str) else bytes(s) for s in sections])
+    if sequence_body is not _UNSET:
+        # As AmqpAnnotatedMessage(sequence_body=...): a list of lists is several sections,
+        # any other list is one.
+        if not isinstance(sequence_body, list) or not sequence_body:
+            raise TypeError("sequence_body must be a non-empty list (one sequence section) or a list of lists "
+                            f"(one section each), not {type(sequence_body).__name__} {sequence_body!r}")
+        sections = sequence_body if all(isinstance(s, list) for s in sequence_body) else [sequence_body]
+        return body_fields(BodyType.SEQUENCE, [list(s) for s in sections])
+    return body_fields(BodyType.VALUE, value_body)
+
+
 class _Partition:
+    """One partition's log. ``events[head:]`` are the retained events; ``dropped`` events
+    were removed from the front of the list before, so ``events[i]`` has sequence number
+    ``dropped + i``. Retention moves ``head`` and compacts the list now and then, which
+    keeps dropping old events O(1) amortised."""
+
     def __init__(self) -> None:
         self.events: List[Event] = []
+        self.head = 0
+        self.dropped = 0
         self.next_offset = 0
         self.waiters: List[asyncio.Future] = []
         # consumer group -> receivers currently open on this partition
         self.receivers: Dict[str, List["MemoryPartitionReceiver"]] = {}
+
+    @property
+    def begin(self) -> int:
+        """Sequence number of the oldest retained event."""
+        return self.dropped + self.head
+
+    @property
+    def end(self) -> int:
+        """Sequence number the next event gets."""
+        return self.dropped + len(self.events)
+
+    def retained(self) -> List[Event]:
+        return self.events[self.head:]
+
+    def retain(self, limit: Optional[int]) -> None:
+        if limit is None:
+            return
+        excess = len(self.events) - self.head - limit
+        if excess > 0:
+            self.head += excess
+        if self.head > 1024 and self.head * 2 > len(self.events):
+            del self.events[:self.head]
+            self.dropped += self.head
+            self.head = 0
 
     def wake(self) -> None:
         waiters, self.waiters = self.waiters, []
@@ -46,13 +115,14 @@ class MemoryPartitionReceiver(PartitionReceiver):
     """A receiver on one partition of a :class:`MemoryEventSource`."""
 
     def __init__(self, source: "MemoryEventSource", partition_id: str, consumer_group: str,
-                 index: int, owner_level: Optional[int], track_last_enqueued: bool = False) -> None:
+                 next_sequence_number: int, owner_level: Optional[int], track_last_enqueued: bool = False) -> None:
         self._source = source
         self.partition_id = partition_id
         self.consumer_group = consumer_group
         self.owner_level = owner_level
-        self._index = index
+        self._next = next_sequence_number
         self._disconnected_by: Optional[int] = None
+        self._dropped_by_hub = False
         self._closed = False
         self._track = track_last_enqueued
         self._last_enqueued: Optional[LastEnqueuedEventProperties] = None
@@ -76,6 +146,9 @@ class MemoryPartitionReceiver(PartitionReceiver):
         self._source._partitions[self.partition_id].wake()
 
     def _check(self) -> None:
+        if self._dropped_by_hub:
+            raise EventSourceError(f"receiver on partition {self.partition_id}: the link was detached (the "
+                                   "partition was recreated)", reason="disconnected")
         if self._disconnected_by is not None:
             raise ReceiverDisconnectedError(
                 f"receiver on partition {self.partition_id} (owner level {self.owner_level}) was disconnected: "
@@ -94,9 +167,12 @@ class MemoryPartitionReceiver(PartitionReceiver):
         deadline = None if max_wait_time is None else loop.time() + max_wait_time
         while True:
             self._check()
-            if self._index < len(partition.events):
-                batch = partition.events[self._index:self._index + max_batch_size]
-                self._index += len(batch)
+            if self._next < partition.end:
+                # Events dropped by retention before this receiver got to them are gone,
+                # as on Event Hubs: it goes on from the oldest retained one.
+                start = max(self._next, partition.begin) - partition.dropped
+                batch = partition.events[start:start + max_batch_size]
+                self._next = partition.dropped + start + len(batch)
                 self._note_last_enqueued(partition.events)
                 return batch
             timeout = None if deadline is None else deadline - loop.time()
@@ -124,19 +200,32 @@ class MemoryPartitionReceiver(PartitionReceiver):
 class MemoryEventSource(EventSource):
     """An in-process partitioned log.
 
+    Every event is kept unless ``max_events_per_partition`` is given: then each partition
+    keeps its newest ``max_events_per_partition`` events, like a hub's retention, and a
+    long-running producer does not grow the process without bound.
+
     Example::
 
         source = MemoryEventSource(4)
         await source.send(b"hello", partition_key="device-7")
         await source.send(b"round robin")
         source.add_partitions(2)
+
+        bounded = MemoryEventSource(4, max_events_per_partition=10_000)
     """
 
     def __init__(self, partition_count: int, *, eventhub_name: str = "hub",
                  fully_qualified_namespace: str = "memory.local",
-                 clock: Optional[Callable[[], datetime]] = None) -> None:
+                 clock: Optional[Callable[[], datetime]] = None,
+                 max_events_per_partition: Optional[int] = None) -> None:
         if isinstance(partition_count, bool) or not isinstance(partition_count, int) or partition_count < 1:
             raise ConfigurationError(f"partition_count must be an int of at least 1, got {partition_count!r}")
+        if max_events_per_partition is not None and (isinstance(max_events_per_partition, bool)
+                                                     or not isinstance(max_events_per_partition, int)
+                                                     or max_events_per_partition < 1):
+            raise ConfigurationError(f"max_events_per_partition must be an int of at least 1 (or None to keep every "
+                                     f"event), got {max_events_per_partition!r}")
+        self.max_events_per_partition = max_events_per_partition
         for name, value in (("eventhub_name", eventhub_name), ("fully_qualified_namespace", fully_qualified_namespace)):
             if not isinstance(value, str) or not value:
                 raise ConfigurationError(f"{name} must be a non-empty string, got {value!r}")
@@ -157,6 +246,18 @@ class MemoryEventSource(EventSource):
     async def get_partition_ids(self) -> List[str]:
         return list(self._partitions)
 
+    def recreate(self) -> None:
+        """Drop every event of every partition and start sequence numbers and offsets at 0
+        again, as a deleted and recreated hub (or an emulator restarted empty) does. Open
+        receivers are detached."""
+        for partition in self._partitions.values():
+            for group in partition.receivers.values():
+                for receiver in group:
+                    receiver._dropped_by_hub = True
+            partition.events, partition.head, partition.dropped, partition.next_offset = [], 0, 0, 0
+            partition.wake()
+        logger.info("%s: recreated: every partition is empty and starts at sequence number 0", self.eventhub_name)
+
     def add_partitions(self, count: int) -> List[str]:
         """Add ``count`` partitions; returns their ids. Like Event Hubs, keys may now
         hash to different partitions."""
@@ -173,30 +274,44 @@ class MemoryEventSource(EventSource):
         digest = hashlib.blake2b(partition_key.encode("utf-8"), digest_size=8).digest()
         return str(int.from_bytes(digest, "big") % len(self._partitions))
 
-    async def send(self, body: Union[bytes, str], *, partition_id: Optional[str] = None,
+    async def send(self, body: Body = _UNSET, *, partition_id: Optional[str] = None,
                    partition_key: Optional[str] = None,
                    properties: Optional[Mapping[str, Any]] = None, message_id: Optional[MessageId] = None,
-                   content_type: Optional[str] = None, correlation_id: Optional[MessageId] = None) -> Event:
+                   content_type: Optional[str] = None, correlation_id: Optional[MessageId] = None,
+                   sequence_body: Any = _UNSET, value_body: Any = _UNSET) -> Event:
         """Append one event and return it (with its sequence number and offset).
         ``properties`` are the application properties; ``message_id``, ``content_type`` and
-        ``correlation_id`` the AMQP ones, as a producer sets them on ``EventData``."""
+        ``correlation_id`` the AMQP ones, as a producer sets them on ``EventData``.
+
+        The body is one of: ``body`` (bytes or str: one data section; a list of them:
+        one section each), ``sequence_body`` (a list: one sequence section; a list of
+        lists: one section each) or ``value_body`` (any value), as
+        ``AmqpAnnotatedMessage`` takes them. Values are kept as given (over AMQP,
+        azure-eventhub's decoder hands strings back as bytes).
+
+        Example::
+
+            await source.send(b"reading")
+            await source.send([b"aa", b"bb"])                     # two data sections
+            await source.send(sequence_body=[b"message", 1.5, True])
+            await source.send(value_body={b"key": [-123, b"data", False]})
+        """
         return self.append(body, partition_id=partition_id, partition_key=partition_key, properties=properties,
-                           message_id=message_id, content_type=content_type, correlation_id=correlation_id)
+                           message_id=message_id, content_type=content_type, correlation_id=correlation_id,
+                           sequence_body=sequence_body, value_body=value_body)
 
     async def send_batch(self, bodies: List[Union[bytes, str]], *, partition_id: Optional[str] = None,
                          partition_key: Optional[str] = None) -> List[Event]:
         """Append several events to one partition (or round-robin if none is named)."""
         return [self.append(b, partition_id=partition_id, partition_key=partition_key) for b in bodies]
 
-    def append(self, body: Union[bytes, str], *, partition_id: Optional[str] = None,
+    def append(self, body: Body = _UNSET, *, partition_id: Optional[str] = None,
                partition_key: Optional[str] = None,
                properties: Optional[Mapping[str, Any]] = None, message_id: Optional[MessageId] = None,
-               content_type: Optional[str] = None, correlation_id: Optional[MessageId] = None) -> Event:
+               content_type: Optional[str] = None, correlation_id: Optional[MessageId] = None,
+               sequence_body: Any = _UNSET, value_body: Any = _UNSET) -> Event:
         """Synchronous :meth:`send`, for producers outside the event loop's tasks."""
-        if isinstance(body, str):
-            body = body.encode("utf-8")
-        if not isinstance(body, (bytes, bytearray)):
-            raise TypeError(f"body must be bytes or str, not {type(body).__name__}")
+        body, body_type, amqp_body = _body_fields(body, sequence_body, value_body)
         if partition_id is not None and partition_key is not None:
             raise ConfigurationError("give partition_id or partition_key, not both")
         if partition_id is not None:
@@ -210,8 +325,8 @@ class MemoryEventSource(EventSource):
             partition_id = str(next(self._round_robin) % len(self._partitions))
         partition = self._partitions[partition_id]
         event = Event(
-            body=bytes(body),
-            sequence_number=len(partition.events),
+            body=body,
+            sequence_number=partition.end,
             offset=str(partition.next_offset),
             enqueued_time=self._clock(),
             partition_key=partition_key,
@@ -220,47 +335,58 @@ class MemoryEventSource(EventSource):
             message_id=message_id,
             content_type=content_type,
             correlation_id=correlation_id,
+            body_type=body_type,
+            amqp_body=amqp_body,
         )
         partition.events.append(event)
         partition.next_offset += max(len(body), 1)
+        partition.retain(self.max_events_per_partition)
         partition.wake()
         return event
 
     def events(self, partition_id: str) -> List[Event]:
-        """A copy of every event in a partition, for tests."""
-        return list(self._partitions[partition_id].events)
+        """A copy of every retained event of a partition, for tests."""
+        return self._partitions[partition_id].retained()
 
     async def get_partition_properties(self, partition_id: str) -> PartitionProperties:
         if partition_id not in self._partitions:
             raise ConfigurationError(f"partition {partition_id!r} does not exist")
-        events = self._partitions[partition_id].events
-        newest = events[-1] if events else None
+        partition = self._partitions[partition_id]
+        newest = partition.events[-1] if partition.end > partition.begin else None
         return PartitionProperties(
-            partition_id=partition_id, beginning_sequence_number=0,
+            partition_id=partition_id, beginning_sequence_number=partition.begin,
             last_enqueued_sequence_number=newest.sequence_number if newest else -1,
             last_enqueued_offset=newest.offset if newest else "-1",
             last_enqueued_time_utc=newest.enqueued_time if newest else None, is_empty=newest is None)
 
     def last_sequence_number(self, partition_id: str) -> int:
-        return len(self._partitions[partition_id].events) - 1
+        return self._partitions[partition_id].end - 1
 
-    def _start_index(self, partition: _Partition, position: EventPosition) -> int:
-        events = partition.events
+    def _start(self, partition: _Partition, position: EventPosition) -> int:
+        """The sequence number a receiver at ``position`` reads first (``end`` when none yet)."""
+        begin, end = partition.begin, partition.end
         if position.kind == "earliest":
-            return 0
+            return begin
         if position.kind == "latest":
-            return len(events)
+            return end
         if position.kind == "sequence_number":
             seq = int(position.value)  # type: ignore[arg-type]
-            return max(0, min(len(events), seq if position.inclusive else seq + 1))
+            first = seq if position.inclusive else seq + 1
+            if first > end:  # as Event Hubs: a position past the end is refused
+                raise EventSourceError(
+                    f"the position {position} is past the end of the partition (the next event gets sequence "
+                    f"number {end}): argument-out-of-range", reason="refused")
+            return max(begin, first)
+        events = partition.retained()
         if position.kind == "offset":
             offsets = [int(e.offset) for e in events]
             target = int(position.value)  # type: ignore[arg-type]
-            return bisect.bisect_left(offsets, target) if position.inclusive else bisect.bisect_right(offsets, target)
+            found = bisect.bisect_left(offsets, target) if position.inclusive else bisect.bisect_right(offsets, target)
+            return begin + found
         times = [e.enqueued_time for e in events]
         when = position.value
         assert isinstance(when, datetime)
-        return bisect.bisect_left(times, when) if position.inclusive else bisect.bisect_right(times, when)
+        return begin + (bisect.bisect_left(times, when) if position.inclusive else bisect.bisect_right(times, when))
 
     async def open_receiver(self, partition_id: str, *, consumer_group: str,
                             starting_position: EventPosition, owner_level: Optional[int],
@@ -289,7 +415,7 @@ class MemoryEventSource(EventSource):
                 receiver._disconnect(owner_level)
                 group.remove(receiver)
         receiver = MemoryPartitionReceiver(self, partition_id, consumer_group,
-                                           self._start_index(partition, starting_position), owner_level,
+                                           self._start(partition, starting_position), owner_level,
                                            track_last_enqueued_event_properties)
         group.append(receiver)
         return receiver

@@ -13,7 +13,7 @@ import pyarrow.compute as pc
 import pyarrow.json as pa_json
 
 from ..errors import ConfigurationError
-from ..events import Event
+from ..events import BodyType, Event
 
 __all__ = ["EVENT_SCHEMA", "events_to_table", "json_body", "Decoder", "add_user_columns"]
 
@@ -36,6 +36,13 @@ EVENT_SCHEMA = pa.schema(
 timestamp (UTC), ``partition_key`` string (null when the event had none), ``body``
 binary, ``properties`` map<string,string> (values rendered with ``str``; bytes decoded
 as UTF-8).
+
+``body`` is :attr:`Event.body <eventprocessor.Event.body>`: a data body's bytes (several
+data sections joined, as ``body_as_str()`` reads them), or an AMQP value that is bytes
+or text (text as UTF-8; no value: empty). A sequence body or any other value has no
+bytes form: :func:`events_to_table` raises ``TypeError`` naming the event rather than
+writing an empty or made-up body, so the batch fails and the sink's retry and poison
+policy decide (``on_poison="skip"`` with a ``dead_letter`` hook sets such batches aside).
 """
 
 Decoder = Callable[[pa.Table], Union[pa.Table, Mapping[str, pa.Array]]]
@@ -74,8 +81,30 @@ def _properties_column(events: Sequence[Event]) -> pa.Array:
                                    pa.array(values, pa.string()), mask=pa.array(missing, pa.bool_()))
 
 
+_DATA = BodyType.DATA
+
+
+def _check_bodies(partition_id: str, events: Sequence[Event]) -> None:
+    """Raise for an event whose body has no bytes form (see :data:`EVENT_SCHEMA`)."""
+    for event in events:
+        if event.body_type is _DATA or event.body_type == _DATA:
+            continue
+        value = event.amqp_body
+        if event.body_type == BodyType.VALUE and (value is None or isinstance(value, (bytes, str))):
+            continue
+        kind = "a sequence body" if event.body_type == BodyType.SEQUENCE else \
+            f"an AMQP value body ({type(value).__name__})"
+        raise TypeError(
+            f"event {event.sequence_number} of partition {partition_id} has {kind}, which has no bytes form for the "
+            "Spark sink's binary body column. Have the producer send data bodies (EventData(bytes) or "
+            "AmqpAnnotatedMessage(data_body=...)), or read these events with a PartitionProcessor of your own "
+            "(Event.amqp_body holds the body as sent); on_poison='skip' with a dead_letter hook sets the batch aside")
+
+
 def events_to_table(batches: Sequence[Tuple[str, Sequence[Event]]]) -> pa.Table:
     """Build the Arrow table of a micro-batch from ``(partition_id, events)`` pairs.
+    Raises ``TypeError`` for an event whose body has no bytes form (a sequence body, or
+    an AMQP value other than bytes or text; see :data:`EVENT_SCHEMA`).
 
     Example::
 
@@ -85,6 +114,7 @@ def events_to_table(batches: Sequence[Tuple[str, Sequence[Event]]]) -> pa.Table:
     partition_ids: List[pa.Array] = []
     events: List[Event] = []
     for partition_id, partition_events in batches:
+        _check_bodies(partition_id, partition_events)
         partition_ids.append(pa.repeat(pa.scalar(partition_id, pa.string()), len(partition_events)))
         events.extend(partition_events)
     pid = pa.concat_arrays(partition_ids) if partition_ids else pa.array([], pa.string())

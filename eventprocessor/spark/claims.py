@@ -14,11 +14,10 @@ import enum
 import logging
 import uuid
 from dataclasses import dataclass
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Tuple
 
 from ..events import Event
 from ..partition import PartitionContext
-from .attempt import Attempt
 
 __all__ = ["Claim", "ClaimState", "Buffers", "Limits"]
 
@@ -129,8 +128,9 @@ class Buffers:
             return None
         return max(0.0, self.first_at + self.limits.max_interval - asyncio.get_running_loop().time())
 
-    def cut(self) -> Attempt:
-        """Take a batch off the buffers (see the module docstring)."""
+    def cut(self) -> Tuple[Dict["Claim", List[Event]], int]:
+        """Take a batch off the buffers (see the module docstring): each claim's events,
+        and their bytes."""
         limits = self.limits
         claims = [c for c in self.claims.values() if c.events]
         if claims:
@@ -180,4 +180,4 @@ class Buffers:
         if self.events:
             self.first_at = asyncio.get_running_loop().time()
         self.space.set()
-        return Attempt(events=cut, byte_count=nbytes)
+        return cut, nbytes

@@ -62,267 +62,29 @@ a log refuses entries of another.
 """
 from __future__ import annotations
 
-import abc
 import asyncio
 import collections
 import json
 import logging
 import os
-import time
-import uuid
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import (TYPE_CHECKING, Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple,
                     Union)
 
-from ..errors import ConfigurationError, OwnershipLostError
+from ..clock import SystemClock
+from ..errors import ConfigurationError
+from .log_records import (_DIGITS, ABORTED, COMMITTED, FORMAT, PLANNED, SNAPSHOT_PREFIX, BatchRefused, FenceResult,
+                          Manifest, PartitionRange, Publication, StagedFile, StaleFenceError)
+from .log_storage import FileLogStorage, LogStorage, StoreLogStorage, fsync_directory
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..checkpoint_store import CheckpointStore
 
 __all__ = ["CommitLog", "LogStorage", "FileLogStorage", "StoreLogStorage", "PartitionRange", "StagedFile",
-           "FenceResult", "Publication", "BatchRefused", "StaleFenceError", "COMMITTED", "ABORTED", "PLANNED"]
+           "FenceResult", "Publication", "BatchRefused", "StaleFenceError", "COMMITTED", "ABORTED", "PLANNED",
+           "fsync_directory", "Manifest"]
 
 logger = logging.getLogger(__name__)
-
-PLANNED = "planned"
-COMMITTED = "committed"
-ABORTED = "aborted"
-FORMAT = 2
-SNAPSHOT_PREFIX = "snapshot-"
-_DIGITS = 12
-
-
-# ----------------------------------------------------------------------------- values
-
-
-@dataclass(frozen=True)
-class PartitionRange:
-    """The events of one partition in one micro-batch.
-
-    ``first_sequence_number`` and ``last_sequence_number`` are inclusive; ``owner_id``,
-    ``epoch`` and ``claim_token`` identify the claim that read them.
-
-    Example::
-
-        PartitionRange("0", first_sequence_number=100, last_sequence_number=199, last_offset="199",
-                       count=100, owner_id="worker-1", epoch=3)
-    """
-
-    partition_id: str
-    first_sequence_number: int
-    last_sequence_number: int
-    last_offset: str
-    count: int
-    owner_id: str
-    epoch: int
-    claim_token: str = ""
-
-    def to_json(self) -> Dict[str, Any]:
-        return {"partition_id": self.partition_id, "first_sequence_number": self.first_sequence_number,
-                "last_sequence_number": self.last_sequence_number, "last_offset": self.last_offset,
-                "count": self.count, "owner_id": self.owner_id, "epoch": self.epoch, "token": self.claim_token}
-
-    @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> "PartitionRange":
-        return cls(partition_id=str(data["partition_id"]),
-                   first_sequence_number=int(data["first_sequence_number"]),
-                   last_sequence_number=int(data["last_sequence_number"]), last_offset=str(data["last_offset"]),
-                   count=int(data["count"]), owner_id=str(data["owner_id"]), epoch=int(data["epoch"]),
-                   claim_token=str(data.get("token", "")))
-
-    @property
-    def claim(self) -> Tuple[str, int, str]:
-        return self.owner_id, self.epoch, self.claim_token
-
-
-@dataclass(frozen=True)
-class StagedFile:
-    """One data file of a batch: its path relative to the batch's staging directory
-    (``/``-separated, e.g. ``partition_id=0/part-00000-....parquet``), its size in bytes
-    and its modification time in epoch milliseconds, as listed before the commit."""
-
-    path: str
-    size: int
-    modification_time: int
-
-    def to_json(self) -> List[Any]:
-        return [self.path, self.size, self.modification_time]
-
-    @classmethod
-    def from_json(cls, data: Sequence[Any]) -> "StagedFile":
-        return cls(str(data[0]), int(data[1]), int(data[2]))
-
-
-Manifest = Tuple[StagedFile, ...]
-
-
-@dataclass(frozen=True)
-class Publication:
-    """A committed batch with files, and its publication number (its place in Spark's
-    ``_spark_metadata`` log)."""
-
-    number: int
-    batch_id: int
-    files: Manifest
-
-
-@dataclass(frozen=True)
-class FenceResult:
-    """What a fence found: the partition's committed high-water mark (``None`` when
-    nothing was ever committed) and the planned batches it aborted."""
-
-    version: int
-    high_water_mark: Optional[int]
-    aborted: Tuple[int, ...]
-
-
-class BatchRefused(Exception):
-    """A plan or a commit was refused: these partitions were fenced by a newer claim (or
-    the batch was given up). The caller drops their events and goes on with the rest."""
-
-    def __init__(self, message: str, lost: Iterable[str]) -> None:
-        super().__init__(message)
-        self.lost = frozenset(lost)
-
-
-class StaleFenceError(OwnershipLostError):
-    """A claim's fence was refused: the log holds a fence of the partition with a higher
-    epoch (``logged_epoch``, by ``logged_owner``)."""
-
-    def __init__(self, message: str, *, partition_id: str, logged_owner: str, logged_epoch: int) -> None:
-        super().__init__(message, partition_id=partition_id)
-        self.logged_owner = logged_owner
-        self.logged_epoch = logged_epoch
-
-
-# ----------------------------------------------------------------------------- storage
-
-
-class LogStorage(abc.ABC):
-    """Where a :class:`CommitLog` keeps its entries: named, immutable byte strings with
-    a real create-if-absent. ``description`` names the place in messages (no secrets)."""
-
-    description: str = "?"
-
-    @abc.abstractmethod
-    async def create(self, name: str, data: bytes) -> bool:
-        """Create ``name`` holding ``data`` unless it exists. True when this call made it."""
-
-    @abc.abstractmethod
-    async def read(self, name: str) -> Optional[bytes]:
-        """The data of ``name``, or ``None``."""
-
-    @abc.abstractmethod
-    async def list(self, prefix: str = "") -> List[str]:
-        """The names starting with ``prefix``, sorted."""
-
-    @abc.abstractmethod
-    async def delete(self, name: str) -> None:
-        """Delete ``name`` if it exists."""
-
-
-class FileLogStorage(LogStorage):
-    """Entries as files of one directory on a POSIX file system (see the module
-    docstring). Blocking calls run in worker threads."""
-
-    def __init__(self, directory: Union[str, os.PathLike]) -> None:
-        self.directory = Path(directory)
-        self.description = f"directory {self.directory}"
-        self._made = False
-
-    def _ensure(self) -> None:
-        if not self._made:
-            self.directory.mkdir(parents=True, exist_ok=True)
-            self._made = True
-
-    def _create(self, name: str, data: bytes) -> bool:
-        self._ensure()
-        temp = self.directory / f".tmp-{uuid.uuid4().hex}"
-        fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-        try:
-            os.write(fd, data)
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        try:
-            os.link(temp, self.directory / name)
-            won = True
-        except FileExistsError:
-            won = False
-        finally:
-            os.unlink(temp)
-        fsync_directory(self.directory)
-        return won
-
-    def _read(self, name: str) -> Optional[bytes]:
-        try:
-            return (self.directory / name).read_bytes()
-        except FileNotFoundError:
-            return None
-
-    def _list(self, prefix: str) -> List[str]:
-        if not self.directory.is_dir():
-            return []
-        return sorted(p.name for p in self.directory.iterdir() if p.name.startswith(prefix)
-                      and not p.name.startswith(".tmp-"))
-
-    def _delete(self, name: str) -> None:
-        try:
-            os.unlink(self.directory / name)
-        except FileNotFoundError:
-            pass
-
-    async def create(self, name: str, data: bytes) -> bool:
-        return await asyncio.to_thread(self._create, name, data)
-
-    async def read(self, name: str) -> Optional[bytes]:
-        return await asyncio.to_thread(self._read, name)
-
-    async def list(self, prefix: str = "") -> List[str]:
-        return await asyncio.to_thread(self._list, prefix)
-
-    async def delete(self, name: str) -> None:
-        await asyncio.to_thread(self._delete, name)
-
-
-class StoreLogStorage(LogStorage):
-    """Entries of log ``log_name`` of one consumer group in a checkpoint store (its
-    ``create_entry`` / ``read_entry`` / ``list_entries`` / ``delete_entry``)."""
-
-    def __init__(self, store: "CheckpointStore", log_name: str, *, fully_qualified_namespace: str,
-                 eventhub_name: str, consumer_group: str) -> None:
-        self.store = store
-        self.log_name = log_name
-        self._scope = (fully_qualified_namespace, eventhub_name, consumer_group)
-        self.description = f"log {log_name!r} of {eventhub_name}/{consumer_group} in {type(store).__name__}"
-
-    async def create(self, name: str, data: bytes) -> bool:
-        return await self.store.create_entry(*self._scope, self.log_name, name, data)
-
-    async def read(self, name: str) -> Optional[bytes]:
-        return await self.store.read_entry(*self._scope, self.log_name, name)
-
-    async def list(self, prefix: str = "") -> List[str]:
-        return await self.store.list_entries(*self._scope, self.log_name, prefix)
-
-    async def delete(self, name: str) -> None:
-        await self.store.delete_entry(*self._scope, self.log_name, name)
-
-
-def fsync_directory(directory: Union[str, os.PathLike]) -> None:
-    """Make the entries of ``directory`` (files created, linked or renamed into it)
-    durable. A no-op where directories cannot be opened (not POSIX)."""
-    try:
-        fd = os.open(directory, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
 
 
 # ----------------------------------------------------------------------------- state
@@ -418,7 +180,7 @@ class CommitLog:
 
     def __init__(self, storage: LogStorage, *, fully_qualified_namespace: str, eventhub_name: str,
                  consumer_group: str, retention: float = 900.0, compact_every: int = 100,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Optional[Callable[[], float]] = None) -> None:
         if retention <= 0:
             raise ConfigurationError(f"retention must be positive, got {retention}")
         if compact_every < 2:
@@ -427,7 +189,9 @@ class CommitLog:
         self.scope = (fully_qualified_namespace, eventhub_name, consumer_group)
         self.retention = float(retention)
         self.compact_every = int(compact_every)
-        self._clock = clock
+        # The running event loop's clock by default: virtual under VirtualTimeLoop, like
+        # every other timed part of the SDK.
+        self._clock = clock or SystemClock().monotonic
         self._state = _State()
         self._loaded = False
         self._tail_seen_at: Optional[float] = None  # when an entry was last found missing (the end)

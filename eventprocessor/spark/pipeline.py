@@ -20,6 +20,7 @@ import logging
 from dataclasses import dataclass, field
 from typing import Deque, Dict, Optional, Protocol
 
+from ..backoff import Backoff
 from ..delivery import PoisonPolicy, RetryPolicy
 from ..errors import PoisonEventsError
 from ..pump import DeadLetter
@@ -124,8 +125,8 @@ class BatchPipeline:
         Batches are queued in the order they were cut, so each partition's ranges commit
         in order."""
         assert self.buffers is not None and self._queue is not None
-        cut = self.buffers.cut()
-        attempt = await self._plan(cut) if cut.events else None
+        events, nbytes = self.buffers.cut()
+        attempt = await self._plan(Attempt(events=events, byte_count=nbytes)) if events else None
         if attempt is None:
             return
         assert self.steps is not None
@@ -136,7 +137,7 @@ class BatchPipeline:
         """cut -> planned, dropping refused partitions; None when nothing is left. A
         failing commit log is retried (with backoff) while any of the claims lasts."""
         assert self.steps is not None
-        delay = 0.5
+        retry = Backoff(0.5, cap=_MAX_BACKOFF)
         while True:
             attempt = self._without_parked(attempt)
             if not attempt.events:
@@ -154,10 +155,10 @@ class BatchPipeline:
                     for claim in attempt.events:
                         self.claims.end(claim)  # a later batch of these claims would skip the dropped events
                     return None
+                delay = retry.next()
                 logger.warning("sink: planning a batch in the commit log failed (%r); retrying in %.1f s", error,
                                delay)
                 await asyncio.sleep(delay)
-                delay = min(delay * 2, _MAX_BACKOFF)
 
     def _without_parked(self, attempt: Attempt) -> Attempt:
         """Events of a parked partition never go in a later batch: that would commit
@@ -237,7 +238,7 @@ class BatchPipeline:
         False: their next claims find the batch committed (and roll it forward) or
         abort it with their fence."""
         assert self.steps is not None
-        delay = 0.5
+        retry = Backoff(0.5, cap=_MAX_BACKOFF)
         while True:
             try:
                 await self.steps.commit(attempt)
@@ -252,10 +253,10 @@ class BatchPipeline:
                     for claim in attempt.events:
                         self.claims.end(claim)
                     return False
+                delay = retry.next()
                 logger.warning("sink: committing batch %s failed (%r); retrying in %.1f s", attempt.batch_id, error,
                                delay)
                 await asyncio.sleep(delay)
-                delay = min(delay * 2, _MAX_BACKOFF)
 
     async def _publish_loop(self) -> None:
         """Committed batches, in commit order: published, then checkpointed."""
@@ -337,16 +338,16 @@ class BatchPipeline:
         failure is retried (loudly) until it works or the sink stops; the partition's
         next claim also rolls it forward."""
         assert self.steps is not None
-        delay = 0.5
+        retry = Backoff(0.5, cap=_MAX_BACKOFF)
         while True:
             try:
                 return await self.steps.publish(attempt)
             except Exception as error:
                 self.stats.last_error = error
+                delay = retry.next()
                 logger.error("sink: publishing committed batch %s failed (%r); trying again in %.1f s",
                              attempt.batch_id, error, delay)
                 await asyncio.sleep(delay)
-                delay = min(delay * 2, _MAX_BACKOFF)
 
     def _committed(self, attempt: Attempt, moved: int) -> None:
         batch = attempt.batch

@@ -12,6 +12,7 @@ from types import TracebackType
 from typing import Any, Deque, Dict, List, Mapping, Optional, Sequence, Type, Union
 
 from ..checkpoint_store import CheckpointStore
+from ..backoff import Backoff
 from ..delivery import PoisonPolicy, RetryPolicy
 from ..errors import ConfigurationError, OwnershipLostError, PoisonEventsError
 from ..events import Event
@@ -381,7 +382,7 @@ class SparkSink:
         """Fence the claim in the commit log (retrying a failing log while the claim
         lasts), then roll forward what needs it. A stale claim ends at once."""
         ctx = claim.context
-        delay = 0.5
+        retry = Backoff(0.5, cap=_MAX_BACKOFF)
         while claim.state is ClaimState.FENCING:
             try:
                 log = await self._log_for(ctx)
@@ -399,10 +400,10 @@ class SparkSink:
                 if not ctx.is_owned:
                     self.end(claim)
                     return
+                delay = retry.next()
                 logger.warning("sink: fencing partition %s of %s/%s in the commit log failed (%r); retrying in "
                                "%.1f s", ctx.partition_id, ctx.eventhub_name, ctx.consumer_group, error, delay)
                 await asyncio.sleep(delay)
-                delay = min(delay * 2, _MAX_BACKOFF)
                 continue
             claim.committed_high_water_mark = result.high_water_mark
             claim.last_sequence_number = -1 if result.high_water_mark is None else result.high_water_mark

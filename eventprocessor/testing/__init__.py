@@ -4,6 +4,9 @@
   leases, ticks and timeouts run in milliseconds with production code paths;
 * :class:`FaultyStore`: switchable faults (latency, black hole, outage, errors, lost
   answers, a saturated single worker) in front of any checkpoint store;
+* :class:`FaultySource`: switchable faults (receive errors, detached links, stalls, a
+  black hole, server-busy throttling, failed opens and listings, a vanished partition)
+  in front of any event source;
 * :class:`DeliveryRecorder` and :func:`recording_handler`: what handlers received, and
   the duplicates, losses, overlaps and deliveries after a claim ended counted from it;
 * :class:`Cluster`: real :class:`~eventprocessor.EventProcessor` s over one in-memory
@@ -25,9 +28,11 @@ Example::
     assert run_virtual(main()) == 0
 """
 from .cluster import Cluster
-from .loop import VIRTUAL_EPOCH, VirtualTimeLoop, run_virtual, virtual_utc_clock
+from .loop import VIRTUAL_EPOCH, ManualClock, VirtualTimeLoop, run_virtual, virtual_utc_clock
 from .recorder import Delivery, DeliveryRecorder, recording_handler
+from .source import FaultyReceiver, FaultySource
 from .store import FaultyStore
 
-__all__ = ["VirtualTimeLoop", "run_virtual", "virtual_utc_clock", "VIRTUAL_EPOCH", "FaultyStore", "Delivery",
+__all__ = ["VirtualTimeLoop", "ManualClock", "run_virtual", "virtual_utc_clock", "VIRTUAL_EPOCH", "FaultyStore",
+           "FaultySource", "FaultyReceiver", "Delivery",
            "DeliveryRecorder", "recording_handler", "Cluster"]

@@ -19,6 +19,7 @@ from ..processor import EventProcessor
 from ..sources.memory import MemoryEventSource
 from .loop import virtual_utc_clock
 from .recorder import DeliveryRecorder, recording_handler
+from .source import FaultySource
 from .store import FaultyStore
 
 __all__ = ["Cluster"]
@@ -26,11 +27,16 @@ __all__ = ["Cluster"]
 
 class Cluster:
     """Processors over one in-memory store (behind a :class:`FaultyStore`) and one
-    :class:`MemoryEventSource`, on the running (virtual) loop."""
+    :class:`MemoryEventSource`, on the running (virtual) loop. With ``source_faults``
+    the processors read the source through a :class:`FaultySource` (``faulty_source``)."""
 
-    def __init__(self, partitions: int, *, seed: int = 0, work: float = 0.0, **processor_options: Any) -> None:
+    def __init__(self, partitions: int, *, seed: int = 0, work: float = 0.0, source_faults: bool = False,
+                 **processor_options: Any) -> None:
         self.rng = random.Random(seed)
         self.source = MemoryEventSource(partitions, clock=virtual_utc_clock())
+        self.faulty_source: Optional[FaultySource] = None
+        if source_faults:
+            self.faulty_source = FaultySource(self.source, rng=random.Random(self.rng.random()))
         self.memory = InMemoryCheckpointStore(clock=virtual_utc_clock())
         self.store = FaultyStore(self.memory, rng=random.Random(self.rng.random()))
         self.ledger = DeliveryRecorder()
@@ -43,13 +49,17 @@ class Cluster:
     def add(self, owner_id: Optional[str] = None, *, store: Optional[FaultyStore] = None,
             **overrides: Any) -> EventProcessor:
         """A new processor; by default on the shared faulty store, or on ``store`` (for
-        faults that hit one processor's link to the store only)."""
+        faults that hit one processor's link to the store only). ``handler=`` overrides
+        the recording handler (a factory or PartitionProcessor subclass)."""
+        overrides = dict(overrides)
+        handler = overrides.pop("handler", self.handler)
         options = {**self.options, **overrides}
 
         async def on_error(error, context):
             self.errors.append(error)
 
-        processor = EventProcessor(self.source, store or self.store, self.handler,
+        source = self.faulty_source if self.faulty_source is not None else self.source
+        processor = EventProcessor(source, store or self.store, handler,
                                    owner_id=owner_id or f"p{len(self.processors)}",
                                    rng=random.Random(self.rng.random()), error_handler=on_error, **options)
         self.processors.append(processor)

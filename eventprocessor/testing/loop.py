@@ -28,7 +28,7 @@ import selectors
 from datetime import datetime, timedelta, timezone
 from typing import Any, Awaitable, Callable, List, Optional, Tuple, TypeVar
 
-__all__ = ["VirtualTimeLoop", "run_virtual", "virtual_utc_clock", "VIRTUAL_EPOCH"]
+__all__ = ["VirtualTimeLoop", "run_virtual", "virtual_utc_clock", "VIRTUAL_EPOCH", "ManualClock"]
 
 _T = TypeVar("_T")
 
@@ -123,3 +123,34 @@ def virtual_utc_clock(epoch: datetime = VIRTUAL_EPOCH) -> Callable[[], datetime]
         return epoch + timedelta(seconds=asyncio.get_running_loop().time())
 
     return now
+
+
+class ManualClock:
+    """A clock that moves only when told to: a processor on it never sees its leases run
+    out (a zombie that believes it still owns its partitions), for fencing tests.
+
+    ``sleep`` yields to the event loop once and returns; callers advance time with
+    :meth:`advance`. Example::
+
+        clock = ManualClock()
+        processor = EventProcessor(..., clock=clock)
+        await processor.balance_once()
+        clock.advance(10)
+    """
+
+    def __init__(self, start: float = 0.0) -> None:
+        self._now = float(start)
+
+    def monotonic(self) -> float:
+        return self._now
+
+    def advance(self, seconds: float) -> None:
+        if seconds < 0:
+            raise ValueError("a clock cannot go backwards")
+        self._now += seconds
+
+    async def sleep(self, seconds: float) -> None:
+        await asyncio.sleep(0)
+
+    def __repr__(self) -> str:
+        return f"ManualClock(now={self._now})"

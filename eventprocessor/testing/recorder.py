@@ -114,12 +114,21 @@ class DeliveryRecorder:
 
 
 def recording_handler(ledger: DeliveryRecorder, *, work: float = 0.0, rng: Optional[random.Random] = None,
-                      checkpoint: bool = True) -> type:
+                      checkpoint: bool = True, checkpoint_every: int = 1, catch_ownership_lost: bool = True,
+                      checkpoint_on_release: bool = True) -> type:
     """A handler class that records every batch into ``ledger`` (a
     :class:`DeliveryRecorder`), spends up to ``work`` virtual seconds on it, and
-    checkpoints its last event."""
+    checkpoints its last event every ``checkpoint_every`` batches of a claim (never with
+    ``checkpoint=False``).
+
+    ``catch_ownership_lost=False`` lets :class:`OwnershipLostError` from
+    ``update_checkpoint`` escape ``process_events``, as handler code that does not expect
+    it does; ``checkpoint_on_release`` is the class attribute of the same name."""
 
     class Recorder(PartitionProcessor):
+        def __init__(self) -> None:
+            self.batches = 0
+
         async def process_events(self, events, context):
             loop = asyncio.get_running_loop()
             if not events:
@@ -128,10 +137,14 @@ def recording_handler(ledger: DeliveryRecorder, *, work: float = 0.0, rng: Optio
             if work:
                 await asyncio.sleep(rng.uniform(0, work) if rng is not None else work)
             delivery.ended = loop.time()
-            if checkpoint:
+            self.batches += 1
+            if checkpoint and checkpoint_every > 0 and self.batches % checkpoint_every == 0:
                 try:
                     await context.update_checkpoint()
-                except (OwnershipLostError, CheckpointStoreError):
+                except OwnershipLostError:
+                    if not catch_ownership_lost:
+                        raise
+                except CheckpointStoreError:
                     pass
 
         async def process_error(self, error, context):
@@ -140,4 +153,5 @@ def recording_handler(ledger: DeliveryRecorder, *, work: float = 0.0, rng: Optio
         async def close(self, reason, context):
             ledger.closes.append((context.owner_id, context.partition_id, reason))
 
+    Recorder.checkpoint_on_release = checkpoint_on_release
     return Recorder

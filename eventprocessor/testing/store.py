@@ -5,11 +5,10 @@ import asyncio
 import math
 import random
 from collections import Counter
-from typing import Any, Awaitable, Callable, Dict, Iterable, List, Optional, TypeVar
+from typing import Any, Awaitable, Callable, Dict, Optional, TypeVar
 
-from ..checkpoint_store import CheckpointStore
+from ..checkpoint_store import CheckpointStore, StoreWrapper
 from ..errors import CheckpointStoreError
-from ..records import Checkpoint, Member, MemberListing, Ownership, OwnershipListing
 
 __all__ = ["FaultyStore"]
 
@@ -18,7 +17,7 @@ _T = TypeVar("_T")
 _WRITES = {"claim_ownership", "update_checkpoint", "fence_checkpoint", "write_member", "release_ownership"}
 
 
-class FaultyStore(CheckpointStore):
+class FaultyStore(StoreWrapper):
     """A store with switchable faults. Every switch can be flipped while processors run.
 
     * ``latency``: seconds added before every call (uniform in [0, latency] with
@@ -40,7 +39,7 @@ class FaultyStore(CheckpointStore):
     """
 
     def __init__(self, inner: CheckpointStore, *, rng: Optional[random.Random] = None) -> None:
-        self.inner = inner
+        super().__init__(inner)
         self.rng = rng or random.Random(0)
         self.latency = 0.0
         self.jitter = False
@@ -85,9 +84,14 @@ class FaultyStore(CheckpointStore):
         return await asyncio.shield(work)
 
     def __getattr__(self, name: str) -> Any:  # request_counts, now(), ... of the inner store
+        if name == "inner":
+            raise AttributeError(name)
         return getattr(self.inner, name)
 
-    async def _through(self, operation: str, call: Callable[[], Awaitable[_T]], units: int = 1) -> _T:
+    async def _forward(self, operation: str, call: Callable[[], Awaitable[_T]], units: int = 1) -> _T:
+        listing = operation == "list_ownership"
+        if listing:
+            units = self._records_listed  # a listing costs the records it returns: the last one's count
         self.calls[operation] += 1
         applies = self.only is None or operation in self.only
         if applies and self.latency:
@@ -107,33 +111,7 @@ class FaultyStore(CheckpointStore):
         if applies and operation in _WRITES and self.lost_answer_rate and self.rng.random() < self.lost_answer_rate:
             self.injected["lost_answer"] += 1
             raise CheckpointStoreError(f"{operation}: injected lost answer (the write was applied)")
+        if listing:
+            ownership = result[0] if isinstance(result, tuple) else result
+            self._records_listed = len(ownership.ownerships)  # type: ignore[union-attr]
         return result
-
-    async def list_ownership(self, *scope: str) -> OwnershipListing:
-        listing = await self._through("list_ownership", lambda: self.inner.list_ownership(*scope),
-                                      self._records_listed)
-        self._records_listed = len(listing.ownerships)  # what the next listing will cost
-        return listing
-
-    async def claim_ownership(self, ownerships: Iterable[Ownership]) -> List[Ownership]:
-        claims = list(ownerships)
-        return await self._through("claim_ownership", lambda: self.inner.claim_ownership(claims), len(claims))
-
-    async def fence_checkpoint(self, ownership: Ownership) -> Optional[Checkpoint]:
-        return await self._through("fence_checkpoint", lambda: self.inner.fence_checkpoint(ownership))
-
-    async def update_checkpoint(self, checkpoint: Checkpoint, *, owner_id: str, epoch: int) -> None:
-        await self._through("update_checkpoint",
-                            lambda: self.inner.update_checkpoint(checkpoint, owner_id=owner_id, epoch=epoch))
-
-    async def list_checkpoints(self, *scope: str) -> List[Checkpoint]:
-        return await self._through("list_checkpoints", lambda: self.inner.list_checkpoints(*scope))
-
-    async def list_members(self, *scope: str) -> MemberListing:
-        return await self._through("list_members", lambda: self.inner.list_members(*scope))
-
-    async def write_member(self, member: Member) -> Member:
-        return await self._through("write_member", lambda: self.inner.write_member(member))
-
-    async def delete_member(self, member: Member) -> None:
-        await self._through("delete_member", lambda: self.inner.delete_member(member))

@@ -1,0 +1,81 @@
+"""The command that installs an extra of this project, from where the user installed it.
+
+This project is not on PyPI: a hint that asks pip for ``eventprocessor[blob]`` from the
+index names a package the index does not have. It is installed from a source checkout (``pip install -e .``), or
+from a wheel or a directory built from one. :func:`install_command` reads which (the
+checkout this code runs from, else the installed distribution's ``direct_url.json``,
+PEP 610) and gives the one command that adds an extra there, quoted for POSIX shells
+(bash, zsh, fish: an unquoted ``.[blob]`` is a glob in zsh).
+"""
+from __future__ import annotations
+
+import json
+import shlex
+from importlib import metadata
+from pathlib import Path
+from typing import Optional, Sequence
+from urllib.parse import unquote, urlsplit
+
+__all__ = ["install_command", "source_checkout"]
+
+_ROOT = Path(__file__).resolve().parent.parent
+DISTRIBUTION = "eventprocessor"
+
+
+def source_checkout() -> Optional[Path]:
+    """The source checkout this package runs from (an editable install, or the tree on
+    ``PYTHONPATH``), or None."""
+    if (_ROOT / "setup.cfg").is_file() and (_ROOT / "eventprocessor").is_dir():
+        return _ROOT
+    return None
+
+
+def _installed_from() -> Optional[str]:
+    """What ``pip install`` was given: a local directory or wheel path, a VCS URL, or
+    None (an index, or not installed as a distribution)."""
+    try:
+        text = metadata.distribution(DISTRIBUTION).read_text("direct_url.json")
+    except metadata.PackageNotFoundError:
+        return None
+    if not text:
+        return None
+    try:
+        info = json.loads(text)
+    except ValueError:
+        return None
+    url = str(info.get("url", ""))
+    if url.startswith("file://"):
+        path = Path(unquote(urlsplit(url).path))
+        return str(path) if path.exists() else None
+    vcs = info.get("vcs_info")
+    if isinstance(vcs, dict) and vcs.get("vcs"):
+        commit = f"@{vcs['commit_id']}" if vcs.get("commit_id") else ""
+        return f"{vcs['vcs']}+{url}{commit}"
+    return url or None
+
+
+def install_command(extras: Sequence[str] = (), packages: Sequence[str] = ()) -> str:
+    """The one command that installs ``extras`` of this project and other ``packages``,
+    from wherever this copy of the project came from.
+
+    Example::
+
+        install_command(["blob"])
+        # from a source checkout:  "pip install -e '/src/eventprocessor[blob]'"
+        # from a wheel:            "pip install '/dist/eventprocessor-0.1.0-py3-none-any.whl[blob]'"
+    """
+    words = ["pip", "install"]
+    if extras:
+        wanted = f"[{','.join(sorted(set(extras)))}]"
+        checkout = source_checkout()
+        origin = _installed_from()
+        if checkout is not None:
+            words += ["-e", shlex.quote(f"{checkout}{wanted}")]
+        elif origin is not None and "://" not in origin:
+            words.append(shlex.quote(f"{origin}{wanted}"))
+        elif origin is not None:
+            words.append(shlex.quote(f"{DISTRIBUTION}{wanted} @ {origin}"))
+        else:  # installed from an index of your own, or copied: the same source again, with the extra
+            words.append(shlex.quote(f"{DISTRIBUTION}{wanted}"))
+    words += [shlex.quote(package) for package in packages]
+    return " ".join(words)

@@ -1,0 +1,151 @@
+"""Dispatcher: one pump per owned claim, started from where the claim resumes.
+
+For each claim the taker won and fenced, the dispatcher picks the starting position (the
+fenced checkpoint, or the initial position when there is none or when
+``override_checkpoints`` says so, once per partition), builds the claim's
+:class:`~eventprocessor.partition.PartitionContext` (whose checkpoints are fenced by the
+claim's epoch and allowed only while its lease is valid) and starts its
+:class:`~eventprocessor.pump.PartitionPump`. It hears when a pump ends.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import TYPE_CHECKING, Callable, Dict, Iterable, List, Optional, Set
+
+from .checkpoint_store import CheckpointStore
+from .errors import ConfigurationError, OwnershipLostError
+from .events import EventPosition
+from .lease import Lease, LeaseState
+from .lease_table import LeaseTable
+from .options import ProcessorOptions
+from .partition import PartitionContext
+from .pump import LoopBlocked, PartitionPump
+from .records import Checkpoint
+from .reporting import Reporter
+from .state import StateKeeper, StateLog
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .warmup import Warmup
+from .store_history import StoreHistory
+from .telemetry import Telemetry
+
+__all__ = ["Dispatcher"]
+
+logger = logging.getLogger(__name__)
+
+
+class Dispatcher:
+    """Starts the pumps of won claims.
+
+    ``on_pump_ended()`` is called whenever a pump's task ends (the watchdog reconciles);
+    ``on_fatal(error)`` when a pump proves that no claim can ever work (the factory does
+    not make a ``PartitionProcessor``)."""
+
+    def __init__(self, *, options: ProcessorOptions, store: CheckpointStore, table: LeaseTable,
+                 history: StoreHistory, reporter: Reporter, telemetry: Telemetry, describe: str,
+                 on_loop_blocked: LoopBlocked, on_pump_ended: Callable[[], None],
+                 on_fatal: Callable[[Exception], None], on_started: Callable[[], None]) -> None:
+        self._options = options
+        self._store = store
+        self._table = table
+        self.warmup: Optional["Warmup"] = None
+        self._history = history
+        self._reporter = reporter
+        self._telemetry = telemetry
+        self._describe = describe
+        self._on_loop_blocked = on_loop_blocked
+        self._on_pump_ended = on_pump_ended
+        self._on_fatal = on_fatal
+        self._on_started = on_started
+        self._overridden: Set[str] = set()
+
+    def starting_position(self, partition_id: str, checkpoint: Optional[Checkpoint]) -> EventPosition:
+        """The checkpoint, unless there is none or this processor was told to override
+        it (once per partition in its life); then the initial position."""
+        options = self._options
+        initial = options.initial_position_of(partition_id)
+        if options.overrides(partition_id) and partition_id not in self._overridden:
+            self._overridden.add(partition_id)
+            if checkpoint is not None:
+                logger.warning("processor %s: partition %s starts at %s, not at its checkpoint (sequence number %d), "
+                               "as override_checkpoints asks", self._describe, partition_id, initial,
+                               checkpoint.sequence_number)
+            return initial
+        if checkpoint is not None:
+            return EventPosition.from_sequence_number(checkpoint.sequence_number)
+        return initial
+
+    def start(self, lease: Lease, checkpoint: Optional[Checkpoint]) -> None:
+        """Start the pump of ``lease`` (a claim won and fenced) from ``checkpoint``."""
+        options, table, clock = self._options, self._table, self._options.clock
+        pid = lease.partition_id
+        if checkpoint is not None:
+            self._history.knew(pid, checkpoint)
+        position = self.starting_position(pid, checkpoint)
+
+        def lost() -> None:
+            table.lost(lease)
+            self._on_pump_ended()
+
+        def remember(written: Checkpoint) -> None:
+            self._history.knew(pid, written)
+
+        keeper: Optional[StateKeeper] = None
+        if options.stateful:
+            keeper = StateKeeper(StateLog(self._store, options.scope, pid), epoch=lease.epoch)
+            replica = self.warmup.take(pid) if self.warmup is not None else None
+            if replica is not None:
+                replica.hand_over(keeper)  # warm: the pump only catches up with the checkpoint
+        context = PartitionContext(
+            fully_qualified_namespace=options.source.fully_qualified_namespace,
+            eventhub_name=options.source.eventhub_name, consumer_group=options.consumer_group,
+            partition_id=pid, owner_id=options.owner_id, epoch=lease.epoch,
+            checkpoint_store=self._store, is_owned=lambda: lease.dispatchable(clock.monotonic()),
+            may_checkpoint=lambda: lease.may_checkpoint(clock.monotonic()), on_ownership_lost=lost,
+            on_checkpoint=remember, state=keeper,
+        )
+        context.last_checkpoint = checkpoint
+        pump = PartitionPump(
+            context=context, factory=options.factory, source=options.source, starting_position=position,
+            max_batch_size=options.max_batch_size, max_wait_time=options.max_wait_time, prefetch=options.prefetch,
+            clock=clock, handler_timeout=options.timing.handler_timeout, retry_policy=options.retry_policy,
+            on_poison=options.on_poison, dead_letter=options.dead_letter,
+            on_user_code_error=self._reporter.user_code_failed,
+            track_last_enqueued_event_properties=options.track_last_enqueued, telemetry=self._telemetry,
+            handler_executor=options.handler_executor, on_loop_blocked=self._on_loop_blocked,
+            state=keeper, checkpoint=checkpoint,
+        )
+        table.started(lease, pump)
+        pump.start().add_done_callback(lambda _task: self._ended(lease))
+        self._on_started()
+        logger.debug("processor %s starts partition %s (epoch %d) from %s", self._describe, pid, lease.epoch,
+                     position)
+
+    def _ended(self, lease: Lease) -> None:
+        pump = lease.pump
+        failure = pump.failure if pump is not None else None
+        if isinstance(failure, ConfigurationError):
+            # The factory returned something that is not a PartitionProcessor: no claim
+            # can ever work. Say so once and stop, rather than fail on every claim.
+            self._on_fatal(failure)
+        elif isinstance(failure, Exception) and not isinstance(failure, OwnershipLostError):
+            self._reporter.user_code_failed("the partition processor factory", failure)
+        self._on_pump_ended()
+
+    async def wait_for_pumps(self, pumps: Iterable[PartitionPump], timeout: float) -> List[PartitionPump]:
+        """Wait up to ``timeout`` for ``pumps`` to end; return those still running."""
+        live = [p for p in pumps if p.alive]
+        tasks = [p.task for p in live if p.task is not None]
+        if tasks:
+            waiting = asyncio.ensure_future(asyncio.wait(tasks))
+            timer = asyncio.ensure_future(self._options.clock.sleep(timeout))
+            await asyncio.wait({waiting, timer}, return_when=asyncio.FIRST_COMPLETED)
+            timer.cancel()
+            waiting.cancel()
+        return [p for p in live if p.alive]
+
+    def lag(self) -> Dict[str, Optional[int]]:
+        """Events behind per owned partition (see :meth:`EventProcessor.lag`)."""
+        return {lease.partition_id: (lease.pump.context.lag if lease.pump is not None else None)
+                for lease in self._table.in_state(LeaseState.OWNED)}

@@ -1,0 +1,118 @@
+"""Warm replicas of partition state, and the pure plans of who keeps them.
+
+KIP-441's idea, on this SDK's records: a stateful partition moves only once its new owner
+has its state. A processor that is about to ask for a partition (a planned move) loads
+the state first, while the owner keeps processing, and follows the owner's commits; it
+writes the handoff request once it is within ``acceptable_recovery_lag`` events of the
+owner's last checkpoint. At the handoff it reads only the changes since, so the pause
+does not grow with the state. ``num_standbys`` keeps such replicas all the time on other
+processors (chosen by rendezvous hashing), and a crashed owner's partition is claimed by
+its most caught-up live standby.
+
+:func:`standby_plan` and :func:`failover_plan` are pure: every processor that reads the
+same records computes the same plans.
+"""
+from __future__ import annotations
+
+import hashlib
+from typing import Dict, Iterable, Mapping, Optional, Set
+
+from ..records import Checkpoint
+from .keeper import StateKeeper
+from .log import StateLog
+
+__all__ = ["WarmReplica", "standby_plan", "failover_plan", "encode_lags", "decode_lags", "LAGS_PROPERTY"]
+
+LAGS_PROPERTY = "standbylags"
+"""The member-record property where a processor publishes its replicas' lags."""
+
+
+def _score(partition_id: str, owner_id: str) -> int:
+    return int.from_bytes(hashlib.blake2b(f"{partition_id}/{owner_id}".encode(), digest_size=8).digest(), "big")
+
+
+def standby_plan(owners: Mapping[str, str], members: Iterable[str], count: int) -> Dict[str, Set[str]]:
+    """Which partitions each member keeps a standby replica of: for every owned
+    partition, the ``count`` live members other than its owner that score highest for
+    it (rendezvous hashing: a member that comes or goes moves few replicas)."""
+    plan: Dict[str, Set[str]] = {member: set() for member in members}
+    if count <= 0:
+        return plan
+    for pid, owner in owners.items():
+        ranked = sorted((m for m in plan if m != owner), key=lambda m: (-_score(pid, m), m))
+        for member in ranked[:count]:
+            plan[member].add(pid)
+    return plan
+
+
+def failover_plan(claimable: Iterable[str], lags: Mapping[str, Mapping[str, int]],
+                  acceptable_recovery_lag: int) -> Dict[str, str]:
+    """Who should claim each claimable partition (expired or released) that some live
+    member keeps a replica of: the most caught-up one (lags within
+    ``acceptable_recovery_lag`` count as caught up; ties go to the lower owner id).
+    ``lags``: member -> partition -> events behind."""
+    plan: Dict[str, str] = {}
+    for pid in claimable:
+        candidates = [(max(0, lag - acceptable_recovery_lag), member) for member, per in lags.items()
+                      if (lag := per.get(pid)) is not None]
+        if candidates:
+            plan[pid] = min(candidates)[1]
+    return plan
+
+
+def encode_lags(lags: Mapping[str, int]) -> str:
+    return ";".join(f"{pid}={lag}" for pid, lag in sorted(lags.items()))
+
+
+def decode_lags(text: Optional[str]) -> Dict[str, int]:
+    lags: Dict[str, int] = {}
+    for part in (text or "").split(";"):
+        pid, _, lag = part.partition("=")
+        if pid and lag.lstrip("-").isdigit():
+            lags[pid] = int(lag)
+    return lags
+
+
+class WarmReplica:
+    """A copy of one partition's state that follows the owner's commits.
+
+    Example::
+
+        replica = WarmReplica(StateLog(store, scope, "3"))
+        await replica.follow(checkpoint)       # restore at first, then only the changes since
+        replica.lag(checkpoint)                # events behind the owner's last checkpoint
+    """
+
+    def __init__(self, log: StateLog) -> None:
+        self.log = log
+        self.keeper = StateKeeper(log, epoch=0)
+        self.sequence_number: Optional[int] = None  # the checkpoint position the replica's state goes with
+        self.loaded = False
+        self.entries_read = 0
+
+    @property
+    def partition_id(self) -> str:
+        return self.log.partition_id
+
+    async def follow(self, checkpoint: Optional[Checkpoint]) -> None:
+        """Catch up with ``checkpoint`` (the owner's latest)."""
+        if not self.loaded:
+            restored = await self.keeper.restore(checkpoint)
+            self.entries_read += restored.entries_read
+            self.loaded = True
+        else:
+            applied = await self.keeper.catch_up(checkpoint)
+            self.entries_read += max(applied, 0)
+        self.sequence_number = None if checkpoint is None else checkpoint.sequence_number
+
+    def lag(self, checkpoint: Optional[Checkpoint]) -> Optional[int]:
+        """Events between the replica's state and ``checkpoint``; None before it loaded."""
+        if not self.loaded:
+            return None
+        if checkpoint is None:
+            return 0
+        return max(0, checkpoint.sequence_number - (self.sequence_number if self.sequence_number is not None else -1))
+
+    def hand_over(self, keeper: StateKeeper) -> None:
+        """Give the replica's state to the claim that takes the partition."""
+        keeper.adopt(self.keeper.state, self.keeper.head, self.sequence_number)

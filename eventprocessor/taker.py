@@ -1,0 +1,493 @@
+"""Taker: one balancing tick, and the loop that runs it.
+
+A tick (:meth:`Taker.tick`): read the partition ids, list ownership and members in one
+store call, check the store's history, reconcile the lease table with the listing, ask
+the pure balancer (:func:`~eventprocessor.balancer.decide`) what to claim, ask owners
+for handoffs, write the claims (``BATCH`` per call), fence each won partition's
+checkpoint and hand the claim to the dispatcher. The loop (:meth:`Taker.run`) ticks
+every ``load_balancing_interval``, jittered, sooner while waiting on a handoff, and
+backs off while store calls time out (:mod:`eventprocessor.backoff`).
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass, field, replace
+from typing import Callable, Dict, FrozenSet, Iterable, List, Mapping, Optional, Set, Tuple
+
+from .backoff import Congestion, TickBackoff
+from .balancer import decide
+from .bounded_store import BATCH, BoundedStore
+from .dispatcher import Dispatcher
+from .errors import EventSourceError, OwnershipLostError, StaleEpochError, StoreDataLostError
+from .lease import Lease, LeaseState, Reconciliation, Snapshot
+from .lease_table import LeaseTable, sorted_ids
+from .load_plan import LOAD_PROPERTY, MemberLoad, decode_load
+from .membership import Membership
+from .options import ProcessorOptions
+from .records import MAX_EPOCH, Checkpoint, Ownership, OwnershipListing
+from .reporting import Reporter
+from .stats import ProcessorStats
+from .store_history import StoreHistory
+from .telemetry import Telemetry
+from .warmup import Warmup
+from .watchdog import Watchdog, sleep_or_wake
+from .writer import OwnershipWriter
+
+__all__ = ["Taker", "BalanceReport"]
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class BalanceReport:
+    """What one balancing tick did. For logs, tests and the convergence benchmark."""
+
+    owned: FrozenSet[str]
+    claimed: FrozenSet[str]
+    renewed: FrozenSet[str]
+    stolen: Mapping[str, str]
+    lost: FrozenSet[str]
+    failed_claims: FrozenSet[str]
+    requests: Mapping[str, int] = field(default_factory=dict)
+    error: Optional[Exception] = None
+    duration: float = 0.0
+
+
+def _loads(members: Optional[Mapping[str, Mapping[str, str]]]) -> Optional[Dict[str, MemberLoad]]:
+    """The loads live members published (those that published one)."""
+    if members is None:
+        return None
+    loads = {member: decode_load(properties.get(LOAD_PROPERTY)) for member, properties in members.items()}
+    return {member: load for member, load in loads.items() if load is not None}
+
+
+class Taker:
+    """Claims what the balancer says this processor should own."""
+
+    def __init__(self, *, options: ProcessorOptions, store: BoundedStore, writer: OwnershipWriter,
+                 table: LeaseTable, history: StoreHistory, membership: Membership, dispatcher: Dispatcher,
+                 watchdog: Watchdog, reporter: Reporter, stats: ProcessorStats, telemetry: Telemetry,
+                 describe: str, halted: Callable[[], bool], warmup: Optional[Warmup] = None) -> None:
+        self._options = options
+        self._timing = options.timing
+        self._clock = options.clock
+        self._rng = options.rng
+        self._store = store
+        self._writer = writer
+        self._table = table
+        self._history = history
+        self._membership = membership
+        self._dispatcher = dispatcher
+        self._watchdog = watchdog
+        self._reporter = reporter
+        self._stats = stats
+        self._telemetry = telemetry
+        self._describe = describe
+        self._halted = halted
+        self._warmup = warmup
+        self._wake = asyncio.Event()
+        self._store_answered = asyncio.Event()  # set by a prompt, successful store call while backing off
+        self._backoff = TickBackoff(interval=self._timing.interval,
+                                    cap=max(self._timing.interval, self._timing.expiration), rng=self._rng)
+        self._timeouts_seen = 0
+        self._listing_seconds: Optional[float] = None  # how long the last tick's listing took (None: no answer)
+        self._partition_ids: Optional[List[str]] = None  # the source's last answer
+        self._source_busy_until = float("-inf")  # a throttled hub's retry-after, on the local clock
+        self.requests_made: dict = {}
+        """Partition -> local time this processor asked its owner for it (a handoff)."""
+        store.observers.append(self._note_prompt_answer)
+
+    def wake(self) -> None:
+        """List now (a renewal lost its conditional write)."""
+        self._wake.set()
+
+    # ----------------------------------------------------------------- the loop
+    async def run(self) -> None:
+        """Tick until cancelled (or until the processor halts on a fatal error)."""
+        interval = self._timing.interval
+        if self._membership.state is None:
+            await self._membership.join()
+        while not self._halted():
+            self._wake.clear()
+            started = self._clock.monotonic()
+            try:
+                await self.tick()
+            except asyncio.CancelledError:
+                raise
+            except Exception as error:  # never let one bad tick end the loop
+                logger.exception("processor %s: load-balancing tick failed", self._describe)
+                self._reporter.report(error, [])
+            if self._halted():
+                return
+            elapsed = self._clock.monotonic() - started
+            pause = interval * self._rng.uniform(0.9, 1.1)
+            backed_off = self._back_off_if_store_timed_out()
+            if backed_off is not None:
+                # A saturated store drains only if its callers slow down. But a processor
+                # that owns nothing (its leases ran out in an outage) and sees a store call
+                # answered promptly meanwhile (a heartbeat) ticks within one jittered
+                # interval instead of waiting out the whole pause: the outage is over.
+                # (One that owns partitions keeps them through its renewals, and waits.)
+                self._store_answered.clear()
+                await sleep_or_wake(self._clock, backed_off - elapsed, self._store_answered)
+                if self._store_answered.is_set():
+                    await self._clock.sleep(interval * self._rng.uniform(0.0, 1.0))
+                continue
+            if self.requests_made:
+                # Waiting on a handoff: look again soon, to take the partition as soon as
+                # its owner writes it over (a few extra listings, during moves only).
+                pause = min(pause, interval / 4)
+            await sleep_or_wake(self._clock, pause - elapsed, self._wake)
+
+    def _note_prompt_answer(self, operation: str, seconds: float, error: Optional[BaseException]) -> None:
+        # Runs after every store call: the cheap tests first; only a backing-off loop waits on it.
+        if self._backoff.backing_off and error is None and seconds < self._timing.store_timeout / 4 \
+                and not self._table.owned():
+            self._store_answered.set()
+
+    def _back_off_if_store_timed_out(self) -> Optional[float]:
+        """After a tick: the pause before the next one while the store times out (see
+        :mod:`eventprocessor.backoff`), or None for the usual interval."""
+        timeouts = sum(self._store.timeouts.values())
+        timed_out = timeouts - self._timeouts_seen
+        self._timeouts_seen = timeouts
+        level = self._backoff.level
+        seen = Congestion.of(timed_out=timed_out > 0, listing_seconds=self._listing_seconds,
+                             store_timeout=self._timing.store_timeout)
+        pause = self._backoff.after_tick(seen)
+        self._stats.backoff_level = self._backoff.level
+        if pause is None:
+            if level:
+                logger.warning("processor %s: the checkpoint store answers in time again; balancing every %g s "
+                               "again", self._describe, self._timing.interval)
+            return None
+        self._stats.backed_off_ticks += 1
+        self._telemetry.backed_off()
+        if self._backoff.level > level:
+            logger.warning(
+                "processor %s: %d checkpoint-store call(s) timed out since the last tick (its listing: %s; "
+                "store_timeout=%g s): the store is saturated or unreachable. Backing off so that it can drain: "
+                "the next tick in %.1f s "
+                "instead of %g s (level %d of %d), claiming at most %d partitions per tick; renewals keep "
+                "their own schedule. If this persists, the store cannot serve this many processors and partitions "
+                "at this interval: raise load_balancing_interval (README, \"Timing\").", self._describe, timed_out,
+                "no answer" if self._listing_seconds is None else f"answered in {self._listing_seconds:.1f} s",
+                self._timing.store_timeout, pause, self._timing.interval, self._backoff.level,
+                self._backoff.max_level, BATCH)
+        return pause
+
+    # ----------------------------------------------------------------- one tick
+    async def tick(self) -> BalanceReport:
+        """Run one load-balancing tick: list, reconcile, decide, claim, fence, start pumps.
+
+        Store and source failures are logged (first at once, then at a bounded rate) and
+        reported to ``error_handler``; the processor keeps running, and its leases are
+        kept by the renewer or run out on their own if the store stays unreachable.
+        """
+        stats = self._stats
+        stats.ticks += 1
+        started = self._clock.monotonic()
+        report = await self._tick()
+        duration = self._clock.monotonic() - started
+        stats.last_tick_duration = duration
+        stats.max_tick_duration = max(stats.max_tick_duration, duration)
+        stats.claims_won += len(report.claimed)
+        stats.claims_lost += len(report.failed_claims)
+        stats.steals += len(report.stolen)
+        self._telemetry.tick(duration, duration > self._timing.interval)
+        self._telemetry.claims_lost_race(len(report.failed_claims))
+        if duration > self._timing.interval:
+            self._overran(started, duration)
+        return replace(report, duration=duration)
+
+    def _overran(self, started: float, duration: float) -> None:
+        self._stats.overruns += 1
+        now = self._clock.monotonic()
+        stall = self._watchdog.last_stall
+        if stall is not None and stall[1] > started:
+            cause = (f"the event loop was blocked for {stall[1] - stall[0]:.1f} s during it by a handler (see the "
+                     "warning about it)")
+        else:
+            cause = ("the store or this machine's CPU cannot keep up with this many partitions and processors "
+                     "per process; raise the interval or run fewer processors per process")
+        overdue = sorted_ids(lease.partition_id for lease in self._table.in_state(LeaseState.OWNED)
+                             if lease.renew_at < now - self._timing.renewal_retry)
+        leases = (f"the renewals of partitions {overdue} are overdue" if overdue
+                  else "leases are renewed apart from ticks and none is overdue")
+        logger.warning(
+            "processor %s: a load-balancing tick took %.2f s, longer than load_balancing_interval=%g s "
+            "(expiration %g s, %d partitions owned): %s. Balancing is slower than configured: %s.",
+            self._describe, duration, self._timing.interval, self._timing.expiration, len(self._table), leases,
+            cause)
+
+    async def _tick(self) -> BalanceReport:
+        options, table = self._options, self._table
+        source = options.source
+        owned_before = table.owned()
+        if self._clock.monotonic() < self._source_busy_until and self._partition_ids is not None:
+            partition_ids = self._partition_ids  # the hub asked to be left alone (server busy): the ids it gave
+        else:
+            try:
+                partition_ids = await source.get_partition_ids()
+            except Exception as error:
+                failure = error if isinstance(error, EventSourceError) else EventSourceError(
+                    f"reading the partition ids of {source.fully_qualified_namespace}/{source.eventhub_name} "
+                    f"failed: {error!r}", fully_qualified_namespace=source.fully_qualified_namespace,
+                    eventhub_name=source.eventhub_name)
+                if failure.retry_after:
+                    self._source_busy_until = self._clock.monotonic() + failure.retry_after
+                self._reporter.tick_failed("source", failure)
+                return self._empty_report(error=failure)
+            self._partition_ids = list(partition_ids)
+            self._reporter.tick_recovered("source")
+        listed_at = self._clock.monotonic()
+        # A slow listing shows the store as it was when it was sent: compare it with the
+        # epochs known then, not with what this processor wrote meanwhile (a handoff).
+        seen_before = self._history.epochs()
+        self._listing_seconds = None
+        try:
+            listing, member_listing = await self._store.list_ownership_and_members(*options.scope)
+        except Exception as error:
+            self._reporter.tick_failed("store", error)
+            return self._empty_report(error=error)
+        self._listing_seconds = self._clock.monotonic() - listed_at
+        self._reporter.tick_recovered("store")
+
+        snapshot = Snapshot(records={r.partition_id: r for r in listing.ownerships}, server_time=listing.server_time,
+                            sent_at=listed_at, unreadable=frozenset(u.partition_id for u in listing.unreadable))
+        self._check_store_history(listing, seen_before)
+        reconciliation = table.reconcile(snapshot)
+        lost = owned_before - table.owned()
+
+        now = self._clock.monotonic()
+        members = self._membership.live(member_listing)
+        warmup = self._warmup
+        preferred = warmup.plan(listing, members, table.held()) if warmup is not None else None
+        decision = decide(
+            listing, partition_ids, options.owner_id,
+            fully_qualified_namespace=source.fully_qualified_namespace, eventhub_name=source.eventhub_name,
+            consumer_group=options.consumer_group, strategy=options.strategy,
+            expiration_interval=self._timing.expiration, rng=self._rng,
+            members=members, balance_factor=options.balance_factor, preferred=preferred,
+            balance_by=options.balance_by, load_policy=options.load_policy,
+            loads=_loads(members) if options.balance_by == "load" else None,
+            handoff_timeout=options.handoff_timeout,
+            requests_made={pid: now - at for pid, at in self.requests_made.items()},
+            replica_count=options.replica_count,
+        )
+        asks = list(decision.handoff_requests)
+        if warmup is not None:
+            # A stateful partition is asked for only once its state is warm here (KIP-441).
+            warmup.want({r.partition_id for r in asks} | set(decision.awaiting_handoff))
+            asks = [r for r in asks if warmup.ready(r.partition_id)]
+        await self._ask_for_handoffs(asks, decision.awaiting_handoff)
+        held = table.held()
+        claims = [self._history.above_seen(c) for c in decision.claims if c.partition_id not in held]
+        if self._backoff.backing_off:
+            claims = claims[:BATCH]  # one batch at a time while the store drains
+        claims += self._reclaims_after_store_loss(reconciliation, snapshot, held | {c.partition_id for c in claims},
+                                                  partition_ids)
+        adoptions = [r for r in reconciliation.adopt if r.partition_id not in held]
+        won, failed, claim_error = await self._take(claims, adoptions)
+        adopted = {r.partition_id for r in adoptions}
+        claimed = frozenset(won) - adopted
+        self._stats.adopted += len(set(won) & adopted)
+        stolen = {pid: owner for pid, owner in decision.stolen_from.items() if pid in claimed}
+        expired = set(decision.expired)
+        for pid in sorted_ids(won):
+            lease = table.get(pid)
+            epoch = lease.epoch if lease is not None else 0
+            if pid in adopted:
+                table.changed("adopted", pid, epoch, "the record names this processor (handed over to it, or a "
+                                                     "claim whose answer was lost)")
+            elif pid in stolen:
+                table.changed("stolen", pid, epoch, f"taken from {stolen[pid]} to balance the load")
+            elif pid in expired:
+                table.changed("expired", pid, epoch, "its previous owner's record had expired")
+            else:
+                table.changed("claimed", pid, epoch, "it had no owner")
+        requests = {"list_ownership": 1, "claim_ownership": len(claims) + len(adoptions)}
+        return BalanceReport(owned=table.owned(), claimed=claimed, renewed=frozenset(), stolen=stolen,
+                             lost=frozenset(lost), failed_claims=frozenset(failed), requests=requests,
+                             error=claim_error)
+
+    def _empty_report(self, *, error: Exception) -> BalanceReport:
+        return BalanceReport(self._table.owned(), frozenset(), frozenset(), {}, frozenset(), frozenset(),
+                             requests={}, error=error)
+
+    # ----------------------------------------------------------------- store history
+    def _check_store_history(self, listing: OwnershipListing, seen_before: Mapping[str, int]) -> None:
+        found = self._history.check(listing, seen_before, held={lease.partition_id for lease in self._table},
+                                    ended_at=self._table.ended_at, now=self._clock.monotonic(),
+                                    expiration=self._timing.expiration)
+        if found is not None:
+            self.store_lost(*found)
+
+    def store_lost(self, what: str, partition_ids: List[str]) -> None:
+        """Report that the store lost data (records or checkpoints seen before)."""
+        options = self._options
+        error = StoreDataLostError(
+            f"checkpoint store data loss on {options.source.eventhub_name}/{options.consumer_group}: {what}. The "
+            "store was restored, wiped or restarted empty; partitions whose checkpoints are gone restart from "
+            + ("the last checkpoint this processor knew (refuse_checkpoint_rewind=True)" if options.refuse_rewind
+               else "initial_event_position, so their events are processed again"),
+            partition_ids=tuple(partition_ids))
+        logger.error("processor %s: %s", self._describe, error)
+        self._stats.store_data_lost += 1
+        affected = [lease for lease in (self._table.get(pid) for pid in partition_ids) if lease is not None]
+        self._reporter.report(error, affected, to_every_handler=not affected)
+
+    def _reclaims_after_store_loss(self, reconciliation: Reconciliation, snapshot: Snapshot, taken: Set[str],
+                                   partition_ids: Iterable[str]) -> List[Ownership]:
+        """With ``refuse_checkpoint_rewind``, a partition whose record vanished from under
+        this processor's lease is claimed back by it at once (it notices first, through
+        its failing renewal), so that the checkpoint it knew is the one restored; the
+        balance is restored later by handoffs."""
+        if not self._options.refuse_rewind:
+            return []
+        existing = set(partition_ids)
+        mine = self._history.take_lost_mine(reconciliation.store_lost)
+        scope = self._options.scope
+        return [self._history.above_seen(Ownership(*scope, pid, self._options.owner_id, epoch=1))
+                for pid in sorted_ids(mine)
+                if pid not in taken and pid in existing and pid not in snapshot.records
+                and pid not in snapshot.unreadable and self._history.known_checkpoint(pid) is not None]
+
+    # ----------------------------------------------------------------- handoffs
+    async def _ask_for_handoffs(self, requests: Iterable[Ownership], awaiting: Iterable[str]) -> None:
+        """Mark records as requested by this processor (their owners hand them over), and
+        remember when, to steal only if an owner does not answer within handoff_timeout."""
+        pending = set(awaiting)
+        for pid in list(self.requests_made):
+            if pid not in pending:
+                del self.requests_made[pid]
+        asks = list(requests)
+        if not asks:
+            return
+        now = self._clock.monotonic()
+        written = await self._writer.write(asks)
+        if not written.answered:
+            logger.warning("processor %s: asking for partitions %s failed: %r", self._describe,
+                           sorted_ids(r.partition_id for r in asks), written.error)
+            return
+        for record in written.won:
+            self.requests_made.setdefault(record.partition_id, now)
+            self._stats.handoffs_requested += 1
+        if written.won:
+            logger.info("processor %s asked for partitions %s (owners: %s)", self._describe,
+                        sorted_ids(r.partition_id for r in written.won), sorted({r.owner_id for r in written.won}))
+
+    # ----------------------------------------------------------------- claiming
+    async def _take(self, claims: List[Ownership], adoptions: List[Ownership]
+                    ) -> Tuple[List[str], List[str], Optional[Exception]]:
+        """Write ``claims`` (new owners) and ``adoptions`` (records naming us, rewritten as
+        they are), fence each won partition's checkpoint and start its pump. Returns the
+        partitions now dispatched, those whose claim was not won, and a store error."""
+        records = claims + adoptions
+        error: Optional[Exception] = None
+        not_written: Set[str] = set()
+        failed: List[str] = []
+        started: List[Optional[str]] = []
+        # BATCH at a time (see bounded_store.BATCH): claimed in one call, then fenced
+        # together, before the next batch is claimed. A lease runs from its claim, so a
+        # claim never waits long for its fence, and each call's deadline covers its own
+        # requests only.
+        for first in range(0, len(records), BATCH):
+            batch = records[first:first + BATCH]
+            sent_at = self._clock.monotonic()
+            leases = {r.partition_id: self._table.claiming(r) for r in batch}
+            written = await self._writer.write(batch)
+            if written.error is not None:
+                error = written.error
+                not_written |= set(written.failed) if written.answered else \
+                    {r.partition_id for r in records[first:]}
+            answered_at = self._clock.monotonic()
+            won_by_pid = written.by_partition()
+            fences = []
+            for pid, lease in leases.items():
+                record = won_by_pid.get(pid)
+                if record is None or lease.state is not LeaseState.CLAIMING:
+                    failed.append(pid)
+                    self._table.drop(lease)
+                    continue
+                self._history.saw(pid, record.epoch)
+                self._table.confirm(lease, record, sent_at=sent_at, answered_at=answered_at)
+                fences.append(self._fence_and_start(lease))
+            started += await asyncio.gather(*fences)
+            if not written.answered:  # the store did not answer: the rest waits for the next tick
+                failed += [r.partition_id for r in records[first + BATCH:]]
+                break
+        if error is not None:
+            logger.warning("processor %s: claiming partitions %s failed: %r", self._describe,
+                           sorted_ids(not_written or (r.partition_id for r in records)), error)
+            self._reporter.report(error, [])
+        return [pid for pid in started if pid is not None], failed, error
+
+    async def _fence_and_start(self, lease: Lease) -> Optional[str]:
+        """Fence the checkpoint of a won claim and start its pump. On a stale epoch (the
+        record had lost its epoch), claim once more above the stored one."""
+        pid = lease.partition_id
+        for attempt in (1, 2):
+            try:
+                checkpoint = await self._store.fence_checkpoint(lease.record)
+                break
+            except StaleEpochError as stale:
+                if attempt == 2 or stale.stored_epoch >= MAX_EPOCH:
+                    logger.error("processor %s: partition %s: %s", self._describe, pid, stale)
+                    self._reporter.report(stale, [])
+                    self._table.drop(lease)
+                    return None
+                logger.warning("processor %s: partition %s: the checkpoint carries epoch %d, not below the claim's "
+                               "%d (the ownership record lost its epoch); claiming again above it", self._describe,
+                               pid, stale.stored_epoch, lease.epoch)
+                sent_at = self._clock.monotonic()
+                written = await self._writer.write([replace(lease.record, epoch=stale.stored_epoch + 1)])
+                if written.error is not None:
+                    self._reporter.report(written.error, [])
+                if not written.won or lease.state is not LeaseState.CLAIMING:
+                    self._table.drop(lease)
+                    return None
+                self._table.confirm(lease, written.won[0], sent_at=sent_at, answered_at=self._clock.monotonic())
+                self._history.saw(pid, written.won[0].epoch)
+            except OwnershipLostError as error:
+                logger.info("processor %s: partition %s was taken before its checkpoint was fenced: %s",
+                            self._describe, pid, error)
+                self._table.drop(lease)
+                return None
+            except Exception as error:
+                # The claim is won but the checkpoint could not be fenced: do not dispatch.
+                # The record names us, so the next tick adopts it and tries again.
+                logger.warning("processor %s: fencing the checkpoint of partition %s failed: %r", self._describe,
+                               pid, error)
+                self._reporter.report(error, [])
+                self._table.drop(lease)
+                return None
+        if lease.state is not LeaseState.CLAIMING:
+            return None
+        known = self._history.checkpoint_went_back(pid, checkpoint)
+        if known is not None:
+            found = "none" if checkpoint is None else \
+                f"sequence number {checkpoint.sequence_number} (epoch {checkpoint.epoch})"
+            if self._options.refuse_rewind:
+                checkpoint = await self._restore_checkpoint(lease, known)
+            self._dispatcher.start(lease, checkpoint)
+            self.store_lost(f"the checkpoint of partition {pid} was at sequence number {known.sequence_number} "
+                            f"(epoch {known.epoch}) and is now {found}", [pid])
+            return pid
+        self._dispatcher.start(lease, checkpoint)
+        return pid
+
+    async def _restore_checkpoint(self, lease: Lease, known: Checkpoint) -> Checkpoint:
+        """refuse_checkpoint_rewind: resume from the checkpoint this processor knew and
+        write it back, so that later owners do not rewind either."""
+        owner_id = self._options.owner_id
+        restored = replace(known, owner_id=owner_id, epoch=lease.epoch)
+        try:
+            await self._store.update_checkpoint(restored, owner_id=owner_id, epoch=lease.epoch)
+            logger.warning("processor %s: restored the checkpoint of partition %s at sequence number %d",
+                           self._describe, lease.partition_id, known.sequence_number)
+        except Exception as error:
+            logger.error("processor %s: could not write back the checkpoint of partition %s (%r); resuming from "
+                         "it all the same", self._describe, lease.partition_id, error)
+        return restored

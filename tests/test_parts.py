@@ -1,0 +1,288 @@
+"""Each part of the processor on its own (issue 23): the task scope, the ownership
+writer, the lease table, the store history, the releaser, membership, the watchdog's
+arithmetic and the reporter's throttle. The processor tests cover them together; these
+say what each promises alone. Virtual time, the in-memory store."""
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+from dataclasses import replace
+from datetime import timedelta
+from typing import List
+
+import pytest
+
+from eventprocessor import EventPosition
+from eventprocessor.errors import CheckpointStoreError
+from eventprocessor.lease import LeaseEnd, LeaseState
+from eventprocessor.lease_table import LeaseTable
+from eventprocessor.membership import Membership
+from eventprocessor.options import ProcessorOptions, Timing
+from eventprocessor.partition import PartitionProcessor
+from eventprocessor.records import Checkpoint, Member, MemberListing, Ownership, OwnershipListing
+from eventprocessor.releaser import Releaser
+from eventprocessor.reporting import Reporter, Throttle
+from eventprocessor.sources import MemoryEventSource
+from eventprocessor.stats import ProcessorStats
+from eventprocessor.store_history import StoreHistory, went_back
+from eventprocessor.tasks import TaskScope
+from eventprocessor.telemetry import Telemetry
+from eventprocessor.testing import VIRTUAL_EPOCH, FaultyStore, run_virtual, virtual_utc_clock
+from eventprocessor.watchdog import Watchdog
+from eventprocessor.writer import OwnershipWriter
+from stores import InMemoryCheckpointStore
+
+SCOPE = ("memory.local", "hub", "$default")
+TIMING = Timing.derive(interval=1.0, expiration=12.0, renewal_age=None, store_timeout=None, shutdown_timeout=5.0,
+                       handler_timeout=None)
+
+
+class LoopClock:
+    def monotonic(self) -> float:
+        return asyncio.get_running_loop().time()
+
+    async def sleep(self, seconds: float) -> None:
+        await asyncio.sleep(seconds)
+
+
+def record(pid: str, owner: str = "me", epoch: int = 1, etag=None) -> Ownership:
+    return Ownership(*SCOPE, pid, owner, epoch=epoch, etag=etag)
+
+
+def table(released: List = None) -> LeaseTable:
+    return LeaseTable(owner_id="me", eventhub_name="hub", consumer_group="$default", describe="me", clock=LoopClock(),
+                      timing=TIMING, stats=ProcessorStats(), telemetry=Telemetry(eventhub_name="hub",
+                      consumer_group="$default", owner_id="me"),
+                      on_released=(released.extend if released is not None else lambda leases: None),
+                      on_refreshed=lambda: None)
+
+
+# ----------------------------------------------------------------------------- TaskScope
+def test_a_task_scope_awaits_or_cancels_every_task_it_started():
+    async def scenario():
+        scope = TaskScope("t")
+        ran: List[str] = []
+
+        async def forever(name):
+            try:
+                await asyncio.Event().wait()
+            finally:
+                ran.append(name)
+
+        async def job():
+            await asyncio.sleep(1)
+            ran.append("job")
+
+        scope.start_loop("a", forever("a"))
+        with pytest.raises(RuntimeError, match="already running"):
+            scope.start_loop("a", forever("again"))
+        scope.spawn("write", job())
+        await scope.wait_for("write")
+        assert ran == ["job"] and scope.running("a")
+        await scope.stop_loop("a")
+        assert ran == ["job", "a"] and not scope.running("a")
+        scope.start_loop("b", forever("b"))
+        scope.spawn("write", forever("c"))
+        await asyncio.sleep(0)  # both started
+        await scope.close()
+        return ran, [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+
+    ran, left = run_virtual(scenario())
+    assert sorted(ran) == ["a", "b", "c", "job"] and left == []
+
+
+# ----------------------------------------------------------------------------- OwnershipWriter
+def test_the_writer_tells_won_lost_and_failed_apart():
+    async def scenario():
+        memory = InMemoryCheckpointStore(clock=virtual_utc_clock())
+        store = FaultyStore(memory)
+        writer = OwnershipWriter(store)
+        won = await writer.write([record("0"), record("1")])
+        assert won.won_ids == {"0", "1"} and not won.lost and not won.failed and won.answered
+        stale = await writer.write([record("0")])  # create-if-absent on a record that exists: lost
+        assert stale.lost == {"0"} and not stale.won and stale.error is None
+        store.down = True
+        failed = await writer.write([won.by_partition()["1"]])
+        assert not failed.answered and set(failed.failed) == {"1"}
+        assert isinstance(failed.error, CheckpointStoreError)
+        assert (await writer.write([])).won == []
+
+    run_virtual(scenario())
+
+
+# ----------------------------------------------------------------------------- LeaseTable
+def test_the_lease_table_follows_one_claim_through_its_life(caplog):
+    released: List = []
+
+    async def scenario():
+        leases = table(released)
+        lease = leases.claiming(record("3"))
+        assert leases.states() == {"3": LeaseState.CLAIMING} and leases.owned() == frozenset()
+        now = asyncio.get_running_loop().time()
+        leases.confirm(lease, replace(record("3"), etag="e1"), sent_at=now, answered_at=now)
+        assert lease.deadline == now + TIMING.lease_length and lease.renew_at == now + TIMING.renewal_age
+
+        class Pump:  # what the table needs of a pump
+            alive = True
+            stopped = None
+
+            def stop(self, reason):
+                Pump.stopped = reason
+
+        leases.started(lease, Pump())
+        assert leases.owned() == {"3"}
+        leases.end(lease, LeaseEnd.SHUTDOWN, "stopping", release_to="")
+        assert lease.state is LeaseState.RELEASING and Pump.stopped is not None
+        Pump.alive = False
+        leases.reconcile()
+        return leases
+
+    with caplog.at_level(logging.INFO, logger="eventprocessor"):
+        leases = run_virtual(scenario())
+    assert len(leases) == 0 and [l.partition_id for l in released] == ["3"]
+    assert [getattr(r, "eventprocessor.reason") for r in caplog.records if hasattr(r, "eventprocessor.reason")] == \
+        ["released"]
+
+
+def test_a_lease_that_is_not_renewed_self_fences_at_its_deadline():
+    async def scenario():
+        leases = table()
+        lease = leases.claiming(record("0"))
+        now = asyncio.get_running_loop().time()
+        leases.confirm(lease, record("0"), sent_at=now, answered_at=now)
+
+        class Pump:
+            alive = True
+
+            def stop(self, reason):
+                self.reason = reason
+
+        leases.started(lease, Pump())
+        await asyncio.sleep(TIMING.lease_length)
+        leases.reconcile()
+        return lease
+
+    lease = run_virtual(scenario())
+    assert lease.state is LeaseState.RELEASING and lease.end is LeaseEnd.EXPIRED
+
+
+# ----------------------------------------------------------------------------- StoreHistory
+def test_the_store_history_reports_vanished_records_and_epochs_that_went_down_once():
+    history = StoreHistory()
+    listing = OwnershipListing(ownerships=(record("0", epoch=3), record("1", epoch=2)), server_time=VIRTUAL_EPOCH)
+    assert history.check(listing, history.epochs(), held=set(), ended_at={}, now=0, expiration=12) is None
+    assert history.above_seen(record("0", epoch=1)).epoch == 4
+    later = OwnershipListing(ownerships=(record("0", epoch=1),), server_time=VIRTUAL_EPOCH)
+    what, partitions = history.check(later, history.epochs(), held={"1"}, ended_at={}, now=0, expiration=12)
+    assert partitions == ["1", "0"] and "vanished" in what and "went backwards" in what
+    assert history.lost_mine == {"1"}
+    assert history.check(later, history.epochs(), held=set(), ended_at={}, now=0, expiration=12) is None
+    assert history.above_seen(record("0", epoch=1)).epoch == 4  # epochs seen never go down
+
+
+def test_a_checkpoint_known_is_missed_when_it_vanishes_or_comes_back_older():
+    known = Checkpoint(*SCOPE, "0", sequence_number=10, offset="10", owner_id="me", epoch=4)
+    assert went_back(known, None) and went_back(known, replace(known, epoch=3))
+    assert not went_back(known, replace(known, epoch=5, sequence_number=2))  # a later owner may rewind
+    history = StoreHistory()
+    history.knew("0", known)
+    assert history.checkpoint_went_back("0", None) is known
+    assert history.checkpoint_went_back("0", known) is None
+
+
+# ----------------------------------------------------------------------------- Releaser
+def test_a_release_is_written_once_and_a_handoff_with_the_next_epoch():
+    async def scenario():
+        memory = InMemoryCheckpointStore(clock=virtual_utc_clock())
+        won = {r.partition_id: r for r in await memory.claim_ownership([record("0"), record("1")])}
+        leases, history, stats, scope = table(), StoreHistory(), ProcessorStats(), TaskScope("t")
+        options = _options(memory)
+        releaser = Releaser(options=options, store=memory, writer=OwnershipWriter(memory), table=leases,
+                            history=history, stats=stats, scope=scope, describe="me")
+        lease0, lease1 = leases.claiming(won["0"]), leases.claiming(won["1"])
+        lease0.release_to, lease1.release_to = "", "other"
+        releaser.schedule([lease0, lease1])
+        await releaser.wait()
+        await releaser.write([lease0])  # release_to was cleared: nothing is written twice
+        listing = await memory.list_ownership(*SCOPE)
+        return {r.partition_id: (r.owner_id, r.epoch) for r in listing.ownerships}, stats
+
+    stored, stats = run_virtual(scenario())
+    assert stored == {"0": ("", 1), "1": ("other", 2)}
+    assert (stats.released, stats.handed_off) == (1, 1)
+
+
+def _options(store) -> ProcessorOptions:
+    return ProcessorOptions.validate(
+        MemoryEventSource(2), store, PartitionProcessor, consumer_group="$default", owner_id="me",
+        load_balancing_strategy="greedy", load_balancing_interval=1.0, partition_ownership_expiration_interval=12.0,
+        ownership_renewal_age=None, store_timeout=None, shutdown_timeout=5.0, handler_timeout=None,
+        handler_executor=None, initial_event_position=EventPosition.earliest(), max_batch_size=10,
+        max_wait_time=None, prefetch=10, track_last_enqueued_event_properties=False,
+        default_event_position=EventPosition.earliest(), override_checkpoints=False,
+        max_delivery_attempts=5, retry_backoff=0.5, on_poison="skip", dead_letter=None,
+        refuse_checkpoint_rewind=False, handoff_timeout=30.0, balance_factor=1, ordinal=None, replica_count=None,
+        clock=LoopClock(), rng=random.Random(0), error_handler=None)
+
+
+# ----------------------------------------------------------------------------- Membership
+def test_membership_counts_members_heard_from_within_half_the_expiration():
+    async def scenario():
+        memory = InMemoryCheckpointStore(clock=virtual_utc_clock())
+        reporter = Reporter(describe="me", clock=LoopClock(), period=30, error_handler=None, table=table(),
+                            scope=TaskScope("t"))
+        membership = Membership(options=_options(memory), store=memory, reporter=reporter, describe="me",
+                                on_fatal=lambda error: None)
+        assert membership.live(None) is None  # not joined yet: nobody is counted
+        await membership.join()
+        now = VIRTUAL_EPOCH + timedelta(seconds=asyncio.get_running_loop().time())
+        listing = MemberListing(members=(Member(*SCOPE, "me", last_modified_time=now),
+                                         Member(*SCOPE, "old", last_modified_time=now - timedelta(seconds=7))),
+                                server_time=now)
+        live = membership.live(listing)
+        await membership.leave()
+        return live, membership.state, (await memory.list_members(*SCOPE)).members
+
+    live, state, left = run_virtual(scenario())
+    assert set(live) == {"me"} and state is None and left == ()
+
+
+# ----------------------------------------------------------------------------- Watchdog and Reporter
+def test_the_watchdog_names_the_leases_a_stall_ran_out_and_those_it_delayed():
+    async def scenario():
+        leases = table()
+        reporter = Reporter(describe="me", clock=LoopClock(), period=30, error_handler=None, table=leases,
+                            scope=TaskScope("t"))
+        watchdog = Watchdog(table=leases, clock=LoopClock(), timing=TIMING, reporter=reporter,
+                            telemetry=Telemetry(eventhub_name="hub", consumer_group="$default", owner_id="me"),
+                            describe="me")
+
+        class Pump:
+            alive = True
+
+            def stop(self, reason):
+                pass
+
+        for pid, age in (("0", 0.0), ("1", TIMING.lease_length - 1.0)):
+            lease = leases.claiming(record(pid))
+            leases.confirm(lease, record(pid), sent_at=-age, answered_at=-age)
+            leases.started(lease, Pump())
+        return watchdog.leases_hit(0.0, 2.0), watchdog.leases_hit(TIMING.renewal_age - 1, TIMING.renewal_age + 1)
+
+    short, long = run_virtual(scenario())
+    assert short == (["1"], [])  # partition 1's lease ended 1 s into the stall
+    assert long == ([], ["0"])  # partition 0's renewal came due during it
+
+
+def test_the_throttle_reports_a_recurring_failure_once_per_period_and_says_when_it_ended():
+    async def scenario():
+        throttle = Throttle(LoopClock(), period=30)
+        first = throttle.failed("store")
+        await asyncio.sleep(10)
+        again = throttle.failed("store")
+        await asyncio.sleep(25)
+        later = throttle.failed("store")
+        return first, again, later, throttle.recovered("store"), throttle.recovered("store")
+
+    assert run_virtual(scenario()) == ((True, 0), (False, 1), (True, 1), 1, None)
