@@ -3,7 +3,8 @@ Event Hubs emulator while the official producer sends.
 
 * A streaming query to Parquet whose driver is SIGKILLed in the middle of a micro-batch
   and restarted writes every event exactly once: a classic driver process on
-  ``spark://``, and a Spark Connect server of its own (the driver over Connect).
+  ``spark://`` (restarted as another one), and a Spark Connect server of its own (the
+  driver over Connect; the query restarts on the session's Connect server).
 * ``Trigger.AvailableNow`` with ``maxEventsPerTrigger`` reads what was there, in
   batches no larger than the limit, and stops; a second run reads only what came since.
 * A batch read between per-partition starting and ending positions, with the
@@ -13,13 +14,14 @@ Event Hubs emulator while the official producer sends.
   ``EventProcessor``'s checkpoints and writes its own; azure-eventhub's consumer and an
   ``EventProcessor`` both resume exactly after them; a partition a live owner holds is
   left alone.
+* Without Spark: the driver's management link, the workers' kept receivers, the
+  reader limit of a partition, a partition added to the hub.
 
 Tables are read back with the test process's own Spark Connect session.
 """
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import json
 import os
 import signal
@@ -33,6 +35,8 @@ from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import pytest
+
+from eventprocessor.errors import EventSourceError
 
 ROOT = Path(__file__).resolve().parent.parent
 WORKER = Path(__file__).resolve().parent / "spark_source_worker.py"
@@ -159,14 +163,14 @@ def test_a_driver_sigkilled_mid_batch_and_restarted_writes_every_event_exactly_o
     began = time.monotonic()
     servers: List[Any] = []
 
-    if mode == "connect":  # two drivers: the one to kill and the one that replaces it, started side by side
-        with concurrent.futures.ThreadPoolExecutor(2) as pool:
-            servers.extend(pool.map(lambda name: spark_cluster.start_connect_server(f"{name}-{uuid.uuid4().hex[:8]}"),
-                                    ["first", "second"]))
+    if mode == "connect":  # the driver to kill: a Connect server of its own
+        servers.append(spark_cluster.start_connect_server(f"first-{uuid.uuid4().hex[:8]}"))
 
     def start_driver(name: str, *extra: str) -> Driver:
-        where = ["--master", spark_cluster.master_url] if mode == "classic" else \
-            ["--remote", servers[len(drivers)].url]
+        if mode == "classic":
+            where = ["--master", spark_cluster.master_url]
+        else:  # the first on its own server; the one that replaces it on the session's (another driver)
+            where = ["--remote", servers[0].url if not drivers else spark_cluster.connect_url]
         driver = Driver(name, [*where, "--out", str(out), "--checkpoint", str(checkpoint), "--max-events", "200",
                                *extra], env, tmp_path)
         drivers.append(driver)
@@ -180,8 +184,8 @@ def test_a_driver_sigkilled_mid_batch_and_restarted_writes_every_event_exactly_o
     try:
         first = start_driver("first")
         # The driver that replaces it makes its session meanwhile (a JVM, or a Connect client of the
-        # second server), and starts its query on "go". A classic one starts once the first has its
-        # executors: its application then waits for the cores the kill frees.
+        # session's own server), and starts its query on "go". A classic one starts once the first has
+        # its executors: its application then waits for the cores the kill frees.
         if mode == "classic":
             wait_for(lambda: "batch 0" in first.text(), "the first batch", 120, diagnostics)
         second = start_driver("second", "--wait-for", str(go))
@@ -199,8 +203,8 @@ def test_a_driver_sigkilled_mid_batch_and_restarted_writes_every_event_exactly_o
         # More events while no driver runs, and after the restart.
         expected.update(asyncio.run(send(conn, {str(p): 50 for p in range(4)}, {str(p): 150 for p in range(4)})))
         go.touch()
-        wait_for(lambda: "batch" in second.text(), "the restarted query's first batch", 120, diagnostics)
-        phases["to the restarted query's first batch"] = time.monotonic() - began
+        wait_for(lambda: "query started" in second.text(), "the restarted query", 120, diagnostics)
+        phases["to the restarted query"] = time.monotonic() - began
         expected.update(asyncio.run(send(conn, {str(p): 50 for p in range(4)}, {str(p): 200 for p in range(4)})))
         wait_for(lambda: committed_rows(checkpoint, out, connect_spark) >= len(expected), "every event committed", 120,
                  diagnostics)
@@ -564,3 +568,44 @@ async def test_a_partition_added_to_the_hub_is_read_from_its_first_event_at_the_
             assert second_end["partitions"]["2"]["seqNo"] == 4
         finally:
             await asyncio.to_thread(reader.stop)
+
+
+async def test_a_task_refused_for_the_partitions_reader_limit_waits_for_a_free_slot(eventhubs_emulator):
+    """Event Hubs lets 5 receivers without an owner level read a partition per consumer
+    group, and the workers' kept receivers count. A task the hub refuses for that waits
+    for one to close, up to eventhubs.receiverTimeout, and then fails naming the limit."""
+    from eventprocessor.events import EventPosition
+    from eventprocessor.sources.eventhub import EventHubSource
+    from eventprocessor.spark.source.hub import WorkerReceivers, read_range
+    from eventprocessor.spark.source.offsets import ReadRange
+    from eventprocessor.spark.source.options import SourceOptions
+
+    hub = eventhubs_emulator.fresh_hub(4)
+    conn = hub_connection(eventhubs_emulator, hub)
+    sent = await send(conn, {"0": 20}, {})
+    others = EventHubSource.from_connection_string(conn)
+    readers = []
+    for _ in range(5):  # other readers hold every slot of partition 0
+        reader = await others.open_receiver("0", consumer_group="$Default", owner_level=None, prefetch=10,
+                                            starting_position=EventPosition.earliest())
+        await reader.receive(1, 5)
+        readers.append(reader)
+    options = SourceOptions.parse({"eventhubs.connectionString": conn, "eventhubs.receiverTimeout": "3"})
+
+    def read() -> List[Tuple[int, bytes]]:
+        return [(r["sequenceNumber"], r["body"]) for b in read_range(options, ReadRange("0", 0, 20),
+                                                                     receivers=WorkerReceivers())
+                for r in b.to_pylist()]
+
+    try:
+        with pytest.raises(EventSourceError, match="already has the 5 readers without an owner level"):
+            await asyncio.to_thread(read)
+        waiting = asyncio.create_task(asyncio.to_thread(read))
+        await asyncio.sleep(1.0)
+        assert not waiting.done(), "the task waits for a slot"
+        await readers.pop().close()
+        assert await asyncio.wait_for(waiting, 30) == [(s, sent[("0", s)]) for s in range(20)]
+    finally:
+        for reader in readers:
+            await reader.close()
+        await others.close()

@@ -28,7 +28,7 @@ from typing import Any, Awaitable, Callable, Dict, Iterator, List, Mapping, Opti
 
 import pyarrow as pa
 
-from ...errors import EventSourceError
+from ...errors import EventSourceError, ReceiverDisconnectedError
 from ...events import Event, EventPosition
 from ...sources.base import PartitionProperties
 from ...sources.eventhub import EventHubSource
@@ -367,9 +367,15 @@ class WorkerReceivers:
     connections keep being serviced between tasks; one unused for ``idle`` seconds is
     closed, and at most ``capacity`` are kept (least recently used closed first). A
     reused receiver whose connection dropped meanwhile is replaced by a new one.
+
+    Event Hubs lets 5 receivers without an owner level read one partition of a consumer
+    group. Kept receivers count: every worker that read a partition in the last
+    ``idle`` seconds holds one. ``idle`` is short so that this stays below the limit
+    while batches come every second or more; when the hub refuses a receiver for it, the
+    task waits for kept ones to close (up to ``eventhubs.receiverTimeout``).
     """
 
-    def __init__(self, *, idle: float = 15.0, capacity: int = 16, max_skip: int = 10_000,
+    def __init__(self, *, idle: float = 5.0, capacity: int = 16, max_skip: int = 10_000,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.idle = idle
         self.capacity = capacity
@@ -475,6 +481,7 @@ def read_range(options: SourceOptions, read: ReadRange, *, rows_per_batch: int =
 
     if opened is None:
         opened = pool.run(open_new())
+    deadline = time.monotonic() + options.receiver_timeout
     clean = False
     try:
         expected = read.from_sequence_number
@@ -483,10 +490,30 @@ def read_range(options: SourceOptions, read: ReadRange, *, rows_per_batch: int =
             want = min(read.until_sequence_number - expected, rows_per_batch * 2)
             try:
                 events = pool.run(opened.receiver.receive(want, options.receiver_timeout))
-            except EventSourceError:
-                if not reused or expected != read.from_sequence_number:
+            except (EventSourceError, ReceiverDisconnectedError) as error:
+                if expected != read.from_sequence_number:
                     raise
-                # A kept receiver whose connection dropped while it waited: open a new one.
+                if not reused and not (_receiver_limit(error) and time.monotonic() < deadline):
+                    if _receiver_limit(error):
+                        raise EventSourceError(
+                            f"partition {read.partition_id} of {options.eventhub_name!r}: the hub refused a receiver "
+                            f"for {options.receiver_timeout:g} s (eventhubs.receiverTimeout): consumer group "
+                            f"{options.consumer_group!r} already has the 5 readers without an owner level Event Hubs "
+                            "allows per partition (other queries or consumers, or receivers kept by executor "
+                            "workers); give this query a consumer group of its own",
+                            fully_qualified_namespace=options.fully_qualified_namespace,
+                            eventhub_name=options.eventhub_name, reason="refused") from None
+                    raise
+                if reused:
+                    # A kept receiver whose connection dropped (or was taken over) while it waited.
+                    logger.debug("partition %s: the kept receiver failed (%s); opening a new one", read.partition_id,
+                                 error)
+                else:
+                    # Event Hubs lets 5 receivers without an owner level read a partition per consumer
+                    # group; the others may be receivers other workers keep (closed when idle): wait.
+                    logger.info("partition %s: the hub refused a receiver (%s); trying again", read.partition_id,
+                                str(error)[:200])
+                    time.sleep(0.5)
                 pool.discard(opened)
                 reused = False
                 opened = pool.run(open_new())
@@ -531,6 +558,12 @@ def read_range(options: SourceOptions, read: ReadRange, *, rows_per_batch: int =
 
 class _Overshot(Exception):
     pass
+
+
+def _receiver_limit(error: BaseException) -> bool:
+    """The hub refused a receiver because the partition has as many readers as it allows."""
+    text = str(error).lower()
+    return "resource-limit" in text or "receivers per partition" in text
 
 
 def _gap(options: SourceOptions, read: ReadRange, expected: int, first: int) -> None:
