@@ -226,7 +226,7 @@ class DriverHub:
                     raise
                 except Exception as error:  # a dropped connection: the public calls now, a new link next time
                     logger.info("the driver's management link failed (%s: %s); reopening it on the next call",
-                                type(error).__name__, str(error)[:200])
+                                type(error).__name__, self.source._errors.scrub(str(error))[:200])
                     link, self._link = self._link, None
                     await link.close()
             return await public()
