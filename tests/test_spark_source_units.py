@@ -348,3 +348,49 @@ async def test_the_query_starts_after_the_stores_checkpoints():
     await store.update_checkpoint(Checkpoint(*SCOPE, "1", 41, offset="4100"), owner_id="processor-a", epoch=1)
     writer = CheckpointWriter(StoreOptions("unused", container="c"), *SCOPE, store=store)
     assert await writer.starting_positions() == {"1": PartitionPosition(42, "4100")}
+
+
+# ----------------------------------------------------------------------------- kept receivers
+
+
+class _Receiver:
+    """Stands in for an open receiver: records that it was closed."""
+
+    def __init__(self) -> None:
+        self.closed = False
+
+    async def close(self) -> None:
+        self.closed = True
+
+
+def test_kept_receivers_are_closed_after_two_and_a_half_batch_intervals_learnt_from_the_plans():
+    """A batch adds at most one receiver per partition, so closing a kept one after 2.5
+    batch intervals bounds a partition's receivers below Event Hubs' 5 readers, whatever
+    the pace: the interval comes from the planning times the tasks carry."""
+    import time as real_time
+
+    from eventprocessor.spark.source.hub import WorkerReceivers, _OpenReceiver
+
+    now = [100.0]
+    pool = WorkerReceivers(idle=5.0, clock=lambda: now[0])
+    assert pool.idle == 5.0, "no batch seen yet: the default"
+    for planned in (1000.0, 1008.0, 1016.0):
+        pool.note_batch(planned)
+    assert pool.idle == 20.0
+    pool.note_batch(1012.0)  # a batch whose tasks all ran elsewhere shows up later: the interval is 4 s
+    assert pool.idle == 10.0
+    kept = _OpenReceiver(_Receiver(), _Receiver(), 50)  # type: ignore[arg-type]
+    pool.keep(("p", "0"), kept)
+    now[0] += 9.0
+    assert pool.take(("p", "0"), 80) is kept, "within 2.5 intervals: reused, skipping 30 events"
+    pool.keep(("p", "0"), kept)
+    now[0] += 11.0
+    assert pool.take(("p", "0"), 80) is None, "older: closed"
+    for _ in range(50):
+        if kept.receiver.closed:
+            break
+        real_time.sleep(0.01)
+    assert kept.receiver.closed and kept.source.closed
+    for planned in (2000.0, 2000.2):
+        pool.note_batch(planned)
+    assert pool.idle == 2.0, "never below 2 s"

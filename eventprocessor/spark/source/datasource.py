@@ -24,6 +24,7 @@ import logging
 import signal
 import threading
 import time
+from dataclasses import replace
 from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence
 
 from pyspark.sql.datasource import DataSource, DataSourceReader, DataSourceStreamReader, InputPartition
@@ -293,7 +294,8 @@ class EventHubsStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
         name = self._options.eventhub_name
         ranges = plan_ranges(HubOffset.from_json(start, name), HubOffset.from_json(end, name),
                              self._options.min_partitions)
-        return [EventHubsPartition(r) for r in ranges]
+        planned_at = self._clock()
+        return [EventHubsPartition(replace(r, planned_at=planned_at)) for r in ranges]
 
     def read(self, partition: InputPartition) -> Iterator[Any]:
         if not isinstance(partition, EventHubsPartition):

@@ -369,23 +369,47 @@ class WorkerReceivers:
     reused receiver whose connection dropped meanwhile is replaced by a new one.
 
     Event Hubs lets 5 receivers without an owner level read one partition of a consumer
-    group. Kept receivers count: every worker that read a partition in the last
-    ``idle`` seconds holds one. ``idle`` is short so that this stays below the limit
-    while batches come every second or more; when the hub refuses a receiver for it, the
-    task waits for kept ones to close (up to ``eventhubs.receiverTimeout``).
+    group, and kept receivers count. A batch has one task per partition, so a partition
+    gains at most one new receiver per batch: a kept receiver is closed once it has been
+    unused for ``IDLE_BATCHES`` batch intervals (the interval is learnt from the planning
+    times the tasks carry; ``idle`` seconds until one is known), which keeps about three
+    per partition whatever the cluster's size and the batches' pace. When the hub
+    refuses a receiver all the same (other readers of the group), the task waits for a
+    slot, up to ``eventhubs.receiverTimeout``.
     """
+
+    IDLE_BATCHES = 2.5
 
     def __init__(self, *, idle: float = 5.0, capacity: int = 16, max_skip: int = 10_000,
                  clock: Callable[[], float] = time.monotonic) -> None:
-        self.idle = idle
+        self.default_idle = idle
         self.capacity = capacity
         self.max_skip = max_skip
         self._clock = clock
         self._lock = threading.Lock()
         self._loop: Optional[asyncio.AbstractEventLoop] = None
         self._kept: "OrderedDict[Tuple[Any, ...], _OpenReceiver]" = OrderedDict()
+        self._planned: List[float] = []
         self.reused = 0
         self.opened = 0
+
+    def note_batch(self, planned_at: float) -> None:
+        """Learn the batch interval from the driver's planning time of a task's batch."""
+        if planned_at <= 0:
+            return
+        with self._lock:
+            if planned_at not in self._planned:
+                self._planned = sorted([*self._planned, planned_at])[-5:]
+
+    @property
+    def idle(self) -> float:
+        """Seconds a kept receiver may stay unused: ``IDLE_BATCHES`` batch intervals (the
+        shortest gap between the batches this worker saw), from 2 s to 120 s."""
+        with self._lock:
+            gaps = [b - a for a, b in zip(self._planned, self._planned[1:]) if b > a]
+        if not gaps:
+            return self.default_idle
+        return min(120.0, max(2.0, self.IDLE_BATCHES * min(gaps)))
 
     def run(self, coroutine: Awaitable[_T]) -> _T:
         """Run a coroutine on the worker's receiver loop and wait for it."""
@@ -427,8 +451,13 @@ class WorkerReceivers:
         loop.call_soon_threadsafe(loop.call_later, self.idle + 0.5, self._expire, key, receiver)
 
     def _expire(self, key: Tuple[Any, ...], receiver: _OpenReceiver) -> None:
+        idle = self.idle
         with self._lock:
-            if self._kept.get(key) is not receiver or self._clock() - receiver.used_at < self.idle:
+            if self._kept.get(key) is not receiver:
+                return
+            left = idle - (self._clock() - receiver.used_at)
+            if left > 0:  # the interval grew meanwhile: look again then
+                asyncio.get_running_loop().call_later(left + 0.5, self._expire, key, receiver)
                 return
             del self._kept[key]
         asyncio.ensure_future(_close(receiver))
@@ -465,6 +494,7 @@ def read_range(options: SourceOptions, read: ReadRange, *, rows_per_batch: int =
     if read.count <= 0:
         return
     pool = receivers or WORKER_RECEIVERS
+    pool.note_batch(read.planned_at)
     owner_level = 0 if options.exclusive_receiver else None
     key = (options.connection_string, options.consumer_group, read.partition_id, owner_level, options.prefetch_count)
     opened = pool.take(key, read.from_sequence_number)

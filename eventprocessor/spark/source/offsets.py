@@ -101,6 +101,9 @@ class ReadRange:
     until_sequence_number: int
     part: int = 0
     parts: int = 1
+    planned_at: float = 0.0
+    """The driver's clock when the batch was planned: executors learn the batch
+    interval from it (they only compare these values with each other)."""
 
     @property
     def count(self) -> int:
