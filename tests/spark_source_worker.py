@@ -10,10 +10,13 @@ line per micro-batch (``batch <id> rows <n>``) and stops the query cleanly on SI
 
 ``--wait-for PATH`` makes the session (a JVM, or a Connect client) first and starts the
 query only once PATH exists: a test starts the driver that replaces a killed one ahead.
+``--available-now`` runs the query with ``Trigger.AvailableNow`` until it stops by
+itself, then prints ``batches [<input rows>, ...]``.
 """
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import signal
 import sys
@@ -30,6 +33,7 @@ def main() -> int:
     parser.add_argument("--checkpoint", required=True)
     parser.add_argument("--max-events", type=int, default=200)
     parser.add_argument("--wait-for", help="start the query only once this file exists (the session is made first)")
+    parser.add_argument("--available-now", action="store_true", help="Trigger.AvailableNow: read what is there, stop")
     args = parser.parse_args()
 
     began = time.monotonic()
@@ -50,17 +54,19 @@ def main() -> int:
         if stopping.wait(0.05):
             return 0
     start = '{"offset": "-1", "seqNo": -1, "enqueuedTime": null, "isInclusive": true}'
-    query = (spark.readStream.format("eventhubs")
-             .option("eventhubs.connectionString", os.environ["EVENTHUB_CONNECTION_STRING"])
-             .option("eventhubs.startingPosition", start)
-             .option("maxEventsPerTrigger", args.max_events)
-             .load()
-             .writeStream.format("parquet").option("path", args.out).option("checkpointLocation", args.checkpoint)
-             .trigger(processingTime="200 milliseconds")
-             .start())
+    writer = (spark.readStream.format("eventhubs")
+              .option("eventhubs.connectionString", os.environ["EVENTHUB_CONNECTION_STRING"])
+              .option("eventhubs.startingPosition", start)
+              .option("maxEventsPerTrigger", args.max_events)
+              .load()
+              .writeStream.format("parquet").option("path", args.out).option("checkpointLocation", args.checkpoint))
+    if args.available_now:
+        query = writer.trigger(availableNow=True).start()
+    else:
+        query = writer.trigger(processingTime="200 milliseconds").start()
     print(f"query started after {time.monotonic() - began:.1f} s", flush=True)
     seen = -1
-    while not stopping.is_set():
+    while not stopping.is_set() and (query.isActive or not args.available_now):
         if query.exception() is not None:
             print(f"query failed: {query.exception()}", flush=True)
             return 1
@@ -71,6 +77,13 @@ def main() -> int:
             print(f"batch {seen} rows {progress.numInputRows} at {time.monotonic() - began:.1f} s, ms "
                   f"{progress.durationMs}", flush=True)
         time.sleep(0.1)
+    if args.available_now and not query.isActive:
+        if query.exception() is not None:
+            print(f"query failed: {query.exception()}", flush=True)
+            return 1
+        print("batches " + json.dumps([int(p.numInputRows) for p in query.recentProgress if p.numInputRows]),
+              flush=True)
+        return 0
     query.stop()
     print("query stopped", flush=True)
     return 0

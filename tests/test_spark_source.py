@@ -102,8 +102,8 @@ def wait_for(condition: Callable[[], bool], what: str, timeout: float, diagnosti
 
 def batch_in_flight(checkpoint: Path, at_least: int) -> bool:
     """Spark has logged the offsets of a batch (>= ``at_least``) and not yet its commit."""
-    offsets = {int(p.name) for p in (checkpoint / "offsets").glob("[0-9]*")} if (checkpoint / "offsets").exists() else set()
-    commits = {int(p.name) for p in (checkpoint / "commits").glob("[0-9]*")} if (checkpoint / "commits").exists() else set()
+    offsets = {int(p.name) for p in (checkpoint / "offsets").glob("[0-9]*")}  # glob of a missing folder: nothing
+    commits = {int(p.name) for p in (checkpoint / "commits").glob("[0-9]*")}
     return any(batch >= at_least and batch not in commits for batch in offsets)
 
 
@@ -253,8 +253,35 @@ def available_now(spark: Any, conn: str, out: Path, checkpoint: Path, *, timeout
     return [p.numInputRows for p in query.recentProgress if p.numInputRows]
 
 
-def test_available_now_reads_what_was_there_in_batches_of_max_events_then_stops(spark, eventhubs_emulator,
-                                                                                  tmp_path):
+def available_now_classic(spark_cluster: Any, conn: str, out: Path, checkpoint: Path, workdir: Path, name: str, *,
+                          max_events: int, on_first_batch: Optional[Callable[[], None]] = None,
+                          timeout: float = 180.0) -> List[int]:
+    """The same query in a classic driver process of its own on the standalone master
+    (``tests/spark_source_worker.py --available-now``); return each batch's input rows."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+               SPARK_LOCAL_IP="127.0.0.1", PYSPARK_PYTHON=sys.executable, EVENTHUB_CONNECTION_STRING=conn)
+    driver = Driver(name, ["--master", spark_cluster.master_url, "--out", str(out), "--checkpoint", str(checkpoint),
+                           "--max-events", str(max_events), "--available-now"], env, workdir)
+
+    def diagnostics() -> str:
+        return f"\n--- {driver.log.name} ---\n{driver.text()[-3000:]}"
+
+    try:
+        if on_first_batch is not None:
+            wait_for(lambda: "batch " in driver.text() or driver.process.poll() is not None, "the first batch",
+                     timeout, diagnostics)
+            on_first_batch()
+        wait_for(lambda: driver.process.poll() is not None, "the AvailableNow query to stop", timeout, diagnostics)
+    finally:
+        driver.stop()
+    assert driver.process.returncode == 0, diagnostics()
+    [line] = [line for line in driver.text().splitlines() if line.startswith("batches ")]
+    return json.loads(line[len("batches "):])
+
+
+@pytest.mark.parametrize("mode", ["connect", "classic"])
+def test_available_now_reads_what_was_there_in_batches_of_max_events_then_stops(mode, spark, spark_cluster,
+                                                                                  eventhubs_emulator, tmp_path):
     hub = eventhubs_emulator.fresh_hub(4)
     conn = hub_connection(eventhubs_emulator, hub)
     expected = asyncio.run(send(conn, {"0": 400, "1": 250, "2": 100, "3": 0}, {}))
@@ -264,11 +291,17 @@ def test_available_now_reads_what_was_there_in_batches_of_max_events_then_stops(
     def send_late() -> None:  # after the trigger fixed its target: for the next run
         late.update(asyncio.run(send(conn, {str(p): 20 for p in range(4)}, {"0": 400, "1": 250, "2": 100})))
 
-    batches = available_now(spark, conn, out, checkpoint, on_first_batch=send_late, maxEventsPerTrigger=300,
-                            **{"eventhubs.startingPosition": START})
+    def run(name: str, on_first_batch: Optional[Callable[[], None]] = None) -> List[int]:
+        if mode == "classic":  # a driver process on spark://, its executors on the cluster's worker
+            return available_now_classic(spark_cluster, conn, out, checkpoint, tmp_path, name, max_events=300,
+                                         on_first_batch=on_first_batch)
+        return available_now(spark, conn, out, checkpoint, on_first_batch=on_first_batch, maxEventsPerTrigger=300,
+                             **{"eventhubs.startingPosition": START})
+
+    batches = run("first", send_late)
     assert batches == [300, 300, 150], "AvailableNow in batches of at most maxEventsPerTrigger, then done"
     assert_exactly_once(read_table(spark, out), expected)
-    again = available_now(spark, conn, out, checkpoint, maxEventsPerTrigger=300)
+    again = run("again")
     assert again == [80], "the next run reads only what came since"
     assert_exactly_once(read_table(spark, out), {**expected, **late})
 
@@ -353,7 +386,8 @@ async def _run_processor(conn: str, store: Any, group: str, owner: str, want: in
     return recorder
 
 
-async def _run_official_consumer(conn: str, storage: str, container: str, group: str, want: int) -> Dict[Tuple[str, int], int]:
+async def _run_official_consumer(conn: str, storage: str, container: str, group: str,
+                                 want: int) -> Dict[Tuple[str, int], int]:
     """azure-eventhub's own consumer with its own blob checkpoint store (it resumes from
     a checkpoint's *offset*), until it received ``want`` events and a second more."""
     from azure.eventhub.aio import EventHubConsumerClient
