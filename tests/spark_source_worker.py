@@ -11,7 +11,9 @@ line per micro-batch (``batch <id> rows <n>``) and stops the query cleanly on SI
 ``--wait-for PATH`` makes the session (a JVM, or a Connect client) first and starts the
 query only once PATH exists: a test starts the driver that replaces a killed one ahead.
 ``--available-now`` runs the query with ``Trigger.AvailableNow`` until it stops by
-itself, then prints ``batches [<input rows>, ...]``.
+itself, then prints ``batches [<input rows>, ...]``. ``--batch-read`` runs the tests'
+batch reads instead (:func:`batch_read`, with ``--starting-positions`` and
+``--ending-positions``) and prints ``read <json>``.
 """
 from __future__ import annotations
 
@@ -22,6 +24,26 @@ import signal
 import sys
 import threading
 import time
+from typing import Any, Dict
+
+START = '{"offset": "-1", "seqNo": -1, "enqueuedTime": null, "isInclusive": true}'
+
+
+def batch_read(spark: Any, conn: str, starting: str, ending: str) -> Dict[str, Any]:
+    """Two batch reads: the whole hub from its start (the schema and every row), and the
+    rows between per-partition ``starting`` and ``ending`` positions (JSON)."""
+    everything = (spark.read.format("eventhubs").option("eventhubs.connectionString", conn)
+                  .option("eventhubs.startingPosition", START).load())
+    rows = [{"partition": r.partition, "sequenceNumber": r.sequenceNumber, "offset": r.offset,
+             "body": bytes(r.body).decode(), "publisher": r.publisher, "partitionKey": r.partitionKey,
+             "properties": r.properties} for r in everything.collect()]
+    bounded = (spark.read.format("eventhubs").option("eventhubs.connectionString", conn)
+               .option("eventhubs.startingPosition", START)
+               .option("eventhubs.startingPositions", starting)
+               .option("eventhubs.endingPositions", ending).load()
+               .select("partition", "sequenceNumber").collect())
+    return {"schema": [[f.name, f.dataType.simpleString()] for f in everything.schema.fields], "rows": rows,
+            "bounded": [[r.partition, r.sequenceNumber] for r in bounded]}
 
 
 def main() -> int:
@@ -29,12 +51,17 @@ def main() -> int:
     where = parser.add_mutually_exclusive_group(required=True)
     where.add_argument("--master")
     where.add_argument("--remote")
-    parser.add_argument("--out", required=True)
-    parser.add_argument("--checkpoint", required=True)
+    parser.add_argument("--out")
+    parser.add_argument("--checkpoint")
     parser.add_argument("--max-events", type=int, default=200)
     parser.add_argument("--wait-for", help="start the query only once this file exists (the session is made first)")
     parser.add_argument("--available-now", action="store_true", help="Trigger.AvailableNow: read what is there, stop")
+    parser.add_argument("--batch-read", action="store_true", help="the batch reads of batch_read(), no query")
+    parser.add_argument("--starting-positions", default="{}")
+    parser.add_argument("--ending-positions", default="{}")
     args = parser.parse_args()
+    if not args.batch_read and not (args.out and args.checkpoint):
+        parser.error("a query needs --out and --checkpoint")
 
     began = time.monotonic()
     stopping = threading.Event()
@@ -50,13 +77,17 @@ def main() -> int:
         spark.sparkContext.setLogLevel("WARN")
     print(f"session after {time.monotonic() - began:.1f} s", flush=True)
     spark.dataSource.register(EventHubsDataSource)
+    if args.batch_read:
+        read = batch_read(spark, os.environ["EVENTHUB_CONNECTION_STRING"], args.starting_positions,
+                          args.ending_positions)
+        print("read " + json.dumps(read), flush=True)
+        return 0
     while args.wait_for and not os.path.exists(args.wait_for):
         if stopping.wait(0.05):
             return 0
-    start = '{"offset": "-1", "seqNo": -1, "enqueuedTime": null, "isInclusive": true}'
     writer = (spark.readStream.format("eventhubs")
               .option("eventhubs.connectionString", os.environ["EVENTHUB_CONNECTION_STRING"])
-              .option("eventhubs.startingPosition", start)
+              .option("eventhubs.startingPosition", START)
               .option("maxEventsPerTrigger", args.max_events)
               .load()
               .writeStream.format("parquet").option("path", args.out).option("checkpointLocation", args.checkpoint))

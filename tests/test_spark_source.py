@@ -6,9 +6,10 @@ Event Hubs emulator while the official producer sends.
   ``spark://`` (restarted as another one), and a Spark Connect server of its own (the
   driver over Connect; the query restarts on the session's Connect server).
 * ``Trigger.AvailableNow`` with ``maxEventsPerTrigger`` reads what was there, in
-  batches no larger than the limit, and stops; a second run reads only what came since.
+  batches no larger than the limit, and stops; a second run reads only what came since
+  (over Connect, and in a classic driver process on ``spark://``).
 * A batch read between per-partition starting and ending positions, with the
-  connector's columns.
+  connector's columns (both ways too).
 * A bad option fails at ``load()`` (at the first analysis over Connect), naming it.
 * One consumer group, two engines (Blob store on Azurite): the query starts after an
   ``EventProcessor``'s checkpoints and writes its own; azure-eventhub's consumer and an
@@ -306,40 +307,59 @@ def test_available_now_reads_what_was_there_in_batches_of_max_events_then_stops(
     assert_exactly_once(read_table(spark, out), {**expected, **late})
 
 
-def test_a_batch_read_between_starting_and_ending_positions_has_the_connectors_columns(spark, eventhubs_emulator):
+@pytest.mark.parametrize("mode", ["connect", "classic"])
+def test_a_batch_read_between_starting_and_ending_positions_has_the_connectors_columns(mode, spark, spark_cluster,
+                                                                                       eventhubs_emulator, tmp_path):
+    from tests.spark_source_worker import batch_read
+
     hub = eventhubs_emulator.fresh_hub(4)
     conn = hub_connection(eventhubs_emulator, hub)
     asyncio.run(send(conn, {str(p): 100 for p in range(4)}, {}, properties={"kind": "reading", "n": 7}))
-    everything = spark.read.format("eventhubs").option("eventhubs.connectionString", conn) \
-        .option("eventhubs.startingPosition", START).load()
-    assert [(f.name, f.dataType.simpleString()) for f in everything.schema.fields] == [
-        ("body", "binary"), ("partition", "string"), ("offset", "string"), ("sequenceNumber", "bigint"),
-        ("enqueuedTime", "timestamp"), ("publisher", "string"), ("partitionKey", "string"),
-        ("properties", "map<string,string>"), ("systemProperties", "map<string,string>")]
-    rows = everything.collect()
-    assert len(rows) == 400
-    first = next(r for r in rows if r.partition == "1" and r.sequenceNumber == 0)
-    assert (bytes(first.body), first.publisher, first.partitionKey) == (b"1:0", None, None)
-    assert first.properties == {"kind": '"reading"', "n": "7"}, "property values are JSON, as the connector's"
-    offsets = {(r.partition, r.sequenceNumber): r.offset for r in rows}
+    # The positions below name events by their offsets: read them first (over Connect).
+    offsets = {(r.partition, r.sequenceNumber): r.offset
+               for r in spark.read.format("eventhubs").option("eventhubs.connectionString", conn)
+               .option("eventhubs.startingPosition", START).load().select("partition", "sequenceNumber", "offset")
+               .collect()}
 
     def key(pid: int) -> str:
         return json.dumps({"ehName": hub, "partitionId": pid})
 
-    starting = {key(0): {"offset": None, "seqNo": 10, "enqueuedTime": None, "isInclusive": True},
-                key(1): {"offset": offsets[("1", 20)], "seqNo": -1, "enqueuedTime": None, "isInclusive": True},
-                key(2): {"offset": offsets[("2", 20)], "seqNo": -1, "enqueuedTime": None, "isInclusive": False}}
-    ending = {key(0): {"offset": None, "seqNo": 50, "enqueuedTime": None, "isInclusive": True},
-              key(1): {"offset": offsets[("1", 60)], "seqNo": -1, "enqueuedTime": None, "isInclusive": True},
-              key(3): {"offset": "-1", "seqNo": -1, "enqueuedTime": None, "isInclusive": True}}
-    bounded = (spark.read.format("eventhubs").option("eventhubs.connectionString", conn)
-               .option("eventhubs.startingPosition", START)
-               .option("eventhubs.startingPositions", json.dumps(starting))
-               .option("eventhubs.endingPositions", json.dumps(ending)).load()
-               .select("partition", "sequenceNumber").collect())
+    starting = json.dumps({
+        key(0): {"offset": None, "seqNo": 10, "enqueuedTime": None, "isInclusive": True},
+        key(1): {"offset": offsets[("1", 20)], "seqNo": -1, "enqueuedTime": None, "isInclusive": True},
+        key(2): {"offset": offsets[("2", 20)], "seqNo": -1, "enqueuedTime": None, "isInclusive": False}})
+    ending = json.dumps({
+        key(0): {"offset": None, "seqNo": 50, "enqueuedTime": None, "isInclusive": True},
+        key(1): {"offset": offsets[("1", 60)], "seqNo": -1, "enqueuedTime": None, "isInclusive": True},
+        key(3): {"offset": "-1", "seqNo": -1, "enqueuedTime": None, "isInclusive": True}})
+    if mode == "connect":
+        read = batch_read(spark, conn, starting, ending)
+    else:  # a classic driver process on spark://, its executors on the cluster's worker
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+                   SPARK_LOCAL_IP="127.0.0.1", PYSPARK_PYTHON=sys.executable, EVENTHUB_CONNECTION_STRING=conn)
+        driver = Driver("batch-read", ["--master", spark_cluster.master_url, "--batch-read", "--starting-positions",
+                                       starting, "--ending-positions", ending], env, tmp_path)
+        try:
+            wait_for(lambda: driver.process.poll() is not None, "the batch reads", 180,
+                     lambda: f"\n--- {driver.log.name} ---\n{driver.text()[-3000:]}")
+        finally:
+            driver.stop()
+        assert driver.process.returncode == 0, driver.text()[-3000:]
+        [line] = [line for line in driver.text().splitlines() if line.startswith("read ")]
+        read = json.loads(line[len("read "):])
+    assert read["schema"] == [
+        ["body", "binary"], ["partition", "string"], ["offset", "string"], ["sequenceNumber", "bigint"],
+        ["enqueuedTime", "timestamp"], ["publisher", "string"], ["partitionKey", "string"],
+        ["properties", "map<string,string>"], ["systemProperties", "map<string,string>"]]
+    rows = read["rows"]
+    assert len(rows) == 400
+    assert {(r["partition"], r["sequenceNumber"]): r["offset"] for r in rows} == offsets
+    first = next(r for r in rows if r["partition"] == "1" and r["sequenceNumber"] == 0)
+    assert (first["body"], first["publisher"], first["partitionKey"]) == ("1:0", None, None)
+    assert first["properties"] == {"kind": '"reading"', "n": "7"}, "property values are JSON, as the connector's"
     got: Dict[str, List[int]] = {}
-    for row in bounded:
-        got.setdefault(row.partition, []).append(row.sequenceNumber)
+    for pid, seq in read["bounded"]:
+        got.setdefault(pid, []).append(seq)
     assert {pid: sorted(seqs) for pid, seqs in got.items()} == {
         "0": list(range(10, 50)),   # a sequence number starts at it and ends before it
         "1": list(range(20, 60)),   # an offset, inclusive: from that event, to the one before the ending offset
