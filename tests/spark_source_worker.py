@@ -56,6 +56,10 @@ def main() -> int:
     parser.add_argument("--max-events", type=int, default=200)
     parser.add_argument("--wait-for", help="start the query only once this file exists (the session is made first)")
     parser.add_argument("--available-now", action="store_true", help="Trigger.AvailableNow: read what is there, stop")
+    parser.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
+                        help="an option of the source (overrides --max-events)")
+    parser.add_argument("--from-store", action="store_true",
+                        help="no startingPosition: the query starts after the checkpoint store's checkpoints")
     parser.add_argument("--batch-read", action="store_true", help="the batch reads of batch_read(), no query")
     parser.add_argument("--starting-positions", default="{}")
     parser.add_argument("--ending-positions", default="{}")
@@ -85,11 +89,12 @@ def main() -> int:
     while args.wait_for and not os.path.exists(args.wait_for):
         if stopping.wait(0.05):
             return 0
-    writer = (spark.readStream.format("eventhubs")
-              .option("eventhubs.connectionString", os.environ["EVENTHUB_CONNECTION_STRING"])
-              .option("eventhubs.startingPosition", START)
-              .option("maxEventsPerTrigger", args.max_events)
-              .load()
+    options = {"eventhubs.connectionString": os.environ["EVENTHUB_CONNECTION_STRING"],
+               "maxEventsPerTrigger": str(args.max_events)}
+    if not args.from_store:
+        options["eventhubs.startingPosition"] = START
+    options.update(option.split("=", 1) for option in args.option)
+    writer = (spark.readStream.format("eventhubs").options(**options).load()
               .writeStream.format("parquet").option("path", args.out).option("checkpointLocation", args.checkpoint))
     if args.available_now:
         query = writer.trigger(availableNow=True).start()

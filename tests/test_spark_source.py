@@ -14,7 +14,7 @@ Event Hubs emulator while the official producer sends.
 * One consumer group, two engines (Blob store on Azurite): the query starts after an
   ``EventProcessor``'s checkpoints and writes its own; azure-eventhub's consumer and an
   ``EventProcessor`` both resume exactly after them; a partition a live owner holds is
-  left alone.
+  left alone (the query over Connect, and in a classic driver process).
 * Without Spark: the driver's management link, the workers' kept receivers, the
   reader limit of a partition, a partition added to the hub.
 
@@ -255,14 +255,20 @@ def available_now(spark: Any, conn: str, out: Path, checkpoint: Path, *, timeout
 
 
 def available_now_classic(spark_cluster: Any, conn: str, out: Path, checkpoint: Path, workdir: Path, name: str, *,
-                          max_events: int, on_first_batch: Optional[Callable[[], None]] = None,
-                          timeout: float = 180.0) -> List[int]:
+                          on_first_batch: Optional[Callable[[], None]] = None, timeout: float = 180.0,
+                          **options: Any) -> List[int]:
     """The same query in a classic driver process of its own on the standalone master
-    (``tests/spark_source_worker.py --available-now``); return each batch's input rows."""
+    (``tests/spark_source_worker.py --available-now``); return each batch's input rows.
+    Without ``eventhubs.startingPosition`` in ``options`` it starts from the store."""
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
                SPARK_LOCAL_IP="127.0.0.1", PYSPARK_PYTHON=sys.executable, EVENTHUB_CONNECTION_STRING=conn)
-    driver = Driver(name, ["--master", spark_cluster.master_url, "--out", str(out), "--checkpoint", str(checkpoint),
-                           "--max-events", str(max_events), "--available-now"], env, workdir)
+    arguments = ["--master", spark_cluster.master_url, "--out", str(out), "--checkpoint", str(checkpoint),
+                 "--available-now"]
+    if "eventhubs.startingPosition" not in options:
+        arguments.append("--from-store")
+    for key, value in options.items():
+        arguments += ["--option", f"{key}={value}"]
+    driver = Driver(name, arguments, env, workdir)
 
     def diagnostics() -> str:
         return f"\n--- {driver.log.name} ---\n{driver.text()[-3000:]}"
@@ -294,8 +300,8 @@ def test_available_now_reads_what_was_there_in_batches_of_max_events_then_stops(
 
     def run(name: str, on_first_batch: Optional[Callable[[], None]] = None) -> List[int]:
         if mode == "classic":  # a driver process on spark://, its executors on the cluster's worker
-            return available_now_classic(spark_cluster, conn, out, checkpoint, tmp_path, name, max_events=300,
-                                         on_first_batch=on_first_batch)
+            return available_now_classic(spark_cluster, conn, out, checkpoint, tmp_path, name, maxEventsPerTrigger=300,
+                                         on_first_batch=on_first_batch, **{"eventhubs.startingPosition": START})
         return available_now(spark, conn, out, checkpoint, on_first_batch=on_first_batch, maxEventsPerTrigger=300,
                              **{"eventhubs.startingPosition": START})
 
@@ -437,8 +443,9 @@ async def _run_official_consumer(conn: str, storage: str, container: str, group:
 
 
 @pytest.mark.azurite
-async def test_one_consumer_group_two_engines_checkpoints_carry_over_both_ways(spark, eventhubs_emulator, azurite,
-                                                                              tmp_path):
+@pytest.mark.parametrize("mode", ["connect", "classic"])
+async def test_one_consumer_group_two_engines_checkpoints_carry_over_both_ways(mode, spark, spark_cluster,
+                                                                              eventhubs_emulator, azurite, tmp_path):
     """EventProcessor -> query -> azure-eventhub's consumer and EventProcessor, each
     resuming exactly after the other's checkpoints (Blob store on Azurite); a partition
     a live owner holds is left alone and no checkpoint ever moves back."""
@@ -460,6 +467,14 @@ async def test_one_consumer_group_two_engines_checkpoints_carry_over_both_ways(s
     async def stored() -> Dict[str, Any]:
         return {c.partition_id: c for c in await store.list_checkpoints(*scope)}
 
+    runs = iter(range(1, 3))
+
+    def query(**given: Any) -> List[int]:  # AvailableNow over Connect, or in a classic driver process
+        if mode == "classic":
+            return available_now_classic(spark_cluster, conn, out, checkpoint, tmp_path, f"query-{next(runs)}",
+                                         **given)
+        return available_now(spark, conn, out, checkpoint, **given)
+
     try:
         # 1. An EventProcessor reads the first 100 of each partition and checkpoints them.
         await send(conn, {str(p): 100 for p in range(4)}, {})
@@ -470,7 +485,7 @@ async def test_one_consumer_group_two_engines_checkpoints_carry_over_both_ways(s
         # 2. The query starts after those checkpoints (no startingPosition given) and writes its own,
         #    with the offset string of each partition's last event (the batches are rate-limited).
         second = await send(conn, {str(p): 50 for p in range(4)}, {str(p): 100 for p in range(4)})
-        batches = await asyncio.to_thread(available_now, spark, conn, out, checkpoint, **options)
+        batches = await asyncio.to_thread(query, **options)
         assert sum(batches) == 200 and max(batches) <= 70
         assert_exactly_once(read_table(spark, out), second)
         offsets = {(r.partition, r.sequenceNumber): r.offset
@@ -518,8 +533,7 @@ async def test_one_consumer_group_two_engines_checkpoints_carry_over_both_ways(s
 
         watcher = asyncio.create_task(watch_and_renew())
         try:
-            batches = await asyncio.to_thread(available_now, spark, conn, out, checkpoint,
-                                              **{**options, "maxEventsPerTrigger": 40})
+            batches = await asyncio.to_thread(query, **{**options, "maxEventsPerTrigger": 40})
         finally:
             running = False
             await watcher
