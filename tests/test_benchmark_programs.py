@@ -68,8 +68,8 @@ def test_convergence_quick_run_prints_every_table_with_both_implementations(caps
         assert heading in out
     assert "| cold start P=12 N=3 | staggered | balanced | 4 |" in out  # limit column: ceil(12/3)
     # Duplicates are measured for both SDKs: the official's stop cancels batches in flight.
-    scale_in = next(line for line in out.splitlines() if line.startswith("| graceful scale in P=12 N=4->3 | staggered | "
-                                                                         "greedy |"))
+    scale_in = next(line for line in out.splitlines()
+                    if line.startswith("| graceful scale in P=12 N=4->3 | staggered | greedy |"))
     ours_duplicates, official_duplicates = scale_in.split(" | ")[16:18]
     assert ours_duplicates == "0" and int(official_duplicates) > 0
     assert "| official, defaults | 30 / 180 / 30 |" in out
@@ -107,6 +107,34 @@ def test_scale_quick_run_starts_both_sides_as_processes_and_checks_ownership_in_
     with pytest.raises(SystemExit):
         scale.main(["--quick", "--record"], azurite=azurite)
     assert "never recorded" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+@pytest.mark.spark
+@pytest.mark.eventhubs
+def test_spark_source_quick_run_reads_every_event_on_every_path_and_writes_nothing(capsys, results_file):
+    """``python -m benchmarks.spark_source`` at a small size: its own emulator and
+    standalone cluster, one round. The program fails unless every path read every event
+    and the source's Parquet table holds exactly the rows its batches read; no timing is
+    asserted, the table's shape is."""
+    from benchmarks import spark_source
+
+    code = spark_source.main(["--events", "2000", "--partitions", "2", "--rounds", "1", "--cores", "1",
+                              "--batch", "1000", "--rate", "200", "--latency-seconds", "3"])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    for path in ("ceiling", "receive", "source-1", "sink"):
+        assert f"round 1 {path}: " in out
+    rows = [line for line in out.splitlines() if line.startswith("| ") and not line.startswith("| path")]
+    assert [row.split(" | ")[0] for row in rows] == [
+        "| ceiling: azure-eventhub's consumer alone (1 process, no Spark)",
+        "| floor of the read: `EventHubSource` receivers alone (1 process, no Spark)",
+        "| **source, 1 executor core(s)**",
+        "| sink path: `EventProcessor` + `SparkSink` into Parquet (2 executor cores)"]
+    assert rows[0].split(" | ")[3] == "**1.00**"  # the ratio column is to the ceiling
+    assert "2,000 events of ~100 bytes" in out
+    assert "600 events in " in out, "the latency phase measured every event of the steady stream"
+    assert not results_file.exists()
 
 
 @pytest.mark.parametrize("module", ["convergence", "throughput", "store_bench", "spark_sink", "spark_source", "scale"])
