@@ -352,6 +352,7 @@ def measure_all(args: argparse.Namespace) -> Tuple[List[List[Measure]], Dict[str
         paths = ["ceiling", "receive", *[f"source-{c}" for c in args.cores], "sink"]
         rounds: List[List[Measure]] = []
         for r in range(args.rounds):
+            info.setdefault("round_loads", []).append(_load())  # the machine is shared: each round's load is shown
             measured: List[Measure] = []
             for path in paths[r % len(paths):] + paths[:r % len(paths)]:
                 out = workdir / f"{path}-{r}"
@@ -434,7 +435,7 @@ def markdown(rounds: List[List[Measure]], info: Dict[str, Any], latency: Dict[st
         "## Spark source: rows/s from Event Hubs into Parquet (`spark_source`)",
         "",
         f"Command: `{command}`. {machine_line()} Load average (1/5/15 min) at start {info['load_start']}, at end "
-        f"{info.get('load_end', '?')}.",
+        f"{info.get('load_end', '?')}; at the start of each round: {', '.join(info.get('round_loads', []))}.",
         "",
         f"The Event Hubs emulator (its own process) and a standalone Spark cluster (a master and one worker offering "
         f"{max(2, *args.cores)} cores), both started by the benchmark on 127.0.0.1. {args.events:,} events of ~"

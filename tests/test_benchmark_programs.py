@@ -132,7 +132,7 @@ def test_spark_source_quick_run_reads_every_event_on_every_path_and_writes_nothi
         "| **source, 1 executor core(s)**",
         "| sink path: `EventProcessor` + `SparkSink` into Parquet (2 executor cores)"]
     assert rows[0].split(" | ")[3] == "**1.00**"  # the ratio column is to the ceiling
-    assert "2,000 events of ~100 bytes" in out
+    assert "2,000 events of ~100 bytes" in out and "at the start of each round: " in out
     assert "600 events in " in out, "the latency phase measured every event of the steady stream"
     assert not results_file.exists()
 
