@@ -280,12 +280,10 @@ def child_latency(args: argparse.Namespace) -> Dict[str, Any]:
         time.sleep(0.2)
     query.stop()
     latencies: List[float] = []
-    for entry in sorted((out / "table" / "_spark_metadata").glob("[0-9]*")):
-        batch = int(entry.name.split(".")[0])
+    for batch, paths in batch_files(out / "table" / "_spark_metadata").items():
         if batch not in ends:
             continue
-        for line in entry.read_text().splitlines()[1:]:
-            path = json.loads(line)["path"]
+        for path in paths:
             times = pq.read_table(path.replace("file://", "").replace("file:", ""), columns=["enqueuedTime"])
             latencies.extend(ends[batch] - (t if t.tzinfo else t.replace(tzinfo=timezone.utc)).timestamp()
                              for t in times.column(0).to_pylist())
@@ -296,6 +294,22 @@ def child_latency(args: argparse.Namespace) -> Dict[str, Any]:
             "max": latencies[-1] if latencies else 0.0,
             "batch_ms_median": statistics.median(durations) if durations else 0,
             "batch_ms_max": max(durations) if durations else 0}
+
+
+def batch_files(metadata: Path) -> Dict[int, List[str]]:
+    """The files each micro-batch wrote, from a file sink's ``_spark_metadata``. A
+    compacted entry (``9.compact``) lists every earlier batch's files too: each file
+    belongs to the first batch that lists it."""
+    result: Dict[int, List[str]] = {}
+    seen: set = set()
+    for entry in sorted(metadata.glob("[0-9]*"), key=lambda e: int(e.name.split(".")[0])):
+        batch = int(entry.name.split(".")[0])
+        for line in entry.read_text().splitlines()[1:]:
+            path = json.loads(line)["path"]
+            if path not in seen:
+                seen.add(path)
+                result.setdefault(batch, []).append(path)
+    return result
 
 
 def _child(kind: str, args: argparse.Namespace, *, conn: str, cores: int, out: Path,
@@ -459,8 +473,8 @@ def markdown(rounds: List[List[Measure]], info: Dict[str, Any], latency: Dict[st
         f"micro-batch took {latency['batch_ms_median']:,.0f} ms (median), {latency['batch_ms_max']:,.0f} ms at most.",
         "",
         "The ceiling is one process of the official client, whose per-event decoding limits it (see `e2e`); the "
-        "source reads with this SDK's lean receive path in every executor task, so it can pass the ceiling once it "
-        "has more than one core. Each source run is a new application: the first batch waits for an executor and its "
+        "source reads with this SDK's receive path in every executor task (the floor row is that path alone, no "
+        "Spark). Each source run is a new application: the first batch waits for an executor and its "
         "Python workers, which is why the whole-run figure is lower. The machine is shared: the range over rounds "
         "shows its load.",
     ])
