@@ -51,7 +51,7 @@ from typing import Dict, List, Mapping, Optional, Sequence
 from .ports import free_ports
 
 __all__ = ["SparkCluster", "SparkClusterUnavailable", "start_spark_cluster", "find_spark_home",
-           "CONNECT_APP_CONF"]
+           "CONNECT_APP_CONF", "ConnectServer"]
 
 logger = logging.getLogger(__name__)
 
@@ -102,6 +102,7 @@ class _Piece:
     name: str
     process: subprocess.Popen
     log: Path
+    ready_marker: str = ""
 
     def tail(self, chars: int = 2000) -> str:
         try:
@@ -111,7 +112,7 @@ class _Piece:
 
     def ready(self) -> bool:
         try:
-            return _READY[self.name] in self.log.read_text(errors="replace")
+            return (self.ready_marker or _READY[self.name]) in self.log.read_text(errors="replace")
         except OSError:
             return False
 
@@ -180,6 +181,7 @@ class SparkCluster:
     worker_memory: str
     pieces: List[_Piece] = field(default_factory=list, repr=False)
     keep_directory: bool = False
+    python: str = ""
 
     @property
     def pids(self) -> Dict[str, int]:
@@ -191,6 +193,31 @@ class SparkCluster:
             if piece.name == name:
                 return piece.tail(1_000_000)
         raise KeyError(name)
+
+    def start_connect_server(self, name: str, *, conf: Optional[Mapping[str, str]] = None,
+                             timeout: float = 120.0) -> "ConnectServer":
+        """One more Spark Connect server on this cluster's master, in a process group of
+        its own (an application of its own, sized like the first: ``CONNECT_APP_CONF``).
+        It is a separate driver: a test can SIGKILL it (:meth:`ConnectServer.kill`)
+        without touching the cluster's own server. :meth:`stop` stops it too.
+
+        Example::
+
+            server = cluster.start_connect_server("driver-1")
+            spark = SparkSession.builder.remote(server.url).getOrCreate()
+        """
+        if any(piece.name == name for piece in self.pieces):
+            raise ValueError(f"a piece named {name!r} already runs on this cluster")
+        env = _environment(find_spark_home(), self.directory, self.python or sys.executable)
+        [port] = free_ports(1)
+        piece = _launch_connect(find_spark_home(), env, self.directory, self.master_url, port, conf, name)
+        self.pieces.append(piece)
+        try:
+            _wait([piece], time.monotonic() + timeout)
+        except BaseException:
+            piece.stop(5.0)
+            raise
+        return ConnectServer(f"sc://{_HOST}:{port}", piece)
 
     def stop(self, timeout: float = 15.0) -> None:
         """Stop every piece by process group (Connect, worker, master), then remove the
@@ -206,6 +233,32 @@ class SparkCluster:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+@dataclass
+class ConnectServer:
+    """A Spark Connect server started by :meth:`SparkCluster.start_connect_server`."""
+
+    url: str
+    piece: _Piece = field(repr=False)
+
+    @property
+    def pid(self) -> int:
+        return self.piece.process.pid
+
+    def kill(self) -> None:
+        """SIGKILL the server's whole process group (the driver dies at once), and reap it."""
+        try:
+            os.killpg(os.getpgid(self.piece.process.pid), signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self.piece.process.wait(timeout=30)
+
+    def stop(self, timeout: float = 15.0) -> None:
+        self.piece.stop(timeout)
+
+    def log(self) -> str:
+        return self.piece.tail(1_000_000)
 
 
 def _environment(home: Path, directory: Path, python: str) -> Dict[str, str]:
@@ -230,13 +283,13 @@ def _environment(home: Path, directory: Path, python: str) -> Dict[str, str]:
     return env
 
 
-def _launch(name: str, args: Sequence[str], env: Mapping[str, str], directory: Path) -> _Piece:
+def _launch(name: str, args: Sequence[str], env: Mapping[str, str], directory: Path, *, ready: str = "") -> _Piece:
     log = directory / "logs" / f"{name}.log"
     with open(log, "wb") as out:
         process = subprocess.Popen(list(args), stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                    env=dict(env), cwd=str(directory), start_new_session=True)
     logger.info("Spark %s starting (pid %s), log %s", name, process.pid, log)
-    return _Piece(name, process, log)
+    return _Piece(name, process, log, ready)
 
 
 def _wait(pieces: Sequence[_Piece], deadline: float) -> None:
@@ -259,6 +312,26 @@ def _wait(pieces: Sequence[_Piece], deadline: float) -> None:
             time.sleep(0.2)
 
 
+def _launch_connect(home: Path, env: Mapping[str, str], workdir: Path, master_url: str, port: int,
+                    connect_conf: Optional[Mapping[str, str]], name: str = "connect") -> _Piece:
+    conf = {
+        "spark.connect.grpc.binding.address": _HOST,
+        "spark.connect.grpc.binding.port": str(port),
+        "spark.driver.host": _HOST,
+        "spark.driver.bindAddress": _HOST,
+        "spark.ui.enabled": "false",
+        "spark.sql.session.timeZone": "UTC",
+        **CONNECT_APP_CONF,
+        **dict(connect_conf or {}),
+    }
+    args = [str(home / "bin" / "spark-submit"), "--class", "org.apache.spark.sql.connect.service.SparkConnectServer",
+            "--name", f"Spark Connect server ({name})", "--master", master_url]
+    for key, value in conf.items():
+        args += ["--conf", f"{key}={value}"]
+    args.append("spark-internal")
+    return _launch(name, args, env, workdir, ready=_READY["connect"])
+
+
 def start_spark_cluster(*, connect: bool = True, worker_cores: int = 3, worker_memory: str = "2g",
                         connect_conf: Optional[Mapping[str, str]] = None, timeout: float = 180.0,
                         directory: Optional[Path] = None, python: Optional[str] = None) -> SparkCluster:
@@ -278,7 +351,8 @@ def start_spark_cluster(*, connect: bool = True, worker_cores: int = 3, worker_m
     master_port, master_ui, worker_port, worker_ui, connect_port = free_ports(5)
     master_url = f"spark://{_HOST}:{master_port}"
     cluster = SparkCluster(master_url=master_url, connect_url=None, directory=workdir, worker_cores=worker_cores,
-                           worker_memory=worker_memory, keep_directory=not owned_directory)
+                           worker_memory=worker_memory, keep_directory=not owned_directory,
+                           python=python or sys.executable)
     spark_class = str(home / "bin" / "spark-class")
     deadline = time.monotonic() + timeout
     try:
@@ -291,23 +365,7 @@ def start_spark_cluster(*, connect: bool = True, worker_cores: int = 3, worker_m
             "--port", str(worker_port), "--webui-port", str(worker_ui), "--cores", str(worker_cores),
             "--memory", worker_memory, "--work-dir", str(workdir / "work")], env, workdir)]
         if connect:
-            conf = {
-                "spark.connect.grpc.binding.address": _HOST,
-                "spark.connect.grpc.binding.port": str(connect_port),
-                "spark.driver.host": _HOST,
-                "spark.driver.bindAddress": _HOST,
-                "spark.ui.enabled": "false",
-                "spark.sql.session.timeZone": "UTC",
-                **CONNECT_APP_CONF,
-                **dict(connect_conf or {}),
-            }
-            args = [str(home / "bin" / "spark-submit"), "--class",
-                    "org.apache.spark.sql.connect.service.SparkConnectServer", "--name", "Spark Connect server",
-                    "--master", master_url]
-            for key, value in conf.items():
-                args += ["--conf", f"{key}={value}"]
-            args.append("spark-internal")
-            starting.append(_launch("connect", args, env, workdir))
+            starting.append(_launch_connect(home, env, workdir, master_url, connect_port, connect_conf))
         cluster.pieces.extend(starting)
         _wait(starting, deadline)
     except BaseException:

@@ -41,6 +41,7 @@ BENCHMARKS = {
     "decode": "Per-event cost of turning a received AMQP message into an Event, vs azure-eventhub's EventData.",
     "store_bench": "Checkpoint-store throughput on Azurite vs the official blob store and a bare-SDK floor.",
     "spark_sink": "Rows/s through the Spark sink vs Spark's own path for the same batches, pipelined the same way.",
+    "spark_source": "Rows/s from Event Hubs into Parquet through the Spark source vs the official consumer and the sink.",
     "faults": "Recovery from store faults, crashes and hung handlers against their documented bounds.",
     "e2e": "End to end over AMQP: this SDK vs azure-eventhub's consumer on the Event Hubs emulator.",
     "moves": "Scale-out, scale-in, rolling restart and a crash as OS processes: duplicates, pauses vs azure-eventhub.",

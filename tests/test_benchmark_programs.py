@@ -166,7 +166,7 @@ def test_state_refuses_a_size_of_nothing_before_it_starts_anything(results_file)
 
 
 @pytest.mark.parametrize("module", ["convergence", "throughput", "store_bench", "spark_sink", "scale", "moves",
-                                    "faults", "decode", "e2e", "load", "state"])
+                                    "faults", "decode", "e2e", "load", "state", "spark_source"])
 def test_every_benchmark_has_the_same_record_and_debug_flags(module):
     command = module.replace("_", "-")
     out = subprocess.run([sys.executable, "-m", "eventprocessor_cli", "bench", command, "--help"], cwd=ROOT,
@@ -223,3 +223,47 @@ def test_e2e_quick_run_reads_the_hub_with_the_floor_and_both_consumers(capsys, r
         assert any(line.startswith(row.split("100/s")[0]) for line in out.splitlines()), (row, out)
     assert "### Prefetch sweep" in out and "Ours at **" in out
     assert not results_file.exists()
+@pytest.mark.slow
+@pytest.mark.spark
+@pytest.mark.eventhubs
+def test_spark_source_quick_run_reads_every_event_on_every_path_and_writes_nothing(capsys, results_file):
+    """``python -m benchmarks.spark_source`` at a small size: its own emulator and
+    standalone cluster, one round. The program fails unless every path read every event
+    and the source's Parquet table holds exactly the rows its batches read; no timing is
+    asserted, the table's shape is."""
+    from benchmarks import spark_source
+
+    code = spark_source.main(["--events", "2000", "--partitions", "2", "--rounds", "1", "--cores", "1",
+                              "--batch", "1000", "--rate", "200", "--latency-seconds", "3"])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    for path in ("ceiling", "receive", "source-1", "sink"):
+        assert f"round 1 {path}: " in out
+    rows = [line for line in out.splitlines() if line.startswith("| ") and not line.startswith("| path")]
+    assert [row.split(" | ")[0] for row in rows] == [
+        "| ceiling: azure-eventhub's consumer alone (1 process, no Spark)",
+        "| floor of the read: `EventHubSource` receivers alone (1 process, no Spark)",
+        "| **source, 1 executor core(s)**",
+        "| sink path: `EventProcessor` + `SparkSink` into Parquet (2 executor cores)"]
+    assert rows[0].split(" | ")[3] == "**1.00**"  # the ratio column is to the ceiling
+    assert "2,000 events of ~100 bytes" in out and "at the start of each round: " in out
+    assert "600 events in " in out, "the latency phase measured every event of the steady stream"
+    assert not results_file.exists()
+
+
+def test_spark_source_latency_takes_each_file_once_at_the_batch_that_wrote_it(tmp_path):
+    """Before: the compacted entry (9.compact lists batches 0-9) counted every earlier
+    batch's files again at batch 9 (32,450 latencies for 20,000 events in a recorded run)."""
+    from benchmarks.spark_source import batch_files
+
+    def line(path):
+        return '{"path":"file:///t/%s","size":1,"isDir":false,"modificationTime":1,"blockReplication":1,' \
+               '"blockSize":1,"action":"add"}' % path
+
+    for batch in range(9):
+        (tmp_path / str(batch)).write_text(f"v1\n{line(f'part-{batch}')}")
+    (tmp_path / "9.compact").write_text("v1\n" + "\n".join(line(f"part-{b}") for b in range(10)))
+    (tmp_path / "10").write_text(f"v1\n{line('part-10')}")
+    assert batch_files(tmp_path) == {b: [f"file:///t/part-{b}"] for b in range(11)}
+
+

@@ -381,6 +381,15 @@ class EventHub:
     def partition_ids(self) -> List[str]:
         return [p.partition_id for p in self.partitions]
 
+    def add_partitions(self, partition_count: int) -> None:
+        """Grow the hub to ``partition_count`` partitions, as Event Hubs' premium and
+        dedicated tiers allow (a hub never shrinks). New partitions start empty; keys
+        map over the new count from now on."""
+        if partition_count < self.partition_count:
+            raise ValueError(f"event hub {self.name!r} has {self.partition_count} partitions; a hub never shrinks")
+        self.partitions.extend(Partition(self, str(index)) for index in range(self.partition_count, partition_count))
+        self.partition_count = partition_count
+
     def partition(self, partition_id: str) -> Partition:
         try:
             index = int(partition_id)

@@ -169,7 +169,14 @@ Fences compare the checkpoint store's epochs. Pointing a sink at an existing out
 a *new* checkpoint store (epochs starting again) is refused as stale (loudly: the claims
 end); use a new output path (or ``log_name``) then. A commit log in the checkpoint store
 itself cannot get out of step with it.
+
+Event Hubs as a Spark source
+----------------------------
+:class:`EventHubsDataSource` (``spark.readStream.format("eventhubs")``) reads a hub
+from Spark itself, with no processor process: see :mod:`eventprocessor.spark.source`.
 """
+from typing import TYPE_CHECKING, Any
+
 from .arrow import EVENT_SCHEMA, events_to_table, json_body
 from .attempt import Attempt, AttemptState, MicroBatch
 from .commit_log import BatchRefused, CommitLog, FileLogStorage, PartitionRange, StaleFenceError, StoreLogStorage
@@ -177,8 +184,20 @@ from .output import COMMITS_DIR, METADATA_DIR, STAGING_DIR, OutputLocation
 from .session import is_connect, spark_session
 from .sink import SparkSink
 
+if TYPE_CHECKING:  # pragma: no cover
+    from .source.datasource import EventHubsDataSource
+
 __all__ = [
-    "SparkSink", "MicroBatch", "PartitionRange", "CommitLog", "FileLogStorage", "StoreLogStorage", "BatchRefused",
-    "StaleFenceError", "Attempt", "AttemptState", "EVENT_SCHEMA", "json_body", "events_to_table", "spark_session",
+    "EventHubsDataSource", "SparkSink", "MicroBatch", "PartitionRange", "CommitLog", "FileLogStorage",
+    "StoreLogStorage", "BatchRefused", "StaleFenceError", "Attempt", "AttemptState", "EVENT_SCHEMA", "json_body", "events_to_table", "spark_session",
     "is_connect", "OutputLocation", "COMMITS_DIR", "STAGING_DIR", "METADATA_DIR",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    # The data source subclasses pyspark's classes: pyspark is imported only when it is asked for.
+    if name == "EventHubsDataSource":
+        from .source.datasource import EventHubsDataSource
+
+        return EventHubsDataSource
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,0 +1,141 @@
+"""Events as the Microsoft connector's rows, column by column in Arrow.
+
+The columns and types are the connector's (``EventHubsSourceProvider.eventHubsSchema``),
+all nullable::
+
+    body binary, partition string, offset string, sequenceNumber long,
+    enqueuedTime timestamp, publisher string, partitionKey string,
+    properties map<string,string>, systemProperties map<string,string>
+
+Like the connector, map values are JSON text (json4s' ``Serialization.write``): a
+string property ``"a"`` is ``"\\"a\\""``, a number ``5`` is ``"5"``, binary that is not
+UTF-8 text is a JSON array of byte values (azure-eventhub decodes AMQP strings to bytes,
+so bytes that are UTF-8 text are rendered as a string). ``systemProperties`` holds what the connector puts there that an
+event here carries: ``x-opt-partition-key``, ``message-id``, ``correlation-id`` and
+``content-type`` (when set); never the offset, sequence number or enqueued time, which
+have columns. ``publisher`` is null (it is set only by publisher policies, which Event
+Hubs' AMQP receive does not report here).
+
+Example::
+
+    batch = events_to_record_batch("0", events)
+"""
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from typing import Any, List, Optional, Sequence, Tuple
+from uuid import UUID
+
+import pyarrow as pa
+
+from ...events import Event
+
+__all__ = ["COLUMNS", "SCHEMA_DDL", "ARROW_SCHEMA", "events_to_record_batch", "json_value"]
+
+COLUMNS = ("body", "partition", "offset", "sequenceNumber", "enqueuedTime", "publisher", "partitionKey",
+           "properties", "systemProperties")
+
+SCHEMA_DDL = ("body BINARY, partition STRING, offset STRING, sequenceNumber BIGINT, enqueuedTime TIMESTAMP, "
+              "publisher STRING, partitionKey STRING, properties MAP<STRING, STRING>, "
+              "systemProperties MAP<STRING, STRING>")
+"""The schema as Spark DDL (what :meth:`EventHubsDataSource.schema` returns)."""
+
+_MAP = pa.map_(pa.string(), pa.string())
+ARROW_SCHEMA = pa.schema([
+    pa.field("body", pa.binary()),
+    pa.field("partition", pa.string()),
+    pa.field("offset", pa.string()),
+    pa.field("sequenceNumber", pa.int64()),
+    pa.field("enqueuedTime", pa.timestamp("us", tz="UTC")),
+    pa.field("publisher", pa.string()),
+    pa.field("partitionKey", pa.string()),
+    pa.field("properties", _MAP),
+    pa.field("systemProperties", _MAP),
+])
+"""The Arrow schema Spark expects from ``read()`` (``to_arrow_schema`` of the DDL, UTC)."""
+
+
+def json_value(value: Any) -> str:
+    """A property value as the connector renders it: JSON text."""
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return json.dumps(value, ensure_ascii=False)
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        raw = bytes(value)
+        # azure-eventhub's AMQP decoder hands AMQP strings over as bytes, like binary:
+        # text is rendered as the JSON string the connector writes for a string.
+        try:
+            return json.dumps(raw.decode("utf-8"), ensure_ascii=False)
+        except UnicodeDecodeError:
+            # json4s writes a byte array as an array of signed bytes.
+            return json.dumps([b - 256 if b > 127 else b for b in raw], separators=(",", ":"))
+    if isinstance(value, datetime):
+        return json.dumps(value.strftime("%Y-%m-%dT%H:%M:%S.") + f"{value.microsecond // 1000:03d}Z")
+    if isinstance(value, UUID):
+        return json.dumps(str(value))
+    if isinstance(value, (list, tuple)):
+        return "[" + ",".join(json_value(v) for v in value) + "]"
+    if isinstance(value, dict):
+        return "{" + ",".join(f"{json.dumps(str(k))}:{json_value(v)}" for k, v in value.items()) + "}"
+    return json.dumps(str(value), ensure_ascii=False)
+
+
+def _maps(events: Sequence[Event]) -> Tuple[pa.Array, pa.Array]:
+    """Both map columns from flat key/value lists and offsets (no per-row pairs)."""
+    keys: List[str] = []
+    values: List[str] = []
+    offsets = [0]
+    sys_keys: List[str] = []
+    sys_values: List[str] = []
+    sys_offsets = [0]
+    for event in events:
+        properties = event.properties
+        if properties:
+            for key, value in properties.items():
+                keys.append(key if key.__class__ is str else str(key))
+                values.append(json_value(value))
+        offsets.append(len(keys))
+        if event.partition_key is not None:
+            sys_keys.append("x-opt-partition-key")
+            sys_values.append(json_value(event.partition_key))
+        if event.message_id is not None:
+            sys_keys.append("message-id")
+            sys_values.append(json_value(event.message_id))
+        if event.correlation_id is not None:
+            sys_keys.append("correlation-id")
+            sys_values.append(json_value(event.correlation_id))
+        if event.content_type is not None:
+            sys_keys.append("content-type")
+            sys_values.append(json_value(event.content_type))
+        sys_offsets.append(len(sys_keys))
+    properties_column = pa.MapArray.from_arrays(pa.array(offsets, pa.int32()), pa.array(keys, pa.string()),
+                                                pa.array(values, pa.string()))
+    system_column = pa.MapArray.from_arrays(pa.array(sys_offsets, pa.int32()), pa.array(sys_keys, pa.string()),
+                                            pa.array(sys_values, pa.string()))
+    return properties_column, system_column
+
+
+def events_to_record_batch(partition_id: str, events: Sequence[Event],
+                           schema: Optional[pa.Schema] = None) -> pa.RecordBatch:
+    """One Arrow record batch of the connector's columns for events of one partition.
+
+    Example::
+
+        batch = events_to_record_batch("3", events)
+        assert batch.schema == ARROW_SCHEMA
+    """
+    schema = schema or ARROW_SCHEMA
+    count = len(events)
+    properties_column, system_column = _maps(events)
+    columns = [
+        pa.array([e.body for e in events], pa.binary()),
+        pa.repeat(pa.scalar(partition_id, pa.string()), count),
+        pa.array([e.offset for e in events], pa.string()),
+        pa.array([e.sequence_number for e in events], pa.int64()),
+        pa.array([e.enqueued_time for e in events], pa.timestamp("us", tz="UTC")),
+        pa.nulls(count, pa.string()),
+        pa.array([e.partition_key for e in events], pa.string()),
+        properties_column.cast(schema.field("properties").type),
+        system_column.cast(schema.field("systemProperties").type),
+    ]
+    return pa.RecordBatch.from_arrays(columns, schema=schema)
