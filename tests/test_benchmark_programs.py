@@ -1,8 +1,7 @@
 """The benchmark programs run end to end at small sizes (no timing assertions), and
 write benchmarks/RESULTS.md only when asked to with --record.
 
-They run as programs (``python -m benchmarks.NAME``): tests never import the benchmarks
-(the scale tests below still do, until they move to a file of their own). A run that
+They run as programs (``python -m benchmarks.NAME``), never imported. A run that
 records writes to a scratch copy named by ``EVENTPROCESSOR_BENCH_RESULTS``."""
 from __future__ import annotations
 
@@ -14,7 +13,6 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks import results
 
 ROOT = Path(__file__).resolve().parent.parent
 REAL_RESULTS = ROOT / "benchmarks" / "RESULTS.md"
@@ -28,10 +26,9 @@ def bench(*args: str, results_path: Path, timeout: float = 600) -> subprocess.Co
 
 
 @pytest.fixture
-def results_file(tmp_path, monkeypatch):
-    """A scratch RESULTS.md for the programs (and for the scale tests, run in this process)."""
+def results_file(tmp_path):
+    """A scratch RESULTS.md for the programs (``EVENTPROCESSOR_BENCH_RESULTS``)."""
     path = tmp_path / "RESULTS.md"
-    monkeypatch.setattr(results, "RESULTS", path)
     before = REAL_RESULTS.read_bytes()
     yield path
     assert REAL_RESULTS.read_bytes() == before, "a test run wrote benchmarks/RESULTS.md"
@@ -177,66 +174,32 @@ def test_every_benchmark_has_the_same_record_and_debug_flags(module):
     assert "--no-write" not in out.stdout and "--no-record" not in out.stdout
 
 
-def _e2e_round(floor: float, ours: float, official: float, others=(0.1, 0.1, 0.1)):
-    from benchmarks import e2e
-
-    return {side: e2e.Phase(side, 300, 100_000, rate, 1e6 / rate, 1.0, busy, 1.5, 2.0)
-            for side, rate, busy in zip(("floor", "ours", "official"), (floor, ours, official), others)}
-
-
-def test_e2e_states_ratios_from_quiet_rounds_only_and_flags_a_busy_run():
-    """A round in which other processes took the machine (here: 0.9 cores during ours)
-    is left out of the ratios; with too few quiet rounds the run says it is not a result."""
-    from benchmarks import e2e
-
-    rounds = [_e2e_round(30_000, 27_000, 15_000), _e2e_round(30_000, 12_000, 15_000, others=(0.1, 0.9, 0.1)),
-              _e2e_round(32_000, 28_800, 16_000), _e2e_round(29_000, 26_100, 14_500)]
-    summary = e2e.summarize(rounds, busy_cores=0.3, min_quiet=3)
-    assert summary.quiet == [0, 2, 3] and not summary.busy
-    assert summary.ratios["ours/floor"] == pytest.approx([0.9, 0.9, 0.9])
-    assert summary.ratios["ours/official"] == pytest.approx([1.8, 1.8, 1.8])
-
-    args = e2e._parser(None).parse_args([])
-    args.events, args.sweep_events = 100_000, 50_000
-    results = e2e.Results(rounds=rounds, prefetch={"floor": 300, "ours": 300, "official": 1000})
-    quiet = e2e.render(results, args, "python -m benchmarks.e2e", 1.0)
-    assert "Ours at **0.90x** of the floor's events/s, median of 3 rounds" in quiet and "not a result" not in quiet
-    assert "| 1 | 30,000; 33.3; 0.10 | 12,000; 83.3; 0.90 busy |" in quiet
-
-    results.rounds = rounds[:2]
-    busy = e2e.render(results, args, "python -m benchmarks.e2e", 1.0)
-    assert e2e.summarize(rounds[:2], 0.3, 3).busy
-    assert "**Busy machine: in 1 of 2 rounds other processes used more than 0.3 cores, so this run is not a " \
-           "result.**" in busy and "busy machine: not a result" in busy
-
-
 @pytest.mark.eventhubs
-def test_e2e_quick_run_reads_the_hub_with_the_floor_and_both_consumers(capsys, results_file):
+def test_e2e_quick_run_reads_the_hub_with_the_floor_and_both_consumers(results_file):
     """A smoke run with its own emulator and Azurite: every side reads every event (a
     side that does not fails the run), the sweep and the ratio table are printed."""
-    from benchmarks import e2e
-
-    assert e2e.main(["--quick", "--events", "24000", "--sweep", "100,300"]) == 0
-    out = capsys.readouterr().out
+    run = bench("e2e", "--quick", "--events", "24000", "--sweep", "100,300", results_path=results_file, timeout=900)
+    assert run.returncode == 0, run.stderr[-3000:]
+    out = run.stdout
     for row in ("| floor | 100/s", "| ours | ", "| official | ", "| ours/floor | **", "| official/floor | **",
                 "| ours/official | **"):
         assert any(line.startswith(row.split("100/s")[0]) for line in out.splitlines()), (row, out)
     assert "### Prefetch sweep" in out and "Ours at **" in out
     assert not results_file.exists()
+
+
 @pytest.mark.slow
 @pytest.mark.spark
 @pytest.mark.eventhubs
-def test_spark_source_quick_run_reads_every_event_on_every_path_and_writes_nothing(capsys, results_file):
+def test_spark_source_quick_run_reads_every_event_on_every_path_and_writes_nothing(results_file):
     """``python -m benchmarks.spark_source`` at a small size: its own emulator and
     standalone cluster, one round. The program fails unless every path read every event
     and the source's Parquet table holds exactly the rows its batches read; no timing is
     asserted, the table's shape is."""
-    from benchmarks import spark_source
-
-    code = spark_source.main(["--events", "2000", "--partitions", "2", "--rounds", "1", "--cores", "1",
-                              "--batch", "1000", "--rate", "200", "--latency-seconds", "3"])
-    out = capsys.readouterr().out
-    assert code == 0, out
+    run = bench("spark_source", "--events", "2000", "--partitions", "2", "--rounds", "1", "--cores", "1",
+                "--batch", "1000", "--rate", "200", "--latency-seconds", "3", results_path=results_file, timeout=900)
+    out = run.stdout
+    assert run.returncode == 0, out + run.stderr[-3000:]
     for path in ("ceiling", "receive", "source-1", "sink"):
         assert f"round 1 {path}: " in out
     rows = [line for line in out.splitlines() if line.startswith("| ") and not line.startswith("| path")]
@@ -249,21 +212,3 @@ def test_spark_source_quick_run_reads_every_event_on_every_path_and_writes_nothi
     assert "2,000 events of ~100 bytes" in out and "at the start of each round: " in out
     assert "600 events in " in out, "the latency phase measured every event of the steady stream"
     assert not results_file.exists()
-
-
-def test_spark_source_latency_takes_each_file_once_at_the_batch_that_wrote_it(tmp_path):
-    """Before: the compacted entry (9.compact lists batches 0-9) counted every earlier
-    batch's files again at batch 9 (32,450 latencies for 20,000 events in a recorded run)."""
-    from benchmarks.spark_source import batch_files
-
-    def line(path):
-        return '{"path":"file:///t/%s","size":1,"isDir":false,"modificationTime":1,"blockReplication":1,' \
-               '"blockSize":1,"action":"add"}' % path
-
-    for batch in range(9):
-        (tmp_path / str(batch)).write_text(f"v1\n{line(f'part-{batch}')}")
-    (tmp_path / "9.compact").write_text("v1\n" + "\n".join(line(f"part-{b}") for b in range(10)))
-    (tmp_path / "10").write_text(f"v1\n{line('part-10')}")
-    assert batch_files(tmp_path) == {b: [f"file:///t/part-{b}"] for b in range(11)}
-
-
