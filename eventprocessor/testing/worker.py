@@ -86,56 +86,14 @@ import sys
 import time
 from typing import Any, Dict, List, Optional
 
+from .worker_report import OwnershipLines, Tally, emit, resident_bytes, trace_allocations
+
 HUB_ENV = "EVENTPROCESSOR_E2E_HUB"
 STORAGE_ENV = "EVENTPROCESSOR_E2E_STORAGE"
 
 logger = logging.getLogger(__name__)
 
 __all__ = ["HUB_ENV", "STORAGE_ENV", "emit", "resident_bytes", "main"]
-
-
-def emit(record: Dict[str, Any]) -> None:
-    """Write ``record`` as one JSON line on stdout, flushed (what a parent reads)."""
-    sys.stdout.write(json.dumps(record, separators=(",", ":")) + "\n")
-    sys.stdout.flush()
-
-
-_PAGE_SIZE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
-
-
-def resident_bytes(pid: Optional[int] = None) -> Optional[int]:
-    """A process's resident set size in bytes, from ``/proc/<pid>/statm`` (Linux), or None."""
-    try:
-        with open(f"/proc/{pid or 'self'}/statm") as handle:
-            return int(handle.read().split()[1]) * _PAGE_SIZE
-    except (OSError, IndexError, ValueError):
-        return None
-
-
-class _Tally:
-    """What this process delivered: counts for the stats line, and the batch lines."""
-
-    def __init__(self, report_events: bool, expect: int) -> None:
-        self.report_events = report_events
-        self.expect = expect
-        self.events = 0
-        self.newest: Dict[str, int] = {}  # partition -> highest sequence number delivered
-        self.progress = asyncio.Event()  # set at each delivery (the in-process producer waits on it)
-
-    def delivered(self, partition_id: str, sequence_numbers: List[int]) -> None:
-        if sequence_numbers:
-            self.newest[partition_id] = max(self.newest.get(partition_id, -1), sequence_numbers[-1])
-            self.progress.set()
-        if self.events == 0:
-            emit({"event": "first", "cpu": time.process_time(), "t": time.time()})
-        self.events += len(sequence_numbers)
-        if self.expect and self.events >= self.expect and self.events - len(sequence_numbers) < self.expect:
-            emit({"event": "done", "events": self.events, "cpu": time.process_time(), "t": time.time()})
-        if self.report_events and sequence_numbers:
-            first, last = sequence_numbers[0], sequence_numbers[-1]
-            contiguous = last - first + 1 == len(sequence_numbers)
-            emit({"event": "batch", "p": partition_id, "s": [first, last] if contiguous else sequence_numbers,
-                   "c": int(contiguous), "t": time.time()})
 
 
 def _parse(argv: Optional[List[str]]) -> argparse.Namespace:
@@ -287,7 +245,7 @@ def _counts(state: Any) -> Dict[str, Any]:
     return {key: value for key, value in state.items() if not key.startswith(PAD_PREFIX)}
 
 
-async def _ours(args: argparse.Namespace, tally: _Tally, stop: asyncio.Event, cost: _CpuCost) -> None:
+async def _ours(args: argparse.Namespace, tally: Tally, stop: asyncio.Event, cost: _CpuCost) -> None:
     from eventprocessor import CloseReason, EventProcessor, LoadPolicy, OwnershipLostError, PartitionProcessor
     from eventprocessor.errors import StoreTimeoutError
 
@@ -445,7 +403,7 @@ async def _ours(args: argparse.Namespace, tally: _Tally, stop: asyncio.Event, co
             await naive_blobs.close()
 
 
-async def _produce(source: Any, args: argparse.Namespace, tally: _Tally) -> None:
+async def _produce(source: Any, args: argparse.Namespace, tally: Tally) -> None:
     """Keep ``--backlog`` events ahead of the handler on every partition until
     ``--produce`` events were sent. Retention (several backlogs) never drops an event
     before it was delivered, so every event sent is delivered once."""
@@ -466,7 +424,7 @@ async def _produce(source: Any, args: argparse.Namespace, tally: _Tally) -> None
     emit({"event": "produced", "events": sent, "t": time.time()})
 
 
-async def _official(args: argparse.Namespace, tally: _Tally, stop: asyncio.Event, cost: _CpuCost) -> None:
+async def _official(args: argparse.Namespace, tally: Tally, stop: asyncio.Event, cost: _CpuCost) -> None:
     from azure.eventhub.aio import EventHubConsumerClient
     from azure.eventhub.extensions.checkpointstoreblobaio import BlobCheckpointStore
 
@@ -522,7 +480,7 @@ async def _amain(args: argparse.Namespace) -> int:
     loop.add_signal_handler(signal.SIGTERM, stop.set)
     cost = _CpuCost(args)
     loop.add_signal_handler(signal.SIGUSR1, cost.slow_down)
-    tally = _Tally(args.report == "events", args.expect)
+    tally = Tally(args.report == "events", args.expect)
 
     def stats_line() -> Dict[str, Any]:
         return {"event": "stats", "events": tally.events, "cpu": time.process_time(), "t": time.time(),
@@ -534,7 +492,7 @@ async def _amain(args: argparse.Namespace) -> int:
             await asyncio.sleep(args.stats_interval)
 
     reporter = asyncio.create_task(stats())
-    tracer = asyncio.create_task(_trace_allocations(args.tracemalloc_at, tally, args.tracemalloc_frames)) \
+    tracer = asyncio.create_task(trace_allocations(args.tracemalloc_at, tally, args.tracemalloc_frames)) \
         if args.tracemalloc_at else None
     try:
         await (_ours if args.impl == "ours" else _official)(args, tally, stop, cost)
@@ -548,46 +506,6 @@ async def _amain(args: argparse.Namespace) -> int:
     return 0
 
 
-async def _trace_allocations(after_events: int, tally: _Tally, frames: int, top: int = 25) -> None:
-    """Trace allocations from ``after_events`` delivered events on; take the baseline at
-    twice that many (by then the steady working set, which was allocated before tracing
-    began and so is invisible to it, has been allocated again under tracing); when
-    cancelled (at the stop), print the allocation sites whose live memory grew most
-    since the baseline, as ``tracemalloc`` lines, innermost frame first. Growth that
-    keeps up with the events is a leak; a warm working set shows as a few KiB."""
-    import gc
-    import tracemalloc
-
-    while tally.events < after_events:
-        await asyncio.sleep(0.1)
-    tracemalloc.start(max(1, frames))
-    while tally.events < 2 * after_events:
-        await asyncio.sleep(0.1)
-    gc.collect()
-    baseline, events_then = tracemalloc.take_snapshot(), tally.events
-    try:
-        await asyncio.Event().wait()
-    finally:
-        gc.collect()
-        grown = tracemalloc.take_snapshot().compare_to(baseline, "traceback")
-        tracemalloc.stop()
-        for stat in grown[:top]:
-            emit({"event": "tracemalloc", "events": tally.events - events_then, "size_diff": stat.size_diff,
-                   "count_diff": stat.count_diff,
-                   "traceback": [f"{frame.filename}:{frame.lineno}" for frame in reversed(stat.traceback)]})
-
-
-class _OwnershipLines(logging.Handler):
-    """Each ownership change of this SDK's processor as a JSON line, from the structured
-    fields of its log record (``OWNERSHIP_LOG_FIELDS``)."""
-
-    def emit(self, record: logging.LogRecord) -> None:
-        reason = getattr(record, "eventprocessor.reason", None)
-        if reason is not None:
-            emit({"event": "ownership", "reason": reason, "p": getattr(record, "eventprocessor.partition_id", None),
-                   "epoch": getattr(record, "eventprocessor.epoch", None), "t": record.created})
-
-
 def main(argv: Optional[List[str]] = None) -> int:
     args = _parse(argv)
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr,
@@ -596,7 +514,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     logging.getLogger().handlers[0].setLevel(level)
     logging.getLogger("eventprocessor").setLevel(min(level, logging.INFO))
     if args.impl == "ours":
-        logging.getLogger("eventprocessor").addHandler(_OwnershipLines())
+        logging.getLogger("eventprocessor").addHandler(OwnershipLines())
     return asyncio.run(_amain(args))
 
 
