@@ -31,6 +31,7 @@ from datetime import datetime, timezone
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from ...errors import ConfigurationError
+from ...extras import install_command
 
 __all__ = ["SourceOptions", "Position", "StoreOptions", "OPTIONS", "START_OF_STREAM", "END_OF_STREAM"]
 
@@ -262,7 +263,7 @@ class _Parser:
             from azure.eventhub import parse_connection_string
         except ImportError:  # pragma: no cover - depends on the extra
             self.problem("the eventhubs source needs azure-eventhub on the driver and the executors: "
-                         "pip install 'eventprocessor[eventhub,spark]'")
+                         + install_command(["eventhub", "spark"]))
             return conn, "", ""
         try:
             props = parse_connection_string(conn)
