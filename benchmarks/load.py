@@ -273,10 +273,7 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
                            slow_seconds=args.slow_seconds or skew.slow_seconds,
                            window=min(skew.window, args.skew_seconds or skew.window,
                                       args.slow_seconds or skew.window))
-        given = list(sys.argv[1:] if argv is None else argv)
-        shown = [a for i, a in enumerate(given) if a != "--log-dir" and not a.startswith("--log-dir=")
-                 and (i == 0 or given[i - 1] != "--log-dir")]
-        return _run(args, skew, program.recorded_command("load", shown))
+        return _run(args, skew, program.recorded_command("load", argv))
 
     return program.run(parser, body, argv)
 

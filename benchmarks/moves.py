@@ -191,10 +191,7 @@ def main(argv: Optional[List[str]] = None, prog: Optional[str] = None) -> int:
     def body(args: argparse.Namespace) -> int:
         if args.record and (args.ours_only or args.scenarios != list(SCENARIOS) or args.impls != list(IMPLS)):
             parser.error("partial runs (--ours-only, --scenarios, --impls) are never recorded")
-        given = list(sys.argv[1:] if argv is None else argv)
-        shown = [a for i, a in enumerate(given) if a != "--log-dir" and not a.startswith("--log-dir=")
-                 and (i == 0 or given[i - 1] != "--log-dir")]  # where the logs went is no part of the result
-        return _run(args, program.recorded_command("moves", shown))
+        return _run(args, program.recorded_command("moves", argv))
 
     return program.run(parser, body, argv)
 

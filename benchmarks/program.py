@@ -53,7 +53,9 @@ def parser(name: str, doc: Optional[str], prog: Optional[str] = None) -> argpars
 def recorded_command(name: str, argv: Optional[Sequence[str]]) -> str:
     """The command line to write beside recorded results: ``python -m benchmarks.<name> ...``."""
     given = list(sys.argv[1:] if argv is None else argv)
-    kept = [arg for arg in given if arg not in ("--debug", *_RETIRED_FLAGS)]
+    # Where the logs went (--log-dir and its value) is no part of the result.
+    kept = [arg for i, arg in enumerate(given) if arg not in ("--debug", "--log-dir", *_RETIRED_FLAGS)
+            and not arg.startswith("--log-dir=") and (i == 0 or given[i - 1] != "--log-dir")]
     return " ".join(["python -m benchmarks." + name, *(shlex.quote(arg) for arg in kept)])
 
 

@@ -206,10 +206,7 @@ def main(argv: Optional[List[str]] = None, prog: Optional[str] = None) -> int:
     def body(args: argparse.Namespace) -> int:
         if args.rounds < 1 or any(mb <= 0 for mb in args.sizes):
             parser.error("--rounds must be at least 1 and every --sizes value above 0 MB")
-        given = list(sys.argv[1:] if argv is None else argv)
-        shown = [a for i, a in enumerate(given) if a != "--log-dir" and not a.startswith("--log-dir=")
-                 and (i == 0 or given[i - 1] != "--log-dir")]
-        return _run(args, program.recorded_command("state", shown))
+        return _run(args, program.recorded_command("state", argv))
 
     return program.run(parser, body, argv)
 
