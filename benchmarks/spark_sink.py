@@ -315,6 +315,8 @@ def _section(result: SessionResult) -> Tuple[List[str], List[str]]:
     ratios = [r.ratio for r in rounds]
     median_ratio = statistics.median(ratios)
     verdict = "meets" if median_ratio >= TARGET else "misses"
+    if f"{median_ratio:.2f}" == f"{TARGET:.2f}":  # rounds to the target: say which side of it
+        verdict += f", {median_ratio:.3f}"
     steps = result.steps
     added = sum(steps.get(step, 0.0) for step in SINK_STEPS)
     loads = [r.other_cores for r in rounds if r.other_cores is not None]
