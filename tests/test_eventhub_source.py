@@ -42,7 +42,28 @@ def test_from_connection_string_reads_namespace_and_hub_and_hides_the_key():
     source = EventHubSource.from_connection_string(CONN)
     assert source.fully_qualified_namespace == "example.servicebus.windows.net"
     assert source.eventhub_name == "telemetry"
-    assert SECRET not in repr(source) and SECRET not in str(vars(source).get("_client_kwargs"))
+    assert SECRET not in repr(source) and SECRET not in str(source.client_options)
+    assert source.client_options == {"idle_timeout": 30.0}
+
+
+def test_client_options_are_a_read_only_view_with_secrets_masked():
+    proxy = {"proxy_hostname": "127.0.0.1", "proxy_port": 3128, "username": "u", "password": SECRET}
+    source = EventHubSource.from_connection_string(CONN, http_proxy=proxy, retry_total=2, custom_token=SECRET)
+    options = source.client_options
+    assert options["http_proxy"] == {"proxy_hostname": "127.0.0.1", "proxy_port": 3128, "username": "u",
+                                     "password": "***"}
+    assert options["custom_token"] == "***" and options["retry_total"] == 2 and options["idle_timeout"] == 30.0
+    assert SECRET not in repr(options) and SECRET not in str(dict(options))
+    with pytest.raises(TypeError):
+        options["retry_total"] = 5  # type: ignore[index]
+    options["http_proxy"]["proxy_port"] = 1  # a copy: the source's own options are untouched
+    assert source.client_options["http_proxy"]["proxy_port"] == 3128 and proxy["password"] == SECRET
+
+
+def test_lean_receive_false_chooses_the_public_path_and_anything_else_is_refused():
+    assert not EventHubSource.from_connection_string(CONN, lean_receive=False).uses_lean_receive
+    with pytest.raises(ConfigurationError, match="lean_receive must be True .* or False .*, got 'no'"):
+        EventHubSource.from_connection_string(CONN, lean_receive="no")
 
 
 @pytest.mark.parametrize("bad", ["", "not a connection string", "Endpoint=;SharedAccessKey=" + SECRET])
@@ -128,7 +149,8 @@ async def test_token_credential_constructor_builds_a_client_per_consumer_group()
                             AzureNamedKeyCredential("listen", SECRET))
     receiver = await source.open_receiver("0", consumer_group="analytics", starting_position=EventPosition.earliest(),
                                           owner_level=3, prefetch=10)
-    client = source._clients["analytics"]
+    assert list(source.clients) == ["analytics"]
+    client = source.clients["analytics"]
     assert client.eventhub_name == "telemetry" and client._consumer_group == "analytics"
     assert SECRET not in repr(source) and SECRET not in repr(receiver)
     await receiver.close()
@@ -607,8 +629,7 @@ async def test_the_public_receive_batch_fallback_reads_and_is_fenced_too(eventhu
     """What a future azure-eventhub without the internals gets: slower, same behaviour."""
     conn = eventhubs_emulator.connection_string
     await _produce(conn, hub, 12)
-    source = EventHubSource.from_connection_string(conn, eventhub_name=hub)
-    source._lean = False  # as if lean_receive_supported() had said no
+    source = EventHubSource.from_connection_string(conn, eventhub_name=hub, lean_receive=False)
     lean = EventHubSource.from_connection_string(conn, eventhub_name=hub)
     try:
         fallback = await source.open_receiver("0", consumer_group="$default",
