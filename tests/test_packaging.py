@@ -121,12 +121,9 @@ def test_the_testing_package_builds_on_the_core_the_stores_and_the_emulators_onl
 # Tests and benchmarks use the SDK's public names only, and tests never import the
 # benchmarks (a benchmark's own machinery is tested by running it as a program). Each
 # entry below is a known exception, with who is to remove it.
-IMPORTS_BENCHMARKS_STILL = {
-    "tests/test_benchmark_internals.py",  # pure arithmetic of e2e and spark_source, as unit tests
-}
+IMPORTS_BENCHMARKS_STILL: Set[str] = set()
 PRIVATE_IMPORTS_STILL = {
     "benchmarks/scale.py": {"stores._account"},  # DEFAULT_OPERATION_TIMEOUT; scale is being reworked
-    "tests/test_source_faults_emulator.py": {"eventprocessor.sources.eventhub._ErrorContext"},  # the source's split
 }
 SDK = ("eventprocessor", "stores", "emulators")
 
@@ -167,15 +164,7 @@ def test_tests_and_benchmarks_import_no_private_name_of_the_sdk():
 # Names bound any other way are not followed, so another library's internals are never
 # flagged; an SDK object reached another way can be missed. Each entry below is a known
 # exception, with who is to remove it.
-PRIVATE_ATTRIBUTES_STILL = {
-    # EventHubSource's split (another change) owns these: a public way to force the
-    # receive_batch fallback, and to see the client options and clients.
-    "tests/test_event_bodies.py": {"source._lean"},
-    "tests/test_eventhub_source.py": {"source._lean", "source._clients"},
-    "tests/test_source_faults_emulator.py": {"source._client_kwargs", "quiet._client_kwargs"},
-    # Drops the driver's idle management link under it (a fault only reachable inside the link).
-    "tests/test_spark_source.py": {"driver._link"},
-}
+PRIVATE_ATTRIBUTES_STILL: Dict[str, Set[str]] = {}
 _SCOPES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)
 
 
