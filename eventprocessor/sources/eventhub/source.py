@@ -159,6 +159,21 @@ class EventHubSource(EventSource):
         return self._tls
 
     @property
+    def credential(self) -> Any:
+        """The credential given to the constructor (``None`` for a source built from a
+        connection string, which is never shown). An ``azure.identity.aio`` credential
+        is the caller's to close.
+
+        Example::
+
+            source = EventHubSource(namespace, "telemetry", DefaultAzureCredential())
+            ...
+            await source.close()
+            await source.credential.close()
+        """
+        return self._credential
+
+    @property
     def client_options(self) -> Mapping[str, Any]:
         """The keyword arguments every ``EventHubConsumerClient`` of this source is built
         with (``idle_timeout`` and what was passed beyond this class's own), as a
