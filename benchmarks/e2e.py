@@ -35,12 +35,17 @@ Measured, in one run:
    delivered from the scale-out on (deliveries of events delivered before), and events
    lost (must be 0). The official runs twice: checkpointing in ``on_partition_close``
    as a careful user would, and as its samples do (no checkpoint on close).
+
+``--save-json PATH`` also writes the run's figures; ``--from-json PATH`` runs nothing and
+prints the tables of such a file again, judged with the options of that command (another
+``--busy-cores``, say): how the tests check the rule that leaves busy rounds out.
 """
 from __future__ import annotations
 
 import argparse
 import asyncio
 import contextlib
+import json
 import logging
 import os
 import statistics
@@ -48,7 +53,8 @@ import sys
 import tempfile
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Set, Tuple
 
 from . import program
@@ -57,7 +63,7 @@ from .e2e_worker import WorkerHandle, create_container, spawn_worker
 from .machine import CpuMeter, process_cpu_seconds
 from .results import machine_line
 
-__all__ = ["main", "services", "Phase", "summarize"]
+__all__ = ["main", "services", "Phase", "summarize", "save_run", "load_run"]
 
 logger = logging.getLogger(__name__)
 
@@ -593,6 +599,31 @@ def render(results: Results, args: argparse.Namespace, command: str, seconds: fl
     return "\n".join(lines)
 
 
+def save_run(path: str, results: Results, command: str, seconds: float) -> None:
+    """Write a run's figures as JSON (``--save-json``), for ``--from-json`` to print again."""
+    Path(path).write_text(json.dumps({"command": command, "seconds": seconds, "results": asdict(results)}, indent=1))
+
+
+def load_run(path: str) -> Tuple[Results, str, float]:
+    """A run saved by ``--save-json`` (or written by hand: the keys of :class:`Results`,
+    any of them left out): its results, its command and its duration. Raises
+    ``ValueError`` naming what is wrong."""
+    try:
+        saved = json.loads(Path(path).read_text())
+        raw = saved["results"]
+        results = Results(fill=Fill(**raw.get("fill", {})), sweep=[Phase(**p) for p in raw.get("sweep", [])],
+                          prefetch={side: int(p) for side, p in raw.get("prefetch", {}).items()},
+                          rounds=[{side: Phase(**p) for side, p in phases.items()} for phases in raw.get("rounds", [])])
+        results.failover.update(raw.get("failover", {}))
+        results.failover_lost.update(raw.get("failover_lost", {}))
+        results.scale_out.update({side: [tuple(r) for r in rounds]
+                                  for side, rounds in raw.get("scale_out", {}).items()})
+        return results, str(saved.get("command", "(command not saved)")), float(saved.get("seconds", 0.0))
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as error:
+        raise ValueError(f"--from-json {path}: not a run saved by --save-json ({type(error).__name__}: {error})") \
+            from None
+
+
 def _prefetches(text: str) -> List[int]:
     try:
         values = [int(part) for part in text.split(",") if part.strip()]
@@ -631,6 +662,10 @@ def _parser(prog: Optional[str]) -> argparse.ArgumentParser:
     parser.add_argument("--expiry", type=float, default=6.0, help="ownership expiration (failover, scale-out)")
     parser.add_argument("--timeout", type=float, default=180.0, help="give up on a phase after this many seconds")
     parser.add_argument("--quick", action="store_true", help="a small smoke run (never recorded)")
+    parser.add_argument("--save-json", metavar="PATH", help="also write the run's figures to PATH, for --from-json")
+    parser.add_argument("--from-json", metavar="PATH",
+                        help="run nothing: print the tables of a run saved with --save-json, judged with this "
+                             "command's options (--busy-cores, --min-quiet-rounds, ...); never recorded")
     return parser
 
 
@@ -654,6 +689,15 @@ def main(argv: Optional[List[str]] = None, prog: Optional[str] = None) -> int:
         args.sweep_events = args.sweep_events or args.events // 2
         if args.events < 8 * args.partitions or args.sweep_events > args.events:
             parser.error("--events must be at least 8 per partition, and --sweep-events at most --events")
+        if args.from_json:
+            if args.record or args.save_json:
+                parser.error("--from-json prints a saved run again: it is never recorded or saved")
+            try:
+                results, command, seconds = load_run(args.from_json)
+            except ValueError as error:
+                parser.error(str(error))
+            print(render(results, args, command, seconds))
+            return 0
         return _run(args, program.recorded_command("e2e", argv))
 
     return program.run(parser, body, argv)
@@ -707,7 +751,10 @@ def _run(args: argparse.Namespace, command: str) -> int:
     except EmulatorUnavailable as error:
         print(f"e2e: {error}", file=sys.stderr)
         return 2
-    markdown = render(results, args, command, time.monotonic() - started)
+    seconds = time.monotonic() - started
+    if args.save_json:
+        save_run(args.save_json, results, command, seconds)
+    markdown = render(results, args, command, seconds)
     program.report("e2e", markdown, args.record)
     return 0
 

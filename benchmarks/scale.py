@@ -221,7 +221,7 @@ def choose_timing(listing_cpu: float, processors: int, cores: float, *, budget: 
         (8.0, 40.0, 20.0, 5.33)
     """
     from eventprocessor.processor import Timing
-    from stores._account import DEFAULT_OPERATION_TIMEOUT
+    from stores import DEFAULT_OPERATION_TIMEOUT
 
     if listing_cpu <= 0 or processors < 1 or cores <= 0 or not 0 < budget <= 1:
         raise ValueError("listing_cpu, processors, cores and budget must be positive (budget at most 1)")

@@ -52,6 +52,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
+from eventprocessor.testing.spark_files import batch_files
+
 __all__ = ["main", "Measure"]
 
 logger = logging.getLogger(__name__)
@@ -294,22 +296,6 @@ def child_latency(args: argparse.Namespace) -> Dict[str, Any]:
             "max": latencies[-1] if latencies else 0.0,
             "batch_ms_median": statistics.median(durations) if durations else 0,
             "batch_ms_max": max(durations) if durations else 0}
-
-
-def batch_files(metadata: Path) -> Dict[int, List[str]]:
-    """The files each micro-batch wrote, from a file sink's ``_spark_metadata``. A
-    compacted entry (``9.compact``) lists every earlier batch's files too: each file
-    belongs to the first batch that lists it."""
-    result: Dict[int, List[str]] = {}
-    seen: set = set()
-    for entry in sorted(metadata.glob("[0-9]*"), key=lambda e: int(e.name.split(".")[0])):
-        batch = int(entry.name.split(".")[0])
-        for line in entry.read_text().splitlines()[1:]:
-            path = json.loads(line)["path"]
-            if path not in seen:
-                seen.add(path)
-                result.setdefault(batch, []).append(path)
-    return result
 
 
 def _child(kind: str, args: argparse.Namespace, *, conn: str, cores: int, out: Path,

@@ -7,19 +7,28 @@ lazily so that ``import stores`` never pulls in the Azure SDKs.
 :func:`describe_error` says what an Azure storage error means (type, HTTP status, error
 code, the service's first line with anything that could be a credential removed, the
 likely cause and its fix): the stores' own messages use it, and so may yours.
+``DEFAULT_OPERATION_TIMEOUT`` is the Blob and Table stores' default bound on one call
+(seconds): what a timing plan for many processors has to fit a listing into.
+
+Example::
+
+    from stores import DEFAULT_OPERATION_TIMEOUT, describe_error
+
+    assert DEFAULT_OPERATION_TIMEOUT == 10.0
 """
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from ._account import describe_error
+from ._account import DEFAULT_OPERATION_TIMEOUT, describe_error
 from .memory import InMemoryCheckpointStore
 
 if TYPE_CHECKING:  # pragma: no cover
     from .blob import BlobCheckpointStore
     from .table import TableCheckpointStore
 
-__all__ = ["InMemoryCheckpointStore", "BlobCheckpointStore", "TableCheckpointStore", "describe_error"]
+__all__ = ["InMemoryCheckpointStore", "BlobCheckpointStore", "TableCheckpointStore", "describe_error",
+           "DEFAULT_OPERATION_TIMEOUT"]
 
 _LAZY = {"BlobCheckpointStore": ".blob", "TableCheckpointStore": ".table"}
 

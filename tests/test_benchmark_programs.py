@@ -5,6 +5,7 @@ They run as programs (``python -m benchmarks.NAME``), never imported. A run that
 records writes to a scratch copy named by ``EVENTPROCESSOR_BENCH_RESULTS``."""
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -175,16 +176,68 @@ def test_every_benchmark_has_the_same_record_and_debug_flags(module):
 
 
 @pytest.mark.eventhubs
-def test_e2e_quick_run_reads_the_hub_with_the_floor_and_both_consumers(results_file):
+def test_e2e_quick_run_reads_the_hub_with_the_floor_and_both_consumers(results_file, tmp_path):
     """A smoke run with its own emulator and Azurite: every side reads every event (a
-    side that does not fails the run), the sweep and the ratio table are printed."""
-    run = bench("e2e", "--quick", "--events", "24000", "--sweep", "100,300", results_path=results_file, timeout=900)
+    side that does not fails the run), the sweep and the ratio table are printed; the
+    run saved with --save-json prints the same tables again."""
+    options = ["--quick", "--events", "24000", "--sweep", "100,300"]
+    saved = tmp_path / "e2e.json"
+    run = bench("e2e", *options, "--save-json", str(saved), results_path=results_file, timeout=900)
     assert run.returncode == 0, run.stderr[-3000:]
     out = run.stdout
     for row in ("| floor | 100/s", "| ours | ", "| official | ", "| ours/floor | **", "| official/floor | **",
                 "| ours/official | **"):
         assert any(line.startswith(row.split("100/s")[0]) for line in out.splitlines()), (row, out)
     assert "### Prefetch sweep" in out and "Ours at **" in out
+    again = bench("e2e", *options, "--from-json", str(saved), results_path=results_file, timeout=120)
+    assert again.returncode == 0, again.stderr
+    assert again.stdout.split("### Prefetch sweep")[1] == out.split("### Prefetch sweep")[1]
+    assert not results_file.exists()
+
+
+def _e2e_round(floor: float, ours: float, official: float, others=(0.1, 0.1, 0.1)):
+    return {side: {"side": side, "prefetch": 300, "events": 100_000, "rate": rate, "cpu_us": 1e6 / rate,
+                   "emulator_us": 1.0, "others_cores": busy, "load": 1.5, "startup": 2.0}
+            for side, rate, busy in zip(("floor", "ours", "official"), (floor, ours, official), others)}
+
+
+def test_e2e_states_ratios_from_quiet_rounds_only_and_flags_a_busy_run(results_file, tmp_path):
+    """A round in which other processes took the machine (here: 0.9 cores during ours)
+    is left out of the ratios; with too few quiet rounds the run says it is not a result.
+    The program prints saved rounds again (``--from-json``) without running anything."""
+    rounds = [_e2e_round(30_000, 27_000, 15_000), _e2e_round(30_000, 12_000, 15_000, others=(0.1, 0.9, 0.1)),
+              _e2e_round(32_000, 28_800, 16_000), _e2e_round(29_000, 26_100, 14_500)]
+    saved = {"command": "python -m benchmarks.e2e", "seconds": 1.0,
+             "results": {"rounds": rounds, "prefetch": {"floor": 300, "ours": 300, "official": 1000}}}
+
+    def render(kept_rounds) -> str:
+        path = tmp_path / f"e2e-{len(kept_rounds)}.json"
+        path.write_text(json.dumps({**saved, "results": {**saved["results"], "rounds": kept_rounds}}))
+        out = bench("e2e", "--from-json", str(path), "--events", "100000", "--sweep-events", "50000",
+                    results_path=results_file, timeout=120)
+        assert out.returncode == 0, out.stderr
+        return out.stdout
+
+    quiet = render(rounds)
+    # Rounds 0, 2 and 3 are quiet and counted; the busy round 1 (ours at 0.40) is not.
+    assert "3 of 4 rounds were quiet (other processes used at most 0.3 cores in every phase)" in quiet
+    assert "| ours/floor | **0.90** | 0.90-0.90 |" in quiet and "| ours/official | **1.80** | 1.80-1.80 |" in quiet
+    assert "Ours at **0.90x** of the floor's events/s, median of 3 rounds" in quiet and "not a result" not in quiet
+    assert "| 1 | 30,000; 33.3; 0.10 | 12,000; 83.3; 0.90 busy |" in quiet
+
+    busy = render(rounds[:2])
+    assert "**Busy machine: in 1 of 2 rounds other processes used more than 0.3 cores, so this run is not a " \
+           "result.**" in busy and "busy machine: not a result" in busy
+    assert not results_file.exists()
+
+
+def test_e2e_refuses_a_file_that_is_no_saved_run_and_never_records_one(results_file, tmp_path):
+    path = tmp_path / "not-a-run.json"
+    path.write_text(json.dumps({"rounds": []}))
+    out = bench("e2e", "--from-json", str(path), results_path=results_file, timeout=120)
+    assert out.returncode == 2 and "not a run saved by --save-json (KeyError: 'results')" in out.stderr
+    out = bench("e2e", "--from-json", str(path), "--record", results_path=results_file, timeout=120)
+    assert out.returncode == 2 and "never recorded" in out.stderr
     assert not results_file.exists()
 
 

@@ -161,9 +161,7 @@ async def receive_source(conn: str, hub: str, per_partition: Dict[str, int], *, 
     """The events of every partition through ``EventHubSource`` receivers."""
     from eventprocessor.sources.eventhub import EventHubSource
 
-    source = EventHubSource.from_connection_string(conn, eventhub_name=hub)
-    if not lean:
-        source._lean = False  # as if lean_receive_supported() had said no: the public receive_batch path
+    source = EventHubSource.from_connection_string(conn, eventhub_name=hub, lean_receive=lean)
     got: Dict[Key, Event] = {}
     try:
         for pid, count in per_partition.items():

@@ -11,7 +11,7 @@ import socket
 import time
 import uuid
 from datetime import datetime, timezone
-from typing import Any, List
+from typing import Any, List, Tuple
 
 import pytest
 
@@ -42,7 +42,28 @@ def test_from_connection_string_reads_namespace_and_hub_and_hides_the_key():
     source = EventHubSource.from_connection_string(CONN)
     assert source.fully_qualified_namespace == "example.servicebus.windows.net"
     assert source.eventhub_name == "telemetry"
-    assert SECRET not in repr(source) and SECRET not in str(vars(source).get("_client_kwargs"))
+    assert SECRET not in repr(source) and SECRET not in str(source.client_options)
+    assert source.client_options == {"idle_timeout": 30.0} and source.credential is None
+
+
+def test_client_options_are_a_read_only_view_with_secrets_masked():
+    proxy = {"proxy_hostname": "127.0.0.1", "proxy_port": 3128, "username": "u", "password": SECRET}
+    source = EventHubSource.from_connection_string(CONN, http_proxy=proxy, retry_total=2, custom_token=SECRET)
+    options = source.client_options
+    assert options["http_proxy"] == {"proxy_hostname": "127.0.0.1", "proxy_port": 3128, "username": "u",
+                                     "password": "***"}
+    assert options["custom_token"] == "***" and options["retry_total"] == 2 and options["idle_timeout"] == 30.0
+    assert SECRET not in repr(options) and SECRET not in str(dict(options))
+    with pytest.raises(TypeError):
+        options["retry_total"] = 5  # type: ignore[index]
+    options["http_proxy"]["proxy_port"] = 1  # a copy: the source's own options are untouched
+    assert source.client_options["http_proxy"]["proxy_port"] == 3128 and proxy["password"] == SECRET
+
+
+def test_lean_receive_false_chooses_the_public_path_and_anything_else_is_refused():
+    assert not EventHubSource.from_connection_string(CONN, lean_receive=False).uses_lean_receive
+    with pytest.raises(ConfigurationError, match="lean_receive must be True .* or False .*, got 'no'"):
+        EventHubSource.from_connection_string(CONN, lean_receive="no")
 
 
 @pytest.mark.parametrize("bad", ["", "not a connection string", "Endpoint=;SharedAccessKey=" + SECRET])
@@ -124,11 +145,13 @@ def test_the_installed_azure_eventhub_offers_the_lean_receive_path():
 async def test_token_credential_constructor_builds_a_client_per_consumer_group():
     from azure.core.credentials import AzureNamedKeyCredential
 
-    source = EventHubSource("example.servicebus.windows.net", "telemetry",
-                            AzureNamedKeyCredential("listen", SECRET))
+    credential = AzureNamedKeyCredential("listen", SECRET)
+    source = EventHubSource("example.servicebus.windows.net", "telemetry", credential)
+    assert source.credential is credential
     receiver = await source.open_receiver("0", consumer_group="analytics", starting_position=EventPosition.earliest(),
                                           owner_level=3, prefetch=10)
-    client = source._clients["analytics"]
+    assert list(source.clients) == ["analytics"]
+    client = source.clients["analytics"]
     assert client.eventhub_name == "telemetry" and client._consumer_group == "analytics"
     assert SECRET not in repr(source) and SECRET not in repr(receiver)
     await receiver.close()
@@ -230,30 +253,33 @@ async def test_a_trickle_is_delivered_as_it_arrives_not_once_the_prefetch_fills(
                                  f"{sorted(latencies)[50]:.2f} s)"
 
 
-async def _count_reads(receiver, cancelled: Any = None) -> List[int]:
+async def _count_reads(receiver, monkeypatch, cancelled: Any = None) -> Tuple[List[int], List[Any]]:
     """Open ``receiver`` and count the frames of each read it asks the client for (a
-    spy on the client's handler; the frames are still read by the client itself), and
-    append to ``cancelled`` each read that was cancelled."""
-    await receiver.receive(1, 0.01)  # opens it (and may deliver one event: callers account for it)
-    handler = receiver._handler
-    frames: List[int] = []
-    read = handler.do_work_async
+    spy on the client's receive handler class; the frames are still read by the client
+    itself), and append to ``cancelled`` each read that was cancelled. Returns the
+    frames and what the opening read delivered (one event at most: callers account for
+    it)."""
+    from azure.eventhub._pyamqp.aio._client_async import ReceiveClientAsync
 
-    async def counted(**kwargs: Any) -> Any:
+    opened = await receiver.receive(1, 0.01)
+    frames: List[int] = []
+    read = ReceiveClientAsync.do_work_async
+
+    async def counted(self: Any, **kwargs: Any) -> Any:
         frames.append(kwargs.get("batch", 1))
         try:
-            return await read(**kwargs)
+            return await read(self, **kwargs)
         except asyncio.CancelledError:
             if cancelled is not None:
                 cancelled.append(kwargs.get("batch", 1))
             raise
 
-    handler.do_work_async = counted
-    return frames
+    monkeypatch.setattr(ReceiveClientAsync, "do_work_async", counted)
+    return frames, opened
 
 
 @pytest.mark.eventhubs
-async def test_a_backlog_is_read_in_few_large_reads(eventhubs_emulator, hub):
+async def test_a_backlog_is_read_in_few_large_reads(eventhubs_emulator, hub, monkeypatch):
     """Each read the client is asked for costs about as much as several frames. A
     receiver that asked for 4 frames at a time spent about 4.5 µs per event more than
     one asking for its whole credit (``benchmarks/e2e.py``'s floor); reads now grow
@@ -265,8 +291,8 @@ async def test_a_backlog_is_read_in_few_large_reads(eventhubs_emulator, hub):
         receiver = await source.open_receiver("0", consumer_group="$default",
                                               starting_position=EventPosition.earliest(), owner_level=None,
                                               prefetch=300)
-        frames = await _count_reads(receiver)
-        first = receiver._last_sequence_number
+        frames, opened = await _count_reads(receiver, monkeypatch)
+        first = opened[-1].sequence_number if opened else None
         events = await _drain(receiver, 2999 - (first if first is not None else -1), batch=300)
         await receiver.close()
     finally:
@@ -278,7 +304,7 @@ async def test_a_backlog_is_read_in_few_large_reads(eventhubs_emulator, hub):
 
 
 @pytest.mark.eventhubs
-async def test_a_trickle_right_after_a_backlog_is_not_held_by_the_large_reads(eventhubs_emulator, hub):
+async def test_a_trickle_right_after_a_backlog_is_not_held_by_the_large_reads(eventhubs_emulator, hub, monkeypatch):
     """A large read asks for frames that may not come for a while: once the backlog
     is drained, events arriving 5 every 0.1 s must still be delivered as they arrive,
     not when the read's frames are all there. And no read of the client is ever
@@ -299,8 +325,8 @@ async def test_a_trickle_right_after_a_backlog_is_not_held_by_the_large_reads(ev
                                               starting_position=EventPosition.earliest(), owner_level=None,
                                               prefetch=300)
         cancelled: List[int] = []
-        frames = await _count_reads(receiver, cancelled)
-        backlog = await _drain(receiver, 1999 - (receiver._last_sequence_number or 0), batch=300)
+        frames, opened = await _count_reads(receiver, monkeypatch, cancelled)
+        backlog = await _drain(receiver, 1999 - (opened[-1].sequence_number if opened else 0), batch=300)
         assert backlog[-1].sequence_number == 1999 and max(frames) > 16  # the reads had grown
 
         async def receive() -> None:
@@ -326,27 +352,41 @@ async def test_a_trickle_right_after_a_backlog_is_not_held_by_the_large_reads(ev
 
 
 @pytest.mark.eventhubs
-async def test_the_lean_receiver_takes_each_message_from_the_client_itself(eventhubs_emulator, hub):
+async def test_the_lean_receiver_takes_each_message_from_the_client_itself(eventhubs_emulator, hub, monkeypatch):
     """The consumer's own message callback takes an asyncio.Lock per message (about
     2.5 µs of the client's ~30 µs per event here); the lean receiver puts its own on the
     client's AMQP handler. Fails loudly when azure-eventhub no longer has that callback
-    (the receiver then keeps the consumer's, and still works)."""
+    (the receiver then keeps the consumer's, and still works). A spy on the consumer's
+    callback counts the messages it took; the public receive_batch path shows the spy
+    sees them."""
+    from azure.eventhub.aio._transport._pyamqp_transport_async import PyamqpTransportAsync
+
+    taken: List[Any] = []
+    original = PyamqpTransportAsync.message_received_async
+
+    async def spy(consumer: Any, message: Any) -> None:
+        taken.append(message)
+        await original(consumer, message)
+
+    monkeypatch.setattr(PyamqpTransportAsync, "message_received_async", staticmethod(spy))
     conn = eventhubs_emulator.connection_string
     await _produce(conn, hub, 5, partitions=1)
-    source = EventHubSource.from_connection_string(conn, eventhub_name=hub)
-    try:
-        receiver = await source.open_receiver("0", consumer_group="$default",
-                                              starting_position=EventPosition.earliest(), owner_level=None,
-                                              prefetch=10)
-        events = await _drain(receiver, 5)
-        assert [e.sequence_number for e in events] == [0, 1, 2, 3, 4]
-        assert receiver._buffer is not receiver._consumer._message_buffer, (
-            "azure-eventhub's receive client no longer has _message_received_callback: EventHubSource keeps the "
-            "consumer's (with its lock per message)")
-        assert not receiver._consumer._message_buffer
-        await receiver.close()
-    finally:
-        await source.close()
+    for lean in (True, False):
+        source = EventHubSource.from_connection_string(conn, eventhub_name=hub, lean_receive=lean)
+        try:
+            receiver = await source.open_receiver("0", consumer_group="$default",
+                                                  starting_position=EventPosition.earliest(), owner_level=None,
+                                                  prefetch=10)
+            events = await _drain(receiver, 5)
+            assert [e.sequence_number for e in events] == [0, 1, 2, 3, 4]
+            await receiver.close()
+        finally:
+            await source.close()
+        if lean:
+            assert taken == [], (
+                "azure-eventhub's receive client no longer has _message_received_callback: EventHubSource keeps the "
+                "consumer's (with its lock per message)")
+    assert len(taken) >= 5, "the spy sees the messages of the public receive path"
 
 
 @pytest.mark.eventhubs
@@ -607,8 +647,7 @@ async def test_the_public_receive_batch_fallback_reads_and_is_fenced_too(eventhu
     """What a future azure-eventhub without the internals gets: slower, same behaviour."""
     conn = eventhubs_emulator.connection_string
     await _produce(conn, hub, 12)
-    source = EventHubSource.from_connection_string(conn, eventhub_name=hub)
-    source._lean = False  # as if lean_receive_supported() had said no
+    source = EventHubSource.from_connection_string(conn, eventhub_name=hub, lean_receive=False)
     lean = EventHubSource.from_connection_string(conn, eventhub_name=hub)
     try:
         fallback = await source.open_receiver("0", consumer_group="$default",

@@ -14,19 +14,19 @@ property is checked on the store's own timestamps.
 from __future__ import annotations
 
 import asyncio
-import json
 import os
-import signal
 import sys
 import time
 import uuid
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import Dict, IO, List, Optional, Set
+from typing import Dict, List, Optional
 
 import pytest
+
+from eventprocessor.testing.processes import WorkerHandle
 
 pytestmark = [pytest.mark.azurite, pytest.mark.slow]
 
@@ -52,77 +52,23 @@ FAILOVER_TICK_BOUND = int(-(-(EXPIRY + 1.0) // (0.9 * INTERVAL))) + 1 + 1
 POLL = 0.2
 
 
-@dataclass
-class Worker:
-    """One worker process and what it last said it owns."""
-
-    owner_id: str
-    process: asyncio.subprocess.Process
-    stderr_path: Path
-    stderr_file: IO[bytes]
-    owned: Optional[Set[str]] = None
-    ticks: int = 0
-    started: Optional[dict] = None
-    lines: List[str] = field(default_factory=list)
-    reader: Optional[asyncio.Task] = None
-
-    @property
-    def alive(self) -> bool:
-        return self.process.returncode is None
-
-    async def read(self) -> None:
-        assert self.process.stdout is not None
-        async for raw in self.process.stdout:
-            line = raw.decode(errors="replace").strip()
-            if not line:
-                continue
-            self.lines.append(line)
-            del self.lines[:-20]
-            try:
-                record = json.loads(line)
-            except ValueError:
-                continue
-            if record.get("event") == "started":
-                self.started = record
-            elif record.get("event") == "owned":
-                self.owned = set(record["owned"])
-                self.ticks = int(record.get("ticks", 0))
-
-    def kill(self) -> None:
-        if self.process.returncode is None:
-            try:
-                self.process.send_signal(signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-
-    def diagnostics(self) -> str:
-        self.stderr_file.flush()
-        stderr = self.stderr_path.read_text(errors="replace")[-2000:] if self.stderr_path.exists() else ""
-        return (
-            f"--- {self.owner_id} (returncode {self.process.returncode})\n"
-            f"stdout tail:\n" + "\n".join(self.lines[-5:]) + f"\nstderr tail:\n{stderr}"
-        )
-
-
-async def _spawn(owner_id: str, container: str, connection_string: str, tmp_path: Path) -> Worker:
+async def _spawn(owner_id: str, container: str, connection_string: str, tmp_path: Path) -> WorkerHandle:
+    """Start ``tests/mp_worker.py``; the testing package's handle reads its ``started``
+    and ``owned`` lines (what it owns, and its ticks)."""
     env = dict(os.environ)
     env["EVENTPROCESSOR_MP_CONNECTION_STRING"] = connection_string
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
     env["PYTHONUNBUFFERED"] = "1"
     stderr_path = tmp_path / f"{owner_id}.stderr"
-    stderr_file = stderr_path.open("wb")
-    try:
+    with stderr_path.open("wb") as stderr:
         process = await asyncio.create_subprocess_exec(
             sys.executable, str(WORKER),
             "--container", container, "--owner-id", owner_id, "--partitions", str(PARTITIONS),
             "--interval", str(INTERVAL), "--expiry", str(EXPIRY), "--strategy", "greedy",
-            stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE, stderr=stderr_file,
+            stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE, stderr=stderr,
             cwd=str(ROOT), env=env,
         )
-    except BaseException:
-        stderr_file.close()
-        raise
-    worker = Worker(owner_id, process, stderr_path, stderr_file)
+    worker = WorkerHandle(owner_id, process, str(stderr_path))
     worker.reader = asyncio.create_task(worker.read())
     return worker
 
@@ -153,7 +99,7 @@ async def _snapshot(store, namespace: str, eventhub: str) -> Snapshot:
     return Snapshot(owners, modified, listing.server_time)
 
 
-def _fail(message: str, workers: List[Worker]) -> None:
+def _fail(message: str, workers: List[WorkerHandle]) -> None:
     pytest.fail(message + "\n" + "\n".join(w.diagnostics() for w in workers), pytrace=False)
 
 
@@ -162,7 +108,7 @@ async def test_three_processes_balance_then_survivors_take_over_a_killed_one(azu
 
     container = f"mp-{uuid.uuid4().hex[:12]}"
     store = BlobCheckpointStore.from_connection_string(azurite.connection_string, container)
-    workers: List[Worker] = []
+    workers: List[WorkerHandle] = []
     try:
         for index in range(WORKERS):
             workers.append(await _spawn(f"worker-{index}", container, azurite.connection_string, tmp_path))
@@ -184,7 +130,7 @@ async def test_three_processes_balance_then_survivors_take_over_a_killed_one(azu
                 len(snap.owners) == PARTITIONS
                 and set(snap.counts()) <= ids
                 and sorted(snap.counts().values()) == [PARTITIONS // WORKERS] * WORKERS
-                and all(w.owned == {p for p, o in snap.owners.items() if o == w.owner_id} for w in workers)
+                and all(set(w.owned) == {p for p, o in snap.owners.items() if o == w.owner_id} for w in workers)
             )
             if balanced:
                 break
@@ -216,7 +162,8 @@ async def test_three_processes_balance_then_survivors_take_over_a_killed_one(azu
             done = (
                 len(snap.owners) == PARTITIONS
                 and set(snap.counts()) <= {w.owner_id for w in survivors}
-                and all(w.owned == {p for p, o in snap.owners.items() if o == w.owner_id} for w in survivors)
+                and all(set(w.owned) == {p for p, o in snap.owners.items() if o == w.owner_id}
+                        for w in survivors)
             )
             if done:
                 break
@@ -265,11 +212,5 @@ async def test_three_processes_balance_then_survivors_take_over_a_killed_one(azu
         for w in workers:
             w.kill()
         for w in workers:
-            try:
-                await asyncio.wait_for(w.process.wait(), timeout=10)
-            except asyncio.TimeoutError:
-                pass
-            if w.reader is not None:
-                w.reader.cancel()
-            w.stderr_file.close()
+            await w.stop()  # already killed: waits for the process and its reader
         await store.close()

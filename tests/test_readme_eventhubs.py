@@ -71,5 +71,5 @@ def test_the_docs_entra_id_branch_builds_a_source_and_store_on_the_credential(mo
     source, store = namespace["connect"]()
     assert source.fully_qualified_namespace == "contoso.servicebus.windows.net"
     assert source.eventhub_name == "telemetry"
-    assert isinstance(source._credential, StandInCredential)
+    assert isinstance(source.credential, StandInCredential)
     assert "contoso" in repr(store)

@@ -20,7 +20,8 @@ import pytest
 
 from eventprocessor import EventPosition, EventProcessor
 from eventprocessor.errors import EventSourceError
-from eventprocessor.sources.eventhub import EventHubSource, _ErrorContext
+from eventprocessor.sources.eventhub import EventHubSource
+from eventprocessor.sources.eventhub.failures import ErrorContext
 from eventprocessor.testing import DeliveryRecorder, recording_handler
 
 from emulators.eventhubs import connection_string
@@ -142,7 +143,7 @@ async def test_a_receiver_reopened_after_a_reset_resumes_after_the_last_event_it
 def test_server_busy_is_classified_with_the_retry_after_the_hub_asked_for():
     from azure.eventhub._pyamqp.error import AMQPLinkError
 
-    errors = _ErrorContext("ns.example", "hub", None)
+    errors = ErrorContext("ns.example", "hub", None)
     asked = AMQPLinkError(b"com.microsoft:server-busy", description="The request was terminated because the "
                           "namespace ns is being throttled. Error code : 50002. Please wait 7 seconds and try again.")
     classified = errors.classify(asked, "receiving", consumer_group="$default", partition_id="0")
@@ -153,10 +154,10 @@ def test_server_busy_is_classified_with_the_retry_after_the_hub_asked_for():
 
 def test_a_source_notices_dead_connections_by_default():
     source = EventHubSource.from_connection_string(connection_string("127.0.0.1", 5672, eventhub_name="h"))
-    assert source._client_kwargs["idle_timeout"] == 30.0
+    assert source.client_options["idle_timeout"] == 30.0
     quiet = EventHubSource.from_connection_string(connection_string("127.0.0.1", 5672, eventhub_name="h"),
                                                   idle_timeout=None)
-    assert "idle_timeout" not in quiet._client_kwargs
+    assert "idle_timeout" not in quiet.client_options
 
 
 def _store():

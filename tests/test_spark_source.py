@@ -553,6 +553,12 @@ async def test_one_consumer_group_two_engines_checkpoints_carry_over_both_ways(m
 
 
 def test_the_drivers_management_link_answers_as_the_public_calls_and_reopens_after_a_drop(eventhubs_emulator):
+    """The driver reaches the hub through a TCP fault proxy on its own loop (which runs
+    whenever the driver calls the hub), so its kept link's connection can be reset while
+    idle, as a dropped connection would be."""
+    from emulators.eventhubs import connection_string
+    from emulators.fault_proxy import TcpFaultProxy
+    from emulators.ports import free_ports
     from eventprocessor.spark.source.hub import DriverHub, ManagementLink
     from eventprocessor.spark.source.options import SourceOptions
 
@@ -560,22 +566,41 @@ def test_the_drivers_management_link_answers_as_the_public_calls_and_reopens_aft
     hub = eventhubs_emulator.fresh_hub(4)
     conn = hub_connection(eventhubs_emulator, hub)
     asyncio.run(send(conn, {"0": 30, "2": 5}, {}))
-    with DriverHub(SourceOptions.parse({"eventhubs.connectionString": conn})) as driver:
-        kept = driver.properties()
-        public = driver.run(lambda: asyncio.gather(*(driver.source.get_partition_properties(str(p)) for p in range(4))))
-        assert kept == {p.partition_id: p for p in public}
-        assert kept["0"].last_enqueued_sequence_number == 29 and kept["1"].is_empty
-        link = driver._link
-        assert link is not None and link._mgmt is not None, "the link stays open between calls"
-        driver.run(lambda: link._mgmt._connection._transport.close())  # the connection drops while idle
-        asyncio.run(send(conn, {"1": 3}, {}))
-        again = driver.properties()  # answered by the public calls; the next call opens a new link
-        assert again["1"].last_enqueued_sequence_number == 2 and driver._link is None
-        assert driver.properties() == again and driver._link is not None
+    proxy = TcpFaultProxy("127.0.0.1", eventhubs_emulator.port)
+    proxy.port = free_ports(1)[0]
+    proxied = connection_string("127.0.0.1", proxy.port, eventhub_name=hub)
+
+    async def reset() -> int:
+        dropped = proxy.reset_all()
+        await asyncio.sleep(0.5)  # the client's side sees the reset while its link is idle
+        return dropped
+
+    with DriverHub(SourceOptions.parse({"eventhubs.connectionString": proxied})) as driver:
+        driver.run(proxy.start)  # on the driver's loop, which runs while the driver calls the hub
+        try:
+            assert driver.management_link is None
+            kept = driver.properties()
+            public = driver.run(lambda: asyncio.gather(*(driver.source.get_partition_properties(str(p))
+                                                         for p in range(4))))
+            assert kept == {p.partition_id: p for p in public}
+            assert kept["0"].last_enqueued_sequence_number == 29 and kept["1"].is_empty
+            link = driver.management_link
+            assert link is not None and link.is_open, "the link stays open between calls"
+            opened = proxy.accepted
+            assert driver.run(reset) >= 1  # the connection drops while idle
+            asyncio.run(send(conn, {"1": 3}, {}))
+            again = driver.properties()  # answered by the public calls; the next call opens a new link
+            assert again["1"].last_enqueued_sequence_number == 2 and driver.management_link is None
+            assert not link.is_open, "the failed link was closed"
+            assert driver.properties() == again and driver.management_link is not None
+            assert driver.management_link.is_open and driver.management_link is not link
+            assert proxy.accepted > opened
+        finally:
+            driver.run(proxy.stop)
 
 
 def test_a_worker_keeps_its_receivers_for_the_next_range_and_skips_forward(eventhubs_emulator):
-    from eventprocessor.spark.source.hub import WorkerReceivers, read_range
+    from eventprocessor.spark.source.executor import WorkerReceivers, read_range
     from eventprocessor.spark.source.offsets import ReadRange
     from eventprocessor.spark.source.options import SourceOptions
 
@@ -644,7 +669,7 @@ async def test_a_task_refused_for_the_partitions_reader_limit_waits_for_a_free_s
     for one to close, up to eventhubs.receiverTimeout, and then fails naming the limit."""
     from eventprocessor.events import EventPosition
     from eventprocessor.sources.eventhub import EventHubSource
-    from eventprocessor.spark.source.hub import WorkerReceivers, read_range
+    from eventprocessor.spark.source.executor import WorkerReceivers, read_range
     from eventprocessor.spark.source.offsets import ReadRange
     from eventprocessor.spark.source.options import SourceOptions
 

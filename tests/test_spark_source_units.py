@@ -369,7 +369,7 @@ def test_kept_receivers_are_closed_after_two_and_a_half_batch_intervals_learnt_f
     the pace: the interval comes from the planning times the tasks carry."""
     import time as real_time
 
-    from eventprocessor.spark.source.hub import WorkerReceivers, OpenReceiver
+    from eventprocessor.spark.source.executor import WorkerReceivers, OpenReceiver
 
     now = [100.0]
     pool = WorkerReceivers(idle=5.0, clock=lambda: now[0])

@@ -22,7 +22,9 @@ local services, and are imported only when named):
   azure-eventhub's) that report every delivered batch, and planned-move scenarios;
 * :mod:`eventprocessor.testing.azurite_faults`: store faults on Azurite through a TCP
   fault proxy; :mod:`eventprocessor.testing.source_faults`: source faults on the Event
-  Hubs emulator.
+  Hubs emulator;
+* :mod:`eventprocessor.testing.spark_files`: which files each micro-batch of a Spark
+  file sink wrote, from its ``_spark_metadata`` log.
 
 Example::
 

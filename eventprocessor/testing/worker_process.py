@@ -36,7 +36,12 @@ class WorkerHandle:
     by this worker; ``batches`` every delivered batch as (wall time, partition, first,
     last); ``ownership`` every change of the dispatched set as (wall time, partitions);
     ``changes`` every ownership change the processor logged, with its reason;
-    ``published`` the utilisation it published (``--balance-by load``).
+    ``published`` the utilisation it published (``--balance-by load``); ``ticks`` the
+    processor's load-balancing ticks as of its last ``owned`` line.
+
+    It reads any process that prints the worker's JSON lines (another worker program of
+    a test may print just ``started`` and ``owned``): build it over that process and
+    start :meth:`read` as a task, as :func:`spawn_worker` does.
     """
 
     def __init__(self, owner_id: str, process: "asyncio.subprocess.Process", stderr_path: str) -> None:
@@ -45,6 +50,7 @@ class WorkerHandle:
         self.stderr_path = stderr_path
         self.started: Optional[Dict[str, Any]] = None
         self.owned: List[str] = []
+        self.ticks = 0
         self.ownership: List[tuple] = []  # (wall time, partitions dispatched from then on)
         self.changes: List[tuple] = []  # ours: (wall time, partition, reason, epoch) per ownership change
         self.events = 0
@@ -101,8 +107,10 @@ class WorkerHandle:
             elif kind == "checkpoint_timeout":
                 self.checkpoint_timeouts += 1
             elif kind == "owned":
+                if record["owned"] != self.owned or not self.ownership:  # a heartbeat line changes nothing
+                    self.ownership.append((record["t"], record["owned"]))
                 self.owned = record["owned"]
-                self.ownership.append((record["t"], record["owned"]))
+                self.ticks = int(record.get("ticks", self.ticks))
             elif kind == "ownership":
                 self.changes.append((record["t"], record["p"], record["reason"], record["epoch"]))
             elif kind == "restored":

@@ -21,7 +21,8 @@ client's. It also drops the delivery tags the client's AMQP link would otherwise
 for every event received (a set that only grows: see ``_LeanReceiver._forget_delivery_tags``).
 These are private parts of azure-eventhub: :func:`lean_receive_supported`
 checks them once, and when they are missing (a future azure-eventhub) the source
-falls back to ``receive_batch`` and logs a warning. ``tests/test_eventhub_source.py``
+falls back to ``receive_batch`` and logs a warning (``EventHubSource(..., lean_receive=False)``
+takes that path on purpose). ``tests/test_eventhub_source.py``
 fails loudly when the installed version no longer offers them. Measured gain: see the
 ``e2e`` section of ``benchmarks/RESULTS.md``.
 
@@ -50,10 +51,7 @@ Layout: :mod:`.source` (``EventHubSource``), :mod:`.lean` (the lean receiver),
 :mod:`.conversion` (messages and ``EventData`` to ``Event``), :mod:`.failures` (client
 errors to ``EventSourceError``).
 """
-# The private names are kept importable from here for benchmarks/decode.py and the tests.
-from .conversion import (_ENQUEUED, _OFFSET, _PARTITION_KEY, _SEQ, _UTC, _amqp_value, _properties,  # noqa: F401
-                         last_enqueued_of, message_body, message_to_event, to_event, to_starting_position)
-from .failures import ErrorContext as _ErrorContext  # noqa: F401
+from .conversion import last_enqueued_of, message_body, message_to_event, to_event, to_starting_position
 from .lean import lean_receive_supported
 from .source import EventHubSource
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import Any, Callable, Dict, List, Optional
+from types import MappingProxyType
+from typing import Any, Callable, Dict, List, Mapping, Optional
 
 from ...extras import install_command
 from ...errors import ConfigurationError, EventSourceError
@@ -38,6 +39,14 @@ class EventHubSource(EventSource):
     one stays silent that long. A server-busy answer (throttling) is waited out: no
     receiver is opened and no partition ids are asked for until its retry-after passed.
 
+    ``lean_receive`` chooses how receivers read (see the package docs): ``True`` (the
+    default) drives the client's own consumer when the installed azure-eventhub offers
+    the internals that needs, ``False`` always receives through azure-eventhub's public
+    ``receive_batch`` (slower; what a future azure-eventhub without those internals
+    gets, and a way to rule the lean path out when chasing a problem).
+    :attr:`uses_lean_receive` says which one is used, :attr:`client_options` what
+    every client is built with.
+
     Example::
 
         from azure.identity.aio import DefaultAzureCredential
@@ -45,11 +54,14 @@ class EventHubSource(EventSource):
         source = EventHubSource("mynamespace.servicebus.windows.net", "telemetry", DefaultAzureCredential())
         async with EventProcessor(source, store, MyProcessor):
             ...
+
+        public = EventHubSource.from_connection_string(conn_str, lean_receive=False)
+        assert not public.uses_lean_receive
     """
 
     def __init__(self, fully_qualified_namespace: str, eventhub_name: str, credential: Any, *,
                  operation_timeout: float = 10.0, partition_ids_ttl: float = 30.0,
-                 idle_timeout: Optional[float] = 30.0, **client_kwargs: Any) -> None:
+                 idle_timeout: Optional[float] = 30.0, lean_receive: bool = True, **client_kwargs: Any) -> None:
         if not fully_qualified_namespace:
             raise ConfigurationError("fully_qualified_namespace must not be empty")
         if not eventhub_name:
@@ -60,6 +72,9 @@ class EventHubSource(EventSource):
             raise ConfigurationError(f"partition_ids_ttl must not be negative, got {partition_ids_ttl}")
         if idle_timeout is not None and idle_timeout <= 0:
             raise ConfigurationError(f"idle_timeout must be positive seconds (or None: never), got {idle_timeout}")
+        if not isinstance(lean_receive, bool):
+            raise ConfigurationError(f"lean_receive must be True (the lean path where the installed azure-eventhub "
+                                     f"allows it) or False (always receive_batch), got {lean_receive!r}")
         if idle_timeout is not None:
             client_kwargs.setdefault("idle_timeout", float(idle_timeout))
         self.fully_qualified_namespace = fully_qualified_namespace
@@ -75,7 +90,7 @@ class EventHubSource(EventSource):
         self._partition_ids: Optional[List[str]] = None
         self._partition_ids_at = 0.0
         self._errors = ErrorContext(fully_qualified_namespace, eventhub_name, None)
-        self._lean: Optional[bool] = None
+        self._lean: Optional[bool] = None if lean_receive else False  # None: not checked yet
         self.clock: Callable[[], float] = time.monotonic
         self._busy_until = float("-inf")  # clock() until which the hub asked us to wait (server-busy)
 
@@ -143,6 +158,50 @@ class EventHubSource(EventSource):
             self._tls = context
         return self._tls
 
+    @property
+    def credential(self) -> Any:
+        """The credential given to the constructor (``None`` for a source built from a
+        connection string, which is never shown). An ``azure.identity.aio`` credential
+        is the caller's to close.
+
+        Example::
+
+            source = EventHubSource(namespace, "telemetry", DefaultAzureCredential())
+            ...
+            await source.close()
+            await source.credential.close()
+        """
+        return self._credential
+
+    @property
+    def client_options(self) -> Mapping[str, Any]:
+        """The keyword arguments every ``EventHubConsumerClient`` of this source is built
+        with (``idle_timeout`` and what was passed beyond this class's own), as a
+        read-only copy whose secret-bearing values (a proxy's password, anything named
+        like a key, token or secret) read ``"***"``. The connection string and the
+        credential are never among them.
+
+        Example::
+
+            source = EventHubSource.from_connection_string(conn_str, transport_type=TransportType.AmqpOverWebsocket)
+            assert source.client_options["idle_timeout"] == 30.0
+        """
+        return MappingProxyType(_masked(self._client_kwargs))
+
+    @property
+    def clients(self) -> Mapping[str, Any]:
+        """The ``EventHubConsumerClient`` opened for each consumer group so far (every
+        receiver of a group shares one), keyed by consumer group; a read-only snapshot,
+        for inspection: :meth:`close` closes them.
+
+        Example::
+
+            await source.open_receiver("0", consumer_group="analytics", starting_position=EventPosition.latest(),
+                                       owner_level=None)
+            assert source.clients["analytics"].eventhub_name == source.eventhub_name
+        """
+        return MappingProxyType(dict(self._clients))
+
     def _client(self, consumer_group: str) -> Any:
         client = self._clients.get(consumer_group)
         if client is None:
@@ -152,7 +211,9 @@ class EventHubSource(EventSource):
 
     @property
     def uses_lean_receive(self) -> bool:
-        """Whether receivers drive the client's consumer directly (see the module docs)."""
+        """Whether receivers drive the client's consumer directly (see the package docs):
+        ``False`` with ``lean_receive=False``, or when the installed azure-eventhub lacks
+        the internals that needs (then it logs a warning once)."""
         if self._lean is None:
             from azure.eventhub.aio import EventHubConsumerClient
 
@@ -258,3 +319,14 @@ class EventHubSource(EventSource):
             except Exception:
                 logger.debug("closing an Event Hubs client failed", exc_info=True)
 
+
+
+_SECRET_WORDS = ("password", "secret", "token", "key", "signature", "credential")
+
+
+def _masked(options: Mapping[str, Any]) -> Dict[str, Any]:
+    """A copy of client options with the values of secret-bearing names (at any depth of
+    nested dicts, as ``http_proxy``'s ``password``) replaced by ``"***"``."""
+    return {name: "***" if any(word in str(name).lower() for word in _SECRET_WORDS)
+            else _masked(value) if isinstance(value, Mapping) else value
+            for name, value in options.items()}

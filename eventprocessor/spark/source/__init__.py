@@ -8,7 +8,8 @@ Microsoft connector's options and columns. The modules, from the outside in:
 * :mod:`.options`: the options, checked once at ``load()``;
 * :mod:`.offsets`: offsets and the pure planning (rate limits, new partitions,
   ``Trigger.AvailableNow``, split ranges);
-* :mod:`.hub`: calls to the hub (driver) and the reads of a range (executors);
+* :mod:`.hub`: the driver's calls to the hub (partition properties, starting positions);
+* :mod:`.executor`: the executors' reads of a range, over the receivers a worker keeps;
 * :mod:`.rows`: events as the connector's Arrow columns;
 * :mod:`.checkpoints`: the query's part in a consumer group's checkpoint store. It
   builds the Blob or Table store the options name, so this package sits above

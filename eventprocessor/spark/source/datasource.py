@@ -42,8 +42,10 @@ except ImportError as error:  # pragma: no cover - depends on the installed pysp
 from ...errors import ConfigurationError
 from ...records import partition_sort_key
 from .checkpoints import CheckpointWriter
-from .hub import DriverHub, DataLossError, read_range
-from .offsets import HubOffset, PartitionPosition, ReadRange, data_loss, end_position, plan_latest, plan_ranges
+from .executor import read_range
+from .hub import DriverHub
+from .offsets import (DataLossError, HubOffset, PartitionPosition, ReadRange, data_loss, end_position, plan_latest,
+                      plan_ranges)
 from .options import SourceOptions
 
 __all__ = ["EventHubsDataSource", "EventHubsStreamReader", "EventHubsBatchReader", "EventHubsPartition", "SCHEMA"]

@@ -30,12 +30,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Tuple
 
-from ...errors import ConfigurationError
+from ...errors import ConfigurationError, EventSourceError
 from ...records import partition_sort_key
 from ...sources.base import PartitionProperties
 
-__all__ = ["PartitionPosition", "HubOffset", "ReadRange", "DataLoss", "plan_latest", "rate_limit", "plan_ranges",
-           "data_loss", "end_position"]
+__all__ = ["PartitionPosition", "HubOffset", "ReadRange", "DataLoss", "DataLossError", "plan_latest", "rate_limit",
+           "plan_ranges", "data_loss", "end_position"]
 
 
 @dataclass(frozen=True)
@@ -122,6 +122,11 @@ class DataLoss:
         return (f"partition {self.partition_id}: the query was to read from sequence number {self.wanted}, but the "
                 f"earliest event the hub still holds is {self.earliest}; {self.earliest - self.wanted} events expired "
                 "(retention) before they were read")
+
+
+class DataLossError(EventSourceError):
+    """Events the query was to read expired from the hub first (``failOnDataLoss=true``):
+    found by :func:`data_loss` on the driver, or as a gap in a range an executor reads."""
 
 
 def data_loss(start: HubOffset, properties: Mapping[str, PartitionProperties]) -> List[DataLoss]:
