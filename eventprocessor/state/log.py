@@ -41,10 +41,11 @@ SNAPSHOT = "s"
 _NAME = re.compile(r"^([cs])(\d{12})\.(\d+)\.(\d+)\.(\d+)$")
 IN_FLIGHT = 8
 """Store calls one state log keeps in flight (chunks written or read, entries deleted).
-Every call has its own deadline (``store_timeout``): sent all at once to a store that
-serves one request at a time (Azurite), the chunks of a large state queued behind each
-other past it, and a 64 MB state could be neither committed nor restored with a 6-s
-expiration (0.5-s calls). A few at a time, each deadline covers its own request."""
+Sent all at once to a store that serves one request at a time (Azurite), the chunks of a
+large state queue behind each other: a few at a time, and each call's deadline grows
+with the bytes in flight (``BoundedStore``: ``store_timeout`` + bytes / 4 MiB/s), so a
+64 MB state is committed and restored with 0.5-s store calls, and a store that never
+answers is still detected within ``store_timeout`` + 8 chunks / 4 MiB/s (+1.9 s)."""
 
 _T = TypeVar("_T")
 
