@@ -482,10 +482,16 @@ def main(argv: Optional[List[str]] = None, prog: Optional[str] = None) -> int:
                         help="state per partition, MB (default: 1 16 64)")
     parser.add_argument("--rounds", type=int, default=2, help="rounds of every size per side")
     parser.add_argument("--log-dir", help="keep every worker's log here (default: a temporary directory, removed)")
+    parser.add_argument("--quick", action="store_true",
+                        help="a smoke run: --sizes 0.05 --rounds 1 (never recorded)")
 
     def body(args: argparse.Namespace) -> int:
         if args.rounds < 1 or any(mb <= 0 for mb in args.sizes):
             parser.error("--rounds must be at least 1 and every --sizes value above 0 MB")
+        if args.quick:
+            if args.record:
+                parser.error("partial runs (--quick) are never recorded")
+            args.sizes, args.rounds = [0.05], 1
         return _run(args, program.recorded_command("state", argv))
 
     return program.run(parser, body, argv)

@@ -574,8 +574,12 @@ def test_a_store_that_never_answers_fails_a_commit_within_the_documented_bound(c
         started = loop.time()
         with pytest.raises(StoreTimeoutError, match="did not answer within"):
             await keeper.prepare(0)
-        return loop.time() - started
+        took = loop.time() - started
+        return took, store.bytes_in_flight, faulty.calls["create_entry"]
 
-    took = run_virtual(scenario())
+    took, left_in_flight, sent = run_virtual(scenario())
     bound = 0.5 + (min(chunks, IN_FLIGHT) * MAX_ENTRY_BYTES + 1024) / MIN_BANDWIDTH
     assert 0.5 <= took <= bound + 0.01, (took, bound)
+    # The failed commit left no calls behind: the others in flight were cancelled, and
+    # the chunks queued after them never sent.
+    assert left_in_flight == 0 and sent == min(chunks + 1, IN_FLIGHT), (left_in_flight, sent)

@@ -51,16 +51,24 @@ _T = TypeVar("_T")
 
 
 async def _at_most(limit: int, calls: Sequence[Callable[[], Awaitable[_T]]]) -> List[_T]:
-    """Run ``calls`` with at most ``limit`` in flight; their results, in order."""
-    if len(calls) <= limit:
-        return list(await asyncio.gather(*(call() for call in calls)))
+    """Run ``calls`` with at most ``limit`` in flight; their results, in order. The first
+    failure cancels the rest: a commit or restore that failed leaves no store calls
+    behind (queued ones would otherwise go on, each up to its deadline, against a store
+    that may not answer)."""
     gate = asyncio.Semaphore(limit)
 
     async def one(call: Callable[[], Awaitable[_T]]) -> _T:
         async with gate:
             return await call()
 
-    return list(await asyncio.gather(*(one(call) for call in calls)))
+    tasks = [asyncio.ensure_future(one(call)) for call in calls]
+    try:
+        return list(await asyncio.gather(*tasks))
+    except BaseException:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        raise
 
 
 class StateUnreadableError(CheckpointStoreError):
