@@ -399,9 +399,9 @@ def render(moves: List[Move], costs: List[Cost], sizes: List[float], rounds: int
          f"`StateKeeper.committed`, as `context.update_checkpoint` runs them, every store call bounded as the "
          f"workers' are (`BoundedStore`, store_timeout {STORE_TIMEOUT:g} s). *Naive*: the whole state uploaded as "
          f"one blob, then the checkpoint. Requests and bytes are counted on the wire (every HTTP request the storage "
-         f"clients sent, and its body's `Content-Length`), per checkpoint; ms is the wall time of the checkpoint; each "
-         f"the median over rounds and checkpoints, the range in parentheses where they differ. *Background*: the snapshot and "
-         f"compaction a checkpoint started (written after it returns; a snapshot is taken every 100 commits, or once "
+         f"clients sent, and its body's `Content-Length`), per checkpoint; ms is the wall time of the checkpoint; "
+         f"each the median over rounds and checkpoints, the range in parentheses where they differ. *Background*: "
+         f"the snapshot and compaction a checkpoint started (written after it returns; a snapshot is taken every 100 commits, or once "
          f"the changes since the last one outweigh the state), per checkpoint."),
         "",
         ("| state | change per checkpoint | ours: requests | ours: bytes written | ours: ms | ours: background "

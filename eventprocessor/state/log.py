@@ -56,10 +56,17 @@ async def _at_most(limit: int, calls: Sequence[Callable[[], Awaitable[_T]]]) -> 
     behind (queued ones would otherwise go on, each up to its deadline, against a store
     that may not answer)."""
     gate = asyncio.Semaphore(limit)
+    failed = asyncio.Event()
 
     async def one(call: Callable[[], Awaitable[_T]]) -> _T:
         async with gate:
-            return await call()
+            if failed.is_set():  # set before the gate let this one in: never start it
+                raise asyncio.CancelledError()
+            try:
+                return await call()
+            except BaseException:
+                failed.set()
+                raise
 
     tasks = [asyncio.ensure_future(one(call)) for call in calls]
     try:
