@@ -401,8 +401,8 @@ def render(moves: List[Move], costs: List[Cost], sizes: List[float], rounds: int
          f"one blob, then the checkpoint. Requests and bytes are counted on the wire (every HTTP request the storage "
          f"clients sent, and its body's `Content-Length`), per checkpoint; ms is the wall time of the checkpoint; "
          f"each the median over rounds and checkpoints, the range in parentheses where they differ. *Background*: "
-         f"the snapshot and compaction a checkpoint started (written after it returns; a snapshot is taken every 100 commits, or once "
-         f"the changes since the last one outweigh the state), per checkpoint."),
+         f"the snapshot and compaction a checkpoint started (written after it returns; a snapshot is taken every "
+         f"100 commits, or once the changes since the last one outweigh the state), per checkpoint."),
         "",
         ("| state | change per checkpoint | ours: requests | ours: bytes written | ours: ms | ours: background "
          "requests / bytes | naive: requests | naive: bytes written | naive: ms |"),

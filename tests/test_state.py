@@ -19,7 +19,7 @@ from eventprocessor.clock import SystemClock
 from eventprocessor.errors import InvalidCheckpointError, StoreTimeoutError
 from eventprocessor.records import MAX_ENTRY_BYTES, Checkpoint, StateRef
 from eventprocessor.sources import MemoryEventSource
-from eventprocessor.state import PartitionState, StateKeeper, StateLog, StateUnreadableError
+from eventprocessor.state import PartitionState, StateKeeper, StateLog
 from eventprocessor.state.log import IN_FLIGHT
 from eventprocessor.state.replica import WarmReplica
 from eventprocessor.testing import FaultyStore, run_virtual, virtual_utc_clock
