@@ -37,7 +37,6 @@ import json
 import os
 import statistics
 import sys
-import tempfile
 import time
 from collections import Counter
 from typing import Dict, List, Optional
@@ -45,7 +44,7 @@ from typing import Dict, List, Optional
 from eventprocessor.testing.processes import (BATCH, CHECKPOINT_EVERY, CLAIM_BOUND, EXPIRY, INTERVAL, PERIOD,
                                               SCENARIOS, TAKEOVER_BOUND, WORK, Group, Outcome)
 
-from . import program
+from . import program, services
 from .results import machine_line
 
 __all__ = ["main", "render"]
@@ -197,32 +196,13 @@ def main(argv: Optional[List[str]] = None, prog: Optional[str] = None) -> int:
 
 
 def _run(args: argparse.Namespace, command: str) -> int:
-    from emulators.azurite import AzuriteUnavailable, start_azurite
-    from emulators.eventhubs.process import EmulatorUnavailable, start_emulator_process
-
     started = time.monotonic()
     load_before = os.getloadavg()[0]
-    if args.log_dir:
-        os.makedirs(args.log_dir, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix="moves-bench-") as scratch:
-        log_dir = args.log_dir or scratch
-        try:
-            azurite = start_azurite()
-        except AzuriteUnavailable as error:
-            print(f"moves: Azurite could not start: {error}", file=sys.stderr)
-            return 2
-        try:
-            emulator = start_emulator_process(["--config", _config(os.path.join(scratch, "Config.json"),
-                                                                   args.rounds)])
-        except EmulatorUnavailable as error:
-            azurite.stop()
-            print(f"moves: {error}", file=sys.stderr)
-            return 2
-        try:
-            outcomes = asyncio.run(_measure(args, emulator.connection_string, azurite.connection_string, log_dir))
-        finally:
-            emulator.stop()
-            azurite.stop()
+    outcomes = services.with_azurite_and_emulator(
+        "moves", args.log_dir, lambda path: _config(path, args.rounds),
+        lambda hub_conn, storage_conn, log_dir: asyncio.run(_measure(args, hub_conn, storage_conn, log_dir)))
+    if outcomes is None:
+        return 2
     program.report("moves", render(outcomes, args.rounds, command, time.monotonic() - started,
                                    [load_before, os.getloadavg()[0]]), args.record)
     return 0

@@ -14,12 +14,13 @@ from typing import Dict, List
 import pytest
 
 from eventprocessor import ConfigurationError, EventProcessor, PartitionProcessor
-from eventprocessor.bounded_store import BoundedStore
+from eventprocessor.bounded_store import MIN_BANDWIDTH, BoundedStore
 from eventprocessor.clock import SystemClock
-from eventprocessor.errors import InvalidCheckpointError
+from eventprocessor.errors import InvalidCheckpointError, StoreTimeoutError
 from eventprocessor.records import MAX_ENTRY_BYTES, Checkpoint, StateRef
 from eventprocessor.sources import MemoryEventSource
-from eventprocessor.state import PartitionState, StateKeeper, StateLog, StateUnreadableError
+from eventprocessor.state import PartitionState, StateKeeper, StateLog
+from eventprocessor.state.log import IN_FLIGHT
 from eventprocessor.state.replica import WarmReplica
 from eventprocessor.testing import FaultyStore, run_virtual, virtual_utc_clock
 from stores import InMemoryCheckpointStore
@@ -504,3 +505,120 @@ def test_a_state_of_many_store_entries_is_written_and_read_within_the_store_time
 
     restored, timeouts = run_virtual(scenario())
     assert len(restored.texts) == 16 and not timeouts
+
+
+class SlowLink(FaultyStore):
+    """A store that moves ``rate`` bytes/s, one request at a time (as Azurite serves
+    them): an entry call waits for the requests queued before it, then for its own bytes
+    (written, or read back) plus 2 ms. A caller that gives up leaves the link busy. Other
+    calls are not slowed."""
+
+    def __init__(self, inner, rate: float) -> None:
+        super().__init__(inner)
+        self.rate = rate
+        self._link_free_at = 0.0
+
+    async def _carry(self, size: int) -> None:
+        loop = asyncio.get_running_loop()
+        self._link_free_at = max(self._link_free_at, loop.time()) + 0.002 + size / self.rate
+        await asyncio.sleep(self._link_free_at - loop.time())
+
+    async def create_entry(self, *where_and_data):
+        await self._carry(len(where_and_data[-1]))
+        return await super().create_entry(*where_and_data)
+
+    async def read_entry(self, *where):
+        data = await super().read_entry(*where)
+        await self._carry(len(data or b""))
+        return data
+
+
+def test_a_large_first_commit_and_its_restore_get_time_for_their_bytes():
+    """The recorded benchmark's bug: the first commit of a 64 MB state timed out
+    (``create_entry ... did not answer within 0.5 s``) on Azurite, which serves one
+    request at a time, so the batch was rolled back and delivered again. Here 15 MB go
+    over a 10 MiB/s link, 8 chunks in flight: the 6th queued past 0.5 s. A call now gets
+    store_timeout + its bytes in flight over 4 MiB/s."""
+    async def scenario():
+        link = SlowLink(InMemoryCheckpointStore(clock=virtual_utc_clock()), rate=10 * 1024 * 1024)
+        store = BoundedStore(link, timeout=0.5, clock=SystemClock())
+        keeper = StateKeeper(StateLog(store, SCOPE, "0"), epoch=1)
+        for i in range(16):
+            keeper.state[f"big{i}"] = "x" * (MAX_ENTRY_BYTES - 20)
+        ref = await keeper.prepare(0)
+        keeper.committed(ref)
+        await keeper.close(wait=True)
+        restored = await StateKeeper(StateLog(store, SCOPE, "0"), epoch=2).restore(
+            Checkpoint("memory.local", "hub", "$default", "0", sequence_number=0, offset="0", state=ref))
+        return restored, store.timeouts, store.bytes_in_flight
+
+    restored, timeouts, in_flight = run_virtual(scenario())
+    assert not timeouts, timeouts
+    assert restored.texts == {f"big{i}": '"' + "x" * (MAX_ENTRY_BYTES - 20) + '"' for i in range(16)}
+    assert in_flight == 0
+
+
+@pytest.mark.parametrize("chunks", [0, 16])
+def test_a_store_that_never_answers_fails_a_commit_within_the_documented_bound(chunks):
+    """A black-holed store is still detected: a small commit within store_timeout (and
+    its few bytes), a large one within store_timeout + 8 chunks in flight / 4 MiB/s."""
+    async def scenario():
+        faulty = FaultyStore(InMemoryCheckpointStore(clock=virtual_utc_clock()))
+        store = BoundedStore(faulty, timeout=0.5, clock=SystemClock())
+        keeper = StateKeeper(StateLog(store, SCOPE, "0"), epoch=1)
+        keeper.state["k"] = 1
+        for i in range(chunks):
+            keeper.state[f"big{i}"] = "x" * (MAX_ENTRY_BYTES - 20)
+        faulty.hang = True
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        with pytest.raises(StoreTimeoutError, match="did not answer within"):
+            await keeper.prepare(0)
+        took = loop.time() - started
+        return took, store.bytes_in_flight, faulty.calls["create_entry"]
+
+    took, left_in_flight, sent = run_virtual(scenario())
+    bound = 0.5 + (min(chunks, IN_FLIGHT) * MAX_ENTRY_BYTES + 1024) / MIN_BANDWIDTH
+    assert 0.5 <= took <= bound + 0.01, (took, bound)
+    # The failed commit left no calls behind: the others in flight were cancelled, and
+    # the chunks queued after them never sent.
+    assert left_in_flight == 0 and sent == min(chunks + 1, IN_FLIGHT), (left_in_flight, sent)
+
+
+def test_the_first_commit_of_a_large_state_is_not_failed_by_its_own_deadlines():
+    """The benchmark's 16 duplicates, on the virtual clock: a handler pads its state to
+    15 MB at the claim; its first checkpoint writes it all over a 10 MiB/s link that
+    serves one request at a time, with this expiration's 0.5-s store_timeout. The commit
+    timed out, the batch was rolled back and delivered again. Now every event is
+    delivered once and counted once."""
+    seen: List[int] = []
+
+    class Padded(PartitionProcessor):
+        async def initialize(self, context):
+            for i in range(16):
+                context.state[f"big{i}"] = "x" * (MAX_ENTRY_BYTES - 20)
+
+        async def process_events(self, events, context):
+            for event in events:
+                seen.append(event.sequence_number)
+                context.state["n"] = context.state.get("n", 0) + 1
+            await context.update_checkpoint()
+
+    async def scenario():
+        source = MemoryEventSource(1, clock=virtual_utc_clock())
+        store = SlowLink(InMemoryCheckpointStore(clock=virtual_utc_clock()), rate=10 * 1024 * 1024)
+        for i in range(6):
+            await source.send(f"e{i}")
+        async with EventProcessor(source, store, Padded, stateful=True, **FAST) as processor:
+            assert processor.store_calls.timeout == 0.5
+            await until(lambda: 5 in seen, what="the first batch")
+            await asyncio.sleep(3)
+            for i in range(6, 10):
+                await source.send(f"e{i}")
+            await until(lambda: 9 in seen, what="the second batch")
+            await asyncio.sleep(3)
+        return await final_state(store, 1)
+
+    state = run_virtual(scenario())
+    assert seen == list(range(10)), seen  # each event delivered once
+    assert state["0"]["n"] == 10

@@ -41,25 +41,41 @@ SNAPSHOT = "s"
 _NAME = re.compile(r"^([cs])(\d{12})\.(\d+)\.(\d+)\.(\d+)$")
 IN_FLIGHT = 8
 """Store calls one state log keeps in flight (chunks written or read, entries deleted).
-Every call has its own deadline (``store_timeout``): sent all at once to a store that
-serves one request at a time (Azurite), the chunks of a large state queued behind each
-other past it, and a 64 MB state could be neither committed nor restored with a 6-s
-expiration (0.5-s calls). A few at a time, each deadline covers its own request."""
+Sent all at once to a store that serves one request at a time (Azurite), the chunks of a
+large state queue behind each other: a few at a time, and each call's deadline grows
+with the bytes in flight (``BoundedStore``: ``store_timeout`` + bytes / 4 MiB/s), so a
+64 MB state is committed and restored with 0.5-s store calls, and a store that never
+answers is still detected within ``store_timeout`` + 8 chunks / 4 MiB/s (+1.9 s)."""
 
 _T = TypeVar("_T")
 
 
 async def _at_most(limit: int, calls: Sequence[Callable[[], Awaitable[_T]]]) -> List[_T]:
-    """Run ``calls`` with at most ``limit`` in flight; their results, in order."""
-    if len(calls) <= limit:
-        return list(await asyncio.gather(*(call() for call in calls)))
+    """Run ``calls`` with at most ``limit`` in flight; their results, in order. The first
+    failure cancels the rest: a commit or restore that failed leaves no store calls
+    behind (queued ones would otherwise go on, each up to its deadline, against a store
+    that may not answer)."""
     gate = asyncio.Semaphore(limit)
+    failed = asyncio.Event()
 
     async def one(call: Callable[[], Awaitable[_T]]) -> _T:
         async with gate:
-            return await call()
+            if failed.is_set():  # set before the gate let this one in: never start it
+                raise asyncio.CancelledError()
+            try:
+                return await call()
+            except BaseException:
+                failed.set()
+                raise
 
-    return list(await asyncio.gather(*(one(call) for call in calls)))
+    tasks = [asyncio.ensure_future(one(call)) for call in calls]
+    try:
+        return list(await asyncio.gather(*tasks))
+    except BaseException:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        raise
 
 
 class StateUnreadableError(CheckpointStoreError):

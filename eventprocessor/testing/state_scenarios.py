@@ -19,7 +19,7 @@ from .group import SETTLE_TIMEOUT, TAKEOVER_BOUND, Failover, Group, Outcome
 from .worker_process import WorkerHandle
 
 __all__ = ["Failover", "stateful_failover", "hub_bodies", "stored_states", "standby_replicas",
-           "count_mismatches"]
+           "count_mismatches", "restore_mismatches"]
 
 
 def _scope(group: Group) -> Tuple[str, str, str]:
@@ -112,14 +112,7 @@ def count_mismatches(group: Group, bodies: Dict[str, List[str]],
     restored (it must equal the count of the events up to the checkpoint it resumed
     from) and, given ``states``, the state in the store at the end (its checkpoint must
     be at the last event, its counts those of the whole partition). Empty: exact."""
-    problems = []
-    for worker in group.workers:
-        for restored in worker.restores:
-            pid, seq = restored["p"], restored["seq"]
-            expected = dict(Counter(bodies[pid][:seq + 1]))
-            if restored["counts"] != expected:
-                problems.append(f"{worker.owner_id} restored partition {pid} at sequence number {seq} with counts "
-                                f"{restored['counts']}, the hub's events up to it say {expected}")
+    problems = restore_mismatches(group, bodies)
     for pid, (seq, counts) in sorted((states or {}).items()):
         if seq != len(bodies[pid]) - 1:
             problems.append(f"partition {pid}: the last checkpoint is at sequence number {seq}, the hub holds "
@@ -128,6 +121,24 @@ def count_mismatches(group: Group, bodies: Dict[str, List[str]],
         if counts != expected:
             problems.append(f"partition {pid}: the stored state counts {counts}, the hub's events up to its "
                             f"checkpoint say {expected}")
+    return problems
+
+
+def restore_mismatches(group: Group, bodies: Dict[str, List[str]], *, since: float = float("-inf"),
+                       until: float = float("inf")) -> List[str]:
+    """Where a state a claim restored (at wall time ``since <= t < until``) differs from
+    the per-key count of the hub's events up to the checkpoint it resumed from. Empty:
+    exact."""
+    problems = []
+    for worker in group.workers:
+        for restored in worker.restores:
+            if not since <= restored["t"] < until:
+                continue
+            pid, seq = restored["p"], restored["seq"]
+            expected = dict(Counter(bodies[pid][:seq + 1]))
+            if restored["counts"] != expected:
+                problems.append(f"{worker.owner_id} restored partition {pid} at sequence number {seq} with counts "
+                                f"{restored['counts']}, the hub's events up to it say {expected}")
     return problems
 
 
