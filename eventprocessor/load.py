@@ -12,11 +12,14 @@ from __future__ import annotations
 import os
 import time
 from pathlib import Path
-from typing import Callable, Dict, List, Optional, Tuple
+from typing import TYPE_CHECKING, Callable, Dict, List, Optional, Tuple
 
 from .lease import LeaseState
 from .lease_table import LeaseTable
 from .load_plan import MemberLoad, PartitionLoad
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .pump import PartitionPump
 
 __all__ = ["LoadMeter", "CpuMeter", "available_cores"]
 
@@ -114,6 +117,20 @@ class CpuMeter:
         return 0.0 if elapsed <= 0 else max(0.0, (cpu - last_cpu) / (elapsed * self._cores))
 
 
+def _backlog(pump: "PartitionPump") -> Optional[int]:
+    """Events enqueued after the last one the partition's handler finished (None while
+    unknown). Not ``context.lag``, which counts from the last event handed to the
+    handler: a saturated processor's backlog waits in ever larger batches in its
+    handlers, and that lag stays near 0 while it falls behind."""
+    newest = pump.context.last_enqueued_event_properties
+    if newest is None:
+        return None
+    done = pump.last_completed
+    if done is None:
+        return pump.context.lag
+    return max(0, newest.sequence_number - done.sequence_number)
+
+
 def _smooth(new: float, old: float) -> float:
     return SMOOTHING * new + (1 - SMOOTHING) * old
 
@@ -148,7 +165,7 @@ class LoadMeter:
             if pump is None:
                 continue
             pid = lease.partition_id
-            events, nbytes, lag = pump.events_dispatched, pump.bytes_dispatched, pump.context.lag
+            events, nbytes, lag = pump.events_dispatched, pump.bytes_dispatched, _backlog(pump)
             last = self._last.get(pid)
             rates = self._rates.get(pid)
             if last is not None and now > last[0] and events >= last[1]:
