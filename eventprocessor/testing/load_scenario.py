@@ -303,11 +303,17 @@ class LoadGroup:
                 await asyncio.sleep(max(0.0, started + rounds * skew.period - time.monotonic()))
 
     async def last_enqueued(self, client: Any) -> dict[str, int]:
-        result = {}
-        for pid in self.partition_ids:
-            properties = await client.get_partition_properties(pid)
-            result[pid] = properties["last_enqueued_sequence_number"]
-        return result
+        # Eight at a time: one by one, a management call each, 40 partitions took 15 s
+        # under load, and a phase's 30-s window held two lag readings instead of fifteen.
+        gate = asyncio.Semaphore(8)
+
+        async def one(pid: str) -> int:
+            async with gate:
+                properties = await client.get_partition_properties(pid)
+            return int(properties["last_enqueued_sequence_number"])
+
+        sequences = await asyncio.gather(*(one(pid) for pid in self.partition_ids))
+        return dict(zip(self.partition_ids, sequences))
 
     def newest_delivered(self) -> dict[str, int]:
         for index, worker in enumerate(self.workers):
