@@ -12,12 +12,12 @@ producer sends the whole time.
 
 The scenario, its sizes and what is measured are :mod:`eventprocessor.testing.load_scenario`:
 40 partitions over 4 processes, an ordinary partition at 2.5 events/s and the hot one at
-25, each event costing its handler 5 ms of CPU; after the *skew* phase, one process
+25, each event costing its handler 5.5 ms of CPU; after the *skew* phase, one process
 that does not deliver the hot partition gets three times the CPU per event (*slowed*).
-Why those sizes: the hot partition (50 % of a process's quota) must fit below one
-process's fair share (61 %), or no assignment is balanced and the benchmark only shows
+Why those sizes: the hot partition (55 % of a process's quota) must fit below one
+process's fair share (67 %), or no assignment is balanced and the benchmark only shows
 that (with 24 partitions at 5 events/s the hot one alone filled its process); and the
-hot partition's owner under count balance (10 partitions, 95 % of its quota before the
+hot partition's owner under count balance (10 partitions, 105 % of its quota before the
 SDK's own work) must fall behind, or count balance would look as good.
 Utilisation is each process's own CPU time over its quota; lag is the hub's last
 enqueued sequence numbers against what the handlers received; duplicates and losses

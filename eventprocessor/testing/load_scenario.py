@@ -69,13 +69,15 @@ class Skew:
     handler's CPU per event; ``policy``: ``LoadPolicy`` fields for the load side (empty:
     its defaults).
 
-    Why these sizes: an ordinary partition needs 5 % of a process's quota (2.5 events/s
-    at 5 ms), the hot one 50 %, and the fair share of a process (the whole load over the
-    processes) is 61 %: the hot partition fits below it, so an assignment within the
+    Why these sizes: an ordinary partition needs 5.5 % of a process's quota (2.5 events/s
+    at 5.5 ms), the hot one 55 %, and the fair share of a process (the whole load over
+    the processes) is 67 %: the hot partition fits below it, so an assignment within the
     threshold exists (the hot partition and a couple of others on one process, the rest
-    spread). Under count balance the hot partition's owner holds 10 partitions, 95 % of
-    its quota before the SDK's own work, so it falls behind; with one process slowed 3x,
-    load balance still fits (about 75 % each) where count balance does not. With 24
+    spread). Under count balance the hot partition's owner holds 10 partitions, 105 % of
+    its quota before the SDK's own work (about 7 % more at these rates), so it falls
+    behind (at 5 ms, 95 %, a quick run showed it only just keeping up); with one process
+    slowed 3x, load balance still fits (about 81 % each before the SDK's work) where count
+    balance does not. With 24
     partitions at 5 events/s the hot one alone filled its process (70 % of the quota for
     its handler, its client's work on top) and no plan could balance the group. 40
     partitions is above a Standard hub's 32 (a Premium hub has up to 100; the emulator
@@ -88,7 +90,7 @@ class Skew:
     period: float = 0.8
     processes: int = 4
     cores: float = 0.25
-    cpu_per_event: float = 0.005
+    cpu_per_event: float = 0.0055
     slow_factor: float = 3.0
     interval: float = 3.0
     expiry: float = 24.0
