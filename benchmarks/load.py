@@ -11,9 +11,14 @@ would. It starts its own Event Hubs emulator and Azurite on loopback; the offici
 producer sends the whole time.
 
 The scenario, its sizes and what is measured are :mod:`eventprocessor.testing.load_scenario`:
-24 partitions over 4 processes, an ordinary partition at 5 events/s and the hot one at
-50, each event costing its handler 3.5 ms of CPU; after the *skew* phase, one process
+40 partitions over 4 processes, an ordinary partition at 2.5 events/s and the hot one at
+25, each event costing its handler 5.5 ms of CPU; after the *skew* phase, one process
 that does not deliver the hot partition gets three times the CPU per event (*slowed*).
+Why those sizes: the hot partition (55 % of a process's quota) must fit below one
+process's fair share (67 %), or no assignment is balanced and the benchmark only shows
+that (with 24 partitions at 5 events/s the hot one alone filled its process); and the
+hot partition's owner under count balance (10 partitions, 105 % of its quota before the
+SDK's own work) must fall behind, or count balance would look as good.
 Utilisation is each process's own CPU time over its quota; lag is the hub's last
 enqueued sequence numbers against what the handlers received; duplicates and losses
 come from the handlers' batch lines. The sides run one after the other (their order
@@ -89,7 +94,12 @@ def render(outcomes: list[LoadOutcome], rounds: int, command: str, seconds: floa
         f"sends {skew.rate:g} events/s to every partition and {skew.hot_factor}x that to partition {skew.hot} "
         f"({skew.total_rate:g} events/s in all, every {skew.period:g} s). Each handler spends "
         f"{skew.cpu_per_event * 1000:g} ms of CPU per event (a busy loop on its thread's CPU clock), so an "
-        f"ordinary partition needs {unit:.0%} of a process's quota and the hot one {unit * skew.hot_factor:.0%}. "
+        f"ordinary partition needs {unit:.0%} of a process's quota and the hot one {unit * skew.hot_factor:.0%}, "
+        f"below the fair share of a process ({skew.fair_share():.0%}: all the partitions' needs over the "
+        f"processes), so that an assignment within the threshold exists, while under count balance the hot "
+        f"partition's owner needs {skew.count_hot_owner():.0%} of its quota before the SDK's own work and falls "
+        f"behind (with 24 partitions at 5 events/s the hot partition alone filled its process, and no plan could "
+        f"balance the group). "
         f"Phase *skew* runs {skew.skew_seconds:g} s from the moment every partition is delivered by one process; "
         f"then one process not delivering the hot partition is slowed down ({skew.slow_factor:g}x the CPU per event) "
         f"and phase *slowed* runs {skew.slow_seconds:g} s. Then the producer stops and each side gets "
@@ -133,8 +143,8 @@ def render(outcomes: list[LoadOutcome], rounds: int, command: str, seconds: floa
             + f" (hot on {runs[-1].phases[index].hot_owner})")
         row(f"{name}: total lag at the end, events",
             lambda runs, index=index: _ints([o.phases[index].lag_end for o in runs]))
-        row(f"{name}: lag growth, events/s", lambda runs, index=index: _range([o.phases[index].lag_growth for o in runs],
-                                                                 "{:+.1f}"))
+        row(f"{name}: lag growth, events/s",
+            lambda runs, index=index: _range([o.phases[index].lag_growth for o in runs], "{:+.1f}"))
         row(f"{name}: moves", lambda runs, index=index: _ints([o.phases[index].moves for o in runs]))
     row("moves back within the cool-down (oscillation)", lambda runs: _ints([o.quick_returns for o in runs]))
     row(f"partitions moved again within the cool-down ({policy.cooldown:g} s; by load: 0 allowed)",

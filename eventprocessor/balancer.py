@@ -259,8 +259,9 @@ def decide(
 
     ``balance_by="load"`` (with ``members`` and their ``loads``): partitions with a live
     owner move by :func:`~eventprocessor.load_plan.plan_moves` (from busy processors to
-    idle ones, damped, every move a handoff request) instead of by counts; unowned ones
-    are still dealt by counts. Until every live member has published a load, nothing moves.
+    idle ones, damped, every move a handoff request) instead of by counts, each partition
+    counted on the owner the ownership records name; unowned ones are still dealt by
+    counts. Until every live member has published a load, nothing moves.
 
     ``renewals`` are listed for the record only: the renewer renews on its own schedule.
 
@@ -356,7 +357,10 @@ def decide(
     if balance_by == "load" and strategy is not LoadBalancingStrategy.STATIC and members is not None:
         take = [pid for pid in take if pid not in active]  # live owners' partitions move by load
         if loads is not None and all(member in loads for member in members):
-            moves = plan_moves({member: loads[member] for member in members}, load_policy)
+            # Who owns what comes from the ownership records, not from the member records:
+            # those are up to a heartbeat old, and a partition that moved since would move again.
+            moves = plan_moves({member: loads[member] for member in members}, load_policy,
+                               owners={pid: record.owner_id for pid, record in active.items()})
             take += sorted((pid for pid, target in moves.items() if target == owner_id and pid in active
                             and members.get(active[pid].owner_id, {}).get(HANDOFF_PROPERTY) == "1"),
                            key=partition_sort_key)

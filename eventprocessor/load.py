@@ -1,7 +1,8 @@
 """LoadMeter: what this processor's partitions cost it, measured for the load-aware plan.
 
 Sampled every heartbeat, never on the hot path: the pumps already count the events they
-dispatch (and, every 16th batch, their bytes), so a sample only takes differences.
+dispatch (and, every 16th batch, their bytes) and know their lag, so a sample only takes
+differences.
 Rates and utilisation are smoothed with an exponential moving average. CPU utilisation
 is this process's CPU time over the CPU it may use: the cgroup's quota when it has one
 (a container's ``cpu.max``), else the cores it is allowed to run on.
@@ -11,11 +12,14 @@ from __future__ import annotations
 import os
 import time
 from pathlib import Path
-from typing import Callable, Dict, List, Optional, Tuple
+from typing import TYPE_CHECKING, Callable, Dict, List, Optional, Tuple
 
 from .lease import LeaseState
 from .lease_table import LeaseTable
 from .load_plan import MemberLoad, PartitionLoad
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .pump import PartitionPump
 
 __all__ = ["LoadMeter", "CpuMeter", "available_cores"]
 
@@ -113,25 +117,47 @@ class CpuMeter:
         return 0.0 if elapsed <= 0 else max(0.0, (cpu - last_cpu) / (elapsed * self._cores))
 
 
+def _backlog(pump: "PartitionPump") -> Optional[int]:
+    """Events enqueued after the last one the partition's handler finished (None while
+    unknown). Not ``context.lag``, which counts from the last event handed to the
+    handler: a saturated processor's backlog waits in ever larger batches in its
+    handlers, and that lag stays near 0 while it falls behind."""
+    newest = pump.context.last_enqueued_event_properties
+    if newest is None:
+        return None
+    done = pump.last_completed
+    if done is None:
+        return pump.context.lag
+    return max(0, newest.sequence_number - done.sequence_number)
+
+
+def _smooth(new: float, old: float) -> float:
+    return SMOOTHING * new + (1 - SMOOTHING) * old
+
+
 class LoadMeter:
-    """Samples the load of the partitions in ``table`` (their pumps' counters) and the
-    process's utilisation (``utilization()``), smoothed."""
+    """Samples the load of the partitions in ``table`` (their pumps' counters and lags) and
+    the process's utilisation (``utilization()``), smoothed.
+
+    A partition's lag growth (events/s) is what tells demand from use: utilisation stops
+    at 1.0, a saturated processor's lags keep growing. It needs the lag, so the processor
+    tracks the last enqueued event's properties when balancing by load."""
 
     def __init__(self, *, table: LeaseTable, clock_now: Callable[[], float],
                  utilization: Callable[[], float]) -> None:
         self._table = table
         self._now = clock_now
         self._utilization = utilization
-        self._last: Dict[str, Tuple[float, int, int]] = {}  # partition -> (time, events, bytes) at the last sample
-        self._rates: Dict[str, Tuple[float, float]] = {}
+        # partition -> (time, events, bytes, lag) at the last sample; lag None while unknown
+        self._last: Dict[str, Tuple[float, int, int, Optional[int]]] = {}
+        self._rates: Dict[str, Tuple[float, float, float]] = {}  # partition -> (events/s, bytes/s, lag growth/s)
         self._smoothed_utilization: Optional[float] = None
         self.current: Optional[MemberLoad] = None
 
     def sample(self) -> MemberLoad:
         now = self._now()
         sampled = self._utilization()
-        util = sampled if self._smoothed_utilization is None else \
-            SMOOTHING * sampled + (1 - SMOOTHING) * self._smoothed_utilization
+        util = sampled if self._smoothed_utilization is None else _smooth(sampled, self._smoothed_utilization)
         self._smoothed_utilization = util
         partitions: Dict[str, PartitionLoad] = {}
         for lease in self._table.in_state(LeaseState.OWNED):
@@ -139,17 +165,24 @@ class LoadMeter:
             if pump is None:
                 continue
             pid = lease.partition_id
-            events, nbytes = pump.events_dispatched, pump.bytes_dispatched
+            events, nbytes, lag = pump.events_dispatched, pump.bytes_dispatched, _backlog(pump)
             last = self._last.get(pid)
-            eps, bps = self._rates.get(pid, (0.0, 0.0))
+            rates = self._rates.get(pid)
             if last is not None and now > last[0] and events >= last[1]:
                 dt = now - last[0]
-                eps = SMOOTHING * (events - last[1]) / dt + (1 - SMOOTHING) * eps
-                bps = SMOOTHING * (nbytes - last[2]) / dt + (1 - SMOOTHING) * bps
-            self._last[pid] = (now, events, nbytes)
-            self._rates[pid] = (eps, bps)
-            lag = pump.context.lag or 0
-            partitions[pid] = PartitionLoad(eps, bps, lag, max(0.0, now - lease.claimed_at))
+                measured = ((events - last[1]) / dt, (nbytes - last[2]) / dt,
+                            (lag - last[3]) / dt if lag is not None and last[3] is not None else 0.0)
+                # The first rates measured on a claim are taken whole: blending them with zeros
+                # would show a partition just taken over as lighter than it is for a minute.
+                if rates is None:
+                    rates = measured
+                else:
+                    rates = (_smooth(measured[0], rates[0]), _smooth(measured[1], rates[1]),
+                             _smooth(measured[2], rates[2]))
+                self._rates[pid] = rates
+            self._last[pid] = (now, events, nbytes, lag)
+            eps, bps, growth = rates if rates is not None else (0.0, 0.0, 0.0)
+            partitions[pid] = PartitionLoad(eps, bps, lag or 0, max(0.0, now - lease.claimed_at), growth)
         for pid in [pid for pid in self._last if pid not in partitions]:
             del self._last[pid]
             self._rates.pop(pid, None)

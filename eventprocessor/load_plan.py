@@ -2,15 +2,27 @@
 ones, damped, without herding. Pure: no I/O, no clock, no randomness.
 
 Each processor publishes its measured load in its member record (:class:`MemberLoad`:
-its CPU utilisation and, per owned partition, events/s, bytes/s, lag and how long ago it
-took the partition, all smoothed). Every processor that reads the same records computes
-the same plan (:func:`plan_moves`) and acts only on the moves to itself, by a graceful
-handoff request, as KCL 3.x's variance-based assignment moves leases from hot workers to
-cold ones:
+its CPU utilisation and, per owned partition, events/s, bytes/s, lag, how fast the lag
+grows and how long ago it took the partition, all smoothed). Every processor that reads
+the same snapshot (the member records and the ownership records) computes the same plan
+(:func:`plan_moves`) and acts only on the moves to itself, by a graceful handoff request,
+as KCL 3.x's variance-based assignment moves leases from hot workers to cold ones:
 
-* a partition's *weight* is its share of its owner's utilisation, by events/s; on the
-  receiver it costs its events at the receiver's own measured cost per event (machines
-  differ), never less than its weight;
+* **demand, not just use**: a partition's *demand* is the events/s that arrive on it,
+  what its owner processed plus the growth of its lag. Utilisation stops at 1.0, so a
+  saturated processor looks no busier than a fully used one; its lag does not stop. A
+  processor's *demanded utilisation* is its measured utilisation plus, at its own cost
+  per event, the events/s its partitions' lags grow by (``u * demand / processed``
+  when it owns the same partitions it measured): above 1.0 for a processor that falls
+  behind;
+* **the snapshot decides who owns what**: a member record is up to a heartbeat old, so
+  a partition that moved since its old owner published is counted on its new owner (at
+  the load the old owner measured) and no longer on the old one, and it is in its
+  cool-down (it moved within the last heartbeat);
+* a partition's *weight* is its demand at its owner's cost per event (its share of its
+  owner's utilisation when nothing flows); on the receiver it costs its demand at the
+  receiver's own measured cost per event (machines differ), or its weight when the
+  receiver has measured none;
 * a processor above the fleet's mean by more than ``threshold`` (relative) gives away
   partitions, the largest first, at most ``damping`` of its excess per round (but one
   chunky partition may go whole if the giver stays near the mean) and at most
@@ -25,13 +37,14 @@ what just moved).
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Dict, List, Mapping, Optional, Tuple
 
 from .records import partition_sort_key
 
-__all__ = ["PartitionLoad", "MemberLoad", "LoadPolicy", "plan_moves", "encode_load", "decode_load",
-           "LOAD_PROPERTY", "BALANCE_BY"]
+__all__ = ["PartitionLoad", "MemberLoad", "LoadPolicy", "plan_moves", "demanded_utilization", "encode_load",
+           "decode_load", "LOAD_PROPERTY", "BALANCE_BY"]
 
 LOAD_PROPERTY = "load"
 """The member-record property a processor publishes its load in."""
@@ -47,6 +60,13 @@ class PartitionLoad:
     lag: int = 0
     age: float = float("inf")
     """Seconds since its owner took it (a move's cool-down)."""
+    lag_growth: float = 0.0
+    """Events/s its lag grows by (negative while the backlog drains)."""
+
+    @property
+    def demand(self) -> float:
+        """Events/s arriving on the partition: what was processed plus the lag's growth."""
+        return max(0.0, self.events_per_second + self.lag_growth)
 
 
 @dataclass(frozen=True)
@@ -75,22 +95,96 @@ class LoadPolicy:
     floor: float = 0.1
 
 
-def _weights(load: MemberLoad) -> Dict[str, float]:
-    """Each partition's share of its owner's utilisation, by events/s (equal shares when
-    nothing flows)."""
+@dataclass(frozen=True)
+class _Held:
+    """A partition as the plan sees it: what it costs its current owner."""
+
+    weight: float  # the utilisation it demands of its owner
+    demand: float  # events/s arriving on it
+    age: float  # seconds since it last changed owner
+
+
+def _costs(loads: Mapping[str, MemberLoad]) -> Tuple[Dict[str, float], Optional[float]]:
+    """Each member's CPU utilisation per processed event/s (members that processed
+    nothing have none), and the fleet's (for those)."""
+    costs: Dict[str, float] = {}
+    used = processed = 0.0
+    for member, load in sorted(loads.items()):  # sorted: the same sums, to the last bit, for every reader
+        events = sum(p.events_per_second for p in load.partitions.values())
+        if events > 0:
+            costs[member] = load.utilization / events
+            used += load.utilization
+            processed += events
+    return costs, (used / processed if processed > 0 else None)
+
+
+def _published(load: MemberLoad, cost: Optional[float], fleet_cost: Optional[float]) -> Dict[str, Tuple[float, float]]:
+    """Per partition its owner published: (the utilisation it used, the utilisation its
+    lag's growth adds). What it used is its events at the owner's cost, or an equal share
+    of the owner's utilisation when nothing flowed; its growth is priced at the owner's
+    cost, else the fleet's."""
     parts = load.partitions
-    if not parts:
-        return {}
-    total = sum(p.events_per_second for p in parts.values())
-    if total <= 0:
-        return {pid: load.utilization / len(parts) for pid in parts}
-    return {pid: load.utilization * p.events_per_second / total for pid, p in parts.items()}
+    out: Dict[str, Tuple[float, float]] = {}
+    for pid, p in parts.items():
+        used = cost * p.events_per_second if cost is not None else load.utilization / len(parts)
+        price = cost if cost is not None else (fleet_cost or 0.0)
+        out[pid] = (used, price * (p.demand - p.events_per_second))
+    return out
 
 
-def plan_moves(loads: Mapping[str, MemberLoad], policy: LoadPolicy = LoadPolicy()) -> Dict[str, str]:
+def _reconcile(loads: Mapping[str, MemberLoad], owners: Optional[Mapping[str, str]]
+               ) -> Tuple[Dict[str, float], Dict[str, Dict[str, _Held]]]:
+    """Each member's demanded utilisation and the partitions it holds, as of the
+    ownership snapshot ``owners`` (partition -> owner; None: as published)."""
+    costs, fleet_cost = _costs(loads)
+    priced = {member: _published(load, costs.get(member), fleet_cost) for member, load in sorted(loads.items())}
+    demanded: Dict[str, float] = {}
+    held: Dict[str, Dict[str, _Held]] = {}
+    for member, load in loads.items():
+        level = load.utilization
+        mine: Dict[str, _Held] = {}
+        for pid, p in load.partitions.items():
+            used, growth = priced[member][pid]
+            if owners is not None and owners.get(pid) != member:
+                level -= used  # it left (or was released) since this record was written
+                continue
+            level += growth
+            mine[pid] = _Held(max(0.0, used + growth), p.demand, p.age)
+        demanded[member], held[member] = level, mine
+    if owners is not None:
+        # Taken since its new owner last published: counted on it at the load its previous
+        # owner measured (the first record that lists it, in member order), and just moved.
+        for pid, member in sorted(owners.items(), key=lambda item: partition_sort_key(item[0])):
+            if member not in loads or pid in loads[member].partitions:
+                continue
+            previous = next((m for m in priced if pid in priced[m]), None)
+            weight = sum(priced[previous][pid]) if previous is not None else 0.0
+            demand = loads[previous].partitions[pid].demand if previous is not None else 0.0
+            held[member][pid] = _Held(max(0.0, weight), demand, 0.0)
+            demanded[member] += max(0.0, weight)
+    return {member: max(0.0, level) for member, level in demanded.items()}, held
+
+
+def demanded_utilization(loads: Mapping[str, MemberLoad],
+                         owners: Optional[Mapping[str, str]] = None) -> Dict[str, float]:
+    """Each member's utilisation as :func:`plan_moves` weighs it: what it used, plus what
+    its lags' growth asks on top (so above 1.0 for a processor that falls behind), as of
+    the ownership snapshot ``owners`` when given.
+
+    Example::
+
+        demanded_utilization({"a": MemberLoad(1.0, {"0": PartitionLoad(100, lag_growth=50)})})   # {"a": 1.5}
+    """
+    return _reconcile(loads, owners)[0]
+
+
+def plan_moves(loads: Mapping[str, MemberLoad], policy: LoadPolicy = LoadPolicy(),
+               owners: Optional[Mapping[str, str]] = None) -> Dict[str, str]:
     """Partition -> the processor it should move to, this round (see the module docstring).
 
-    ``loads``: every live processor's load, idle ones included.
+    ``loads``: every live processor's load, idle ones included. ``owners``: who owns
+    which partition now, from the ownership records (the member records may be a
+    heartbeat older); without it, the loads as published.
 
     Example::
 
@@ -99,9 +193,9 @@ def plan_moves(loads: Mapping[str, MemberLoad], policy: LoadPolicy = LoadPolicy(
     """
     if len(loads) < 2:
         return {}
-    projected = {member: load.utilization for member, load in loads.items()}
-    rate = {member: sum(p.events_per_second for p in load.partitions.values()) for member, load in loads.items()}
-    mean = sum(projected.values()) / len(projected)
+    projected, held = _reconcile(loads, owners)
+    costs, _fleet = _costs(loads)
+    mean = sum(projected[m] for m in sorted(projected)) / len(projected)
     ceiling = mean * (1 + policy.threshold)
     if max(projected.values()) < policy.floor:
         return {}
@@ -111,9 +205,8 @@ def plan_moves(loads: Mapping[str, MemberLoad], policy: LoadPolicy = LoadPolicy(
     for giver in givers:
         excess = projected[giver] - mean
         budget = excess * policy.damping
-        weights = _weights(loads[giver])
         candidates: List[Tuple[float, str]] = sorted(
-            ((w, pid) for pid, w in weights.items() if loads[giver].partitions[pid].age >= policy.cooldown),
+            ((h.weight, pid) for pid, h in held[giver].items() if h.age >= policy.cooldown),
             key=lambda item: (-item[0], partition_sort_key(item[1])))
         moved = 0
         for weight, pid in candidates:
@@ -123,10 +216,10 @@ def plan_moves(loads: Mapping[str, MemberLoad], policy: LoadPolicy = LoadPolicy(
             if projected[taker] >= mean:
                 break  # nobody is below the mean
             # What the partition will cost the taker: its events at the taker's own cost per
-            # event when the taker has measured one (machines differ), else the giver's.
-            events = loads[giver].partitions[pid].events_per_second
-            cost = weight if rate[taker] <= 0 or events <= 0 else \
-                max(weight, events * loads[taker].utilization / rate[taker])
+            # event when the taker has measured one (machines differ: a partition leaving a
+            # slowed processor costs a faster one less), else what it cost the giver.
+            demand = held[giver][pid].demand
+            cost = weight if taker not in costs or demand <= 0 else demand * costs[taker]
             giver_after, taker_after = projected[giver] - weight, projected[taker] + cost
             if taker_after > max(ceiling, giver_after):
                 continue  # it would only move the hot spot
@@ -137,32 +230,41 @@ def plan_moves(loads: Mapping[str, MemberLoad], policy: LoadPolicy = LoadPolicy(
             moves[pid] = taker
             projected[taker] = taker_after
             projected[giver] = giver_after
-            rate[taker] += events
             budget -= weight
             moved += 1
     return moves
 
 
 def encode_load(load: MemberLoad) -> str:
-    """``u=0.431;3=120.5/3400/12/600,...``: utilisation, then per partition events/s,
-    bytes/s, lag and age (whole seconds), compact enough for member-record metadata."""
+    """``u=0.431;3=120.5/3400/12/600/-1.5,...``: utilisation, then per partition events/s,
+    bytes/s, lag, age (whole seconds) and the lag's growth (events/s), compact enough for
+    member-record metadata."""
     parts = ",".join(f"{pid}={p.events_per_second:.6g}/{p.bytes_per_second:.6g}/{p.lag}/"
-                     f"{int(min(p.age, 1e9))}" for pid, p in sorted(load.partitions.items()))
+                     f"{int(min(p.age, 1e9))}/{p.lag_growth:.4g}" for pid, p in sorted(load.partitions.items()))
     return f"u={load.utilization:.3f};{parts}"
 
 
 def decode_load(text: Optional[str]) -> Optional[MemberLoad]:
-    """The load a member published, or None if it published none (or garbled)."""
+    """The load a member published, or None if it published none (or garbled). A record
+    of an earlier version, without the lag's growth, reads with a growth of 0."""
     if not text or not text.startswith("u="):
         return None
     head, _, rest = text.partition(";")
     try:
         utilization = float(head[2:])
+        if not math.isfinite(utilization):
+            return None
         partitions: Dict[str, PartitionLoad] = {}
         for item in filter(None, rest.split(",")):
             pid, _, fields = item.partition("=")
-            eps, bps, lag, age = fields.split("/")
-            partitions[pid] = PartitionLoad(float(eps), float(bps), int(lag), float(age))
+            values = fields.split("/")
+            if len(values) not in (4, 5):
+                return None
+            eps, bps, lag, age = values[:4]
+            numbers = [float(eps), float(bps), float(age), float(values[4]) if len(values) == 5 else 0.0]
+            if not all(map(math.isfinite, numbers)):
+                return None  # a NaN or an infinity would poison every reader's plan
+            partitions[pid] = PartitionLoad(numbers[0], numbers[1], int(lag), numbers[2], numbers[3])
     except ValueError:
         return None
     return MemberLoad(utilization, partitions)

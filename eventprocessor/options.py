@@ -335,7 +335,7 @@ class ProcessorOptions:
             consumer_group=consumer_group, owner_id=owner_id or str(uuid.uuid4()), strategy=strategy, timing=timing,
             handler_executor=handler_executor, initial_position=initial, default_position=default_event_position,
             override_checkpoints=override, max_batch_size=max_batch_size, max_wait_time=max_wait,
-            prefetch=prefetch, track_last_enqueued=bool(track_last_enqueued_event_properties),
+            prefetch=prefetch, track_last_enqueued=bool(track_last_enqueued_event_properties) or balance_by == "load",
             retry_policy=RetryPolicy(max_delivery_attempts=max_delivery_attempts, retry_backoff=backoff),
             on_poison=poison_policy, dead_letter=dead_letter, refuse_rewind=bool(refuse_checkpoint_rewind),
             handoff_timeout=handoff, balance_factor=balance_factor, ordinal=ordinal,

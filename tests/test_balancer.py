@@ -18,7 +18,8 @@ def _sorted_counts(counts):
     return sorted(counts.values())
 
 
-@pytest.mark.parametrize("partitions, owners, expected", [(5, 6, (0, 5)), (18, 4, (4, 2)), (20, 3, (6, 2)), (25, 4, (6, 1))])
+@pytest.mark.parametrize("partitions, owners, expected",
+                         [(5, 6, (0, 5)), (18, 4, (4, 2)), (20, 3, (6, 2)), (25, 4, (6, 1))])
 def test_fair_share_is_floor_and_extra(partitions, owners, expected):
     assert fair_share(partitions, owners) == expected
 
@@ -179,17 +180,14 @@ def _load_decision(owner_id, loads, owners):
                   load_policy=LoadPolicy(threshold=0.25, damping=0.5, max_moves=1, cooldown=30.0))
 
 
-@pytest.mark.xfail(strict=True, reason="open (issue 27): decide plans from member records as published; "
-                   "reconciling them with the ownership snapshot fixed this case but, on the virtual scenario of "
-                   "tests/test_load_balancing.py, left a saturated processor inside the dead band (utilisation "
-                   "caps at 1.0) with its backlog growing in 2 of 5 seeds: the fix needs lag in the signal too")
 def test_a_partition_moved_since_its_old_owner_published_its_load_does_not_move_again():
     """A member record is up to a heartbeat old. Here "a" published while it still owned
     the heavy partition "1" (long held); the store says "b" has taken it since, and "b"
     has not republished. Read as published, "1" would move again inside its cool-down
     (to "c", the least loaded) and "a" would still look busy for load that already left
     (recorded by benchmarks.load: 1 partition moved twice within the cool-down, 2 moves
-    out of one process in one interval)."""
+    out of one process in one interval). Planned from the ownership records, "1" counts
+    on "b", in its cool-down, and "a" without it is near the mean."""
     from eventprocessor.load_plan import MemberLoad, PartitionLoad
 
     old = 1e6
