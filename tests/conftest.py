@@ -33,11 +33,6 @@ SHARED = "EVENTPROCESSOR_TEST_SERVICES"
 FIXED_PORTS = ("test_getting_started", "test_new_user_paths", "test_cli", "test_readme_examples",
                "test_readme_eventhubs", "test_samples", "test_cli_eventhubs")
 SPARK_CLUSTER = ("test_spark_cluster", "test_readme_spark_source")
-# Microsoft's samples run the official client beside ours and stop both with Ctrl-C. In a
-# CI run of 2026-11-26 the official client's 7 async samples did not stop within 60 s while
-# the other worker ran benchmark programs (capped worker processes, a Spark cluster, their
-# own emulators) on the 2-core machine; alone they pass. They take turns on one worker.
-HEAVY_SUBPROCESSES = ("test_azure_samples", "test_benchmark_programs")
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -52,8 +47,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list) -> None:
             item.add_marker(pytest.mark.xdist_group("fixed-ports"))
         elif module in SPARK_CLUSTER or module.startswith("test_spark_source"):
             item.add_marker(pytest.mark.xdist_group("spark-cluster"))  # one cluster, on one worker
-        elif module in HEAVY_SUBPROCESSES:
-            item.add_marker(pytest.mark.xdist_group("heavy-subprocesses"))
         elif module == "test_spark_sink":
             item.add_marker(pytest.mark.xdist_group("spark-local"))  # one local Spark session
 
