@@ -97,15 +97,21 @@ def utilisations(cores: Dict[str, Core], busy_before: Dict[str, float], seconds:
     return [(core.busy - busy_before[name]) / seconds for name, core in cores.items()]
 
 
-async def scenario(balance_by: str, seed: int = 7) -> Tuple[float, Tuple[int, int], int, int, int]:
-    cluster = Cluster(PARTITIONS, seed=seed, **OPTIONS)
-    cores = {f"p{i}": Core(COST) for i in range(4)}
+async def start_fleet(cluster: Cluster, cores: Dict[str, "Core"], balance_by: str) -> list:
+    """One processor per core, metered by it; started, and every partition owned."""
     cluster.handler = handler(cluster, cores)
     processors = [cluster.add(name, balance_by=balance_by, load_policy=POLICY, load_meter=core.utilization)
                   for name, core in cores.items()]
     for p in processors:
         await p.start()
     await cluster.wait_until(lambda: sum(len(p.owned_partitions) for p in processors) == PARTITIONS, timeout=30)
+    return processors
+
+
+async def scenario(balance_by: str, seed: int = 7) -> Tuple[float, Tuple[int, int], int, int, int]:
+    cluster = Cluster(PARTITIONS, seed=seed, **OPTIONS)
+    cores = {f"p{i}": Core(COST) for i in range(4)}
+    processors = await start_fleet(cluster, cores, balance_by)
     producer = asyncio.ensure_future(produce(cluster, 240))
     await asyncio.sleep(60)  # the hot partition's owner falls behind; load-aware moves its neighbours away
     # Then one processor is slowed down, one that does not own the hot partition (as in
@@ -177,12 +183,7 @@ async def busy_fleet(balance_by: str) -> Tuple[int, int]:
     cluster = Cluster(PARTITIONS, seed=3, **OPTIONS)
     cores = {f"p{i}": Core(BUSY_COST) for i in range(4)}
     cores["p3"].cost = 1.5 * BUSY_COST
-    cluster.handler = handler(cluster, cores)
-    processors = [cluster.add(name, balance_by=balance_by, load_policy=POLICY, load_meter=core.utilization)
-                  for name, core in cores.items()]
-    for p in processors:
-        await p.start()
-    await cluster.wait_until(lambda: sum(len(p.owned_partitions) for p in processors) == PARTITIONS, timeout=30)
+    processors = await start_fleet(cluster, cores, balance_by)
     producer = asyncio.ensure_future(produce(cluster, 150, hot_factor=1))
 
     def backlog() -> int:

@@ -483,6 +483,19 @@ def test_a_small_state_is_not_snapshotted_at_every_commit():
     assert restored.texts == {f"k{i}": str(25 + i) for i in range(5)}
 
 
+async def _commit_chunks_and_restore(store, chunks: int):
+    """Commit a state of ``chunks`` entry-sized values through ``store`` (epoch 1), then
+    restore it as the next owner (epoch 2) would."""
+    keeper = StateKeeper(StateLog(store, SCOPE, "0"), epoch=1)
+    for i in range(chunks):
+        keeper.state[f"big{i}"] = "x" * (MAX_ENTRY_BYTES - 20)
+    ref = await keeper.prepare(0)
+    keeper.committed(ref)
+    await keeper.close(wait=True)
+    return await StateKeeper(StateLog(store, SCOPE, "0"), epoch=2).restore(
+        Checkpoint("memory.local", "hub", "$default", "0", sequence_number=0, offset="0", state=ref))
+
+
 def test_a_state_of_many_store_entries_is_written_and_read_within_the_store_timeout():
     """Every store call has its own deadline (store_timeout). A large change or snapshot
     is many entry-sized chunks: sent all at once to a store that serves one request at a
@@ -493,14 +506,7 @@ def test_a_state_of_many_store_entries_is_written_and_read_within_the_store_time
         faulty = FaultyStore(InMemoryCheckpointStore(clock=virtual_utc_clock()))
         faulty.service = {"create_entry": 0.05, "read_entry": 0.05}  # one worker, 50 ms per chunk
         store = BoundedStore(faulty, timeout=0.5, clock=SystemClock())
-        keeper = StateKeeper(StateLog(store, SCOPE, "0"), epoch=1)
-        for i in range(16):  # 16 chunks
-            keeper.state[f"big{i}"] = "x" * (MAX_ENTRY_BYTES - 20)
-        ref = await keeper.prepare(0)
-        keeper.committed(ref)
-        await keeper.close(wait=True)
-        restored = await StateKeeper(StateLog(store, SCOPE, "0"), epoch=2).restore(
-            Checkpoint("memory.local", "hub", "$default", "0", sequence_number=0, offset="0", state=ref))
+        restored = await _commit_chunks_and_restore(store, 16)
         return restored, store.timeouts
 
     restored, timeouts = run_virtual(scenario())
@@ -542,14 +548,7 @@ def test_a_large_first_commit_and_its_restore_get_time_for_their_bytes():
     async def scenario():
         link = SlowLink(InMemoryCheckpointStore(clock=virtual_utc_clock()), rate=10 * 1024 * 1024)
         store = BoundedStore(link, timeout=0.5, clock=SystemClock())
-        keeper = StateKeeper(StateLog(store, SCOPE, "0"), epoch=1)
-        for i in range(16):
-            keeper.state[f"big{i}"] = "x" * (MAX_ENTRY_BYTES - 20)
-        ref = await keeper.prepare(0)
-        keeper.committed(ref)
-        await keeper.close(wait=True)
-        restored = await StateKeeper(StateLog(store, SCOPE, "0"), epoch=2).restore(
-            Checkpoint("memory.local", "hub", "$default", "0", sequence_number=0, offset="0", state=ref))
+        restored = await _commit_chunks_and_restore(store, 16)
         return restored, store.timeouts, store.bytes_in_flight
 
     restored, timeouts, in_flight = run_virtual(scenario())

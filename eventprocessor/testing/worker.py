@@ -196,7 +196,8 @@ class _CpuCost:
     def __init__(self, args: argparse.Namespace) -> None:
         self.per_event = args.cpu_per_event
         self.factor = args.slow_factor
-        self._executor: Optional[concurrent.futures.ThreadPoolExecutor] = None
+        # Starts its thread at the first use only.
+        self._thread = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="cpu-cost")
 
     def slow_down(self) -> None:
         self.per_event *= self.factor
@@ -220,12 +221,6 @@ class _CpuCost:
         if self.per_event <= 0 or events <= 0:
             return
         await asyncio.get_running_loop().run_in_executor(self._thread, self.spend, events)
-
-    @property
-    def _thread(self) -> "concurrent.futures.ThreadPoolExecutor":
-        if self._executor is None:
-            self._executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="cpu-cost")
-        return self._executor
 
 
 class _Cadence:
