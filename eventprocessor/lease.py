@@ -233,7 +233,7 @@ def _judge_against_store(lease: LeaseView, snapshot: Snapshot, owner_id: str) ->
 
 
 def reconcile(leases: Iterable[LeaseView], *, now: float, owner_id: str, snapshot: Optional[Snapshot] = None,
-              expiration: float = float("inf"), handoff: bool = True) -> Reconciliation:
+              expiration: float = float("inf"), handoffs: Optional[int] = None) -> Reconciliation:
     """Compare the local leases with the clock and (optionally) a store snapshot.
 
     Pure: no I/O, no clock reads, no randomness. Rules, in order, for a lease that is
@@ -245,7 +245,9 @@ def reconcile(leases: Iterable[LeaseView], *, now: float, owner_id: str, snapsho
     3. if the snapshot was sent after the lease's last write was answered: the record is
        gone or its epoch went down → ``RELEASING`` (store lost); another owner or a higher
        epoch → ``RELEASING`` (lost); a handoff request while ``OWNED`` → ``HANDING_OFF``
-       (when ``handoff``), writing the record over to the requester once the pump is gone.
+       (at most ``handoffs`` of them, None: all; the others keep their requests, taking the
+       record's etag, and are judged again by a later snapshot), writing the record over
+       to the requester once the pump is gone.
 
     Before those: a lease whose pump or checkpoint learned that the partition is lost →
     ``RELEASING`` (lost); a ``HANDING_OFF`` lease whose pump is gone → ``RELEASING``,
@@ -284,8 +286,11 @@ def reconcile(leases: Iterable[LeaseView], *, now: float, owner_id: str, snapsho
         if snapshot is None or lease.confirmed_at > snapshot.sent_at:
             continue  # the listing may predate our last write: it cannot judge this lease
         verdict = _judge_against_store(lease, snapshot, owner_id)
-        if verdict is not None and verdict.to is LeaseState.HANDING_OFF and not handoff:
-            verdict = None
+        if verdict is not None and verdict.to is LeaseState.HANDING_OFF:
+            if handoffs is not None and handoffs <= 0:
+                verdict = None  # paced: the request waits for a later snapshot
+            elif handoffs is not None:
+                handoffs -= 1
         if verdict is not None:
             transitions.append(verdict)
             if verdict.end is LeaseEnd.STORE_LOST:

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import logging
 from dataclasses import replace
-from typing import TYPE_CHECKING, Callable, Dict, FrozenSet, Iterable, Iterator, List, Mapping, Optional, Set
+from typing import TYPE_CHECKING, Callable, Dict, FrozenSet, Iterable, Iterator, List, Mapping, Optional, Set, \
+    Tuple
 
 from .lease import Lease, LeaseEnd, LeaseState, Reconciliation, Snapshot, reconcile
 from .options import Timing
@@ -62,8 +63,12 @@ class LeaseTable:
 
     def __init__(self, *, owner_id: str, eventhub_name: str, consumer_group: str, describe: str, clock: "Clock",
                  timing: Timing, stats: ProcessorStats, telemetry: Telemetry,
-                 on_released: Callable[[List[Lease]], None], on_refreshed: Callable[[], None]) -> None:
+                 on_released: Callable[[List[Lease]], None], on_refreshed: Callable[[], None],
+                 handoff_pace: Optional[Tuple[int, float]] = None) -> None:
         self._owner_id = owner_id
+        self._handoff_pace = handoff_pace
+        self._handed_over_at: List[float] = []  # local times handoff records were written (paced tables only)
+        self._handoffs_unwritten = 0  # handoffs whose pump is gone and whose record is being written
         self._eventhub_name = eventhub_name
         self._consumer_group = consumer_group
         self._describe = describe
@@ -196,13 +201,38 @@ class LeaseTable:
                 lease.release_to = None
 
     # ----------------------------------------------------------------- reconciling
+    def handoffs_allowed(self, now: float) -> Optional[int]:
+        """How many handoff requests may be answered now: None (any) unless the table is
+        paced (``handoff_pace=(count, seconds)``, balancing by load), then ``count`` less
+        the handoffs under way and those that ended within the last ``seconds``. Every
+        planner in a group ticks on its own, so two of them can each ask a busy processor
+        for a partition within one interval; the pace keeps it to ``count`` (a request
+        over it waits in the record, counted by every plan on its requester, and is
+        answered a little later)."""
+        if self._handoff_pace is None:
+            return None
+        count, seconds = self._handoff_pace
+        self._handed_over_at = [t for t in self._handed_over_at if t > now - seconds]
+        under_way = self._handoffs_unwritten + sum(
+            1 for lease in self._leases.values() if lease.end is LeaseEnd.HANDOFF and lease.release_to
+            and lease.state in (LeaseState.HANDING_OFF, LeaseState.RELEASING))
+        return max(0, count - under_way - len(self._handed_over_at))
+
+    def handoff_written(self) -> None:
+        """A handoff's record write has ended (written, or failed and left to expire): the
+        pace counts it from now."""
+        if self._handoff_pace is not None and self._handoffs_unwritten > 0:
+            self._handoffs_unwritten -= 1
+            self._handed_over_at.append(self._clock.monotonic())
+
     def reconcile(self, snapshot: Optional[Snapshot] = None) -> Reconciliation:
         """Run the pure :func:`reconcile` over the table and carry out what it says."""
         result = Reconciliation()
         for _round in range(3):  # a pump found gone can end its lease in the same call
             now = self._clock.monotonic()
             result = reconcile([lease.view() for lease in self._leases.values()], now=now, owner_id=self._owner_id,
-                               snapshot=snapshot, expiration=self._timing.expiration)
+                               snapshot=snapshot, expiration=self._timing.expiration,
+                               handoffs=self.handoffs_allowed(now))
             for record in result.refresh:
                 self._refresh(record)
             released = []
@@ -211,6 +241,8 @@ class LeaseTable:
                 if lease is None:
                     continue
                 if transition.to is LeaseState.RELEASED:
+                    if self._handoff_pace is not None and lease.end is LeaseEnd.HANDOFF and lease.release_to:
+                        self._handoffs_unwritten += 1  # until the releaser has written it
                     lease.move(LeaseState.RELEASED)
                     released.append(lease)
                 elif transition.to is LeaseState.HANDING_OFF:

@@ -18,7 +18,7 @@ import logging
 from dataclasses import replace
 from typing import List, Set
 
-from .lease import Lease, LeaseState
+from .lease import Lease, LeaseEnd, LeaseState
 from .lease_table import LeaseTable, sorted_ids
 from .options import ProcessorOptions
 from .records import Ownership
@@ -58,13 +58,22 @@ class Releaser:
 
     async def write(self, leases: List[Lease]) -> None:
         records = []
+        handoffs = 0
         for lease in leases:
             if lease.release_to is None:
                 continue
             handing_over = bool(lease.release_to)
+            handoffs += handing_over and lease.end is LeaseEnd.HANDOFF
             records.append(replace(lease.record, owner_id=lease.release_to, requested_by="",
                                    epoch=lease.record.epoch + (1 if handing_over else 0)))
             lease.release_to = None  # written once
+        try:
+            await self._write(records)
+        finally:
+            for _ in range(handoffs):
+                self._table.handoff_written()  # the handoff pace counts from here
+
+    async def _write(self, records: List[Ownership]) -> None:
         if not records:
             return
         written = await self._writer.write(records)

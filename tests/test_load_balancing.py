@@ -78,6 +78,9 @@ def handler(cluster: Cluster, cores: Dict[str, Core]) -> type:
             except OwnershipLostError:
                 pass
 
+        async def close(self, reason, context):
+            cluster.ledger.record_close(context, reason, asyncio.get_running_loop().time())
+
     return Working
 
 
@@ -108,10 +111,14 @@ async def start_fleet(cluster: Cluster, cores: Dict[str, "Core"], balance_by: st
     return processors
 
 
-async def scenario(balance_by: str, seed: int = 7) -> Tuple[float, Tuple[int, int], int, int, int]:
+async def scenario(balance_by: str, seed: int = 7) -> Tuple[float, Tuple[int, int], int, int, int, int]:
+    """(max/mean utilisation over the last minute, the backlog 20 s before and at the end,
+    handoffs, duplicates, events produced, the most partitions that left one processor
+    within one load-balancing interval once every partition was owned)."""
     cluster = Cluster(PARTITIONS, seed=seed, **OPTIONS)
     cores = {f"p{i}": Core(COST) for i in range(4)}
     processors = await start_fleet(cluster, cores, balance_by)
+    settled = asyncio.get_running_loop().time()
     producer = asyncio.ensure_future(produce(cluster, 240))
     await asyncio.sleep(60)  # the hot partition's owner falls behind; load-aware moves its neighbours away
     # Then one processor is slowed down, one that does not own the hot partition (as in
@@ -135,11 +142,13 @@ async def scenario(balance_by: str, seed: int = 7) -> Tuple[float, Tuple[int, in
     for p in processors:
         await p.stop()
     duplicates = cluster.ledger.duplicates()
-    return max(measured) / (sum(measured) / len(measured)), (early, late), moves, duplicates, len(cluster.produced)
+    burst = cluster.ledger.most_handed_over_by_one(OPTIONS["load_balancing_interval"], since=settled)
+    return (max(measured) / (sum(measured) / len(measured)), (early, late), moves, duplicates, len(cluster.produced),
+            burst)
 
 
 def assert_load_aware_balanced(ratio: float, backlog: Tuple[int, int], moves: int, duplicates: int,
-                               produced: int) -> None:
+                               produced: int, burst: int) -> None:
     # Within the threshold of the mean, and the backlog does not grow (what is left is the
     # queue of a busy fleet: about two seconds of events).
     assert ratio <= 1 + POLICY.threshold, ratio
@@ -149,17 +158,23 @@ def assert_load_aware_balanced(ratio: float, backlog: Tuple[int, int], moves: in
     # stays for the cool-down; 4 processors over 240 s of 1-s rounds bound the moves far
     # below what happened.
     assert 0 < moves <= 24, moves
+    # ... and fleet-wide: every processor plans on its own tick, so without a rule for
+    # it two takers could each ask the same busy processor within one interval (recorded
+    # by benchmarks.load: 2 moves out of one process in one interval while a handoff was
+    # under way). Timed by the handlers: the close that ends a partition's handler on
+    # its old owner (a new owner's first batch also waits for its next listing).
+    assert burst <= POLICY.max_moves, burst
 
 
 @pytest.mark.slow
 def test_load_aware_balancing_ends_near_the_mean_and_drains_the_lag_where_count_based_does_not():
-    count_ratio, count_backlog, _count_moves, count_duplicates, produced = run_virtual(scenario("count"))
-    load_ratio, load_backlog, load_moves, load_duplicates, load_produced = run_virtual(scenario("load"))
+    count_ratio, count_backlog, _count_moves, count_duplicates, produced, _burst = run_virtual(scenario("count"))
+    load_ratio, load_backlog, load_moves, load_duplicates, load_produced, load_burst = run_virtual(scenario("load"))
     # Count-based: the hot partition's owner is saturated, its backlog keeps growing.
     assert count_ratio > 1 + POLICY.threshold, count_ratio
     assert count_backlog[1] > count_backlog[0] + 100, count_backlog
     assert count_duplicates == 0
-    assert_load_aware_balanced(load_ratio, load_backlog, load_moves, load_duplicates, load_produced)
+    assert_load_aware_balanced(load_ratio, load_backlog, load_moves, load_duplicates, load_produced, load_burst)
     assert count_backlog[1] > 3 * load_backlog[1]
 
 

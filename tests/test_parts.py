@@ -9,7 +9,7 @@ import asyncio
 import logging
 import random
 from dataclasses import replace
-from datetime import timedelta
+from datetime import datetime, timedelta, timezone
 from types import SimpleNamespace
 from typing import List
 
@@ -19,7 +19,7 @@ from eventprocessor import EventPosition
 from eventprocessor.assembly import assemble
 from eventprocessor.dispatcher import Dispatcher
 from eventprocessor.errors import CheckpointStoreError, ConfigurationError
-from eventprocessor.lease import LeaseEnd, LeaseState
+from eventprocessor.lease import LeaseEnd, LeaseState, Snapshot
 from eventprocessor.lease_table import LeaseTable
 from eventprocessor.load_plan import LOAD_PROPERTY, decode_load
 from eventprocessor.membership import Membership
@@ -55,12 +55,12 @@ def record(pid: str, owner: str = "me", epoch: int = 1, etag=None) -> Ownership:
     return Ownership(*SCOPE, pid, owner, epoch=epoch, etag=etag)
 
 
-def table(released: List = None) -> LeaseTable:
+def table(released: List = None, **kwargs) -> LeaseTable:
     return LeaseTable(owner_id="me", eventhub_name="hub", consumer_group="$default", describe="me", clock=LoopClock(),
                       timing=TIMING, stats=ProcessorStats(), telemetry=Telemetry(eventhub_name="hub",
                       consumer_group="$default", owner_id="me"),
                       on_released=(released.extend if released is not None else lambda leases: None),
-                      on_refreshed=lambda: None)
+                      on_refreshed=lambda: None, **kwargs)
 
 
 # ----------------------------------------------------------------------------- TaskScope
@@ -170,6 +170,86 @@ def test_a_lease_that_is_not_renewed_self_fences_at_its_deadline():
 
     lease = run_virtual(scenario())
     assert lease.state is LeaseState.RELEASING and lease.end is LeaseEnd.EXPIRED
+
+
+def test_a_paced_lease_table_answers_one_handoff_request_per_interval_after_the_last_one_was_written():
+    """Balancing by load, every planner ticks on its own, so two of them can ask one busy
+    processor for a partition within one interval (recorded by benchmarks.load: 2 moves
+    out of one process in one interval). Paced at (1, interval), the table answers one
+    request; the other keeps its request (and the record's etag) until one interval after
+    the first handoff's record was written."""
+    released: List = []
+
+    class Pump:
+        def __init__(self):
+            self.alive, self.reason = True, None
+
+        def stop(self, reason):
+            self.reason = reason
+
+    async def scenario():
+        loop = asyncio.get_running_loop()
+        leases = table(released, handoff_pace=(1, TIMING.interval))
+        pumps = {}
+        for pid in ("0", "1"):
+            lease = leases.claiming(record(pid, etag="e0"))
+            leases.confirm(lease, record(pid, etag="e0"), sent_at=loop.time(), answered_at=loop.time())
+            leases.started(lease, pumps.setdefault(pid, Pump()))
+        asked = {pid: replace(record(pid, etag="e1"), requested_by=f"taker-{pid}") for pid in ("0", "1")}
+
+        def snapshot():
+            return Snapshot(records=asked, server_time=datetime.now(timezone.utc), sent_at=loop.time())
+
+        await asyncio.sleep(0.1)
+        leases.reconcile(snapshot())
+        first = leases.states()
+        assert leases.handoffs_allowed(loop.time()) == 0
+        handing = next(pid for pid, state in first.items() if state is LeaseState.HANDING_OFF)
+        waiting = "1" if handing == "0" else "0"
+        assert leases.get(waiting).record.etag == "e1" and leases.get(waiting).record.requested_by  # kept
+        pumps[handing].alive = False
+        leases.reconcile(snapshot())  # the pump is gone: released, its record to be written
+        assert [l.partition_id for l in released] == [handing] and leases.handoffs_allowed(loop.time()) == 0
+        await asyncio.sleep(0.5)
+        leases.reconcile(snapshot())  # still being written: the other waits
+        second = leases.get(waiting).state
+        leases.handoff_written()
+        written_at = loop.time()
+        await asyncio.sleep(TIMING.interval * 0.9)
+        leases.reconcile(snapshot())
+        third = leases.get(waiting).state
+        await asyncio.sleep(TIMING.interval * 0.2)
+        leases.reconcile(snapshot())
+        return first, second, third, leases.get(waiting).state, loop.time() - written_at
+
+    first, second, third, last, after = run_virtual(scenario())
+    assert sorted(first.values(), key=str) == sorted([LeaseState.HANDING_OFF, LeaseState.OWNED], key=str)
+    assert second is LeaseState.OWNED and third is LeaseState.OWNED
+    assert last is LeaseState.HANDING_OFF and after >= TIMING.interval
+
+
+def test_an_unpaced_lease_table_answers_every_handoff_request_at_once():
+    async def scenario():
+        loop = asyncio.get_running_loop()
+        leases = table()
+        for pid in ("0", "1"):
+            lease = leases.claiming(record(pid, etag="e0"))
+            leases.confirm(lease, record(pid, etag="e0"), sent_at=loop.time(), answered_at=loop.time())
+
+            class Pump:
+                alive = True
+
+                def stop(self, reason):
+                    pass
+
+            leases.started(lease, Pump())
+        await asyncio.sleep(0.1)
+        asked = {pid: replace(record(pid, etag="e1"), requested_by="taker") for pid in ("0", "1")}
+        leases.reconcile(Snapshot(records=asked, server_time=datetime.now(timezone.utc), sent_at=loop.time()))
+        return leases.states(), leases.handoffs_allowed(loop.time())
+
+    states, allowed = run_virtual(scenario())
+    assert set(states.values()) == {LeaseState.HANDING_OFF} and allowed is None
 
 
 # ----------------------------------------------------------------------------- StoreHistory

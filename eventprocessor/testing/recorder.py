@@ -63,6 +63,23 @@ class DeliveryRecorder:
         return known[0]
     after_end: List[Delivery] = field(default_factory=list)
     """Batches whose delivery started when the claim could no longer dispatch."""
+    closed_at: List[Tuple[float, str, str, Any]] = field(default_factory=list)
+    """(time, partition, owner, reason) of every close a handler saw (:meth:`record_close`)."""
+
+    def record_close(self, context: Any, reason: Any, now: float) -> None:
+        """Note that ``context``'s handler was closed at ``now`` (in :attr:`closes` too)."""
+        self.closes.append((context.owner_id, context.partition_id, reason))
+        self.closed_at.append((now, context.partition_id, context.owner_id, reason))
+
+    def most_handed_over_by_one(self, window: float, since: float = float("-inf")) -> int:
+        """The most partitions one processor's handlers were closed for a handoff within
+        ``window`` seconds (closes from ``since`` on): the moment a partition left it."""
+        out: Dict[str, List[float]] = defaultdict(list)
+        for t, _pid, owner, reason in self.closed_at:
+            if t >= since and getattr(reason, "name", str(reason)) == "HANDOFF":
+                out[owner].append(t)
+        return max((sum(1 for u in times if t <= u < t + window) for times in out.values() for t in times),
+                   default=0)
 
     def record(self, context: Any, events: List[Any], now: float) -> Delivery:
         """Note one batch handed to ``context``'s claim at ``now``; returns its delivery
@@ -112,6 +129,30 @@ class DeliveryRecorder:
                         found.append((a, b, min(a_end, b_end) - b.started))
         return found
 
+    def moves(self) -> List[Tuple[float, str, str, str]]:
+        """(time, partition, from owner, to owner) for every change of the processor
+        delivering a partition, timed at the new owner's first batch."""
+        by_partition: Dict[str, List[Delivery]] = defaultdict(list)
+        for d in self.deliveries:
+            by_partition[d.partition_id].append(d)
+        found = []
+        for pid, batches in by_partition.items():
+            batches.sort(key=lambda d: d.started)
+            for a, b in zip(batches, batches[1:]):
+                if a.owner_id != b.owner_id:
+                    found.append((b.started, pid, a.owner_id, b.owner_id))
+        return sorted(found)
+
+    def most_moves_out_of_one(self, window: float, since: float = float("-inf")) -> int:
+        """The most partitions that left one processor within ``window`` seconds (moves
+        from ``since`` on), as :meth:`moves` times them."""
+        out: Dict[str, List[float]] = defaultdict(list)
+        for t, _pid, giver, _taker in self.moves():
+            if t >= since:
+                out[giver].append(t)
+        return max((sum(1 for u in times if t <= u < t + window) for times in out.values() for t in times),
+                   default=0)
+
 
 def recording_handler(ledger: DeliveryRecorder, *, work: float = 0.0, rng: Optional[random.Random] = None,
                       checkpoint: bool = True, checkpoint_every: int = 1, catch_ownership_lost: bool = True,
@@ -151,7 +192,7 @@ def recording_handler(ledger: DeliveryRecorder, *, work: float = 0.0, rng: Optio
             ledger.errors.append((context.owner_id, context.partition_id, error))
 
         async def close(self, reason, context):
-            ledger.closes.append((context.owner_id, context.partition_id, reason))
+            ledger.record_close(context, reason, asyncio.get_running_loop().time())
 
     Recorder.checkpoint_on_release = checkpoint_on_release
     return Recorder
