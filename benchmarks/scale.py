@@ -754,16 +754,22 @@ async def run_sizes(args: argparse.Namespace, connection_string: str, azurite_pi
             results.append(size)
             order = [impl for impl in (IMPLS if index % 2 == 0 else IMPLS[::-1]) if impl in args.impls]
             need = side_seconds(args, sizing, processors)
+            # A size runs whole or not at all: one side alone compares nothing (the first
+            # side skipped for want of time, the second then found the time left over).
+            whole_left = budget_end - time.monotonic()
             for position, impl in enumerate(order):
                 # The sides after this one keep what they need; this one may use the rest
                 # when its ticks overrun, and is cut there ("budget"), never at the cap.
                 reserved = need * (len(order) - position - 1)
                 left = budget_end - time.monotonic() - reserved
-                if need > left:
+                whole = need * len(order) > whole_left
+                if whole or need > left:
                     size.skipped[impl] = (
-                        f"sized at I = {sizing.interval:g} s, it could take {need / 60:.0f} min ({args.cap_ticks:g} "
-                        f"ticks to the cap, then {sizing.hold:.0f} s held so that every lease is renewed once) and "
-                        f"{max(left, 0) / 60:.0f} min of the {args.budget_minutes:g}-minute budget were left for it")
+                        f"sized at I = {sizing.interval:g} s, each side could take {need / 60:.0f} min "
+                        f"({args.cap_ticks:g} ticks to the cap, then {sizing.hold:.0f} s held so that every lease is "
+                        f"renewed once) and {max(whole_left if whole else left, 0) / 60:.0f} min of the "
+                        f"{args.budget_minutes:g}-minute budget were left for "
+                        + (f"its {len(order)} sides (a size runs whole or not at all)" if whole else "it"))
                     print(f"{partitions}x{processors} {impl}: not run: {size.skipped[impl]}", file=sys.stderr,
                           flush=True)
                     continue
