@@ -8,8 +8,8 @@ its own Event Hubs emulator and Azurite on loopback. Every processor is an OS pr
 ``EventHubConsumerClient.receive_batch`` + ``azure-eventhub-checkpointstoreblob-aio`` as
 documented, and *official, checkpoint on close* the same with a handler that also
 checkpoints a partition's last delivered event in ``on_partition_close`` (as a careful
-user would). All get the same intervals, batch size, prefetch, checkpoint cadence and
-handler time. The parent produces a steady stream with
+user would). All get the same intervals, batch size, checkpoint cadence and
+handler time, and each its own best prefetch (``PREFETCH``). The parent produces a steady stream with
 the official producer the whole time (``BATCH`` events to every partition every
 ``PERIOD`` seconds) and, per scenario:
 
@@ -44,7 +44,10 @@ from typing import Dict, List, Optional
 from eventprocessor.testing.processes import (BATCH, CHECKPOINT_EVERY, CLAIM_BOUND, EXPIRY, INTERVAL, PERIOD,
                                               SCENARIOS, TAKEOVER_BOUND, WORK, Group, Outcome)
 
+from eventprocessor_cli.user_errors import CommandError
+
 from . import program, services
+from .machine_load import LoadReading, LoadWindow, busy_flag
 from .results import machine_line
 
 __all__ = ["main", "render"]
@@ -54,10 +57,18 @@ IMPLS = ("ours", "official", "official-close")
 whose handler also checkpoints in ``on_partition_close`` (as a careful user would)."""
 
 
-def _group(impl: str, **kwargs: object) -> Group:
+PREFETCH = {"ours": 3000, "official": 3000}
+"""Each side's prefetch: the value the e2e benchmark's sweep (100/300/1000/3000) chose for
+it in its recorded run (``python -m benchmarks.e2e --record``); ``--prefetch-ours`` and
+``--prefetch-official`` change them."""
+
+
+def _group(impl: str, prefetch: Dict[str, int], **kwargs: object) -> Group:
+    side = "ours" if impl == "ours" else "official"
+    options = ["--prefetch", str(prefetch[side])]  # after the group's own options: the last one counts
     if impl == "official-close":
-        return Group(impl="official", checkpoint_on_close=True, **kwargs)  # type: ignore[arg-type]
-    return Group(impl=impl, **kwargs)  # type: ignore[arg-type]
+        return Group(impl="official", checkpoint_on_close=True, worker_options=options, **kwargs)  # type: ignore[arg-type]
+    return Group(impl=impl, worker_options=options, **kwargs)  # type: ignore[arg-type]
 
 
 # ---------------------------------------------------------------------------- the benchmark
@@ -72,7 +83,8 @@ def _median(values: List[float]) -> float:
 
 
 def render(outcomes: List[Outcome], rounds: int, command: str, seconds: float,
-           load: Optional[List[float]] = None) -> str:
+           load: Optional[List[float]] = None, prefetch: Optional[Dict[str, int]] = None,
+           reading: Optional[LoadReading] = None) -> str:
     by = {(o.scenario, o.impl): [x for x in outcomes if (x.scenario, x.impl) == (o.scenario, o.impl)]
           for o in outcomes}
     lines = [
@@ -80,8 +92,10 @@ def render(outcomes: List[Outcome], rounds: int, command: str, seconds: float,
         "",
         f"Command: `{command}` ({seconds:.0f} s). {machine_line()}"
         + (f" Machine load (1-minute average) {load[0]:.1f} before, {load[1]:.1f} after: other work on the machine "
-           "lengthens pauses and takeovers." if load else ""),
+           "lengthens pauses and takeovers." if load else "")
+        + (f" Over the whole run: {reading.describe()}." if reading is not None else ""),
         "",
+        *busy_flag([reading] if reading is not None else [], "these figures"),
         f"One Event Hubs emulator and one Azurite on 127.0.0.1, started by the benchmark; every processor is an OS "
         f"process (`python -m eventprocessor.testing.worker`). *ours*: `EventProcessor` + `EventHubSource` + "
         f"our `BlobCheckpointStore`. *official*: `EventHubConsumerClient.receive_batch` + "
@@ -89,8 +103,11 @@ def render(outcomes: List[Outcome], rounds: int, command: str, seconds: float,
         f"on close*: the same, and its `on_partition_close` checkpoints the partition's last delivered event (what a "
         f"careful user of the official client would add; this SDK does it on release by itself). All: GREEDY, "
         f"load-balancing interval {INTERVAL:g} s, ownership "
-        f"expiration {EXPIRY:g} s, batch 100, prefetch 300, a checkpoint every {CHECKPOINT_EVERY} batches, "
-        f"{WORK * 1000:.0f} ms in the handler per batch. The producer sends {BATCH} events to every partition every "
+        f"expiration {EXPIRY:g} s, batch 100, a checkpoint every {CHECKPOINT_EVERY} batches, "
+        f"{WORK * 1000:.0f} ms in the handler per batch; prefetch "
+        + ", ".join(f"{side} {n}" for side, n in sorted((prefetch or PREFETCH).items()))
+        + f" (each side at the prefetch the e2e benchmark's sweep chose for it). The producer sends {BATCH} events "
+        f"to every partition every "
         f"{PERIOD:g} s. A graceful stop is SIGTERM, a crash SIGKILL. Duplicates and losses are counted from what the "
         f"handlers received (a line per batch, printed before its checkpoint). A *pause* runs from the last batch "
         f"one process delivered of a partition to the first batch the next process delivered of it. {rounds} "
@@ -159,7 +176,7 @@ async def _measure(args: argparse.Namespace, hub_conn: str, storage_conn: str, l
         for name in args.scenarios:
             partitions, scenario = SCENARIOS[name]
             for impl in (impls if r % 2 == 0 else impls[::-1]):
-                group = _group(impl, hub=f"moves-{name}-{impl}-{r}", partitions=partitions,
+                group = _group(impl, args.prefetch, hub=f"moves-{name}-{impl}-{r}", partitions=partitions,
                                hub_connection_string=hub_conn, storage_connection_string=storage_conn,
                                log_dir=log_dir)
                 try:
@@ -184,6 +201,10 @@ def main(argv: Optional[List[str]] = None, prog: Optional[str] = None) -> int:
     parser.add_argument("--ours-only", action="store_true", help="skip the official processor (never recorded)")
     parser.add_argument("--impls", nargs="+", choices=IMPLS, default=list(IMPLS),
                         help="the sides to run (default: all; a subset is never recorded)")
+    parser.add_argument("--prefetch-ours", type=int, default=PREFETCH["ours"],
+                        help="this SDK's prefetch (default: %(default)s, what the e2e sweep chose for it)")
+    parser.add_argument("--prefetch-official", type=int, default=PREFETCH["official"],
+                        help="the official client's prefetch (default: %(default)s, what the e2e sweep chose for it)")
     parser.add_argument("--log-dir", help="keep every worker's log and each scenario's timeline of batches here "
                                           "(default: a temporary directory, removed)")
 
@@ -196,15 +217,19 @@ def main(argv: Optional[List[str]] = None, prog: Optional[str] = None) -> int:
 
 
 def _run(args: argparse.Namespace, command: str) -> int:
+    if args.prefetch_ours < 1 or args.prefetch_official < 1:
+        raise CommandError("--prefetch-ours and --prefetch-official take a positive number of events")
+    args.prefetch = {"ours": args.prefetch_ours, "official": args.prefetch_official}
     started = time.monotonic()
     load_before = os.getloadavg()[0]
+    window = LoadWindow()
     outcomes = services.with_azurite_and_emulator(
         "moves", args.log_dir, lambda path: _config(path, args.rounds),
         lambda hub_conn, storage_conn, log_dir: asyncio.run(_measure(args, hub_conn, storage_conn, log_dir)))
     if outcomes is None:
         return 2
     program.report("moves", render(outcomes, args.rounds, command, time.monotonic() - started,
-                                   [load_before, os.getloadavg()[0]]), args.record)
+                                   [load_before, os.getloadavg()[0]], args.prefetch, window.reading()), args.record)
     return 0
 
 
