@@ -149,8 +149,11 @@ def render(outcomes: list[LoadOutcome], rounds: int, command: str, seconds: floa
     row("moves back within the cool-down (oscillation)", lambda runs: _ints([o.quick_returns for o in runs]))
     row(f"partitions moved again within the cool-down ({policy.cooldown:g} s; by load: 0 allowed)",
         lambda runs: _ints([o.moved_within_cooldown for o in runs]))
-    row(f"most moves out of one process within one interval ({skew.interval:g} s; by load: {policy.max_moves} "
-        f"allowed)", lambda runs: _ints([o.burst for o in runs]))
+    row(f"most partitions handed over by one process within one interval ({skew.interval:g} s; as the process "
+        f"logged it; by load: {policy.max_moves} allowed)",
+        lambda runs: "n/a" if runs[0].burst_handed is None else _ints([o.burst_handed for o in runs]))
+    row(f"most moves out of one process within one interval ({skew.interval:g} s), timed at the new owner's first "
+        f"batch", lambda runs: _ints([o.burst for o in runs]))
     row("drained after the producer stopped, s",
         lambda runs: ", ".join("no" if o.drained_after is None else f"{o.drained_after:.0f}" for o in runs))
     row("duplicates", lambda runs: _ints([o.duplicates for o in runs]))

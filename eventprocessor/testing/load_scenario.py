@@ -180,7 +180,8 @@ class LoadOutcome:
     moves: int = 0
     quick_returns: int = 0  # moves of a partition back to a process it left within the cool-down
     moved_within_cooldown: int = 0  # moves of a partition that had moved less than the cool-down before
-    burst: int = 0  # most moves out of one process within one load-balancing interval
+    burst: int = 0  # most moves out of one process within one load-balancing interval, at the new owner's first batch
+    burst_handed: int | None = None  # ours: most handoffs one process logged within one interval (None: official)
     checkpoint_timeouts: int = 0  # ours: checkpoints that timed out (left to the next one, not redelivered)
     changes: dict[str, int] = field(default_factory=dict)  # ours: ownership changes by reason
     slowed: str = ""
@@ -495,6 +496,13 @@ async def run_skewed(group: LoadGroup) -> LoadOutcome:
     for giver in {a for _t, _p, a, _b in moves}:
         times = [t for t, _p, a, _b in moves if a == giver]
         outcome.burst = max(outcome.burst, max(sum(1 for u in times if t <= u < t + skew.interval) for t in times))
+    if group.side != "official":
+        # When a partition left its owner, as the owner logged it (its handoff's pump
+        # finished): a new owner's first batch also waits for its next listing.
+        handed = [[t for (t, _p, reason, _e) in w.changes if reason == "handed_off" and t >= origin]
+                  for w in group.workers]
+        outcome.burst_handed = max((sum(1 for u in times if t <= u < t + skew.interval)
+                                    for times in handed for t in times), default=0)
     outcome.changes = {}
     for worker in group.workers:
         for (t, _p, reason, _e) in worker.changes:
