@@ -143,10 +143,10 @@ def test_no_test_imports_the_benchmarks():
     assert set(wrong) <= IMPORTS_BENCHMARKS_STILL, sorted(set(wrong) - IMPORTS_BENCHMARKS_STILL)
 
 
-def test_tests_and_benchmarks_import_no_private_name_of_the_sdk():
+def test_tests_benchmarks_and_samples_import_no_private_name_of_the_sdk():
     wrong = {}
-    for folder in ("tests", "benchmarks"):
-        for path in sorted((ROOT / folder).glob("*.py")):
+    for folder in ("tests", "benchmarks", "samples"):
+        for path in sorted((ROOT / folder).rglob("*.py")):
             names = {name for name in _imports(path) if name.split(".")[0] in SDK
                      and any(part.startswith("_") and part != "__init__" for part in name.split("."))}
             names = {name for name in names if not any(name.startswith(allowed) for allowed in
@@ -158,8 +158,10 @@ def test_tests_and_benchmarks_import_no_private_name_of_the_sdk():
 
 # Nor do they touch a private attribute of an SDK object: ``x._name`` where ``x`` is a
 # name imported from the SDK, or a name bound (in the same function or an enclosing one)
-# to what calling one of those returns (``source = EventHubSource.from_connection_string(...)``),
-# and so on (``receiver = await source.open_receiver(...)``).
+# to what calling one of those returns (``source = EventHubSource.from_connection_string(...)``,
+# ``a, b = make_pair(...)`` binding both), and so on (``receiver = await source.open_receiver(...)``),
+# or a parameter annotated with an SDK name (``def check(processor: EventProcessor)``,
+# ``Optional[EventProcessor]`` too).
 # Names bound any other way are not followed, so another library's internals are never
 # flagged; an SDK object reached another way can be missed. Each entry below is a known
 # exception, with who is to remove it.
@@ -205,6 +207,28 @@ def _made_by(value: ast.AST, sdk: Set[str]) -> bool:
     return isinstance(func, ast.Name) and func.id in sdk
 
 
+def _target_names(target: ast.AST) -> Set[str]:
+    """The names an assignment target binds: ``x``, ``x, y``, ``(x, [y, *z])``."""
+    if isinstance(target, ast.Name):
+        return {target.id}
+    if isinstance(target, ast.Starred):
+        return _target_names(target.value)
+    if isinstance(target, (ast.Tuple, ast.List)):
+        return set().union(*(_target_names(element) for element in target.elts))
+    return set()
+
+
+def _sdk_parameters(scope: ast.AST, sdk: Set[str]) -> Set[str]:
+    """Parameters of a function annotated with an SDK name (anywhere in the annotation)."""
+    if not isinstance(scope, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        return set()
+    arguments = scope.args
+    every = [*arguments.posonlyargs, *arguments.args, *arguments.kwonlyargs,
+             *filter(None, [arguments.vararg, arguments.kwarg])]
+    return {argument.arg for argument in every if argument.annotation is not None and any(
+        isinstance(node, ast.Name) and node.id in sdk for node in ast.walk(argument.annotation))}
+
+
 def _private_attributes_of_sdk_objects(path: Path) -> List[Tuple[int, str]]:
     tree = ast.parse(path.read_text(), filename=str(path))
     sdk = _sdk_names(tree)
@@ -212,11 +236,11 @@ def _private_attributes_of_sdk_objects(path: Path) -> List[Tuple[int, str]]:
 
     def visit(scope: ast.AST, outer: Set[str]) -> None:
         nodes = list(_in_scope(scope))
-        bound = set(outer)
+        bound = set(outer) | _sdk_parameters(scope, sdk)
         for node in nodes:
             if isinstance(node, (ast.Assign, ast.AnnAssign)) and node.value is not None:
                 targets = node.targets if isinstance(node, ast.Assign) else [node.target]
-                names = {target.id for target in targets if isinstance(target, ast.Name)}
+                names = set().union(*(_target_names(target) for target in targets))
                 bound = bound | names if _made_by(node.value, sdk | bound) else bound - names
             elif isinstance(node, ast.withitem) and isinstance(node.optional_vars, ast.Name) \
                     and _made_by(node.context_expr, sdk | bound):
@@ -245,15 +269,22 @@ def test_the_private_attribute_check_sees_reads_and_writes_and_leaves_other_libr
         "        receiver._handler.do_work_async = None\n"
         "        return EventHubSource._new_client\n"
         "    client = source.clients['a']\n"
-        "    return client._consumer_group, EventData._from_message, source._client_kwargs, self._own\n")
-    assert _private_attributes_of_sdk_objects(sample) == [
-        (11, "source._client_kwargs"), (6, "source._lean"), (8, "receiver._handler"), (9, "EventHubSource._new_client")]
+        "    return client._consumer_group, EventData._from_message, source._client_kwargs, self._own\n"
+        "def check(processor: Optional[EventProcessor], other: int, data: EventData):\n"
+        "    pair, (single, *rest) = EventHubSource.split()\n"
+        "    return processor._taker, other._x, data._raw, pair._a, single._b, rest._c\n")
+    sample.write_text(sample.read_text().replace(
+        "from eventprocessor.sources.eventhub import EventHubSource\n",
+        "from eventprocessor.sources.eventhub import EventHubSource\nfrom eventprocessor import EventProcessor\n"))
+    assert sorted(_private_attributes_of_sdk_objects(sample)) == sorted([
+        (12, "source._client_kwargs"), (7, "source._lean"), (9, "receiver._handler"), (10, "EventHubSource._new_client"),
+        (15, "processor._taker"), (15, "pair._a"), (15, "single._b"), (15, "rest._c")])
 
 
-def test_tests_and_benchmarks_touch_no_private_attribute_of_an_sdk_object():
+def test_tests_benchmarks_and_samples_touch_no_private_attribute_of_an_sdk_object():
     wrong = {}
-    for folder in ("tests", "benchmarks"):
-        for path in sorted((ROOT / folder).glob("*.py")):
+    for folder in ("tests", "benchmarks", "samples"):
+        for path in sorted((ROOT / folder).rglob("*.py")):
             name = str(path.relative_to(ROOT))
             touched = {what for _line, what in _private_attributes_of_sdk_objects(path)}
             if touched - PRIVATE_ATTRIBUTES_STILL.get(name, set()):
