@@ -757,12 +757,12 @@ async def run_sizes(args: argparse.Namespace, connection_string: str, azurite_pi
             # A size runs whole or not at all: one side alone compares nothing (the first
             # side skipped for want of time, the second then found the time left over).
             whole_left = budget_end - time.monotonic()
+            whole = need * len(order) > whole_left
             for position, impl in enumerate(order):
                 # The sides after this one keep what they need; this one may use the rest
                 # when its ticks overrun, and is cut there ("budget"), never at the cap.
                 reserved = need * (len(order) - position - 1)
                 left = budget_end - time.monotonic() - reserved
-                whole = need * len(order) > whole_left
                 if whole or need > left:
                     size.skipped[impl] = (
                         f"sized at I = {sizing.interval:g} s, each side could take {need / 60:.0f} min "

@@ -207,8 +207,7 @@ class LeaseTable:
         the handoffs under way and those that ended within the last ``seconds``. Every
         planner in a group ticks on its own, so two of them can each ask a busy processor
         for a partition within one interval; the pace keeps it to ``count`` (a request
-        over it waits in the record, counted by every plan on its requester, and is
-        answered a little later)."""
+        over it waits in the record and is answered a little later)."""
         if self._handoff_pace is None:
             return None
         count, seconds = self._handoff_pace

@@ -172,6 +172,29 @@ def test_a_lease_that_is_not_renewed_self_fences_at_its_deadline():
     assert lease.state is LeaseState.RELEASING and lease.end is LeaseEnd.EXPIRED
 
 
+class _Pump:
+    """What the table needs of a pump."""
+
+    def __init__(self):
+        self.alive, self.reason = True, None
+
+    def stop(self, reason):
+        self.reason = reason
+
+
+def _owning_with_requests(leases: LeaseTable, pids) -> tuple:
+    """Leases of ``pids`` confirmed and pumping now, their pumps, and a function that
+    lists their records each with a handoff request (a newer etag)."""
+    loop = asyncio.get_running_loop()
+    pumps = {}
+    for pid in pids:
+        lease = leases.claiming(record(pid, etag="e0"))
+        leases.confirm(lease, record(pid, etag="e0"), sent_at=loop.time(), answered_at=loop.time())
+        leases.started(lease, pumps.setdefault(pid, _Pump()))
+    asked = {pid: replace(record(pid, etag="e1"), requested_by=f"taker-{pid}") for pid in pids}
+    return pumps, lambda: Snapshot(records=asked, server_time=datetime.now(timezone.utc), sent_at=loop.time())
+
+
 def test_a_paced_lease_table_answers_one_handoff_request_per_interval_after_the_last_one_was_written():
     """Balancing by load, every planner ticks on its own, so two of them can ask one busy
     processor for a partition within one interval (recorded by benchmarks.load: 2 moves
@@ -180,26 +203,10 @@ def test_a_paced_lease_table_answers_one_handoff_request_per_interval_after_the_
     the first handoff's record was written."""
     released: List = []
 
-    class Pump:
-        def __init__(self):
-            self.alive, self.reason = True, None
-
-        def stop(self, reason):
-            self.reason = reason
-
     async def scenario():
         loop = asyncio.get_running_loop()
         leases = table(released, handoff_pace=(1, TIMING.interval))
-        pumps = {}
-        for pid in ("0", "1"):
-            lease = leases.claiming(record(pid, etag="e0"))
-            leases.confirm(lease, record(pid, etag="e0"), sent_at=loop.time(), answered_at=loop.time())
-            leases.started(lease, pumps.setdefault(pid, Pump()))
-        asked = {pid: replace(record(pid, etag="e1"), requested_by=f"taker-{pid}") for pid in ("0", "1")}
-
-        def snapshot():
-            return Snapshot(records=asked, server_time=datetime.now(timezone.utc), sent_at=loop.time())
-
+        pumps, snapshot = _owning_with_requests(leases, ("0", "1"))
         await asyncio.sleep(0.1)
         leases.reconcile(snapshot())
         first = leases.states()
@@ -230,23 +237,11 @@ def test_a_paced_lease_table_answers_one_handoff_request_per_interval_after_the_
 
 def test_an_unpaced_lease_table_answers_every_handoff_request_at_once():
     async def scenario():
-        loop = asyncio.get_running_loop()
         leases = table()
-        for pid in ("0", "1"):
-            lease = leases.claiming(record(pid, etag="e0"))
-            leases.confirm(lease, record(pid, etag="e0"), sent_at=loop.time(), answered_at=loop.time())
-
-            class Pump:
-                alive = True
-
-                def stop(self, reason):
-                    pass
-
-            leases.started(lease, Pump())
+        _pumps, snapshot = _owning_with_requests(leases, ("0", "1"))
         await asyncio.sleep(0.1)
-        asked = {pid: replace(record(pid, etag="e1"), requested_by="taker") for pid in ("0", "1")}
-        leases.reconcile(Snapshot(records=asked, server_time=datetime.now(timezone.utc), sent_at=loop.time()))
-        return leases.states(), leases.handoffs_allowed(loop.time())
+        leases.reconcile(snapshot())
+        return leases.states(), leases.handoffs_allowed(asyncio.get_running_loop().time())
 
     states, allowed = run_virtual(scenario())
     assert set(states.values()) == {LeaseState.HANDING_OFF} and allowed is None

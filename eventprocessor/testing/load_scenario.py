@@ -51,6 +51,7 @@ from typing import Any
 from ..load_plan import LoadPolicy
 from .cpu_quota import CpuQuotas
 from .processes import WorkerHandle, create_container, fair_shares, spawn_worker
+from .recorder import most_within
 
 __all__ = ["LAG_EVERY", "SIDES", "LoadGroup", "LoadOutcome", "Phase", "Skew", "run_skewed"]
 
@@ -493,16 +494,14 @@ async def run_skewed(group: LoadGroup) -> LoadOutcome:
             outcome.moved_within_cooldown += 1
         if any(a == taker and b == giver for _t0, a, b in earlier):
             outcome.quick_returns += 1  # back where it came from: an oscillation
-    for giver in {a for _t, _p, a, _b in moves}:
-        times = [t for t, _p, a, _b in moves if a == giver]
-        outcome.burst = max(outcome.burst, max(sum(1 for u in times if t <= u < t + skew.interval) for t in times))
+    givers = {a for _t, _p, a, _b in moves}
+    outcome.burst = most_within(([t for t, _p, a, _b in moves if a == giver] for giver in givers), skew.interval)
     if group.side != "official":
         # When a partition left its owner, as the owner logged it (its handoff's pump
         # finished): a new owner's first batch also waits for its next listing.
-        handed = [[t for (t, _p, reason, _e) in w.changes if reason == "handed_off" and t >= origin]
-                  for w in group.workers]
-        outcome.burst_handed = max((sum(1 for u in times if t <= u < t + skew.interval)
-                                    for times in handed for t in times), default=0)
+        outcome.burst_handed = most_within(
+            ([t for (t, _p, reason, _e) in w.changes if reason == "handed_off" and t >= origin] for w in group.workers),
+            skew.interval)
     outcome.changes = {}
     for worker in group.workers:
         for (t, _p, reason, _e) in worker.changes:

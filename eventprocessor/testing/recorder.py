@@ -5,12 +5,12 @@ import asyncio
 import random
 from collections import defaultdict
 from dataclasses import dataclass, field
-from typing import Any, Dict, Iterable, List, Optional, Set, Tuple
+from typing import Any, Dict, Iterable, List, Optional, Sequence, Set, Tuple
 
 from ..errors import CheckpointStoreError, OwnershipLostError
 from ..partition import PartitionProcessor
 
-__all__ = ["Delivery", "DeliveryRecorder", "recording_handler"]
+__all__ = ["Delivery", "DeliveryRecorder", "most_within", "recording_handler"]
 
 
 @dataclass
@@ -24,6 +24,12 @@ class Delivery:
     last: int
     started: float
     ended: Optional[float] = None
+
+
+def most_within(series: Iterable[Sequence[float]], window: float) -> int:
+    """The most times of one series that fall within ``window`` seconds from one of them
+    (0 for no times): e.g. the most partitions that left one processor within an interval."""
+    return max((sum(1 for u in times if t <= u < t + window) for times in series for t in times), default=0)
 
 
 @dataclass
@@ -78,8 +84,7 @@ class DeliveryRecorder:
         for t, _pid, owner, reason in self.closed_at:
             if t >= since and getattr(reason, "name", str(reason)) == "HANDOFF":
                 out[owner].append(t)
-        return max((sum(1 for u in times if t <= u < t + window) for times in out.values() for t in times),
-                   default=0)
+        return most_within(out.values(), window)
 
     def record(self, context: Any, events: List[Any], now: float) -> Delivery:
         """Note one batch handed to ``context``'s claim at ``now``; returns its delivery
@@ -128,30 +133,6 @@ class DeliveryRecorder:
                         b_end = b.ended if b.ended is not None else float("inf")
                         found.append((a, b, min(a_end, b_end) - b.started))
         return found
-
-    def moves(self) -> List[Tuple[float, str, str, str]]:
-        """(time, partition, from owner, to owner) for every change of the processor
-        delivering a partition, timed at the new owner's first batch."""
-        by_partition: Dict[str, List[Delivery]] = defaultdict(list)
-        for d in self.deliveries:
-            by_partition[d.partition_id].append(d)
-        found = []
-        for pid, batches in by_partition.items():
-            batches.sort(key=lambda d: d.started)
-            for a, b in zip(batches, batches[1:]):
-                if a.owner_id != b.owner_id:
-                    found.append((b.started, pid, a.owner_id, b.owner_id))
-        return sorted(found)
-
-    def most_moves_out_of_one(self, window: float, since: float = float("-inf")) -> int:
-        """The most partitions that left one processor within ``window`` seconds (moves
-        from ``since`` on), as :meth:`moves` times them."""
-        out: Dict[str, List[float]] = defaultdict(list)
-        for t, _pid, giver, _taker in self.moves():
-            if t >= since:
-                out[giver].append(t)
-        return max((sum(1 for u in times if t <= u < t + window) for times in out.values() for t in times),
-                   default=0)
 
 
 def recording_handler(ledger: DeliveryRecorder, *, work: float = 0.0, rng: Optional[random.Random] = None,
