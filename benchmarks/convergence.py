@@ -31,7 +31,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 from eventprocessor import EventProcessor, LoadBalancingStrategy, Timing
 from eventprocessor.testing import run_virtual
 
-from eventprocessor_cli.user_errors import require
+from eventprocessor.cli.user_errors import require
 
 from . import program
 from .results import RESULTS_DIR, machine_line

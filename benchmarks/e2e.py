@@ -1,7 +1,7 @@
 """End to end over AMQP: this SDK's processor, azure-eventhub's own, and a bare receive loop, on one emulator.
 
 Run it with ``python -m benchmarks.e2e`` (or ``eventprocessor bench e2e``). It starts its
-own Event Hubs emulator (``emulators.eventhubs``) and its own Azurite, both on
+own Event Hubs emulator (``eventprocessor.emulators.eventhubs``) and its own Azurite, both on
 loopback, and uses them for every side:
 
 * **floor**: a bare receive loop on azure-eventhub's own AMQP client
@@ -59,7 +59,7 @@ from typing import Any, Dict, Iterator, List, Optional, Sequence, Set, Tuple
 
 from . import program
 from .e2e_floor import spawn_floor
-from .e2e_worker import WorkerHandle, create_container, spawn_worker
+from harness.worker_process import WorkerHandle, create_container, spawn_worker
 from .machine import CpuMeter, process_cpu_seconds
 from .results import machine_line
 
@@ -475,7 +475,7 @@ def render(results: Results, args: argparse.Namespace, command: str, seconds: fl
         "",
         f"Command: `{command}` ({seconds:.0f} s). {machine_line()}",
         "",
-        f"One Event Hubs emulator (`emulators.eventhubs`, its own process) and one Azurite, both on 127.0.0.1 and "
+        f"One Event Hubs emulator (`eventprocessor.emulators.eventhubs`, its own process) and one Azurite, both on 127.0.0.1 and "
         f"started by the benchmark; every consumer is a separate OS process. *floor*: a bare receive loop on "
         f"azure-eventhub's own AMQP client (`benchmarks/e2e_floor.py`: receive, decode, read each sequence number, "
         f"count; no `EventData`, no processor, no checkpoint). *ours*: `EventProcessor` + `EventHubSource` + our "
@@ -714,8 +714,8 @@ def services(*, partitions: int, max_events_per_partition: int, hubs: int = 100)
         with services(partitions=8, max_events_per_partition=100_000) as (emulator, azurite):
             print(emulator.connection_string, azurite.connection_string)
     """
-    from emulators.azurite import start_azurite
-    from emulators.eventhubs.process import start_emulator_process
+    from eventprocessor.emulators.azurite import start_azurite
+    from eventprocessor.emulators.eventhubs.process import start_emulator_process
 
     names: List[str] = []
     for index in range(hubs):
@@ -734,8 +734,8 @@ def services(*, partitions: int, max_events_per_partition: int, hubs: int = 100)
 
 def _run(args: argparse.Namespace, command: str) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    from emulators.azurite import AzuriteUnavailable
-    from emulators.eventhubs.process import EmulatorUnavailable
+    from eventprocessor.emulators.azurite import AzuriteUnavailable
+    from eventprocessor.emulators.eventhubs.process import EmulatorUnavailable
 
     started = time.monotonic()
     try:

@@ -139,7 +139,7 @@ async def spawn_floor(owner_id: str, *, hub: str, hub_connection_string: str, lo
                       extra: Optional[List[str]] = None) -> Any:
     """Start ``python -m benchmarks.e2e_floor`` (the connection string in its environment)
     and return a ``WorkerHandle`` reading its JSON lines, as ``e2e_worker``'s are read."""
-    from .e2e_worker import WorkerHandle
+    from harness.worker_process import WorkerHandle
 
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env = dict(os.environ)

@@ -12,7 +12,7 @@ Two transports:
 * **virtual**: the in-memory store behind :class:`~eventprocessor.testing.FaultyStore`
   on virtual time (the same code as in production; a minute of fault costs milliseconds);
 * **azurite**: the Blob store on a real Azurite through a loopback TCP fault proxy
-  (``emulators/fault_proxy.py``), in real time with generous bounds (``--azurite``).
+  (``eventprocessor/emulators/fault_proxy.py``), in real time with generous bounds (``--azurite``).
 
 Run::
 
@@ -227,7 +227,7 @@ def main(argv: Optional[List[str]] = None, prog: Optional[str] = None) -> int:
             "faults are `tests/test_source_fault_harness.py`), and with `--emulator` for real: the official "
             "`EventHubProducerClient` sends 200 events/s to the project's Event Hubs emulator, one processor reads "
             "4 partitions with `EventHubSource` through a loopback TCP fault proxy "
-            "(`eventprocessor/testing/source_faults.py`), "
+            "(`harness/source_faults.py`), "
             "handlers never checkpoint. Lost events, events delivered twice to one claim and batches handed to a "
             "claim that had ended are counted from what the handlers received (events produced: what the hub "
             "acknowledged and holds). Bounds: C = 10 s (a call into a black hole fails at `operation_timeout`), "

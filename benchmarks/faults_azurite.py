@@ -1,13 +1,13 @@
 """The Azurite rows of ``python -m benchmarks.faults --azurite``: the store fault
-scenarios of :mod:`eventprocessor.testing.azurite_faults` at full length (the Blob store
+scenarios of :mod:`harness.azurite_faults` at full length (the Blob store
 on a real Azurite, through a loopback TCP fault proxy, in real time)."""
 from __future__ import annotations
 
 import asyncio
 from typing import List
 
-from emulators.azurite import start_azurite
-from eventprocessor.testing.azurite_faults import (PROCESSORS, AzuriteRun, black_hole, resets, restarted_empty,
+from eventprocessor.emulators.azurite import start_azurite
+from harness.azurite_faults import (PROCESSORS, AzuriteRun, black_hole, resets, restarted_empty,
                                                    run_fault_scenario, slow_store)
 
 from .fault_rows import Row

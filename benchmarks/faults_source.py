@@ -8,7 +8,7 @@ Two transports:
   at a time, at full length);
 * **emulator**: ``EventHubSource`` reading the project's Event Hubs emulator through a
   loopback TCP fault proxy while the official producer sends
-  (:mod:`eventprocessor.testing.source_faults`), in real time.
+  (:mod:`harness.source_faults`), in real time.
 
 Counted from what the handlers received: events lost, events delivered twice to one
 claim, batches handed to a claim that had ended.
@@ -158,8 +158,8 @@ def run_virtual_source_rows() -> List[SourceRow]:
 def run_emulator_source_rows() -> List[SourceRow]:
     """The real-transport rows: the emulator in its own process for the proxy faults; an
     in-process one (restartable, throttleable) for the others."""
-    from emulators.eventhubs.process import start_emulator_process
-    from eventprocessor.testing.source_faults import (Controls, LocalEmulator, black_hole, recovery_bound, resets, restart,
+    from eventprocessor.emulators.eventhubs.process import start_emulator_process
+    from harness.source_faults import (Controls, LocalEmulator, black_hole, recovery_bound, resets, restart,
                                          run_source_fault, throttle)
 
     bound_text = "idle timeout + C + B + 5 s"

@@ -4,13 +4,13 @@ azure-eventhub's processor, side by side in one run.
 
 Run it with ``python -m benchmarks.load`` (or ``eventprocessor bench load``); it needs
 root (or another way to write the cgroup ``cpu`` controller): every processor is an OS
-process (``python -m eventprocessor.testing.worker``) capped at a quarter of a core by a
+process (``python -m harness.worker``) capped at a quarter of a core by a
 cgroup of its own, so that four processors that are each really CPU-bound fit on a
 2-core machine, and a processor given more than its quota falls behind as a small VM
 would. It starts its own Event Hubs emulator and Azurite on loopback; the official
 producer sends the whole time.
 
-The scenario, its sizes and what is measured are :mod:`eventprocessor.testing.load_scenario`:
+The scenario, its sizes and what is measured are :mod:`harness.load_scenario`:
 40 partitions over 4 processes, an ordinary partition at 2.5 events/s and the hot one at
 25, each event costing its handler 5.5 ms of CPU; after the *skew* phase, one process
 that does not deliver the hot partition gets three times the CPU per event (*slowed*).
@@ -38,7 +38,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
 
-from eventprocessor.testing.load_scenario import (
+from harness.load_scenario import (
     LAG_EVERY,
     SIDES,
     LoadGroup,
@@ -46,7 +46,7 @@ from eventprocessor.testing.load_scenario import (
     Skew,
     run_skewed,
 )
-from eventprocessor_cli.user_errors import CommandError
+from eventprocessor.cli.user_errors import CommandError
 
 from . import program
 from .results import RESULTS_DIR, machine_line
@@ -89,7 +89,7 @@ def render(outcomes: list[LoadOutcome], rounds: int, command: str, seconds: floa
            + ", ".join(f"{outcomes[i].side} (round {i // len(SIDES) + 1})" for i in busy) + "." if busy else "."),
         "",
         (f"One Event Hubs emulator and one Azurite on 127.0.0.1, started by the benchmark. {skew.processes} processes "
-        f"per side (`python -m eventprocessor.testing.worker`), each in a cgroup of its own capped at "
+        f"per side (`python -m harness.worker`), each in a cgroup of its own capped at "
         f"{skew.cores:g} of a core (CFS quota: a small VM), on {skew.partitions} partitions. The official producer "
         f"sends {skew.rate:g} events/s to every partition and {skew.hot_factor}x that to partition {skew.hot} "
         f"({skew.total_rate:g} events/s in all, every {skew.period:g} s). Each handler spends "
@@ -224,7 +224,7 @@ def _config(path: str, rounds: int, partitions: int) -> str:
 
 async def _measure(args: argparse.Namespace, skew: Skew, hub_conn: str, storage_conn: str, log_dir: str,
                    loads: list[list[float]]) -> list[LoadOutcome]:
-    from eventprocessor.testing.cpu_quota import CpuQuotas
+    from harness.cpu_quota import CpuQuotas
 
     outcomes = []
     quotas = CpuQuotas(skew.cores)
@@ -273,7 +273,7 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
             or args.quick
         if args.record and partial:
             parser.error("partial runs (--quick, --sides, --skew-seconds, --slow-seconds) are never recorded")
-        from eventprocessor.testing.cpu_quota import unavailable
+        from harness.cpu_quota import unavailable
 
         why = unavailable()
         if why is not None:
@@ -292,8 +292,8 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
 
 
 def _run(args: argparse.Namespace, skew: Skew, command: str) -> int:
-    from emulators.azurite import start_azurite
-    from emulators.eventhubs.process import start_emulator_process
+    from eventprocessor.emulators.azurite import start_azurite
+    from eventprocessor.emulators.eventhubs.process import start_emulator_process
 
     started = time.monotonic()
     loads: list[list[float]] = []

@@ -3,7 +3,7 @@ this SDK against azure-eventhub's processor.
 
 Run it with ``python -m benchmarks.moves`` (or ``eventprocessor bench moves``). It starts
 its own Event Hubs emulator and Azurite on loopback. Every processor is an OS process
-(``python -m eventprocessor.testing.worker``): *ours* is ``EventProcessor`` +
+(``python -m harness.worker``): *ours* is ``EventProcessor`` +
 ``EventHubSource`` + this SDK's ``BlobCheckpointStore``; *official* is
 ``EventHubConsumerClient.receive_batch`` + ``azure-eventhub-checkpointstoreblob-aio`` as
 documented, and *official, checkpoint on close* the same with a handler that also
@@ -41,10 +41,10 @@ import time
 from collections import Counter
 from typing import Dict, List, Optional
 
-from eventprocessor.testing.processes import (BATCH, CHECKPOINT_EVERY, CLAIM_BOUND, EXPIRY, INTERVAL, PERIOD,
-                                              SCENARIOS, TAKEOVER_BOUND, WORK, Group, Outcome)
+from harness.group import BATCH, CHECKPOINT_EVERY, CLAIM_BOUND, EXPIRY, INTERVAL, PERIOD, TAKEOVER_BOUND, WORK, Group, Outcome
+from harness.move_scenarios import SCENARIOS
 
-from eventprocessor_cli.user_errors import CommandError
+from eventprocessor.cli.user_errors import CommandError
 
 from . import program, services
 from .machine_load import LoadReading, LoadWindow, busy_flag
@@ -97,7 +97,7 @@ def render(outcomes: List[Outcome], rounds: int, command: str, seconds: float,
         "",
         *busy_flag([reading] if reading is not None else [], "these figures"),
         f"One Event Hubs emulator and one Azurite on 127.0.0.1, started by the benchmark; every processor is an OS "
-        f"process (`python -m eventprocessor.testing.worker`). *ours*: `EventProcessor` + `EventHubSource` + "
+        f"process (`python -m harness.worker`). *ours*: `EventProcessor` + `EventHubSource` + "
         f"our `BlobCheckpointStore`. *official*: `EventHubConsumerClient.receive_batch` + "
         f"`azure-eventhub-checkpointstoreblob-aio`, as documented (no `on_partition_close`). *official, checkpoint "
         f"on close*: the same, and its `on_partition_close` checkpoints the partition's last delivered event (what a "

@@ -22,7 +22,7 @@ import shlex
 import sys
 from typing import Callable, List, Optional, Sequence
 
-from eventprocessor_cli.user_errors import CommandError, one_line_message
+from eventprocessor.cli.user_errors import CommandError, one_line_message
 
 __all__ = ["command_name", "parser", "recorded_command", "report", "run"]
 

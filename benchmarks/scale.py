@@ -72,7 +72,7 @@ from datetime import datetime, timezone
 from typing import Any, Dict, List, Optional, Set, Tuple
 
 from . import program
-from .e2e_worker import WorkerHandle
+from harness.worker_process import WorkerHandle
 from .machine_load import LoadReading, LoadWindow, busy_flag, process_cpu_seconds
 from .results import machine_line
 from .scale_worker import NAMESPACE, STORAGE_ENV
@@ -221,7 +221,7 @@ def choose_timing(listing_cpu: float, processors: int, cores: float, *, budget: 
         (8.0, 40.0, 20.0, 5.33)
     """
     from eventprocessor.processor import Timing
-    from stores import DEFAULT_OPERATION_TIMEOUT
+    from eventprocessor.stores import DEFAULT_OPERATION_TIMEOUT
 
     if listing_cpu <= 0 or processors < 1 or cores <= 0 or not 0 < budget <= 1:
         raise ValueError("listing_cpu, processors, cores and budget must be positive (budget at most 1)")
@@ -250,7 +250,7 @@ async def calibrate(connection_string: str, partitions: int, listings: int, azur
     """Write ``partitions`` ownership records to a scratch container and time listing them."""
     from eventprocessor.errors import CheckpointStoreError
     from eventprocessor.records import Ownership
-    from stores.blob import BlobCheckpointStore
+    from eventprocessor.stores.blob import BlobCheckpointStore
 
     container = f"scale-calibration-{partitions}-{uuid.uuid4().hex[:6]}"
     hub = "calibration"
@@ -1094,7 +1094,7 @@ def _interrupt(_signum: int, _frame: Any) -> None:
 
 
 def _run(args: argparse.Namespace, command: str) -> int:
-    from eventprocessor_cli.user_errors import require, require_azurite
+    from eventprocessor.cli.user_errors import require, require_azurite
 
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     require(purpose="the scale benchmark", extras=["blob", "eventhub"],
@@ -1107,7 +1107,7 @@ def _run(args: argparse.Namespace, command: str) -> int:
     azurite = None
     if not given:
         require_azurite("the scale benchmark")
-        from emulators.azurite import start_azurite
+        from eventprocessor.emulators.azurite import start_azurite
 
         azurite = start_azurite()
     previous = None

@@ -47,7 +47,7 @@ import threading
 import time
 from typing import Any, Callable, Dict, List, Optional, Set
 
-from .e2e_worker import _emit
+from harness.worker_report import emit as _emit
 
 STORAGE_ENV = "EVENTPROCESSOR_SCALE_STORAGE"
 NAMESPACE = "scale.servicebus.windows.net"
@@ -148,7 +148,7 @@ async def _ours(args: argparse.Namespace, transport: Any, go: asyncio.Event, sto
                 side: _Side) -> None:
     from eventprocessor import EventProcessor, PartitionProcessor
     from eventprocessor.sources.memory import MemoryEventSource
-    from stores.blob import BlobCheckpointStore
+    from eventprocessor.stores.blob import BlobCheckpointStore
 
     class Idle(PartitionProcessor):
         async def process_events(self, events, context):  # type: ignore[no-untyped-def]

@@ -30,8 +30,8 @@ def with_azurite_and_emulator(name: str, log_dir: Optional[str], config: Callabl
     keeps the workers' logs (``None``: a temporary directory, removed). Returns what
     ``measure`` returned, or ``None`` after one line on stderr saying which service could
     not start and why."""
-    from emulators.azurite import AzuriteUnavailable, start_azurite
-    from emulators.eventhubs.process import EmulatorUnavailable, start_emulator_process
+    from eventprocessor.emulators.azurite import AzuriteUnavailable, start_azurite
+    from eventprocessor.emulators.eventhubs.process import EmulatorUnavailable, start_emulator_process
 
     if log_dir:
         os.makedirs(log_dir, exist_ok=True)

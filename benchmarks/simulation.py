@@ -978,7 +978,7 @@ class Simulation:
         self.source = MemoryEventSource(partitions, eventhub_name=EVENTHUB, fully_qualified_namespace=NAMESPACE,
                                         clock=self.server_time)
         if implementation == "ours":
-            from stores import InMemoryCheckpointStore
+            from eventprocessor.stores import InMemoryCheckpointStore
 
             inner = InMemoryCheckpointStore(clock=self.server_time)
             self.store: Any = SimulatedStore(inner, self.instants, self.ledger, latency,

@@ -46,7 +46,7 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
 from . import program
-from .e2e_worker import WorkerHandle, create_container, spawn_worker
+from harness.worker_process import WorkerHandle, create_container, spawn_worker
 from .results import machine_line
 
 __all__ = ["main", "analyse", "Analysis"]

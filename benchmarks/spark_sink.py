@@ -3,7 +3,7 @@ Spark writing the same batches directly, on a classic session and over Spark Con
 
 Run it with ``python -m benchmarks.spark_sink`` (or ``eventprocessor bench spark-sink``).
 By default it starts a standalone master, one worker and a Spark Connect server on this
-machine (:mod:`emulators.spark_cluster`) and measures both kinds of session, each in a
+machine (:mod:`eventprocessor.emulators.spark_cluster`) and measures both kinds of session, each in a
 process of its own: a classic session on ``spark://`` and a Spark Connect session on
 ``sc://``. ``--master URL`` or ``--remote URL`` measure one session of your own instead
 (``--master local[2]`` needs no cluster).
@@ -193,7 +193,7 @@ async def _sink(spark: Any, source: Any, out: Path, batch: int
     first plan; the batches it cut (their ranges); the seconds of each step per batch."""
     from eventprocessor import EventProcessor, LoadBalancingStrategy
     from eventprocessor.spark import SparkSink
-    from stores import InMemoryCheckpointStore
+    from eventprocessor.stores import InMemoryCheckpointStore
 
     partitions = [str(p) for p in range(source.partition_count)]
     want = {p: source.last_sequence_number(p) for p in partitions}
@@ -411,7 +411,7 @@ def main(argv: Optional[List[str]] = None, prog: Optional[str] = None) -> int:
     def body(args: argparse.Namespace) -> int:
         if args.events < args.batch or args.batch < args.partitions:
             parser.error("need events >= batch >= partitions")
-        from eventprocessor_cli.user_errors import require, require_java
+        from eventprocessor.cli.user_errors import require, require_java
 
         require(purpose="the spark-sink benchmark", extras=["spark"])
         if args.remote is None:
@@ -439,7 +439,7 @@ def _run(args: argparse.Namespace, command: str) -> int:
         return 0
     results = _on_a_local_cluster(args)
     where = ("A standalone master, one worker (3 cores, 2 GB) and a Spark Connect server started on this machine "
-             "from the pip `pyspark` package (`emulators.spark_cluster`); each session runs in a process of its own. "
+             "from the pip `pyspark` package (`eventprocessor.emulators.spark_cluster`); each session runs in a process of its own. "
              "Classic: the driver in the benchmark's process, 2 cores of the worker (the Connect server's "
              "application holds the third). Connect: the Connect server's application, 1 core.")
     program.report("spark_sink", _markdown(results, args, command, where), args.record)
@@ -447,7 +447,7 @@ def _run(args: argparse.Namespace, command: str) -> int:
 
 
 def _on_a_local_cluster(args: argparse.Namespace) -> List[SessionResult]:
-    from emulators.spark_cluster import start_spark_cluster
+    from eventprocessor.emulators.spark_cluster import start_spark_cluster
 
     print("starting a Spark cluster on 127.0.0.1 (master, worker, Spark Connect)...", file=sys.stderr, flush=True)
     cluster = start_spark_cluster()

@@ -4,7 +4,7 @@ emulator's ceiling and the Spark sink path on the same events; and the end-to-en
 latency of each micro-batch under a steady stream.
 
 Run it with ``python -m benchmarks.spark_source`` (or ``eventprocessor bench
-spark-source``). It starts its own Event Hubs emulator (``emulators.eventhubs``, its own
+spark-source``). It starts its own Event Hubs emulator (``eventprocessor.emulators.eventhubs``, its own
 process) and its own standalone Spark cluster (a master and one worker offering the
 largest core count asked for; no Connect server), fills one hub with ``--events``
 events (the official producer) and measures, in the same run, every round, the paths
@@ -52,7 +52,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from eventprocessor.testing.spark_files import batch_files
+from harness.spark_files import batch_files
 
 __all__ = ["main", "Measure"]
 
@@ -210,7 +210,7 @@ def child_sink(args: argparse.Namespace) -> Dict[str, Any]:
     from eventprocessor import EventProcessor, LoadBalancingStrategy
     from eventprocessor.sources.eventhub import EventHubSource
     from eventprocessor.spark import SparkSink
-    from stores import InMemoryCheckpointStore
+    from eventprocessor.stores import InMemoryCheckpointStore
 
     spark = _session(args.master, args.cores)
     spark.range(args.cores * 2).repartition(args.cores).count()  # the executor starts before the clock does
@@ -330,8 +330,8 @@ def _load() -> str:
 
 
 def measure_all(args: argparse.Namespace) -> Tuple[List[List[Measure]], Dict[str, Any], Dict[str, Any]]:
-    from emulators.eventhubs.process import start_emulator_process
-    from emulators.spark_cluster import start_spark_cluster
+    from eventprocessor.emulators.eventhubs.process import start_emulator_process
+    from eventprocessor.emulators.spark_cluster import start_spark_cluster
 
     info: Dict[str, Any] = {"load_start": _load()}
     emulator_args = ["--eventhub", HUB, "--eventhub", LIVE, "--partitions", str(args.partitions),
@@ -496,7 +496,7 @@ def main(argv: Optional[List[str]] = None, prog: Optional[str] = None) -> int:
             args.cores = args.cores if isinstance(args.cores, int) else args.cores[0]
             print("RESULT " + json.dumps(run(args)), flush=True)
             return 0
-        from eventprocessor_cli.user_errors import require, require_java
+        from eventprocessor.cli.user_errors import require, require_java
 
         require(purpose="the spark-source benchmark", extras=["spark", "eventhub"])
         require_java("the spark-source benchmark")

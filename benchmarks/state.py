@@ -4,7 +4,7 @@ cost of a checkpoint against the size of the state, with warm-up and standbys
 
 Run it with ``python -m benchmarks.state`` (or ``eventprocessor bench state``). It starts
 its own Event Hubs emulator and Azurite on loopback. Every processor is an OS process
-(``python -m eventprocessor.testing.worker``) with ``EventHubSource`` and this SDK's
+(``python -m harness.worker``) with ``EventHubSource`` and this SDK's
 ``BlobCheckpointStore``; its handler counts events per key (5 keys) and pads each
 partition's state to the size measured (``--state-bytes``: keys of 1,000-character
 strings, added at the first claim):
@@ -57,9 +57,9 @@ from itertools import pairwise
 from typing import Any, Dict, List, Optional, Tuple
 
 from eventprocessor.options import Timing
-from eventprocessor.testing.processes import (CHECKPOINT_EVERY, EXPIRY, INTERVAL, PERIOD, Group, Outcome,
-                                              hub_bodies)
-from eventprocessor.testing.state_scenarios import restore_mismatches, standby_replicas
+from harness.group import CHECKPOINT_EVERY, EXPIRY, INTERVAL, PERIOD, Group, Outcome
+from harness.state_scenarios import hub_bodies
+from harness.state_scenarios import restore_mismatches, standby_replicas
 
 from . import program, services
 from .results import machine_line
@@ -239,7 +239,7 @@ async def _cost(mode: str, state_mb: float, change: int, storage_conn: str, name
     from eventprocessor.clock import SystemClock
     from eventprocessor.records import Checkpoint, Ownership
     from eventprocessor.state import StateKeeper, StateLog
-    from stores.blob import BlobCheckpointStore
+    from eventprocessor.stores.blob import BlobCheckpointStore
 
     cost = Cost(mode, state_mb, change)
     wire = Wire()
@@ -332,7 +332,7 @@ def render(moves: List[Move], costs: List[Cost], sizes: List[float], rounds: int
            "lengthens pauses." if load else ""),
         "",
         (f"One Event Hubs emulator and one Azurite on 127.0.0.1, started by the benchmark; every processor is an OS "
-         f"process (`python -m eventprocessor.testing.worker`, `EventHubSource` + `BlobCheckpointStore`) whose "
+         f"process (`python -m harness.worker`, `EventHubSource` + `BlobCheckpointStore`) whose "
          f"handler counts events per key ({KEYS} keys) in a state padded to the size given (keys of 1,000-character "
          f"strings). *warm-up*: `--stateful --standbys 1`, the counts in `context.state` "
          f"(`EventProcessor(stateful=True, num_standbys=1)`): the new owner loads the state before it asks for the "

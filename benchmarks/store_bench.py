@@ -55,7 +55,7 @@ except ImportError:  # no [blob] extra: --help and the in-memory dry run still w
     AioHttpTransport = object  # type: ignore[misc,assignment]
 
 from eventprocessor.records import Checkpoint, Ownership
-from eventprocessor_cli.user_errors import require, require_azurite
+from eventprocessor.cli.user_errors import require, require_azurite
 
 from . import program
 from .machine_load import LoadReading, LoadWindow, busy_flag
@@ -638,7 +638,7 @@ async def measure(
 
 def _contract_blob(connection_string: str, container: str) -> Optional[StoreUnderTest]:
     try:
-        from stores.blob import BlobCheckpointStore
+        from eventprocessor.stores.blob import BlobCheckpointStore
     except ImportError as error:
         logger.warning("our BlobCheckpointStore is not available: %s", error)
         return None
@@ -650,7 +650,7 @@ def _contract_blob(connection_string: str, container: str) -> Optional[StoreUnde
 
 def _contract_table(connection_string: str, table: str) -> Optional[StoreUnderTest]:
     try:
-        from stores.table import TableCheckpointStore
+        from eventprocessor.stores.table import TableCheckpointStore
     except ImportError as error:
         logger.warning("our TableCheckpointStore is not available: %s", error)
         return None
@@ -661,7 +661,7 @@ def _contract_table(connection_string: str, table: str) -> Optional[StoreUnderTe
 
 
 def _memory() -> StoreUnderTest:
-    from stores import InMemoryCheckpointStore
+    from eventprocessor.stores import InMemoryCheckpointStore
 
     store = InMemoryCheckpointStore()
     return ContractStore(
@@ -947,7 +947,7 @@ def _run_and_report(args: argparse.Namespace, command: str) -> int:
     connection_string = None
     if any(kind != "memory" for kind in args.stores):
         require_azurite("store-bench")
-        from emulators.azurite import start_azurite
+        from eventprocessor.emulators.azurite import start_azurite
 
         azurite = start_azurite()
         connection_string = azurite.connection_string

@@ -31,7 +31,7 @@ from typing import List, Optional
 from eventprocessor import EventProcessor, LoadBalancingStrategy, PartitionProcessor
 from eventprocessor.events import EventPosition
 from eventprocessor.sources import MemoryEventSource
-from stores import InMemoryCheckpointStore
+from eventprocessor.stores import InMemoryCheckpointStore
 
 from . import program
 from .results import machine_line

@@ -165,8 +165,8 @@ def _wait_for(condition: Callable[[], bool], deadline: float, what: str,
 
 
 async def _status() -> Any:
-    from eventprocessor_cli.status import read_status
-    from stores.blob import BlobCheckpointStore
+    from eventprocessor.cli.status import read_status
+    from eventprocessor.stores.blob import BlobCheckpointStore
 
     async with BlobCheckpointStore.from_connection_string(os.environ["EVENTPROCESSOR_STORE_CONNECTION_STRING"],
                                                           CONTAINER) as store:
@@ -179,7 +179,7 @@ def main() -> int:
     parser.add_argument("--timeout", type=float, default=60.0, help="give up after this many seconds (default 60)")
     args = parser.parse_args()
     deadline = time.monotonic() + args.timeout
-    from emulators.azurite import AzuriteUnavailable, start_azurite
+    from eventprocessor.emulators.azurite import AzuriteUnavailable, start_azurite
 
     try:
         azurite = start_azurite()

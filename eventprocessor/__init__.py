@@ -8,7 +8,7 @@ Example::
     import asyncio
     from eventprocessor import EventProcessor, PartitionProcessor
     from eventprocessor.sources import MemoryEventSource
-    from stores import InMemoryCheckpointStore
+    from eventprocessor.stores import InMemoryCheckpointStore
 
     class Printer(PartitionProcessor):
         async def process_events(self, events, context):

@@ -12,7 +12,7 @@ from collections import Counter
 
 from eventprocessor import CloseReason, EventProcessor, PartitionContext, PartitionProcessor
 from eventprocessor.sources import MemoryEventSource
-from stores import InMemoryCheckpointStore
+from eventprocessor.stores import InMemoryCheckpointStore
 
 processed: Counter = Counter()
 

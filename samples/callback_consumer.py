@@ -24,8 +24,8 @@ from collections import Counter
 from contextlib import AsyncExitStack
 from typing import Any, List, Optional
 
-from eventprocessor_cli.running import run_program
-from eventprocessor_cli.user_errors import require_or_exit
+from eventprocessor.cli.running import run_program
+from eventprocessor.cli.user_errors import require_or_exit
 
 # What the sample needs, checked before anything starts: a missing piece is one line naming the fix.
 require_or_exit("samples/callback_consumer.py",
@@ -72,12 +72,12 @@ async def on_error(partition_context, error: Exception) -> None:
 def checkpoint_store(stack: AsyncExitStack) -> Any:
     storage = os.environ.get("STORAGE_CONNECTION_STRING")
     if storage:
-        from stores import BlobCheckpointStore
+        from eventprocessor.stores import BlobCheckpointStore
 
         store = BlobCheckpointStore.from_connection_string(storage, f"callbacks-{uuid.uuid4().hex[:8]}")
         print("checkpoints in Blob storage")
     else:
-        from stores import InMemoryCheckpointStore
+        from eventprocessor.stores import InMemoryCheckpointStore
 
         store = InMemoryCheckpointStore()
         print("checkpoints in memory")
@@ -98,7 +98,7 @@ async def main(argv: Optional[List[str]] = None) -> int:
     async with AsyncExitStack() as stack:
         conn = os.environ.get("EVENTHUB_CONNECTION_STRING")
         if not conn:
-            from emulators.eventhubs import EventHubsEmulator
+            from eventprocessor.emulators.eventhubs import EventHubsEmulator
 
             emulator = await stack.enter_async_context(EventHubsEmulator(eventhubs=[args.eventhub], partitions=4))
             conn = emulator.connection_string

@@ -23,7 +23,7 @@ from typing import List, Optional, Set, Tuple
 
 from eventprocessor import EventProcessor, PartitionContext, PartitionProcessor
 from eventprocessor.sources import MemoryEventSource
-from stores import InMemoryCheckpointStore
+from eventprocessor.stores import InMemoryCheckpointStore
 
 PARTITIONS = 4
 OPTIONS = dict(load_balancing_interval=0.2, partition_ownership_expiration_interval=2.0)

@@ -5,7 +5,7 @@ Run it from the repository root (needs the ``[eventhub]`` extra):
     python samples/eventhub_consumer.py                       # starts an emulator in this process
     python samples/eventhub_consumer.py --connection-string "$EVENTHUB_CONNECTION_STRING" --eventhub telemetry
 
-With no connection string it starts ``emulators.eventhubs`` on a free loopback port,
+With no connection string it starts ``eventprocessor.emulators.eventhubs`` on a free loopback port,
 sends 200 events with azure-eventhub's own producer, and consumes them with an
 ``EventProcessor`` over ``EventHubSource``. Given a connection string (a real
 namespace, Microsoft's Docker emulator, or ``eventprocessor emulator`` running
@@ -20,8 +20,8 @@ from collections import Counter
 from contextlib import AsyncExitStack
 from typing import List, Optional
 
-from eventprocessor_cli.running import run_program
-from eventprocessor_cli.user_errors import require_or_exit
+from eventprocessor.cli.running import run_program
+from eventprocessor.cli.user_errors import require_or_exit
 
 # What the sample needs, checked before anything starts: a missing piece is one line naming the fix.
 require_or_exit("samples/eventhub_consumer.py", extras=["eventhub"])
@@ -31,7 +31,7 @@ from azure.eventhub.aio import EventHubProducerClient  # noqa: E402
 
 from eventprocessor import EventProcessor, PartitionContext, PartitionProcessor  # noqa: E402
 from eventprocessor.sources.eventhub import EventHubSource  # noqa: E402
-from stores import InMemoryCheckpointStore  # noqa: E402
+from eventprocessor.stores import InMemoryCheckpointStore  # noqa: E402
 
 received: Counter = Counter()
 
@@ -60,7 +60,7 @@ async def main(argv: Optional[List[str]] = None) -> int:
     async with AsyncExitStack() as stack:
         conn = args.connection_string
         if conn is None:
-            from emulators.eventhubs import EventHubsEmulator
+            from eventprocessor.emulators.eventhubs import EventHubsEmulator
 
             emulator = await stack.enter_async_context(EventHubsEmulator(eventhubs=[args.eventhub], partitions=4))
             conn = emulator.connection_string

@@ -24,8 +24,8 @@ from collections import defaultdict
 from contextlib import AsyncExitStack
 from typing import Any, Dict, List, Optional, Tuple
 
-from eventprocessor_cli.running import run_program
-from eventprocessor_cli.user_errors import require_or_exit
+from eventprocessor.cli.running import run_program
+from eventprocessor.cli.user_errors import require_or_exit
 
 
 def official() -> Tuple[Any, Any]:
@@ -99,7 +99,7 @@ async def main(argv: Optional[List[str]] = None) -> int:
     async with AsyncExitStack() as stack:
         storage = os.environ.get("STORAGE_CONNECTION_STRING")
         if not storage:
-            from emulators.azurite import start_azurite
+            from eventprocessor.emulators.azurite import start_azurite
 
             azurite = start_azurite()
             stack.callback(azurite.stop)
@@ -107,7 +107,7 @@ async def main(argv: Optional[List[str]] = None) -> int:
             print(f"started Azurite on 127.0.0.1:{azurite.blob_port}")
         conn = os.environ.get("EVENTHUB_CONNECTION_STRING")
         if not conn:
-            from emulators.eventhubs import EventHubsEmulator
+            from eventprocessor.emulators.eventhubs import EventHubsEmulator
 
             emulator = await stack.enter_async_context(EventHubsEmulator(eventhubs=[args.eventhub], partitions=4))
             conn = emulator.connection_string

@@ -28,8 +28,8 @@ from contextlib import AsyncExitStack
 from typing import Any, Dict, List, Optional, Set
 
 from eventprocessor import EventProcessor, PartitionContext, PartitionProcessor
-from eventprocessor_cli.running import run_program
-from eventprocessor_cli.user_errors import require_or_exit
+from eventprocessor.cli.running import run_program
+from eventprocessor.cli.user_errors import require_or_exit
 
 WORKERS = 3
 OPTIONS = dict(load_balancing_interval=2.0, partition_ownership_expiration_interval=10.0)
@@ -47,7 +47,7 @@ class Handler(PartitionProcessor):
 
 async def worker(name: str, eventhub: str, container: str) -> int:
     from eventprocessor.sources.eventhub import EventHubSource
-    from stores import BlobCheckpointStore
+    from eventprocessor.stores import BlobCheckpointStore
 
     stop = asyncio.Event()
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
@@ -116,13 +116,13 @@ async def parent(args: argparse.Namespace) -> int:
     from azure.eventhub import EventData, parse_connection_string
     from azure.eventhub.aio import EventHubProducerClient
 
-    from stores import BlobCheckpointStore
+    from eventprocessor.stores import BlobCheckpointStore
 
     workers: List[Worker] = []
     async with AsyncExitStack() as stack:
         storage = os.environ.get("STORAGE_CONNECTION_STRING")
         if not storage:
-            from emulators.azurite import start_azurite
+            from eventprocessor.emulators.azurite import start_azurite
 
             azurite = start_azurite()
             stack.callback(azurite.stop)
@@ -130,7 +130,7 @@ async def parent(args: argparse.Namespace) -> int:
             print(f"started Azurite on 127.0.0.1:{azurite.blob_port}")
         conn = os.environ.get("EVENTHUB_CONNECTION_STRING")
         if not conn:
-            from emulators.eventhubs import EventHubsEmulator
+            from eventprocessor.emulators.eventhubs import EventHubsEmulator
 
             emulator = await stack.enter_async_context(EventHubsEmulator(eventhubs=[args.eventhub], partitions=8))
             conn = emulator.connection_string

@@ -9,7 +9,7 @@ session in this process)::
     python samples/spark_consumer.py --store azurite --remote sc://127.0.0.1:15002     # Spark Connect
     python samples/spark_consumer.py --output /tmp/table --events 50000 --partitions 8
 
-``python -m emulators.spark_cluster`` starts a standalone master, a worker and a Spark
+``python -m eventprocessor.emulators.spark_cluster`` starts a standalone master, a worker and a Spark
 Connect server on this machine and prints their URLs.
 
 Events are produced while the processors run; halfway through, one processor stops and
@@ -40,19 +40,19 @@ from typing import Any, List, Optional, Tuple, Union
 from eventprocessor import EventProcessor
 from eventprocessor.checkpoint_store import CheckpointStore
 from eventprocessor.sources import MemoryEventSource
-from eventprocessor_cli.running import run_program
-from emulators.azurite import port_open
-from eventprocessor_cli.user_errors import require_or_exit
+from eventprocessor.cli.running import run_program
+from eventprocessor.emulators.azurite import port_open
+from eventprocessor.cli.user_errors import require_or_exit
 
 
 async def open_store(kind: str, stack: AsyncExitStack) -> CheckpointStore:
     """The store; what it starts is stopped by ``stack`` on every way out."""
     if kind == "memory":
-        from stores import InMemoryCheckpointStore
+        from eventprocessor.stores import InMemoryCheckpointStore
 
         return InMemoryCheckpointStore()
-    from emulators.azurite import Azurite, start_azurite
-    from stores import BlobCheckpointStore
+    from eventprocessor.emulators.azurite import Azurite, start_azurite
+    from eventprocessor.stores import BlobCheckpointStore
 
     if port_open(10000):
         emulator = Azurite(10000, 10001, 10002)

@@ -10,8 +10,8 @@ from __future__ import annotations
 import asyncio
 from typing import Any, Dict, List, Optional, Tuple
 
-from emulators.eventhubs import frames as F
-from emulators.eventhubs.codec import Described, Symbol
+from eventprocessor.emulators.eventhubs import frames as F
+from eventprocessor.emulators.eventhubs.codec import Described, Symbol
 
 __all__ = ["RawPeer"]
 

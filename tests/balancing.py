@@ -10,7 +10,7 @@ from typing import Dict, Iterable, List, Optional
 
 from eventprocessor.balancer import BalanceDecision, LoadBalancingStrategy, decide, fair_share
 from eventprocessor.records import Ownership
-from stores import InMemoryCheckpointStore
+from eventprocessor.stores import InMemoryCheckpointStore
 
 NS, HUB, CG = "ns.example", "hub", "$default"
 EXPIRATION = 60.0

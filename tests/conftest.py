@@ -20,11 +20,11 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, Iterator, Optional
 
 import pytest
 
-from emulators.azurite import Azurite, AzuriteUnavailable, start_azurite
+from eventprocessor.emulators.azurite import Azurite, AzuriteUnavailable, start_azurite
 from tests.spark_fixtures import connect_spark, spark_cluster  # noqa: F401  (the session Spark cluster)
 
 if TYPE_CHECKING:  # pragma: no cover
-    from emulators.eventhubs.process import EmulatorProcess
+    from eventprocessor.emulators.eventhubs.process import EmulatorProcess
 
 IN_CI = bool(os.environ.get("CI"))
 SHARED = "EVENTPROCESSOR_TEST_SERVICES"
@@ -198,7 +198,7 @@ def _session_config(path: Path) -> Path:
 def eventhubs_emulator(tmp_path_factory) -> Iterator[SessionEmulator]:
     """One Event Hubs emulator process for the whole session, on a free loopback port,
     stopped by PID even when tests fail."""
-    from emulators.eventhubs.process import EmulatorProcess, EmulatorUnavailable, start_emulator_process
+    from eventprocessor.emulators.eventhubs.process import EmulatorProcess, EmulatorUnavailable, start_emulator_process
 
     def start() -> SessionEmulator:
         directory = tmp_path_factory.mktemp("eventhubs")

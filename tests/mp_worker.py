@@ -45,7 +45,7 @@ def _parse(argv: Optional[List[str]]) -> argparse.Namespace:
 async def _amain(args: argparse.Namespace) -> int:
     from eventprocessor import EventProcessor, PartitionProcessor
     from eventprocessor.sources import MemoryEventSource
-    from stores.blob import BlobCheckpointStore
+    from eventprocessor.stores.blob import BlobCheckpointStore
 
     connection_string = os.environ.get(CONNECTION_STRING_ENV)
     if not connection_string:

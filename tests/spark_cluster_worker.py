@@ -33,7 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from eventprocessor import EventProcessor, LoadBalancingStrategy  # noqa: E402
 from eventprocessor.sources.eventhub import EventHubSource  # noqa: E402
 from eventprocessor.spark import SparkSink, spark_session  # noqa: E402
-from stores import BlobCheckpointStore  # noqa: E402
+from eventprocessor.stores import BlobCheckpointStore  # noqa: E402
 
 logger = logging.getLogger("spark_cluster_worker")
 

@@ -1,7 +1,7 @@
 """Session fixtures for the Spark cluster tests (imported by ``tests/conftest.py``).
 
 ``spark_cluster``: one standalone master, one worker and one Spark Connect server
-(:mod:`emulators.spark_cluster`) for the whole session, started the first time a test
+(:mod:`eventprocessor.emulators.spark_cluster`) for the whole session, started the first time a test
 asks for it and stopped (by process group) at the end of the session, whatever the
 tests did. Missing Java or Spark fails in CI and skips elsewhere.
 
@@ -17,12 +17,12 @@ from typing import Any, Iterator
 
 import pytest
 
-from emulators.spark_cluster import SparkCluster
+from eventprocessor.emulators.spark_cluster import SparkCluster
 
 
 @pytest.fixture(scope="session")
 def spark_cluster() -> Iterator[SparkCluster]:
-    from emulators.spark_cluster import SparkClusterUnavailable, start_spark_cluster
+    from eventprocessor.emulators.spark_cluster import SparkClusterUnavailable, start_spark_cluster
     from tests.conftest import unavailable
 
     try:

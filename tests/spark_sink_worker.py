@@ -26,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from eventprocessor import EventProcessor, LoadBalancingStrategy  # noqa: E402
 from eventprocessor.sources import MemoryEventSource  # noqa: E402
 from eventprocessor.spark import SparkSink, spark_session  # noqa: E402
-from stores import BlobCheckpointStore  # noqa: E402
+from eventprocessor.stores import BlobCheckpointStore  # noqa: E402
 
 
 def kill_point() -> Optional[Callable[[str], None]]:

@@ -27,7 +27,7 @@ STORE_ENV = "EVENTPROCESSOR_STORE_CONNECTION_STRING"
 async def _amain(args: argparse.Namespace) -> int:
     from eventprocessor import EventProcessor, PartitionProcessor
     from eventprocessor.sources import MemoryEventSource
-    from stores.blob import BlobCheckpointStore
+    from eventprocessor.stores.blob import BlobCheckpointStore
 
     class Checkpointing(PartitionProcessor):
         async def process_events(self, events, context):

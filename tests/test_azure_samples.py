@@ -245,7 +245,7 @@ def checkpoints(env: Dict[str, str]) -> Dict[str, int]:
     """The checkpoints of the hub's ``$default`` group, read from the blobs: the
     official layout, whichever client wrote them. A blob with sequence number -1 is the
     placeholder this SDK writes when it fences a partition that has no checkpoint yet
-    (see ``stores/blob.py``): no checkpoint."""
+    (see ``eventprocessor/stores/blob.py``): no checkpoint."""
     from azure.storage.blob.aio import ContainerClient
 
     async def read() -> Dict[str, int]:

@@ -101,7 +101,7 @@ def test_a_quick_run_refuses_to_record(results_file):
 
 
 def _cgroups_unavailable() -> str:
-    from eventprocessor.testing.cpu_quota import unavailable
+    from harness.cpu_quota import unavailable
 
     return unavailable() or ""
 
@@ -201,7 +201,7 @@ def test_state_refuses_a_size_of_nothing_before_it_starts_anything(results_file)
                                     "faults", "decode", "e2e", "load", "state", "spark_source"])
 def test_every_benchmark_has_the_same_record_and_debug_flags(module):
     command = module.replace("_", "-")
-    out = subprocess.run([sys.executable, "-m", "eventprocessor_cli", "bench", command, "--help"], cwd=ROOT,
+    out = subprocess.run([sys.executable, "-m", "eventprocessor.cli", "bench", command, "--help"], cwd=ROOT,
                          capture_output=True, text=True, timeout=120, check=False)
     assert out.returncode == 0, out.stderr
     assert f"usage: eventprocessor bench {command}" in out.stdout

@@ -17,7 +17,7 @@ from eventprocessor import EventProcessor, LoadBalancingStrategy, PartitionProce
 from eventprocessor.errors import OwnershipLostError
 from eventprocessor.records import Checkpoint, Member, Ownership
 from eventprocessor.sources import MemoryEventSource
-from stores import BlobCheckpointStore
+from eventprocessor.stores import BlobCheckpointStore
 
 pytest.importorskip("azure.eventhub.extensions.checkpointstoreblobaio")
 from azure.eventhub.extensions.checkpointstoreblobaio import (  # noqa: E402
@@ -305,7 +305,7 @@ async def test_token_credentials_of_the_official_stores_carry_over() -> None:
     from azure.core.credentials import AccessToken
     from azure.identity.aio import ClientSecretCredential
 
-    from stores.blob import ThreadedTokenCredential
+    from eventprocessor.stores.blob import ThreadedTokenCredential
 
     sync = pytest.importorskip("azure.eventhub.extensions.checkpointstoreblob")
 

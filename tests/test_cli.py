@@ -22,8 +22,8 @@ from typing import Dict, Optional, Sequence
 import pytest
 from click.testing import CliRunner
 
-from eventprocessor_cli import main
-from eventprocessor_cli.user_errors import EXTRA_MODULES, CommandError
+from eventprocessor.cli import main
+from eventprocessor.cli.user_errors import EXTRA_MODULES, CommandError
 
 ROOT = Path(__file__).resolve().parent.parent
 HEAVY = ("azure", "pyspark", "pyarrow", "pandas")
@@ -37,14 +37,14 @@ class NotInstalled:
             raise ModuleNotFoundError(f"No module named {{name!r}}", name=name)
         return None
 sys.meta_path.insert(0, NotInstalled())
-from eventprocessor_cli import main
+from eventprocessor.cli import main
 main(prog_name="eventprocessor")
 """
 
 
 def run_cli(*args: str, extras: bool = True, env: Optional[Dict[str, str]] = None, cwd: Optional[Path] = None,
             timeout: float = 120) -> subprocess.CompletedProcess:
-    command = ([sys.executable, "-m", "eventprocessor_cli"] if extras
+    command = ([sys.executable, "-m", "eventprocessor.cli"] if extras
                else [sys.executable, "-c", WITHOUT_EXTRAS])
     environment = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
     environment.pop("EVENTPROCESSOR_DEBUG", None)
@@ -132,7 +132,7 @@ def test_debug_shows_the_traceback_instead():
 
 def needs_extra(module: str) -> None:
     """The extras' checks come first; past them, these tests need the extra installed."""
-    from eventprocessor_cli.user_errors import missing_modules
+    from eventprocessor.cli.user_errors import missing_modules
 
     from tests.conftest import unavailable
 
@@ -196,7 +196,7 @@ def test_every_extra_the_cli_knows_is_one_setup_cfg_declares():
 
 
 def test_python_dash_m_runs_the_same_cli():
-    out = subprocess.run([sys.executable, "-m", "eventprocessor_cli", "--version"], capture_output=True, text=True,
+    out = subprocess.run([sys.executable, "-m", "eventprocessor.cli", "--version"], capture_output=True, text=True,
                          timeout=60)
     assert out.returncode == 0 and "eventprocessor" in out.stdout
 
@@ -251,7 +251,7 @@ class _SilentServer:
 
 async def test_demo_refuses_a_service_on_the_azurite_ports_that_does_not_answer(monkeypatch):
     needs_extra("azure.storage.blob")
-    from eventprocessor_cli import demo
+    from eventprocessor.cli import demo
 
     servers = [_SilentServer() for _ in range(3)]
     try:
@@ -284,14 +284,14 @@ def test_benchmarks_run_from_any_directory_and_ignore_a_benchmarks_package_there
 
 @pytest.mark.azurite
 def test_demo_against_azurite_starts_one_and_says_where():
-    from emulators.azurite import find_azurite
+    from eventprocessor.emulators.azurite import find_azurite
 
     from tests.conftest import unavailable
 
     if find_azurite() is None:
         unavailable("the azurite executable was not found (run `npm ci`)")
     out = subprocess.run(
-        [sys.executable, "-m", "eventprocessor_cli", "demo", "--store", "azurite", "--partitions", "6",
+        [sys.executable, "-m", "eventprocessor.cli", "demo", "--store", "azurite", "--partitions", "6",
          "--processors", "3", "--interval", "0.3", "--expiration", "2", "--rate", "200", "--timeout", "60"],
         capture_output=True, text=True, timeout=180)
     assert out.returncode == 0, out.stdout + out.stderr

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from eventprocessor_cli import main
+from eventprocessor.cli import main
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -37,7 +37,7 @@ async def test_emulator_prints_a_connection_string_the_official_clients_use_unch
 
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
     process = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "eventprocessor_cli", "emulator", "--port", "0", "--eventhub", "hub", "--partitions", "4",
+        sys.executable, "-m", "eventprocessor.cli", "emulator", "--port", "0", "--eventhub", "hub", "--partitions", "4",
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, stdin=asyncio.subprocess.DEVNULL, env=env,
         cwd=ROOT)
     try:
@@ -71,7 +71,7 @@ async def test_emulator_prints_a_connection_string_the_official_clients_use_unch
 
 def test_demo_over_the_emulator_loses_nothing():
     out = subprocess.run(
-        [sys.executable, "-m", "eventprocessor_cli", "demo", "--source", "emulator", "--partitions", "4",
+        [sys.executable, "-m", "eventprocessor.cli", "demo", "--source", "emulator", "--partitions", "4",
          "--processors", "3", "--interval", "0.3", "--expiration", "2", "--rate", "200", "--timeout", "60"],
         capture_output=True, text=True, timeout=180, cwd=ROOT)
     assert out.returncode == 0, out.stdout + out.stderr

@@ -26,7 +26,7 @@ from eventprocessor.consumer_client import starting_positions, to_event_data, to
 from eventprocessor.events import Event, EventPosition  # noqa: E402
 from eventprocessor.sources import MemoryEventSource  # noqa: E402
 from eventprocessor.testing import FaultyStore, run_virtual, virtual_utc_clock  # noqa: E402
-from stores import InMemoryCheckpointStore  # noqa: E402
+from eventprocessor.stores import InMemoryCheckpointStore  # noqa: E402
 
 OPTIONS = dict(load_balancing_interval=1.0, partition_ownership_expiration_interval=10.0)
 
@@ -554,7 +554,7 @@ def test_the_official_blob_store_runs_as_ours_on_the_same_container_and_other_of
     official = pytest.importorskip("azure.eventhub.extensions.checkpointstoreblobaio")
     from azure.eventhub.aio import CheckpointStore as OfficialCheckpointStore
 
-    from stores import BlobCheckpointStore
+    from eventprocessor.stores import BlobCheckpointStore
 
     store = official.BlobCheckpointStore.from_connection_string(
         "DefaultEndpointsProtocol=http;AccountName=devstoreaccount1;AccountKey=c2VjcmV0LWtleQ==;"

@@ -29,7 +29,7 @@ import pytest
 from eventprocessor import Event, EventPosition
 from eventprocessor.events import BodyType, received_event
 from eventprocessor.sources import MemoryEventSource
-from stores import InMemoryCheckpointStore
+from eventprocessor.stores import InMemoryCheckpointStore
 
 WHEN = datetime(2026, 1, 1, tzinfo=timezone.utc)
 Key = Tuple[str, int]  # (partition id, sequence number)

@@ -1,6 +1,6 @@
 """The real Event Hubs path end to end: OS processes, the AMQP emulator, Blob storage on Azurite.
 
-1. Three worker processes (``python -m eventprocessor.testing.worker``) each run an ``EventProcessor``
+1. Three worker processes (``python -m harness.worker``) each run an ``EventProcessor``
    with ``EventHubSource`` and ``BlobCheckpointStore``; the official producer feeds an
    8-partition hub on the session emulator. One worker is SIGKILLed mid-stream. The
    test checks that no event is lost, that the survivors resume the dead worker's
@@ -24,7 +24,7 @@ from typing import Dict, List, Set, Tuple
 
 import pytest
 
-from eventprocessor.testing.processes import WorkerHandle, spawn_worker
+from harness.worker_process import WorkerHandle, spawn_worker
 
 pytestmark = [pytest.mark.azurite, pytest.mark.eventhubs, pytest.mark.slow]
 

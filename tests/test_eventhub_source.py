@@ -19,7 +19,7 @@ from eventprocessor import (ConfigurationError, EventPosition, EventProcessor, E
                             ReceiverDisconnectedError)
 from eventprocessor.sources.eventhub import (EventHubSource, lean_receive_supported, message_to_event, to_event,
                                              to_starting_position)
-from stores import InMemoryCheckpointStore
+from eventprocessor.stores import InMemoryCheckpointStore
 
 SECRET = "c2VjcmV0LWtleS1kby1ub3QtbGVhaw=="
 CONN = f"Endpoint=sb://example.servicebus.windows.net/;SharedAccessKeyName=listen;SharedAccessKey={SECRET};EntityPath=telemetry"
@@ -576,7 +576,7 @@ async def test_a_position_past_the_end_is_refused(eventhubs_emulator, hub):
 
 
 async def test_a_rejected_credential_is_an_unauthorized_error_without_the_key(caplog):
-    from emulators.eventhubs import EventHubsEmulator
+    from eventprocessor.emulators.eventhubs import EventHubsEmulator
 
     caplog.set_level(logging.DEBUG)
     async with EventHubsEmulator(eventhubs=["hub"], partitions=2, sas_key="the-right-key") as emulator:

@@ -21,7 +21,7 @@ from azure.eventhub import EventData
 from azure.eventhub.aio import EventHubConsumerClient, EventHubProducerClient
 from azure.eventhub.exceptions import AuthenticationError, ConnectError, ConnectionLostError, EventHubError
 
-from emulators.eventhubs import EventHubsEmulator
+from eventprocessor.emulators.eventhubs import EventHubsEmulator
 from tests.amqp_peer import RawPeer
 
 pytestmark = pytest.mark.eventhubs
@@ -394,7 +394,7 @@ async def test_tokens_are_checked_when_a_key_is_set():
 
 
 async def test_retention_drops_the_oldest_events_beyond_the_bound():
-    from emulators.eventhubs import EmulatorConfig
+    from eventprocessor.emulators.eventhubs import EmulatorConfig
 
     config = EmulatorConfig.from_flags(eventhubs=["small"], partitions=1, max_events_per_partition=5)
     async with EventHubsEmulator(config) as emulator:

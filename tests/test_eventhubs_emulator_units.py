@@ -15,11 +15,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from emulators.eventhubs import frames as F
-from emulators.eventhubs.broker import BrokerError, Namespace, StartPosition, parse_selector, split_message
-from emulators.eventhubs.codec import (AMQPDecodeError, Described, Symbol, SymbolArray, Timestamp, UInt, ULong,
+from eventprocessor.emulators.eventhubs import frames as F
+from eventprocessor.emulators.eventhubs.broker import BrokerError, Namespace, StartPosition, parse_selector, split_message
+from eventprocessor.emulators.eventhubs.codec import (AMQPDecodeError, Described, Symbol, SymbolArray, Timestamp, UInt, ULong,
                                        decode, encode, skip)
-from emulators.eventhubs.config import EmulatorConfig, EmulatorConfigError
+from eventprocessor.emulators.eventhubs.config import EmulatorConfig, EmulatorConfigError
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -106,7 +106,7 @@ def test_large_transfers_are_split_to_the_peers_frame_size():
 
 
 def test_sender_annotations_are_kept_but_the_service_ones_cannot_be_forged():
-    from emulators.eventhubs.codec import encode as enc
+    from eventprocessor.emulators.eventhubs.codec import encode as enc
 
     annotations = {Symbol("x-opt-sequence-number"): 999, Symbol("x-opt-partition-key"): "k", Symbol("custom"): 5}
     message = b"\x00\x53\x70" + enc([True]) + b"\x00\x53\x71" + enc({Symbol("hop"): 1}) \
@@ -120,7 +120,7 @@ def test_sender_annotations_are_kept_but_the_service_ones_cannot_be_forged():
 def test_the_properties_and_application_properties_sections_are_stored_as_sent():
     """message-id, content-type, correlation-id (any AMQP id type) reach consumers as the
     producer sent them; tests/test_migration.py checks both clients read them."""
-    from emulators.eventhubs.codec import encode as enc
+    from eventprocessor.emulators.eventhubs.codec import encode as enc
 
     properties = b"\x00\x53\x73" + enc([b"m-1", None, None, None, None, uuid.UUID(int=7), Symbol("text/plain")])
     application = b"\x00\x53\x74" + enc({"kind": "reading"})
@@ -257,7 +257,7 @@ def test_bad_configurations_name_the_problem(tmp_path, mutate, message):
 
 
 def test_command_line_prints_one_connection_string_and_stops_cleanly_on_sigterm():
-    from emulators.eventhubs.process import start_emulator_process
+    from eventprocessor.emulators.eventhubs.process import start_emulator_process
 
     with start_emulator_process(["--eventhub", "hub", "--partitions", "4"]) as emulator:
         assert emulator.connection_string.startswith("Endpoint=sb://127.0.0.1:")
@@ -270,7 +270,7 @@ def test_command_line_prints_one_connection_string_and_stops_cleanly_on_sigterm(
 def test_command_line_rejects_a_bad_config_with_its_reason(tmp_path):
     bad = tmp_path / "Config.json"
     bad.write_text("{not json")
-    out = subprocess.run([sys.executable, "-m", "emulators.eventhubs", "--port", "0", "--config", str(bad)],
+    out = subprocess.run([sys.executable, "-m", "eventprocessor.emulators.eventhubs", "--port", "0", "--config", str(bad)],
                          capture_output=True, text=True, timeout=60, cwd=ROOT)
     assert out.returncode == 2 and "not valid JSON" in out.stderr and out.stdout == ""
 

@@ -12,7 +12,7 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from emulators.fault_proxy import FaultProxy, ThreadedFaultProxy
+from eventprocessor.emulators.fault_proxy import FaultProxy, ThreadedFaultProxy
 
 
 class Service:

@@ -1,14 +1,14 @@
 """Issue 11's rows that were seen on Azurite, on Azurite: real processors on the Blob
 store, through a loopback TCP fault proxy, in real time with generous bounds (the same
 scenarios run on virtual time in ``tests/test_processor_faults.py``; the scenarios are
-:mod:`eventprocessor.testing.azurite_faults`, at full length in ``python -m benchmarks.faults
+:mod:`harness.azurite_faults`, at full length in ``python -m benchmarks.faults
 --azurite``)."""
 from __future__ import annotations
 
 import pytest
 
 from eventprocessor import StoreDataLostError
-from eventprocessor.testing.azurite_faults import black_hole, restarted_empty, run_fault_scenario, slow_store
+from harness.azurite_faults import black_hole, restarted_empty, run_fault_scenario, slow_store
 
 pytestmark = [pytest.mark.azurite, pytest.mark.slow]
 

@@ -21,7 +21,7 @@ import pytest
 
 from eventprocessor import ConfigurationError, EventProcessor, PartitionProcessor
 from eventprocessor.sources import MemoryEventSource
-from stores import InMemoryCheckpointStore
+from eventprocessor.stores import InMemoryCheckpointStore
 
 SHORT = dict(load_balancing_interval=0.3, partition_ownership_expiration_interval=3.0)
 BLOCK = 3.5  # longer than the lease

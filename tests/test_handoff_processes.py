@@ -1,11 +1,11 @@
 """Planned moves without duplicates (issue 14) with real processes and real storage.
 
-Each processor is an OS process (``python -m eventprocessor.testing.worker``): an ``EventProcessor`` with
+Each processor is an OS process (``python -m harness.worker``): an ``EventProcessor`` with
 ``EventHubSource`` reading the session's Event Hubs emulator over AMQP and
 ``BlobCheckpointStore`` on the session's Azurite. The test process produces a steady
 stream with the official producer the whole time, scales, restarts or kills workers, then
 waits until every produced event was delivered. The scenarios and their measurements are
-:mod:`eventprocessor.testing.processes`; ``python -m benchmarks.moves`` also runs them
+:mod:`harness.group` and :mod:`harness.move_scenarios`; ``python -m benchmarks.moves`` also runs them
 for the official processor.
 
 Duplicates and losses are counted from what the handlers received: each worker prints a
@@ -32,8 +32,8 @@ from __future__ import annotations
 
 import pytest
 
-from eventprocessor.testing.processes import (CLAIM_BOUND, EXPIRY, SCENARIOS, TAKEOVER_BOUND, Group, Outcome,
-                                              rolling_restart, scale_2_4_2, standby_takeover)
+from harness.group import CLAIM_BOUND, EXPIRY, TAKEOVER_BOUND, Group, Outcome
+from harness.move_scenarios import SCENARIOS, rolling_restart, scale_2_4_2, standby_takeover
 
 pytestmark = [pytest.mark.azurite, pytest.mark.eventhubs, pytest.mark.slow]
 

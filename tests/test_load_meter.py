@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from eventprocessor.load import CpuMeter, available_cores
-from eventprocessor.testing.cpu_quota import CpuQuotas, unavailable
+from harness.cpu_quota import CpuQuotas, unavailable
 
 AFFINITY = float(len(os.sched_getaffinity(0)))
 

@@ -48,7 +48,7 @@ def _classes(implementation: str) -> Tuple[Any, Any]:
         from eventprocessor import EventHubConsumerClient  # type: ignore[assignment]
     else:
         from eventprocessor import EventHubConsumerClient  # type: ignore[assignment]
-        from stores import BlobCheckpointStore  # type: ignore[assignment]
+        from eventprocessor.stores import BlobCheckpointStore  # type: ignore[assignment]
     return EventHubConsumerClient, BlobCheckpointStore
 
 

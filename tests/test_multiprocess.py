@@ -26,7 +26,7 @@ from typing import Dict, List, Optional
 
 import pytest
 
-from eventprocessor.testing.processes import WorkerHandle
+from harness.worker_process import WorkerHandle
 
 pytestmark = [pytest.mark.azurite, pytest.mark.slow]
 
@@ -104,7 +104,7 @@ def _fail(message: str, workers: List[WorkerHandle]) -> None:
 
 
 async def test_three_processes_balance_then_survivors_take_over_a_killed_one(azurite, tmp_path):
-    from stores.blob import BlobCheckpointStore
+    from eventprocessor.stores.blob import BlobCheckpointStore
 
     container = f"mp-{uuid.uuid4().hex[:12]}"
     store = BlobCheckpointStore.from_connection_string(azurite.connection_string, container)

@@ -36,7 +36,7 @@ from typing import Dict, Iterator, List, Optional, Sequence
 import click
 import pytest
 
-from eventprocessor_cli import main
+from eventprocessor.cli import main
 from tests import docs_pages
 from tests.conftest import unavailable
 
@@ -152,7 +152,7 @@ def _wait_for_ports(ports: Sequence[int], process: subprocess.Popen, timeout: fl
 
 
 def _needs_azurite_binary() -> Path:
-    from emulators.azurite import find_azurite
+    from eventprocessor.emulators.azurite import find_azurite
 
     binary = find_azurite()
     if binary is None or not binary.exists() or shutil.which("node") is None:
@@ -190,7 +190,7 @@ class StrictAzurite:
 
     @property
     def connection_string(self) -> str:
-        from emulators.azurite import Azurite
+        from eventprocessor.emulators.azurite import Azurite
 
         return Azurite(self.blob_port, 0, self.table_port).connection_string
 
@@ -220,7 +220,7 @@ AZURITE_SAYS = "is not supported by Azurite"
 @pytest.mark.azurite
 async def test_a_store_on_azurite_without_the_flag_quotes_azurite_and_names_the_flag(strict_azurite):
     from eventprocessor.errors import CheckpointStoreError
-    from stores import BlobCheckpointStore
+    from eventprocessor.stores import BlobCheckpointStore
 
     async with BlobCheckpointStore.from_connection_string(strict_azurite.connection_string, "checkpoints") as store:
         for call in (store.check, lambda: store.list_ownership("ns", "hub", "$default")):
@@ -253,7 +253,7 @@ def test_the_readme_example_on_an_unusable_store_fails_at_once_and_says_why(even
 
 @pytest.mark.azurite
 def test_status_on_azurite_without_the_flag_says_the_flag(strict_azurite):
-    out = subprocess.run([sys.executable, "-m", "eventprocessor_cli", "status", "--namespace", "ns", "--eventhub",
+    out = subprocess.run([sys.executable, "-m", "eventprocessor.cli", "status", "--namespace", "ns", "--eventhub",
                           "hub", "--container", "checkpoints"], capture_output=True, text=True, timeout=60,
                          env=environment(EVENTPROCESSOR_STORE_CONNECTION_STRING=strict_azurite.connection_string))
     assert out.returncode == 1
@@ -262,8 +262,8 @@ def test_status_on_azurite_without_the_flag_says_the_flag(strict_azurite):
 
 @pytest.mark.azurite
 async def test_demo_on_an_azurite_without_the_flag_says_the_flag(strict_azurite, monkeypatch):
-    from eventprocessor_cli import demo
-    from eventprocessor_cli.user_errors import CommandError
+    from eventprocessor.cli import demo
+    from eventprocessor.cli.user_errors import CommandError
 
     monkeypatch.setattr(demo, "AZURITE_PORTS", (strict_azurite.blob_port, _free_port(), strict_azurite.table_port))
     with pytest.raises(CommandError) as raised:
@@ -277,7 +277,7 @@ async def test_a_refused_key_and_a_missing_container_are_named_with_the_fix(azur
     from azure.storage.blob import ContainerSasPermissions, generate_container_sas
 
     from eventprocessor.errors import CheckpointStoreError
-    from stores import BlobCheckpointStore, TableCheckpointStore
+    from eventprocessor.stores import BlobCheckpointStore, TableCheckpointStore
 
     wrong = base64.b64encode(b"w" * 64).decode()
     for store in (BlobCheckpointStore(azurite.blob_endpoint, "checkpoints", credential=wrong),
@@ -306,7 +306,7 @@ def test_the_service_message_kept_in_store_errors_never_carries_a_credential():
     """The service's own words are kept, but a message that quotes a SAS signature, a
     key or a string-to-sign loses them."""
     azure_exceptions = pytest.importorskip("azure.core.exceptions")
-    from stores import describe_error
+    from eventprocessor.stores import describe_error
 
     key = base64.b64encode(b"k" * 64).decode()
     said = (f"Signature did not match. sig=abc%2Fdef&se=2030 used {key}; String to sign used was r\n2030\n/blob/x"
@@ -334,7 +334,7 @@ def test_azurite_started_by_hand_as_the_readme_says_serves_the_stores(tmp_path):
     try:
         _wait_for_ports([10000, 10002], process)
         code = ("import asyncio\n"
-                "from stores import BlobCheckpointStore, TableCheckpointStore\n"
+                "from eventprocessor.stores import BlobCheckpointStore, TableCheckpointStore\n"
                 "from eventprocessor.records import Ownership\n"
                 "async def main():\n"
                 "    for cls, name in ((BlobCheckpointStore, 'byhand'), (TableCheckpointStore, 'byhand')):\n"
@@ -357,7 +357,7 @@ def test_eventprocessor_azurite_serves_the_default_ports_and_stops_on_sigterm(tm
     _needs_azurite_binary()
     _default_ports_free()
     marker = uuid.uuid4().hex
-    process = subprocess.Popen([sys.executable, "-m", "eventprocessor_cli", "azurite"], stdout=subprocess.PIPE,
+    process = subprocess.Popen([sys.executable, "-m", "eventprocessor.cli", "azurite"], stdout=subprocess.PIPE,
                                stderr=subprocess.PIPE, text=True, env=environment(marker), cwd=tmp_path)
     try:
         assert process.stdout is not None
@@ -389,7 +389,7 @@ def test_demo_without_the_eventhub_extra_says_so_and_starts_nothing():
     if _port_in_use(10000):
         unavailable("something listens on 127.0.0.1:10000; the demo would use it instead of starting Azurite")
     marker = uuid.uuid4().hex
-    out = run_without(["azure.eventhub"], ["-m", "eventprocessor_cli", "demo", "--store", "azurite", "--source",
+    out = run_without(["azure.eventhub"], ["-m", "eventprocessor.cli", "demo", "--store", "azurite", "--source",
                                            "emulator"], env=environment(marker))
     assert_one_line_error(out, "[eventhub]", f"pip install -e {shlex.quote(f'{ROOT}[eventhub]')}")
     assert "Unclosed" not in out.stderr
@@ -403,7 +403,7 @@ def test_a_demo_stopped_by_a_signal_stops_the_azurite_it_started(signum, code):
     if _port_in_use(10000):
         unavailable("something listens on 127.0.0.1:10000; the demo would use it instead of starting Azurite")
     marker = uuid.uuid4().hex
-    process = subprocess.Popen([sys.executable, "-m", "eventprocessor_cli", "demo", "--store", "azurite"],
+    process = subprocess.Popen([sys.executable, "-m", "eventprocessor.cli", "demo", "--store", "azurite"],
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=environment(marker),
                                cwd=ROOT)
     try:
@@ -450,7 +450,7 @@ def _install_hints() -> List[str]:
     """Every ``pip install ...`` a user is told, in the README and every page of the
     docs, the samples and the program sources, as written (up to the end of its code
     span or line)."""
-    texts = [docs_pages.text(page) for page in docs_pages.pages()] + [path.read_text(encoding="utf-8") for folder in ("eventprocessor", "eventprocessor_cli",
+    texts = [docs_pages.text(page) for page in docs_pages.pages()] + [path.read_text(encoding="utf-8") for folder in ("eventprocessor", "eventprocessor.cli",
                                                                          "stores", "emulators", "samples", "docs",
                                                                          "benchmarks")
                         for path in sorted((ROOT / folder).rglob("*.py"))
@@ -510,7 +510,7 @@ def test_the_install_hint_of_a_wheel_names_the_wheel(monkeypatch, tmp_path):
 
 def test_importing_a_store_without_its_extra_says_the_install_command(tmp_path):
     program = tmp_path / "import_store.py"
-    program.write_text("import stores\ntry:\n    stores.BlobCheckpointStore\n"
+    program.write_text("import eventprocessor.stores\ntry:\n    stores.BlobCheckpointStore\n"
                        "except ModuleNotFoundError as error:\n    print(error)\n")
     out = run_without(["azure", "aiohttp"], [str(program)], env=environment())
     assert out.returncode == 0, out.stderr
@@ -532,7 +532,7 @@ def test_the_spark_sample_without_the_spark_extra_is_one_line():
 
 
 def test_the_spark_sample_without_java_is_one_line(tmp_path):
-    from eventprocessor_cli.user_errors import missing_modules
+    from eventprocessor.cli.user_errors import missing_modules
 
     if missing_modules(SPARK_MODULES):
         unavailable("pyspark is not installed (pip install -e '.[all]')")
@@ -604,7 +604,7 @@ def test_the_otel_extra_installs_what_the_metrics_example_imports():
 def test_the_demo_over_the_emulator_through_a_pipe_warns_about_nothing():
     """3-4 WARNING paragraphs per run about its own ticks, at its own defaults."""
     marker = uuid.uuid4().hex
-    out = subprocess.run([sys.executable, "-m", "eventprocessor_cli", "demo", "--source", "emulator"],
+    out = subprocess.run([sys.executable, "-m", "eventprocessor.cli", "demo", "--source", "emulator"],
                          capture_output=True, text=True, timeout=240, env=environment(marker), cwd=ROOT)
     assert_nothing_left(marker)  # the emulator process it started
     assert out.returncode == 0, out.stdout + out.stderr
@@ -621,7 +621,7 @@ def test_the_demo_prints_the_status_command_that_watches_it_and_warns_about_noth
     or the hub; ``--namespace demo.local`` found nothing."""
     _needs_azurite_binary()
     marker = uuid.uuid4().hex
-    demo = subprocess.Popen([sys.executable, "-m", "eventprocessor_cli", "demo", "--store", "azurite"],
+    demo = subprocess.Popen([sys.executable, "-m", "eventprocessor.cli", "demo", "--store", "azurite"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=environment(marker),
                             cwd=ROOT)
     try:
@@ -673,7 +673,7 @@ def _run_in_terminal(args: Sequence[str], columns: int = 120, rows: int = 30, ti
             fcntl.ioctl(0, termios.TIOCSWINSZ, struct.pack("HHHH", rows, columns, 0, 0))
             os.chdir(ROOT)
             env = environment(TERM="xterm-256color", COLUMNS=str(columns), LINES=str(rows))
-            os.execve(sys.executable, [sys.executable, "-m", "eventprocessor_cli", *args], env)
+            os.execve(sys.executable, [sys.executable, "-m", "eventprocessor.cli", *args], env)
         finally:
             os._exit(127)
     data = b""
@@ -737,13 +737,13 @@ def test_the_pinned_azurite_accepts_the_node_the_readme_names(tmp_path):
     assert set(re.findall(r"Node\.js (\d+\.\d+) or newer", DOCS)) == {f"{named.group(1)}.{named.group(2)}"}, \
         "every page names the same Node.js"
     minimum = f"{named.group(1)}.{named.group(2)}.0"
-    from eventprocessor_cli.user_errors import NODE_VERSION
+    from eventprocessor.cli.user_errors import NODE_VERSION
 
     assert NODE_VERSION == f"{named.group(1)}.{named.group(2)} or newer"
     pinned = json.loads((ROOT / "package.json").read_text())["devDependencies"]["azurite"]
     lock = json.loads((ROOT / "package-lock.json").read_text())
     assert lock["packages"]["node_modules/azurite"]["version"] == pinned
-    from eventprocessor_cli.user_errors import PINNED_AZURITE
+    from eventprocessor.cli.user_errors import PINNED_AZURITE
 
     assert PINNED_AZURITE == pinned and f"pins `azurite` {pinned}" in DOCS
     refused = _excluding({name: entry["engines"]["node"] for name, entry in lock["packages"].items()
@@ -786,7 +786,7 @@ def test_every_numeric_option_has_a_range():
 
 def test_demo_refuses_a_negative_timeout():
     """``demo --timeout -5`` was accepted and ended "balance did not happen within -5s"."""
-    out = subprocess.run([sys.executable, "-m", "eventprocessor_cli", "demo", "--timeout", "-5"],
+    out = subprocess.run([sys.executable, "-m", "eventprocessor.cli", "demo", "--timeout", "-5"],
                          capture_output=True, text=True, timeout=60, env=environment(), cwd=ROOT)
     assert out.returncode == 2, out.stdout + out.stderr
     assert "--timeout" in out.stderr and "Traceback" not in out.stderr
@@ -795,11 +795,11 @@ def test_demo_refuses_a_negative_timeout():
 
 def test_the_quick_convergence_run_meets_its_targets_or_says_why():
     """It ended "3 target(s) missed" beside the README's "all 59 targets met"."""
-    from eventprocessor_cli.user_errors import missing_modules
+    from eventprocessor.cli.user_errors import missing_modules
 
     if missing_modules(["azure.eventhub"]):
         unavailable("azure-eventhub is not installed (pip install -e '.[all]')")
-    out = subprocess.run([sys.executable, "-m", "eventprocessor_cli", "bench", "convergence", "--quick"],
+    out = subprocess.run([sys.executable, "-m", "eventprocessor.cli", "bench", "convergence", "--quick"],
                          capture_output=True, text=True, timeout=600, env=environment(), cwd=ROOT)
     assert out.returncode == 0, out.stderr[-3000:]
     missed = re.search(r"(\d+) target\(s\) missed", out.stderr)
@@ -826,8 +826,8 @@ def test_the_docs_document_the_status_expiration_the_cli_uses():
 
 def test_the_docs_blob_layout_names_the_member_prefix_the_store_writes():
     pytest.importorskip("azure.storage.blob")
-    from stores.protocol import MEMBER
-    from stores.blob import BlobRecords
+    from eventprocessor.stores.protocol import MEMBER
+    from eventprocessor.stores.blob import BlobRecords
 
     prefix = BlobRecords.prefix(MEMBER, ("{namespace}", "{eventhub}", "{consumer_group}"))
     layout = re.search(r"## Blob layout\n.*?```text\n(.*?)```", docs_pages.text(docs_pages.DOCS / "howto" /
@@ -838,7 +838,7 @@ def test_the_docs_blob_layout_names_the_member_prefix_the_store_writes():
 
 
 def test_the_emulator_serves_the_hub_the_docs_example_reads():
-    from emulators.eventhubs import EventHubsEmulator
+    from eventprocessor.emulators.eventhubs import EventHubsEmulator
 
     hub = re.search(r'HUB = os\.environ\.get\("EVENTHUB_NAME", "([\w-]+)"\)', _eventhubs_example())
     assert hub

@@ -14,7 +14,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def test_importing_the_core_pulls_in_neither_azure_nor_pyspark():
-    code = ("import sys, eventprocessor, eventprocessor.sources, stores; "
+    code = ("import sys, eventprocessor, eventprocessor.sources, eventprocessor.stores; "
             "heavy = [m for m in sys.modules if m.split('.')[0] in ('azure', 'pyspark', 'pyarrow', 'pandas')]; "
             "print(heavy)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=ROOT)
@@ -33,71 +33,84 @@ def test_core_requirements_and_extras():
     assert "pyspark" in extras["spark"] and "pyspark" in extras["all"]
 
 
-def test_packages_ship_py_typed():
+def test_the_package_ships_py_typed():
     assert (ROOT / "eventprocessor" / "py.typed").exists()
-    assert (ROOT / "stores" / "py.typed").exists()
-    for package in ("emulators", "eventprocessor_cli"):
-        assert (ROOT / package / "py.typed").exists()
 
 
-# Who may import whom. The SDK core is at the bottom; the stores build on it; the
-# command line, the local emulators, the samples and the benchmarks sit on top.
-LAYERS = {
-    "eventprocessor": {"eventprocessor"},
-    "stores": {"eventprocessor", "stores"},
-    "emulators": {"emulators"},
-    "eventprocessor_cli": {"eventprocessor", "stores", "emulators", "eventprocessor_cli", "benchmarks"},
+# Who may import whom among the sub-packages of ``eventprocessor``. The processor's core is
+# at the bottom; the stores build on it; the command line, the local emulators' users and the
+# testing tools sit on top. The local emulators import nothing of ours.
+PACKAGE = "eventprocessor"
+STORES, EMULATORS, CLI, TESTING = (f"{PACKAGE}.stores", f"{PACKAGE}.emulators", f"{PACKAGE}.cli",
+                                   f"{PACKAGE}.testing")
+UPPER = (STORES, EMULATORS, CLI, TESTING)
+# Above the stores, beside the core: the drop-in client builds one of them from
+# azure-eventhub's BlobCheckpointStore (and an in-memory one when given none), as
+# azure-eventhub does; the Spark source builds the Blob or Table store its options name.
+ABOVE_STORES = (f"{PACKAGE}.consumer_client.options", f"{PACKAGE}.spark.source")
+MAY_IMPORT = {
+    EMULATORS: (EMULATORS,),
+    STORES: (PACKAGE,),  # the core and itself, not the layers above
+    TESTING: (PACKAGE,),  # the core, the stores and the emulators: it runs real processors on them
+    CLI: (PACKAGE, "benchmarks"),
 }
-OURS = set(LAYERS) | {"benchmarks", "samples", "tests"}
 
 
-def _imported_roots(path: Path):
-    import ast
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
-    tree = ast.parse(path.read_text(), filename=str(path))
-    for node in ast.walk(tree):
+
+def _imported_modules(path: Path) -> Iterator[Tuple[str, int]]:
+    module = _module_name(path)
+    here = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
         if isinstance(node, ast.Import):
             for alias in node.names:
-                yield alias.name.split(".")[0], node.lineno
-        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-            yield node.module.split(".")[0], node.lineno
+                yield alias.name, node.lineno
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                prefix = here.split(".")[:len(here.split(".")) - node.level + 1]
+                base = ".".join(prefix + ([node.module] if node.module else []))
+            yield base, node.lineno
 
 
-# eventprocessor.testing is a layer of its own, above the stores and the emulators: its
-# Cluster runs real processors over the in-memory store, its Azurite fault scenarios run
-# them on a real Azurite through the emulators' TCP fault proxy (emulators imports none
-# of ours, so no cycle). Nothing else in the core may import it. The
-# drop-in client also sits above the stores: it builds one of them from azure-eventhub's
-# BlobCheckpointStore (and an in-memory one when given none), as azure-eventhub does.
-TESTING = Path("eventprocessor") / "testing"
-ABOVE_STORES = {Path("eventprocessor") / "consumer_client" / "options.py"}
-# The Spark source builds the Blob or Table store its options name: a layer above the
-# stores too. The core reaches it only through the lazy export in eventprocessor.spark.
-SPARK_SOURCE = Path("eventprocessor") / "spark" / "source"
+def _layer(module: str) -> str:
+    if module == f"{PACKAGE}.__main__":  # ``python -m eventprocessor`` is the command line
+        return CLI
+    for upper in UPPER:
+        if module == upper or module.startswith(upper + "."):
+            return upper
+    return PACKAGE
 
 
-def _may_import_stores(path: Path) -> bool:
-    relative = path.relative_to(ROOT)
-    return relative in ABOVE_STORES or SPARK_SOURCE in relative.parents
+def _within(module: str, prefixes) -> bool:
+    return any(module == prefix or module.startswith(prefix + ".") for prefix in prefixes)
 
 
-@pytest.mark.parametrize("package", sorted(LAYERS))
-def test_no_module_imports_a_layer_above_its_own(package):
-    allowed = LAYERS[package]
-    wrong = [f"{path.relative_to(ROOT)}:{line} imports {root}"
-             for path in sorted((ROOT / package).rglob("*.py")) if TESTING not in path.relative_to(ROOT).parents
-             for root, line in _imported_roots(path) if root in OURS and root not in allowed
-             and not (_may_import_stores(path) and root == "stores")]
+def test_no_module_imports_a_layer_above_its_own():
+    wrong = []
+    for path in sorted((ROOT / PACKAGE).rglob("*.py")):
+        module = _module_name(path)
+        layer = _layer(module)
+        for imported, line in _imported_modules(path):
+            if not _within(imported, (PACKAGE, "benchmarks", "harness", "tests", "samples")):
+                continue
+            if layer == PACKAGE:
+                allowed = _within(imported, (PACKAGE,)) and (
+                    _layer(imported) == PACKAGE or (_layer(imported) == STORES and _within(module, ABOVE_STORES)))
+            else:
+                allowed = _within(imported, MAY_IMPORT[layer]) and not (
+                    layer == STORES and _layer(imported) not in (PACKAGE, STORES))
+            if not allowed:
+                wrong.append(f"{path.relative_to(ROOT)}:{line} imports {imported}")
     assert not wrong, "\n".join(wrong)
 
 
 def test_the_spark_source_builds_on_the_core_and_the_stores_only_and_pulls_in_no_pyspark_until_asked():
-    wrong = [f"{path.relative_to(ROOT)}:{line} imports {root}"
-             for path in sorted((ROOT / SPARK_SOURCE).rglob("*.py"))
-             for root, line in _imported_roots(path) if root in OURS and root not in ("eventprocessor", "stores")]
-    assert not wrong, "\n".join(wrong)
     code = ("import sys, eventprocessor.spark, eventprocessor.spark.source.offsets, eventprocessor.spark.source.options; "
-            "before = sorted(m for m in sys.modules if m.split('.')[0] in ('pyspark', 'stores')); "
+            "before = sorted(m for m in sys.modules if m.split('.')[0] == 'pyspark' or m.startswith('eventprocessor.stores')); "
             "from eventprocessor.spark import EventHubsDataSource; "
             "print(before, EventHubsDataSource.name(), 'pyspark' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT)
@@ -105,17 +118,13 @@ def test_the_spark_source_builds_on_the_core_and_the_stores_only_and_pulls_in_no
     assert out.stdout.strip() == "[] eventhubs True"
 
 
-def test_the_testing_package_builds_on_the_core_the_stores_and_the_emulators_only():
-    # Its fault runners drive the local stand-ins (the Event Hubs emulator, Azurite, the fault proxies).
-    wrong = [f"{path.relative_to(ROOT)}:{line} imports {root}"
-             for path in sorted((ROOT / TESTING).rglob("*.py"))
-             for root, line in _imported_roots(path)
-             if root in OURS and root not in ("eventprocessor", "stores", "emulators")]
+def test_nothing_in_the_package_imports_the_harness_the_tests_or_the_benchmarks_but_the_cli_its_benchmarks():
+    wrong = [f"{path.relative_to(ROOT)}:{line} imports {imported}"
+             for path in sorted((ROOT / PACKAGE).rglob("*.py"))
+             for imported, line in _imported_modules(path)
+             if _within(imported, ("harness", "tests", "samples"))
+             or (_within(imported, ("benchmarks",)) and _layer(_module_name(path)) != CLI)]
     assert not wrong, "\n".join(wrong)
-    core = [f"{path.relative_to(ROOT)}" for path in sorted((ROOT / "eventprocessor").rglob("*.py"))
-            if TESTING not in path.relative_to(ROOT).parents and "eventprocessor.testing" in path.read_text()
-            .replace("~eventprocessor.testing", "")]
-    assert not core, f"core modules import eventprocessor.testing: {core}"
 
 
 # Tests and benchmarks use the SDK's public names only, and tests never import the
@@ -123,7 +132,7 @@ def test_the_testing_package_builds_on_the_core_the_stores_and_the_emulators_onl
 # entry below is a known exception, with who is to remove it.
 IMPORTS_BENCHMARKS_STILL: Set[str] = set()
 PRIVATE_IMPORTS_STILL: Dict[str, Set[str]] = {}
-SDK = ("eventprocessor", "stores", "emulators")
+SDK = ("eventprocessor",)
 
 
 def _imports(path: Path):
@@ -322,9 +331,8 @@ def _module_imports(package: str) -> Dict[str, Set[str]]:
                      if name in modules and name != module} for module, path in modules.items()}
 
 
-@pytest.mark.parametrize("package", ["eventprocessor", "stores", "emulators", "eventprocessor_cli"])
-def test_no_import_cycles(package):
-    graph = _module_imports(package)
+def test_no_import_cycles():
+    graph = _module_imports("eventprocessor")
     cycles = []
     done: Set[str] = set()
 
@@ -341,3 +349,43 @@ def test_no_import_cycles(package):
     for module in sorted(graph):
         walk(module, [])
     assert not cycles, cycles
+
+
+def test_the_wheel_holds_one_top_level_package_and_no_harness(tmp_path):
+    """Built from the tracked files only, as a clean clone would build it."""
+    tracked = subprocess.run(["git", "ls-files", "-z"], capture_output=True, cwd=ROOT, check=True).stdout
+    source = tmp_path / "source"
+    for name in filter(None, tracked.decode().split("\0")):
+        if (ROOT / name).is_file():
+            (source / name).parent.mkdir(parents=True, exist_ok=True)
+            (source / name).write_bytes((ROOT / name).read_bytes())
+    out = subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--wheel-dir",
+                          str(tmp_path / "dist"), str(source)], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    import zipfile
+
+    [wheel] = (tmp_path / "dist").glob("*.whl")
+    names = zipfile.ZipFile(wheel).namelist()
+    tops = {name.split("/")[0] for name in names}
+    assert tops == {"eventprocessor", next(top for top in tops if top.endswith(".dist-info"))}, sorted(tops)
+    packages = {name.rsplit("/", 1)[0] for name in names if name.endswith("/__init__.py")}
+    assert {"eventprocessor/stores", "eventprocessor/emulators", "eventprocessor/cli",
+            "eventprocessor/testing"} <= packages
+    assert not [name for name in names if "/harness" in name or name.startswith(("tests/", "benchmarks/"))]
+    public_testing = {name.rsplit("/", 1)[1] for name in names if name.startswith("eventprocessor/testing/")}
+    assert public_testing == {"__init__.py", "cluster.py", "loop.py", "ownership.py", "recorder.py", "source.py",
+                              "store.py"}, sorted(public_testing)
+    assert "eventprocessor/py.typed" in names
+
+
+def test_a_users_own_stores_or_emulators_module_shadows_nothing(tmp_path):
+    for name in ("stores", "emulators", "harness", "cli"):
+        (tmp_path / f"{name}.py").write_text("MINE = True\n")
+    code = ("import stores, emulators, cli; "
+            "from eventprocessor.stores import InMemoryCheckpointStore; "
+            "from eventprocessor.emulators.ports import free_ports; "
+            "import eventprocessor.cli; "
+            "print(stores.MINE, emulators.MINE, cli.MINE, InMemoryCheckpointStore.__module__)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["True", "True", "True", "eventprocessor.stores.memory"]

@@ -36,7 +36,7 @@ from eventprocessor.telemetry import Telemetry
 from eventprocessor.testing import VIRTUAL_EPOCH, FaultyStore, run_virtual, virtual_utc_clock
 from eventprocessor.watchdog import Watchdog
 from eventprocessor.writer import OwnershipWriter
-from stores import InMemoryCheckpointStore
+from eventprocessor.stores import InMemoryCheckpointStore
 
 SCOPE = ("memory.local", "hub", "$default")
 TIMING = Timing.derive(interval=1.0, expiration=12.0, renewal_age=None, store_timeout=None, shutdown_timeout=5.0,

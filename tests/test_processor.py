@@ -16,7 +16,7 @@ from eventprocessor import (CloseReason, ConfigurationError, EventPosition, Even
                             OwnershipLostError, PartitionProcessor, PoisonEventsError)
 from eventprocessor.sources import MemoryEventSource
 from eventprocessor.testing import run_virtual, virtual_utc_clock
-from stores import InMemoryCheckpointStore
+from eventprocessor.stores import InMemoryCheckpointStore
 
 FAST = dict(load_balancing_interval=0.5, partition_ownership_expiration_interval=6.0)
 

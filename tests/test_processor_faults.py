@@ -15,7 +15,7 @@ import pytest
 from eventprocessor import CloseReason, EventProcessor, PartitionProcessor, StoreDataLostError
 from eventprocessor.lease import LeaseState
 from eventprocessor.testing import run_virtual
-from stores import InMemoryCheckpointStore
+from eventprocessor.stores import InMemoryCheckpointStore
 
 from eventprocessor.testing import Cluster, recording_handler
 

@@ -27,7 +27,7 @@ from eventprocessor.errors import EventSourceError
 from eventprocessor.sources import MemoryEventSource
 from eventprocessor.sources.base import EventSource, PartitionReceiver
 from eventprocessor.testing import DeliveryRecorder, recording_handler, run_virtual, virtual_utc_clock
-from stores import InMemoryCheckpointStore
+from eventprocessor.stores import InMemoryCheckpointStore
 
 FAST = dict(load_balancing_interval=0.5, partition_ownership_expiration_interval=6.0)
 

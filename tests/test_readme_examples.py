@@ -272,7 +272,7 @@ def _extras() -> set:
 def _check_click(argv: List[str], where: str) -> None:
     """Parse ``eventprocessor ARGV`` with the command line's own parser, down to the
     subcommand, without running anything."""
-    from eventprocessor_cli import main
+    from eventprocessor.cli import main
 
     command: click.Command = main
     try:
@@ -324,7 +324,7 @@ def _check_program(argv: List[str], where: str) -> None:
         script = ROOT / argv[0]
         assert script.is_file(), f"{where}: {argv[0]} does not exist in the checkout"
         target, options = [str(script)], argv[1:]
-    if target == ["-m", "eventprocessor_cli"]:
+    if target == ["-m", "eventprocessor.cli"]:
         _check_click(options, where)
         return
     out = subprocess.run([sys.executable, *target, "--help"], capture_output=True, text=True, timeout=120, cwd=ROOT,
@@ -428,7 +428,7 @@ def test_an_unmarked_shell_block_fails():
     ("eventprocessor demo --timeout -5", "--timeout"),
     ("eventprocessor stats", "no command"),
     ("pip install -e '.[blobs]'", "no extra"),
-    ("python -m emulators.spark_cluster --no-such-flag", "no option --no-such-flag"),
+    ("python -m eventprocessor.emulators.spark_cluster --no-such-flag", "no option --no-such-flag"),
     ("python samples/no_such_sample.py", "does not exist"),
     ("curl http://127.0.0.1", "does not know"),
 ])
@@ -456,8 +456,8 @@ def test_the_readme_is_a_landing_page_whose_links_resolve():
     assert not missing, f"README.md links to files that do not exist: {missing}"
 
 
-_CHECKOUT_PATH = re.compile(r"`((?:\.ci|tests|samples|benchmarks|docs|emulators|eventprocessor|eventprocessor_cli"
-                            r"|stores)/[\w./-]*)`")
+_CHECKOUT_PATH = re.compile(r"`((?:\.ci|tests|samples|benchmarks|docs|harness|eventprocessor"
+                            r")/[\w./-]*)`")
 
 
 def checkout_paths_missing(page: str, source: str) -> list[str]:

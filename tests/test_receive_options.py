@@ -18,7 +18,7 @@ import pytest
 from eventprocessor import EventPosition, EventProcessor, PartitionProcessor
 from eventprocessor.sources import MemoryEventSource
 from eventprocessor.testing import run_virtual, virtual_utc_clock
-from stores import InMemoryCheckpointStore
+from eventprocessor.stores import InMemoryCheckpointStore
 
 OPTIONS = dict(load_balancing_interval=1.0, partition_ownership_expiration_interval=10.0)
 

@@ -1,10 +1,10 @@
 """Source faults for real: the official producer sends to the Event Hubs emulator, an
 EventProcessor reads it with ``EventHubSource`` through a loopback TCP fault proxy
-(:class:`emulators.fault_proxy.TcpFaultProxy`), from ``earliest``, without checkpoints.
+(:class:`eventprocessor.emulators.fault_proxy.TcpFaultProxy`), from ``earliest``, without checkpoints.
 The same invariants as the virtual harness (``tests/test_source_fault_harness.py``),
 counted from what the handler received: nothing lost, nothing delivered twice to one
 claim, nothing handed to an ended claim, recovery within a generous bound
-(:func:`eventprocessor.testing.source_faults.recovery_bound`).
+(:func:`harness.source_faults.recovery_bound`).
 
 Plus ``EventHubSource``'s own behaviour under these faults: a server-busy answer is
 classified with its retry-after and waited out, a black-holed connection is noticed by
@@ -24,9 +24,9 @@ from eventprocessor.sources.eventhub import EventHubSource
 from eventprocessor.sources.eventhub.failures import ErrorContext
 from eventprocessor.testing import DeliveryRecorder, recording_handler
 
-from emulators.eventhubs import connection_string
-from emulators.fault_proxy import TcpFaultProxy
-from eventprocessor.testing.source_faults import Controls, LocalEmulator, black_hole, resets, restart, run_source_fault
+from eventprocessor.emulators.eventhubs import connection_string
+from eventprocessor.emulators.fault_proxy import TcpFaultProxy
+from harness.source_faults import Controls, LocalEmulator, black_hole, resets, restart, run_source_fault
 
 pytestmark = [pytest.mark.eventhubs, pytest.mark.slow]
 
@@ -161,7 +161,7 @@ def test_a_source_notices_dead_connections_by_default():
 
 
 def _store():
-    from stores.memory import InMemoryCheckpointStore
+    from eventprocessor.stores.memory import InMemoryCheckpointStore
 
     return InMemoryCheckpointStore()
 

@@ -34,7 +34,7 @@ from eventprocessor import CloseReason, EventProcessor, PartitionContext
 from eventprocessor.records import Ownership
 from eventprocessor.sources import MemoryEventSource
 from eventprocessor.spark import METADATA_DIR, STAGING_DIR, MicroBatch, SparkSink
-from stores import InMemoryCheckpointStore
+from eventprocessor.stores import InMemoryCheckpointStore
 
 ROOT = Path(__file__).resolve().parent.parent
 WORKER = Path(__file__).resolve().parent / "spark_cluster_worker.py"
@@ -345,7 +345,7 @@ async def test_two_processor_processes_one_sigkilled_write_each_event_once(mode,
 
     from eventprocessor.sources.eventhub import EventHubSource
     from eventprocessor.spark import CommitLog
-    from stores import BlobCheckpointStore
+    from eventprocessor.stores import BlobCheckpointStore
 
     conn = eventhubs_emulator.connection_string
     hub = eventhubs_emulator.fresh_hub(4)

@@ -14,7 +14,7 @@ from eventprocessor.errors import ConfigurationError
 from eventprocessor.spark.commit_log import (BatchRefused, CommitLog, FileLogStorage, LogStorage, PartitionRange,
                                              StagedFile, StaleFenceError, StoreLogStorage)
 from eventprocessor.spark.log_state import LogState
-from stores import InMemoryCheckpointStore
+from eventprocessor.stores import InMemoryCheckpointStore
 
 SCOPE = dict(fully_qualified_namespace="memory.local", eventhub_name="hub", consumer_group="$default")
 
@@ -306,7 +306,7 @@ async def test_an_append_that_lands_after_its_version_was_compacted_is_decided_a
 
 @pytest.mark.azurite
 async def test_in_the_blob_store_two_logs_racing_get_unique_versions(azurite):
-    from stores import BlobCheckpointStore
+    from eventprocessor.stores import BlobCheckpointStore
 
     container = f"commit-log-{uuid.uuid4().hex[:8]}"
     stores = [BlobCheckpointStore.from_connection_string(azurite.connection_string, container) for _ in range(3)]

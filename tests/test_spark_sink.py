@@ -23,7 +23,7 @@ from eventprocessor.testing import ManualClock
 from eventprocessor.sources import MemoryEventSource
 from eventprocessor.spark import EVENT_SCHEMA, MicroBatch, SparkSink, events_to_table, json_body
 from eventprocessor.spark import STAGING_DIR
-from stores import InMemoryCheckpointStore
+from eventprocessor.stores import InMemoryCheckpointStore
 from tests.conftest import unavailable
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -645,7 +645,7 @@ async def test_sigkill_at_every_step_of_a_batch_then_restart_writes_each_event_o
     Ownership and checkpoints live in a BlobCheckpointStore on Azurite, so each
     restart is a new claim (higher epoch) resuming from the store's checkpoints. Each
     event is in the table once."""
-    from stores import BlobCheckpointStore
+    from eventprocessor.stores import BlobCheckpointStore
 
     out = tmp_path / "table"
     partitions, events = 4, 400  # 8 batches: every run finds batches left to write

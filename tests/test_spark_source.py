@@ -451,7 +451,7 @@ async def test_one_consumer_group_two_engines_checkpoints_carry_over_both_ways(m
     a live owner holds is left alone and no checkpoint ever moves back."""
     from eventprocessor.records import Ownership
     from eventprocessor.spark.source.options import SourceOptions
-    from stores import BlobCheckpointStore
+    from eventprocessor.stores import BlobCheckpointStore
 
     hub = eventhubs_emulator.fresh_hub(4)
     conn = hub_connection(eventhubs_emulator, hub)
@@ -556,9 +556,9 @@ def test_the_drivers_management_link_answers_as_the_public_calls_and_reopens_aft
     """The driver reaches the hub through a TCP fault proxy on its own loop (which runs
     whenever the driver calls the hub), so its kept link's connection can be reset while
     idle, as a dropped connection would be."""
-    from emulators.eventhubs import connection_string
-    from emulators.fault_proxy import TcpFaultProxy
-    from emulators.ports import free_ports
+    from eventprocessor.emulators.eventhubs import connection_string
+    from eventprocessor.emulators.fault_proxy import TcpFaultProxy
+    from eventprocessor.emulators.ports import free_ports
     from eventprocessor.spark.source.hub import DriverHub, ManagementLink
     from eventprocessor.spark.source.options import SourceOptions
 
@@ -634,7 +634,7 @@ async def test_a_partition_added_to_the_hub_is_read_from_its_first_event_at_the_
     this process whose hub grows from 2 to 3 partitions between two batches."""
     from pyspark.sql.streaming.datasource import ReadAllAvailable
 
-    from emulators.eventhubs import EventHubsEmulator
+    from eventprocessor.emulators.eventhubs import EventHubsEmulator
     from eventprocessor.spark.source.datasource import EventHubsStreamReader
     from eventprocessor.spark.source.options import SourceOptions
 

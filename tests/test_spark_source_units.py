@@ -22,7 +22,7 @@ from eventprocessor.spark.source.offsets import (HubOffset, PartitionPosition, R
                                                  plan_ranges, rate_limit)
 from eventprocessor.spark.source.options import Position, SourceOptions, StoreOptions
 from eventprocessor.spark.source.rows import ARROW_SCHEMA, events_to_record_batch, json_value
-from stores import InMemoryCheckpointStore
+from eventprocessor.stores import InMemoryCheckpointStore
 
 KEY = "c2VjcmV0LWtleS12YWx1ZQ=="
 CONN = f"Endpoint=sb://contoso.servicebus.windows.net/;SharedAccessKeyName=listen;SharedAccessKey={KEY};EntityPath=hub"

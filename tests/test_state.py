@@ -23,7 +23,7 @@ from eventprocessor.state import PartitionState, StateKeeper, StateLog
 from eventprocessor.state.log import IN_FLIGHT
 from eventprocessor.state.replica import WarmReplica
 from eventprocessor.testing import FaultyStore, run_virtual, virtual_utc_clock
-from stores import InMemoryCheckpointStore
+from eventprocessor.stores import InMemoryCheckpointStore
 
 FAST = dict(load_balancing_interval=0.5, partition_ownership_expiration_interval=6.0)
 SCOPE = ("memory.local", "hub", "$default")

@@ -1,7 +1,7 @@
 """Stateful partitions with real processes and real storage (issue 26): a per-key counter in
 ``context.state`` stays exact through planned moves and a SIGKILL.
 
-Each processor is an OS process (``python -m eventprocessor.testing.worker --stateful``): an
+Each processor is an OS process (``python -m harness.worker --stateful``): an
 ``EventProcessor(stateful=True)`` with ``EventHubSource`` on the session's Event Hubs
 emulator and ``BlobCheckpointStore`` on the session's Azurite, whose handler counts events
 per key (the body, one of 5 keys drawn at random by the producer) in ``context.state`` and
@@ -28,8 +28,9 @@ from __future__ import annotations
 
 import pytest
 
-from eventprocessor.testing.processes import (EXPIRY, TAKEOVER_BOUND, Group, Outcome, count_mismatches, hub_bodies,
-                                              scale_2_4_2, stateful_failover, stored_states)
+from harness.group import EXPIRY, TAKEOVER_BOUND, Group, Outcome
+from harness.move_scenarios import scale_2_4_2
+from harness.state_scenarios import count_mismatches, hub_bodies, stateful_failover, stored_states
 
 pytestmark = [pytest.mark.azurite, pytest.mark.eventhubs, pytest.mark.slow]
 

@@ -34,12 +34,12 @@ from rich.console import Console
 from eventprocessor.errors import CheckpointStoreError, EventSourceError
 from eventprocessor.records import Checkpoint, Member, Ownership, OwnershipListing, UnreadableOwnership
 from eventprocessor.sources import MemoryEventSource, PartitionProperties
-from eventprocessor_cli import main
-from eventprocessor_cli.status import (EVENTHUB_CONNECTION_STRING_ENV, STORE_ACCOUNT_KEY_ENV,
+from eventprocessor.cli import main
+from eventprocessor.cli.status import (EVENTHUB_CONNECTION_STRING_ENV, STORE_ACCOUNT_KEY_ENV,
                                        STORE_CONNECTION_STRING_ENV, STORE_SAS_TOKEN_ENV, build_status, read_status,
                                        render)
-from eventprocessor_cli.user_errors import CommandError
-from stores import InMemoryCheckpointStore
+from eventprocessor.cli.user_errors import CommandError
+from eventprocessor.stores import InMemoryCheckpointStore
 from tests.test_cli import assert_one_line_error, run_cli
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -339,7 +339,7 @@ def _closed_port() -> int:
 
 
 def _dev_connection_string(blob_url: str) -> str:
-    from emulators.azurite import DEV_ACCOUNT_KEY
+    from eventprocessor.emulators.azurite import DEV_ACCOUNT_KEY
 
     return (f"DefaultEndpointsProtocol=http;AccountName=devstoreaccount1;AccountKey={DEV_ACCOUNT_KEY};"
             f"BlobEndpoint={blob_url}")
@@ -393,7 +393,7 @@ def _spawn(owner: str, container: str, connection_string: str, log: Path) -> sub
 
 @pytest.mark.azurite
 async def test_status_of_a_live_group_matches_the_store_row_by_row(azurite, tmp_path):
-    from stores.blob import BlobCheckpointStore
+    from eventprocessor.stores.blob import BlobCheckpointStore
 
     container = f"status-{uuid.uuid4().hex[:10]}"
     env = {STORE_CONNECTION_STRING_ENV: azurite.connection_string, "COLUMNS": "250"}
@@ -500,7 +500,7 @@ def _check_hand_written(document: dict, *, expired: bool) -> None:
 
 @pytest.mark.azurite
 async def test_the_table_store_and_expired_records(azurite):
-    from stores.table import TableCheckpointStore
+    from eventprocessor.stores.table import TableCheckpointStore
 
     table = f"status{uuid.uuid4().hex[:10]}"
     async with TableCheckpointStore.from_connection_string(azurite.connection_string, table) as store:
@@ -515,7 +515,7 @@ async def test_the_table_store_and_expired_records(azurite):
 @pytest.mark.azurite
 async def test_the_blob_store_by_account_url_with_a_key_and_with_a_sas_token(azurite):
     from azure.storage.blob import ContainerSasPermissions, generate_container_sas
-    from stores.blob import BlobCheckpointStore
+    from eventprocessor.stores.blob import BlobCheckpointStore
 
     container = f"status-{uuid.uuid4().hex[:10]}"
     async with BlobCheckpointStore.from_connection_string(azurite.connection_string, container) as store:

@@ -1,6 +1,6 @@
 """One contract, three stores: the same tests against InMemory, Blob-on-Azurite and
 Table-on-Azurite (``eventprocessor/checkpoint_store.py`` states the contract,
-``stores/protocol.py`` the protocol all three run).
+``eventprocessor/stores/protocol.py`` the protocol all three run).
 
 Every test gets a fresh container / table and a fresh consumer group. Races are real:
 the two contenders are two store clients with their own fence caches (on Azurite, with
@@ -28,8 +28,8 @@ from eventprocessor.checkpoint_store import CheckpointStore
 from eventprocessor.errors import (CheckpointStoreError, ClaimOwnershipError, ConfigurationError, OwnershipLostError,
                                    StaleEpochError)
 from eventprocessor.records import MAX_ENTRY_BYTES, MAX_EPOCH, Checkpoint, Member, Ownership
-from stores import InMemoryCheckpointStore
-from stores.protocol import CHECKPOINT, EtagMismatch, Kind, RecordExists
+from eventprocessor.stores import InMemoryCheckpointStore
+from eventprocessor.stores.protocol import CHECKPOINT, EtagMismatch, Kind, RecordExists
 
 NAMESPACE = "conformance.servicebus.windows.net"
 HUB = "hub"
@@ -189,7 +189,7 @@ async def backend(request: pytest.FixtureRequest) -> AsyncIterator[Backend]:
     if request.param == "blob":
         from azure.storage.blob.aio import ContainerClient
 
-        from stores import BlobCheckpointStore
+        from eventprocessor.stores import BlobCheckpointStore
 
         container = f"conf-{uuid.uuid4().hex[:12]}"
         store = BlobCheckpointStore.from_connection_string(azurite.connection_string, container)
@@ -209,7 +209,7 @@ async def backend(request: pytest.FixtureRequest) -> AsyncIterator[Backend]:
 
     from azure.data.tables.aio import TableClient
 
-    from stores import TableCheckpointStore
+    from eventprocessor.stores import TableCheckpointStore
 
     table_name = f"conf{uuid.uuid4().hex[:12]}"
     store = TableCheckpointStore.from_connection_string(azurite.connection_string, table_name)

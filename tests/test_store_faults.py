@@ -1,5 +1,5 @@
 """The Azure stores under real network faults: Azurite behind the loopback fault proxy
-(``emulators/fault_proxy.py``). Lost responses of writes that landed, a black-holed
+(``eventprocessor/emulators/fault_proxy.py``). Lost responses of writes that landed, a black-holed
 endpoint, resets and latency; every test is bounded in time (generous bounds: these
 are real sockets on a shared machine)."""
 from __future__ import annotations
@@ -17,8 +17,8 @@ import pytest
 
 from eventprocessor.errors import CheckpointStoreError, ClaimOwnershipError, OwnershipLostError, StoreTimeoutError
 from eventprocessor.records import Checkpoint, Ownership
-from stores import BlobCheckpointStore, TableCheckpointStore
-from emulators.fault_proxy import FaultProxy
+from eventprocessor.stores import BlobCheckpointStore, TableCheckpointStore
+from eventprocessor.emulators.fault_proxy import FaultProxy
 
 NS, HUB, CG = "faults.servicebus.windows.net", "hub", "$default"
 

@@ -13,9 +13,9 @@ from eventprocessor.checkpoint_store import StoreWrapper
 from eventprocessor.testing import (LedgerStore, OwnershipLedger, VirtualTimeLoop, recording_handler, run_virtual,
                                     virtual_utc_clock)
 from eventprocessor.testing.recorder import DeliveryRecorder
-from eventprocessor.testing.spark_files import batch_files
+from harness.spark_files import batch_files
 from eventprocessor.sources import MemoryEventSource
-from stores import InMemoryCheckpointStore
+from eventprocessor.stores import InMemoryCheckpointStore
 
 
 def test_idle_callbacks_run_once_per_instant_after_everything_due_then_time_moves_on():

@@ -11,7 +11,7 @@ import pytest
 
 from eventprocessor import ConfigurationError, EventPosition, EventProcessor, PartitionProcessor
 from eventprocessor.sources import MemoryEventSource
-from stores import InMemoryCheckpointStore
+from eventprocessor.stores import InMemoryCheckpointStore
 
 NAN, INF = math.nan, math.inf
 

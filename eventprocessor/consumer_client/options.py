@@ -62,7 +62,7 @@ def _resolve_store(checkpoint_store: Any) -> Tuple[Optional[CheckpointStore],
         return checkpoint_store, None
     module = type(checkpoint_store).__module__
     if module.startswith("azure.eventhub"):
-        from stores.blob import BlobCheckpointStore, is_azure_eventhub_blob_store
+        from eventprocessor.stores.blob import BlobCheckpointStore, is_azure_eventhub_blob_store
 
         if is_azure_eventhub_blob_store(checkpoint_store):
             def build() -> CheckpointStore:
@@ -86,7 +86,7 @@ def _memory_store(clock: Any) -> CheckpointStore:
     """The in-memory store of one receive call without a checkpoint store. Its wall clock
     follows the processor's clock, so the processor and the store agree on time, virtual
     time included."""
-    from stores.memory import InMemoryCheckpointStore
+    from eventprocessor.stores.memory import InMemoryCheckpointStore
 
     ticks = clock if callable(getattr(clock, "monotonic", None)) else SystemClock()
     origin = datetime.now(_UTC) - timedelta(seconds=ticks.monotonic())

@@ -14,17 +14,9 @@
 * :class:`Cluster`: real :class:`~eventprocessor.EventProcessor` s over one in-memory
   store and one :class:`~eventprocessor.sources.MemoryEventSource`, on the running loop.
 
-Modules for tests across processes and real transports (they need the extras and the
-local services, and are imported only when named):
-
-* :mod:`eventprocessor.testing.worker` (``python -m eventprocessor.testing.worker``) and
-  :mod:`eventprocessor.testing.processes`: consumer processes (this SDK's or
-  azure-eventhub's) that report every delivered batch, and planned-move scenarios;
-* :mod:`eventprocessor.testing.azurite_faults`: store faults on Azurite through a TCP
-  fault proxy; :mod:`eventprocessor.testing.source_faults`: source faults on the Event
-  Hubs emulator;
-* :mod:`eventprocessor.testing.spark_files`: which files each micro-batch of a Spark
-  file sink wrote, from its ``_spark_metadata`` log.
+The scenario harness that the project's own tests and benchmarks share (consumer
+processes, fault rigs on Azurite and the Event Hubs emulator, fleets) is not part of this
+package: it lives in the repository's ``harness/`` folder and is not installed.
 
 Example::
 

@@ -13,7 +13,7 @@ import random
 from collections import defaultdict
 from typing import Any, Dict, List, Optional, Tuple
 
-from stores.memory import InMemoryCheckpointStore
+from eventprocessor.stores.memory import InMemoryCheckpointStore
 
 from ..processor import EventProcessor
 from ..sources.memory import MemoryEventSource

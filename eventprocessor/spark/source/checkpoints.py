@@ -66,10 +66,10 @@ def default_owner_id() -> str:
 def open_store(options: StoreOptions) -> CheckpointStore:
     """The Blob or Table store the options name (imports the ``[blob]``/``[table]`` extra)."""
     if options.container:
-        from stores import BlobCheckpointStore
+        from eventprocessor.stores import BlobCheckpointStore
 
         return BlobCheckpointStore.from_connection_string(options.connection_string, options.container)
-    from stores import TableCheckpointStore
+    from eventprocessor.stores import TableCheckpointStore
 
     assert options.table is not None
     return TableCheckpointStore.from_connection_string(options.connection_string, options.table)

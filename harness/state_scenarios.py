@@ -1,0 +1,202 @@
+"""Stateful groups: the hub's contents, the states stored, standby replicas, a stateful failover.
+
+Used by ``tests/test_state_processes.py`` and ``python -m benchmarks.state``.
+
+Example::
+
+    outcome = await stateful_failover(group)
+    bodies = await hub_bodies(hub_conn, hub)
+    assert count_mismatches(group, bodies, await stored_states(group)) == 0
+"""
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import Counter
+from typing import Any, Dict, List, Optional, Set, Tuple
+
+from .group import SETTLE_TIMEOUT, TAKEOVER_BOUND, Failover, Group, Outcome
+from .worker_process import WorkerHandle
+
+__all__ = ["Failover", "stateful_failover", "hub_bodies", "stored_states", "standby_replicas",
+           "count_mismatches", "restore_mismatches"]
+
+
+def _scope(group: Group) -> Tuple[str, str, str]:
+    started = next((w.started for w in group.workers if w.started), None)
+    if started is None:
+        raise RuntimeError(f"{group.label}: no worker said where it reads (no 'started' line)")
+    return started["namespace"], started["eventhub"], "$default"
+
+
+async def hub_bodies(connection_string: str, hub: str, *, consumer_group: str = "$default",
+                     timeout: float = 60.0) -> Dict[str, List[str]]:
+    """Every event the hub holds, read back with azure-eventhub's consumer: partition ->
+    the bodies as text, indexed by sequence number. Read it once the workers stopped (a
+    receiver without an owner level is refused beside theirs on one consumer group)."""
+    from azure.eventhub.aio import EventHubConsumerClient
+
+    client = EventHubConsumerClient.from_connection_string(connection_string, consumer_group=consumer_group,
+                                                           eventhub_name=hub)
+    async with client:
+        ends = {pid: (await client.get_partition_properties(pid))["last_enqueued_sequence_number"]
+                for pid in await client.get_partition_ids()}
+        received: Dict[str, Dict[int, str]] = {pid: {} for pid in ends}
+        complete = asyncio.Event()
+
+        async def on_batch(context: Any, events: List[Any]) -> None:
+            for event in events:
+                received[context.partition_id][event.sequence_number] = event.body_as_str()
+            if all(len(received[pid]) >= end + 1 for pid, end in ends.items()):
+                complete.set()
+
+        if all(end < 0 for end in ends.values()):
+            complete.set()
+        task = asyncio.create_task(client.receive_batch(on_batch, starting_position="-1", max_batch_size=300))
+        try:
+            await asyncio.wait_for(complete.wait(), timeout)
+        finally:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+    bodies: Dict[str, List[str]] = {}
+    for pid, end in ends.items():
+        if sorted(received[pid]) != list(range(end + 1)):
+            raise RuntimeError(f"partition {pid} of hub {hub}: read back sequence numbers other than 0..{end}")
+        bodies[pid] = [received[pid][n] for n in range(end + 1)]
+    return bodies
+
+
+async def stored_states(group: Group) -> Dict[str, Tuple[int, Dict[str, Any]]]:
+    """What a new owner of each partition would restore now, read from the group's
+    Blob container with this SDK's own restore (``StateKeeper.restore``): partition ->
+    (the checkpoint's sequence number, -1 without one; the per-key counts, padding left
+    out)."""
+    from eventprocessor.stores.blob import BlobCheckpointStore
+
+    from eventprocessor.state import StateKeeper, StateLog
+    from .worker import PAD_PREFIX
+
+    scope = _scope(group)
+    states: Dict[str, Tuple[int, Dict[str, Any]]] = {}
+    async with BlobCheckpointStore.from_connection_string(group.storage_connection_string, group.container) as store:
+        checkpoints = {c.partition_id: c for c in await store.list_checkpoints(*scope)}
+        for pid in sorted(group.all_partitions, key=int):
+            checkpoint = checkpoints.get(pid)
+            keeper = StateKeeper(StateLog(store, scope, pid), epoch=0)
+            await keeper.restore(checkpoint)
+            states[pid] = (checkpoint.sequence_number if checkpoint is not None else -1,
+                           {k: v for k, v in keeper.state.items() if not k.startswith(PAD_PREFIX)})
+    return states
+
+
+async def standby_replicas(group: Group, acceptable_recovery_lag: int = 10_000) -> Dict[str, Set[str]]:
+    """Partition -> the processes whose member record publishes a replica of it within
+    ``acceptable_recovery_lag`` events (what failover chooses from)."""
+    from eventprocessor.stores.blob import BlobCheckpointStore
+
+    from eventprocessor.state.replica import LAGS_PROPERTY, decode_lags
+
+    async with BlobCheckpointStore.from_connection_string(group.storage_connection_string, group.container) as store:
+        listing = await store.list_members(*_scope(group))
+    replicas: Dict[str, Set[str]] = {}
+    for member in listing.members:
+        for pid, lag in decode_lags(member.properties.get(LAGS_PROPERTY)).items():
+            if lag <= acceptable_recovery_lag:
+                replicas.setdefault(pid, set()).add(member.owner_id)
+    return replicas
+
+
+def count_mismatches(group: Group, bodies: Dict[str, List[str]],
+                     states: Optional[Dict[str, Tuple[int, Dict[str, Any]]]] = None) -> List[str]:
+    """Where a per-key count differs from the events the hub holds: every state a claim
+    restored (it must equal the count of the events up to the checkpoint it resumed
+    from) and, given ``states``, the state in the store at the end (its checkpoint must
+    be at the last event, its counts those of the whole partition). Empty: exact."""
+    problems = restore_mismatches(group, bodies)
+    for pid, (seq, counts) in sorted((states or {}).items()):
+        if seq != len(bodies[pid]) - 1:
+            problems.append(f"partition {pid}: the last checkpoint is at sequence number {seq}, the hub holds "
+                            f"{len(bodies[pid])} events")
+        expected = dict(Counter(bodies[pid][:seq + 1]))
+        if counts != expected:
+            problems.append(f"partition {pid}: the stored state counts {counts}, the hub's events up to its "
+                            f"checkpoint say {expected}")
+    return problems
+
+
+def restore_mismatches(group: Group, bodies: Dict[str, List[str]], *, since: float = float("-inf"),
+                       until: float = float("inf")) -> List[str]:
+    """Where a state a claim restored (at wall time ``since <= t < until``) differs from
+    the per-key count of the hub's events up to the checkpoint it resumed from. Empty:
+    exact."""
+    problems = []
+    for worker in group.workers:
+        for restored in worker.restores:
+            if not since <= restored["t"] < until:
+                continue
+            pid, seq = restored["p"], restored["seq"]
+            expected = dict(Counter(bodies[pid][:seq + 1]))
+            if restored["counts"] != expected:
+                problems.append(f"{worker.owner_id} restored partition {pid} at sequence number {seq} with counts "
+                                f"{restored['counts']}, the hub's events up to it say {expected}")
+    return problems
+
+
+async def stateful_failover(group: Group, processes: int = 3) -> Outcome:
+    """Stateful processes with standbys (the group's ``worker_options`` say
+    ``--stateful --standbys N``); once every partition has a caught-up standby, the owner
+    of the most partitions is SIGKILLed and each of its partitions must go to one of
+    its standbys, restored from the warm replica."""
+    started = time.monotonic()
+    outcome = Outcome(f"{processes} stateful processes with standbys, SIGKILL of an owner", group.label,
+                      group.partitions)
+    workers = [await group.spawn(f"{group.impl}-stateful-{i}") for i in range(processes)]
+    await group.start(workers)
+    replicas: Dict[str, Set[str]] = {}
+    deadline = time.monotonic() + SETTLE_TIMEOUT
+    while True:  # every partition has a caught-up standby that does not own it
+        shares = group.shares(workers)
+        owners = {pid: w.owner_id for w in workers for pid in w.owned}
+        replicas = await standby_replicas(group)
+        if shares is not None and all(replicas.get(pid, set()) - {owner} for pid, owner in owners.items()) \
+                and len(owners) == group.partitions:
+            break
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{group.label}: no caught-up standby of every partition within {SETTLE_TIMEOUT:.0f}s: "
+                               f"{replicas}\n" + "\n".join(w.diagnostics() for w in workers))
+        await asyncio.sleep(0.5)
+    await asyncio.sleep(2.0)  # a few checkpoints more, which the standbys follow
+    victim = max(workers, key=lambda w: (len(w.owned), w.owner_id))
+    partitions = list(victim.owned)
+    replicas = await standby_replicas(group)
+    outcome.failovers = [Failover(pid, sorted(replicas.get(pid, set()) - {victim.owner_id})) for pid in partitions]
+    victim.kill()
+    killed_at = time.time()
+    await victim.process.wait()
+    survivors = [w for w in workers if w is not victim]
+
+    def first_batch(pid: str) -> Optional[Tuple[float, WorkerHandle]]:
+        return min(((t, w) for w in survivors for (t, p, _f, _l) in w.batches if p == pid and t > killed_at),
+                   key=lambda tw: tw[0], default=None)
+
+    await group.until(lambda: all(first_batch(pid) is not None for pid in partitions),
+                      f"partitions {partitions} resumed after the SIGKILL", TAKEOVER_BOUND + 30)
+    for failover in outcome.failovers:
+        found = first_batch(failover.partition)
+        assert found is not None
+        at, taker = found
+        failover.taker, failover.takeover = taker.owner_id, round(at - killed_at, 2)
+        claims = [t for (t, owned) in taker.ownership if failover.partition in owned and t > killed_at]
+        failover.claimed = round(min(claims) - killed_at, 2) if claims else None
+        restores = [r for r in taker.restores if r["p"] == failover.partition and r["t"] > killed_at]
+        if restores:
+            failover.restored = round(restores[0]["t"] - killed_at, 2)
+            failover.warm = bool(restores[0]["warm"])
+    outcome.takeover = max(f.takeover for f in outcome.failovers if f.takeover is not None)
+    outcome.taker_was_standby = all(f.taker in f.standbys for f in outcome.failovers)
+    await group.until(lambda: group.settled(survivors), f"{len(survivors)} processes sharing the hub", SETTLE_TIMEOUT,
+                      fail=False)
+    outcome.shares_after = sorted(group.shares(survivors) or [])
+    await group.finish(outcome)
+    outcome.seconds = time.monotonic() - started
+    return outcome

@@ -1,0 +1,107 @@
+"""What a worker process reports: JSON lines on stdout, one per event a parent reads.
+
+:func:`emit` writes a line; :class:`Tally` counts deliveries and writes the ``first``,
+``done`` and ``batch`` lines; :class:`OwnershipLines` turns this SDK's ownership log
+records into ``ownership`` lines; :func:`trace_allocations` writes ``tracemalloc``
+lines; :func:`resident_bytes` is the memory a ``stats`` line reports. The parent side
+is :class:`harness.worker_process.WorkerHandle`.
+
+Example::
+
+    emit({"event": "stats", "events": tally.events, "rss": resident_bytes()})
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import sys
+import time
+from typing import Any, Dict, List, Optional
+
+__all__ = ["emit", "resident_bytes", "Tally", "OwnershipLines", "trace_allocations"]
+
+
+def emit(record: Dict[str, Any]) -> None:
+    """Write ``record`` as one JSON line on stdout, flushed (what a parent reads)."""
+    sys.stdout.write(json.dumps(record, separators=(",", ":")) + "\n")
+    sys.stdout.flush()
+
+
+_PAGE_SIZE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+
+
+def resident_bytes(pid: Optional[int] = None) -> Optional[int]:
+    """A process's resident set size in bytes, from ``/proc/<pid>/statm`` (Linux), or None."""
+    try:
+        with open(f"/proc/{pid or 'self'}/statm") as handle:
+            return int(handle.read().split()[1]) * _PAGE_SIZE
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+class Tally:
+    """What this process delivered: counts for the stats line, and the batch lines."""
+
+    def __init__(self, report_events: bool, expect: int) -> None:
+        self.report_events = report_events
+        self.expect = expect
+        self.events = 0
+        self.newest: Dict[str, int] = {}  # partition -> highest sequence number delivered
+        self.progress = asyncio.Event()  # set at each delivery (the in-process producer waits on it)
+
+    def delivered(self, partition_id: str, sequence_numbers: List[int]) -> None:
+        if sequence_numbers:
+            self.newest[partition_id] = max(self.newest.get(partition_id, -1), sequence_numbers[-1])
+            self.progress.set()
+        if self.events == 0:
+            emit({"event": "first", "cpu": time.process_time(), "t": time.time()})
+        self.events += len(sequence_numbers)
+        if self.expect and self.events >= self.expect and self.events - len(sequence_numbers) < self.expect:
+            emit({"event": "done", "events": self.events, "cpu": time.process_time(), "t": time.time()})
+        if self.report_events and sequence_numbers:
+            first, last = sequence_numbers[0], sequence_numbers[-1]
+            contiguous = last - first + 1 == len(sequence_numbers)
+            emit({"event": "batch", "p": partition_id, "s": [first, last] if contiguous else sequence_numbers,
+                   "c": int(contiguous), "t": time.time()})
+
+
+async def trace_allocations(after_events: int, tally: Tally, frames: int, top: int = 25) -> None:
+    """Trace allocations from ``after_events`` delivered events on; take the baseline at
+    twice that many (by then the steady working set, which was allocated before tracing
+    began and so is invisible to it, has been allocated again under tracing); when
+    cancelled (at the stop), print the allocation sites whose live memory grew most
+    since the baseline, as ``tracemalloc`` lines, innermost frame first. Growth that
+    keeps up with the events is a leak; a warm working set shows as a few KiB."""
+    import gc
+    import tracemalloc
+
+    while tally.events < after_events:
+        await asyncio.sleep(0.1)
+    tracemalloc.start(max(1, frames))
+    while tally.events < 2 * after_events:
+        await asyncio.sleep(0.1)
+    gc.collect()
+    baseline, events_then = tracemalloc.take_snapshot(), tally.events
+    try:
+        await asyncio.Event().wait()
+    finally:
+        gc.collect()
+        grown = tracemalloc.take_snapshot().compare_to(baseline, "traceback")
+        tracemalloc.stop()
+        for stat in grown[:top]:
+            emit({"event": "tracemalloc", "events": tally.events - events_then, "size_diff": stat.size_diff,
+                   "count_diff": stat.count_diff,
+                   "traceback": [f"{frame.filename}:{frame.lineno}" for frame in reversed(stat.traceback)]})
+
+
+class OwnershipLines(logging.Handler):
+    """Each ownership change of this SDK's processor as a JSON line, from the structured
+    fields of its log record (``OWNERSHIP_LOG_FIELDS``)."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        reason = getattr(record, "eventprocessor.reason", None)
+        if reason is not None:
+            emit({"event": "ownership", "reason": reason, "p": getattr(record, "eventprocessor.partition_id", None),
+                   "epoch": getattr(record, "eventprocessor.epoch", None), "t": record.created})
