@@ -25,13 +25,13 @@ import math
 import statistics
 import sys
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any
 
 from eventprocessor import EventProcessor, LoadBalancingStrategy, Timing
-from eventprocessor.testing import run_virtual
-
 from eventprocessor.cli.user_errors import require
+from eventprocessor.testing import run_virtual
 
 from . import program
 from .results import RESULTS_DIR, machine_line
@@ -64,17 +64,17 @@ class Outcome:
     strategy: LoadBalancingStrategy
     implementation: str
     phase: PhaseResult
-    limit_ticks: Optional[int] = None
-    min_moves: Optional[int] = None
-    extra: Dict[str, Any] = field(default_factory=dict)
-    samples: List[Tuple[float, Dict[str, int]]] = field(default_factory=list)
-    event_tick: Optional[float] = None
+    limit_ticks: int | None = None
+    min_moves: int | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+    samples: list[tuple[float, dict[str, int]]] = field(default_factory=list)
+    event_tick: float | None = None
 
 
 # --------------------------------------------------------------------------- helpers
 
 
-def one_per_tick_limit(before: Dict[str, Optional[str]], live: Sequence[str], partition_ids: Sequence[str]) -> int:
+def one_per_tick_limit(before: dict[str, str | None], live: Sequence[str], partition_ids: Sequence[str]) -> int:
     """Fewest ticks to a balanced state when each owner gains at most one partition per
     tick: the largest gain any owner needs under the stickiest balanced targets."""
     if not live:
@@ -90,7 +90,7 @@ def one_per_tick_limit(before: Dict[str, Optional[str]], live: Sequence[str], pa
 
 
 def ours_requests_per_hour(partitions: int, instances: int, interval: float, expiration: float,
-                           renewal_age: Optional[float] = None) -> float:
+                           renewal_age: float | None = None) -> float:
     """This SDK's steady-state storage requests per hour: each processor lists ownership
     and members in one request per tick (``N / I``), rewrites each owned record once per
     renewal age (``P / R``, by default ``R = max(E/2, lease - 15 s)``,
@@ -100,7 +100,7 @@ def ours_requests_per_hour(partitions: int, instances: int, interval: float, exp
     return 3600.0 * (instances / interval + partitions / renewal + 4 * instances / expiration)
 
 
-def processor_defaults() -> Tuple[float, float]:
+def processor_defaults() -> tuple[float, float]:
     """``EventProcessor``'s default load-balancing interval and expiration, read from its
     signature (the benchmark's "defaults" row is whatever the SDK ships)."""
     parameters = inspect.signature(EventProcessor.__init__).parameters
@@ -119,7 +119,7 @@ def _max_ticks(partitions: int, instances: int) -> int:
 
 
 def _sim(impl: str, strategy: LoadBalancingStrategy, partitions: int, schedule: str, seed: int, **kwargs: Any) -> Any:
-    options: Dict[str, Any] = dict(schedule=schedule, seed=seed, interval=INTERVAL, expiration=EXPIRATION,
+    options: dict[str, Any] = dict(schedule=schedule, seed=seed, interval=INTERVAL, expiration=EXPIRATION,
                                    traffic=TRAFFIC, work=WORK)
     options.update(kwargs)
     return simulation(impl, strategy, partitions, **options)
@@ -138,7 +138,7 @@ async def _traffic_on(sim: Simulation) -> None:
     await sim.run_until(sim.now + PRE_ROLL)
 
 
-def _samples(sim: Simulation) -> List[Tuple[float, Dict[str, int]]]:
+def _samples(sim: Simulation) -> list[tuple[float, dict[str, int]]]:
     return [(s.tick, dict(s.counts)) for s in sim.samples]
 
 
@@ -149,7 +149,7 @@ def _outcome(sim: Simulation, scenario: str, phase: PhaseResult, **kwargs: Any) 
                    implementation=sim.implementation, phase=phase, samples=_samples(sim), extra=extra, **kwargs)
 
 
-def _orphans_of(sim: Simulation, names: Sequence[str]) -> List[str]:
+def _orphans_of(sim: Simulation, names: Sequence[str]) -> list[str]:
     owners = sim.owner_map()
     return [pid for pid, owner in owners.items() if owner in set(names)]
 
@@ -377,7 +377,7 @@ async def balance_factor(strategy: LoadBalancingStrategy, schedule: str, seed: i
 
 async def steady(impl: str, strategy: LoadBalancingStrategy, schedule: str, seed: int, partitions: int,
                  instances: int, ticks: int, *, latency: float = 0.0, jitter: float = 0.0, interval: float = INTERVAL,
-                 expiration: float = EXPIRATION, renewal_age: Optional[float] = None, label: str = "") -> Outcome:
+                 expiration: float = EXPIRATION, renewal_age: float | None = None, label: str = "") -> Outcome:
     """No traffic: storage requests of a balanced group, per hour."""
     options = {} if renewal_age is None else {"ownership_renewal_age": renewal_age}
     async with simulation(impl, strategy, partitions, schedule=schedule, seed=seed, interval=interval,
@@ -439,18 +439,18 @@ class Setting:
     implementation: str
     interval: float
     expiration: float
-    renewal_age: Optional[float]
+    renewal_age: float | None
     formula_per_hour: float
     measured_per_hour: float = 0.0
-    resumed: List[float] = field(default_factory=list)  # crash to resumed, one per crash instant
-    duplicates: List[int] = field(default_factory=list)
+    resumed: list[float] = field(default_factory=list)  # crash to resumed, one per crash instant
+    duplicates: list[int] = field(default_factory=list)
 
     @property
-    def mean_resumed(self) -> Optional[float]:
+    def mean_resumed(self) -> float | None:
         return statistics.mean(self.resumed) if self.resumed else None
 
 
-async def failover_at(setting: Setting, seed: int, partitions: int, instances: int, offset: float) -> Tuple[float, int]:
+async def failover_at(setting: Setting, seed: int, partitions: int, instances: int, offset: float) -> tuple[float, int]:
     """Crash one of ``instances`` (GREEDY, jittered loops) ``offset`` seconds after the
     group settled; return (seconds from the crash to the last orphan's first batch at a
     survivor, duplicates)."""
@@ -480,13 +480,13 @@ RENEWAL_RULES = ("default", "half")
 (:meth:`Timing.default_renewal_age`), or at half the expiration (the previous default)."""
 
 
-def renewal_for(rule: str, expiration: float) -> Optional[float]:
+def renewal_for(rule: str, expiration: float) -> float | None:
     """The ``ownership_renewal_age`` a candidate passes (None: the SDK's default)."""
     return None if rule == "default" else expiration / 2
 
 
 def equal_cost_candidates(target_per_hour: float, partitions: int, instances: int, intervals: Sequence[float],
-                          rule: str = "default") -> List[Tuple[float, float]]:
+                          rule: str = "default") -> list[tuple[float, float]]:
     """For each interval, the shortest whole-second expiration whose formula cost (this
     SDK's) is at most ``target_per_hour``, with the renewal age set by ``rule``."""
     found = []
@@ -512,11 +512,11 @@ formula cost is just under the budget measure up to 1-2 % over it)."""
 
 
 def shared_candidates(budget: float, partitions: int, instances: int, intervals: Sequence[float],
-                      rules: Sequence[str]) -> Dict[float, List[float]]:
+                      rules: Sequence[str]) -> dict[float, list[float]]:
     """The (interval -> expirations) both sides choose from: for each interval, this SDK's
     shortest whole-second expiration within ``budget`` under each renewal rule, and
     :data:`EXPIRATION_MULTIPLES` intervals."""
-    pairs: Dict[float, set] = {interval: {float(k * interval) for k in EXPIRATION_MULTIPLES} for interval in intervals}
+    pairs: dict[float, set] = {interval: {float(k * interval) for k in EXPIRATION_MULTIPLES} for interval in intervals}
     for rule in rules:
         for interval, expiration in equal_cost_candidates(budget, partitions, instances, intervals, rule):
             pairs[interval].add(expiration)
@@ -524,7 +524,7 @@ def shared_candidates(budget: float, partitions: int, instances: int, intervals:
 
 
 def shortest_within(cost: Callable[[float, float], float], budget: float,
-                    candidates: Dict[float, List[float]]) -> List[Tuple[float, float]]:
+                    candidates: dict[float, list[float]]) -> list[tuple[float, float]]:
     """For each interval, the shortest candidate expiration whose formula ``cost(interval,
     expiration)`` is within ``budget``: at one interval and within the budget a longer
     expiration cannot fail over sooner (orphans are claimable once their records expired)."""
@@ -536,7 +536,7 @@ def shortest_within(cost: Callable[[float, float], float], budget: float,
     return chosen
 
 
-def equal_cost(plan: "Plan", seed: int, say: Callable[[str], None]) -> Dict[str, Any]:
+def equal_cost(plan: Plan, seed: int, say: Callable[[str], None]) -> dict[str, Any]:
     """The budget is the official processor's storage requests per hour at its defaults
     (its formula; its measured cost is reported beside it). Both sides choose their
     settings from the same candidates within that budget, each by its own cost formula,
@@ -612,22 +612,22 @@ def equal_cost(plan: "Plan", seed: int, say: Callable[[str], None]) -> Dict[str,
 
 @dataclass
 class Plan:
-    cold_sizes: Sequence[Tuple[int, int]]
-    scale_out: Sequence[Tuple[int, int, int]]
-    scale_in: Sequence[Tuple[int, int, int]]
-    crashes: Sequence[Tuple[int, int, int]]
-    growth: Sequence[Tuple[int, int, int]]
-    rolling: Sequence[Tuple[int, int]]
-    busy_scale_out: Sequence[Tuple[int, int, int]]
-    standbys: Sequence[Tuple[int, int]]
-    static: Sequence[Tuple[int, int, int]]
+    cold_sizes: Sequence[tuple[int, int]]
+    scale_out: Sequence[tuple[int, int, int]]
+    scale_in: Sequence[tuple[int, int, int]]
+    crashes: Sequence[tuple[int, int, int]]
+    growth: Sequence[tuple[int, int, int]]
+    rolling: Sequence[tuple[int, int]]
+    busy_scale_out: Sequence[tuple[int, int, int]]
+    standbys: Sequence[tuple[int, int]]
+    static: Sequence[tuple[int, int, int]]
     balance_factors: Sequence[int]
     steady_ticks: int
     skew_ticks: int
-    balance_factor_size: Tuple[int, int, int] = (32, 4, 1)
-    steady_size: Tuple[int, int] = (32, 4)
-    skew_size: Tuple[int, int] = (32, 4)
-    equal_cost_size: Tuple[int, int] = (32, 4)
+    balance_factor_size: tuple[int, int, int] = (32, 4, 1)
+    steady_size: tuple[int, int] = (32, 4)
+    skew_size: tuple[int, int] = (32, 4)
+    equal_cost_size: tuple[int, int] = (32, 4)
     equal_cost_intervals: Sequence[float] = (10.0, 15.0, 20.0, 25.0, 30.0)
     renewal_rules: Sequence[str] = RENEWAL_RULES
     crash_instants: int = 6
@@ -680,10 +680,10 @@ QUICK = Plan(
 )
 
 
-def run_all(plan: Plan, seed: int = 1, progress: bool = True) -> Dict[str, Any]:
+def run_all(plan: Plan, seed: int = 1, progress: bool = True) -> dict[str, Any]:
     """Run every scenario of ``plan``, each on a fresh virtual loop
     (:func:`eventprocessor.testing.run_virtual`); returns outcomes grouped by section."""
-    sections: Dict[str, Any] = {"rebalance": [], "failover": [], "rolling": [], "standbys": [], "static": [],
+    sections: dict[str, Any] = {"rebalance": [], "failover": [], "rolling": [], "standbys": [], "static": [],
                                 "balance_factor": [], "steady": [], "skew": []}
 
     def say(text: str) -> None:
@@ -695,7 +695,7 @@ def run_all(plan: Plan, seed: int = 1, progress: bool = True) -> Dict[str, Any]:
         say(f"  {outcome.scenario[:60]:<60} {outcome.schedule:<9} {outcome.strategy.value:<8} "
             f"{outcome.implementation:<8} {time.perf_counter() - started:6.1f} s")
 
-    def each(section: str, make: Any, *, schedules: Optional[Sequence[str]] = None) -> None:
+    def each(section: str, make: Any, *, schedules: Sequence[str] | None = None) -> None:
         for schedule in schedules or plan.schedules:
             for strategy in STRATEGIES:
                 for impl in IMPLEMENTATIONS:
@@ -743,13 +743,13 @@ def run_all(plan: Plan, seed: int = 1, progress: bool = True) -> Dict[str, Any]:
 # --------------------------------------------------------------------------- report
 
 
-def _key(o: Outcome) -> Tuple[str, str, str]:
+def _key(o: Outcome) -> tuple[str, str, str]:
     return (o.scenario, o.schedule, o.strategy.value)
 
 
-def _pairs(outcomes: Sequence[Outcome]) -> List[Tuple[Outcome, Outcome]]:
-    by: Dict[Tuple[str, str, str], Dict[str, Outcome]] = {}
-    order: List[Tuple[str, str, str]] = []
+def _pairs(outcomes: Sequence[Outcome]) -> list[tuple[Outcome, Outcome]]:
+    by: dict[tuple[str, str, str], dict[str, Outcome]] = {}
+    order: list[tuple[str, str, str]] = []
     for o in outcomes:
         k = _key(o)
         if k not in by:
@@ -763,11 +763,11 @@ def _ticks(p: PhaseResult) -> str:
     return "never" if p.ticks_to_balanced is None else str(p.ticks_to_balanced)
 
 
-def _num(value: Optional[float], fmt: str = "{:.1f}") -> str:
+def _num(value: float | None, fmt: str = "{:.1f}") -> str:
     return "never" if value is None else fmt.format(value)
 
 
-def _header(head: str) -> List[str]:
+def _header(head: str) -> list[str]:
     """A markdown header row and its rule, with the column count taken from the header."""
     return [head, "|" + "---|" * (head.count("|") - 1)]
 
@@ -799,7 +799,8 @@ def rebalance_table(outcomes: Sequence[Outcome]) -> str:
 
 
 def failover_table(outcomes: Sequence[Outcome]) -> str:
-    head = ("| Scenario | Schedule | Strategy | Orphans / survivors | Ticks past record expiry: limit | ours | official "
+    head = ("| Scenario | Schedule | Strategy | Orphans / survivors "
+            "| Ticks past record expiry: limit | ours | official "
             "| Crash to re-owned (s): ours | official | Crash to resumed (s): ours | official "
             "| Ticks to balanced: limit | ours | official | Moves: min | ours | official | Steals: ours | official "
             "| Duplicate events: ours | official | Overlap s (max deliverers): ours | official |")
@@ -849,7 +850,8 @@ def standbys_table(outcomes: Sequence[Outcome]) -> str:
 
 
 def static_table(outcomes: Sequence[Outcome]) -> str:
-    head = ("| Scenario | Schedule | Cold start ticks | Shares by ordinal | Orphans' records expired after the crash (s) "
+    head = ("| Scenario | Schedule | Cold start ticks | Shares by ordinal "
+            "| Orphans' records expired after the crash (s) "
             "| Crashed member's record expired (s) | Crash to resumed (s) | Claims of live records after the crash "
             "| Duplicates after the crash | Return: ticks until its share is back | Handoffs | Steals "
             "| Duplicate events |")
@@ -915,7 +917,7 @@ def skew_table(outcomes: Sequence[Outcome]) -> str:
     return "\n".join(rows)
 
 
-def equal_cost_table(result: Dict[str, Any]) -> str:
+def equal_cost_table(result: dict[str, Any]) -> str:
     official: Setting = result["official"]
     head = ("| Implementation and settings | Interval / expiration / renewal age (s) | Requests per hour: formula "
             "| measured | vs budget | Crash to resumed (s): mean | min | max | mean vs official defaults "
@@ -943,7 +945,7 @@ def equal_cost_table(result: Dict[str, Any]) -> str:
     return "\n".join(rows)
 
 
-def equal_cost_summary(eq: Dict[str, Any]) -> List[str]:
+def equal_cost_summary(eq: dict[str, Any]) -> list[str]:
     """What the equal-cost measurements say, in sentences."""
     off, chosen, longer, defaults = eq["official"], eq["chosen"], eq.get("best_longer_renewal"), eq["defaults"]
     best = eq.get("official_best") or off
@@ -975,9 +977,9 @@ def equal_cost_summary(eq: Dict[str, Any]) -> List[str]:
     return lines
 
 
-def check_targets(sections: Dict[str, Any]) -> List[Tuple[str, bool, str]]:
+def check_targets(sections: dict[str, Any]) -> list[tuple[str, bool, str]]:
     """The issues' targets for this SDK, each with pass/miss and the evidence."""
-    checks: List[Tuple[str, bool, str]] = []
+    checks: list[tuple[str, bool, str]] = []
     ours = lambda section: [o for o in sections[section] if o.implementation == "ours"]  # noqa: E731
     for o in ours("rebalance"):
         name = f"{o.scenario} {o.schedule} {o.strategy.value}"
@@ -1027,9 +1029,10 @@ def check_targets(sections: Dict[str, Any]) -> List[Tuple[str, bool, str]]:
                        "its member record expired; it returns by handoff with 0 duplicates", ok,
                        f"shares {'ok' if e['shares_ok'] else 'wrong'}; resumed {_num(e['resumed_s'])} s after the "
                        f"crash, member record expired after {_num(e['member_expiry_s'])} s; returned in "
-                       f"{_ticks(e['return'])} ticks with {e['return'].handoffs} handoffs, {e['return'].steals} steals, "
+                       f"{_ticks(e['return'])} ticks with {e['return'].handoffs} handoffs, "
+                       f"{e['return'].steals} steals, "
                        f"{e['return'].duplicates} duplicates"))
-    by_factor: Dict[str, Dict[int, Outcome]] = {}
+    by_factor: dict[str, dict[int, Outcome]] = {}
     for o in sections["balance_factor"]:
         by_factor.setdefault(o.strategy.value, {})[o.extra["factor"]] = o
     for strategy, factors in by_factor.items():
@@ -1057,7 +1060,8 @@ def check_targets(sections: Dict[str, Any]) -> List[Tuple[str, bool, str]]:
         e = o.extra
         ok = e["steals_by_skewed"] == 0 and o.phase.duplicates == 0
         checks.append((f"{o.scenario} {o.strategy.value}: the skewed instance steals no live partition; 0 "
-                       "duplicates before the crash", ok, f"{e['steals_by_skewed']} steals, {o.phase.duplicates} duplicates"))
+                       "duplicates before the crash", ok,
+                       f"{e['steals_by_skewed']} steals, {o.phase.duplicates} duplicates"))
     eq = sections.get("equal_cost")
     if eq:
         official, chosen = eq["official"], eq["chosen"]
@@ -1089,7 +1093,7 @@ def check_targets(sections: Dict[str, Any]) -> List[Tuple[str, bool, str]]:
 # --------------------------------------------------------------------------- plots
 
 
-def plot(outcomes: Sequence[Outcome], scenario: str, filename: str) -> Optional[str]:
+def plot(outcomes: Sequence[Outcome], scenario: str, filename: str) -> str | None:
     """Partitions per instance over ticks, this SDK beside the official processor
     (rows: strategies; staggered schedule)."""
     try:
@@ -1141,7 +1145,7 @@ def plot(outcomes: Sequence[Outcome], scenario: str, filename: str) -> Optional[
 # --------------------------------------------------------------------------- main
 
 
-def notes(sections: Dict[str, Any]) -> List[str]:
+def notes(sections: dict[str, Any]) -> list[str]:
     eq = sections["equal_cost"]
     p, n = eq["size"]
     return [
@@ -1196,7 +1200,7 @@ def notes(sections: Dict[str, Any]) -> List[str]:
     ]
 
 
-def render(sections: Dict[str, Any], command: str, elapsed: float, plots: Sequence[str]) -> str:
+def render(sections: dict[str, Any], command: str, elapsed: float, plots: Sequence[str]) -> str:
     checks = check_targets(sections)
     lines = [
         "## Rebalance convergence: this SDK vs azure-eventhub's processor",
@@ -1286,7 +1290,7 @@ def render(sections: Dict[str, Any], command: str, elapsed: float, plots: Sequen
     return "\n".join(lines)
 
 
-def main(argv: Optional[List[str]] = None, prog: Optional[str] = None) -> int:
+def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     """Run the benchmark and print the tables; with ``--record``, also write RESULTS.md and
     the plots. Example::
 
@@ -1323,7 +1327,7 @@ def _run(args: argparse.Namespace, command: str) -> int:
     started = time.perf_counter()
     sections = run_all(plan, seed=args.seed)
     elapsed = time.perf_counter() - started
-    plots: List[str] = []
+    plots: list[str] = []
     if args.record:
         big_cold = f"cold start P={plan.cold_sizes[-1][0]} N={plan.cold_sizes[-1][1]}"
         cold = next((f"cold start P={p} N={n}" for p, n in plan.cold_sizes if (p, n) == (128, 8)), big_cold)

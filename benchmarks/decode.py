@@ -30,8 +30,9 @@ import os
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from datetime import datetime, timezone
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any
 
 from eventprocessor.events import Event
 from eventprocessor.sources import eventhub as eventhub_source
@@ -46,7 +47,7 @@ logger = logging.getLogger(__name__)
 BODY_SIZE = 32
 
 
-def received_messages(count: int, shape: str = "data") -> List[Any]:
+def received_messages(count: int, shape: str = "data") -> list[Any]:
     """``count`` messages as azure-eventhub's decoder returns them: encoded with the
     client's codec and decoded again. ``shape`` is the body: ``data`` (one section of
     32 bytes), ``data3`` (three sections), ``sequence`` or ``value``."""
@@ -56,7 +57,7 @@ def received_messages(count: int, shape: str = "data") -> List[Any]:
     from azure.eventhub._pyamqp.types import TYPE, VALUE, AMQPTypes
 
     body = b"x" * BODY_SIZE
-    bodies: Dict[str, Dict[str, Any]] = {
+    bodies: dict[str, dict[str, Any]] = {
         "data": {"data": [body]},
         "data3": {"data": [body[:10], body[10:20], body[20:]]},
         "sequence": {"sequence": [[b"reading", 21.5, True]]},
@@ -87,7 +88,7 @@ _PARTITION_KEY = b"x-opt-partition-key"
 _UTC = timezone.utc
 
 
-def _properties(raw: Optional[Dict[Any, Any]]) -> Dict[str, Any]:
+def _properties(raw: dict[Any, Any] | None) -> dict[str, Any]:
     if not raw:
         return {}
     return {(key.decode("utf-8") if isinstance(key, bytes) else str(key)): value for key, value in raw.items()}
@@ -111,7 +112,7 @@ PreviousEvent = dataclasses.make_dataclass(
     frozen=True)
 
 
-def previous_message_to_event(message: Any, partition_id: Optional[str] = None) -> Any:
+def previous_message_to_event(message: Any, partition_id: str | None = None) -> Any:
     """``message_to_event`` as it was before events carried their AMQP body type
     (it joined data sections, dropped sequences and printed values), building the
     Event of then."""
@@ -141,7 +142,7 @@ def previous_message_to_event(message: Any, partition_id: Optional[str] = None) 
     )
 
 
-def _floor(message: Any, partition_id: Optional[str] = None) -> Any:
+def _floor(message: Any, partition_id: str | None = None) -> Any:
     annotations = message.message_annotations
     amqp = message.properties
     return (message.data, annotations[b"x-opt-sequence-number"], annotations[b"x-opt-offset"],
@@ -149,13 +150,13 @@ def _floor(message: Any, partition_id: Optional[str] = None) -> Any:
             message.application_properties, partition_id, amqp.message_id, amqp.content_type, amqp.correlation_id)
 
 
-def _official(message: Any, partition_id: Optional[str] = None) -> Any:
+def _official(message: Any, partition_id: str | None = None) -> Any:
     from azure.eventhub import EventData
 
     return EventData._from_message(message)
 
 
-def _time_ns(convert: Callable[..., Any], messages: List[Any]) -> float:
+def _time_ns(convert: Callable[..., Any], messages: list[Any]) -> float:
     """Nanoseconds per message of one pass, the garbage collector paused."""
     gc.collect()
     gc.disable()
@@ -168,10 +169,10 @@ def _time_ns(convert: Callable[..., Any], messages: List[Any]) -> float:
         gc.enable()
 
 
-def measure(contestants: Dict[str, Callable[..., Any]], messages: List[Any], rounds: int) -> Dict[str, List[float]]:
+def measure(contestants: dict[str, Callable[..., Any]], messages: list[Any], rounds: int) -> dict[str, list[float]]:
     """ns/event of each contestant per round, the order rotated every round."""
     names = list(contestants)
-    results: Dict[str, List[float]] = {name: [] for name in names}
+    results: dict[str, list[float]] = {name: [] for name in names}
     for name in names:  # warm-up
         _time_ns(contestants[name], messages[:1000])
     for r in range(rounds):
@@ -181,11 +182,11 @@ def measure(contestants: Dict[str, Callable[..., Any]], messages: List[Any], rou
     return results
 
 
-def _cell(values: List[float]) -> str:
+def _cell(values: list[float]) -> str:
     return f"{statistics.median(values):,.0f} ({min(values):,.0f}-{max(values):,.0f})"
 
 
-def main(argv: Optional[List[str]] = None, prog: Optional[str] = None) -> int:
+def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     """Measure and print; with ``--record``, write the section of RESULTS.md. Example::
 
         python -m benchmarks.decode --rounds 5
@@ -224,7 +225,7 @@ def _run(args: argparse.Namespace, command: str) -> int:
     current = eventhub_source.message_to_event
     data = measure({"floor": _floor, "previous": previous_message_to_event, "current": current,
                     "official": _official}, received_messages(args.events, "data"), args.rounds)
-    ratio = sorted(c / p for c, p in zip(data["current"], data["previous"]))
+    ratio = sorted(c / p for c, p in zip(data["current"], data["previous"], strict=False))
     others = {shape: measure({"current": current, "official": _official},
                              received_messages(args.events, shape), max(1, args.rounds // 3))
               for shape in ("data3", "sequence", "value")}

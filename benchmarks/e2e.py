@@ -53,13 +53,15 @@ import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Dict, Iterator, List, Optional, Sequence, Set, Tuple
+from typing import Any
+
+from harness.worker_process import WorkerHandle, create_container, spawn_worker
 
 from . import program
 from .e2e_floor import spawn_floor
-from harness.worker_process import WorkerHandle, create_container, spawn_worker
 from .machine import CpuMeter, process_cpu_seconds
 from .results import machine_line
 
@@ -79,7 +81,7 @@ _cpu_seconds = process_cpu_seconds  # the name benchmarks/scale.py imports
 class Fill:
     rate: float = 0.0
     producer_us: float = 0.0
-    emulator_us: Optional[float] = None
+    emulator_us: float | None = None
 
 
 @dataclass
@@ -91,8 +93,8 @@ class Phase:
     events: int
     rate: float  # events/s
     cpu_us: float  # the consumer process's CPU µs per event
-    emulator_us: Optional[float]  # the emulator's CPU µs per event
-    others_cores: Optional[float]  # cores other processes of the machine used meanwhile
+    emulator_us: float | None  # the emulator's CPU µs per event
+    others_cores: float | None  # cores other processes of the machine used meanwhile
     load: float  # 1-minute load average at the end
     startup: float  # seconds from the process start to every partition flowing
 
@@ -103,18 +105,18 @@ class Phase:
 @dataclass
 class Results:
     fill: Fill = field(default_factory=Fill)
-    sweep: List[Phase] = field(default_factory=list)
-    prefetch: Dict[str, int] = field(default_factory=dict)  # the sweep's choice per side
-    rounds: List[Dict[str, Phase]] = field(default_factory=list)
-    failover: Dict[str, List[float]] = field(default_factory=lambda: {i: [] for i in CONSUMERS})
-    failover_lost: Dict[str, int] = field(default_factory=lambda: {i: 0 for i in CONSUMERS})
+    sweep: list[Phase] = field(default_factory=list)
+    prefetch: dict[str, int] = field(default_factory=dict)  # the sweep's choice per side
+    rounds: list[dict[str, Phase]] = field(default_factory=list)
+    failover: dict[str, list[float]] = field(default_factory=lambda: {i: [] for i in CONSUMERS})
+    failover_lost: dict[str, int] = field(default_factory=lambda: {i: 0 for i in CONSUMERS})
     # per side, per round: duplicates after the scale-out, lost, partitions moved, seconds to settle
-    scale_out: Dict[str, List[Tuple[int, int, int, float]]] = field(
+    scale_out: dict[str, list[tuple[int, int, int, float]]] = field(
         default_factory=lambda: {i: [] for i in SCALE_OUT_SIDES})
 
 
 class Bench:
-    def __init__(self, args: argparse.Namespace, hub_conn: str, emulator_pid: int, azurite_pid: Optional[int],
+    def __init__(self, args: argparse.Namespace, hub_conn: str, emulator_pid: int, azurite_pid: int | None,
                  storage_conn: str, log_dir: str) -> None:
         self.args = args
         self.hub_conn = hub_conn
@@ -128,11 +130,11 @@ class Bench:
             own["azurite"] = azurite_pid
         self.meter = CpuMeter(own)
 
-    def options(self, interval: float, expiry: float, *, prefetch: int, checkpoint_events: int) -> List[str]:
+    def options(self, interval: float, expiry: float, *, prefetch: int, checkpoint_events: int) -> list[str]:
         return ["--batch", str(self.args.batch), "--prefetch", str(prefetch), "--checkpoint-events",
                 str(checkpoint_events), "--interval", str(interval), "--expiry", str(expiry), "--strategy", "greedy"]
 
-    async def spawn(self, impl: str, owner: str, hub: str, container: str, extra: List[str]) -> WorkerHandle:
+    async def spawn(self, impl: str, owner: str, hub: str, container: str, extra: list[str]) -> WorkerHandle:
         await create_container(self.storage_conn, container)
         return await spawn_worker(owner, hub=hub, container=container, hub_connection_string=self.hub_conn,
                                   storage_connection_string=self.storage_conn, log_dir=self.log_dir,
@@ -197,7 +199,7 @@ class Bench:
         # The steady window starts when every partition is flowing (its first batch
         # delivered): each side claims and opens receivers at its own pace, and that
         # start-up is reported on its own.
-        first_batch: Dict[str, float] = {}
+        first_batch: dict[str, float] = {}
         for t, partition, _first, _last in worker.batches:
             first_batch.setdefault(partition, t)
         flowing = max(first_batch.values())
@@ -214,7 +216,7 @@ class Bench:
                      flowing - spawned)
 
     # ------------------------------------------------------------------ steady streams
-    async def _stream(self, hub: str, stop: asyncio.Event, rate: float, counter: List[int]) -> None:
+    async def _stream(self, hub: str, stop: asyncio.Event, rate: float, counter: list[int]) -> None:
         from azure.eventhub import EventData
         from azure.eventhub.aio import EventHubProducerClient
 
@@ -231,11 +233,11 @@ class Bench:
                     await asyncio.sleep(delay)
 
     @staticmethod
-    def _recent(worker: WorkerHandle, since: float) -> Set[str]:
+    def _recent(worker: WorkerHandle, since: float) -> set[str]:
         return {p for (t, p, _f, _l) in worker.batches if t >= since}
 
-    async def _until(self, condition: Any, what: str, workers: List[WorkerHandle],
-                     timeout: Optional[float] = None) -> float:
+    async def _until(self, condition: Any, what: str, workers: list[WorkerHandle],
+                     timeout: float | None = None) -> float:
         started = time.monotonic()
         limit = timeout or self.args.timeout
         while not condition():
@@ -245,7 +247,7 @@ class Bench:
             await asyncio.sleep(0.1)
         return time.monotonic() - started
 
-    async def _counts(self, hub: str) -> Dict[str, int]:
+    async def _counts(self, hub: str) -> dict[str, int]:
         from azure.eventhub.aio import EventHubProducerClient
 
         producer = EventHubProducerClient.from_connection_string(self.hub_conn, eventhub_name=hub)
@@ -253,10 +255,10 @@ class Bench:
             return {pid: (await producer.get_partition_properties(pid))["last_enqueued_sequence_number"] + 1
                     for pid in await producer.get_partition_ids()}
 
-    def _settled(self, workers: List[WorkerHandle], window: float = 2.0) -> bool:
+    def _settled(self, workers: list[WorkerHandle], window: float = 2.0) -> bool:
         """Every partition delivered lately, each by one worker, shared fairly among them."""
         now = time.time()
-        owners: Dict[str, Set[str]] = {}
+        owners: dict[str, set[str]] = {}
         for worker in workers:
             for partition in self._recent(worker, now - window):
                 owners.setdefault(partition, set()).add(worker.owner_id)
@@ -266,14 +268,14 @@ class Bench:
         return max(shares) - min(shares) <= 1
 
     @staticmethod
-    async def _wind_down(stop: asyncio.Event, stream: "asyncio.Task[None]", workers: List[WorkerHandle]) -> None:
+    async def _wind_down(stop: asyncio.Event, stream: asyncio.Task[None], workers: list[WorkerHandle]) -> None:
         stop.set()
         if not stream.done():
             stream.cancel()
         for worker in workers:
             await worker.stop()
 
-    def _stream_options(self, side: str) -> Tuple[str, List[str]]:
+    def _stream_options(self, side: str) -> tuple[str, list[str]]:
         impl = "official" if side.startswith("official") else side
         extra = self.options(self.args.interval, self.args.expiry, prefetch=self.args.stream_prefetch,
                              checkpoint_events=self.args.stream_checkpoint_events)
@@ -282,7 +284,7 @@ class Bench:
         return impl, extra
 
     # ------------------------------------------------------------------ 4. failover
-    async def failover(self, side: str, round_: int) -> Tuple[float, int]:
+    async def failover(self, side: str, round_: int) -> tuple[float, int]:
         hub = next(self.hubs)
         container = f"fo-{side}-{round_}-{uuid.uuid4().hex[:6]}"
         impl, extra = self._stream_options(side)
@@ -312,7 +314,7 @@ class Bench:
         return seconds, lost
 
     # ------------------------------------------------------------------ 5. scale-out
-    async def scale_out(self, side: str, round_: int) -> Tuple[int, int, int, float]:
+    async def scale_out(self, side: str, round_: int) -> tuple[int, int, int, float]:
         hub = next(self.hubs)
         container = f"so-{side[:8]}-{round_}-{uuid.uuid4().hex[:6]}"
         impl, extra = self._stream_options(side)
@@ -333,7 +335,7 @@ class Bench:
             counts = await self._counts(hub)
             expected = {(p, s) for p, n in counts.items() for s in range(n)}
 
-            def delivered() -> Set[Tuple[str, int]]:
+            def delivered() -> set[tuple[str, int]]:
                 return set().union(*(set(w.deliveries) for w in workers))
 
             await self._until(lambda: expected <= delivered(), f"{side}: draining after the scale-out", workers)
@@ -357,7 +359,7 @@ class Bench:
             if len(args.sweep) == 1:
                 results.prefetch[side] = args.sweep[0]
                 continue
-            tried: Dict[int, float] = {}
+            tried: dict[int, float] = {}
             for prefetch in args.sweep:
                 phase = await self.read_hub(side, hub, args.sweep_events, prefetch, f"sweep-{prefetch}")
                 results.sweep.append(phase)
@@ -367,7 +369,7 @@ class Bench:
             results.prefetch[side] = max(tried, key=lambda p: tried[p])
         for round_ in range(args.rounds):
             order = SIDES[round_ % 3:] + SIDES[:round_ % 3]
-            phases: Dict[str, Phase] = {}
+            phases: dict[str, Phase] = {}
             for side in order:
                 phase = await self.read_hub(side, hub, args.events, results.prefetch[side], f"r{round_}")
                 phases[side] = phase
@@ -390,11 +392,11 @@ class Bench:
         return results
 
 
-def _duplicates_since(workers: List[WorkerHandle], since: float) -> int:
+def _duplicates_since(workers: list[WorkerHandle], since: float) -> int:
     """Deliveries at or after ``since`` of events that had been delivered before
     (by any process), replaying the batches of all processes in time order."""
     batches = sorted((t, p, first, last) for w in workers for (t, p, first, last) in w.batches)
-    seen: Set[Tuple[str, int]] = set()
+    seen: set[tuple[str, int]] = set()
     duplicates = 0
     for t, partition, first, last in batches:
         for seq in range(first, last + 1):
@@ -414,11 +416,11 @@ def _span(values: Sequence[float], fmt: str) -> str:
     return f"{format(min(values), fmt)}-{format(max(values), fmt)}" if values else "-"
 
 
-def _us(value: Optional[float]) -> str:
+def _us(value: float | None) -> str:
     return f"{value:.1f}" if value is not None else "n/a"
 
 
-def _cores(value: Optional[float]) -> str:
+def _cores(value: float | None) -> str:
     return f"{value:.2f}" if value is not None else "n/a"
 
 
@@ -426,14 +428,14 @@ def _cores(value: Optional[float]) -> str:
 class Summary:
     """The throughput rounds in figures: which rounds count, and the ratios over them."""
 
-    quiet: List[int]  # indexes of the rounds in which no phase was busy
+    quiet: list[int]  # indexes of the rounds in which no phase was busy
     busy: bool  # too few quiet rounds: the run is not a result
-    ratios: Dict[str, List[float]]  # "ours/floor", "official/floor", "ours/official": per counted round
-    cpu_ratios: Dict[str, List[float]]
-    counted: List[int]  # the rounds the figures come from (the quiet ones, or all when busy)
+    ratios: dict[str, list[float]]  # "ours/floor", "official/floor", "ours/official": per counted round
+    cpu_ratios: dict[str, list[float]]
+    counted: list[int]  # the rounds the figures come from (the quiet ones, or all when busy)
 
 
-def summarize(rounds: List[Dict[str, Phase]], busy_cores: float, min_quiet: int) -> Summary:
+def summarize(rounds: list[dict[str, Phase]], busy_cores: float, min_quiet: int) -> Summary:
     """Per-round ratios of events/s and CPU per event. A round counts when no phase of it
     was busy (other processes used more than ``busy_cores``); with fewer than
     ``min_quiet`` such rounds the run is flagged busy and every round is shown, for
@@ -458,7 +460,7 @@ def render(results: Results, args: argparse.Namespace, command: str, seconds: fl
     fill, prefetch = results.fill, results.prefetch
     counted = [results.rounds[i] for i in summary.counted]
 
-    def column(side: str, attribute: str) -> List[float]:
+    def column(side: str, attribute: str) -> list[float]:
         return [getattr(phases[side], attribute) for phases in counted
                 if getattr(phases[side], attribute) is not None]
 
@@ -475,7 +477,8 @@ def render(results: Results, args: argparse.Namespace, command: str, seconds: fl
         "",
         f"Command: `{command}` ({seconds:.0f} s). {machine_line()}",
         "",
-        f"One Event Hubs emulator (`eventprocessor.emulators.eventhubs`, its own process) and one Azurite, both on 127.0.0.1 and "
+        "One Event Hubs emulator (`eventprocessor.emulators.eventhubs`, its own process) and one Azurite, "
+        f"both on 127.0.0.1 and "
         f"started by the benchmark; every consumer is a separate OS process. *floor*: a bare receive loop on "
         f"azure-eventhub's own AMQP client (`benchmarks/e2e_floor.py`: receive, decode, read each sequence number, "
         f"count; no `EventData`, no processor, no checkpoint). *ours*: `EventProcessor` + `EventHubSource` + our "
@@ -527,7 +530,8 @@ def render(results: Results, args: argparse.Namespace, command: str, seconds: fl
     lines += [
         "",
         f"Ours at **{_median(ours_floor):.2f}x** of the floor's events/s, median of {len(ours_floor)} rounds (range "
-        f"{_span(ours_floor, '.2f')}; target >= {TARGET}: {verdict}{', busy machine: not a result' if summary.busy else ''}"
+        f"{_span(ours_floor, '.2f')}; target >= {TARGET}: {verdict}"
+        f"{', busy machine: not a result' if summary.busy else ''}"
         f"); 1-minute load average at the end of each of those rounds: {loads}.",
         "",
         "Per round (events/s; CPU µs/event; cores used by other processes during the phase; `busy` when above "
@@ -604,7 +608,7 @@ def save_run(path: str, results: Results, command: str, seconds: float) -> None:
     Path(path).write_text(json.dumps({"command": command, "seconds": seconds, "results": asdict(results)}, indent=1))
 
 
-def load_run(path: str) -> Tuple[Results, str, float]:
+def load_run(path: str) -> tuple[Results, str, float]:
     """A run saved by ``--save-json`` (or written by hand: the keys of :class:`Results`,
     any of them left out): its results, its command and its duration. Raises
     ``ValueError`` naming what is wrong."""
@@ -624,7 +628,7 @@ def load_run(path: str) -> Tuple[Results, str, float]:
             from None
 
 
-def _prefetches(text: str) -> List[int]:
+def _prefetches(text: str) -> list[int]:
     try:
         values = [int(part) for part in text.split(",") if part.strip()]
     except ValueError:
@@ -634,7 +638,7 @@ def _prefetches(text: str) -> List[int]:
     return values
 
 
-def _parser(prog: Optional[str]) -> argparse.ArgumentParser:
+def _parser(prog: str | None) -> argparse.ArgumentParser:
     parser = program.parser("e2e", __doc__, prog)
     parser.add_argument("--events", type=int, default=None, help="events per throughput phase (default 400000)")
     parser.add_argument("--partitions", type=int, default=8)
@@ -669,7 +673,7 @@ def _parser(prog: Optional[str]) -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: Optional[List[str]] = None, prog: Optional[str] = None) -> int:
+def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     """Run the benchmark and print the tables; ``--record`` writes them to RESULTS.md.
 
     Example::
@@ -704,7 +708,7 @@ def main(argv: Optional[List[str]] = None, prog: Optional[str] = None) -> int:
 
 
 @contextlib.contextmanager
-def services(*, partitions: int, max_events_per_partition: int, hubs: int = 100) -> Iterator[Tuple[Any, Any]]:
+def services(*, partitions: int, max_events_per_partition: int, hubs: int = 100) -> Iterator[tuple[Any, Any]]:
     """An Azurite and an Event Hubs emulator (hubs ``bench-0`` ... ``bench-{hubs-1}``, each
     with ``partitions`` partitions), both on 127.0.0.1, stopped on exit; yields
     (emulator, azurite). Raises ``AzuriteUnavailable`` or ``EmulatorUnavailable``.
@@ -717,7 +721,7 @@ def services(*, partitions: int, max_events_per_partition: int, hubs: int = 100)
     from eventprocessor.emulators.azurite import start_azurite
     from eventprocessor.emulators.eventhubs.process import start_emulator_process
 
-    names: List[str] = []
+    names: list[str] = []
     for index in range(hubs):
         names += ["--eventhub", f"bench-{index}"]
     azurite = start_azurite()

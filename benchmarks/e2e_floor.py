@@ -37,13 +37,13 @@ import os
 import signal
 import sys
 import time
-from typing import Any, Dict, List, Optional
+from typing import Any
 
 HUB_ENV = "EVENTPROCESSOR_E2E_HUB"
 _SEQ = b"x-opt-sequence-number"
 
 
-def _emit(record: Dict[str, Any]) -> None:
+def _emit(record: dict[str, Any]) -> None:
     sys.stdout.write(json.dumps(record, separators=(",", ":")) + "\n")
     sys.stdout.flush()
 
@@ -54,7 +54,7 @@ class _Count:
         self.events = 0
         self.finished = asyncio.Event()
 
-    def delivered(self, partition_id: str, sequence_numbers: List[int]) -> None:
+    def delivered(self, partition_id: str, sequence_numbers: list[int]) -> None:
         if self.events == 0:
             _emit({"event": "first", "cpu": time.process_time(), "t": time.time()})
         self.events += len(sequence_numbers)
@@ -73,7 +73,7 @@ async def _partition(client: Any, consumer_group: str, partition_id: str, prefet
     consumer = client._create_consumer(consumer_group, partition_id, "-1", unused, prefetch=prefetch)
     await consumer._open()
     handler = consumer._handler
-    received: List[Any] = []
+    received: list[Any] = []
 
     async def append(message: Any) -> None:
         received.append(message)
@@ -136,7 +136,7 @@ async def _amain(args: argparse.Namespace) -> int:
 
 
 async def spawn_floor(owner_id: str, *, hub: str, hub_connection_string: str, log_dir: str,
-                      extra: Optional[List[str]] = None) -> Any:
+                      extra: list[str] | None = None) -> Any:
     """Start ``python -m benchmarks.e2e_floor`` (the connection string in its environment)
     and return a ``WorkerHandle`` reading its JSON lines, as ``e2e_worker``'s are read."""
     from harness.worker_process import WorkerHandle
@@ -156,7 +156,7 @@ async def spawn_floor(owner_id: str, *, hub: str, hub_connection_string: str, lo
     return handle
 
 
-def main(argv: Optional[List[str]] = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--hub", required=True)
     parser.add_argument("--owner-id", default="floor")

@@ -3,7 +3,6 @@ virtual rows) and ``benchmarks/faults_azurite.py`` (the Azurite rows) both produ
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import List, Optional
 
 __all__ = ["Row", "table"]
 
@@ -14,7 +13,7 @@ class Row:
     transport: str
     bound: str
     bound_seconds: float
-    recovered: Optional[float]
+    recovered: float | None
     produced: int
     lost: int
     duplicates: int
@@ -26,7 +25,7 @@ class Row:
         return self.recovered is not None and self.recovered <= self.bound_seconds and self.lost == 0
 
 
-def table(rows: List[Row]) -> str:
+def table(rows: list[Row]) -> str:
     lines = ["| Fault | Transport | Bound | Bound (s) | Recovered after (s) | Events | Lost | Duplicates "
              "| Overlap (s) | Note |", "|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:

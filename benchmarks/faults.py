@@ -30,12 +30,10 @@ import argparse
 import asyncio
 import logging
 import math
-from typing import Awaitable, Callable, List, Optional
+from collections.abc import Awaitable, Callable
 
 from eventprocessor import EventProcessor, PartitionProcessor
-from eventprocessor.testing import run_virtual
-
-from eventprocessor.testing import Cluster
+from eventprocessor.testing import Cluster, run_virtual
 
 from . import program
 from .fault_rows import Row, table
@@ -62,8 +60,8 @@ def _recovery_bound(timing) -> float:
         + timing.store_timeout
 
 
-async def _run(fault: str, inject: Callable[[Cluster, List[EventProcessor]], Awaitable[str]], *,
-               bound: Optional[str] = None, bound_of: Callable[[object], float] = _recovery_bound,
+async def _run(fault: str, inject: Callable[[Cluster, list[EventProcessor]], Awaitable[str]], *,
+               bound: str | None = None, bound_of: Callable[[object], float] = _recovery_bound,
                **options: object) -> Row:
     cluster = Cluster(PARTITIONS, seed=5, work=WORK, **_options(**options))
     processors = [cluster.add(f"p{i}", store=cluster.link()) for i in range(PROCESSORS)]
@@ -89,7 +87,7 @@ async def _run(fault: str, inject: Callable[[Cluster, List[EventProcessor]], Awa
                note=note)
 
 
-async def slow_store(cluster: Cluster, processors: List[EventProcessor]) -> str:
+async def slow_store(cluster: Cluster, processors: list[EventProcessor]) -> str:
     for p in processors:
         p.store_calls.inner.latency = 1.5
     await asyncio.sleep(20)
@@ -98,7 +96,7 @@ async def slow_store(cluster: Cluster, processors: List[EventProcessor]) -> str:
     return "every call +1.5 s for 20 s"
 
 
-async def black_hole(cluster: Cluster, processors: List[EventProcessor]) -> str:
+async def black_hole(cluster: Cluster, processors: list[EventProcessor]) -> str:
     for p in processors:
         p.store_calls.inner.hang = True
     await asyncio.sleep(30)
@@ -108,7 +106,7 @@ async def black_hole(cluster: Cluster, processors: List[EventProcessor]) -> str:
     return f"no answer for 30 s; {fenced} leases self-fenced"
 
 
-async def outage(cluster: Cluster, processors: List[EventProcessor]) -> str:
+async def outage(cluster: Cluster, processors: list[EventProcessor]) -> str:
     for p in processors:
         p.store_calls.inner.down = True
     await asyncio.sleep(30)
@@ -117,14 +115,14 @@ async def outage(cluster: Cluster, processors: List[EventProcessor]) -> str:
     return "every call fails for 30 s"
 
 
-async def partitioned(cluster: Cluster, processors: List[EventProcessor]) -> str:
+async def partitioned(cluster: Cluster, processors: list[EventProcessor]) -> str:
     processors[0].store_calls.inner.hang = True  # one processor cannot reach the store
     await asyncio.sleep(40)
     processors[0].store_calls.inner.clear()
     return "one processor's link black-holed for 40 s; the other takes over"
 
 
-async def lost_answers(cluster: Cluster, processors: List[EventProcessor]) -> str:
+async def lost_answers(cluster: Cluster, processors: list[EventProcessor]) -> str:
     for p in processors:
         p.store_calls.inner.lost_answer_rate = 0.5
     await asyncio.sleep(20)
@@ -133,14 +131,14 @@ async def lost_answers(cluster: Cluster, processors: List[EventProcessor]) -> st
     return "half of all writes applied but unanswered for 20 s"
 
 
-async def wiped(cluster: Cluster, processors: List[EventProcessor]) -> str:
+async def wiped(cluster: Cluster, processors: list[EventProcessor]) -> str:
     cluster.memory.wipe()
     await asyncio.sleep(1)
     reported = sum(p.stats.store_data_lost for p in processors)
     return f"store emptied (like Azurite restarted in memory); reported {reported} times"
 
 
-async def crash(cluster: Cluster, processors: List[EventProcessor]) -> str:
+async def crash(cluster: Cluster, processors: list[EventProcessor]) -> str:
     victim = processors.pop()
     await victim.stop(release=False)
     return "a processor dies without releasing (SIGKILL)"
@@ -182,7 +180,7 @@ async def hung_handler_stop() -> Row:
                duplicates=0, overlap=0.0, note="time for stop() to return; the hung partition is left to expire")
 
 
-def run_virtual_rows() -> List[Row]:
+def run_virtual_rows() -> list[Row]:
     rows = []
     for name, inject, options in VIRTUAL_SCENARIOS:
         rows.append(run_virtual(_run(name, inject, **options)))
@@ -190,7 +188,7 @@ def run_virtual_rows() -> List[Row]:
     return rows
 
 
-def main(argv: Optional[List[str]] = None, prog: Optional[str] = None) -> int:
+def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     """Run the fault scenarios and print the table; ``--record`` writes it to RESULTS.md."""
     parser = program.parser("faults", __doc__, prog)
     parser.add_argument("--azurite", action="store_true",
@@ -210,7 +208,8 @@ def main(argv: Optional[List[str]] = None, prog: Optional[str] = None) -> int:
         if args.emulator:
             source_rows += run_emulator_source_rows()
         settings = (f"{PROCESSORS} processors, {PARTITIONS} partitions, {RATE:.0f} events/s, interval {INTERVAL:g} s, "
-                    f"expiration {EXPIRATION:g} s (lease, renewal age and store timeout derived: docs/concepts/timing.md), "
+                    f"expiration {EXPIRATION:g} s (lease, renewal age and store timeout derived: "
+                    "docs/concepts/timing.md), "
                     "GREEDY, handlers checkpoint after every batch.")
         markdown = "\n".join([
             "## Faults", "", f"Command: `{program.recorded_command('faults', argv)}`. {machine_line()}", "",

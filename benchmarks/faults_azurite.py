@@ -4,11 +4,17 @@ on a real Azurite, through a loopback TCP fault proxy, in real time)."""
 from __future__ import annotations
 
 import asyncio
-from typing import List
 
 from eventprocessor.emulators.azurite import start_azurite
-from harness.azurite_faults import (PROCESSORS, AzuriteRun, black_hole, resets, restarted_empty,
-                                                   run_fault_scenario, slow_store)
+from harness.azurite_faults import (
+    PROCESSORS,
+    AzuriteRun,
+    black_hole,
+    resets,
+    restarted_empty,
+    run_fault_scenario,
+    slow_store,
+)
 
 from .fault_rows import Row
 
@@ -21,10 +27,10 @@ SCENARIOS = [
 ]
 
 
-def run_azurite_rows() -> List[Row]:
+def run_azurite_rows() -> list[Row]:
     """The benchmark's Azurite rows (``python -m benchmarks.faults --azurite``)."""
 
-    async def everything() -> List[AzuriteRun]:
+    async def everything() -> list[AzuriteRun]:
         azurite = start_azurite()
         try:
             runs = [await run_fault_scenario(name, inject, azurite) for name, inject in SCENARIOS]

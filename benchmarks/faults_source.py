@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import asyncio
 import random
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Awaitable, Callable, List, Optional
 
 from eventprocessor import EventPosition
 from eventprocessor.testing import Cluster, FaultySource, run_virtual
@@ -39,7 +39,7 @@ class SourceRow:
     transport: str
     bound: str
     bound_seconds: float
-    recovered: Optional[float]
+    recovered: float | None
     produced: int
     lost: int
     duplicates_within_claims: int
@@ -87,8 +87,8 @@ def _throttle(seconds: float, retry_after: float) -> Inject:
     async def inject(source: FaultySource) -> str:
         source.throttle(seconds, retry_after=retry_after)
         await asyncio.sleep(seconds)
-        return (f"server busy for {seconds:g} s, retry-after {retry_after:g} s; {source.injected['ignored_retry_after']} "
-                "calls came before their retry-after")
+        return (f"server busy for {seconds:g} s, retry-after {retry_after:g} s; "
+                f"{source.injected['ignored_retry_after']} calls came before their retry-after")
     return inject
 
 
@@ -96,7 +96,7 @@ def _setattr(name: str, value: object) -> Callable[[FaultySource], None]:
     return lambda source: setattr(source, name, value)
 
 
-VIRTUAL_SCENARIOS: List[tuple] = [
+VIRTUAL_SCENARIOS: list[tuple] = [
     ("receive errors (30 % of receives, 20 s)", _for(20, _setattr("receive_error_rate", 0.3),
                                                      _setattr("receive_error_rate", 0.0), "")),
     ("connection resets (every link, every 2 s, 12 s)", _resets(2.0, 12.0)),
@@ -148,19 +148,27 @@ async def _virtual(fault: str, inject: Inject, checkpoint: bool) -> SourceRow:
                      note=note)
 
 
-def run_virtual_source_rows() -> List[SourceRow]:
+def run_virtual_source_rows() -> list[SourceRow]:
     rows = [run_virtual(_virtual(name, inject, True)) for name, inject in VIRTUAL_SCENARIOS]
     # Without checkpoints a reconnect used to replay the partition from its start: show it.
     rows.append(run_virtual(_virtual("connection resets (every link, every 2 s, 12 s)", _resets(2.0, 12.0), False)))
     return rows
 
 
-def run_emulator_source_rows() -> List[SourceRow]:
+def run_emulator_source_rows() -> list[SourceRow]:
     """The real-transport rows: the emulator in its own process for the proxy faults; an
     in-process one (restartable, throttleable) for the others."""
     from eventprocessor.emulators.eventhubs.process import start_emulator_process
-    from harness.source_faults import (Controls, LocalEmulator, black_hole, recovery_bound, resets, restart,
-                                         run_source_fault, throttle)
+    from harness.source_faults import (
+        Controls,
+        LocalEmulator,
+        black_hole,
+        recovery_bound,
+        resets,
+        restart,
+        run_source_fault,
+        throttle,
+    )
 
     bound_text = "idle timeout + C + B + 5 s"
 
@@ -170,7 +178,7 @@ def run_emulator_source_rows() -> List[SourceRow]:
                          duplicates_within_claims=run.duplicates_within_claims, after_end=run.after_end,
                          note=run.note)
 
-    async def everything() -> List[SourceRow]:
+    async def everything() -> list[SourceRow]:
         rows = []
         with start_emulator_process(["--eventhub", "resets", "--eventhub", "hole", "--partitions", "4"]) as hub:
             run = await run_source_fault(hub.connection_string, "resets", resets(every=2.0, seconds=12.0),
@@ -193,8 +201,9 @@ def run_emulator_source_rows() -> List[SourceRow]:
     return asyncio.run(everything())
 
 
-def source_table(rows: List[SourceRow]) -> str:
-    lines = ["| Fault | Transport | Bound | Bound (s) | Recovered after (s) | Events | Lost | Duplicates within a claim "
+def source_table(rows: list[SourceRow]) -> str:
+    lines = ["| Fault | Transport | Bound | Bound (s) | Recovered after (s) | Events | Lost "
+             "| Duplicates within a claim "
              "| Deliveries after a claim ended | Note |", "|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         recovered = "never" if r.recovered is None else f"{r.recovered:.1f}"

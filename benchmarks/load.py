@@ -38,6 +38,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
 
+from eventprocessor.cli.user_errors import CommandError
 from harness.load_scenario import (
     LAG_EVERY,
     SIDES,
@@ -46,7 +47,6 @@ from harness.load_scenario import (
     Skew,
     run_skewed,
 )
-from eventprocessor.cli.user_errors import CommandError
 
 from . import program
 from .results import RESULTS_DIR, machine_line
@@ -84,7 +84,7 @@ def render(outcomes: list[LoadOutcome], rounds: int, command: str, seconds: floa
         "",
         f"Command: `{command}` ({seconds / 60:.0f} min). {machine_line()} Machine load (1-minute average) before "
         f"and after each side's run: "
-        + "; ".join(f"{o.side} {lb:.1f} / {la:.1f}" for o, (lb, la) in zip(outcomes, loads))
+        + "; ".join(f"{o.side} {lb:.1f} / {la:.1f}" for o, (lb, la) in zip(outcomes, loads, strict=False))
         + (f". Runs above {BUSY:g} are busy (other work took CPU the capped processes were owed): "
            + ", ".join(f"{outcomes[i].side} (round {i // len(SIDES) + 1})" for i in busy) + "." if busy else "."),
         "",

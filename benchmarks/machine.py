@@ -23,15 +23,15 @@ import asyncio
 import contextlib
 import os
 import time
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import AsyncIterator, Dict, List, Optional
 
 __all__ = ["CpuMeter", "Window", "process_cpu_seconds", "machine_busy_seconds"]
 
 _TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
 
-def process_cpu_seconds(pid: int) -> Optional[float]:
+def process_cpu_seconds(pid: int) -> float | None:
     """User + system CPU seconds of a process, all its threads (Linux), or None."""
     try:
         with open(f"/proc/{pid}/stat") as handle:
@@ -41,7 +41,7 @@ def process_cpu_seconds(pid: int) -> Optional[float]:
         return None
 
 
-def machine_busy_seconds() -> Optional[float]:
+def machine_busy_seconds() -> float | None:
     """CPU seconds all cores spent busy since boot (everything but idle and iowait), or None."""
     try:
         with open("/proc/stat") as handle:
@@ -56,8 +56,8 @@ def machine_busy_seconds() -> Optional[float]:
 @dataclass
 class _Sample:
     t: float
-    machine: Optional[float]
-    processes: Dict[str, Optional[float]]
+    machine: float | None
+    processes: dict[str, float | None]
     load: float
 
 
@@ -66,21 +66,21 @@ class Window:
     """What the machine did between two moments."""
 
     seconds: float
-    own: Dict[str, float] = field(default_factory=dict)  # CPU seconds of each tracked process
-    others_cores: Optional[float] = None  # cores used by everything else, on average
+    own: dict[str, float] = field(default_factory=dict)  # CPU seconds of each tracked process
+    others_cores: float | None = None  # cores used by everything else, on average
     load: float = 0.0  # the 1-minute load average at the end
 
-    def cpu(self, name: str) -> Optional[float]:
+    def cpu(self, name: str) -> float | None:
         return self.own.get(name)
 
 
 class CpuMeter:
     """Samples the machine and the run's processes every ``interval`` seconds."""
 
-    def __init__(self, processes: Dict[str, int], interval: float = 0.25) -> None:
+    def __init__(self, processes: dict[str, int], interval: float = 0.25) -> None:
         self._pids = dict(processes)
         self._interval = interval
-        self._samples: List[_Sample] = []
+        self._samples: list[_Sample] = []
 
     def track(self, name: str, pid: int) -> None:
         """Count ``pid`` as one of the run's own processes from now on (a new consumer)."""
@@ -96,7 +96,7 @@ class CpuMeter:
         del self._samples[:-20_000]
 
     @contextlib.asynccontextmanager
-    async def sampling(self) -> AsyncIterator["CpuMeter"]:
+    async def sampling(self) -> AsyncIterator[CpuMeter]:
         async def loop() -> None:
             while True:
                 self.sample()
@@ -118,7 +118,7 @@ class CpuMeter:
             return Window(max(0.0, end - start))
         first, last = before[-1], after[0]
         seconds = max(1e-9, last.t - first.t)
-        own: Dict[str, float] = {}
+        own: dict[str, float] = {}
         for name, value in last.processes.items():
             earlier = first.processes.get(name)
             if value is not None and earlier is not None:

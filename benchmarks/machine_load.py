@@ -21,8 +21,8 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Dict, Iterable, List, Optional, Tuple
 
 __all__ = ["BUSY_OTHER_CORES", "LoadReading", "LoadWindow", "busy_flag", "load_average", "process_cpu_seconds"]
 
@@ -32,7 +32,7 @@ A quarter of a core is an eighth of this 2-core machine: enough to move a ratio 
 per cent on a run that keeps both cores busy itself."""
 
 
-def load_average() -> Optional[float]:
+def load_average() -> float | None:
     """The 1-minute load average, or None where the platform has none."""
     try:
         return os.getloadavg()[0]
@@ -40,7 +40,7 @@ def load_average() -> Optional[float]:
         return None
 
 
-def process_cpu_seconds(pid: int) -> Optional[float]:
+def process_cpu_seconds(pid: int) -> float | None:
     """User + system CPU seconds of one process (Linux ``/proc``), or None elsewhere or once it is gone."""
     try:
         with open(f"/proc/{pid}/stat") as handle:
@@ -50,7 +50,7 @@ def process_cpu_seconds(pid: int) -> Optional[float]:
         return None
 
 
-def _machine_busy_seconds() -> Optional[float]:
+def _machine_busy_seconds() -> float | None:
     """CPU seconds all cores spent not idle since boot (``/proc/stat``), or None."""
     try:
         with open("/proc/stat") as handle:
@@ -61,10 +61,10 @@ def _machine_busy_seconds() -> Optional[float]:
     return (sum(values) - values[3] - values[4]) / os.sysconf("SC_CLK_TCK")
 
 
-def _processes() -> Dict[int, Tuple[int, float]]:
+def _processes() -> dict[int, tuple[int, float]]:
     """pid -> (parent pid, CPU seconds of the process and of its reaped children)."""
     tick = os.sysconf("SC_CLK_TCK")
-    found: Dict[int, Tuple[int, float]] = {}
+    found: dict[int, tuple[int, float]] = {}
     for name in os.listdir("/proc"):
         if not name.isdigit():
             continue
@@ -81,7 +81,7 @@ def _processes() -> Dict[int, Tuple[int, float]]:
     return found
 
 
-def _tree_seconds(root: int) -> Optional[float]:
+def _tree_seconds(root: int) -> float | None:
     """CPU seconds of ``root`` and every live descendant (a reaped one is in its parent's)."""
     try:
         processes = _processes()
@@ -89,7 +89,7 @@ def _tree_seconds(root: int) -> Optional[float]:
         return None
     if root not in processes:
         return None
-    children: Dict[int, List[int]] = {}
+    children: dict[int, list[int]] = {}
     for pid, (parent, _cpu) in processes.items():
         children.setdefault(parent, []).append(pid)
     total, stack = 0.0, [root]
@@ -103,12 +103,12 @@ def _tree_seconds(root: int) -> Optional[float]:
 @dataclass(frozen=True)
 class _Snapshot:
     wall: float
-    machine: Optional[float]
-    own: Optional[float]
-    load: Optional[float]
+    machine: float | None
+    own: float | None
+    load: float | None
 
     @classmethod
-    def take(cls, root: int) -> "_Snapshot":
+    def take(cls, root: int) -> _Snapshot:
         return cls(time.monotonic(), _machine_busy_seconds(), _tree_seconds(root), load_average())
 
 
@@ -117,10 +117,10 @@ class LoadReading:
     """The machine's load over one window: the benchmark's own CPU and everyone else's."""
 
     seconds: float
-    other_cores: Optional[float]  # mean cores used by processes outside the benchmark's tree
-    own_cores: Optional[float]  # mean cores used by the benchmark's tree
-    load_start: Optional[float]
-    load_end: Optional[float]
+    other_cores: float | None  # mean cores used by processes outside the benchmark's tree
+    own_cores: float | None  # mean cores used by the benchmark's tree
+    load_start: float | None
+    load_end: float | None
     threshold: float = BUSY_OTHER_CORES
 
     @property
@@ -138,7 +138,7 @@ class LoadReading:
 class LoadWindow:
     """Measures the machine's load from its creation to each :meth:`reading`."""
 
-    def __init__(self, threshold: float = BUSY_OTHER_CORES, root: Optional[int] = None) -> None:
+    def __init__(self, threshold: float = BUSY_OTHER_CORES, root: int | None = None) -> None:
         self.threshold = threshold
         self._root = os.getpid() if root is None else root
         self._start = _Snapshot.take(self._root)
@@ -156,7 +156,7 @@ class LoadWindow:
         return LoadReading(seconds, other, own, start.load, end.load, self.threshold)
 
 
-def busy_flag(readings: Iterable[LoadReading], what: str = "these figures") -> List[str]:
+def busy_flag(readings: Iterable[LoadReading], what: str = "these figures") -> list[str]:
     """Markdown lines that flag a busy run (empty when the machine was quiet)."""
     readings = list(readings)
     busy = [r for r in readings if r.busy]

@@ -39,12 +39,21 @@ import statistics
 import sys
 import time
 from collections import Counter
-from typing import Dict, List, Optional
-
-from harness.group import BATCH, CHECKPOINT_EVERY, CLAIM_BOUND, EXPIRY, INTERVAL, PERIOD, TAKEOVER_BOUND, WORK, Group, Outcome
-from harness.move_scenarios import SCENARIOS
 
 from eventprocessor.cli.user_errors import CommandError
+from harness.group import (
+    BATCH,
+    CHECKPOINT_EVERY,
+    CLAIM_BOUND,
+    EXPIRY,
+    INTERVAL,
+    PERIOD,
+    TAKEOVER_BOUND,
+    WORK,
+    Group,
+    Outcome,
+)
+from harness.move_scenarios import SCENARIOS
 
 from . import program, services
 from .machine_load import LoadReading, LoadWindow, busy_flag
@@ -63,7 +72,7 @@ it in its recorded run (``python -m benchmarks.e2e --record``); ``--prefetch-our
 ``--prefetch-official`` change them."""
 
 
-def _group(impl: str, prefetch: Dict[str, int], **kwargs: object) -> Group:
+def _group(impl: str, prefetch: dict[str, int], **kwargs: object) -> Group:
     side = "ours" if impl == "ours" else "official"
     options = ["--prefetch", str(prefetch[side])]  # after the group's own options: the last one counts
     if impl == "official-close":
@@ -73,18 +82,18 @@ def _group(impl: str, prefetch: Dict[str, int], **kwargs: object) -> Group:
 
 # ---------------------------------------------------------------------------- the benchmark
 
-def _fmt(values: Dict[str, float]) -> str:
+def _fmt(values: dict[str, float]) -> str:
     return "{" + ", ".join(f"{pid}: {seconds:.2f}" for pid, seconds in
                            sorted(values.items(), key=lambda kv: int(kv[0]))) + "}"
 
 
-def _median(values: List[float]) -> float:
+def _median(values: list[float]) -> float:
     return statistics.median(values) if values else float("nan")
 
 
-def render(outcomes: List[Outcome], rounds: int, command: str, seconds: float,
-           load: Optional[List[float]] = None, prefetch: Optional[Dict[str, int]] = None,
-           reading: Optional[LoadReading] = None) -> str:
+def render(outcomes: list[Outcome], rounds: int, command: str, seconds: float,
+           load: list[float] | None = None, prefetch: dict[str, int] | None = None,
+           reading: LoadReading | None = None) -> str:
     by = {(o.scenario, o.impl): [x for x in outcomes if (x.scenario, x.impl) == (o.scenario, o.impl)]
           for o in outcomes}
     lines = [
@@ -169,7 +178,7 @@ def _config(path: str, rounds: int) -> str:
     return path
 
 
-async def _measure(args: argparse.Namespace, hub_conn: str, storage_conn: str, log_dir: str) -> List[Outcome]:
+async def _measure(args: argparse.Namespace, hub_conn: str, storage_conn: str, log_dir: str) -> list[Outcome]:
     outcomes = []
     impls = ("ours",) if args.ours_only else tuple(args.impls)
     for r in range(args.rounds):
@@ -188,7 +197,7 @@ async def _measure(args: argparse.Namespace, hub_conn: str, storage_conn: str, l
     return outcomes
 
 
-def main(argv: Optional[List[str]] = None, prog: Optional[str] = None) -> int:
+def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     """Run the scenarios for every side and print the tables; ``--record`` writes them.
 
     Example::

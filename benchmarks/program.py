@@ -20,7 +20,7 @@ from __future__ import annotations
 import argparse
 import shlex
 import sys
-from typing import Callable, List, Optional, Sequence
+from collections.abc import Callable, Sequence
 
 from eventprocessor.cli.user_errors import CommandError, one_line_message
 
@@ -34,7 +34,7 @@ def command_name(name: str) -> str:
     return name.replace("_", "-")
 
 
-def parser(name: str, doc: Optional[str], prog: Optional[str] = None) -> argparse.ArgumentParser:
+def parser(name: str, doc: str | None, prog: str | None = None) -> argparse.ArgumentParser:
     """An argument parser with the options every benchmark has: ``--record``, ``--debug``."""
     summary = (doc or name).strip().split("\n\n")[0].replace("\n", " ")
     result = argparse.ArgumentParser(
@@ -50,7 +50,7 @@ def parser(name: str, doc: Optional[str], prog: Optional[str] = None) -> argpars
     return result
 
 
-def recorded_command(name: str, argv: Optional[Sequence[str]]) -> str:
+def recorded_command(name: str, argv: Sequence[str] | None) -> str:
     """The command line to write beside recorded results: ``python -m benchmarks.<name> ...``."""
     given = list(sys.argv[1:] if argv is None else argv)
     # Where the logs went (--log-dir and its value) is no part of the result.
@@ -70,7 +70,7 @@ def report(name: str, markdown: str, record: bool) -> None:
 
 
 def run(parser: argparse.ArgumentParser, body: Callable[[argparse.Namespace], int],
-        argv: Optional[List[str]] = None) -> int:
+        argv: list[str] | None = None) -> int:
     """Parse ``argv`` and run ``body``. A failure a user can fix (a missing extra, no
     Azurite, no Java) is printed as one line and returns 2, unless ``--debug``."""
     args = parser.parse_args(argv)

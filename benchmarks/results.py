@@ -10,14 +10,14 @@ import platform
 import re
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Optional
 
 RESULTS_ENV = "EVENTPROCESSOR_BENCH_RESULTS"
 _DEFAULT = Path(__file__).resolve().parent / "RESULTS.md"
 RESULTS = Path(os.environ.get(RESULTS_ENV) or _DEFAULT)
 RESULTS_DIR = RESULTS.parent / "results"
 
-_HEADER = ("# Benchmark results\n\nEach section is written by the benchmark named in it, only when run with `--record`; "
+_HEADER = ("# Benchmark results\n\nEach section is written by the benchmark named in it, "
+           "only when run with `--record`; "
            "re-run its command with `--record` to refresh it (from the checkout root, or as "
            "`eventprocessor bench NAME --record` from anywhere).\n")
 
@@ -29,7 +29,7 @@ def machine_line() -> str:
     )
 
 
-def write_section(name: str, markdown: str, path: Optional[Path] = None) -> Path:
+def write_section(name: str, markdown: str, path: Path | None = None) -> Path:
     """Replace (or append) the section between the markers of ``name``."""
     path = path or RESULTS
     begin, end = f"<!-- BEGIN {name} -->", f"<!-- END {name} -->"

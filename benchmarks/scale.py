@@ -69,10 +69,11 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from typing import Any, Dict, List, Optional, Set, Tuple
+from typing import Any
+
+from harness.worker_process import WorkerHandle
 
 from . import program
-from harness.worker_process import WorkerHandle
 from .machine_load import LoadReading, LoadWindow, busy_flag, process_cpu_seconds
 from .results import machine_line
 from .scale_worker import NAMESPACE, STORAGE_ENV
@@ -91,12 +92,12 @@ CAP_TICKS = 60  # a side that has not balanced after this many ticks of every pr
 DEFAULT_BUDGET_MINUTES = 45.0
 
 
-def _cpu_seconds(pid: Optional[int]) -> Optional[float]:
+def _cpu_seconds(pid: int | None) -> float | None:
     """User + system CPU seconds of a process (Linux ``/proc``), or None."""
     return None if pid is None else process_cpu_seconds(pid)
 
 
-def _cpu_times() -> Optional[Tuple[float, float]]:
+def _cpu_times() -> tuple[float, float] | None:
     """(idle, total) jiffies of the whole machine from ``/proc/stat``, or None."""
     try:
         with open("/proc/stat") as handle:
@@ -106,7 +107,7 @@ def _cpu_times() -> Optional[Tuple[float, float]]:
         return None
 
 
-async def idle_cores(seconds: float) -> Optional[float]:
+async def idle_cores(seconds: float) -> float | None:
     """How many cores the machine left idle over ``seconds`` (from ``/proc/stat``), or None."""
     before = _cpu_times()
     await asyncio.sleep(seconds)
@@ -133,10 +134,10 @@ class Calibration:
     partitions: int
     listings: int
     client_cpu: float  # seconds, median
-    server_cpu: Optional[float]  # Azurite's seconds, median (None when it is not ours to read)
+    server_cpu: float | None  # Azurite's seconds, median (None when it is not ours to read)
     wall: float  # seconds, median
-    idle_cores: Optional[float] = None  # cores idle just before (other users' work counted as busy)
-    server_write_cpu: Optional[float] = None  # Azurite's seconds per record written (claims), mean
+    idle_cores: float | None = None  # cores idle just before (other users' work counted as busy)
+    server_write_cpu: float | None = None  # Azurite's seconds per record written (claims), mean
 
     @property
     def cpu(self) -> float:
@@ -147,7 +148,7 @@ class Calibration:
         return 1000 * self.client_cpu / self.partitions
 
     @property
-    def server_ms_per_record(self) -> Optional[float]:
+    def server_ms_per_record(self) -> float | None:
         return None if self.server_cpu is None else 1000 * self.server_cpu / self.partitions
 
 
@@ -164,8 +165,8 @@ class Sizing:
     herd: float  # N simultaneous listings on the machine's cores: N·c/C
     listing_load: float  # cores all processors spend listing, at one listing per interval each
     cores: float  # C: the cores the rule sized for
-    store_load: Optional[float] = None  # the share of the store's one thread that listings take: N·s/I
-    burst: Optional[float] = None  # B = N·s + 2·P·w: the store's seconds of work when every processor starts
+    store_load: float | None = None  # the share of the store's one thread that listings take: N·s/I
+    burst: float | None = None  # B = N·s + 2·P·w: the store's seconds of work when every processor starts
     bound_by: str = "client CPU"  # which term of the rule chose I
 
     @property
@@ -189,8 +190,8 @@ class Sizing:
 
 
 def choose_timing(listing_cpu: float, processors: int, cores: float, *, budget: float = 0.5,
-                  min_interval: float = 1.0, store_listing: Optional[float] = None,
-                  store_write: Optional[float] = None, partitions: int = 0) -> Sizing:
+                  min_interval: float = 1.0, store_listing: float | None = None,
+                  store_write: float | None = None, partitions: int = 0) -> Sizing:
     """The sizing rule (docs/concepts/timing.md, "Sizing"), from the measured CPU of one listing.
 
     * ``I = ⌈N·c / (f·C)⌉`` (at least ``min_interval``): the listings of all N
@@ -245,7 +246,7 @@ def choose_timing(listing_cpu: float, processors: int, cores: float, *, budget: 
                   burst=burst, bound_by=bound_by if interval > min_interval else "the minimum interval")
 
 
-async def calibrate(connection_string: str, partitions: int, listings: int, azurite_pid: Optional[int],
+async def calibrate(connection_string: str, partitions: int, listings: int, azurite_pid: int | None,
                     idle_sample: float = 5.0) -> Calibration:
     """Write ``partitions`` ownership records to a scratch container and time listing them."""
     from eventprocessor.errors import CheckpointStoreError
@@ -303,19 +304,19 @@ class Worker(WorkerHandle):
     """One worker process seen from the parent (stopping, killing and diagnostics are
     :class:`~benchmarks.e2e_worker.WorkerHandle`'s): its reports, in order."""
 
-    def __init__(self, owner_id: str, process: "asyncio.subprocess.Process", stderr_path: str) -> None:
+    def __init__(self, owner_id: str, process: asyncio.subprocess.Process, stderr_path: str) -> None:
         super().__init__(owner_id, process, stderr_path)
         self.ready = False
-        self.owned_set: Set[str] = set()
+        self.owned_set: set[str] = set()
         self.owned_since = 0.0  # the report time at which ``owned_set`` became what it is
-        self.states: List[Dict[str, Any]] = []
+        self.states: list[dict[str, Any]] = []
         self.stopped = False
 
     @property
-    def last(self) -> Dict[str, Any]:
+    def last(self) -> dict[str, Any]:
         return self.states[-1] if self.states else {}
 
-    def at(self, t: float) -> Dict[str, Any]:
+    def at(self, t: float) -> dict[str, Any]:
         """The last report made at or before ``t`` (or the first one)."""
         found = self.states[0] if self.states else {}
         for state in self.states:
@@ -380,14 +381,14 @@ class Phase:
 
     seconds: float = 0.0
     requests: int = 0
-    cpu: List[float] = field(default_factory=list)  # seconds, per processor
-    azurite_cpu: Optional[float] = None
+    cpu: list[float] = field(default_factory=list)  # seconds, per processor
+    azurite_cpu: float | None = None
 
     @property
     def requests_per_second(self) -> float:
         return self.requests / self.seconds if self.seconds > 0 else float("nan")
 
-    def core_share(self) -> Tuple[float, float]:
+    def core_share(self) -> tuple[float, float]:
         """Mean and max CPU per processor, as a fraction of one core."""
         if not self.cpu or self.seconds <= 0:
             return float("nan"), float("nan")
@@ -395,7 +396,7 @@ class Phase:
         return statistics.mean(shares), max(shares)
 
     @property
-    def azurite_share(self) -> Optional[float]:
+    def azurite_share(self) -> float | None:
         return None if self.azurite_cpu is None or self.seconds <= 0 else self.azurite_cpu / self.seconds
 
 
@@ -404,22 +405,22 @@ class SideResult:
     impl: str
     partitions: int
     processors: int
-    balanced_after: Optional[float] = None  # seconds from the common start
-    ticks_to_balanced: Optional[int] = None  # the busiest processor's ticks by then
+    balanced_after: float | None = None  # seconds from the common start
+    ticks_to_balanced: int | None = None  # the busiest processor's ticks by then
     ended_by: str = "balanced"  # or "cap" (every processor made the cap's ticks) or "budget" (time ran out first)
     waited: float = 0.0  # seconds from the common start until balanced or given up
-    ticks_waited: Tuple[int, int] = (0, 0)  # the fewest and the most ticks of a processor by then
+    ticks_waited: tuple[int, int] = (0, 0)  # the fewest and the most ticks of a processor by then
     expiration: float = 0.0  # E this side ran with
-    load: Optional[LoadReading] = None  # the machine's load while the side ran
+    load: LoadReading | None = None  # the machine's load while the side ran
     converge: Phase = field(default_factory=Phase)
     hold: Phase = field(default_factory=Phase)
-    counters: Dict[str, int] = field(default_factory=dict)  # summed over processors, at the end
+    counters: dict[str, int] = field(default_factory=dict)  # summed over processors, at the end
     max_tick: float = 0.0
     loop_lag: float = 0.0  # the longest event-loop stall in any processor (s)
     moved_while_held: int = 0
     final_owned: int = 0  # partitions whose record names exactly one live, dispatching processor
-    problems: List[str] = field(default_factory=list)
-    shares: Tuple[int, int] = (0, 0)  # min and max partitions per processor at the end
+    problems: list[str] = field(default_factory=list)
+    shares: tuple[int, int] = (0, 0)  # min and max partitions per processor at the end
     spawn_seconds: float = 0.0
     drain_wait: float = 0.0  # seconds Azurite needed to go idle before this side started
     backoff_level: int = 0  # the highest backoff level any processor of ours reported
@@ -429,20 +430,20 @@ class SideResult:
         return self.final_owned == self.partitions and not self.problems
 
 
-def _balanced(workers: List[Worker], partitions: int) -> bool:
+def _balanced(workers: list[Worker], partitions: int) -> bool:
     counts = [len(w.owned_set) for w in workers]
     if not all(w.alive for w in workers) or sum(counts) != partitions:
         return False
-    union: Set[str] = set().union(*(w.owned_set for w in workers))
+    union: set[str] = set().union(*(w.owned_set for w in workers))
     return len(union) == partitions and max(counts) - min(counts) <= 1
 
 
-async def store_owners(connection_string: str, container: str, hub: str) -> Dict[str, Tuple[str, datetime]]:
+async def store_owners(connection_string: str, container: str, hub: str) -> dict[str, tuple[str, datetime]]:
     """Partition -> (owner id, last modified) from one listing of the ownership blobs."""
     from azure.storage.blob.aio import ContainerClient
 
     prefix = f"{NAMESPACE}/{hub}/{CONSUMER_GROUP}/ownership/".lower()
-    owners: Dict[str, Tuple[str, datetime]] = {}
+    owners: dict[str, tuple[str, datetime]] = {}
     async with ContainerClient.from_connection_string(connection_string, container) as client:
         async for blob in client.list_blobs(name_starts_with=prefix, include=["metadata"]):
             owner = (blob.metadata or {}).get("ownerid") or ""
@@ -450,17 +451,17 @@ async def store_owners(connection_string: str, container: str, hub: str) -> Dict
     return owners
 
 
-def check_final(owners: Dict[str, Tuple[str, datetime]], workers: List[Worker], partitions: int,
-                expiration: float) -> Tuple[int, List[str]]:
+def check_final(owners: dict[str, tuple[str, datetime]], workers: list[Worker], partitions: int,
+                expiration: float) -> tuple[int, list[str]]:
     """Count partitions whose record names one live processor that dispatches it, within the
     expiration; list every problem found."""
     now = datetime.now(timezone.utc)
     live = {w.owner_id: w for w in workers if w.alive}
-    dispatchers: Dict[str, List[str]] = {}
+    dispatchers: dict[str, list[str]] = {}
     for worker in workers:
         for pid in worker.owned_set:
             dispatchers.setdefault(pid, []).append(worker.owner_id)
-    problems: List[str] = []
+    problems: list[str] = []
     good = 0
     for pid in (str(i) for i in range(partitions)):
         record = owners.get(pid)
@@ -483,7 +484,7 @@ class StoreSaturated(RuntimeError):
 
 
 class Runner:
-    def __init__(self, args: argparse.Namespace, connection_string: str, azurite_pid: Optional[int],
+    def __init__(self, args: argparse.Namespace, connection_string: str, azurite_pid: int | None,
                  log_dir: str) -> None:
         self.args = args
         self.connection_string = connection_string
@@ -545,13 +546,13 @@ class Runner:
         finally:
             await self.delete_container(self.connection_string, container)
 
-    async def _run_side(self, result: "SideResult", impl: str, partitions: int, processors: int, sizing: Sizing,
-                        container: str, hub: str, deadline: float) -> "SideResult":
+    async def _run_side(self, result: SideResult, impl: str, partitions: int, processors: int, sizing: Sizing,
+                        container: str, hub: str, deadline: float) -> SideResult:
         args = self.args
         # Long enough for every lease of ours to be renewed once after the last claim.
         hold = args.hold if args.hold is not None else sizing.hold
         lifetime = args.ready_timeout + max(0.0, deadline - time.monotonic()) + hold + 120.0
-        workers: List[Worker] = []
+        workers: list[Worker] = []
         try:
             spawned = time.monotonic()
             workers = list(await asyncio.gather(*(
@@ -611,21 +612,22 @@ class Runner:
             await asyncio.gather(*(w.stop(args.stop_timeout) for w in workers), return_exceptions=True)
         return result
 
-    def _phases(self, result: SideResult, workers: List[Worker], go_at: float, converge_end: float, end: float,
-                azurite: Tuple[Optional[float], ...]) -> None:
-        def phase(start: float, stop: float, cpu0: Optional[float], cpu1: Optional[float]) -> Phase:
+    def _phases(self, result: SideResult, workers: list[Worker], go_at: float, converge_end: float, end: float,
+                azurite: tuple[float | None, ...]) -> None:
+        def phase(start: float, stop: float, cpu0: float | None, cpu1: float | None) -> Phase:
             first = [w.at(start) if start > go_at else {"cpu": 0.0, "requests": 0, "t": go_at} for w in workers]
             last = [w.at(stop) for w in workers]
-            seconds = statistics.mean(b.get("t", stop) - a.get("t", start) for a, b in zip(first, last))
+            seconds = statistics.mean(b.get("t", stop) - a.get("t", start) for a, b in zip(first, last, strict=False))
+            pairs = list(zip(first, last, strict=False))
             return Phase(seconds=seconds,
-                         requests=sum(b.get("requests", 0) - a.get("requests", 0) for a, b in zip(first, last)),
-                         cpu=[b.get("cpu", 0.0) - a.get("cpu", 0.0) for a, b in zip(first, last)],
+                         requests=sum(b.get("requests", 0) - a.get("requests", 0) for a, b in pairs),
+                         cpu=[b.get("cpu", 0.0) - a.get("cpu", 0.0) for a, b in zip(first, last, strict=False)],
                          azurite_cpu=None if cpu0 is None or cpu1 is None else cpu1 - cpu0)
 
         result.converge = phase(go_at, converge_end, azurite[0], azurite[1])
         if result.balanced_after is not None:
             result.hold = phase(converge_end, end, azurite[1], azurite[2])
-        totals: Dict[str, int] = {}
+        totals: dict[str, int] = {}
         for worker in workers:
             for key in ("ticks", "overruns", "overrun_warnings", "missed_renewals", "renewals", "failed_renewals",
                         "self_fenced", "claims", "lost", "store_timeouts", "backed_off"):
@@ -639,7 +641,7 @@ class Runner:
             result.moved_while_held = sum(int(w.at(end).get("claims", 0)) - int(w.at(converge_end).get("claims", 0))
                                           for w in workers)
 
-    async def _until(self, condition: Any, timeout: float, workers: List[Worker], what: str) -> None:
+    async def _until(self, condition: Any, timeout: float, workers: list[Worker], what: str) -> None:
         deadline = time.monotonic() + timeout
         while not condition():
             dead = [w for w in workers if not w.alive]
@@ -649,7 +651,7 @@ class Runner:
                 raise RuntimeError(f"{what} did not happen within {timeout:.0f} s\n" + workers[0].diagnostics())
             await asyncio.sleep(0.1)
 
-    async def _wait_balanced(self, workers: List[Worker], partitions: int, deadline: float, impl: str) -> str:
+    async def _wait_balanced(self, workers: list[Worker], partitions: int, deadline: float, impl: str) -> str:
         """Wait until balanced (``"balanced"``), until every processor has made the cap's
         ticks (``"cap"``) or until ``deadline`` (``"budget"``)."""
         reported = time.monotonic()
@@ -670,7 +672,7 @@ class Runner:
             await asyncio.sleep(0.1)
         return "budget"
 
-    async def _hold(self, workers: List[Worker], seconds: float) -> None:
+    async def _hold(self, workers: list[Worker], seconds: float) -> None:
         deadline = time.monotonic() + seconds
         while time.monotonic() < deadline:
             dead = [w for w in workers if not w.alive]
@@ -688,10 +690,10 @@ class SizeResult:
     processors: int
     calibration: Calibration
     sizing: Sizing
-    sides: Dict[str, SideResult] = field(default_factory=dict)
-    error: Optional[str] = None
-    not_run: Optional[str] = None  # why this size was measured and sized but not run
-    skipped: Dict[str, str] = field(default_factory=dict)  # impl -> why that side was not run
+    sides: dict[str, SideResult] = field(default_factory=dict)
+    error: str | None = None
+    not_run: str | None = None  # why this size was measured and sized but not run
+    skipped: dict[str, str] = field(default_factory=dict)  # impl -> why that side was not run
 
 
 def cap_seconds(args: argparse.Namespace, sizing: Sizing) -> float:
@@ -710,16 +712,16 @@ def _overhead(args: argparse.Namespace, processors: int) -> float:
     return min(args.ready_timeout, 2.0 * processors) + 30.0
 
 
-async def run_sizes(args: argparse.Namespace, connection_string: str, azurite_pid: Optional[int], *,
-                    sizes: Optional[List[Tuple[int, int]]] = None, started: Optional[float] = None,
-                    first_index: int = 0) -> List[SizeResult]:
+async def run_sizes(args: argparse.Namespace, connection_string: str, azurite_pid: int | None, *,
+                    sizes: list[tuple[int, int]] | None = None, started: float | None = None,
+                    first_index: int = 0) -> list[SizeResult]:
     """Run ``sizes`` (``args.sizes`` by default) on one Azurite. ``started``: when the
     budget began (now by default); ``first_index``: the position of the first size in
     the whole run (the order of the sides alternates with it)."""
     machine = os.cpu_count() or 1
     started = time.monotonic() if started is None else started
     budget_end = started + args.budget_minutes * 60
-    results: List[SizeResult] = []
+    results: list[SizeResult] = []
     with tempfile.TemporaryDirectory(prefix="scale-bench-") as scratch:
         log_dir = args.log_dir or scratch
         os.makedirs(log_dir, exist_ok=True)
@@ -799,8 +801,8 @@ def _waited(r: SideResult) -> str:
     return f"not balanced after {r.waited:.0f} ({why})"
 
 
-def render(results: List[SizeResult], args: argparse.Namespace, command: str, seconds: float, load: str,
-           whole: Optional[LoadReading] = None) -> str:
+def render(results: list[SizeResult], args: argparse.Namespace, command: str, seconds: float, load: str,
+           whole: LoadReading | None = None) -> str:
     cores = os.cpu_count() or 1
     readings = [side.load for size in results for side in size.sides.values() if side.load is not None]
     lines = [
@@ -832,7 +834,8 @@ def render(results: List[SizeResult], args: argparse.Namespace, command: str, se
         "",
         "### Sizing: listing cost measured here, interval and expiration derived",
         "",
-        f"Rule (docs/concepts/timing.md, \"Sizing\"): c = CPU seconds of one listing of P records (client + Azurite), measured "
+        "Rule (docs/concepts/timing.md, \"Sizing\"): c = CPU seconds of one listing of P records "
+        "(client + Azurite), measured "
         f"here ({args.calibration_listings} listings, median); I = ⌈N·c / (f·C)⌉ (at least {args.min_interval:g} s) "
         f"with f = {args.cpu_budget:g} and C the cores the processors can count on: those the machine left idle "
         f"over {args.idle_sample:g} s just before (other users' work counts as busy), at least a quarter of its "
@@ -880,7 +883,7 @@ def render(results: List[SizeResult], args: argparse.Namespace, command: str, se
         sides = [size.sides.get(impl) for impl in IMPLS]
         lines += ["| | ours | official |", "|---|---:|---:|"]
 
-        def row(label: str, value: Any) -> None:
+        def row(label: str, value: Any, lines: list[str] = lines, sides: list[Any] = sides) -> None:
             lines.append(f"| {label} | " + " | ".join("-" if side is None else value(side) for side in sides) + " |")
 
         row("seconds to balanced (from the common start)", _waited)
@@ -942,7 +945,7 @@ def _official_version() -> str:
         return "?"
 
 
-def _verdict(results: List[SizeResult], args: argparse.Namespace) -> List[str]:
+def _verdict(results: list[SizeResult], args: argparse.Namespace) -> list[str]:
     cores = os.cpu_count() or 1
     held, not_held, official = [], [], []
     for size in results:
@@ -992,7 +995,7 @@ def _verdict(results: List[SizeResult], args: argparse.Namespace) -> List[str]:
 # --------------------------------------------------------------------------- main
 
 
-def _sizes(text: str) -> List[Tuple[int, int]]:
+def _sizes(text: str) -> list[tuple[int, int]]:
     sizes = []
     for part in text.split(","):
         partitions, _, processors = part.strip().lower().partition("x")
@@ -1000,7 +1003,7 @@ def _sizes(text: str) -> List[Tuple[int, int]]:
     return sizes
 
 
-def _parser(prog: Optional[str]) -> argparse.ArgumentParser:
+def _parser(prog: str | None) -> argparse.ArgumentParser:
     parser = program.parser("scale", __doc__, prog)
     parser.add_argument("--sizes", default=None,
                         help=f"comma-separated PARTITIONSxPROCESSORS (default {DEFAULT_SIZES}; --quick: {QUICK_SIZES})")
@@ -1053,7 +1056,7 @@ def _size_for(parser: argparse.ArgumentParser, text: str) -> int:
     return 0
 
 
-def main(argv: Optional[List[str]] = None, prog: Optional[str] = None) -> int:
+def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     """Run the benchmark and print its tables; ``--record`` writes them to RESULTS.md.
 
     Example::
@@ -1114,7 +1117,7 @@ def _run(args: argparse.Namespace, command: str) -> int:
     if threading.current_thread() is threading.main_thread():
         # SIGTERM unwinds like Ctrl-C, so that every worker and Azurite are stopped.
         previous = signal.signal(signal.SIGTERM, _interrupt)
-    results: List[SizeResult] = []
+    results: list[SizeResult] = []
     try:
         if azurite is not None:
             # One Azurite per size, started fresh: a size does not inherit the records,

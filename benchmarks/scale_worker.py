@@ -45,7 +45,8 @@ import signal
 import sys
 import threading
 import time
-from typing import Any, Callable, Dict, List, Optional, Set
+from collections.abc import Callable
+from typing import Any
 
 from harness.worker_report import emit as _emit
 
@@ -55,7 +56,7 @@ NAMESPACE = "scale.servicebus.windows.net"
 logger = logging.getLogger("scale_worker")
 
 
-def _parse(argv: Optional[List[str]]) -> argparse.Namespace:
+def _parse(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--impl", choices=["ours", "official"], required=True)
     parser.add_argument("--container", required=True)
@@ -89,8 +90,8 @@ class _OverrunWarnings(logging.Handler):
 class _Side:
     """What the reporter reads from either processor."""
 
-    owned: Callable[[], Set[str]]
-    counters: Callable[[], Dict[str, Any]]
+    owned: Callable[[], set[str]]
+    counters: Callable[[], dict[str, Any]]
 
 
 class RenewalWatch:
@@ -101,14 +102,14 @@ class RenewalWatch:
     samples what the processor dispatches every 0.1 s and counts a partition as one missed
     renewal when it is still dispatched more than ``expiry`` after that time."""
 
-    def __init__(self, owner_id: str, expiry: float, owned: Callable[[], Set[str]],
+    def __init__(self, owner_id: str, expiry: float, owned: Callable[[], set[str]],
                  field: Callable[[Any, str], Any]) -> None:
         self.owner_id = owner_id
         self.expiry = expiry
         self.owned = owned
         self.field = field  # how to read a record's field (dicts for the official, Ownership for ours)
-        self.written: Dict[str, float] = {}  # partition -> monotonic send time of its last accepted write
-        self.lapsed: Set[str] = set()
+        self.written: dict[str, float] = {}  # partition -> monotonic send time of its last accepted write
+        self.lapsed: set[str] = set()
         self.missed = self.renewals = self.failed_renewals = 0
 
     def wrap(self, claim: Callable[..., Any]) -> Callable[..., Any]:
@@ -140,7 +141,7 @@ class RenewalWatch:
                     self.lapsed.discard(pid)
             await asyncio.sleep(0.1)
 
-    def counters(self) -> Dict[str, int]:
+    def counters(self) -> dict[str, int]:
         return {"missed_renewals": self.missed, "renewals": self.renewals, "failed_renewals": self.failed_renewals}
 
 
@@ -157,7 +158,7 @@ async def _ours(args: argparse.Namespace, transport: Any, go: asyncio.Event, sto
     warnings = _OverrunWarnings()
     logging.getLogger("eventprocessor").addHandler(warnings)
     source = MemoryEventSource(args.partitions, eventhub_name=args.hub, fully_qualified_namespace=NAMESPACE)
-    options: Dict[str, Any] = {} if args.operation_timeout is None else {"operation_timeout": args.operation_timeout}
+    options: dict[str, Any] = {} if args.operation_timeout is None else {"operation_timeout": args.operation_timeout}
     store = BlobCheckpointStore.from_connection_string(os.environ[STORAGE_ENV], args.container, transport=transport,
                                                        **options)
     processor = EventProcessor(source, store, Idle, owner_id=args.owner_id, load_balancing_strategy=args.strategy,
@@ -168,7 +169,7 @@ async def _ours(args: argparse.Namespace, transport: Any, go: asyncio.Event, sto
     watch = RenewalWatch(args.owner_id, args.expiry, lambda: set(processor.owned_partitions), getattr)
     store.claim_ownership = watch.wrap(store.claim_ownership)  # type: ignore[method-assign]
 
-    def counters() -> Dict[str, Any]:
+    def counters() -> dict[str, Any]:
         stats = processor.stats
         return {"ticks": stats.ticks, "overruns": stats.overruns, "overrun_warnings": warnings.count,
                 "max_tick": round(stats.max_tick_duration, 3), **watch.counters(), "self_fenced": stats.self_fenced,
@@ -208,7 +209,7 @@ class _StandInClient:
         self.eventhub_name = eventhub_name
         self._partition_ids = [str(i) for i in range(partitions)]
 
-    async def get_partition_ids(self) -> List[str]:
+    async def get_partition_ids(self) -> list[str]:
         return list(self._partition_ids)
 
     def _create_consumer(self, *_args: Any, **_kwargs: Any) -> _IdleConsumer:
@@ -233,10 +234,10 @@ async def _official(args: argparse.Namespace, transport: Any, go: asyncio.Event,
         load_balancing_strategy=LoadBalancingStrategy(args.strategy))
     manager = processor._ownership_manager
     processor._id = manager.owner_id = args.owner_id  # as EventHubConsumerClient names it, for the final check
-    tally: Dict[str, Any] = {"ticks": 0, "overruns": 0, "max_tick": 0.0, "claims": 0, "lost": 0}
-    tick_started: List[float] = []
+    tally: dict[str, Any] = {"ticks": 0, "overruns": 0, "max_tick": 0.0, "claims": 0, "lost": 0}
+    tick_started: list[float] = []
 
-    def held() -> Set[str]:
+    def held() -> set[str]:
         return {pid for pid, task in processor._tasks.items() if not task.done()}
 
     watch = RenewalWatch(args.owner_id, args.expiry, held, lambda record, name: record.get(name))
@@ -244,7 +245,7 @@ async def _official(args: argparse.Namespace, transport: Any, go: asyncio.Event,
 
     balance = manager.claim_ownership
 
-    async def timed_tick() -> List[str]:
+    async def timed_tick() -> list[str]:
         # One tick of the official loop: this call, and get_checkpoints when it claimed new ones.
         tally["ticks"] += 1
         tick_started[:] = [time.monotonic()]
@@ -306,7 +307,7 @@ async def _amain(args: argparse.Namespace) -> int:
     side.owned, side.counters = set, dict
     run = asyncio.create_task((_ours if args.impl == "ours" else _official)(args, transport, go, stop, side))
     await asyncio.sleep(0)
-    lines: "asyncio.Queue[str]" = asyncio.Queue()
+    lines: asyncio.Queue[str] = asyncio.Queue()
 
     def read_stdin() -> None:  # a daemon thread: it never holds up the exit
         for line in sys.stdin:
@@ -340,12 +341,12 @@ async def _amain(args: argparse.Namespace) -> int:
         loop.call_later(args.lifetime, stop.set)
     cpu0, requests0 = time.process_time(), transport.total
     go.set()
-    last_owned: Optional[Set[str]] = None
+    last_owned: set[str] | None = None
 
-    def state() -> Dict[str, Any]:
+    def state() -> dict[str, Any]:
         nonlocal last_owned
         owned = side.owned()
-        record: Dict[str, Any] = {"event": "state", "t": time.time(), "cpu": round(time.process_time() - cpu0, 3),
+        record: dict[str, Any] = {"event": "state", "t": time.time(), "cpu": round(time.process_time() - cpu0, 3),
                                   "requests": transport.total - requests0, "count": len(owned),
                                   "loop_lag": round(lag[0], 3),
                                   **side.counters()}
@@ -371,7 +372,7 @@ async def _amain(args: argparse.Namespace) -> int:
     return 0
 
 
-def main(argv: Optional[List[str]] = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     return asyncio.run(_amain(_parse(argv)))

@@ -15,15 +15,16 @@ from __future__ import annotations
 import os
 import sys
 import tempfile
-from typing import Callable, Optional, TypeVar
+from collections.abc import Callable
+from typing import TypeVar
 
 __all__ = ["with_azurite_and_emulator"]
 
 _T = TypeVar("_T")
 
 
-def with_azurite_and_emulator(name: str, log_dir: Optional[str], config: Callable[[str], str],
-                              measure: Callable[[str, str, str], _T]) -> Optional[_T]:
+def with_azurite_and_emulator(name: str, log_dir: str | None, config: Callable[[str], str],
+                              measure: Callable[[str, str, str], _T]) -> _T | None:
     """Start Azurite, then the emulator with the ``Config.json`` that ``config(path)``
     writes at ``path`` (and returns), run ``measure(hub_connection_string,
     storage_connection_string, log_dir)``, and stop both whatever happens. ``log_dir``

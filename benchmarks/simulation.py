@@ -59,11 +59,14 @@ import random
 import time as _real_time
 import uuid
 from collections import Counter
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from types import SimpleNamespace
-from typing import (Any, Awaitable, Callable, Dict, FrozenSet, Iterable, Iterator, List, Optional, Sequence, Set,
-                    Tuple, TypeVar)
+from typing import (
+    Any,
+    TypeVar,
+)
 
 from eventprocessor import CheckpointStore, CheckpointStoreError, EventPosition, OwnershipLostError
 from eventprocessor.records import Member, Ownership
@@ -122,9 +125,9 @@ class Instants:
                                "eventprocessor.testing.run_virtual(...)")
         self.loop: VirtualTimeLoop = loop
         self.origin = loop.time()
-        self.observers: List[Callable[[], None]] = []
-        self._last: List[Callable[[], None]] = []
-        self._groups: Dict[float, List[Any]] = {}
+        self.observers: list[Callable[[], None]] = []
+        self._last: list[Callable[[], None]] = []
+        self._groups: dict[float, list[Any]] = {}
         loop.add_idle_callback(self._idle)
 
     @property
@@ -152,7 +155,7 @@ class Instants:
         await future
 
     async def write_group(self, when: float, items: Sequence[Any], execute: Callable[[Any], Awaitable[Any]],
-                          rng: random.Random) -> List[Any]:
+                          rng: random.Random) -> list[Any]:
         """Apply ``execute`` to each item at ``when`` (once the rest of that instant ran),
         interleaved at random with the items of every other batch that lands at the same
         instant; return the results in item order. Every item is applied even if the
@@ -167,7 +170,7 @@ class Instants:
                 batches = self._groups.pop(key)
                 order = [(b, i) for b, (batch_items, *_rest) in enumerate(batches) for i in range(len(batch_items))]
                 rng.shuffle(order)
-                failed: Dict[int, BaseException] = {}
+                failed: dict[int, BaseException] = {}
                 for b, i in order:
                     batch_items, batch_execute, _future, results = batches[b]
                     try:
@@ -249,7 +252,7 @@ class _Latency:
             await self.instants.sleep(delay / 2)
         return result
 
-    async def writes(self, items: Sequence[Any], execute: Callable[[Any], Awaitable[Any]]) -> List[Any]:
+    async def writes(self, items: Sequence[Any], execute: Callable[[Any], Awaitable[Any]]) -> list[Any]:
         """One round trip for a batch of writes sent concurrently.
 
         Batches of different instances that reach the store at the same instant are
@@ -283,13 +286,13 @@ class SimulatedStore(LedgerStore):
     """
 
     def __init__(self, inner: CheckpointStore, instants: Instants, ledger: OwnershipLedger,
-                 latency: float = 0.0, rng: Optional[random.Random] = None, *, writer: str = "") -> None:
+                 latency: float = 0.0, rng: random.Random | None = None, *, writer: str = "") -> None:
         super().__init__(inner, ledger, writer=writer, now=lambda: instants.now)
         self._instants = instants
         self._latency = _Latency(instants, latency, rng or random.Random(0))
         self.dead = False
 
-    def for_instance(self, owner_id: str) -> "SimulatedStore":
+    def for_instance(self, owner_id: str) -> SimulatedStore:
         view = SimulatedStore(self.inner, self._instants, self.ledger, writer=owner_id)
         view._latency = self._latency
         return view
@@ -302,7 +305,7 @@ class SimulatedStore(LedgerStore):
         self._check()
         return await self._latency.round_trip(lambda: LedgerStore.forward(self, operation, call, units))
 
-    async def claim_ownership(self, ownerships: Iterable[Ownership]) -> List[Ownership]:
+    async def claim_ownership(self, ownerships: Iterable[Ownership]) -> list[Ownership]:
         self._check()
         results = await self._latency.writes(list(ownerships), self.claim_one)
         return [record for record in results if record is not None]
@@ -314,8 +317,8 @@ class SimulatedStore(LedgerStore):
 
 @dataclass
 class _OfficialRecords:
-    ownership: Dict[str, Dict[str, Any]] = field(default_factory=dict)
-    checkpoints: Dict[str, Dict[str, Any]] = field(default_factory=dict)
+    ownership: dict[str, dict[str, Any]] = field(default_factory=dict)
+    checkpoints: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 
 class OfficialSimStore:
@@ -331,7 +334,7 @@ class OfficialSimStore:
     """
 
     def __init__(self, instants: Instants, ledger: OwnershipLedger, latency: float = 0.0,
-                 rng: Optional[random.Random] = None, *, writer: str = "") -> None:
+                 rng: random.Random | None = None, *, writer: str = "") -> None:
         self._records = _OfficialRecords()
         self._ledger = ledger
         self._instants = instants
@@ -339,7 +342,7 @@ class OfficialSimStore:
         self.writer = writer
         self.dead = False
 
-    def for_instance(self, owner_id: str) -> "OfficialSimStore":
+    def for_instance(self, owner_id: str) -> OfficialSimStore:
         view = OfficialSimStore(self._instants, self._ledger, writer=owner_id)
         view._records, view._latency = self._records, self._latency
         return view
@@ -352,20 +355,20 @@ class OfficialSimStore:
         return EPOCH_SECONDS + self._instants.now
 
     async def list_ownership(self, fully_qualified_namespace: str, eventhub_name: str, consumer_group: str,
-                             **kwargs: Any) -> List[Dict[str, Any]]:
+                             **kwargs: Any) -> list[dict[str, Any]]:
         self._check()
 
-        def execute() -> List[Dict[str, Any]]:
+        def execute() -> list[dict[str, Any]]:
             self._ledger.count("list_ownership")
             return [dict(record) for record in self._records.ownership.values()]
 
         return await self._latency.round_trip(execute)
 
-    async def claim_ownership(self, ownership_list: Iterable[Dict[str, Any]], **kwargs: Any) -> List[Dict[str, Any]]:
+    async def claim_ownership(self, ownership_list: Iterable[dict[str, Any]], **kwargs: Any) -> list[dict[str, Any]]:
         self._check()
         claims = [dict(claim) for claim in ownership_list]
 
-        async def execute(claim: Dict[str, Any]) -> Optional[Dict[str, Any]]:
+        async def execute(claim: dict[str, Any]) -> dict[str, Any] | None:
             pid = claim["partition_id"]
             current = self._records.ownership.get(pid)
             etag = claim.get("etag")
@@ -381,7 +384,7 @@ class OfficialSimStore:
         results = await self._latency.writes(claims, execute)
         return [record for record in results if record is not None]
 
-    async def update_checkpoint(self, checkpoint: Dict[str, Any], **kwargs: Any) -> None:
+    async def update_checkpoint(self, checkpoint: dict[str, Any], **kwargs: Any) -> None:
         self._check()
 
         def execute() -> None:
@@ -391,10 +394,10 @@ class OfficialSimStore:
         await self._latency.round_trip(execute)
 
     async def list_checkpoints(self, fully_qualified_namespace: str, eventhub_name: str, consumer_group: str,
-                               **kwargs: Any) -> List[Dict[str, Any]]:
+                               **kwargs: Any) -> list[dict[str, Any]]:
         self._check()
 
-        def execute() -> List[Dict[str, Any]]:
+        def execute() -> list[dict[str, Any]]:
             self._ledger.count("list_checkpoints")
             return [dict(c) for c in self._records.checkpoints.values()]
 
@@ -431,11 +434,11 @@ class Batch:
     first: int
     last: int
     start: float
-    end: Optional[float] = None
+    end: float | None = None
     duplicates: int = 0  # events of this batch some handler had been given before
 
     @property
-    def key(self) -> Tuple[str, int]:
+    def key(self) -> tuple[str, int]:
         return (self.owner_id, self.claim)
 
 
@@ -451,10 +454,10 @@ class Deliveries:
 
     def __init__(self, now: Callable[[], float]) -> None:
         self._now = now
-        self.batches: List[Batch] = []
-        self._starts: List[float] = []
-        self._times_delivered: Dict[str, List[int]] = {}
-        self._by_partition: Dict[str, List[Batch]] = {}
+        self.batches: list[Batch] = []
+        self._starts: list[float] = []
+        self._times_delivered: dict[str, list[int]] = {}
+        self._by_partition: dict[str, list[Batch]] = {}
 
     def begin(self, partition_id: str, owner_id: str, claim: int, first: int, last: int) -> Batch:
         seen = self._times_delivered.setdefault(partition_id, [])
@@ -476,7 +479,7 @@ class Deliveries:
         if batch.end is None:
             batch.end = self._now()
 
-    def since(self, start: float) -> List[Batch]:
+    def since(self, start: float) -> list[Batch]:
         return self.batches[bisect.bisect_left(self._starts, start):]
 
     def duplicates(self, start: float = 0.0) -> int:
@@ -485,13 +488,13 @@ class Deliveries:
     def events(self, start: float = 0.0) -> int:
         return sum(b.last - b.first + 1 for b in self.since(start))
 
-    def overlap(self, start: float, until: float) -> Tuple[float, int]:
+    def overlap(self, start: float, until: float) -> tuple[float, int]:
         """(partition-seconds with two or more claims delivering, most claims at once)
         between ``start`` and ``until``."""
         seconds = 0.0
         most = 0
         for batches in self._by_partition.values():
-            points: List[Tuple[float, int, Tuple[str, int]]] = []
+            points: list[tuple[float, int, tuple[str, int]]] = []
             for b in batches:
                 end = until if b.end is None else min(b.end, until)
                 begin = max(b.start, start)
@@ -519,20 +522,20 @@ class Deliveries:
                         del open_claims[key]
         return seconds, most
 
-    def first_batch(self, partition_id: str, after: float, owners: Optional[Set[str]] = None) -> Optional[Batch]:
+    def first_batch(self, partition_id: str, after: float, owners: set[str] | None = None) -> Batch | None:
         for b in self._by_partition.get(partition_id, ()):
             if b.start >= after and (owners is None or b.owner_id in owners):
                 return b
         return None
 
-    def longest_pauses(self, start: float, until: float) -> Dict[str, float]:
+    def longest_pauses(self, start: float, until: float) -> dict[str, float]:
         """Per partition, the longest time between the end of one batch and the start of
         the next (any claims), for batches starting between ``start`` and ``until``."""
-        result: Dict[str, float] = {}
+        result: dict[str, float] = {}
         for pid, batches in self._by_partition.items():
             inside = [b for b in batches if start <= b.start <= until]
             longest = 0.0
-            reach: Optional[float] = None
+            reach: float | None = None
             for b in inside:
                 if reach is not None:
                     longest = max(longest, b.start - reach)
@@ -624,10 +627,10 @@ class _Instance:
         wait on virtual time (leftover clean-up goes to :attr:`teardown`)."""
         raise NotImplementedError
 
-    teardown: Optional["asyncio.Future[Any]"] = None
+    teardown: asyncio.Future[Any] | None = None
 
 
-def _recording_processor(instance: "OursInstance", deliveries: Deliveries, work: float) -> Any:
+def _recording_processor(instance: OursInstance, deliveries: Deliveries, work: float) -> Any:
     """A PartitionProcessor class for one instance: it records each batch, spends
     ``work`` virtual seconds on it and checkpoints its last event."""
     from eventprocessor import PartitionProcessor
@@ -669,7 +672,7 @@ class OursInstance(_Instance):
         self.teardown = None
 
     @property
-    def owned(self) -> FrozenSet[str]:
+    def owned(self) -> frozenset[str]:
         if self.dead:
             return frozenset()
         return frozenset(self.processor.owned_partitions)
@@ -703,12 +706,12 @@ class OursInstance(_Instance):
 class _StandInClient:
     """All the official OwnershipManager needs from an EventHubConsumerClient."""
 
-    def __init__(self, partition_ids: Callable[[], List[str]]) -> None:
+    def __init__(self, partition_ids: Callable[[], list[str]]) -> None:
         self._address = SimpleNamespace(hostname=NAMESPACE)
         self.eventhub_name = EVENTHUB
         self._partition_ids = partition_ids
 
-    async def get_partition_ids(self) -> List[str]:
+    async def get_partition_ids(self) -> list[str]:
         return list(self._partition_ids())
 
 
@@ -718,9 +721,9 @@ class OfficialInstance(_Instance):
     ``_create_tasks_for_claimed_ownership``, ``_cancel_tasks_for_partitions``,
     ``_receive``, ``_close_consumer``, ``stop``)."""
 
-    def __init__(self, owner_id: str, store: OfficialSimStore, partition_ids: Callable[[], List[str]],
+    def __init__(self, owner_id: str, store: OfficialSimStore, partition_ids: Callable[[], list[str]],
                  strategy: Any, expiration: float, clock: InstanceClock, rng: random.Random, *,
-                 source: Optional[MemoryEventSource] = None, deliveries: Optional[Deliveries] = None,
+                 source: MemoryEventSource | None = None, deliveries: Deliveries | None = None,
                  work: float = 0.0, max_batch_size: int = 300) -> None:
         from azure.eventhub.aio._eventprocessor._ownership_manager import OwnershipManager
 
@@ -738,14 +741,14 @@ class OfficialInstance(_Instance):
         self._deliveries = deliveries
         self._work = work
         self._max_batch_size = max_batch_size
-        self._owned: FrozenSet[str] = frozenset()
-        self._tasks: Dict[str, "asyncio.Task[None]"] = {}
-        self._consumers: Dict[str, Any] = {}
+        self._owned: frozenset[str] = frozenset()
+        self._tasks: dict[str, asyncio.Task[None]] = {}
+        self._consumers: dict[str, Any] = {}
         self._running = True
         self._claims = itertools.count(1)
 
     @property
-    def owned(self) -> FrozenSet[str]:
+    def owned(self) -> frozenset[str]:
         """The partition ids its last claim returned (what its loop dispatches)."""
         return self._owned
 
@@ -767,7 +770,7 @@ class OfficialInstance(_Instance):
         finally:
             _CURRENT_OFFICIAL.reset(token)
 
-    def _create_tasks(self, partition_ids: Iterable[str], checkpoints: Dict[str, Dict[str, Any]]) -> None:
+    def _create_tasks(self, partition_ids: Iterable[str], checkpoints: dict[str, dict[str, Any]]) -> None:
         if self._source is None:
             return
         for pid in sorted(partition_ids, key=_partition_order):
@@ -783,7 +786,7 @@ class OfficialInstance(_Instance):
                 if pid not in self._consumers:  # cancelled before the consumer was created
                     del self._tasks[pid]
 
-    async def _receive(self, partition_id: str, checkpoint: Optional[Dict[str, Any]]) -> None:
+    async def _receive(self, partition_id: str, checkpoint: dict[str, Any] | None) -> None:
         from azure.eventhub.aio._eventprocessor.partition_context import PartitionContext
 
         assert self._source is not None
@@ -810,7 +813,7 @@ class OfficialInstance(_Instance):
         finally:
             await asyncio.shield(self._close_consumer(partition_id))
 
-    async def _handle(self, context: Any, claim: int, events: List[Any]) -> None:
+    async def _handle(self, context: Any, claim: int, events: list[Any]) -> None:
         if not events or self._deliveries is None:
             return
         batch = self._deliveries.begin(context.partition_id, self.owner_id, claim,
@@ -851,14 +854,14 @@ class OfficialInstance(_Instance):
             task.cancel()
 
 
-def _partition_order(pid: str) -> Tuple[int, Any]:
+def _partition_order(pid: str) -> tuple[int, Any]:
     return (0, int(pid)) if pid.isdigit() else (1, pid)
 
 
 # --------------------------------------------------------------------------- minimal moves
 
 
-def minimal_moves(before: Dict[str, Optional[str]], live: Sequence[str], partition_ids: Sequence[str]) -> int:
+def minimal_moves(before: dict[str, str | None], live: Sequence[str], partition_ids: Sequence[str]) -> int:
     """The fewest ownership moves from ``before`` (partition -> owner or None) to any
     balanced assignment of ``partition_ids`` over ``live`` owners.
 
@@ -885,7 +888,7 @@ class Sample:
     """Partitions per live instance (by the store's live records) at one tick boundary."""
 
     tick: float
-    counts: Dict[str, int]
+    counts: dict[str, int]
 
 
 @dataclass
@@ -896,8 +899,8 @@ class PhaseResult:
     ``max_deliverers`` and ``events`` from what the handlers were given.
     """
 
-    ticks_to_balanced: Optional[float]
-    balanced_at: Optional[float]
+    ticks_to_balanced: float | None
+    balanced_at: float | None
     moves: int
     steals: int
     handoffs: int
@@ -910,7 +913,7 @@ class PhaseResult:
     overlap_seconds: float = 0.0  # partition-seconds with two or more claims delivering
     max_deliverers: int = 0  # the most claims delivering one partition at one instant
     events: int = 0  # events handed to handlers in the phase
-    reowned_at: Optional[float] = None
+    reowned_at: float | None = None
 
     @property
     def coordination_requests(self) -> int:
@@ -940,8 +943,8 @@ class Simulation:
 
     def __init__(self, implementation: str, strategy: Any, partitions: int, *, interval: float = 10.0,
                  expiration: float = 60.0, schedule: str = "staggered", latency: float = 0.0,
-                 tick_jitter: float = 0.0, seed: int = 0, traffic: Optional[Traffic] = None, work: float = 0.05,
-                 processor_options: Optional[Dict[str, Any]] = None, balance_tolerance: int = 1) -> None:
+                 tick_jitter: float = 0.0, seed: int = 0, traffic: Traffic | None = None, work: float = 0.05,
+                 processor_options: dict[str, Any] | None = None, balance_tolerance: int = 1) -> None:
         if implementation not in ("ours", "official"):
             raise ValueError(f"unknown implementation {implementation!r}; expected 'ours' or 'official'")
         if schedule not in SCHEDULES:
@@ -963,18 +966,18 @@ class Simulation:
         self.instants = Instants()
         self.ledger = OwnershipLedger(expiration=expiration)
         self.deliveries = Deliveries(lambda: self.instants.now)
-        self.partition_ids: List[str] = [str(i) for i in range(partitions)]
-        self.instances: List[_Instance] = []
-        self.alive: List[_Instance] = []
-        self._drivers: Dict[str, asyncio.Task] = {}
-        self._producer: Optional[asyncio.Task] = None
+        self.partition_ids: list[str] = [str(i) for i in range(partitions)]
+        self.instances: list[_Instance] = []
+        self.alive: list[_Instance] = []
+        self._drivers: dict[str, asyncio.Task] = {}
+        self._producer: asyncio.Task | None = None
         self._instance_ticks = 0
         self._origin = 0.0
-        self.samples: List[Sample] = []
-        self._balanced_since: Optional[float] = None
+        self.samples: list[Sample] = []
+        self._balanced_since: float | None = None
         self._dirty = True
         self._seen_version = -1
-        self._waiters: List[Callable[[], None]] = []
+        self._waiters: list[Callable[[], None]] = []
         self.source = MemoryEventSource(partitions, eventhub_name=EVENTHUB, fully_qualified_namespace=NAMESPACE,
                                         clock=self.server_time)
         if implementation == "ours":
@@ -994,7 +997,7 @@ class Simulation:
         return self.instants.now
 
     @property
-    def balanced_since(self) -> Optional[float]:
+    def balanced_since(self) -> float | None:
         """Since when the assignment has been balanced (None: it is not)."""
         return self._balanced_since
 
@@ -1007,7 +1010,7 @@ class Simulation:
     def _new_owner_id(self) -> str:
         return f"{self.implementation}-{len(self.instances):03d}"
 
-    def add_instance(self, *, skew: float = 0.0, owner_id: Optional[str] = None, **options: Any) -> _Instance:
+    def add_instance(self, *, skew: float = 0.0, owner_id: str | None = None, **options: Any) -> _Instance:
         """Create an instance; it joins at once and starts ticking when the simulation runs.
 
         ``skew`` is how far its local clock is ahead of the store's, in seconds;
@@ -1023,7 +1026,7 @@ class Simulation:
             settings = {"load_balancing_strategy": self.strategy, "load_balancing_interval": self.interval,
                         "partition_ownership_expiration_interval": self.expiration, **self.processor_options,
                         **options}
-            holder: Dict[str, Any] = {}
+            holder: dict[str, Any] = {}
             # Without a skew the processor keeps its default clock: the loop's.
             processor = EventProcessor(self.source, store, lambda: holder["cls"](), consumer_group=CONSUMER_GROUP,
                                        owner_id=owner_id, clock=clock if skew else None, rng=rng, **settings)
@@ -1139,12 +1142,12 @@ class Simulation:
 
     # ---- observation
 
-    def owner_map(self) -> Dict[str, Optional[str]]:
+    def owner_map(self) -> dict[str, str | None]:
         """Partition -> live owner, by the store's records right now."""
         now = self.now
         return {pid: self.ledger.live_owner(pid, now) for pid in self.partition_ids}
 
-    def counts(self) -> Dict[str, int]:
+    def counts(self) -> dict[str, int]:
         return self.ledger.counts(self.partition_ids, [i.owner_id for i in self.alive], self.now)
 
     def is_balanced(self) -> bool:
@@ -1182,7 +1185,7 @@ class Simulation:
         self._sample()
         self._sampler = self.instants.call_at(self.now + self.interval, self._sample_due)
 
-    async def run_until(self, end: float, *, stop_when: Optional[Callable[[], bool]] = None) -> None:
+    async def run_until(self, end: float, *, stop_when: Callable[[], bool] | None = None) -> None:
         """Let simulated time run to ``end`` (or until ``stop_when()`` holds once an instant
         is over)."""
         done = self.instants.loop.create_future()
@@ -1222,12 +1225,12 @@ class Simulation:
 
     # ---- phases
 
-    def mark(self) -> Dict[str, Any]:
+    def mark(self) -> dict[str, Any]:
         """Start measuring a phase now; pass the result to :meth:`result`."""
         return {"at": self.now, "ledger": self.ledger.snapshot(), "ticks": self._instance_ticks}
 
-    def result(self, mark: Dict[str, Any], *, balanced_at: Optional[float] = None,
-               reowned_at: Optional[float] = None) -> PhaseResult:
+    def result(self, mark: dict[str, Any], *, balanced_at: float | None = None,
+               reowned_at: float | None = None) -> PhaseResult:
         before = mark["ledger"]
         after = self.ledger.snapshot()
         start = mark["at"]
@@ -1262,8 +1265,8 @@ class Simulation:
             return 0
         return int(math.floor((end - start) / self.interval + 1e-9)) + 1
 
-    async def run_until_balanced(self, max_ticks: float, *, settle_ticks: Optional[float] = None,
-                                 mark: Optional[Dict[str, Any]] = None) -> PhaseResult:
+    async def run_until_balanced(self, max_ticks: float, *, settle_ticks: float | None = None,
+                                 mark: dict[str, Any] | None = None) -> PhaseResult:
         """Run until the assignment has been balanced for ``settle_ticks`` (default:
         expiry plus two ticks, so churn caused by expiries is seen), or ``max_ticks``.
 
@@ -1282,7 +1285,7 @@ class Simulation:
         balanced_at = self._balanced_since
         return self.result(mark, balanced_at=balanced_at)
 
-    async def run_until_reowned(self, orphans: Sequence[str], max_ticks: float) -> Optional[float]:
+    async def run_until_reowned(self, orphans: Sequence[str], max_ticks: float) -> float | None:
         """Run until every partition in ``orphans`` has a live owner among the alive
         instances; return that virtual time (None if it did not happen)."""
         def done() -> bool:
@@ -1296,7 +1299,7 @@ class Simulation:
         await self.run_until(deadline, stop_when=done)
         return self.now if done() else None
 
-    def resumed_at(self, orphans: Sequence[str], after: float) -> Optional[float]:
+    def resumed_at(self, orphans: Sequence[str], after: float) -> float | None:
         """When the last of ``orphans`` got its first batch from an alive instance after
         ``after`` (None if one never did)."""
         names = {i.owner_id for i in self.alive}

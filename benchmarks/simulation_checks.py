@@ -21,13 +21,20 @@ import math
 import random
 import sys
 import traceback
-from typing import Any, Callable, Dict, FrozenSet, List, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from eventprocessor import CheckpointStoreError, LoadBalancingStrategy
 from eventprocessor.testing import run_virtual
 
-from .convergence import (equal_cost_candidates, official_requests_per_hour, one_per_tick_limit,
-                          ours_requests_per_hour, shared_candidates, shortest_within)
+from .convergence import (
+    equal_cost_candidates,
+    official_requests_per_hour,
+    one_per_tick_limit,
+    ours_requests_per_hour,
+    shared_candidates,
+    shortest_within,
+)
 from .simulation import Deliveries, Simulation, Traffic, minimal_moves, official_module_patched, simulation
 
 __all__ = ["CHECKS", "main"]
@@ -41,7 +48,7 @@ def approx(value: float, expected: float, rel: float = 1e-6, abs_: float = 1e-9)
     return math.isclose(value, expected, rel_tol=rel, abs_tol=abs_)
 
 
-def sorted_counts(sim: Simulation) -> List[int]:
+def sorted_counts(sim: Simulation) -> list[int]:
     return sorted(sim.counts().values())
 
 
@@ -193,11 +200,11 @@ class Scripted:
     def __init__(self, owner_id: str, sim: Simulation, request_latency: float = 0.0) -> None:
         self.owner_id = owner_id
         self.sim = sim
-        self.ticks: List[float] = []
+        self.ticks: list[float] = []
         self.latency = request_latency
 
     @property
-    def owned(self) -> FrozenSet[str]:
+    def owned(self) -> frozenset[str]:
         return frozenset()
 
     async def join(self) -> None:
@@ -217,7 +224,7 @@ class Scripted:
 
 async def check_an_instant_runs_its_store_work_after_everything_else_in_the_order_it_was_sent() -> None:
     sim = Simulation("official", BALANCED, 1)
-    seen: List[str] = []
+    seen: list[str] = []
 
     async def sender(name: str, yields: int) -> None:
         await sim.instants.sleep_until(5.0)
@@ -237,7 +244,7 @@ async def check_an_instant_runs_its_store_work_after_everything_else_in_the_orde
 
 async def check_a_cancelled_sleep_leaves_no_wake_up_behind() -> None:
     sim = Simulation("official", BALANCED, 1)
-    visited: List[float] = []
+    visited: list[float] = []
     sim.instants.observers.append(lambda: visited.append(sim.now))
     sleeper = asyncio.ensure_future(sim.instants.sleep_until(35.0))
     await asyncio.sleep(0)
@@ -356,13 +363,13 @@ def check_minimal_moves_and_one_per_tick_limits() -> None:
 
 async def check_concurrent_write_batches_interleave_record_by_record() -> None:
     sim = Simulation("official", BALANCED, 1)
-    applied: List[str] = []
+    applied: list[str] = []
 
     async def record(item: str) -> str:
         applied.append(item)
         return item
 
-    async def batch(name: str) -> List[str]:
+    async def batch(name: str) -> list[str]:
         return await sim.instants.write_group(0.0, [f"{name}{i}" for i in range(20)], record, random.Random(4))
 
     a, b = await asyncio.gather(batch("a"), batch("b"))
@@ -513,7 +520,7 @@ async def check_a_crash_costs_exactly_the_batches_in_flight_and_the_dead_instanc
 
 
 async def check_rolling_restart_ours_hands_over_without_duplicates_the_official_stop_cancels_batches() -> None:
-    results: Dict[str, Any] = {}
+    results: dict[str, Any] = {}
     for implementation in ("ours", "official"):
         async with simulation(implementation, GREEDY, 8, seed=5, traffic=TRAFFIC) as sim:
             await settled_with_traffic(sim, 2)

@@ -42,11 +42,13 @@ import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Any
+
+from harness.worker_process import WorkerHandle, create_container, spawn_worker
 
 from . import program
-from harness.worker_process import WorkerHandle, create_container, spawn_worker
 from .results import machine_line
 
 __all__ = ["main", "analyse", "Analysis"]
@@ -67,8 +69,8 @@ class Analysis:
     rss_warm: float
     rss_end: float
     rss_max: float
-    slope_per_million: Optional[float]  # None: too few samples after warm-up to fit a line
-    slope_per_hour: Optional[float]
+    slope_per_million: float | None  # None: too few samples after warm-up to fit a line
+    slope_per_hour: float | None
 
     @property
     def rate(self) -> float:
@@ -78,11 +80,11 @@ class Analysis:
     def growth(self) -> float:
         return self.rss_end - self.rss_warm
 
-    def flat(self, threshold: float) -> Optional[bool]:
+    def flat(self, threshold: float) -> bool | None:
         return None if self.slope_per_million is None else self.slope_per_million <= threshold
 
 
-def analyse(samples: Sequence[Tuple[float, int, int]], warmup: float) -> Analysis:
+def analyse(samples: Sequence[tuple[float, int, int]], warmup: float) -> Analysis:
     """Fit RSS after warm-up. ``samples`` are (wall time, events delivered, RSS bytes) in
     time order. The run is the samples from the first one with an event delivered to
     the first one that has every event of the run (later ones are the idle tail before
@@ -120,33 +122,33 @@ class Run:
     target: int
     analysis: Analysis
     cut_short: bool  # the budget ended it before its target
-    samples: List[Tuple[float, int, int]] = field(default_factory=list)  # (wall time, events, RSS bytes)
-    traced: List[Dict[str, Any]] = field(default_factory=list)
+    samples: list[tuple[float, int, int]] = field(default_factory=list)  # (wall time, events, RSS bytes)
+    traced: list[dict[str, Any]] = field(default_factory=list)
 
 
 class Soak:
-    def __init__(self, args: argparse.Namespace, hub_conn: Optional[str], storage_conn: Optional[str],
+    def __init__(self, args: argparse.Namespace, hub_conn: str | None, storage_conn: str | None,
                  log_dir: str) -> None:
         self.args = args
         self.hub_conn = hub_conn
         self.storage_conn = storage_conn
         self.log_dir = log_dir
         self.hubs: Iterator[str] = iter(f"bench-{i}" for i in range(100))
-        self.runs: List[Run] = []
+        self.runs: list[Run] = []
 
-    def plan(self) -> List[Tuple[int, str]]:
+    def plan(self) -> list[tuple[int, str]]:
         """(round, subject) in running order: the memory subject first (it is quick, so the
         budget left is shared by the emulator subjects), and the emulator subjects in
         alternating order from round to round."""
         a = self.args
-        order: List[Tuple[int, str]] = []
+        order: list[tuple[int, str]] = []
         for round_ in range(a.rounds):
             emulated = [s for s in ("ours", "official") if s in a.subjects]
             order += [(round_, s) for s in (["memory"] if "memory" in a.subjects else [])]
             order += [(round_, s) for s in (emulated if round_ % 2 == 0 else emulated[::-1])]
         return order
 
-    def worker_options(self, subject: str, target: int) -> List[str]:
+    def worker_options(self, subject: str, target: int) -> list[str]:
         a = self.args
         options = ["--impl", "official" if subject == "official" else "ours", "--report", "counts",
                    "--expect", str(target), "--checkpoint-events", str(a.checkpoint_events),
@@ -161,7 +163,7 @@ class Soak:
                         "--tracemalloc-frames", str(a.tracemalloc_frames)]
         return options
 
-    async def run(self) -> List[Run]:
+    async def run(self) -> list[Run]:
         plan = self.plan()
         deadline = time.monotonic() + self.args.budget_seconds
         for index, (round_, subject) in enumerate(plan):
@@ -183,7 +185,7 @@ class Soak:
             worker = await spawn_worker(owner, hub="soak", container=None, hub_connection_string=None,
                                         storage_connection_string=None, log_dir=self.log_dir,
                                         extra=self.worker_options(subject, target))
-            feeder: Optional["asyncio.Task[None]"] = None
+            feeder: asyncio.Task[None] | None = None
         else:
             assert self.hub_conn is not None and self.storage_conn is not None
             hub, container = next(self.hubs), f"soak-{subject}-{round_}-{uuid.uuid4().hex[:6]}"
@@ -241,14 +243,14 @@ class Soak:
                 partition = (partition + 1) % a.partitions
 
 
-def _median_range(values: List[float], fmt: str) -> str:
+def _median_range(values: list[float], fmt: str) -> str:
     if len(values) == 1:
         return format(values[0], fmt)
     return f"{format(statistics.median(values), fmt)} ({format(min(values), fmt)} to {format(max(values), fmt)})"
 
 
-def render(runs: List[Run], args: argparse.Namespace, command: str, seconds: float,
-           load: Tuple[float, float]) -> str:
+def render(runs: list[Run], args: argparse.Namespace, command: str, seconds: float,
+           load: tuple[float, float]) -> str:
     threshold = args.flat_mb_per_million
     rows = []
     for subject in SUBJECTS:
@@ -257,7 +259,7 @@ def render(runs: List[Run], args: argparse.Namespace, command: str, seconds: flo
             continue
         results = [r.analysis for r in mine]
 
-        def cell(values: List[Optional[float]], fmt: str) -> str:
+        def cell(values: list[float | None], fmt: str) -> str:
             known = [v for v in values if v is not None]
             return _median_range(known, fmt) if known else "n/a"
 
@@ -324,7 +326,7 @@ def render(runs: List[Run], args: argparse.Namespace, command: str, seconds: flo
     return "\n".join(lines)
 
 
-def _parser(prog: Optional[str]) -> argparse.ArgumentParser:
+def _parser(prog: str | None) -> argparse.ArgumentParser:
     parser = program.parser("soak", __doc__, prog)
     parser.add_argument("--memory-events", type=int, default=5_000_000,
                         help="events through the subject over MemoryEventSource")
@@ -359,7 +361,7 @@ def _parser(prog: Optional[str]) -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: Optional[List[str]] = None, prog: Optional[str] = None) -> int:
+def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     """Run the soak and print its table; ``--record`` writes it to RESULTS.md.
 
     Example::
@@ -392,10 +394,10 @@ def main(argv: Optional[List[str]] = None, prog: Optional[str] = None) -> int:
     return program.run(parser, body, argv)
 
 
-def _without_samples_csv(argv: Optional[List[str]]) -> List[str]:
+def _without_samples_csv(argv: list[str] | None) -> list[str]:
     """The arguments minus ``--samples-csv PATH``, which changes nothing in the results."""
     given = list(sys.argv[1:] if argv is None else argv)
-    kept: List[str] = []
+    kept: list[str] = []
     skip = False
     for arg in given:
         if skip:
@@ -430,7 +432,7 @@ def _run(args: argparse.Namespace, command: str) -> int:
     return 0
 
 
-def _write_samples(runs: List[Run], path: str) -> None:
+def _write_samples(runs: list[Run], path: str) -> None:
     import csv
 
     with open(path, "w", newline="") as handle:
@@ -443,7 +445,7 @@ def _write_samples(runs: List[Run], path: str) -> None:
     print(f"samples written to {path}", file=sys.stderr)
 
 
-def _print_traced(runs: List[Run]) -> None:
+def _print_traced(runs: list[Run]) -> None:
     print("\n### Allocation sites that grew after warm-up (tracemalloc; innermost frame first)\n")
     for run in runs:
         print(f"{LABELS[run.subject]}, round {run.round_}:")

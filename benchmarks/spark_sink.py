@@ -54,9 +54,10 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any
 
 from .machine_load import LoadReading, LoadWindow, busy_flag
 
@@ -75,8 +76,8 @@ class Round:
     sink_rows_per_s: float
     direct_rows_per_s: float  # Spark serial, Arrow made before the clock
     write_only_rows_per_s: float = 0.0
-    other_cores: Optional[float] = None  # other processes' CPU during the round (machine_load)
-    load_average: Optional[float] = None  # 1-minute, at the round's end
+    other_cores: float | None = None  # other processes' CPU during the round (machine_load)
+    load_average: float | None = None  # 1-minute, at the round's end
 
     @property
     def ratio(self) -> float:
@@ -97,8 +98,8 @@ class SessionResult:
     """The rounds of one session, and the median seconds per batch of each sink step."""
 
     label: str
-    rounds: List[Round] = field(default_factory=list)
-    steps: Dict[str, float] = field(default_factory=dict)
+    rounds: list[Round] = field(default_factory=list)
+    steps: dict[str, float] = field(default_factory=dict)
     batches: int = 0
 
     def to_json(self) -> str:
@@ -106,11 +107,11 @@ class SessionResult:
                            "batches": self.batches})
 
     @classmethod
-    def from_json(cls, text: str) -> "SessionResult":
+    def from_json(cls, text: str) -> SessionResult:
         data = json.loads(text)
         return cls(data["label"], [Round(**r) for r in data["rounds"]], dict(data["steps"]), int(data["batches"]))
 
-    def loads(self) -> List[LoadReading]:
+    def loads(self) -> list[LoadReading]:
         return [LoadReading(0.0, r.other_cores, None, None, r.load_average) for r in self.rounds]
 
 
@@ -122,7 +123,7 @@ def _fill(source: Any, events: int, body_size: int) -> None:
         source.append(body, partition_id=str(i % partitions), properties={"kind": "reading"})
 
 
-def _batch_events(source: Any, batches: Sequence[Sequence[Any]]) -> List[List[Tuple[str, Sequence[Any]]]]:
+def _batch_events(source: Any, batches: Sequence[Sequence[Any]]) -> list[list[tuple[str, Sequence[Any]]]]:
     """The events of each batch the sink cut, per partition (references, no copy)."""
     found = []
     for ranges in batches:
@@ -151,7 +152,7 @@ def _pipelined(spark: Any, source: Any, out: Path, batches: Sequence[Sequence[An
 
     parts = _batch_events(source, batches)
 
-    def convert(batch: List[Tuple[str, Sequence[Any]]]) -> Tuple[int, Any]:
+    def convert(batch: list[tuple[str, Sequence[Any]]]) -> tuple[int, Any]:
         table = events_to_table(batch)
         return table.num_rows, create_dataframe(spark, table)
 
@@ -187,7 +188,7 @@ def _direct(spark: Any, source: Any, out: Path, batches: Sequence[Sequence[Any]]
 
 
 async def _sink(spark: Any, source: Any, out: Path, batch: int
-                ) -> Tuple[float, float, List[Sequence[Any]], List[Dict]]:
+                ) -> tuple[float, float, list[Sequence[Any]], list[dict]]:
     """Rows/s through EventProcessor + SparkSink from the first batch planned until every
     event is committed, published and checkpointed; the seconds from ``start()`` to that
     first plan; the batches it cut (their ranges); the seconds of each step per batch."""
@@ -199,7 +200,7 @@ async def _sink(spark: Any, source: Any, out: Path, batch: int
     want = {p: source.last_sequence_number(p) for p in partitions}
     total = sum(len(source.events(p)) for p in partitions)
     store = InMemoryCheckpointStore()
-    first_plan: List[float] = []
+    first_plan: list[float] = []
 
     def clock(step: str) -> None:
         if step == "after_plan" and not first_plan:
@@ -224,12 +225,12 @@ async def _sink(spark: Any, source: Any, out: Path, batch: int
     if sink.committed_high_water_marks() != want:
         raise RuntimeError("the sink did not commit every event exactly once")
     assert sink.commit_log is not None
-    batches: List[Sequence[Any]] = [ranges for _id, outcome, ranges in await sink.commit_log.batches()
+    batches: list[Sequence[Any]] = [ranges for _id, outcome, ranges in await sink.commit_log.batches()
                                     if outcome == "committed"]
     return total / (ended - first_plan[0]), first_plan[0] - began, batches, list(sink.step_timings)
 
 
-def _session(master: Optional[str], remote: Optional[str], partitions: int) -> Any:
+def _session(master: str | None, remote: str | None, partitions: int) -> Any:
     from eventprocessor.spark import spark_session
 
     if remote is not None:
@@ -245,15 +246,15 @@ def _session(master: Optional[str], remote: Optional[str], partitions: int) -> A
 PATHS = ("pipelined", "direct", "write-only", "sink")
 
 
-def measure(events: int, batch: int, partitions: int, rounds: int, body_size: int, *, master: Optional[str],
-            remote: Optional[str], label: str, load_root: Optional[int] = None) -> SessionResult:
+def measure(events: int, batch: int, partitions: int, rounds: int, body_size: int, *, master: str | None,
+            remote: str | None, label: str, load_root: int | None = None) -> SessionResult:
     from eventprocessor.sources import MemoryEventSource
 
     spark = _session(master, remote, partitions)
     workdir = Path(tempfile.mkdtemp(prefix="spark-sink-bench-"))
     result = SessionResult(label)
-    timings: List[Dict] = []
-    startups: List[float] = []
+    timings: list[dict] = []
+    startups: list[float] = []
     try:
         def fresh_source(n: int) -> Any:
             source = MemoryEventSource(partitions)
@@ -270,7 +271,7 @@ def measure(events: int, batch: int, partitions: int, rounds: int, body_size: in
             # The log is deterministic, so the ranges of one sink run name the same events
             # in every fresh source: the paths take turns going first.
             source = fresh_source(events)
-            measured: Dict[str, float] = {}
+            measured: dict[str, float] = {}
             window = LoadWindow(root=load_root)
             shift = r % len(PATHS)
             for path in PATHS[shift:] + PATHS[:shift]:
@@ -310,7 +311,7 @@ def _span(values: Sequence[float], digits: int = 0, unit: str = "") -> str:
     return median if len(values) < 2 else f"{median} ({min(values):,.{digits}f}-{max(values):,.{digits}f})"
 
 
-def _section(result: SessionResult) -> Tuple[List[str], List[str]]:
+def _section(result: SessionResult) -> tuple[list[str], list[str]]:
     rounds = result.rounds
     ratios = [r.ratio for r in rounds]
     median_ratio = statistics.median(ratios)
@@ -336,8 +337,8 @@ def _section(result: SessionResult) -> Tuple[List[str], List[str]]:
 def _markdown(results: Sequence[SessionResult], args: argparse.Namespace, command: str, where: str) -> str:
     from benchmarks.results import machine_line
 
-    throughput: List[str] = []
-    latency: List[str] = []
+    throughput: list[str] = []
+    latency: list[str] = []
     for result in results:
         rows, steps = _section(result)
         throughput.extend(rows)
@@ -389,7 +390,7 @@ def _markdown(results: Sequence[SessionResult], args: argparse.Namespace, comman
     ])
 
 
-def main(argv: Optional[List[str]] = None, prog: Optional[str] = None) -> int:
+def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     """Measure and print; with ``--record``, write the table to RESULTS.md. Example::
 
         python -m benchmarks.spark_sink --events 20000 --batch 5000 --rounds 2
@@ -439,14 +440,15 @@ def _run(args: argparse.Namespace, command: str) -> int:
         return 0
     results = _on_a_local_cluster(args)
     where = ("A standalone master, one worker (3 cores, 2 GB) and a Spark Connect server started on this machine "
-             "from the pip `pyspark` package (`eventprocessor.emulators.spark_cluster`); each session runs in a process of its own. "
+             "from the pip `pyspark` package (`eventprocessor.emulators.spark_cluster`); "
+             "each session runs in a process of its own. "
              "Classic: the driver in the benchmark's process, 2 cores of the worker (the Connect server's "
              "application holds the third). Connect: the Connect server's application, 1 core.")
     program.report("spark_sink", _markdown(results, args, command, where), args.record)
     return 0
 
 
-def _on_a_local_cluster(args: argparse.Namespace) -> List[SessionResult]:
+def _on_a_local_cluster(args: argparse.Namespace) -> list[SessionResult]:
     from eventprocessor.emulators.spark_cluster import start_spark_cluster
 
     print("starting a Spark cluster on 127.0.0.1 (master, worker, Spark Connect)...", file=sys.stderr, flush=True)
@@ -461,7 +463,7 @@ def _on_a_local_cluster(args: argparse.Namespace) -> List[SessionResult]:
         for flag, url in (("--master", cluster.master_url), ("--remote", cluster.connect_url)):
             assert url is not None
             child = subprocess.run([sys.executable, "-m", "benchmarks.spark_sink", flag, url, *sizes], env=env,
-                                   cwd=str(root), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                                   cwd=str(root), capture_output=True, text=True)
             for line in child.stdout.splitlines():
                 if line.startswith("RESULT "):
                     results.append(SessionResult.from_json(line[len("RESULT "):]))

@@ -47,10 +47,11 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any
 
 from harness.spark_files import batch_files
 
@@ -72,7 +73,7 @@ class Measure:
     seconds: float
     rows_per_s: float
     whole_run_rows_per_s: float = 0.0
-    batches: List[Tuple[int, int]] = field(default_factory=list)  # (rows, ms)
+    batches: list[tuple[int, int]] = field(default_factory=list)  # (rows, ms)
 
 
 # ----------------------------------------------------------------------------- filling
@@ -108,10 +109,10 @@ async def ceiling(conn: str, total: int) -> Measure:
     from azure.eventhub.aio import EventHubConsumerClient
 
     seen = 0
-    first: List[float] = []
+    first: list[float] = []
     done = asyncio.Event()
 
-    async def on_batch(_context: Any, events: List[Any]) -> None:
+    async def on_batch(_context: Any, events: list[Any]) -> None:
         nonlocal seen
         if events and not first:
             first.append(time.perf_counter())
@@ -140,7 +141,7 @@ async def receive(conn: str, total: int, prefetch: int) -> Measure:
     ids = await source.get_partition_ids()
     counts = {pid: 0 for pid in ids}
     per = total // len(ids)
-    first: List[float] = []
+    first: list[float] = []
 
     async def one(pid: str) -> None:
         receiver = await source.open_receiver(pid, consumer_group="receive", starting_position=EventPosition.earliest(),
@@ -179,7 +180,7 @@ def _session(master: str, cores: int) -> Any:
     return spark
 
 
-def child_source(args: argparse.Namespace) -> Dict[str, Any]:
+def child_source(args: argparse.Namespace) -> dict[str, Any]:
     """One AvailableNow run of the source into Parquet, timed from Spark's progress."""
     spark = _session(args.master, args.cores)
     out = Path(args.out)
@@ -205,7 +206,7 @@ def child_source(args: argparse.Namespace) -> Dict[str, Any]:
             "whole_run_rows_per_s": rows / wall, "batches": batches}
 
 
-def child_sink(args: argparse.Namespace) -> Dict[str, Any]:
+def child_sink(args: argparse.Namespace) -> dict[str, Any]:
     """EventProcessor + EventHubSource + SparkSink into Parquet, until every event is committed."""
     from eventprocessor import EventProcessor, LoadBalancingStrategy
     from eventprocessor.sources.eventhub import EventHubSource
@@ -216,10 +217,10 @@ def child_sink(args: argparse.Namespace) -> Dict[str, Any]:
     spark.range(args.cores * 2).repartition(args.cores).count()  # the executor starts before the clock does
     total = args.events
 
-    async def run() -> Dict[str, Any]:
+    async def run() -> dict[str, Any]:
         source = EventHubSource.from_connection_string(args.conn)
         store = InMemoryCheckpointStore()
-        first_plan: List[float] = []
+        first_plan: list[float] = []
 
         def clock(step: str) -> None:
             if step == "after_plan" and not first_plan:
@@ -246,7 +247,7 @@ def child_sink(args: argparse.Namespace) -> Dict[str, Any]:
     return asyncio.run(run())
 
 
-def child_latency(args: argparse.Namespace) -> Dict[str, Any]:
+def child_latency(args: argparse.Namespace) -> dict[str, Any]:
     """A running query (default trigger) while events arrive at a steady rate: per event,
     the seconds from its enqueued time to the end of the batch that wrote it. A warm-up
     burst first starts the executor and its receivers; its batches are not counted."""
@@ -258,8 +259,8 @@ def child_latency(args: argparse.Namespace) -> Dict[str, Any]:
              .option("eventhubs.startingPosition", '{"offset": "-1"}').load()
              .writeStream.format("parquet").option("path", str(out / "table"))
              .option("checkpointLocation", str(out / "checkpoint")).start())
-    ends: Dict[int, float] = {}
-    durations: List[int] = []
+    ends: dict[int, float] = {}
+    durations: list[int] = []
     warm_up = 400
     asyncio.run(_steady(args.conn, 2000.0, warm_up / 2000.0))  # the executor and its receivers start here
     done: set = set()
@@ -281,7 +282,7 @@ def child_latency(args: argparse.Namespace) -> Dict[str, Any]:
                 rows += int(p.numInputRows)
         time.sleep(0.2)
     query.stop()
-    latencies: List[float] = []
+    latencies: list[float] = []
     for batch, paths in batch_files(out / "table" / "_spark_metadata").items():
         if batch not in ends:
             continue
@@ -299,7 +300,7 @@ def child_latency(args: argparse.Namespace) -> Dict[str, Any]:
 
 
 def _child(kind: str, args: argparse.Namespace, *, conn: str, cores: int, out: Path,
-           on_ready: Optional[Any] = None) -> Dict[str, Any]:
+           on_ready: Any | None = None) -> dict[str, Any]:
     command = [sys.executable, "-m", "benchmarks.spark_source", "--child", kind, "--master", args.master_url,
                "--conn", conn, "--cores", str(cores), "--out", str(out), "--batch", str(args.batch),
                "--prefetch", str(args.prefetch), "--events", str(args.latency_events if kind == "latency" else
@@ -309,7 +310,7 @@ def _child(kind: str, args: argparse.Namespace, *, conn: str, cores: int, out: P
                PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
     process = subprocess.Popen(command, cwd=str(ROOT), env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                text=True)
-    result: Optional[Dict[str, Any]] = None
+    result: dict[str, Any] | None = None
     assert process.stdout is not None
     for line in process.stdout:
         if line.startswith("READY") and on_ready is not None:
@@ -329,11 +330,11 @@ def _load() -> str:
     return "/".join(f"{x:.1f}" for x in os.getloadavg())
 
 
-def measure_all(args: argparse.Namespace) -> Tuple[List[List[Measure]], Dict[str, Any], Dict[str, Any]]:
+def measure_all(args: argparse.Namespace) -> tuple[list[list[Measure]], dict[str, Any], dict[str, Any]]:
     from eventprocessor.emulators.eventhubs.process import start_emulator_process
     from eventprocessor.emulators.spark_cluster import start_spark_cluster
 
-    info: Dict[str, Any] = {"load_start": _load()}
+    info: dict[str, Any] = {"load_start": _load()}
     emulator_args = ["--eventhub", HUB, "--eventhub", LIVE, "--partitions", str(args.partitions),
                      "--max-events-per-partition", str(args.events + args.latency_events + 1000)]
     for group in GROUPS:
@@ -350,10 +351,10 @@ def measure_all(args: argparse.Namespace) -> Tuple[List[List[Measure]], Dict[str
         info["producer_rows_per_s"] = asyncio.run(fill(conn, args.events, args.body_size))
         total = args.events // args.partitions * args.partitions
         paths = ["ceiling", "receive", *[f"source-{c}" for c in args.cores], "sink"]
-        rounds: List[List[Measure]] = []
+        rounds: list[list[Measure]] = []
         for r in range(args.rounds):
             info.setdefault("round_loads", []).append(_load())  # the machine is shared: each round's load is shown
-            measured: List[Measure] = []
+            measured: list[Measure] = []
             for path in paths[r % len(paths):] + paths[:r % len(paths)]:
                 out = workdir / f"{path}-{r}"
                 if path == "ceiling":
@@ -408,11 +409,11 @@ def _range(values: Sequence[float]) -> str:
     return f"{min(values):,.0f}–{max(values):,.0f}"
 
 
-def markdown(rounds: List[List[Measure]], info: Dict[str, Any], latency: Dict[str, Any], args: argparse.Namespace,
+def markdown(rounds: list[list[Measure]], info: dict[str, Any], latency: dict[str, Any], args: argparse.Namespace,
              command: str) -> str:
     from benchmarks.results import machine_line
 
-    by_path: Dict[str, List[Measure]] = {}
+    by_path: dict[str, list[Measure]] = {}
     for measured in rounds:
         for m in measured:
             by_path.setdefault(m.path, []).append(m)
@@ -466,7 +467,7 @@ def markdown(rounds: List[List[Measure]], info: Dict[str, Any], latency: Dict[st
     ])
 
 
-def main(argv: Optional[List[str]] = None, prog: Optional[str] = None) -> int:
+def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     """Measure and print; with ``--record``, write the section of RESULTS.md. Example::
 
         python -m benchmarks.spark_source --events 50000 --rounds 2

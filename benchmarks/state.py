@@ -54,12 +54,11 @@ import sys
 import time
 from dataclasses import dataclass, field
 from itertools import pairwise
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any
 
 from eventprocessor.options import Timing
 from harness.group import CHECKPOINT_EVERY, EXPIRY, INTERVAL, PERIOD, Group, Outcome
-from harness.state_scenarios import hub_bodies
-from harness.state_scenarios import restore_mismatches, standby_replicas
+from harness.state_scenarios import hub_bodies, restore_mismatches, standby_replicas
 
 from . import program, services
 from .results import machine_line
@@ -94,19 +93,19 @@ class Move:
     mb: float
     pause: float = float("nan")  # a's last batch of the moved partition to b's first
     to_move: float = float("nan")  # b's start to its first batch (warm-up included)
-    warm: Optional[bool] = None  # b restored from a warm replica
+    warm: bool | None = None  # b restored from a warm replica
     bytes_read: int = 0  # what b read at the claim
-    checkpoint_ms: List[float] = field(default_factory=list)  # a's checkpoints of the partition, padded state
+    checkpoint_ms: list[float] = field(default_factory=list)  # a's checkpoints of the partition, padded state
     steady_gap: float = float("nan")  # a's median gap between batches of the partition before the move
     duplicates: int = 0  # up to the SIGKILL
     lost: int = 0  # the whole run
-    mismatches: List[str] = field(default_factory=list)  # restores of the planned move
+    mismatches: list[str] = field(default_factory=list)  # restores of the planned move
     failover: float = float("nan")  # the SIGKILL to b's first batch of a's partition
     failover_restored: float = float("nan")  # the SIGKILL to b's restored state of it (its initialize)
-    failover_warm: Optional[bool] = None
+    failover_warm: bool | None = None
     failover_bytes: int = 0  # what b read at that claim
     failover_duplicates: int = 0  # delivered again after the SIGKILL
-    failover_mismatches: List[str] = field(default_factory=list)  # restores after the SIGKILL
+    failover_mismatches: list[str] = field(default_factory=list)  # restores after the SIGKILL
 
 
 def _duplicates(group: Group) -> int:
@@ -157,7 +156,7 @@ async def _move(mode: str, mb: float, hub: str, hub_conn: str, storage_conn: str
         killed_at = time.time()
         await a.process.wait()
 
-        def taken() -> List[float]:
+        def taken() -> list[float]:
             return [t for t, p, _f, _l in b.batches if p == other and t > killed_at]
 
         await group.until(lambda: bool(taken()), f"b delivering partition {other} after the SIGKILL",
@@ -197,7 +196,7 @@ class Wire:
         elif isinstance(http.body, (bytes, bytearray)):
             self.sent += len(http.body)
 
-    def reading(self) -> Tuple[int, int]:
+    def reading(self) -> tuple[int, int]:
         return self.requests, self.sent
 
 
@@ -208,20 +207,20 @@ class Cost:
     mode: str
     state_mb: float
     change: int  # bytes changed per checkpoint (0: the 5 counters only)
-    requests: List[int] = field(default_factory=list)  # per checkpoint, on the wire
-    written: List[int] = field(default_factory=list)  # bytes of request bodies per checkpoint
-    ms: List[float] = field(default_factory=list)
+    requests: list[int] = field(default_factory=list)  # per checkpoint, on the wire
+    written: list[int] = field(default_factory=list)  # bytes of request bodies per checkpoint
+    ms: list[float] = field(default_factory=list)
     background_requests: int = 0  # snapshots and compaction after those checkpoints, in all
     background_written: int = 0
     commits: int = 0
 
 
-def _pad_keys(mb: float) -> List[str]:
+def _pad_keys(mb: float) -> list[str]:
     entry = len(json.dumps({"~pad/000000": "x" * PAD_VALUE_CHARS}, separators=(",", ":")))
     return [f"~pad/{i:06d}" for i in range(max(1, int(mb * MB) // entry))]
 
 
-def _change(state: Any, keys: List[str], change: int, seq: int) -> None:
+def _change(state: Any, keys: list[str], change: int, seq: int) -> None:
     """The handler's work between two checkpoints: 5 counters, and ``change`` bytes of
     padding rewritten (whole values of ``PAD_VALUE_CHARS`` characters)."""
     for k in range(KEYS):
@@ -254,7 +253,7 @@ async def _cost(mode: str, state_mb: float, change: int, storage_conn: str, name
         [claim] = await store.claim_ownership([Ownership(*scope, "0", owner_id=owner, epoch=1)])
         await store.fence_checkpoint(claim)
         keeper = StateKeeper(StateLog(store, scope, "0"), epoch=claim.epoch)
-        naive: Dict[str, Any] = {}
+        naive: dict[str, Any] = {}
         state: Any = keeper.state if mode == "warm" else naive
         keys = _pad_keys(state_mb)
         for key in keys:
@@ -290,26 +289,26 @@ async def _cost(mode: str, state_mb: float, change: int, storage_conn: str, name
     return cost
 
 
-def _cost_rows(sizes: List[float]) -> List[Tuple[float, int]]:
+def _cost_rows(sizes: list[float]) -> list[tuple[float, int]]:
     """(state MB, bytes changed): every size with the counters only, then the fixed
     state with each change no larger than it."""
     fixed = min(COST_STATE_MB, max(sizes))
     return [(mb, 0) for mb in sizes] + [(fixed, change) for change in CHANGES if change <= fixed * MB]
 
 
-def _median(values: List[float]) -> float:
+def _median(values: list[float]) -> float:
     values = [v for v in values if not math.isnan(v)]
     return statistics.median(values) if values else float("nan")
 
 
-def _range(values: List[float], digits: int = 0) -> str:
+def _range(values: list[float], digits: int = 0) -> str:
     if not values:
         return "n/a"
     low, high = min(values), max(values)
     return f"{low:,.{digits}f}" if low == high else f"{low:,.{digits}f}-{high:,.{digits}f}"
 
 
-def _spread(values: List[float]) -> str:
+def _spread(values: list[float]) -> str:
     """The median, and the range in parentheses when the values differ."""
     if not values:
         return "n/a"
@@ -321,8 +320,8 @@ def _bytes(n: int) -> str:
     return f"{n / MB:.1f} MB" if n >= MB else f"{n / 1024:.0f} KB" if n >= 1024 else f"{n} bytes"
 
 
-def render(moves: List[Move], costs: List[Cost], sizes: List[float], rounds: int, command: str, seconds: float,
-           load: Optional[List[float]] = None) -> str:
+def render(moves: list[Move], costs: list[Cost], sizes: list[float], rounds: int, command: str, seconds: float,
+           load: list[float] | None = None) -> str:
     by = {(m.mb, m.mode): [x for x in moves if (x.mb, x.mode) == (m.mb, m.mode)] for m in moves}
     lines = [
         "## Stateful partitions: moves, failovers and checkpoints against the size of the state (`state`)",
@@ -434,7 +433,7 @@ def _hub(mode: str, mb: float, r: int) -> str:
     return f"state-{mode}-{str(mb).replace('.', 'p')}-{r}"
 
 
-def _config(path: str, sizes: List[float], rounds: int) -> str:
+def _config(path: str, sizes: list[float], rounds: int) -> str:
     entities = [{"Name": _hub(mode, mb, r), "PartitionCount": str(PARTITIONS)}
                 for mb in sizes for mode in MODES for r in range(rounds)]
     with open(path, "w") as handle:
@@ -444,9 +443,9 @@ def _config(path: str, sizes: List[float], rounds: int) -> str:
 
 
 async def _measure(args: argparse.Namespace, hub_conn: str, storage_conn: str,
-                   log_dir: str) -> Tuple[List[Move], List[Cost]]:
-    moves: List[Move] = []
-    costs: List[Cost] = []
+                   log_dir: str) -> tuple[list[Move], list[Cost]]:
+    moves: list[Move] = []
+    costs: list[Cost] = []
     for r in range(args.rounds):
         order = MODES if r % 2 == 0 else MODES[::-1]
         for mb in args.sizes:
@@ -469,7 +468,7 @@ async def _measure(args: argparse.Namespace, hub_conn: str, storage_conn: str,
     return moves, costs
 
 
-def main(argv: Optional[List[str]] = None, prog: Optional[str] = None) -> int:
+def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     """Run the planned moves, failovers and checkpoints at every size for both sides and
     print the tables; ``--record`` writes them.
 

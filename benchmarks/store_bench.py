@@ -46,16 +46,17 @@ import sys
 import time
 import uuid
 from collections import Counter
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any
 
 try:
     from azure.core.pipeline.transport import AioHttpTransport
 except ImportError:  # no [blob] extra: --help and the in-memory dry run still work; main() says what to install
     AioHttpTransport = object  # type: ignore[misc,assignment]
 
-from eventprocessor.records import Checkpoint, Ownership
 from eventprocessor.cli.user_errors import require, require_azurite
+from eventprocessor.records import Checkpoint, Ownership
 
 from . import program
 from .machine_load import LoadReading, LoadWindow, busy_flag
@@ -129,7 +130,7 @@ class StoreUnderTest:
     async def close(self) -> None:
         """Release the store's connections."""
 
-    def request_counts(self) -> Optional[Counter]:
+    def request_counts(self) -> Counter | None:
         """Requests sent so far by HTTP method, or None when the store cannot be counted."""
         return None
 
@@ -161,15 +162,15 @@ class ContractStore(StoreUnderTest):
         store: Any,
         *,
         kind: str,
-        request_counts: Callable[[], Optional[Counter]],
-        on_close: Optional[Callable[[], Any]] = None,
+        request_counts: Callable[[], Counter | None],
+        on_close: Callable[[], Any] | None = None,
     ) -> None:
         self.name = name
         self.kind = kind
         self._store = store
         self._request_counts = request_counts
         self._on_close = on_close
-        self._owned: Dict[str, Ownership] = {}
+        self._owned: dict[str, Ownership] = {}
 
     async def open(self) -> None:
         # A listing makes stores that create their container/table lazily do it now,
@@ -181,7 +182,7 @@ class ContractStore(StoreUnderTest):
         if self._on_close is not None:
             await self._on_close()
 
-    def request_counts(self) -> Optional[Counter]:
+    def request_counts(self) -> Counter | None:
         return self._request_counts()
 
     async def create_claim(self, partition_id: str) -> bool:
@@ -234,7 +235,7 @@ class OfficialBlobStore(StoreUnderTest):
         self._store = BlobCheckpointStore.from_connection_string(
             connection_string, container, transport=self.transport
         )
-        self._owned: Dict[str, Dict[str, Any]] = {}
+        self._owned: dict[str, dict[str, Any]] = {}
 
     async def open(self) -> None:
         from azure.storage.blob.aio import ContainerClient
@@ -245,10 +246,10 @@ class OfficialBlobStore(StoreUnderTest):
     async def close(self) -> None:
         await self._store.close()
 
-    def request_counts(self) -> Optional[Counter]:
+    def request_counts(self) -> Counter | None:
         return Counter(self.transport.requests)
 
-    def _claim(self, partition_id: str, etag: Optional[str]) -> Dict[str, Any]:
+    def _claim(self, partition_id: str, etag: str | None) -> dict[str, Any]:
         return {
             "fully_qualified_namespace": NAMESPACE,
             "eventhub_name": EVENTHUB,
@@ -301,7 +302,7 @@ class BareBlobWrites(StoreUnderTest):
 
         self.transport = CountingTransport()
         self._client = ContainerClient.from_connection_string(connection_string, container, transport=self.transport)
-        self._etags: Dict[str, str] = {}
+        self._etags: dict[str, str] = {}
 
     async def open(self) -> None:
         await self._client.create_container()
@@ -309,7 +310,7 @@ class BareBlobWrites(StoreUnderTest):
     async def close(self) -> None:
         await self._client.close()
 
-    def request_counts(self) -> Optional[Counter]:
+    def request_counts(self) -> Counter | None:
         return Counter(self.transport.requests)
 
     async def checkpoint(self, partition_id: str, sequence_number: int) -> None:
@@ -340,7 +341,7 @@ class BareTableWrites(StoreUnderTest):
 
         self.transport = CountingTransport()
         self._client = TableClient.from_connection_string(connection_string, table, transport=self.transport)
-        self._etags: Dict[str, str] = {}
+        self._etags: dict[str, str] = {}
 
     async def open(self) -> None:
         await self._client.create_table()
@@ -348,7 +349,7 @@ class BareTableWrites(StoreUnderTest):
     async def close(self) -> None:
         await self._client.close()
 
-    def request_counts(self) -> Optional[Counter]:
+    def request_counts(self) -> Counter | None:
         return Counter(self.transport.requests)
 
     async def checkpoint(self, partition_id: str, sequence_number: int) -> None:
@@ -376,12 +377,12 @@ class Phase:
 
     ops: int
     seconds: float
-    methods: Optional[Counter]
+    methods: Counter | None
     failures: int = 0
     cpu_seconds: float = 0.0  # this (client) process only; Azurite is another process
 
     @property
-    def requests(self) -> Optional[int]:
+    def requests(self) -> int | None:
         return None if self.methods is None else sum(self.methods.values())
 
     @property
@@ -389,14 +390,14 @@ class Phase:
         return self.ops / self.seconds if self.seconds > 0 else float("inf")
 
     @property
-    def requests_per_op(self) -> Optional[float]:
+    def requests_per_op(self) -> float | None:
         return None if self.requests is None or not self.ops else self.requests / self.ops
 
     @property
     def cpu_ms_per_op(self) -> float:
         return 1000 * self.cpu_seconds / self.ops if self.ops else float("nan")
 
-    def to_dict(self) -> Dict[str, Any]:
+    def to_dict(self) -> dict[str, Any]:
         return {"ops": self.ops, "seconds": self.seconds,
                 "methods": None if self.methods is None else dict(self.methods), "failures": self.failures,
                 "cpu_seconds": self.cpu_seconds, "per_second": self.per_second, "requests_per_op": self.requests_per_op}
@@ -409,14 +410,14 @@ class StoreResult:
     fenced: bool
     partitions: int
     round: int
-    create: Optional[Phase]  # None for a floor: it only writes checkpoints
-    reclaim: Optional[Phase]
-    fence: Optional[Phase]
+    create: Phase | None  # None for a floor: it only writes checkpoints
+    reclaim: Phase | None
+    fence: Phase | None
     checkpoint: Phase
-    list_ms: List[float] = field(default_factory=list)
-    list_requests: Optional[float] = None
+    list_ms: list[float] = field(default_factory=list)
+    list_requests: float | None = None
 
-    def to_dict(self) -> Dict[str, Any]:
+    def to_dict(self) -> dict[str, Any]:
         phases = {name: None if getattr(self, name) is None else getattr(self, name).to_dict()
                   for name in ("create", "reclaim", "fence", "checkpoint")}
         return {"store": self.store, "kind": self.kind, "fenced": self.fenced, "partitions": self.partitions,
@@ -442,13 +443,13 @@ class Summary:
     kind: str
     fenced: bool
     partitions: int
-    rounds: List[StoreResult]
+    rounds: list[StoreResult]
 
-    def _median(self, values: List[Optional[float]]) -> Optional[float]:
+    def _median(self, values: list[float | None]) -> float | None:
         present = [v for v in values if v is not None]
         return statistics.median(present) if present else None
 
-    def _phases(self, phase: str) -> List[Phase]:
+    def _phases(self, phase: str) -> list[Phase]:
         return [getattr(r, phase) for r in self.rounds if getattr(r, phase) is not None]
 
     def has(self, phase: str) -> bool:
@@ -465,7 +466,7 @@ class Summary:
         counts = sorted({p.ops for p in self._phases(phase)})
         return "-" if not counts else "/".join(str(c) for c in counts)
 
-    def requests(self, phase: str) -> Optional[float]:
+    def requests(self, phase: str) -> float | None:
         return self._median([p.requests_per_op for p in self._phases(phase)])
 
     def cpu_ms(self, phase: str) -> str:
@@ -485,28 +486,28 @@ class Summary:
         return sum(p.failures for p in self._phases(phase))
 
     @property
-    def list_ms(self) -> List[float]:
+    def list_ms(self) -> list[float]:
         return [ms for r in self.rounds for ms in r.list_ms]
 
     @property
-    def list_median(self) -> Optional[float]:
+    def list_median(self) -> float | None:
         return statistics.median(self.list_ms) if self.list_ms else None
 
     @property
-    def list_p95(self) -> Optional[float]:
+    def list_p95(self) -> float | None:
         pooled = self.list_ms
         if len(pooled) < 2:
             return pooled[0] if pooled else None
         return statistics.quantiles(pooled, n=20, method="inclusive")[18]
 
     @property
-    def list_requests(self) -> Optional[float]:
+    def list_requests(self) -> float | None:
         return self._median([r.list_requests for r in self.rounds])
 
 
-def summarize(results: List[StoreResult]) -> List[Summary]:
+def summarize(results: list[StoreResult]) -> list[Summary]:
     """Group per-round results by (store, partitions), in first-seen order."""
-    groups: Dict[tuple, Summary] = {}
+    groups: dict[tuple, Summary] = {}
     for r in results:
         key = (r.store, r.partitions)
         if key not in groups:
@@ -522,11 +523,11 @@ class Comparison:
     store: Summary
     reference: Summary
     meaning: str
-    throughput: List[float]  # store checkpoints/s over the reference's, one per round both ran
-    cpu: List[float]  # store client CPU per checkpoint over the reference's
+    throughput: list[float]  # store checkpoints/s over the reference's, one per round both ran
+    cpu: list[float]  # store client CPU per checkpoint over the reference's
 
 
-def compare(summaries: List[Summary]) -> List[Comparison]:
+def compare(summaries: list[Summary]) -> list[Comparison]:
     found = []
     for partitions in sorted({g.partitions for g in summaries}):
         by_kind = {g.kind: g for g in summaries if g.partitions == partitions}
@@ -552,12 +553,12 @@ async def _run_sharded(
     Each item goes to worker ``shard(item) % concurrency``, so one partition is only
     ever written by one worker at a time, as with one owner per partition.
     """
-    queues: List[List[Any]] = [[] for _ in range(concurrency)]
+    queues: list[list[Any]] = [[] for _ in range(concurrency)]
     for item in work:
         queues[shard(item) % concurrency].append(item)
     failures = 0
 
-    async def worker(items: List[Any]) -> None:
+    async def worker(items: list[Any]) -> None:
         nonlocal failures
         for item in items:
             if not await operation(item):
@@ -617,7 +618,7 @@ async def measure(
     work = [(targets[k % len(targets)], k + 1) for k in range(checkpoint_ops)]
     checkpoint = await _timed(adapter, work, concurrency, write, lambda item: index[item[0]])
 
-    list_ms: List[float] = []
+    list_ms: list[float] = []
     list_requests = None
     if not adapter.checkpoint_only:
         before = adapter.request_counts()
@@ -636,7 +637,7 @@ async def measure(
 # --------------------------------------------------------------------------- stores
 
 
-def _contract_blob(connection_string: str, container: str) -> Optional[StoreUnderTest]:
+def _contract_blob(connection_string: str, container: str) -> StoreUnderTest | None:
     try:
         from eventprocessor.stores.blob import BlobCheckpointStore
     except ImportError as error:
@@ -648,7 +649,7 @@ def _contract_blob(connection_string: str, container: str) -> Optional[StoreUnde
                          request_counts=lambda: Counter(transport.requests))
 
 
-def _contract_table(connection_string: str, table: str) -> Optional[StoreUnderTest]:
+def _contract_table(connection_string: str, table: str) -> StoreUnderTest | None:
     try:
         from eventprocessor.stores.table import TableCheckpointStore
     except ImportError as error:
@@ -669,7 +670,7 @@ def _memory() -> StoreUnderTest:
     )
 
 
-def _make(kind: str, connection_string: Optional[str], partitions: int) -> Optional[StoreUnderTest]:
+def _make(kind: str, connection_string: str | None, partitions: int) -> StoreUnderTest | None:
     suffix = f"{partitions}{uuid.uuid4().hex[:8]}"
     if kind == "memory":
         return _memory()
@@ -690,7 +691,7 @@ def _make(kind: str, connection_string: Optional[str], partitions: int) -> Optio
 # --------------------------------------------------------------------------- report
 
 
-def _fmt(value: Optional[float], digits: int = 1) -> str:
+def _fmt(value: float | None, digits: int = 1) -> str:
     return "n/a" if value is None else f"{value:.{digits}f}"
 
 
@@ -712,7 +713,7 @@ _HEADLINE = (
 )
 
 
-def _verdict(comparisons: Sequence["Comparison"], loads: Sequence[LoadReading]) -> List[str]:
+def _verdict(comparisons: Sequence[Comparison], loads: Sequence[LoadReading]) -> list[str]:
     """The headline: checkpoint throughput and client CPU of our stores against the official
     store and the floors, as medians of the per-round ratios with their range, per partition
     count. Only figures the tables below show; on a busy machine it says it is not a result."""
@@ -739,8 +740,8 @@ def _verdict(comparisons: Sequence["Comparison"], loads: Sequence[LoadReading]) 
 
 
 def render(
-    results: List[StoreResult], *, command: str, concurrency: int, checkpoint_ops: int, phase_ops: int,
-    list_repeats: int, rounds: int, loads: Sequence[LoadReading], whole: Optional[LoadReading] = None,
+    results: list[StoreResult], *, command: str, concurrency: int, checkpoint_ops: int, phase_ops: int,
+    list_repeats: int, rounds: int, loads: Sequence[LoadReading], whole: LoadReading | None = None,
 ) -> str:
     """The section: a busy-machine flag when there is one, the stores, the comparisons."""
     summaries = summarize(results)
@@ -828,7 +829,7 @@ def render(
 # --------------------------------------------------------------------------- main
 
 
-def _parser(prog: Optional[str]) -> argparse.ArgumentParser:
+def _parser(prog: str | None) -> argparse.ArgumentParser:
     parser = program.parser("store_bench", __doc__, prog)
     parser.add_argument(
         "--partitions", default=",".join(map(str, DEFAULT_PARTITIONS)),
@@ -879,10 +880,10 @@ def _check(parser: argparse.ArgumentParser, args: argparse.Namespace) -> argpars
     return args
 
 
-async def _run(args: argparse.Namespace, connection_string: Optional[str]
-               ) -> Tuple[List[StoreResult], List[LoadReading]]:
-    results: List[StoreResult] = []
-    loads: List[LoadReading] = []
+async def _run(args: argparse.Namespace, connection_string: str | None
+               ) -> tuple[list[StoreResult], list[LoadReading]]:
+    results: list[StoreResult] = []
+    loads: list[LoadReading] = []
     for round_index in range(args.rounds):
         window = LoadWindow()
         for partitions in args.partitions:
@@ -924,7 +925,7 @@ _NEEDS = {
 }
 
 
-def main(argv: Optional[List[str]] = None, prog: Optional[str] = None) -> int:
+def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     """Run the benchmark and print the tables; with ``--record``, write them to
     benchmarks/RESULTS.md. Example::
 

@@ -26,7 +26,6 @@ import statistics
 import sys
 import time
 from dataclasses import dataclass
-from typing import List, Optional
 
 from eventprocessor import EventProcessor, LoadBalancingStrategy, PartitionProcessor
 from eventprocessor.events import EventPosition
@@ -136,8 +135,8 @@ async def measure_bare(source: MemoryEventSource, total: int, consumer_group: st
 async def run(per_partition: int, rounds: int) -> tuple:
     source = fill(PARTITIONS, per_partition)
     total = PARTITIONS * per_partition
-    processor: List[Measurement] = []
-    bare: List[Measurement] = []
+    processor: list[Measurement] = []
+    bare: list[Measurement] = []
     for r in range(rounds):
         # A fresh consumer group per round: every round reads from the start.
         bare.append(await measure_bare(source, total, f"bare-{r}"))
@@ -145,7 +144,7 @@ async def run(per_partition: int, rounds: int) -> tuple:
     return processor, bare
 
 
-def main(argv: Optional[List[str]] = None, prog: Optional[str] = None) -> int:
+def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     """Measure and print the ratio; with ``--record``, write it to RESULTS.md. Example::
 
         python -m benchmarks.throughput --rounds 3
@@ -162,7 +161,7 @@ def main(argv: Optional[List[str]] = None, prog: Optional[str] = None) -> int:
     return program.run(parser, body, argv)
 
 
-def check_counts(processor: List[Measurement], bare: List[Measurement], total: int) -> str:
+def check_counts(processor: list[Measurement], bare: list[Measurement], total: int) -> str:
     """Each side saw what it should: every bare round counted every event once; the
     processor counted some and never more (what it dispatched before it owned every
     partition is not counted). Raises ``RuntimeError`` if not; says what held."""
@@ -183,10 +182,10 @@ def _run(args: argparse.Namespace, command: str) -> int:
     print(check_counts(processor, bare, PARTITIONS * args.events_per_partition), file=sys.stderr)
     best_p = max(processor, key=lambda m: m.per_second)
     best_b = max(bare, key=lambda m: m.per_second)
-    ratios = sorted(p.per_second / b.per_second for p, b in zip(processor, bare))
+    ratios = sorted(p.per_second / b.per_second for p, b in zip(processor, bare, strict=False))
     ratio = statistics.median(ratios)
     best_ratio = best_p.per_second / best_b.per_second
-    rounds = ", ".join(f"{p.per_second:,.0f} / {b.per_second:,.0f}" for p, b in zip(processor, bare))
+    rounds = ", ".join(f"{p.per_second:,.0f} / {b.per_second:,.0f}" for p, b in zip(processor, bare, strict=False))
     text = "\n".join([
         "## Throughput: EventProcessor vs a bare asyncio loop",
         "",

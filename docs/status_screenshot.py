@@ -32,8 +32,9 @@ import sys
 import tempfile
 import termios
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -81,7 +82,7 @@ def screen_to_svg(screen: Any) -> str:
     for y in range(lines):
         row = screen.buffer[y]
         cells = [row[x] for x in range(screen.columns)]
-        runs: List[tuple] = []
+        runs: list[tuple] = []
         for x, cell in enumerate(cells):
             fg, bg = _colour(cell.fg, FOREGROUND), _colour(cell.bg, BACKGROUND)
             if cell.reverse:
@@ -115,7 +116,7 @@ def screen_to_svg(screen: Any) -> str:
 class Terminal:
     """A command in a pseudo terminal of ``COLUMNS`` x ``LINES``, its output fed to pyte."""
 
-    def __init__(self, argv: List[str], env: Dict[str, str], banner: str) -> None:
+    def __init__(self, argv: list[str], env: dict[str, str], banner: str) -> None:
         import pyte
 
         self.screen = pyte.Screen(COLUMNS, LINES)
@@ -154,7 +155,7 @@ class Terminal:
 
 
 def _wait_for(condition: Callable[[], bool], deadline: float, what: str,
-              terminal: Optional[Terminal] = None) -> None:
+              terminal: Terminal | None = None) -> None:
     while not condition():
         if time.monotonic() > deadline:
             raise TimeoutError(f"{what} did not happen in time")
@@ -186,8 +187,8 @@ def main() -> int:
     except AzuriteUnavailable as error:
         print(f"status_screenshot: {error}", file=sys.stderr)
         return 2
-    started: List[subprocess.Popen] = []
-    terminal: Optional[Terminal] = None
+    started: list[subprocess.Popen] = []
+    terminal: Terminal | None = None
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
            "EVENTPROCESSOR_STORE_CONNECTION_STRING": azurite.connection_string,
            "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}

@@ -31,10 +31,21 @@ from .balancer import LoadBalancingStrategy
 from .checkpoint_store import CheckpointStore
 from .consumer_client import ConsumerPartitionContext, EventHubConsumerClient
 from .delivery import PoisonPolicy
-from .errors import (CheckpointStoreError, ClaimOwnershipError, ConfigurationError, EventProcessorError,
-                     EventSourceError, HandlerTimeoutError, InvalidCheckpointError, OwnershipLostError,
-                     PoisonEventsError, ReceiverDisconnectedError, StaleEpochError, StoreDataLostError,
-                     StoreTimeoutError)
+from .errors import (
+                     CheckpointStoreError,
+                     ClaimOwnershipError,
+                     ConfigurationError,
+                     EventProcessorError,
+                     EventSourceError,
+                     HandlerTimeoutError,
+                     InvalidCheckpointError,
+                     OwnershipLostError,
+                     PoisonEventsError,
+                     ReceiverDisconnectedError,
+                     StaleEpochError,
+                     StoreDataLostError,
+                     StoreTimeoutError,
+)
 from .events import BodyType, Event, EventPosition
 from .load_plan import LoadPolicy
 from .partition import CloseReason, PartitionContext, PartitionProcessor

@@ -9,7 +9,7 @@ starts, stops and reads the parts; it does not wire them.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any
 
 from .bounded_store import BoundedStore
 from .checkpoint_store import CheckpointStore
@@ -44,7 +44,7 @@ class Parts:
     table: LeaseTable
     releaser: Releaser
     watchdog: Watchdog
-    warmup: Optional[Warmup]
+    warmup: Warmup | None
     membership: Membership
     renewer: LeaseRenewer
     dispatcher: Dispatcher

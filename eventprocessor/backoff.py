@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import enum
 import random
-from typing import Optional
 
 __all__ = ["Backoff", "TickBackoff", "Congestion"]
 
@@ -76,7 +75,7 @@ class Congestion(enum.Enum):
     SATURATED = "saturated"  # a call timed out
 
     @staticmethod
-    def of(*, timed_out: bool, listing_seconds: Optional[float], store_timeout: float) -> "Congestion":
+    def of(*, timed_out: bool, listing_seconds: float | None, store_timeout: float) -> Congestion:
         if timed_out:
             return Congestion.SATURATED
         if listing_seconds is None or listing_seconds > store_timeout / 4:
@@ -111,7 +110,7 @@ class TickBackoff:
     def backing_off(self) -> bool:
         return self.level > 0
 
-    def after_tick(self, seen: Congestion) -> Optional[float]:
+    def after_tick(self, seen: Congestion) -> float | None:
         """Record what a tick saw; return the pause before the next one while backing
         off, or None for the usual interval."""
         if seen is Congestion.SATURATED:
@@ -124,7 +123,7 @@ class TickBackoff:
             return None
         return self.pause()
 
-    def pause(self) -> Optional[float]:
+    def pause(self) -> float | None:
         """The pause at the current level (None at level 0)."""
         if not self.level:
             return None

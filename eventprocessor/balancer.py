@@ -26,8 +26,8 @@ import enum
 import hashlib
 import random
 from collections import Counter
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Collection, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 from .load_plan import LoadPolicy, MemberLoad, plan_moves
 from .records import Ownership, OwnershipListing, UnreadableOwnership, partition_sort_key
@@ -67,20 +67,20 @@ class BalanceDecision:
     ``stolen_from``: for claims on live records, the owner they are taken from.
     """
 
-    owned: Tuple[Ownership, ...]
-    renewals: Tuple[Ownership, ...]
-    claims: Tuple[Ownership, ...]
+    owned: tuple[Ownership, ...]
+    renewals: tuple[Ownership, ...]
+    claims: tuple[Ownership, ...]
     stolen_from: Mapping[str, str] = field(default_factory=dict)
     active_owners: int = 0
-    expired: Tuple[str, ...] = ()
-    handoff_requests: Tuple[Ownership, ...] = ()
+    expired: tuple[str, ...] = ()
+    handoff_requests: tuple[Ownership, ...] = ()
     """Records to rewrite as they are but with ``requested_by`` = this processor: asks
     their live owners to hand the partitions over (graceful handoff)."""
-    awaiting_handoff: Tuple[str, ...] = ()
+    awaiting_handoff: tuple[str, ...] = ()
     """Partitions this processor asked for and is still waiting on."""
 
 
-def fair_share(partition_count: int, owner_count: int) -> Tuple[int, int]:
+def fair_share(partition_count: int, owner_count: int) -> tuple[int, int]:
     """``(floor, extra)``: everyone owns ``floor`` or ``floor + 1``; ``extra`` owners own ``floor + 1``."""
     if owner_count <= 0:
         return partition_count, 0
@@ -93,10 +93,10 @@ def _rank(text: str) -> bytes:
 
 @dataclass(frozen=True)
 class _Plan:
-    targets: Dict[str, int]
-    deal: Dict[str, List[str]]  # owner -> partitions it should take, in order
-    pool: List[str]  # unowned partitions, then the surplus of over-loaded owners
-    victims: Dict[str, str]  # surplus partition -> live owner it would be taken from
+    targets: dict[str, int]
+    deal: dict[str, list[str]]  # owner -> partitions it should take, in order
+    pool: list[str]  # unowned partitions, then the surplus of over-loaded owners
+    victims: dict[str, str]  # surplus partition -> live owner it would be taken from
 
 
 def _plan(
@@ -104,7 +104,7 @@ def _plan(
     owned_by: Mapping[str, Sequence[str]],
     unowned: Sequence[str],
     partition_count: int,
-    per_owner_limit: Optional[int],
+    per_owner_limit: int | None,
     balance_factor: int = 1,
 ) -> _Plan:
     """The plan every reader of the same snapshot agrees on.
@@ -119,7 +119,7 @@ def _plan(
     by_load = sorted(members, key=lambda m: (-counts[m], _rank(m)))
     targets = {m: floor + (1 if i < extra else 0) for i, m in enumerate(by_load)}
 
-    surplus: List[Tuple[str, str]] = []
+    surplus: list[tuple[str, str]] = []
     remaining = {m: counts[m] - targets[m] for m in members if counts[m] > targets[m]}
     queues = {m: sorted(owned_by.get(m, ()), key=_rank) for m in remaining}
     load = {m: counts[m] for m in remaining}
@@ -133,14 +133,14 @@ def _plan(
 
     if balance_factor > 1:
         surplus = surplus[:_moves_needed(counts, len(unowned), balance_factor)]
-    pool: List[Tuple[str, Optional[str]]] = [(p, None) for p in sorted(unowned, key=_rank)]
+    pool: list[tuple[str, str | None]] = [(p, None) for p in sorted(unowned, key=_rank)]
     pool += [(p, v) for p, v in surplus]
     needs = {m: targets[m] - counts[m] for m in members if counts[m] < targets[m]}
     if per_owner_limit is not None:
         needs = {m: min(n, per_owner_limit) for m, n in needs.items()}
     needy = sorted(needs, key=lambda m: (counts[m], _rank(m)))
-    deal: Dict[str, List[str]] = {m: [] for m in needy}
-    victims: Dict[str, str] = {p: v for p, v in surplus}
+    deal: dict[str, list[str]] = {m: [] for m in needy}
+    victims: dict[str, str] = {p: v for p, v in surplus}
     position = 0
     round_number = 0
     while position < len(pool) and any(needs[m] > round_number for m in needy):
@@ -172,7 +172,7 @@ def _moves_needed(counts: Mapping[str, int], unowned: int, balance_factor: int) 
 
 
 def static_assignment(partition_ids: Collection[str], ordinals: Mapping[str, int],
-                      replica_count: int) -> Dict[str, str]:
+                      replica_count: int) -> dict[str, str]:
     """The STATIC strategy's target owner of every partition.
 
     Partition ``i`` (in partition-id order) belongs to the member whose ordinal is
@@ -180,14 +180,14 @@ def static_assignment(partition_ids: Collection[str], ordinals: Mapping[str, int
     round-robin, in order, to the live members by ordinal. ``ordinals`` maps live member
     ids to their ordinals; of two members claiming one ordinal the smaller id keeps it.
     """
-    holder: Dict[int, str] = {}
+    holder: dict[int, str] = {}
     for member, ordinal in sorted(ordinals.items()):
         holder.setdefault(ordinal, member)
     live = [holder[o] for o in sorted(holder)]
     if not live:
         return {}
-    targets: Dict[str, str] = {}
-    orphans: List[str] = []
+    targets: dict[str, str] = {}
+    orphans: list[str] = []
     for index, pid in enumerate(sorted(partition_ids, key=partition_sort_key)):
         assigned = holder.get(index % replica_count)
         if assigned is None:
@@ -200,12 +200,12 @@ def static_assignment(partition_ids: Collection[str], ordinals: Mapping[str, int
 
 
 def _random_surplus(plan: _Plan, owned_by: Mapping[str, Sequence[str]], wanted: int,
-                    rng: random.Random) -> List[str]:
+                    rng: random.Random) -> list[str]:
     """Up to ``wanted`` partitions taken at random from the owners above their target,
     no more from each than its surplus. Several invisible newcomers reading the same
     snapshot then rarely pick the same partition."""
     surplus = Counter(plan.victims.values())
-    candidates: List[str] = []
+    candidates: list[str] = []
     for victim in sorted(surplus, key=_rank):
         theirs = sorted(owned_by[victim], key=partition_sort_key)
         candidates += rng.sample(theirs, surplus[victim])
@@ -225,14 +225,14 @@ def decide(
     expiration_interval: float,
     rng: random.Random,
     renew_after: float = 0.0,
-    members: Optional[Mapping[str, Mapping[str, str]]] = None,
+    members: Mapping[str, Mapping[str, str]] | None = None,
     balance_factor: int = 1,
-    handoff_timeout: Optional[float] = None,
-    requests_made: Optional[Mapping[str, float]] = None,
+    handoff_timeout: float | None = None,
+    requests_made: Mapping[str, float] | None = None,
     replica_count: int = 0,
-    preferred: Optional[Mapping[str, str]] = None,
+    preferred: Mapping[str, str] | None = None,
     balance_by: str = "count",
-    loads: Optional[Mapping[str, MemberLoad]] = None,
+    loads: Mapping[str, MemberLoad] | None = None,
     load_policy: LoadPolicy = LoadPolicy(),
 ) -> BalanceDecision:
     """Decide this tick's claims and handoff requests for ``owner_id``.
@@ -274,7 +274,7 @@ def decide(
     """
     now = listing.server_time
     wanted = set(partition_ids)
-    records: Dict[str, Ownership] = {}
+    records: dict[str, Ownership] = {}
     for record in listing.ownerships:
         if record.partition_id in wanted:
             records[record.partition_id] = record
@@ -284,8 +284,8 @@ def decide(
             return float("inf")
         return (now - record.last_modified_time).total_seconds()
 
-    active: Dict[str, Ownership] = {}
-    expired: List[str] = []
+    active: dict[str, Ownership] = {}
+    expired: list[str] = []
     for pid, record in records.items():
         if record.is_released:
             continue
@@ -297,7 +297,7 @@ def decide(
     # until they are older than the expiration; then they are claimed like expired ones,
     # conditional on their etag. While held, they count for nobody's share.
     blocked: set = set()
-    reclaimable: Dict[str, UnreadableOwnership] = {}
+    reclaimable: dict[str, UnreadableOwnership] = {}
     for bad in listing.unreadable:
         if bad.partition_id not in wanted or bad.partition_id in records:
             continue
@@ -308,7 +308,7 @@ def decide(
             reclaimable[bad.partition_id] = bad
             expired.append(bad.partition_id)
 
-    owned_by: Dict[str, List[str]] = {}
+    owned_by: dict[str, list[str]] = {}
     for pid, record in active.items():
         owned_by.setdefault(record.owner_id, []).append(pid)
     counts = {owner: len(pids) for owner, pids in owned_by.items()}
@@ -369,10 +369,10 @@ def decide(
         take += sorted((pid for pid, member in preferred.items() if member == owner_id and pid in wanted
                         and pid not in active and pid not in blocked and pid not in take), key=partition_sort_key)
 
-    claims: List[Ownership] = []
-    requests: List[Ownership] = []
-    awaiting: List[str] = []
-    stolen_from: Dict[str, str] = {}
+    claims: list[Ownership] = []
+    requests: list[Ownership] = []
+    awaiting: list[str] = []
+    stolen_from: dict[str, str] = {}
     made = requests_made or {}
     for pid in take:
         current = active.get(pid)
@@ -391,7 +391,7 @@ def decide(
                 requests.append(replace(current, requested_by=owner_id))
                 awaiting.append(pid)
                 continue
-        previous: Optional[Union[Ownership, UnreadableOwnership]] = records.get(pid) or reclaimable.get(pid)
+        previous: Ownership | UnreadableOwnership | None = records.get(pid) or reclaimable.get(pid)
         claims.append(
             Ownership(
                 fully_qualified_namespace=fully_qualified_namespace,

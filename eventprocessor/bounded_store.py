@@ -23,7 +23,8 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import Counter
-from typing import Awaitable, Callable, Dict, List, Optional, TypeVar
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
 
 from .checkpoint_store import CALLER_DEADLINE, CheckpointStore, StoreWrapper
 from .clock import Clock
@@ -93,8 +94,8 @@ class BoundedStore(StoreWrapper):
         self.calls: Counter = Counter()
         self.failures: Counter = Counter()
         self.timeouts: Counter = Counter()
-        self.seconds: Dict[str, float] = {}
-        self.observers: List[Callable[[str, float, Optional[BaseException]], None]] = []
+        self.seconds: dict[str, float] = {}
+        self.observers: list[Callable[[str, float, BaseException | None], None]] = []
         """Called with (operation, seconds, error or None) after every call."""
 
     def __repr__(self) -> str:
@@ -112,7 +113,7 @@ class BoundedStore(StoreWrapper):
             payload=len(data))
 
     async def read_entry(self, fully_qualified_namespace: str, eventhub_name: str, consumer_group: str,
-                         log_name: str, entry_name: str) -> Optional[bytes]:
+                         log_name: str, entry_name: str) -> bytes | None:
         # Its size is known only once read: an entry holds at most MAX_ENTRY_BYTES.
         return await self.forward("read_entry", lambda: self.inner.read_entry(
             fully_qualified_namespace, eventhub_name, consumer_group, log_name, entry_name),
@@ -124,7 +125,7 @@ class BoundedStore(StoreWrapper):
         carries): :meth:`deadline` of the bytes in flight once it is added."""
         started = self._clock.monotonic()
         self.calls[operation] += 1
-        error: Optional[BaseException] = None
+        error: BaseException | None = None
         self.bytes_in_flight += payload
         carried = self.bytes_in_flight
         seconds = self.deadline(carried) if payload else self.timeout

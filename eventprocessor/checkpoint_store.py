@@ -57,9 +57,10 @@ from __future__ import annotations
 
 import abc
 import contextvars
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import replace
 from types import TracebackType
-from typing import Any, Awaitable, Callable, Iterable, List, Optional, Tuple, Type, TypeVar
+from typing import Any, TypeVar
 
 from .records import Checkpoint, Member, MemberListing, Ownership, OwnershipListing
 
@@ -68,7 +69,7 @@ __all__ = ["OwnershipStore", "CheckpointRecords", "EntryLog", "CheckpointStore",
 
 _T = TypeVar("_T")
 
-CALLER_DEADLINE: "contextvars.ContextVar[bool]" = contextvars.ContextVar("eventprocessor_caller_deadline",
+CALLER_DEADLINE: contextvars.ContextVar[bool] = contextvars.ContextVar("eventprocessor_caller_deadline",
                                                                         default=False)
 """Set by a caller that bounds a store call itself (the processor's ``BoundedStore``):
 the store then applies no deadline of its own, so each call has exactly one."""
@@ -84,13 +85,13 @@ class OwnershipStore(abc.ABC):
         """All ownership records of the consumer group, plus the store's clock."""
 
     @abc.abstractmethod
-    async def claim_ownership(self, ownerships: Iterable[Ownership]) -> List[Ownership]:
+    async def claim_ownership(self, ownerships: Iterable[Ownership]) -> list[Ownership]:
         """Conditionally write each record; return the ones won."""
 
     @abc.abstractmethod
     async def list_ownership_and_members(
         self, fully_qualified_namespace: str, eventhub_name: str, consumer_group: str
-    ) -> Tuple[OwnershipListing, Optional[MemberListing]]:
+    ) -> tuple[OwnershipListing, MemberListing | None]:
         """Ownership and member records together, in one request where the store can:
         what a balancing tick reads. ``None`` members when the store keeps none."""
 
@@ -127,7 +128,7 @@ class CheckpointRecords(abc.ABC):
     """Checkpoint records: what a claim's context reads and writes."""
 
     @abc.abstractmethod
-    async def fence_checkpoint(self, ownership: Ownership) -> Optional[Checkpoint]:
+    async def fence_checkpoint(self, ownership: Ownership) -> Checkpoint | None:
         """Make ``ownership`` (a claim just won) the only writer of its partition's
         checkpoint, and return the checkpoint to resume from (``None`` if there is none).
 
@@ -152,7 +153,7 @@ class CheckpointRecords(abc.ABC):
     @abc.abstractmethod
     async def list_checkpoints(
         self, fully_qualified_namespace: str, eventhub_name: str, consumer_group: str
-    ) -> List[Checkpoint]:
+    ) -> list[Checkpoint]:
         """All checkpoints of the consumer group."""
 
 
@@ -168,12 +169,12 @@ class EntryLog(abc.ABC):
 
     @abc.abstractmethod
     async def read_entry(self, fully_qualified_namespace: str, eventhub_name: str, consumer_group: str,
-                         log_name: str, entry_name: str) -> Optional[bytes]:
+                         log_name: str, entry_name: str) -> bytes | None:
         """The data of an entry, or ``None`` if it does not exist."""
 
     @abc.abstractmethod
     async def list_entries(self, fully_qualified_namespace: str, eventhub_name: str, consumer_group: str,
-                           log_name: str, prefix: str = "") -> List[str]:
+                           log_name: str, prefix: str = "") -> list[str]:
         """The names of the log's entries that start with ``prefix``, sorted."""
 
     @abc.abstractmethod
@@ -206,14 +207,14 @@ class CheckpointStore(OwnershipStore, CheckpointRecords, EntryLog):
     async def close(self) -> None:
         """Release network resources. Safe to call twice."""
 
-    async def __aenter__(self) -> "CheckpointStore":
+    async def __aenter__(self) -> CheckpointStore:
         return self
 
     async def __aexit__(
         self,
-        exc_type: Optional[Type[BaseException]],
-        exc: Optional[BaseException],
-        tb: Optional[TracebackType],
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
     ) -> None:
         await self.close()
 
@@ -258,7 +259,7 @@ class StoreWrapper(CheckpointStore):
         return await self.forward("list_ownership", lambda: self.inner.list_ownership(
             fully_qualified_namespace, eventhub_name, consumer_group))
 
-    async def claim_ownership(self, ownerships: Iterable[Ownership]) -> List[Ownership]:
+    async def claim_ownership(self, ownerships: Iterable[Ownership]) -> list[Ownership]:
         claims = list(ownerships)
         return await self.forward("claim_ownership", lambda: self.inner.claim_ownership(claims), len(claims))
 
@@ -266,7 +267,7 @@ class StoreWrapper(CheckpointStore):
         return await self.forward("release_ownership", lambda: self.inner.release_ownership(ownership))
 
     async def list_ownership_and_members(self, fully_qualified_namespace: str, eventhub_name: str,
-                                         consumer_group: str) -> Tuple[OwnershipListing, Optional[MemberListing]]:
+                                         consumer_group: str) -> tuple[OwnershipListing, MemberListing | None]:
         return await self.forward("list_ownership", lambda: self.inner.list_ownership_and_members(
             fully_qualified_namespace, eventhub_name, consumer_group))
 
@@ -281,7 +282,7 @@ class StoreWrapper(CheckpointStore):
     async def delete_member(self, member: Member) -> None:
         await self.forward("delete_member", lambda: self.inner.delete_member(member))
 
-    async def fence_checkpoint(self, ownership: Ownership) -> Optional[Checkpoint]:
+    async def fence_checkpoint(self, ownership: Ownership) -> Checkpoint | None:
         return await self.forward("fence_checkpoint", lambda: self.inner.fence_checkpoint(ownership))
 
     async def update_checkpoint(self, checkpoint: Checkpoint, *, owner_id: str, epoch: int) -> None:
@@ -289,7 +290,7 @@ class StoreWrapper(CheckpointStore):
             checkpoint, owner_id=owner_id, epoch=epoch))
 
     async def list_checkpoints(self, fully_qualified_namespace: str, eventhub_name: str,
-                               consumer_group: str) -> List[Checkpoint]:
+                               consumer_group: str) -> list[Checkpoint]:
         return await self.forward("list_checkpoints", lambda: self.inner.list_checkpoints(
             fully_qualified_namespace, eventhub_name, consumer_group))
 
@@ -299,12 +300,12 @@ class StoreWrapper(CheckpointStore):
             fully_qualified_namespace, eventhub_name, consumer_group, log_name, entry_name, data))
 
     async def read_entry(self, fully_qualified_namespace: str, eventhub_name: str, consumer_group: str,
-                         log_name: str, entry_name: str) -> Optional[bytes]:
+                         log_name: str, entry_name: str) -> bytes | None:
         return await self.forward("read_entry", lambda: self.inner.read_entry(
             fully_qualified_namespace, eventhub_name, consumer_group, log_name, entry_name))
 
     async def list_entries(self, fully_qualified_namespace: str, eventhub_name: str, consumer_group: str,
-                           log_name: str, prefix: str = "") -> List[str]:
+                           log_name: str, prefix: str = "") -> list[str]:
         return await self.forward("list_entries", lambda: self.inner.list_entries(
             fully_qualified_namespace, eventhub_name, consumer_group, log_name, prefix))
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import time
 from asyncio import _get_running_loop as _running_loop
-from typing import Optional, Protocol, runtime_checkable
+from typing import Protocol, runtime_checkable
 
 __all__ = ["Clock", "SystemClock"]
 
@@ -34,7 +34,7 @@ class SystemClock:
     """
 
     def __init__(self) -> None:
-        self._loop: Optional[asyncio.AbstractEventLoop] = None
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     def monotonic(self) -> float:
         loop = _running_loop()  # None outside a running loop (no exception raised and caught)

@@ -32,8 +32,8 @@ from __future__ import annotations
 
 import enum
 import logging
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import Awaitable, Callable, List, Optional, Sequence
 
 from .clock import Clock
 from .events import Event
@@ -93,8 +93,8 @@ class DeliveryStopped(Exception):
     """Raised by a ``handle`` function instead of delivering: the claim has ended."""
 
 
-Handle = Callable[[List[Event]], Awaitable[None]]
-Report = Callable[[Exception, List[Event], int], Awaitable[None]]
+Handle = Callable[[list[Event]], Awaitable[None]]
+Report = Callable[[Exception, list[Event], int], Awaitable[None]]
 OnPoison = Callable[[Poison], Awaitable[bool]]  # True: skipped, go on; False: park
 
 

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import TYPE_CHECKING, Callable, Dict, Iterable, List, Optional, Set
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING
 
 from .checkpoint_store import CheckpointStore
 from .clock import SystemClock
@@ -47,7 +48,7 @@ class Dispatcher:
                  history: StoreHistory, reporter: Reporter, telemetry: Telemetry, describe: str,
                  on_loop_blocked: LoopBlocked, on_pump_ended: Callable[[], None],
                  on_fatal: Callable[[Exception], None], on_started: Callable[[], None],
-                 warmup: Optional["Warmup"] = None) -> None:
+                 warmup: Warmup | None = None) -> None:
         self._options = options
         self._store = store
         self._table = table
@@ -60,9 +61,9 @@ class Dispatcher:
         self._on_pump_ended = on_pump_ended
         self._on_fatal = on_fatal
         self._on_started = on_started
-        self._overridden: Set[str] = set()
+        self._overridden: set[str] = set()
 
-    def starting_position(self, partition_id: str, checkpoint: Optional[Checkpoint]) -> EventPosition:
+    def starting_position(self, partition_id: str, checkpoint: Checkpoint | None) -> EventPosition:
         """The checkpoint, unless there is none or this processor was told to override
         it (once per partition in its life); then the initial position."""
         options = self._options
@@ -78,7 +79,7 @@ class Dispatcher:
             return EventPosition.from_sequence_number(checkpoint.sequence_number)
         return initial
 
-    def start(self, lease: Lease, checkpoint: Optional[Checkpoint]) -> None:
+    def start(self, lease: Lease, checkpoint: Checkpoint | None) -> None:
         """Start the pump of ``lease`` (a claim won and fenced) from ``checkpoint``."""
         options, table, clock = self._options, self._table, self._options.clock
         pid = lease.partition_id
@@ -98,7 +99,7 @@ class Dispatcher:
         loop = asyncio._get_running_loop()
         now = loop.time if loop is not None and type(clock) is SystemClock else clock.monotonic
 
-        keeper: Optional[StateKeeper] = None
+        keeper: StateKeeper | None = None
         if options.stateful:
             keeper = StateKeeper(StateLog(self._store, options.scope, pid), epoch=lease.epoch)
             replica = self.warmup.take(pid) if self.warmup is not None else None
@@ -140,7 +141,7 @@ class Dispatcher:
             self._reporter.user_code_failed("the partition processor factory", failure)
         self._on_pump_ended()
 
-    async def drain(self, timeout: float) -> Set[str]:
+    async def drain(self, timeout: float) -> set[str]:
         """At stop, once every claim was ended: wait up to ``timeout`` for the pumps to
         finish; cancel those still busy (a handler that does not return) and leave their
         records to expire. Returns the partitions left to expire."""
@@ -161,7 +162,7 @@ class Dispatcher:
                          self._describe, sorted(p.context.partition_id for p in still))
         return {p.context.partition_id for p in hung}
 
-    async def wait_for_pumps(self, pumps: Iterable[PartitionPump], timeout: float) -> List[PartitionPump]:
+    async def wait_for_pumps(self, pumps: Iterable[PartitionPump], timeout: float) -> list[PartitionPump]:
         """Wait up to ``timeout`` for ``pumps`` to end; return those still running."""
         live = [p for p in pumps if p.alive]
         tasks = [p.task for p in live if p.task is not None]
@@ -173,7 +174,7 @@ class Dispatcher:
             waiting.cancel()
         return [p for p in live if p.alive]
 
-    def lag(self) -> Dict[str, Optional[int]]:
+    def lag(self) -> dict[str, int | None]:
         """Events behind per owned partition (see :meth:`EventProcessor.lag`)."""
         return {lease.partition_id: (lease.pump.context.lag if lease.pump is not None else None)
                 for lease in self._table.in_state(LeaseState.OWNED)}

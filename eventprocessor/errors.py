@@ -5,8 +5,6 @@ partition id), never from connection strings, keys or SAS tokens.
 """
 from __future__ import annotations
 
-from typing import Optional
-
 __all__ = [
     "EventProcessorError",
     "ConfigurationError",
@@ -41,7 +39,7 @@ class OwnershipLostError(EventProcessorError):
     it). The checkpoint was *not* written.
     """
 
-    def __init__(self, message: str, *, partition_id: Optional[str] = None) -> None:
+    def __init__(self, message: str, *, partition_id: str | None = None) -> None:
         super().__init__(message)
         self.partition_id = partition_id
 
@@ -84,7 +82,7 @@ class StaleEpochError(OwnershipLostError):
     not keep it, or corrupted). The claimer re-claims above ``stored_epoch``.
     """
 
-    def __init__(self, message: str, *, partition_id: Optional[str] = None, stored_epoch: int = 0) -> None:
+    def __init__(self, message: str, *, partition_id: str | None = None, stored_epoch: int = 0) -> None:
         super().__init__(message, partition_id=partition_id)
         self.stored_epoch = stored_epoch
 
@@ -125,7 +123,7 @@ class EventSourceError(EventProcessorError):
     """
 
     def __init__(self, message: str, *, fully_qualified_namespace: str = "", eventhub_name: str = "",
-                 reason: str = "", retry_after: Optional[float] = None) -> None:
+                 reason: str = "", retry_after: float | None = None) -> None:
         super().__init__(message)
         self.fully_qualified_namespace = fully_qualified_namespace
         self.eventhub_name = eventhub_name
@@ -150,7 +148,7 @@ class HandlerTimeoutError(EventProcessorError):
     ``shutdown_timeout`` is cancelled.
     """
 
-    def __init__(self, message: str, *, partition_id: Optional[str] = None) -> None:
+    def __init__(self, message: str, *, partition_id: str | None = None) -> None:
         super().__init__(message)
         self.partition_id = partition_id
 
@@ -164,7 +162,7 @@ class PoisonEventsError(EventProcessorError):
     ``on_poison`` policy: skip them (checkpointing past them) or park the partition.
     """
 
-    def __init__(self, message: str, *, events: list, attempts: int, partition_id: Optional[str] = None) -> None:
+    def __init__(self, message: str, *, events: list, attempts: int, partition_id: str | None = None) -> None:
         super().__init__(message)
         self.events = events
         self.attempts = attempts

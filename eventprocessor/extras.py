@@ -16,9 +16,9 @@ from __future__ import annotations
 
 import json
 import shlex
+from collections.abc import Sequence
 from importlib import metadata
 from pathlib import Path
-from typing import Optional, Sequence
 from urllib.parse import unquote, urlsplit
 
 __all__ = ["install_command", "source_checkout"]
@@ -27,7 +27,7 @@ _ROOT = Path(__file__).resolve().parent.parent
 DISTRIBUTION = "eventprocessor"
 
 
-def source_checkout() -> Optional[Path]:
+def source_checkout() -> Path | None:
     """The source checkout this package runs from (an editable install, or the tree on
     ``PYTHONPATH``), or None."""
     if (_ROOT / "setup.cfg").is_file() and (_ROOT / "eventprocessor").is_dir():
@@ -35,7 +35,7 @@ def source_checkout() -> Optional[Path]:
     return None
 
 
-def _installed_from() -> Optional[str]:
+def _installed_from() -> str | None:
     """What ``pip install`` was given: a local directory or wheel path, a VCS URL, or
     None (an index, or not installed as a distribution)."""
     try:

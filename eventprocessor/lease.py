@@ -25,9 +25,10 @@ without a live pump, because :func:`reconcile` ends such a lease first.
 from __future__ import annotations
 
 import enum
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
-from typing import TYPE_CHECKING, Dict, FrozenSet, Iterable, List, Mapping, Optional, Tuple
+from typing import TYPE_CHECKING
 
 from .partition import CloseReason
 from .records import Ownership
@@ -49,7 +50,7 @@ class LeaseState(enum.Enum):
     RELEASED = "released"
 
 
-ALLOWED: Mapping[LeaseState, FrozenSet[LeaseState]] = {
+ALLOWED: Mapping[LeaseState, frozenset[LeaseState]] = {
     LeaseState.CLAIMING: frozenset({LeaseState.OWNED, LeaseState.RELEASED}),
     LeaseState.OWNED: frozenset({LeaseState.HANDING_OFF, LeaseState.RELEASING}),
     LeaseState.HANDING_OFF: frozenset({LeaseState.RELEASING}),
@@ -96,10 +97,10 @@ class Lease:
         self.deadline = now
         self.renew_at = now
         self.confirmed_at = now
-        self.pump: Optional["PartitionPump"] = None
-        self.end: Optional[LeaseEnd] = None
+        self.pump: PartitionPump | None = None
+        self.end: LeaseEnd | None = None
         self.end_detail = ""
-        self.release_to: Optional[str] = None  # owner id to write once the pump is gone; None = no write
+        self.release_to: str | None = None  # owner id to write once the pump is gone; None = no write
         self.renewal_failures = 0
         self.lost = False  # the pump or a checkpoint learned that another processor owns it
 
@@ -148,7 +149,7 @@ class Lease:
         self.confirmed_at = answered_at
         self.renewal_failures = 0
 
-    def view(self) -> "LeaseView":
+    def view(self) -> LeaseView:
         return LeaseView(self.partition_id, self.state, self.record, self.deadline, self.confirmed_at,
                          self.pump_alive, self.lost, self.release_to)
 
@@ -164,7 +165,7 @@ class LeaseView:
     confirmed_at: float
     pump_alive: bool
     lost: bool = False
-    release_to: Optional[str] = None
+    release_to: str | None = None
 
 
 @dataclass(frozen=True)
@@ -175,7 +176,7 @@ class Snapshot:
     records: Mapping[str, Ownership]
     server_time: datetime
     sent_at: float
-    unreadable: FrozenSet[str] = frozenset()
+    unreadable: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True)
@@ -186,9 +187,9 @@ class Transition:
 
     partition_id: str
     to: LeaseState
-    end: Optional[LeaseEnd] = None
+    end: LeaseEnd | None = None
     detail: str = ""
-    release_to: Optional[str] = None
+    release_to: str | None = None
 
 
 @dataclass(frozen=True)
@@ -203,13 +204,13 @@ class Reconciliation:
     ``store_lost``: partitions whose record vanished or went backwards.
     """
 
-    transitions: Tuple[Transition, ...] = ()
-    refresh: Tuple[Ownership, ...] = ()
-    adopt: Tuple[Ownership, ...] = ()
-    store_lost: Tuple[str, ...] = ()
+    transitions: tuple[Transition, ...] = ()
+    refresh: tuple[Ownership, ...] = ()
+    adopt: tuple[Ownership, ...] = ()
+    store_lost: tuple[str, ...] = ()
 
 
-def _judge_against_store(lease: LeaseView, snapshot: Snapshot, owner_id: str) -> Optional[Transition]:
+def _judge_against_store(lease: LeaseView, snapshot: Snapshot, owner_id: str) -> Transition | None:
     """A lease the snapshot can speak for (its last write was answered before the
     listing was sent): does the store still say it is ours?"""
     pid = lease.partition_id
@@ -232,8 +233,8 @@ def _judge_against_store(lease: LeaseView, snapshot: Snapshot, owner_id: str) ->
     return None
 
 
-def reconcile(leases: Iterable[LeaseView], *, now: float, owner_id: str, snapshot: Optional[Snapshot] = None,
-              expiration: float = float("inf"), handoffs: Optional[int] = None) -> Reconciliation:
+def reconcile(leases: Iterable[LeaseView], *, now: float, owner_id: str, snapshot: Snapshot | None = None,
+              expiration: float = float("inf"), handoffs: int | None = None) -> Reconciliation:
     """Compare the local leases with the clock and (optionally) a store snapshot.
 
     Pure: no I/O, no clock reads, no randomness. Rules, in order, for a lease that is
@@ -254,10 +255,10 @@ def reconcile(leases: Iterable[LeaseView], *, now: float, owner_id: str, snapsho
     still handing over. A ``RELEASING`` lease whose pump is gone → ``RELEASED``. Live
     records that name ``owner_id`` but have no lease (or only a released one) are adopted.
     """
-    transitions: List[Transition] = []
-    refresh: List[Ownership] = []
-    store_lost: List[str] = []
-    held: Dict[str, LeaseView] = {}
+    transitions: list[Transition] = []
+    refresh: list[Ownership] = []
+    store_lost: list[str] = []
+    held: dict[str, LeaseView] = {}
     for lease in leases:
         held[lease.partition_id] = lease
         pid = lease.partition_id
@@ -300,7 +301,7 @@ def reconcile(leases: Iterable[LeaseView], *, now: float, owner_id: str, snapsho
                 and record.etag != lease.record.etag:
             refresh.append(record)
 
-    adopt: List[Ownership] = []
+    adopt: list[Ownership] = []
     if snapshot is not None:
         for pid, record in snapshot.records.items():
             holding = held.get(pid)

@@ -9,9 +9,9 @@ table also says each ownership change once: one log line with structured fields
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import replace
-from typing import TYPE_CHECKING, Callable, Dict, FrozenSet, Iterable, Iterator, List, Mapping, Optional, Set, \
-    Tuple
+from typing import TYPE_CHECKING
 
 from .lease import Lease, LeaseEnd, LeaseState, Reconciliation, Snapshot, reconcile
 from .options import Timing
@@ -49,7 +49,7 @@ _END_REASONS = {
 }
 
 
-def sorted_ids(pids: Iterable[str]) -> List[str]:
+def sorted_ids(pids: Iterable[str]) -> list[str]:
     return sorted(pids, key=partition_sort_key)
 
 
@@ -61,13 +61,13 @@ class LeaseTable:
     newer etag from the store (the renewer must use it).
     """
 
-    def __init__(self, *, owner_id: str, eventhub_name: str, consumer_group: str, describe: str, clock: "Clock",
+    def __init__(self, *, owner_id: str, eventhub_name: str, consumer_group: str, describe: str, clock: Clock,
                  timing: Timing, stats: ProcessorStats, telemetry: Telemetry,
-                 on_released: Callable[[List[Lease]], None], on_refreshed: Callable[[], None],
-                 handoff_pace: Optional[Tuple[int, float]] = None) -> None:
+                 on_released: Callable[[list[Lease]], None], on_refreshed: Callable[[], None],
+                 handoff_pace: tuple[int, float] | None = None) -> None:
         self._owner_id = owner_id
         self._handoff_pace = handoff_pace
-        self._handed_over_at: List[float] = []  # local times handoff records were written (paced tables only)
+        self._handed_over_at: list[float] = []  # local times handoff records were written (paced tables only)
         self._handoffs_unwritten = 0  # handoffs whose pump is gone and whose record is being written
         self._eventhub_name = eventhub_name
         self._consumer_group = consumer_group
@@ -78,12 +78,12 @@ class LeaseTable:
         self._telemetry = telemetry
         self._on_released = on_released
         self._on_refreshed = on_refreshed
-        self._leases: Dict[str, Lease] = {}
-        self.ended_at: Dict[str, float] = {}
+        self._leases: dict[str, Lease] = {}
+        self.ended_at: dict[str, float] = {}
         """Partition -> local time this processor's last claim of it ended."""
 
     # ----------------------------------------------------------------- reading
-    def get(self, partition_id: str) -> Optional[Lease]:
+    def get(self, partition_id: str) -> Lease | None:
         return self._leases.get(partition_id)
 
     def __iter__(self) -> Iterator[Lease]:
@@ -95,36 +95,36 @@ class LeaseTable:
     def __contains__(self, partition_id: object) -> bool:
         return partition_id in self._leases
 
-    def owned(self) -> FrozenSet[str]:
+    def owned(self) -> frozenset[str]:
         """Partitions that may be dispatched now (claim owned, lease valid)."""
         now = self._clock.monotonic()
         return frozenset(pid for pid, lease in self._leases.items() if lease.dispatchable(now))
 
-    def held(self) -> Set[str]:
+    def held(self) -> set[str]:
         """Partitions with a lease in any state but RELEASED."""
         return {pid for pid, lease in self._leases.items() if lease.state is not LeaseState.RELEASED}
 
-    def with_live_pumps(self) -> Set[str]:
+    def with_live_pumps(self) -> set[str]:
         return {pid for pid, lease in self._leases.items() if lease.pump_alive}
 
     def states(self) -> Mapping[str, LeaseState]:
         return {pid: lease.state for pid, lease in self._leases.items()}
 
-    def in_state(self, *states: LeaseState) -> List[Lease]:
+    def in_state(self, *states: LeaseState) -> list[Lease]:
         return [lease for lease in self._leases.values() if lease.state in states]
 
-    def pumps(self) -> List["PartitionPump"]:
+    def pumps(self) -> list[PartitionPump]:
         return [lease.pump for lease in self._leases.values() if lease.pump is not None]
 
-    def renewal_due(self, now: float) -> List[Lease]:
+    def renewal_due(self, now: float) -> list[Lease]:
         return [lease for lease in self._leases.values() if lease.renewable(now) and lease.renew_at <= now]
 
-    def next_renewal(self, now: float) -> Optional[float]:
+    def next_renewal(self, now: float) -> float | None:
         """Seconds until the next renewal or deadline of a renewable lease, or None."""
         times = [t for lease in self._leases.values() if lease.renewable(now) for t in (lease.renew_at, lease.deadline)]
         return min(times) - now if times else None
 
-    def deadlines(self) -> List[float]:
+    def deadlines(self) -> list[float]:
         return [lease.deadline for lease in self._leases.values() if lease.state is LeaseState.OWNED]
 
     # ----------------------------------------------------------------- claims
@@ -150,7 +150,7 @@ class LeaseTable:
         if lease.state is LeaseState.CLAIMING:
             lease.move(LeaseState.RELEASED)
 
-    def started(self, lease: Lease, pump: "PartitionPump") -> None:
+    def started(self, lease: Lease, pump: PartitionPump) -> None:
         lease.pump = pump
         lease.move(LeaseState.OWNED)
 
@@ -168,7 +168,7 @@ class LeaseTable:
             if not lease.pump_alive:
                 self._leases.pop(lease.partition_id, None)
 
-    def end(self, lease: Lease, end: LeaseEnd, detail: str, *, release_to: Optional[str]) -> None:
+    def end(self, lease: Lease, end: LeaseEnd, detail: str, *, release_to: str | None) -> None:
         """Move ``lease`` to RELEASING and stop its pump."""
         if lease.state is LeaseState.CLAIMING:
             lease.move(LeaseState.RELEASED)
@@ -201,7 +201,7 @@ class LeaseTable:
                 lease.release_to = None
 
     # ----------------------------------------------------------------- reconciling
-    def handoffs_allowed(self, now: float) -> Optional[int]:
+    def handoffs_allowed(self, now: float) -> int | None:
         """How many handoff requests may be answered now: None (any) unless the table is
         paced (``handoff_pace=(count, seconds)``, balancing by load), then ``count`` less
         the handoffs under way and those that ended within the last ``seconds``. Every
@@ -224,7 +224,7 @@ class LeaseTable:
             self._handoffs_unwritten -= 1
             self._handed_over_at.append(self._clock.monotonic())
 
-    def reconcile(self, snapshot: Optional[Snapshot] = None) -> Reconciliation:
+    def reconcile(self, snapshot: Snapshot | None = None) -> Reconciliation:
         """Run the pure :func:`reconcile` over the table and carry out what it says."""
         result = Reconciliation()
         for _round in range(3):  # a pump found gone can end its lease in the same call

@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Dict, List, Optional, Tuple
+from typing import TYPE_CHECKING
 
 from .lease import LeaseState
 from .lease_table import LeaseTable
@@ -41,14 +42,14 @@ def available_cores(root: Path = Path("/sys/fs/cgroup"), membership: Path = Path
     return min([cores, *_cgroup_quotas(root, membership)])
 
 
-def _cgroup_quotas(root: Path, membership: Path) -> List[float]:
+def _cgroup_quotas(root: Path, membership: Path) -> list[float]:
     """Every CPU quota (in cores) on the path from this process's cgroups up to the root."""
     try:
         lines = membership.read_text().splitlines()
     except OSError:
         lines = []
     # (controller mount, the process's path in it, how one directory's quota is read)
-    hierarchies: List[Tuple[Path, str, Callable[[Path], Optional[float]]]] = []
+    hierarchies: list[tuple[Path, str, Callable[[Path], float | None]]] = []
     for line in lines:
         _id, _, rest = line.partition(":")
         controllers, _, path = rest.partition(":")
@@ -77,7 +78,7 @@ def _cgroup_quotas(root: Path, membership: Path) -> List[float]:
     return quotas
 
 
-def _quota_v2(directory: Path) -> Optional[float]:
+def _quota_v2(directory: Path) -> float | None:
     try:
         quota, period = (directory / "cpu.max").read_text().split()[:2]
         return None if quota == "max" else max(0.01, int(quota) / int(period))
@@ -85,7 +86,7 @@ def _quota_v2(directory: Path) -> Optional[float]:
         return None
 
 
-def _quota_v1(directory: Path) -> Optional[float]:
+def _quota_v1(directory: Path) -> float | None:
     try:
         quota = int((directory / "cpu.cfs_quota_us").read_text())
         period = int((directory / "cpu.cfs_period_us").read_text())
@@ -105,7 +106,7 @@ class CpuMeter:
     """
 
     def __init__(self, *, cpu_time: Callable[[], float] = time.process_time,
-                 wall: Callable[[], float] = time.monotonic, cores: Optional[float] = None) -> None:
+                 wall: Callable[[], float] = time.monotonic, cores: float | None = None) -> None:
         self._cpu_time, self._wall = cpu_time, wall
         self._cores = cores if cores is not None else available_cores()
         self._last = (cpu_time(), wall())
@@ -117,7 +118,7 @@ class CpuMeter:
         return 0.0 if elapsed <= 0 else max(0.0, (cpu - last_cpu) / (elapsed * self._cores))
 
 
-def _backlog(pump: "PartitionPump") -> Optional[int]:
+def _backlog(pump: PartitionPump) -> int | None:
     """Events enqueued after the last one the partition's handler finished (None while
     unknown). Not ``context.lag``, which counts from the last event handed to the
     handler: a saturated processor's backlog waits in ever larger batches in its
@@ -149,17 +150,17 @@ class LoadMeter:
         self._now = clock_now
         self._utilization = utilization
         # partition -> (time, events, bytes, lag) at the last sample; lag None while unknown
-        self._last: Dict[str, Tuple[float, int, int, Optional[int]]] = {}
-        self._rates: Dict[str, Tuple[float, float, float]] = {}  # partition -> (events/s, bytes/s, lag growth/s)
-        self._smoothed_utilization: Optional[float] = None
-        self.current: Optional[MemberLoad] = None
+        self._last: dict[str, tuple[float, int, int, int | None]] = {}
+        self._rates: dict[str, tuple[float, float, float]] = {}  # partition -> (events/s, bytes/s, lag growth/s)
+        self._smoothed_utilization: float | None = None
+        self.current: MemberLoad | None = None
 
     def sample(self) -> MemberLoad:
         now = self._now()
         sampled = self._utilization()
         util = sampled if self._smoothed_utilization is None else _smooth(sampled, self._smoothed_utilization)
         self._smoothed_utilization = util
-        partitions: Dict[str, PartitionLoad] = {}
+        partitions: dict[str, PartitionLoad] = {}
         for lease in self._table.in_state(LeaseState.OWNED):
             pump = lease.pump
             if pump is None:

@@ -38,8 +38,8 @@ what just moved).
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Dict, List, Mapping, Optional, Tuple
 
 from .records import partition_sort_key
 
@@ -104,10 +104,10 @@ class _Held:
     age: float  # seconds since it last changed owner
 
 
-def _costs(loads: Mapping[str, MemberLoad]) -> Tuple[Dict[str, float], Optional[float]]:
+def _costs(loads: Mapping[str, MemberLoad]) -> tuple[dict[str, float], float | None]:
     """Each member's CPU utilisation per processed event/s (members that processed
     nothing have none), and the fleet's (for those)."""
-    costs: Dict[str, float] = {}
+    costs: dict[str, float] = {}
     used = processed = 0.0
     for member, load in sorted(loads.items()):  # sorted: the same sums, to the last bit, for every reader
         events = sum(p.events_per_second for p in load.partitions.values())
@@ -118,13 +118,13 @@ def _costs(loads: Mapping[str, MemberLoad]) -> Tuple[Dict[str, float], Optional[
     return costs, (used / processed if processed > 0 else None)
 
 
-def _published(load: MemberLoad, cost: Optional[float], fleet_cost: Optional[float]) -> Dict[str, Tuple[float, float]]:
+def _published(load: MemberLoad, cost: float | None, fleet_cost: float | None) -> dict[str, tuple[float, float]]:
     """Per partition its owner published: (the utilisation it used, the utilisation its
     lag's growth adds). What it used is its events at the owner's cost, or an equal share
     of the owner's utilisation when nothing flowed; its growth is priced at the owner's
     cost, else the fleet's."""
     parts = load.partitions
-    out: Dict[str, Tuple[float, float]] = {}
+    out: dict[str, tuple[float, float]] = {}
     for pid, p in parts.items():
         used = cost * p.events_per_second if cost is not None else load.utilization / len(parts)
         price = cost if cost is not None else (fleet_cost or 0.0)
@@ -132,17 +132,17 @@ def _published(load: MemberLoad, cost: Optional[float], fleet_cost: Optional[flo
     return out
 
 
-def _reconcile(loads: Mapping[str, MemberLoad], owners: Optional[Mapping[str, str]]
-               ) -> Tuple[Dict[str, float], Dict[str, Dict[str, _Held]]]:
+def _reconcile(loads: Mapping[str, MemberLoad], owners: Mapping[str, str] | None
+               ) -> tuple[dict[str, float], dict[str, dict[str, _Held]]]:
     """Each member's demanded utilisation and the partitions it holds, as of the
     ownership snapshot ``owners`` (partition -> owner; None: as published)."""
     costs, fleet_cost = _costs(loads)
     priced = {member: _published(load, costs.get(member), fleet_cost) for member, load in sorted(loads.items())}
-    demanded: Dict[str, float] = {}
-    held: Dict[str, Dict[str, _Held]] = {}
+    demanded: dict[str, float] = {}
+    held: dict[str, dict[str, _Held]] = {}
     for member, load in loads.items():
         level = load.utilization
-        mine: Dict[str, _Held] = {}
+        mine: dict[str, _Held] = {}
         for pid, p in load.partitions.items():
             used, growth = priced[member][pid]
             if owners is not None and owners.get(pid) != member:
@@ -166,7 +166,7 @@ def _reconcile(loads: Mapping[str, MemberLoad], owners: Optional[Mapping[str, st
 
 
 def demanded_utilization(loads: Mapping[str, MemberLoad],
-                         owners: Optional[Mapping[str, str]] = None) -> Dict[str, float]:
+                         owners: Mapping[str, str] | None = None) -> dict[str, float]:
     """Each member's utilisation as :func:`plan_moves` weighs it: what it used, plus what
     its lags' growth asks on top (so above 1.0 for a processor that falls behind), as of
     the ownership snapshot ``owners`` when given.
@@ -179,7 +179,7 @@ def demanded_utilization(loads: Mapping[str, MemberLoad],
 
 
 def plan_moves(loads: Mapping[str, MemberLoad], policy: LoadPolicy = LoadPolicy(),
-               owners: Optional[Mapping[str, str]] = None) -> Dict[str, str]:
+               owners: Mapping[str, str] | None = None) -> dict[str, str]:
     """Partition -> the processor it should move to, this round (see the module docstring).
 
     ``loads``: every live processor's load, idle ones included. ``owners``: who owns
@@ -199,13 +199,13 @@ def plan_moves(loads: Mapping[str, MemberLoad], policy: LoadPolicy = LoadPolicy(
     ceiling = mean * (1 + policy.threshold)
     if max(projected.values()) < policy.floor:
         return {}
-    moves: Dict[str, str] = {}
+    moves: dict[str, str] = {}
     givers = sorted((m for m, u in projected.items() if u > ceiling and u >= policy.floor),
                     key=lambda m: (-projected[m], m))
     for giver in givers:
         excess = projected[giver] - mean
         budget = excess * policy.damping
-        candidates: List[Tuple[float, str]] = sorted(
+        candidates: list[tuple[float, str]] = sorted(
             ((h.weight, pid) for pid, h in held[giver].items() if h.age >= policy.cooldown),
             key=lambda item: (-item[0], partition_sort_key(item[1])))
         moved = 0
@@ -244,7 +244,7 @@ def encode_load(load: MemberLoad) -> str:
     return f"u={load.utilization:.3f};{parts}"
 
 
-def decode_load(text: Optional[str]) -> Optional[MemberLoad]:
+def decode_load(text: str | None) -> MemberLoad | None:
     """The load a member published, or None if it published none (or garbled). A record
     of an earlier version, without the lag's growth, reads with a growth of 0."""
     if not text or not text.startswith("u="):
@@ -254,7 +254,7 @@ def decode_load(text: Optional[str]) -> Optional[MemberLoad]:
         utilization = float(head[2:])
         if not math.isfinite(utilization):
             return None
-        partitions: Dict[str, PartitionLoad] = {}
+        partitions: dict[str, PartitionLoad] = {}
         for item in filter(None, rest.split(",")):
             pid, _, fields = item.partition("=")
             values = fields.split("/")

@@ -9,7 +9,8 @@ makes itself visible by claiming one partition first.
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Callable, Dict, Mapping, Optional
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING
 
 from .balancer import HANDOFF_PROPERTY, ORDINAL_PROPERTY, LoadBalancingStrategy
 from .checkpoint_store import OwnershipStore
@@ -42,23 +43,23 @@ class Membership:
 
     def __init__(self, *, options: ProcessorOptions, store: OwnershipStore, reporter: Reporter, describe: str,
                  on_fatal: Callable[[Exception], None], table: LeaseTable,
-                 warmup: Optional["Warmup"] = None) -> None:
+                 warmup: Warmup | None = None) -> None:
         self._options = options
         self._store = store
         self._reporter = reporter
         self._describe = describe
         self._on_fatal = on_fatal
         self._clock: Clock = options.clock
-        self.state: Optional[bool] = None
-        self.member: Optional[Member] = None
+        self.state: bool | None = None
+        self.member: Member | None = None
         self._warmup = warmup
-        self._load: Optional[LoadMeter] = None
+        self._load: LoadMeter | None = None
         if options.balance_by == "load":
             self._load = LoadMeter(table=table, clock_now=self._clock.monotonic,
                                    utilization=options.load_meter or CpuMeter())
 
     @property
-    def load(self) -> Optional[MemberLoad]:
+    def load(self) -> MemberLoad | None:
         """The load last measured and published (None when balancing by count or before
         the first sample)."""
         return self._load.current if self._load is not None else None
@@ -107,11 +108,11 @@ class Membership:
             await self.join()
             await self._clock.sleep(timing.heartbeat if self.state else timing.renewal_retry)
 
-    def live(self, listing: Optional[MemberListing]) -> Optional[Dict[str, Mapping[str, str]]]:
+    def live(self, listing: MemberListing | None) -> dict[str, Mapping[str, str]] | None:
         """The live member records (id -> properties), or None when the store keeps none."""
         if not self.state or listing is None:
             return None
-        live: Dict[str, Mapping[str, str]] = {}
+        live: dict[str, Mapping[str, str]] = {}
         limit = self._options.timing.member_expiration
         for member in listing.members:
             modified = member.last_modified_time

@@ -11,8 +11,9 @@ import concurrent.futures
 import math
 import random
 import uuid
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, Awaitable, Callable, FrozenSet, Iterable, Mapping, Optional, Tuple, Union
+from typing import Any
 
 from .balancer import LoadBalancingStrategy
 from .checkpoint_store import CheckpointStore
@@ -27,8 +28,8 @@ from .usercode import HandlerExecutor
 
 __all__ = ["Timing", "ProcessorOptions", "RENEWAL_WINDOW", "positive_seconds", "int_at_least"]
 
-PartitionProcessorFactory = Union[type, Callable[[], PartitionProcessor]]
-ErrorHandler = Callable[[Exception, Optional[PartitionContext]], Union[Awaitable[None], None]]
+PartitionProcessorFactory = type | Callable[[], PartitionProcessor]
+ErrorHandler = Callable[[Exception, PartitionContext | None], Awaitable[None] | None]
 DeadLetter = Callable[..., Awaitable[None]]
 
 RENEWAL_WINDOW = 15.0
@@ -36,7 +37,7 @@ RENEWAL_WINDOW = 15.0
 :meth:`Timing.default_renewal_age`)."""
 
 
-def positive_seconds(name: str, value: Any, *, allow_none: bool = False) -> Optional[float]:
+def positive_seconds(name: str, value: Any, *, allow_none: bool = False) -> float | None:
     """``value`` as a positive, finite number of seconds, or a ConfigurationError naming ``name``."""
     if value is None and allow_none:
         return None
@@ -81,7 +82,7 @@ class Timing:
     renewal_retry: float
     store_timeout: float
     shutdown_timeout: float
-    handler_timeout: Optional[float]
+    handler_timeout: float | None
 
     @property
     def heartbeat(self) -> float:
@@ -108,9 +109,9 @@ class Timing:
         return max(expiration / 2, lease_length - RENEWAL_WINDOW)
 
     @staticmethod
-    def derive(*, interval: float, expiration: float, renewal_age: Optional[float],
-               store_timeout: Optional[float], shutdown_timeout: float,
-               handler_timeout: Optional[float]) -> "Timing":
+    def derive(*, interval: float, expiration: float, renewal_age: float | None,
+               store_timeout: float | None, shutdown_timeout: float,
+               handler_timeout: float | None) -> Timing:
         margin = Timing.safety_margin_for(expiration)
         lease_length = expiration - margin
         if renewal_age is None:
@@ -157,7 +158,7 @@ def _timing(load_balancing_interval: Any, partition_ownership_expiration_interva
         handler_timeout=positive_seconds("handler_timeout", handler_timeout, allow_none=True))
 
 
-def _positions(value: Any) -> Union[EventPosition, Mapping[str, EventPosition]]:
+def _positions(value: Any) -> EventPosition | Mapping[str, EventPosition]:
     if isinstance(value, EventPosition):
         return value
     if isinstance(value, Mapping):
@@ -185,33 +186,33 @@ class ProcessorOptions:
     strategy: LoadBalancingStrategy
     timing: Timing
     handler_executor: HandlerExecutor
-    initial_position: Union[EventPosition, Mapping[str, EventPosition]]
+    initial_position: EventPosition | Mapping[str, EventPosition]
     default_position: EventPosition
-    override_checkpoints: Union[bool, FrozenSet[str]]
+    override_checkpoints: bool | frozenset[str]
     max_batch_size: int
-    max_wait_time: Optional[float]
+    max_wait_time: float | None
     prefetch: int
     track_last_enqueued: bool
     retry_policy: RetryPolicy
     on_poison: PoisonPolicy
-    dead_letter: Optional[DeadLetter]
+    dead_letter: DeadLetter | None
     refuse_rewind: bool
-    handoff_timeout: Optional[float]
+    handoff_timeout: float | None
     balance_factor: int
-    ordinal: Optional[int]
+    ordinal: int | None
     replica_count: int
     clock: Clock
     rng: random.Random
-    error_handler: Optional[ErrorHandler]
+    error_handler: ErrorHandler | None
     stateful: bool = False
     num_standbys: int = 0
     acceptable_recovery_lag: int = 10_000
     balance_by: str = "count"
     load_policy: LoadPolicy = LoadPolicy()
-    load_meter: Optional[Callable[[], float]] = None
+    load_meter: Callable[[], float] | None = None
 
     @property
-    def scope(self) -> Tuple[str, str, str]:
+    def scope(self) -> tuple[str, str, str]:
         """(namespace, event hub, consumer group): the arguments of every store listing."""
         return (self.source.fully_qualified_namespace, self.source.eventhub_name, self.consumer_group)
 
@@ -236,7 +237,7 @@ class ProcessorOptions:
                  handoff_timeout: Any, balance_factor: Any, ordinal: Any, replica_count: Any, clock: Any,
                  rng: Any, error_handler: Any, stateful: Any = False, num_standbys: Any = 0,
                  acceptable_recovery_lag: Any = 10_000, balance_by: Any = "count", load_policy: Any = None,
-                 load_meter: Any = None) -> "ProcessorOptions":
+                 load_meter: Any = None) -> ProcessorOptions:
         """Check every argument; raise a ConfigurationError naming the first bad one,
         the value and what would be valid."""
         timing = _timing(load_balancing_interval, partition_ownership_expiration_interval, ownership_renewal_age,
@@ -272,7 +273,7 @@ class ProcessorOptions:
         if not isinstance(default_event_position, EventPosition):
             raise ConfigurationError(f"default_event_position must be an EventPosition, got "
                                      f"{type(default_event_position).__name__} {default_event_position!r}")
-        override: Union[bool, FrozenSet[str]]
+        override: bool | frozenset[str]
         if isinstance(override_checkpoints, bool):
             override = override_checkpoints
         elif isinstance(override_checkpoints, str) or not isinstance(override_checkpoints, Iterable) \

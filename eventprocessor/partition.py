@@ -5,7 +5,8 @@ import asyncio
 import enum
 import logging
 import weakref
-from typing import TYPE_CHECKING, Any, Callable, List, Optional
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from .errors import InvalidCheckpointError, OwnershipLostError
 from .events import Event
@@ -13,14 +14,14 @@ from .records import Checkpoint
 
 if TYPE_CHECKING:  # pragma: no cover
     from .checkpoint_store import CheckpointRecords
-    from .state import PartitionState, StateKeeper
     from .sources.base import LastEnqueuedEventProperties
+    from .state import PartitionState, StateKeeper
 
 __all__ = ["CloseReason", "PartitionContext", "PartitionProcessor"]
 
 logger = logging.getLogger(__name__)
 
-_LOGGED: "weakref.WeakSet[BaseException]" = weakref.WeakSet()
+_LOGGED: weakref.WeakSet[BaseException] = weakref.WeakSet()
 """Errors the SDK already logged (with their traceback): the default ``process_error``
 does not log them a second time."""
 
@@ -69,12 +70,12 @@ class PartitionContext:
         partition_id: str,
         owner_id: str,
         epoch: int,
-        checkpoint_store: "CheckpointRecords",
+        checkpoint_store: CheckpointRecords,
         is_owned: Callable[[], bool],
-        may_checkpoint: Optional[Callable[[], bool]] = None,
-        on_ownership_lost: Optional[Callable[[], None]] = None,
-        on_checkpoint: Optional[Callable[[Checkpoint], None]] = None,
-        state: Optional["StateKeeper"] = None,
+        may_checkpoint: Callable[[], bool] | None = None,
+        on_ownership_lost: Callable[[], None] | None = None,
+        on_checkpoint: Callable[[Checkpoint], None] | None = None,
+        state: StateKeeper | None = None,
     ) -> None:
         self.fully_qualified_namespace = fully_qualified_namespace
         self.eventhub_name = eventhub_name
@@ -82,15 +83,15 @@ class PartitionContext:
         self.partition_id = partition_id
         self.owner_id = owner_id
         self.epoch = epoch
-        self.last_event: Optional[Event] = None
-        self.last_checkpoint: Optional[Checkpoint] = None
-        self._last_enqueued: Optional["LastEnqueuedEventProperties"] = None
+        self.last_event: Event | None = None
+        self.last_checkpoint: Checkpoint | None = None
+        self._last_enqueued: LastEnqueuedEventProperties | None = None
         self._store = checkpoint_store
         self._is_owned = is_owned
         self._may_checkpoint = may_checkpoint or is_owned
         self._on_ownership_lost = on_ownership_lost
         self._on_checkpoint = on_checkpoint
-        self._home_loop: Optional[asyncio.AbstractEventLoop] = None  # the processor's, once the pump runs
+        self._home_loop: asyncio.AbstractEventLoop | None = None  # the processor's, once the pump runs
         self._state = state
 
     def __repr__(self) -> str:
@@ -100,14 +101,14 @@ class PartitionContext:
         )
 
     @property
-    def last_enqueued_event_properties(self) -> Optional["LastEnqueuedEventProperties"]:
+    def last_enqueued_event_properties(self) -> LastEnqueuedEventProperties | None:
         """The partition's newest event (sequence number, offset, enqueued time) and when
         the source reported it; set when the processor runs with
         ``track_last_enqueued_event_properties=True``, else None."""
         return self._last_enqueued
 
     @property
-    def lag(self) -> Optional[int]:
+    def lag(self) -> int | None:
         """Events enqueued after the last one delivered here (None while unknown)."""
         newest, delivered = self._last_enqueued, self.last_event
         if newest is None:
@@ -117,12 +118,12 @@ class PartitionContext:
             return max(0, newest.sequence_number - base)
         return max(0, newest.sequence_number - delivered.sequence_number)
 
-    def _received(self, newest: Optional["LastEnqueuedEventProperties"]) -> None:
+    def _received(self, newest: LastEnqueuedEventProperties | None) -> None:
         if newest is not None:
             self._last_enqueued = newest
 
     @property
-    def state(self) -> "PartitionState":
+    def state(self) -> PartitionState:
         """This partition's state: a mutable mapping of string keys to JSON values,
         private to this claim, restored before the first batch and committed together
         with the position by :meth:`update_checkpoint` (``EventProcessor(...,
@@ -140,7 +141,7 @@ class PartitionContext:
         return self._state.state
 
     @property
-    def state_restored(self) -> Optional[Any]:
+    def state_restored(self) -> Any | None:
         """How this claim's state was loaded (:class:`~eventprocessor.state.Restored`:
         the head, entries and bytes read, ``warm`` when it came from a warm replica), or
         None for a stateless processor."""
@@ -155,7 +156,7 @@ class PartitionContext:
         if self._on_ownership_lost is not None:
             self._on_ownership_lost()
 
-    async def update_checkpoint(self, event: Optional[Event] = None, *, allow_rewind: bool = False) -> None:
+    async def update_checkpoint(self, event: Event | None = None, *, allow_rewind: bool = False) -> None:
         """Record that processing got as far as ``event`` (default: the last delivered).
 
         ``event`` must be an event of this partition delivered in this claim. A position
@@ -277,7 +278,7 @@ class PartitionProcessor:
     async def initialize(self, context: PartitionContext) -> None:
         """Called once before the first batch of this claim."""
 
-    async def process_events(self, events: List[Event], context: PartitionContext) -> None:
+    async def process_events(self, events: list[Event], context: PartitionContext) -> None:
         """Called with each batch (never empty unless ``max_wait_time`` is set)."""
 
     async def process_error(self, error: Exception, context: PartitionContext) -> None:

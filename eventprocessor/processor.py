@@ -29,8 +29,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
+from collections.abc import Callable, Iterable, Mapping
 from types import TracebackType
-from typing import Any, Callable, Dict, FrozenSet, Iterable, Mapping, Optional, Type, Union
+from typing import Any
 
 from .assembly import assemble
 from .balancer import LoadBalancingStrategy
@@ -81,40 +82,40 @@ class EventProcessor:
         partition_processor: PartitionProcessorFactory,
         *,
         consumer_group: str = "$default",
-        owner_id: Optional[str] = None,
-        load_balancing_strategy: Union[LoadBalancingStrategy, str] = LoadBalancingStrategy.GREEDY,
+        owner_id: str | None = None,
+        load_balancing_strategy: LoadBalancingStrategy | str = LoadBalancingStrategy.GREEDY,
         load_balancing_interval: float = 15.0,
         partition_ownership_expiration_interval: float = 75.0,
-        ownership_renewal_age: Optional[float] = None,
-        store_timeout: Optional[float] = None,
+        ownership_renewal_age: float | None = None,
+        store_timeout: float | None = None,
         shutdown_timeout: float = 30.0,
-        handler_timeout: Optional[float] = 60.0,
+        handler_timeout: float | None = 60.0,
         handler_executor: HandlerExecutor = None,
-        initial_event_position: Union[EventPosition, Mapping[str, EventPosition]] = EventPosition.earliest(),
+        initial_event_position: EventPosition | Mapping[str, EventPosition] = EventPosition.earliest(),
         max_batch_size: int = 300,
-        max_wait_time: Optional[float] = None,
+        max_wait_time: float | None = None,
         prefetch: int = 300,
         track_last_enqueued_event_properties: bool = False,
         default_event_position: EventPosition = EventPosition.earliest(),
-        override_checkpoints: Union[bool, Iterable[str]] = False,
+        override_checkpoints: bool | Iterable[str] = False,
         max_delivery_attempts: int = 5,
         retry_backoff: float = 0.5,
-        on_poison: Union[PoisonPolicy, str] = PoisonPolicy.SKIP,
-        dead_letter: Optional[DeadLetter] = None,
+        on_poison: PoisonPolicy | str = PoisonPolicy.SKIP,
+        dead_letter: DeadLetter | None = None,
         refuse_checkpoint_rewind: bool = False,
-        handoff_timeout: Optional[float] = 30.0,
+        handoff_timeout: float | None = 30.0,
         balance_factor: int = 1,
-        ordinal: Optional[int] = None,
-        replica_count: Optional[int] = None,
-        clock: Optional[Clock] = None,
-        rng: Optional[random.Random] = None,
-        error_handler: Optional[ErrorHandler] = None,
+        ordinal: int | None = None,
+        replica_count: int | None = None,
+        clock: Clock | None = None,
+        rng: random.Random | None = None,
+        error_handler: ErrorHandler | None = None,
         stateful: bool = False,
         num_standbys: int = 0,
         acceptable_recovery_lag: int = 10_000,
         balance_by: str = "count",
-        load_policy: Optional[LoadPolicy] = None,
-        load_meter: Optional[Callable[[], float]] = None,
+        load_policy: LoadPolicy | None = None,
+        load_meter: Callable[[], float] | None = None,
         meter_provider: Any = None,
         tracer_provider: Any = None,
     ) -> None:
@@ -143,7 +144,7 @@ class EventProcessor:
         return self._options.timing
 
     @property
-    def owned_partitions(self) -> FrozenSet[str]:
+    def owned_partitions(self) -> frozenset[str]:
         """The partitions this processor may dispatch right now (claim owned, lease valid)."""
         return self._table.owned()
 
@@ -177,12 +178,12 @@ class EventProcessor:
         return self._parts.store
 
     @property
-    def membership(self) -> Optional[bool]:
+    def membership(self) -> bool | None:
         """Whether the store keeps this processor's member record (None: not known yet)."""
         return self._parts.membership.state
 
     @property
-    def load(self) -> Optional[MemberLoad]:
+    def load(self) -> MemberLoad | None:
         """The load this processor last measured and published in its member record
         (``balance_by="load"``; None before the first sample, or when balancing by count).
 
@@ -192,11 +193,11 @@ class EventProcessor:
         """
         return self._parts.membership.load
 
-    def pump(self, partition_id: str) -> Optional[PartitionPump]:
+    def pump(self, partition_id: str) -> PartitionPump | None:
         lease = self._parts.table.get(partition_id)
         return lease.pump if lease is not None else None
 
-    def lag(self) -> Dict[str, Optional[int]]:
+    def lag(self) -> dict[str, int | None]:
         """Events behind per owned partition: the newest enqueued sequence number minus
         the last delivered one (None until known; needs
         ``track_last_enqueued_event_properties=True``)."""
@@ -278,11 +279,11 @@ class EventProcessor:
         if self._parts.taker.fatal is not None:
             raise self._parts.taker.fatal
 
-    async def __aenter__(self) -> "EventProcessor":
+    async def __aenter__(self) -> EventProcessor:
         await self.start()
         return self
 
-    async def __aexit__(self, exc_type: Optional[Type[BaseException]], exc: Optional[BaseException],
-                        tb: Optional[TracebackType]) -> None:
+    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                        tb: TracebackType | None) -> None:
         await self.stop()
 

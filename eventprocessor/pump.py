@@ -18,8 +18,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Awaitable, Callable
 from operator import attrgetter
-from typing import Awaitable, Callable, List, Optional, Set
 
 from .backoff import Backoff
 from .clock import Clock, SystemClock
@@ -27,17 +27,17 @@ from .delivery import DeliveryStopped, Poison, PoisonPolicy, RetryPolicy, redeli
 from .errors import ConfigurationError, EventSourceError, HandlerTimeoutError, OwnershipLostError, PoisonEventsError
 from .events import Event, EventPosition
 from .partition import CloseReason, PartitionContext, PartitionProcessor, already_logged
-from .sources.base import EventSource, PartitionReceiver
-from .telemetry import Telemetry
 from .records import Checkpoint
+from .sources.base import EventSource, PartitionReceiver
 from .state import StateKeeper, StateUnreadableError
+from .telemetry import Telemetry
 from .usercode import BLOCK_THRESHOLD, HandlerExecutor, UserCode
 
 __all__ = ["PartitionPump", "DeadLetter"]
 
 logger = logging.getLogger(__name__)
 
-DeadLetter = Callable[[List[Event], Exception, PartitionContext], Awaitable[None]]
+DeadLetter = Callable[[list[Event], Exception, PartitionContext], Awaitable[None]]
 LoopBlocked = Callable[["PartitionPump", str, float, float], None]  # (pump, what, started, ended)
 
 _BODY = attrgetter("body")
@@ -57,24 +57,24 @@ class PartitionPump:
         source: EventSource,
         starting_position: EventPosition,
         max_batch_size: int,
-        max_wait_time: Optional[float],
+        max_wait_time: float | None,
         prefetch: int,
         clock: Clock,
-        handler_timeout: Optional[float] = None,
+        handler_timeout: float | None = None,
         retry_policy: RetryPolicy = RetryPolicy(),
         on_poison: PoisonPolicy = PoisonPolicy.SKIP,
-        dead_letter: Optional[DeadLetter] = None,
-        on_user_code_error: Optional[Callable[[str, Exception], None]] = None,
+        dead_letter: DeadLetter | None = None,
+        on_user_code_error: Callable[[str, Exception], None] | None = None,
         track_last_enqueued_event_properties: bool = False,
-        telemetry: Optional[Telemetry] = None,
+        telemetry: Telemetry | None = None,
         handler_executor: HandlerExecutor = None,
-        on_loop_blocked: Optional[LoopBlocked] = None,
+        on_loop_blocked: LoopBlocked | None = None,
         block_threshold: float = BLOCK_THRESHOLD,
-        state: Optional[StateKeeper] = None,
-        checkpoint: Optional[Checkpoint] = None,
+        state: StateKeeper | None = None,
+        checkpoint: Checkpoint | None = None,
     ) -> None:
         self.context = context
-        self.processor: Optional[PartitionProcessor] = None
+        self.processor: PartitionProcessor | None = None
         self._processor: PartitionProcessor = PartitionProcessor()  # the made one, once the factory ran
         self._factory = factory
         self._source = source
@@ -97,28 +97,28 @@ class PartitionPump:
         self._user = UserCode(monotonic=clock.monotonic, on_block=self._blocked, executor=handler_executor,
                               threshold=block_threshold, name=f"handler-{context.partition_id}")
         self._process_events_name = "process_events"
-        self._last_received: Optional[Event] = None
+        self._last_received: Event | None = None
         """The newest event received in this claim: a reopened receiver starts after it."""
-        self.parked: Optional[PoisonEventsError] = None
+        self.parked: PoisonEventsError | None = None
         """Set when the partition was parked on a poison event (``on_poison=PARK``)."""
-        self._stop_reason: Optional[CloseReason] = None
+        self._stop_reason: CloseReason | None = None
         self._dispatching = False
-        self._receiver: Optional[PartitionReceiver] = None
-        self._error_tasks: Set[asyncio.Task] = set()
-        self._early_errors: List[Exception] = []
+        self._receiver: PartitionReceiver | None = None
+        self._error_tasks: set[asyncio.Task] = set()
+        self._early_errors: list[Exception] = []
         self.batches_dispatched = 0
         self.events_dispatched = 0
         self.bytes_dispatched = 0
         """Bytes of event bodies dispatched, estimated from every 16th batch (for load)."""
-        self.batch_started: Optional[float] = None
+        self.batch_started: float | None = None
         """When the ``process_events`` call in progress started (None between calls)."""
         self._batch_reported = False
-        self.last_completed: Optional[Event] = None
+        self.last_completed: Event | None = None
         """The last event of the last batch ``process_events`` completed."""
-        self.failure: Optional[BaseException] = None
+        self.failure: BaseException | None = None
         """Why the pump ended by itself (factory failed, takeover), if it did."""
-        self.close_reason: Optional[CloseReason] = None
-        self.task: Optional[asyncio.Task] = None
+        self.close_reason: CloseReason | None = None
+        self.task: asyncio.Task | None = None
 
     def __repr__(self) -> str:
         return f"PartitionPump(partition_id={self.context.partition_id!r}, epoch={self.context.epoch})"
@@ -163,7 +163,8 @@ class PartitionPump:
             if self.task is not None and not self.task.done():
                 self._early_errors.append(error)  # delivered once the handler exists
             return
-        task = asyncio.get_running_loop().create_task(self._report(error), name=f"process-error-{self.context.partition_id}")
+        task = asyncio.get_running_loop().create_task(self._report(error),
+                                                      name=f"process-error-{self.context.partition_id}")
         self._error_tasks.add(task)
         task.add_done_callback(self._error_tasks.discard)
 
@@ -237,7 +238,7 @@ class PartitionPump:
                 f"the partition processor factory returned {type(processor).__name__}, not a PartitionProcessor")
         return processor
 
-    def overdue(self, now: float) -> Optional[HandlerTimeoutError]:
+    def overdue(self, now: float) -> HandlerTimeoutError | None:
         """The processor's watchdog asks, every few seconds: has ``process_events`` been
         running longer than ``handler_timeout``? Returns the error to report, once per
         batch (the handler is not interrupted; other partitions are not held up)."""
@@ -252,7 +253,7 @@ class PartitionPump:
             f"{ctx.last_event.sequence_number if ctx.last_event else '-'}); still waiting for it",
             partition_id=ctx.partition_id)
 
-    async def _deliver(self, batch: List[Event]) -> None:
+    async def _deliver(self, batch: list[Event]) -> None:
         """One delivery of ``batch`` to the handler: the hot path. Every delivery checks
         the claim first (raising :class:`DeliveryStopped` once it has ended). Timed for
         the handler watchdog (``overdue``) and, when a provider is set, for OpenTelemetry.
@@ -303,7 +304,7 @@ class PartitionPump:
         if batch:
             self.last_completed = batch[-1]
 
-    async def _failed(self, error: Exception, batch: List[Event], attempt: int) -> None:
+    async def _failed(self, error: Exception, batch: list[Event], attempt: int) -> None:
         """Log one handler failure with its traceback (once per attempt: attempts are
         bounded) and hand it to ``process_error``."""
         ctx = self.context
@@ -314,7 +315,7 @@ class PartitionPump:
         already_logged(error)
         await self._report(error)
 
-    async def _recover(self, events: List[Event], first_failure: Exception) -> bool:
+    async def _recover(self, events: list[Event], first_failure: Exception) -> bool:
         """The handler raised on ``events``: redeliver under the retry and poison policy
         (:mod:`eventprocessor.delivery`). Returns True when the partition must park."""
         await self._failed(first_failure, events, 1)

@@ -5,9 +5,9 @@ behind the store's back ("copies in and out" comes for free).
 """
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Mapping, Optional, Tuple
 
 __all__ = ["Ownership", "Checkpoint", "StateRef", "OwnershipListing", "UnreadableOwnership", "Member", "MemberListing",
            "MAX_EPOCH", "MAX_SEQUENCE_NUMBER", "MAX_ENTRY_BYTES", "partition_sort_key"]
@@ -27,7 +27,7 @@ so the Table store splits an entry into 15 binary properties; the other stores k
 the same limit, so that a log works the same on all of them."""
 
 
-def partition_sort_key(partition_id: str) -> Tuple[int, object]:
+def partition_sort_key(partition_id: str) -> tuple[int, object]:
     """Partition ids in the order people expect: numbers by value ("2" before "10"),
     then any other ids by text."""
     return (0, int(partition_id)) if partition_id.isdigit() else (1, partition_id)
@@ -50,8 +50,8 @@ class Ownership:
     consumer_group: str
     partition_id: str
     owner_id: str
-    last_modified_time: Optional[datetime] = None
-    etag: Optional[str] = None
+    last_modified_time: datetime | None = None
+    etag: str | None = None
     epoch: int = 0
     requested_by: str = ""
 
@@ -72,7 +72,7 @@ class StateRef:
         return f"{self.version}.{self.epoch}"
 
     @staticmethod
-    def parse(text: str) -> "StateRef":
+    def parse(text: str) -> StateRef:
         version, _, epoch = text.partition(".")
         if not version.isdigit() or not epoch.isdigit():
             raise ValueError(f"a state reference is '<version>.<epoch>', got {text!r}")
@@ -95,11 +95,11 @@ class Checkpoint:
     consumer_group: str
     partition_id: str
     sequence_number: int
-    offset: Optional[str] = None
-    owner_id: Optional[str] = None
-    epoch: Optional[int] = None
-    last_modified_time: Optional[datetime] = None
-    state: Optional[StateRef] = None
+    offset: str | None = None
+    owner_id: str | None = None
+    epoch: int | None = None
+    last_modified_time: datetime | None = None
+    state: StateRef | None = None
 
 
 @dataclass(frozen=True)
@@ -111,9 +111,9 @@ class OwnershipListing:
     from the store, so a processor whose local clock is off cannot misjudge it.
     """
 
-    ownerships: Tuple[Ownership, ...]
+    ownerships: tuple[Ownership, ...]
     server_time: datetime
-    unreadable: Tuple["UnreadableOwnership", ...] = ()
+    unreadable: tuple[UnreadableOwnership, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -128,7 +128,7 @@ class UnreadableOwnership:
 
     partition_id: str
     etag: str
-    last_modified_time: Optional[datetime]
+    last_modified_time: datetime | None
     reason: str
 
 
@@ -145,8 +145,8 @@ class Member:
     eventhub_name: str
     consumer_group: str
     owner_id: str
-    last_modified_time: Optional[datetime] = None
-    etag: Optional[str] = None
+    last_modified_time: datetime | None = None
+    etag: str | None = None
     properties: Mapping[str, str] = field(default_factory=dict)
 
 
@@ -154,5 +154,5 @@ class Member:
 class MemberListing:
     """The member records of one consumer group, and the store's clock when listed."""
 
-    members: Tuple[Member, ...]
+    members: tuple[Member, ...]
     server_time: datetime

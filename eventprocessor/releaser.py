@@ -16,13 +16,12 @@ from __future__ import annotations
 import asyncio
 import logging
 from dataclasses import replace
-from typing import List, Set
 
+from .checkpoint_store import OwnershipStore
 from .lease import Lease, LeaseEnd, LeaseState
 from .lease_table import LeaseTable, sorted_ids
 from .options import ProcessorOptions
 from .records import Ownership
-from .checkpoint_store import OwnershipStore
 from .stats import ProcessorStats
 from .store_history import StoreHistory
 from .tasks import TaskScope
@@ -48,7 +47,7 @@ class Releaser:
         self._scope = scope
         self._describe = describe
 
-    def schedule(self, leases: List[Lease]) -> None:
+    def schedule(self, leases: list[Lease]) -> None:
         """Write these ended claims' records (their pumps are gone) in a job of their own."""
         self._scope.spawn("release", self.write(leases))
 
@@ -56,7 +55,7 @@ class Releaser:
         """Wait for the release writes in flight (each is bounded by the store timeout)."""
         await self._scope.wait_for("release")
 
-    async def write(self, leases: List[Lease]) -> None:
+    async def write(self, leases: list[Lease]) -> None:
         records = []
         handoffs = 0
         for lease in leases:
@@ -73,7 +72,7 @@ class Releaser:
             for _ in range(handoffs):
                 self._table.handoff_written()  # the handoff pace counts from here
 
-    async def _write(self, records: List[Ownership]) -> None:
+    async def _write(self, records: list[Ownership]) -> None:
         if not records:
             return
         written = await self._writer.write(records)
@@ -93,7 +92,7 @@ class Releaser:
             logger.debug("processor %s released partition %s to %s", self._describe, record.partition_id,
                          record.owner_id or "nobody")
 
-    async def _write_again(self, lost: List[Ownership]) -> List[Ownership]:
+    async def _write_again(self, lost: list[Ownership]) -> list[Ownership]:
         """Release writes that lost their condition. When the stored record still names
         this processor with the claim's epoch, the write that beat them kept this claim:
         this processor's own renewal in flight (it changes the etag), or a handoff request
@@ -130,7 +129,7 @@ class Releaser:
                            self._describe, sorted_ids(r.partition_id for r in again), written.error)
         return list(written.won)
 
-    async def sweep(self, left_to_expire: Set[str], within: float) -> None:
+    async def sweep(self, left_to_expire: set[str], within: float) -> None:
         """The last step of a graceful stop: one listing, then release every record that
         names this processor but that it does not hold and withdraw its own handoff
         requests. A handoff written after this listing still expires (it needs an owner
@@ -145,7 +144,7 @@ class Releaser:
             logger.warning("processor %s: its last listing did not finish within stop()'s bound; records that "
                            "still name it will expire", self._describe)
 
-    async def _sweep(self, left_to_expire: Set[str]) -> None:
+    async def _sweep(self, left_to_expire: set[str]) -> None:
         try:
             listing = await self._store.list_ownership(*self._options.scope)
         except Exception as error:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Callable, List
+from collections.abc import Callable
 
 from .bounded_store import BATCH, with_deadline
 from .clock import Clock
@@ -79,7 +79,7 @@ class LeaseRenewer:
             except TimeoutError:
                 pass
 
-    async def renew(self, due: List[Lease]) -> None:
+    async def renew(self, due: list[Lease]) -> None:
         """One conditional write per lease in ``due``, all in one store call."""
         sent_at = self._clock.monotonic()
         written = await self._writer.write(lease.record for lease in due)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import inspect
 import logging
 import math
-from typing import Dict, Iterable, List, Optional, Tuple
+from collections.abc import Iterable
 
 from .clock import Clock
 from .lease import Lease, LeaseState
@@ -32,9 +32,9 @@ class Throttle:
     def __init__(self, clock: Clock, period: float) -> None:
         self._clock = clock
         self._period = period
-        self._state: Dict[str, Tuple[float, int]] = {}  # kind -> (last report, failures since)
+        self._state: dict[str, tuple[float, int]] = {}  # kind -> (last report, failures since)
 
-    def failed(self, kind: str) -> Tuple[bool, int]:
+    def failed(self, kind: str) -> tuple[bool, int]:
         """Should this failure be reported? Returns (report, failures suppressed so far)."""
         now = self._clock.monotonic()
         last, count = self._state.get(kind, (-math.inf, 0))
@@ -44,7 +44,7 @@ class Throttle:
         self._state[kind] = (last, count + 1)
         return False, count + 1
 
-    def recovered(self, kind: str) -> Optional[int]:
+    def recovered(self, kind: str) -> int | None:
         """The failure stopped: returns how many went by, or None if none was pending."""
         state = self._state.pop(kind, None)
         return None if state is None else state[1] + 1
@@ -53,7 +53,7 @@ class Throttle:
 class Reporter:
     """Reports errors to handlers and to ``error_handler``, throttled per kind."""
 
-    def __init__(self, *, describe: str, clock: Clock, period: float, error_handler: Optional[ErrorHandler],
+    def __init__(self, *, describe: str, clock: Clock, period: float, error_handler: ErrorHandler | None,
                  table: LeaseTable, scope: TaskScope) -> None:
         self._describe = describe
         self._error_handler = error_handler
@@ -65,7 +65,7 @@ class Reporter:
         """Tell the handlers of ``leases`` (``process_error``) and ``error_handler``,
         each on a task of its own: the caller never waits for user code."""
         targets = list(self._table) if to_every_handler else list(leases)
-        context: Optional[PartitionContext] = None
+        context: PartitionContext | None = None
         for lease in targets:
             if lease.pump is not None:
                 lease.pump.report_error(error)
@@ -73,7 +73,7 @@ class Reporter:
         if self._error_handler is not None:
             self._scope.spawn("error-handler", self._call_error_handler(error, context))
 
-    def at_risk(self) -> List[Lease]:
+    def at_risk(self) -> list[Lease]:
         return self._table.in_state(LeaseState.OWNED)
 
     def user_code_failed(self, where: str, failure: Exception) -> None:
@@ -104,7 +104,7 @@ class Reporter:
             logger.warning("processor %s: %s works again after %d failed attempts", self._describe,
                            "the event source" if kind == "source" else "the checkpoint store", failures)
 
-    async def _call_error_handler(self, error: Exception, context: Optional[PartitionContext]) -> None:
+    async def _call_error_handler(self, error: Exception, context: PartitionContext | None) -> None:
         assert self._error_handler is not None
         try:
             result = self._error_handler(error, context)

@@ -10,15 +10,15 @@ forgot them.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import replace
-from typing import Dict, List, Mapping, Optional, Set, Tuple
 
 from .records import Checkpoint, Ownership, OwnershipListing
 
 __all__ = ["StoreHistory", "went_back"]
 
 
-def went_back(known: Checkpoint, found: Optional[Checkpoint]) -> bool:
+def went_back(known: Checkpoint, found: Checkpoint | None) -> bool:
     """Did a checkpoint this processor knew vanish, or get replaced by one of an earlier
     epoch? (A later owner may rewind on purpose; an earlier epoch cannot come back.)"""
     if found is None:
@@ -37,14 +37,14 @@ class StoreHistory:
     """
 
     def __init__(self) -> None:
-        self._epochs: Dict[str, int] = {}
-        self._listed: Set[str] = set()
-        self._reported_backwards: Dict[str, int] = {}
-        self._checkpoints: Dict[str, Checkpoint] = {}
-        self.lost_mine: Set[str] = set()
+        self._epochs: dict[str, int] = {}
+        self._listed: set[str] = set()
+        self._reported_backwards: dict[str, int] = {}
+        self._checkpoints: dict[str, Checkpoint] = {}
+        self.lost_mine: set[str] = set()
         """Partitions whose records vanished while (or just after) this processor held them."""
 
-    def epochs(self) -> Dict[str, int]:
+    def epochs(self) -> dict[str, int]:
         """A copy of the epochs seen so far (what a listing sent now is compared with)."""
         return dict(self._epochs)
 
@@ -56,8 +56,8 @@ class StoreHistory:
         floor = self._epochs.get(claim.partition_id, 0) + 1
         return claim if claim.epoch >= floor else replace(claim, epoch=floor)
 
-    def check(self, listing: OwnershipListing, seen_before: Mapping[str, int], *, held: Set[str],
-              ended_at: Mapping[str, float], now: float, expiration: float) -> Optional[Tuple[str, List[str]]]:
+    def check(self, listing: OwnershipListing, seen_before: Mapping[str, int], *, held: set[str],
+              ended_at: Mapping[str, float], now: float, expiration: float) -> tuple[str, list[str]] | None:
         """Compare ``listing`` with what was seen when it was sent (``seen_before``).
         Returns (what happened, partitions) when records vanished or epochs went down,
         each reported once; else None. ``held`` and ``ended_at`` tell which of those
@@ -83,7 +83,7 @@ class StoreHistory:
             parts.append(f"the epochs of partitions {backwards} went backwards")
         return " and ".join(parts), vanished + backwards
 
-    def take_lost_mine(self, also: Tuple[str, ...] = ()) -> Set[str]:
+    def take_lost_mine(self, also: tuple[str, ...] = ()) -> set[str]:
         mine, self.lost_mine = self.lost_mine | set(also), set()
         return mine
 
@@ -91,10 +91,10 @@ class StoreHistory:
     def knew(self, partition_id: str, checkpoint: Checkpoint) -> None:
         self._checkpoints[partition_id] = checkpoint
 
-    def known_checkpoint(self, partition_id: str) -> Optional[Checkpoint]:
+    def known_checkpoint(self, partition_id: str) -> Checkpoint | None:
         return self._checkpoints.get(partition_id)
 
-    def checkpoint_went_back(self, partition_id: str, found: Optional[Checkpoint]) -> Optional[Checkpoint]:
+    def checkpoint_went_back(self, partition_id: str, found: Checkpoint | None) -> Checkpoint | None:
         """The checkpoint this processor knew, if ``found`` lost it; else None."""
         known = self._checkpoints.get(partition_id)
         return known if known is not None and went_back(known, found) else None

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
-from typing import Dict, FrozenSet, Iterable, List, Mapping, Optional, Set, Tuple
 
 from .backoff import Congestion, TickBackoff
 from .balancer import decide
@@ -43,18 +43,18 @@ logger = logging.getLogger(__name__)
 class BalanceReport:
     """What one balancing tick did. For logs, tests and the convergence benchmark."""
 
-    owned: FrozenSet[str]
-    claimed: FrozenSet[str]
-    renewed: FrozenSet[str]
+    owned: frozenset[str]
+    claimed: frozenset[str]
+    renewed: frozenset[str]
     stolen: Mapping[str, str]
-    lost: FrozenSet[str]
-    failed_claims: FrozenSet[str]
+    lost: frozenset[str]
+    failed_claims: frozenset[str]
     requests: Mapping[str, int] = field(default_factory=dict)
-    error: Optional[Exception] = None
+    error: Exception | None = None
     duration: float = 0.0
 
 
-def _loads(members: Optional[Mapping[str, Mapping[str, str]]]) -> Optional[Dict[str, MemberLoad]]:
+def _loads(members: Mapping[str, Mapping[str, str]] | None) -> dict[str, MemberLoad] | None:
     """The loads live members published (those that published one)."""
     if members is None:
         return None
@@ -68,7 +68,7 @@ class Taker:
     def __init__(self, *, options: ProcessorOptions, store: BoundedStore, writer: OwnershipWriter,
                  table: LeaseTable, history: StoreHistory, membership: Membership, dispatcher: Dispatcher,
                  watchdog: Watchdog, reporter: Reporter, stats: ProcessorStats, telemetry: Telemetry,
-                 describe: str, warmup: Optional[Warmup] = None) -> None:
+                 describe: str, warmup: Warmup | None = None) -> None:
         self._options = options
         self._timing = options.timing
         self._clock = options.clock
@@ -85,15 +85,15 @@ class Taker:
         self._telemetry = telemetry
         self._describe = describe
         self._warmup = warmup
-        self.fatal: Optional[Exception] = None
+        self.fatal: Exception | None = None
         """The error that halted balancing (see :meth:`halt`), or None."""
         self._wake = asyncio.Event()
         self._store_answered = asyncio.Event()  # set by a prompt, successful store call while backing off
         self._backoff = TickBackoff(interval=self._timing.interval,
                                     cap=max(self._timing.interval, self._timing.expiration), rng=self._rng)
         self._timeouts_seen = 0
-        self._listing_seconds: Optional[float] = None  # how long the last tick's listing took (None: no answer)
-        self._partition_ids: Optional[List[str]] = None  # the source's last answer
+        self._listing_seconds: float | None = None  # how long the last tick's listing took (None: no answer)
+        self._partition_ids: list[str] | None = None  # the source's last answer
         self._source_busy_until = float("-inf")  # a throttled hub's retry-after, on the local clock
         self.requests_made: dict = {}
         """Partition -> local time this processor asked its owner for it (a handoff)."""
@@ -152,13 +152,13 @@ class Taker:
                 pause = min(pause, interval / 4)
             await sleep_or_wake(self._clock, pause - elapsed, self._wake)
 
-    def _note_prompt_answer(self, operation: str, seconds: float, error: Optional[BaseException]) -> None:
+    def _note_prompt_answer(self, operation: str, seconds: float, error: BaseException | None) -> None:
         # Runs after every store call: the cheap tests first; only a backing-off loop waits on it.
         if self._backoff.backing_off and error is None and seconds < self._timing.store_timeout / 4 \
                 and not self._table.owned():
             self._store_answered.set()
 
-    def _back_off_if_store_timed_out(self) -> Optional[float]:
+    def _back_off_if_store_timed_out(self) -> float | None:
         """After a tick: the pause before the next one while the store times out (see
         :mod:`eventprocessor.backoff`), or None for the usual interval."""
         timeouts = sum(self._store.timeouts.values())
@@ -183,7 +183,8 @@ class Taker:
                 "the next tick in %.1f s "
                 "instead of %g s (level %d of %d), claiming at most %d partitions per tick; renewals keep "
                 "their own schedule. If this persists, the store cannot serve this many processors and partitions "
-                "at this interval: raise load_balancing_interval (docs/concepts/timing.md, \"Sizing\").", self._describe, timed_out,
+                "at this interval: raise load_balancing_interval (docs/concepts/timing.md, \"Sizing\").",
+                self._describe, timed_out,
                 "no answer" if self._listing_seconds is None else f"answered in {self._listing_seconds:.1f} s",
                 self._timing.store_timeout, pause, self._timing.interval, self._backoff.level,
                 self._backoff.max_level, BATCH)
@@ -338,7 +339,7 @@ class Taker:
         if found is not None:
             self.store_lost(*found)
 
-    def store_lost(self, what: str, partition_ids: List[str]) -> None:
+    def store_lost(self, what: str, partition_ids: list[str]) -> None:
         """Report that the store lost data (records or checkpoints seen before)."""
         options = self._options
         error = StoreDataLostError(
@@ -352,8 +353,8 @@ class Taker:
         affected = [lease for lease in (self._table.get(pid) for pid in partition_ids) if lease is not None]
         self._reporter.report(error, affected, to_every_handler=not affected)
 
-    def _reclaims_after_store_loss(self, reconciliation: Reconciliation, snapshot: Snapshot, taken: Set[str],
-                                   partition_ids: Iterable[str]) -> List[Ownership]:
+    def _reclaims_after_store_loss(self, reconciliation: Reconciliation, snapshot: Snapshot, taken: set[str],
+                                   partition_ids: Iterable[str]) -> list[Ownership]:
         """With ``refuse_checkpoint_rewind``, a partition whose record vanished from under
         this processor's lease is claimed back by it at once (it notices first, through
         its failing renewal), so that the checkpoint it knew is the one restored; the
@@ -393,16 +394,16 @@ class Taker:
                         sorted_ids(r.partition_id for r in written.won), sorted({r.owner_id for r in written.won}))
 
     # ----------------------------------------------------------------- claiming
-    async def _take(self, claims: List[Ownership], adoptions: List[Ownership]
-                    ) -> Tuple[List[str], List[str], Optional[Exception]]:
+    async def _take(self, claims: list[Ownership], adoptions: list[Ownership]
+                    ) -> tuple[list[str], list[str], Exception | None]:
         """Write ``claims`` (new owners) and ``adoptions`` (records naming us, rewritten as
         they are), fence each won partition's checkpoint and start its pump. Returns the
         partitions now dispatched, those whose claim was not won, and a store error."""
         records = claims + adoptions
-        error: Optional[Exception] = None
-        not_written: Set[str] = set()
-        failed: List[str] = []
-        started: List[Optional[str]] = []
+        error: Exception | None = None
+        not_written: set[str] = set()
+        failed: list[str] = []
+        started: list[str | None] = []
         # BATCH at a time (see bounded_store.BATCH): claimed in one call, then fenced
         # together, before the next batch is claimed. A lease runs from its claim, so a
         # claim never waits long for its fence, and each call's deadline covers its own
@@ -438,7 +439,7 @@ class Taker:
             self._reporter.report(error, [])
         return [pid for pid in started if pid is not None], failed, error
 
-    async def _fence_and_start(self, lease: Lease) -> Optional[str]:
+    async def _fence_and_start(self, lease: Lease) -> str | None:
         """Fence the checkpoint of a won claim and start its pump. On a stale epoch (the
         record had lost its epoch), claim once more above the stored one."""
         pid = lease.partition_id

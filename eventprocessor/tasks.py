@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any, Coroutine, Dict, Optional, Set
+from collections.abc import Coroutine
+from typing import Any
 
 __all__ = ["TaskScope"]
 
@@ -32,8 +33,8 @@ class TaskScope:
 
     def __init__(self, name: str) -> None:
         self.name = name
-        self._loops: Dict[str, asyncio.Task] = {}
-        self._jobs: Dict[str, Set[asyncio.Task]] = {}
+        self._loops: dict[str, asyncio.Task] = {}
+        self._jobs: dict[str, set[asyncio.Task]] = {}
 
     def __repr__(self) -> str:
         return f"TaskScope({self.name!r}, loops={sorted(self._loops)})"
@@ -48,7 +49,7 @@ class TaskScope:
         self._loops[name] = task
         return task
 
-    def loop(self, name: str) -> Optional[asyncio.Task]:
+    def loop(self, name: str) -> asyncio.Task | None:
         return self._loops.get(name)
 
     def running(self, name: str) -> bool:
@@ -91,13 +92,13 @@ class TaskScope:
             logger.error("%s: %s ended with an error", self.name, task.get_name(), exc_info=error)
 
 
-async def _cancel(tasks: "list[asyncio.Task]") -> None:
+async def _cancel(tasks: list[asyncio.Task]) -> None:
     live = [task for task in tasks if not task.done()]
     for task in live:
         task.cancel()
     if tasks:
         results = await asyncio.gather(*tasks, return_exceptions=True)
-        for task, result in zip(tasks, results):
+        for task, result in zip(tasks, results, strict=False):
             if isinstance(result, Exception) and not isinstance(result, asyncio.CancelledError) \
                     and task not in live:
                 logger.debug("task %s had ended with %r", task.get_name(), result)

@@ -42,9 +42,10 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager, nullcontext
 from datetime import datetime, timezone
-from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional
+from typing import Any
 
 from .events import Event
 
@@ -82,13 +83,13 @@ class Telemetry:
     def __init__(self, *, eventhub_name: str, consumer_group: str, owner_id: str, meter_provider: Any = None,
                  tracer_provider: Any = None) -> None:
         self.enabled = _metrics is not None
-        self.base: Dict[str, str] = {
+        self.base: dict[str, str] = {
             "messaging.system": "eventhubs",
             "messaging.destination.name": eventhub_name,
             "messaging.consumer.group.name": consumer_group,
             "eventprocessor.owner_id": owner_id,
         }
-        self._gauges: List[Any] = []
+        self._gauges: list[Any] = []
         if not self.enabled:
             return
         from . import __version__
@@ -135,7 +136,7 @@ class Telemetry:
         pumps skip the per-batch instrumentation altogether."""
         return self.enabled and (_configured(self.events) or self._tracing())
 
-    def observe(self, *, owned: Callable[[], int], lag: Callable[[], Mapping[str, Optional[int]]]) -> None:
+    def observe(self, *, owned: Callable[[], int], lag: Callable[[], Mapping[str, int | None]]) -> None:
         """Register the gauges, read when a reader collects."""
         if not self.enabled:
             return
@@ -158,8 +159,8 @@ class Telemetry:
                                                 description="Events enqueued but not yet delivered"),
         ]
 
-    def _attrs(self, partition_id: Optional[str] = None, **extra: Any) -> Dict[str, Any]:
-        attrs: Dict[str, Any] = dict(self.base)
+    def _attrs(self, partition_id: str | None = None, **extra: Any) -> dict[str, Any]:
+        attrs: dict[str, Any] = dict(self.base)
         if partition_id is not None:
             attrs["messaging.destination.partition.id"] = partition_id
         attrs.update({k: v for k, v in extra.items() if v is not None})
@@ -168,7 +169,7 @@ class Telemetry:
     # ---- batches
 
     @contextmanager
-    def batch(self, partition_id: str, events: List[Event]) -> Iterator[None]:
+    def batch(self, partition_id: str, events: list[Event]) -> Iterator[None]:
         """Around one ``process_events`` call: a span linked to the producers, the
         duration, the event and batch counters, and the per-event consumer lag."""
         if not self.enabled:
@@ -182,7 +183,7 @@ class Telemetry:
                 if enqueued is not None:
                     self.consumer_lag.record(max(0.0, (received - enqueued).total_seconds()), attrs)
         started = time.perf_counter()
-        error_type: Optional[str] = None
+        error_type: str | None = None
         span_context = self._span(events, attrs) if self._tracing() else nullcontext(None)
         with span_context as span:
             try:
@@ -204,13 +205,13 @@ class Telemetry:
         inner = getattr(self._tracer, "_tracer", self._tracer)
         return not isinstance(inner, _trace.NoOpTracer)
 
-    def _span(self, events: List[Event], attrs: Dict[str, Any]) -> Any:
+    def _span(self, events: list[Event], attrs: dict[str, Any]) -> Any:
         span_attrs = {**attrs, "messaging.operation.type": "process", "messaging.operation.name": "process",
                       "messaging.batch.message_count": len(events)}
         return self._tracer.start_as_current_span(f"process {self._hub}", kind=_trace.SpanKind.CONSUMER,
                                                   links=self._links(events), attributes=span_attrs)
 
-    def _links(self, events: List[Event]) -> List[Any]:
+    def _links(self, events: list[Event]) -> list[Any]:
         links = []
         for event in events:
             properties = event.properties or {}
@@ -256,7 +257,7 @@ class Telemetry:
 
     # ---- store
 
-    def store_call(self, operation: str, seconds: float, error: Optional[BaseException]) -> None:
+    def store_call(self, operation: str, seconds: float, error: BaseException | None) -> None:
         if not self.enabled:
             return
         error_type = None if error is None else type(error).__qualname__

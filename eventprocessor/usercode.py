@@ -19,14 +19,15 @@ import concurrent.futures
 import inspect
 import threading
 import types
-from typing import Any, Awaitable, Callable, Generator, Optional, Union
+from collections.abc import Awaitable, Callable, Generator
+from typing import Any
 
 __all__ = ["UserCode", "HandlerExecutor", "BLOCK_THRESHOLD"]
 
 BLOCK_THRESHOLD = 1.0
 """Seconds a single step of user code may hold the event loop before it is reported."""
 
-HandlerExecutor = Union[None, str, concurrent.futures.Executor]
+HandlerExecutor = None | str | concurrent.futures.Executor
 """``None`` (run handlers on the event loop), ``"thread"`` (one worker thread per owned
 partition) or a :class:`concurrent.futures.Executor` whose threads run them."""
 
@@ -44,7 +45,7 @@ def _timed_steps(steps: Any, monotonic: Callable[[], float], threshold: float, o
     generator-based coroutine rather than an object with ``__await__``. ``first``: what
     the coroutine's first step (already run and timed by the caller) yielded."""
     value: Any = None
-    error: Optional[BaseException] = None
+    error: BaseException | None = None
     if first is not _NOTHING:
         try:
             value = yield first
@@ -121,7 +122,7 @@ class UserCode:
         self._on_block = on_block
         self._threshold = threshold
         self._own_thread = executor == "thread"
-        self._executor: Optional[concurrent.futures.Executor] = None
+        self._executor: concurrent.futures.Executor | None = None
         if self._own_thread:
             self._executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix=name)
         elif isinstance(executor, concurrent.futures.Executor):

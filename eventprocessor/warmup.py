@@ -18,14 +18,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Dict, Iterable, Mapping, Optional, Set
+from collections.abc import Iterable, Mapping
 
 from .checkpoint_store import CheckpointStore
 from .options import ProcessorOptions
 from .records import OwnershipListing
 from .state.log import StateLog
-from .state.replica import (LAGS_PROPERTY, WarmReplica, decode_lags, encode_lags, failover_plan,
-                            standby_plan)
+from .state.replica import LAGS_PROPERTY, WarmReplica, decode_lags, encode_lags, failover_plan, standby_plan
 from .watchdog import sleep_or_wake
 
 __all__ = ["Warmup", "FAILOVER_GRACE_TICKS"]
@@ -44,11 +43,11 @@ class Warmup:
         self._options = options
         self._store = store
         self._describe = describe
-        self._replicas: Dict[str, WarmReplica] = {}
-        self._wanted: Set[str] = set()
-        self._standby: Set[str] = set()
-        self._lags: Dict[str, int] = {}
-        self._claimable_since: Dict[str, float] = {}
+        self._replicas: dict[str, WarmReplica] = {}
+        self._wanted: set[str] = set()
+        self._standby: set[str] = set()
+        self._lags: dict[str, int] = {}
+        self._claimable_since: dict[str, float] = {}
         self._wake = asyncio.Event()
         self.refreshes = 0
 
@@ -67,8 +66,8 @@ class Warmup:
         are neither asked for nor someone else's.)"""
         self._wanted |= set(partition_ids) & set(self._replicas)
 
-    def plan(self, listing: OwnershipListing, members: Optional[Mapping[str, Mapping[str, str]]],
-             owned: Iterable[str]) -> Dict[str, str]:
+    def plan(self, listing: OwnershipListing, members: Mapping[str, Mapping[str, str]] | None,
+             owned: Iterable[str]) -> dict[str, str]:
         """One tick: the standbys this processor keeps, and who should claim each
         claimable partition that somebody keeps a replica of (``decide``'s
         ``preferred``)."""
@@ -91,7 +90,7 @@ class Warmup:
         fresh = [pid for pid in claimable if now - self._claimable_since.setdefault(pid, now) <= grace]
         return failover_plan(fresh, lags, options.acceptable_recovery_lag)
 
-    def _live_owners(self, listing: OwnershipListing) -> Dict[str, str]:
+    def _live_owners(self, listing: OwnershipListing) -> dict[str, str]:
         expiration = self._options.timing.expiration
         return {r.partition_id: r.owner_id for r in listing.ownerships
                 if r.owner_id and r.last_modified_time is not None
@@ -104,14 +103,14 @@ class Warmup:
         lag = self._lags.get(partition_id)
         return lag is not None and lag <= self._options.acceptable_recovery_lag
 
-    def lags(self) -> Dict[str, int]:
+    def lags(self) -> dict[str, int]:
         return dict(self._lags)
 
-    def member_properties(self) -> Dict[str, str]:
+    def member_properties(self) -> dict[str, str]:
         """What the member record carries: the replicas' lags (failover picks from them)."""
         return {LAGS_PROPERTY: encode_lags(self._lags)} if self._lags else {}
 
-    def take(self, partition_id: str) -> Optional[WarmReplica]:
+    def take(self, partition_id: str) -> WarmReplica | None:
         """The replica of a partition this processor just claimed (it stops following it)."""
         self._lags.pop(partition_id, None)
         self._standby.discard(partition_id)

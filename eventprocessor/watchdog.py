@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import List, Optional, Tuple
 
 from .clock import Clock
 from .lease import LeaseState
@@ -59,7 +58,7 @@ class Watchdog:
         self._telemetry = telemetry
         self._describe = describe
         self._wake = asyncio.Event()
-        self.last_stall: Optional[Tuple[float, float]] = None
+        self.last_stall: tuple[float, float] | None = None
         """The last stall of the event loop a handler caused (start, end), if any."""
 
     def wake(self) -> None:
@@ -113,7 +112,7 @@ class Watchdog:
         self._stalled(f"partition {ctx.partition_id}'s handler {what} blocked the event loop for "
                       f"{ended - started:.1f} s without awaiting", started, ended, f"stall:{ctx.partition_id}:{what}")
 
-    def leases_hit(self, started: float, ended: float) -> Tuple[List[str], List[str]]:
+    def leases_hit(self, started: float, ended: float) -> tuple[list[str], list[str]]:
         """The leases a stall from ``started`` to ``ended`` hurt: those that ran out
         meanwhile (self-fenced: their partitions move, their batches are not retried),
         and those whose renewal came due meanwhile and was delayed."""

@@ -12,8 +12,8 @@ possible outcomes per record, and every caller needs them told apart the same wa
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Dict, Iterable, List, Optional, Set
 
 from .checkpoint_store import OwnershipStore
 from .errors import ClaimOwnershipError
@@ -28,19 +28,19 @@ logger = logging.getLogger(__name__)
 class Written:
     """The outcome of one write of several ownership records."""
 
-    won: List[Ownership] = field(default_factory=list)
-    lost: Set[str] = field(default_factory=set)
-    failed: Dict[str, Exception] = field(default_factory=dict)
-    error: Optional[Exception] = None
+    won: list[Ownership] = field(default_factory=list)
+    lost: set[str] = field(default_factory=set)
+    failed: dict[str, Exception] = field(default_factory=dict)
+    error: Exception | None = None
     """The call's error, when the store raised (``failed`` then names the records)."""
     answered: bool = True
     """False when the store did not answer at all (nothing is known of any record)."""
 
     @property
-    def won_ids(self) -> Set[str]:
+    def won_ids(self) -> set[str]:
         return {record.partition_id for record in self.won}
 
-    def by_partition(self) -> Dict[str, Ownership]:
+    def by_partition(self) -> dict[str, Ownership]:
         return {record.partition_id: record for record in self.won}
 
 

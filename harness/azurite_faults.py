@@ -21,12 +21,12 @@ import asyncio
 import logging
 import math
 import uuid
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, Awaitable, Callable, Dict, List, Optional
+from typing import Any
 
 from eventprocessor.emulators.azurite import DEV_ACCOUNT_NAME, Azurite, start_azurite
 from eventprocessor.emulators.fault_proxy import FaultProxy
-
 from eventprocessor.options import Timing
 from eventprocessor.processor import EventProcessor
 from eventprocessor.sources.memory import MemoryEventSource
@@ -40,7 +40,7 @@ logger = logging.getLogger(__name__)
 PARTITIONS = 8
 PROCESSORS = 2
 RATE = 40.0
-OPTIONS: Dict[str, Any] = dict(load_balancing_interval=1.0, partition_ownership_expiration_interval=12.0)
+OPTIONS: dict[str, Any] = dict(load_balancing_interval=1.0, partition_ownership_expiration_interval=12.0)
 
 
 @dataclass
@@ -49,13 +49,13 @@ class AzuriteRun:
 
     name: str
     bound: float
-    recovered_after: Optional[float]
+    recovered_after: float | None
     produced: int
     lost: int
     duplicates: int
     overlap: float
     self_fenced: int
-    errors: List[Exception]
+    errors: list[Exception]
     note: str = ""
     processed_before_fault: int = 0  # distinct events the handlers had processed when the fault began
     checkpointed_before_fault: int = 0  # events at or below the checkpoints listed just before the fault
@@ -73,8 +73,8 @@ class ProcessorGroup:
         self.source = MemoryEventSource(PARTITIONS)
         self.ledger = DeliveryRecorder()
         self.handler = recording_handler(self.ledger, work=0.01)
-        self.errors: List[Exception] = []
-        self.produced: List[tuple] = []
+        self.errors: list[Exception] = []
+        self.produced: list[tuple] = []
         self.stores = [BlobCheckpointStore(connection_endpoint, container, credential=account_key)
                        for _ in range(processors)]
 
@@ -94,7 +94,7 @@ class ProcessorGroup:
             await asyncio.sleep(1 / RATE)
 
     def settled(self) -> bool:
-        dispatching: Dict[str, List[str]] = {}
+        dispatching: dict[str, list[str]] = {}
         for p in self.processors:
             for pid in p.owned_partitions:
                 pump = p.pump(pid)
@@ -103,7 +103,7 @@ class ProcessorGroup:
         every = all(len(dispatching.get(str(i), [])) == 1 for i in range(PARTITIONS))
         return every and set(self.produced) <= self.ledger.processed()
 
-    async def wait(self, condition: Callable[[], bool], timeout: float) -> Optional[float]:
+    async def wait(self, condition: Callable[[], bool], timeout: float) -> float | None:
         loop = asyncio.get_running_loop()
         end = loop.time() + timeout
         while loop.time() < end:

@@ -27,7 +27,6 @@ from __future__ import annotations
 import os
 import uuid
 from pathlib import Path
-from typing import Dict, List, Optional, Tuple
 
 __all__ = ["CpuQuotas", "unavailable", "PERIOD_US"]
 
@@ -37,7 +36,7 @@ PERIOD_US = 100_000
 _ROOT = Path("/sys/fs/cgroup")
 
 
-def _controller(root: Path = _ROOT) -> Tuple[Optional[Path], str, str]:
+def _controller(root: Path = _ROOT) -> tuple[Path | None, str, str]:
     """(the cpu controller's mount, "v1" or "v2", why not if no mount)."""
     for name in ("cpu", "cpu,cpuacct", "cpuacct,cpu"):
         if (root / name / "cpu.cfs_quota_us").exists():
@@ -51,7 +50,7 @@ def _controller(root: Path = _ROOT) -> Tuple[Optional[Path], str, str]:
     return None, "", f"no cgroup cpu controller under {root}"
 
 
-def unavailable(root: Path = _ROOT) -> Optional[str]:
+def unavailable(root: Path = _ROOT) -> str | None:
     """None when processes can be capped here, else why not (one sentence)."""
     mount, version, why = _controller(root)
     if mount is None:
@@ -89,9 +88,9 @@ class CpuQuotas:
         self.parent.mkdir()
         if version == "v2":  # the groups below the parent get the cpu controller too
             (self.parent / "cgroup.subtree_control").write_text("+cpu")
-        self.groups: Dict[str, Path] = {}
+        self.groups: dict[str, Path] = {}
 
-    def cap(self, pid: int, name: str, cores: Optional[float] = None) -> Path:
+    def cap(self, pid: int, name: str, cores: float | None = None) -> Path:
         """Move process ``pid`` into the group ``name`` (made at the first call) capped at
         ``cores`` (default: the object's)."""
         group = self.groups.get(name)
@@ -123,7 +122,7 @@ class CpuQuotas:
             return int(fields["throttled_usec"]) / 1e6
         return int(fields.get("throttled_time", 0)) / 1e9
 
-    def remove(self) -> List[str]:
+    def remove(self) -> list[str]:
         """Delete every group (and the parent); returns the groups still in use (kept)."""
         kept = []
         for name, group in list(self.groups.items()):

@@ -27,8 +27,8 @@ import statistics
 import time
 import uuid
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable, Dict, List, Optional, Set, Tuple
 
 from .worker_process import WorkerHandle, create_container, spawn_worker
 
@@ -55,10 +55,10 @@ SETTLE_TIMEOUT = 45.0
 CLAIM_BOUND = EXPIRY + 1.0 + 1.1 * INTERVAL + 2.0
 TAKEOVER_BOUND = CLAIM_BOUND + 1.0 + 1.0
 
-Key = Tuple[str, int]
+Key = tuple[str, int]
 
 
-def fair_shares(partitions: int, processes: int) -> List[int]:
+def fair_shares(partitions: int, processes: int) -> list[int]:
     """The balanced share of each process, smallest first."""
     floor, extra = divmod(partitions, processes)
     return [floor] * (processes - extra) + [floor + 1] * extra
@@ -75,17 +75,17 @@ class Outcome:
     duplicates: int = 0
     lost: int = 0
     moves: int = 0
-    longest: Dict[str, float] = field(default_factory=dict)  # the longest single pause per partition
-    total: Dict[str, float] = field(default_factory=dict)  # all pauses per partition, added up
+    longest: dict[str, float] = field(default_factory=dict)  # the longest single pause per partition
+    total: dict[str, float] = field(default_factory=dict)  # all pauses per partition, added up
     steady_gap: float = 0.0
     seconds: float = 0.0
-    settle: List[float] = field(default_factory=list)  # seconds to settle after each step
-    failovers: List["Failover"] = field(default_factory=list)  # stateful_failover: each partition of the victim
-    takeover: Optional[float] = None  # standby: SIGKILL to the partition's first batch elsewhere
-    claimed: Optional[float] = None  # standby: SIGKILL to the claim (ours reports its claims)
-    taker_was_standby: Optional[bool] = None
-    shares_after: List[int] = field(default_factory=list)
-    changes: Dict[str, int] = field(default_factory=dict)  # ours: ownership changes by reason, from its logs
+    settle: list[float] = field(default_factory=list)  # seconds to settle after each step
+    failovers: list[Failover] = field(default_factory=list)  # stateful_failover: each partition of the victim
+    takeover: float | None = None  # standby: SIGKILL to the partition's first batch elsewhere
+    claimed: float | None = None  # standby: SIGKILL to the claim (ours reports its claims)
+    taker_was_standby: bool | None = None
+    shares_after: list[int] = field(default_factory=list)
+    changes: dict[str, int] = field(default_factory=dict)  # ours: ownership changes by reason, from its logs
 
     def summary(self) -> str:
         parts = [f"{self.scenario} ({self.impl}, {self.partitions} partitions, {self.produced} events): duplicates "
@@ -114,15 +114,15 @@ class Failover:
     """One partition of a SIGKILLed stateful owner (:func:`stateful_failover`)."""
 
     partition: str
-    standbys: List[str]  # the live processes that published a caught-up replica of it before the kill
-    taker: Optional[str] = None  # the process that delivered it first after the kill
-    claimed: Optional[float] = None  # seconds from the SIGKILL to the taker's claim
-    restored: Optional[float] = None  # seconds from the SIGKILL to the taker's restored state (its initialize)
-    takeover: Optional[float] = None  # seconds from the SIGKILL to the taker's first batch
-    warm: Optional[bool] = None  # the taker restored it from its warm replica
+    standbys: list[str]  # the live processes that published a caught-up replica of it before the kill
+    taker: str | None = None  # the process that delivered it first after the kill
+    claimed: float | None = None  # seconds from the SIGKILL to the taker's claim
+    restored: float | None = None  # seconds from the SIGKILL to the taker's restored state (its initialize)
+    takeover: float | None = None  # seconds from the SIGKILL to the taker's first batch
+    warm: bool | None = None  # the taker restored it from its warm replica
 
 
-def _fmt(values: Dict[str, float]) -> str:
+def _fmt(values: dict[str, float]) -> str:
     return "{" + ", ".join(f"{pid}: {seconds:.2f}" for pid, seconds in
                            sorted(values.items(), key=lambda kv: int(kv[0]))) + "}"
 
@@ -140,7 +140,7 @@ class Group:
 
     def __init__(self, *, impl: str, hub: str, partitions: int, hub_connection_string: str,
                  storage_connection_string: str, log_dir: str, checkpoint_on_close: bool = False,
-                 keys: int = 0, worker_options: Optional[List[str]] = None) -> None:
+                 keys: int = 0, worker_options: list[str] | None = None) -> None:
         if impl not in ("ours", "official"):
             raise ValueError(f"impl must be 'ours' or 'official', not {impl!r}")
         if checkpoint_on_close and impl != "official":
@@ -160,10 +160,10 @@ class Group:
         self.container = f"moves-{impl}{'-close' if checkpoint_on_close else ''}-{uuid.uuid4().hex[:10]}"
         self.log_dir = os.path.join(log_dir, self.container)
         os.makedirs(self.log_dir, exist_ok=True)
-        self.workers: List[WorkerHandle] = []
+        self.workers: list[WorkerHandle] = []
         self.sent = 0
         self._stop = asyncio.Event()
-        self._producer: Optional["asyncio.Task[None]"] = None
+        self._producer: asyncio.Task[None] | None = None
         self._container_made = False
 
     @property
@@ -176,7 +176,7 @@ class Group:
         return BATCH * self.partitions / PERIOD
 
     @property
-    def all_partitions(self) -> Set[str]:
+    def all_partitions(self) -> set[str]:
         return set(map(str, range(self.partitions)))
 
     async def spawn(self, owner_id: str) -> WorkerHandle:
@@ -198,10 +198,10 @@ class Group:
         return worker
 
     # ------------------------------------------------------------------ who delivers what
-    def recent(self, workers: List[WorkerHandle]) -> Dict[str, Set[int]]:
+    def recent(self, workers: list[WorkerHandle]) -> dict[str, set[int]]:
         """Partition -> indexes (in ``workers``) of the processes that delivered it lately."""
         since = time.time() - WINDOW
-        result: Dict[str, Set[int]] = {}
+        result: dict[str, set[int]] = {}
         for index, worker in enumerate(workers):
             for t, pid, _first, _last in reversed(worker.batches):
                 if t < since:
@@ -209,7 +209,7 @@ class Group:
                 result.setdefault(pid, set()).add(index)
         return result
 
-    def shares(self, workers: List[WorkerHandle]) -> Optional[List[int]]:
+    def shares(self, workers: list[WorkerHandle]) -> list[int] | None:
         """How many partitions each of ``workers`` has, if together they deliver every
         partition, each from one of them; else None. Ours says what it owns (and must be
         delivering it); the official processor is judged by its deliveries alone."""
@@ -228,7 +228,7 @@ class Group:
             counts[next(iter(who))] += 1
         return counts
 
-    def settled(self, workers: List[WorkerHandle]) -> bool:
+    def settled(self, workers: list[WorkerHandle]) -> bool:
         shares = self.shares(workers)
         return shares is not None and sorted(shares) == fair_shares(self.partitions, len(workers))
 
@@ -244,7 +244,7 @@ class Group:
         return time.monotonic() - started
 
     # ------------------------------------------------------------------ events
-    async def start(self, workers: List[WorkerHandle]) -> float:
+    async def start(self, workers: list[WorkerHandle]) -> float:
         """Produce, and wait until ``workers`` share every partition fairly and deliver it."""
         self._producer = asyncio.create_task(self._produce())
         return await self.until(lambda: self.settled(workers), f"{len(workers)} processes sharing the hub",
@@ -271,7 +271,7 @@ class Group:
                 started = max(started, time.monotonic() - rounds * PERIOD)
                 await asyncio.sleep(max(0.0, started + rounds * PERIOD - time.monotonic()))
 
-    def delivered(self) -> Set[Key]:
+    def delivered(self) -> set[Key]:
         return set().union(*(set(w.deliveries) for w in self.workers))
 
     async def finish(self, outcome: Outcome) -> Outcome:
@@ -302,22 +302,22 @@ class Group:
         outcome.changes = dict(Counter(reason for w in self.workers for (_t, _p, reason, _e) in w.changes))
         return outcome
 
-    def moves(self) -> Dict[str, List[Tuple[float, float]]]:
+    def moves(self) -> dict[str, list[tuple[float, float]]]:
         """Each change of the process delivering each partition, in time order: (the old
         process's last batch, the new one's first batch). By process, not by name: a
         process restarted under the same name is a move too."""
-        result: Dict[str, List[Tuple[float, float]]] = {}
+        result: dict[str, list[tuple[float, float]]] = {}
         for pid in sorted(self.all_partitions, key=int):
             batches = sorted((t, index) for index, w in enumerate(self.workers)
                              for (t, p, _f, _l) in w.batches if p == pid)
-            result[pid] = [(a_t, b_t) for (a_t, a), (b_t, b) in zip(batches, batches[1:]) if a != b]
+            result[pid] = [(a_t, b_t) for (a_t, a), (b_t, b) in zip(batches, batches[1:], strict=False) if a != b]
         return result
 
     def steady_gap(self) -> float:
         """The median time between two consecutive batches of one partition in one process."""
         gaps = []
         for worker in self.workers:
-            last: Dict[str, float] = {}
+            last: dict[str, float] = {}
             for t, pid, _f, _l in worker.batches:
                 if pid in last:
                     gaps.append(t - last[pid])

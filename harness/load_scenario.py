@@ -49,10 +49,11 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from eventprocessor.load_plan import LoadPolicy
+from eventprocessor.testing.recorder import most_within
+
 from .cpu_quota import CpuQuotas
 from .group import fair_shares
 from .worker_process import WorkerHandle, create_container, spawn_worker
-from eventprocessor.testing.recorder import most_within
 
 __all__ = ["LAG_EVERY", "SIDES", "LoadGroup", "LoadOutcome", "Phase", "Skew", "run_skewed"]
 
@@ -219,7 +220,7 @@ def _slope(points: list[tuple[float, int]]) -> float:
     ys = [float(v) for _, v in points]
     mx, my = statistics.fmean(xs), statistics.fmean(ys)
     den = sum((x - mx) ** 2 for x in xs)
-    return sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / den if den else 0.0
+    return sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=False)) / den if den else 0.0
 
 
 class LoadGroup:
@@ -318,7 +319,7 @@ class LoadGroup:
             return int(properties["last_enqueued_sequence_number"])
 
         sequences = await asyncio.gather(*(one(pid) for pid in self.partition_ids))
-        return dict(zip(self.partition_ids, sequences))
+        return dict(zip(self.partition_ids, sequences, strict=False))
 
     def newest_delivered(self) -> dict[str, int]:
         for index, worker in enumerate(self.workers):

@@ -14,8 +14,9 @@ Example::
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
-from typing import Awaitable, Callable, Dict, List, Tuple
+from collections.abc import Awaitable, Callable
 
 from .group import SETTLE_TIMEOUT, STARTUP_TIMEOUT, TAKEOVER_BOUND, Group, Outcome, fair_shares
 
@@ -53,7 +54,8 @@ async def rolling_restart(group: Group) -> Outcome:
         step = time.monotonic()
         await stopped.stop()  # SIGTERM: a graceful stop
         survivors = [w for w in running if w is not stopped]
-        await group.until(lambda: group.settled(survivors), f"3 processes sharing the hub after {stopped.owner_id} "
+        await group.until(functools.partial(group.settled, survivors),
+                          f"3 processes sharing the hub after {stopped.owner_id} "
                           "stopped", SETTLE_TIMEOUT)
         running[index] = await group.spawn(stopped.owner_id)  # the same name, as a StatefulSet restarts a pod
         await group.until(lambda: group.settled(running), f"4 processes sharing the hub after {stopped.owner_id} "
@@ -75,15 +77,15 @@ async def standby_takeover(group: Group) -> Outcome:
     shares = group.shares(workers)
     if shares is None or sorted(shares) != fair_shares(group.partitions, len(workers)):
         raise RuntimeError(f"{group.label}: the processes did not stay at one partition per owner: {shares}")
-    standbys = {w.owner_id for w, share in zip(workers, shares) if share == 0}
-    victim = next(w for w, share in zip(workers, shares) if share)
+    standbys = {w.owner_id for w, share in zip(workers, shares, strict=False) if share == 0}
+    victim = next(w for w, share in zip(workers, shares, strict=False) if share)
     partition = next(iter(group.recent([victim])))
     victim.kill()
     killed_at = time.time()
     await victim.process.wait()
     survivors = [w for w in workers if w is not victim]
 
-    def resumed() -> List[Tuple[float, str]]:
+    def resumed() -> list[tuple[float, str]]:
         return sorted((t, w.owner_id) for w in survivors for (t, p, _f, _l) in w.batches
                       if p == partition and t > killed_at)
 
@@ -102,7 +104,7 @@ async def standby_takeover(group: Group) -> Outcome:
 
 
 Scenario = Callable[[Group], Awaitable[Outcome]]
-SCENARIOS: Dict[str, Tuple[int, Scenario]] = {
+SCENARIOS: dict[str, tuple[int, Scenario]] = {
     "scale": (8, scale_2_4_2),
     "rolling": (8, rolling_restart),
     "standby": (4, standby_takeover),

@@ -25,11 +25,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any, Awaitable, Callable, Dict, List, Optional, Set, Tuple
+from typing import Any
 
 from eventprocessor.emulators.fault_proxy import TcpFaultProxy
-
 from eventprocessor.events import EventPosition
 from eventprocessor.processor import EventProcessor
 from eventprocessor.sources.eventhub import EventHubSource
@@ -40,7 +40,7 @@ __all__ = ["SourceFaultRun", "run_source_fault", "resets", "black_hole", "restar
 
 logger = logging.getLogger(__name__)
 
-OPTIONS: Dict[str, Any] = dict(load_balancing_interval=1.0, partition_ownership_expiration_interval=12.0,
+OPTIONS: dict[str, Any] = dict(load_balancing_interval=1.0, partition_ownership_expiration_interval=12.0,
                                shutdown_timeout=5.0)
 PUMP_MAX_BACKOFF = 5.0
 
@@ -51,7 +51,7 @@ class SourceFaultRun:
 
     name: str
     bound: float
-    recovered_after: Optional[float]
+    recovered_after: float | None
     produced: int
     lost: int
     duplicates_within_claims: int
@@ -59,7 +59,7 @@ class SourceFaultRun:
     duplicates: int
     connections: int
     note: str = ""
-    errors: List[Exception] = field(default_factory=list)
+    errors: list[Exception] = field(default_factory=list)
 
 
 Inject = Callable[[TcpFaultProxy, "Controls"], Awaitable[str]]
@@ -70,11 +70,11 @@ class Controls:
     """What a scenario may do to the emulator itself, when it owns one
     (:class:`LocalEmulator`): restart it, throttle it."""
 
-    restart: Optional[Callable[[], Awaitable[str]]] = None
-    throttle: Optional[Callable[[float, float], None]] = None
+    restart: Callable[[], Awaitable[str]] | None = None
+    throttle: Callable[[float, float], None] | None = None
 
     @classmethod
-    def of(cls, emulator: "LocalEmulator", down: float = 1.0) -> "Controls":
+    def of(cls, emulator: LocalEmulator, down: float = 1.0) -> Controls:
         return cls(restart=lambda: emulator.restart(down),
                    throttle=lambda seconds, retry_after: emulator.throttle(seconds, retry_after=retry_after))
 
@@ -119,14 +119,14 @@ def throttle(seconds: float, *, retry_after: float = 4.0) -> Inject:
     return inject
 
 
-def _expected(last: Dict[str, int]) -> Set[Tuple[str, int]]:
+def _expected(last: dict[str, int]) -> set[tuple[str, int]]:
     return {(pid, seq) for pid, top in last.items() for seq in range(top + 1)}
 
 
 async def run_source_fault(connection_string: str, hub: str, inject: Inject, *, name: str = "",
                            partitions: int = 4, rate: float = 200.0, before: float = 3.0, after: float = 4.0,
                            recovery_timeout: float = 40.0, processors: int = 1,
-                           emulator: Optional[Controls] = None, idle_timeout: Optional[float] = 10.0,
+                           emulator: Controls | None = None, idle_timeout: float | None = 10.0,
                            **options: Any) -> SourceFaultRun:
     """Send ``rate`` events/s to ``hub`` (fresh, ``partitions`` partitions) with the
     official producer; read them with EventProcessors from ``earliest``, without
@@ -135,11 +135,12 @@ async def run_source_fault(connection_string: str, hub: str, inject: Inject, *, 
     ``idle_timeout`` goes to the consumer client: how soon a dead AMQP connection is noticed."""
     from azure.eventhub import EventData
     from azure.eventhub.aio import EventHubProducerClient
+
     from eventprocessor.stores.memory import InMemoryCheckpointStore
 
     host, port = connection_string.split("sb://", 1)[1].split(";", 1)[0].rsplit(":", 1)
     ledger = DeliveryRecorder()
-    errors: List[Exception] = []
+    errors: list[Exception] = []
     loop = asyncio.get_running_loop()
     async with TcpFaultProxy(host, int(port)) as proxy:
         proxied = connection_string.replace(f"sb://{host}:{port}", f"sb://127.0.0.1:{proxy.port}")
@@ -161,7 +162,7 @@ async def run_source_fault(connection_string: str, hub: str, inject: Inject, *, 
         sending.set()
         stop = asyncio.Event()
         sent = 0
-        acked: Dict[str, int] = {str(i): 0 for i in range(partitions)}  # events the hub acknowledged
+        acked: dict[str, int] = {str(i): 0 for i in range(partitions)}  # events the hub acknowledged
 
         async def produce() -> None:
             nonlocal sent, producer_client, renew_producer
@@ -187,7 +188,7 @@ async def run_source_fault(connection_string: str, hub: str, inject: Inject, *, 
                 await asyncio.sleep(tick)
 
         def dispatched() -> bool:
-            live: Dict[str, int] = {}
+            live: dict[str, int] = {}
             for p in running:
                 for pid in p.owned_partitions:
                     pump = p.pump(pid)
@@ -195,7 +196,7 @@ async def run_source_fault(connection_string: str, hub: str, inject: Inject, *, 
                         live[pid] = live.get(pid, 0) + 1
             return all(live.get(str(i)) == 1 for i in range(partitions))
 
-        async def last_sequence_numbers() -> Dict[str, int]:
+        async def last_sequence_numbers() -> dict[str, int]:
             from azure.eventhub.aio import EventHubConsumerClient
             async with EventHubConsumerClient.from_connection_string(
                     connection_string, consumer_group="$Default", eventhub_name=hub) as reader:
@@ -206,7 +207,7 @@ async def run_source_fault(connection_string: str, hub: str, inject: Inject, *, 
             # On a fresh hub, the acknowledged sends of a partition are sequence numbers 0..n-1.
             return _expected({pid: n - 1 for pid, n in acked.items()}) <= ledger.processed()
 
-        async def wait(condition: Callable[[], Awaitable[bool]], timeout: float) -> Optional[float]:
+        async def wait(condition: Callable[[], Awaitable[bool]], timeout: float) -> float | None:
             end = loop.time() + timeout
             while loop.time() < end:
                 if await condition():
@@ -217,7 +218,7 @@ async def run_source_fault(connection_string: str, hub: str, inject: Inject, *, 
         async def settled() -> bool:
             return dispatched() and await caught_up()
 
-        def caught_up_to(mark: Dict[str, int]) -> Callable[[], Awaitable[bool]]:
+        def caught_up_to(mark: dict[str, int]) -> Callable[[], Awaitable[bool]]:
             async def condition() -> bool:
                 return dispatched() and _expected({pid: n - 1 for pid, n in mark.items()}) <= ledger.processed()
             return condition
@@ -284,7 +285,7 @@ async def run_source_fault(connection_string: str, hub: str, inject: Inject, *, 
             duplicates=ledger.duplicates(), connections=proxy.accepted, note=note, errors=errors)
 
 
-def recovery_bound(idle_timeout: Optional[float]) -> float:
+def recovery_bound(idle_timeout: float | None) -> float:
     """After the fault ends: a receive that hangs on a dead connection fails within the
     client's ``idle_timeout``; an open in flight fails within ``operation_timeout``
     (10 s); the pump then waits its reconnect backoff (at most 5 s) and reopens; plus
@@ -309,7 +310,7 @@ class LocalEmulator:
             await emulator.restart(down=1.0)
     """
 
-    def __init__(self, eventhubs: List[str], *, partitions: int = 4) -> None:
+    def __init__(self, eventhubs: list[str], *, partitions: int = 4) -> None:
         from eventprocessor.emulators.eventhubs import EventHubsEmulator
 
         self.emulator = EventHubsEmulator(eventhubs=eventhubs, partitions=partitions)
@@ -318,7 +319,7 @@ class LocalEmulator:
     def connection_string(self) -> str:
         return self.emulator.connection_string
 
-    async def __aenter__(self) -> "LocalEmulator":
+    async def __aenter__(self) -> LocalEmulator:
         await self.emulator.start()
         return self
 

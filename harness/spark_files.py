@@ -15,17 +15,16 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Dict, List, Set
 
 __all__ = ["batch_files"]
 
 
-def batch_files(metadata: Path) -> Dict[int, List[str]]:
+def batch_files(metadata: Path) -> dict[int, list[str]]:
     """The files (as the log names them: ``file:///...`` URIs) each micro-batch wrote,
     keyed by batch id. A compacted entry lists every earlier batch's files again: each
     file belongs to the first batch that lists it."""
-    result: Dict[int, List[str]] = {}
-    seen: Set[str] = set()
+    result: dict[int, list[str]] = {}
+    seen: set[str] = set()
     for entry in sorted(Path(metadata).glob("[0-9]*"), key=lambda e: int(e.name.split(".")[0])):
         batch = int(entry.name.split(".")[0])
         for line in entry.read_text().splitlines()[1:]:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import Counter
-from typing import Any, Dict, List, Optional, Set, Tuple
+from typing import Any
 
 from .group import SETTLE_TIMEOUT, TAKEOVER_BOUND, Failover, Group, Outcome
 from .worker_process import WorkerHandle
@@ -22,7 +22,7 @@ __all__ = ["Failover", "stateful_failover", "hub_bodies", "stored_states", "stan
            "count_mismatches", "restore_mismatches"]
 
 
-def _scope(group: Group) -> Tuple[str, str, str]:
+def _scope(group: Group) -> tuple[str, str, str]:
     started = next((w.started for w in group.workers if w.started), None)
     if started is None:
         raise RuntimeError(f"{group.label}: no worker said where it reads (no 'started' line)")
@@ -30,7 +30,7 @@ def _scope(group: Group) -> Tuple[str, str, str]:
 
 
 async def hub_bodies(connection_string: str, hub: str, *, consumer_group: str = "$default",
-                     timeout: float = 60.0) -> Dict[str, List[str]]:
+                     timeout: float = 60.0) -> dict[str, list[str]]:
     """Every event the hub holds, read back with azure-eventhub's consumer: partition ->
     the bodies as text, indexed by sequence number. Read it once the workers stopped (a
     receiver without an owner level is refused beside theirs on one consumer group)."""
@@ -41,10 +41,10 @@ async def hub_bodies(connection_string: str, hub: str, *, consumer_group: str = 
     async with client:
         ends = {pid: (await client.get_partition_properties(pid))["last_enqueued_sequence_number"]
                 for pid in await client.get_partition_ids()}
-        received: Dict[str, Dict[int, str]] = {pid: {} for pid in ends}
+        received: dict[str, dict[int, str]] = {pid: {} for pid in ends}
         complete = asyncio.Event()
 
-        async def on_batch(context: Any, events: List[Any]) -> None:
+        async def on_batch(context: Any, events: list[Any]) -> None:
             for event in events:
                 received[context.partition_id][event.sequence_number] = event.body_as_str()
             if all(len(received[pid]) >= end + 1 for pid, end in ends.items()):
@@ -58,7 +58,7 @@ async def hub_bodies(connection_string: str, hub: str, *, consumer_group: str = 
         finally:
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
-    bodies: Dict[str, List[str]] = {}
+    bodies: dict[str, list[str]] = {}
     for pid, end in ends.items():
         if sorted(received[pid]) != list(range(end + 1)):
             raise RuntimeError(f"partition {pid} of hub {hub}: read back sequence numbers other than 0..{end}")
@@ -66,18 +66,18 @@ async def hub_bodies(connection_string: str, hub: str, *, consumer_group: str = 
     return bodies
 
 
-async def stored_states(group: Group) -> Dict[str, Tuple[int, Dict[str, Any]]]:
+async def stored_states(group: Group) -> dict[str, tuple[int, dict[str, Any]]]:
     """What a new owner of each partition would restore now, read from the group's
     Blob container with this SDK's own restore (``StateKeeper.restore``): partition ->
     (the checkpoint's sequence number, -1 without one; the per-key counts, padding left
     out)."""
+    from eventprocessor.state import StateKeeper, StateLog
     from eventprocessor.stores.blob import BlobCheckpointStore
 
-    from eventprocessor.state import StateKeeper, StateLog
     from .worker import PAD_PREFIX
 
     scope = _scope(group)
-    states: Dict[str, Tuple[int, Dict[str, Any]]] = {}
+    states: dict[str, tuple[int, dict[str, Any]]] = {}
     async with BlobCheckpointStore.from_connection_string(group.storage_connection_string, group.container) as store:
         checkpoints = {c.partition_id: c for c in await store.list_checkpoints(*scope)}
         for pid in sorted(group.all_partitions, key=int):
@@ -89,16 +89,15 @@ async def stored_states(group: Group) -> Dict[str, Tuple[int, Dict[str, Any]]]:
     return states
 
 
-async def standby_replicas(group: Group, acceptable_recovery_lag: int = 10_000) -> Dict[str, Set[str]]:
+async def standby_replicas(group: Group, acceptable_recovery_lag: int = 10_000) -> dict[str, set[str]]:
     """Partition -> the processes whose member record publishes a replica of it within
     ``acceptable_recovery_lag`` events (what failover chooses from)."""
-    from eventprocessor.stores.blob import BlobCheckpointStore
-
     from eventprocessor.state.replica import LAGS_PROPERTY, decode_lags
+    from eventprocessor.stores.blob import BlobCheckpointStore
 
     async with BlobCheckpointStore.from_connection_string(group.storage_connection_string, group.container) as store:
         listing = await store.list_members(*_scope(group))
-    replicas: Dict[str, Set[str]] = {}
+    replicas: dict[str, set[str]] = {}
     for member in listing.members:
         for pid, lag in decode_lags(member.properties.get(LAGS_PROPERTY)).items():
             if lag <= acceptable_recovery_lag:
@@ -106,8 +105,8 @@ async def standby_replicas(group: Group, acceptable_recovery_lag: int = 10_000) 
     return replicas
 
 
-def count_mismatches(group: Group, bodies: Dict[str, List[str]],
-                     states: Optional[Dict[str, Tuple[int, Dict[str, Any]]]] = None) -> List[str]:
+def count_mismatches(group: Group, bodies: dict[str, list[str]],
+                     states: dict[str, tuple[int, dict[str, Any]]] | None = None) -> list[str]:
     """Where a per-key count differs from the events the hub holds: every state a claim
     restored (it must equal the count of the events up to the checkpoint it resumed
     from) and, given ``states``, the state in the store at the end (its checkpoint must
@@ -124,8 +123,8 @@ def count_mismatches(group: Group, bodies: Dict[str, List[str]],
     return problems
 
 
-def restore_mismatches(group: Group, bodies: Dict[str, List[str]], *, since: float = float("-inf"),
-                       until: float = float("inf")) -> List[str]:
+def restore_mismatches(group: Group, bodies: dict[str, list[str]], *, since: float = float("-inf"),
+                       until: float = float("inf")) -> list[str]:
     """Where a state a claim restored (at wall time ``since <= t < until``) differs from
     the per-key count of the hub's events up to the checkpoint it resumed from. Empty:
     exact."""
@@ -152,7 +151,7 @@ async def stateful_failover(group: Group, processes: int = 3) -> Outcome:
                       group.partitions)
     workers = [await group.spawn(f"{group.impl}-stateful-{i}") for i in range(processes)]
     await group.start(workers)
-    replicas: Dict[str, Set[str]] = {}
+    replicas: dict[str, set[str]] = {}
     deadline = time.monotonic() + SETTLE_TIMEOUT
     while True:  # every partition has a caught-up standby that does not own it
         shares = group.shares(workers)
@@ -175,7 +174,7 @@ async def stateful_failover(group: Group, processes: int = 3) -> Outcome:
     await victim.process.wait()
     survivors = [w for w in workers if w is not victim]
 
-    def first_batch(pid: str) -> Optional[Tuple[float, WorkerHandle]]:
+    def first_batch(pid: str) -> tuple[float, WorkerHandle] | None:
         return min(((t, w) for w in survivors for (t, p, _f, _l) in w.batches if p == pid and t > killed_at),
                    key=lambda tw: tw[0], default=None)
 

@@ -86,7 +86,7 @@ import os
 import signal
 import sys
 import time
-from typing import Any, Dict, List, Optional
+from typing import Any
 
 from .worker_report import OwnershipLines, Tally, emit, resident_bytes, trace_allocations
 
@@ -98,7 +98,7 @@ logger = logging.getLogger(__name__)
 __all__ = ["HUB_ENV", "STORAGE_ENV", "emit", "resident_bytes", "main"]
 
 
-def _parse(argv: Optional[List[str]]) -> argparse.Namespace:
+def _parse(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--impl", choices=["ours", "official"], default="ours")
     parser.add_argument("--hub", required=True)
@@ -185,7 +185,7 @@ def _parse(argv: Optional[List[str]]) -> argparse.Namespace:
     return args
 
 
-def _policy_options(args: argparse.Namespace) -> Dict[str, Any]:
+def _policy_options(args: argparse.Namespace) -> dict[str, Any]:
     return {"threshold": args.load_threshold, "damping": args.load_damping, "max_moves": args.load_max_moves,
             "cooldown": args.load_cooldown, "floor": args.load_floor}
 
@@ -230,7 +230,7 @@ class _Cadence:
     def __init__(self, args: argparse.Namespace) -> None:
         self.events = max(0, args.checkpoint_events)
         self.batches = max(1, args.checkpoint_every)
-        self._since: Dict[str, List[int]] = {}  # partition -> [batches, events] since its last checkpoint
+        self._since: dict[str, list[int]] = {}  # partition -> [batches, events] since its last checkpoint
 
     def due(self, partition_id: str, delivered: int) -> bool:
         since = self._since.setdefault(partition_id, [0, 0])
@@ -256,7 +256,7 @@ def _pad(state: Any, target_bytes: int) -> None:
         state[f"{PAD_PREFIX}{index:06d}"] = _PAD_VALUE
 
 
-def _counts(state: Any) -> Dict[str, Any]:
+def _counts(state: Any) -> dict[str, Any]:
     return {key: value for key, value in state.items() if not key.startswith(PAD_PREFIX)}
 
 
@@ -328,7 +328,7 @@ async def _ours(args: argparse.Namespace, tally: Tally, stop: asyncio.Event, cos
                 data = await (await self.blob.download_blob()).readall()
             except ResourceNotFoundError:
                 data = b""
-            self.state: Dict[str, Any] = json.loads(data) if data else {}
+            self.state: dict[str, Any] = json.loads(data) if data else {}
             checkpoint = context.last_checkpoint
             emit({"event": "restored", "p": context.partition_id,
                   "seq": checkpoint.sequence_number if checkpoint is not None else -1, "counts": _counts(self.state),
@@ -360,13 +360,13 @@ async def _ours(args: argparse.Namespace, tally: Tally, stop: asyncio.Event, cos
 
         naive_blobs = ContainerClient.from_connection_string(os.environ[STORAGE_ENV], args.container)
     handler = Counting if args.stateful else Naive if args.naive else Handler
-    state_options: Dict[str, Any] = {}
+    state_options: dict[str, Any] = {}
     if args.stateful:
         state_options = {"stateful": True, "num_standbys": args.standbys}
         if args.recovery_lag is not None:
             state_options["acceptable_recovery_lag"] = args.recovery_lag
 
-    producer: Optional["asyncio.Task[None]"] = None
+    producer: asyncio.Task[None] | None = None
     if args.source == "memory":
         from eventprocessor.sources import MemoryEventSource
         from eventprocessor.stores import InMemoryCheckpointStore
@@ -392,7 +392,7 @@ async def _ours(args: argparse.Namespace, tally: Tally, stop: asyncio.Event, cos
            "namespace": source.fully_qualified_namespace, "eventhub": source.eventhub_name})
     try:
         await processor.start()
-        last: Optional[List[str]] = None
+        last: list[str] | None = None
         load = None
         while not stop.is_set():
             owned = sorted(processor.owned_partitions, key=lambda pid: (len(pid), pid))
@@ -444,7 +444,7 @@ async def _official(args: argparse.Namespace, tally: Tally, stop: asyncio.Event,
     from azure.eventhub.extensions.checkpointstoreblobaio import BlobCheckpointStore
 
     cadence = _Cadence(args)
-    unsaved: Dict[str, Any] = {}  # partition -> its last delivered event not checkpointed yet
+    unsaved: dict[str, Any] = {}  # partition -> its last delivered event not checkpointed yet
 
     async def on_event_batch(context, events):
         if not events:
@@ -472,7 +472,7 @@ async def _official(args: argparse.Namespace, tally: Tally, stop: asyncio.Event,
     emit({"event": "started", "owner": args.owner_id, "pid": os.getpid(), "impl": "official",
            "namespace": client._address.hostname, "eventhub": args.hub})
     # As documented, the official client is given no on_partition_close at all.
-    close: Dict[str, Any] = {"on_partition_close": on_partition_close} if args.checkpoint_on_close else {}
+    close: dict[str, Any] = {"on_partition_close": on_partition_close} if args.checkpoint_on_close else {}
     async with client:
         task = asyncio.create_task(client.receive_batch(on_event_batch, max_batch_size=args.batch,
                                                         prefetch=args.prefetch, starting_position="-1",
@@ -497,7 +497,7 @@ async def _amain(args: argparse.Namespace) -> int:
     loop.add_signal_handler(signal.SIGUSR1, cost.slow_down)
     tally = Tally(args.report == "events", args.expect)
 
-    def stats_line() -> Dict[str, Any]:
+    def stats_line() -> dict[str, Any]:
         return {"event": "stats", "events": tally.events, "cpu": time.process_time(), "t": time.time(),
                 "rss": resident_bytes()}
 
@@ -521,7 +521,7 @@ async def _amain(args: argparse.Namespace) -> int:
     return 0
 
 
-def main(argv: Optional[List[str]] = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     args = _parse(argv)
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")

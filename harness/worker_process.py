@@ -22,7 +22,7 @@ import json
 import os
 import signal
 import sys
-from typing import Any, Dict, List, Optional
+from typing import Any
 
 from .worker import HUB_ENV, STORAGE_ENV
 
@@ -44,31 +44,31 @@ class WorkerHandle:
     start :meth:`read` as a task, as :func:`spawn_worker` does.
     """
 
-    def __init__(self, owner_id: str, process: "asyncio.subprocess.Process", stderr_path: str) -> None:
+    def __init__(self, owner_id: str, process: asyncio.subprocess.Process, stderr_path: str) -> None:
         self.owner_id = owner_id
         self.process = process
         self.stderr_path = stderr_path
-        self.started: Optional[Dict[str, Any]] = None
-        self.owned: List[str] = []
+        self.started: dict[str, Any] | None = None
+        self.owned: list[str] = []
         self.ticks = 0
-        self.ownership: List[tuple] = []  # (wall time, partitions dispatched from then on)
-        self.changes: List[tuple] = []  # ours: (wall time, partition, reason, epoch) per ownership change
+        self.ownership: list[tuple] = []  # (wall time, partitions dispatched from then on)
+        self.changes: list[tuple] = []  # ours: (wall time, partition, reason, epoch) per ownership change
         self.events = 0
         self.cpu = 0.0
         self.stats_at = 0.0
-        self.stats: List[tuple] = []  # (wall time, events, CPU seconds, resident bytes or None)
-        self.traced: List[Dict[str, Any]] = []  # --tracemalloc-at: what grew most, by allocation site
-        self.published: List[tuple] = []  # ours, --balance-by load: (wall time, utilisation it published)
-        self.slowed: Optional[Dict[str, Any]] = None  # the "slowed" line (SIGUSR1 with --slow-factor)
+        self.stats: list[tuple] = []  # (wall time, events, CPU seconds, resident bytes or None)
+        self.traced: list[dict[str, Any]] = []  # --tracemalloc-at: what grew most, by allocation site
+        self.published: list[tuple] = []  # ours, --balance-by load: (wall time, utilisation it published)
+        self.slowed: dict[str, Any] | None = None  # the "slowed" line (SIGUSR1 with --slow-factor)
         self.checkpoint_timeouts = 0  # ours: checkpoints that timed out, left to the next one
-        self.deliveries: Dict[tuple, int] = {}
-        self.batches: List[tuple] = []  # (wall time, partition, first, last)
-        self.first: Optional[Dict[str, Any]] = None
-        self.done: Optional[Dict[str, Any]] = None
-        self.restores: List[Dict[str, Any]] = []  # --stateful, --naive: each claim's restored state, in order
-        self.checkpoints: List[tuple] = []  # --stateful, --naive: (wall time, partition, sequence number, ms)
-        self.lines: List[str] = []
-        self.reader: Optional["asyncio.Task[None]"] = None
+        self.deliveries: dict[tuple, int] = {}
+        self.batches: list[tuple] = []  # (wall time, partition, first, last)
+        self.first: dict[str, Any] | None = None
+        self.done: dict[str, Any] | None = None
+        self.restores: list[dict[str, Any]] = []  # --stateful, --naive: each claim's restored state, in order
+        self.checkpoints: list[tuple] = []  # --stateful, --naive: (wall time, partition, sequence number, ms)
+        self.lines: list[str] = []
+        self.reader: asyncio.Task[None] | None = None
 
     @property
     def alive(self) -> bool:
@@ -168,9 +168,9 @@ async def create_container(storage_connection_string: str, name: str) -> None:
             pass
 
 
-async def spawn_worker(owner_id: str, *, hub: str, container: Optional[str], hub_connection_string: Optional[str],
-                       storage_connection_string: Optional[str], log_dir: str,
-                       extra: Optional[List[str]] = None) -> WorkerHandle:
+async def spawn_worker(owner_id: str, *, hub: str, container: str | None, hub_connection_string: str | None,
+                       storage_connection_string: str | None, log_dir: str,
+                       extra: list[str] | None = None) -> WorkerHandle:
     """Start ``python -m harness.worker`` with the connection strings in its
     environment (none for ``--source memory``), so that they never show in a process
     listing; ``extra`` are more of its options. Its stderr goes to a file in ``log_dir``.

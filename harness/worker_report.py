@@ -18,12 +18,12 @@ import logging
 import os
 import sys
 import time
-from typing import Any, Dict, List, Optional
+from typing import Any
 
 __all__ = ["emit", "resident_bytes", "Tally", "OwnershipLines", "trace_allocations"]
 
 
-def emit(record: Dict[str, Any]) -> None:
+def emit(record: dict[str, Any]) -> None:
     """Write ``record`` as one JSON line on stdout, flushed (what a parent reads)."""
     sys.stdout.write(json.dumps(record, separators=(",", ":")) + "\n")
     sys.stdout.flush()
@@ -32,7 +32,7 @@ def emit(record: Dict[str, Any]) -> None:
 _PAGE_SIZE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
 
-def resident_bytes(pid: Optional[int] = None) -> Optional[int]:
+def resident_bytes(pid: int | None = None) -> int | None:
     """A process's resident set size in bytes, from ``/proc/<pid>/statm`` (Linux), or None."""
     try:
         with open(f"/proc/{pid or 'self'}/statm") as handle:
@@ -48,10 +48,10 @@ class Tally:
         self.report_events = report_events
         self.expect = expect
         self.events = 0
-        self.newest: Dict[str, int] = {}  # partition -> highest sequence number delivered
+        self.newest: dict[str, int] = {}  # partition -> highest sequence number delivered
         self.progress = asyncio.Event()  # set at each delivery (the in-process producer waits on it)
 
-    def delivered(self, partition_id: str, sequence_numbers: List[int]) -> None:
+    def delivered(self, partition_id: str, sequence_numbers: list[int]) -> None:
         if sequence_numbers:
             self.newest[partition_id] = max(self.newest.get(partition_id, -1), sequence_numbers[-1])
             self.progress.set()

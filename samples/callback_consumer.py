@@ -22,7 +22,7 @@ import os
 import uuid
 from collections import Counter
 from contextlib import AsyncExitStack
-from typing import Any, List, Optional
+from typing import Any
 
 from eventprocessor.cli.running import run_program
 from eventprocessor.cli.user_errors import require_or_exit
@@ -46,7 +46,7 @@ async def on_partition_initialize(partition_context) -> None:
     print(f"partition {partition_context.partition_id}: receiving (epoch {partition_context.epoch})")
 
 
-async def on_event_batch(partition_context, events: List[EventData]) -> None:
+async def on_event_batch(partition_context, events: list[EventData]) -> None:
     global empty_batches
     if not events:
         empty_batches += 1  # max_wait_time passed without an event
@@ -85,7 +85,7 @@ def checkpoint_store(stack: AsyncExitStack) -> Any:
     return store
 
 
-async def main(argv: Optional[List[str]] = None) -> int:
+async def main(argv: list[str] | None = None) -> int:
     global expected
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--eventhub", default="telemetry")

@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 from collections import Counter
-from typing import List, Optional, Set, Tuple
 
 from eventprocessor import EventProcessor, PartitionContext, PartitionProcessor
 from eventprocessor.sources import MemoryEventSource
@@ -55,7 +54,7 @@ class Crashing(EveryN):
 
 
 async def run_until(source: MemoryEventSource, store: InMemoryCheckpointStore, name: str,
-                    wanted: Set[Tuple[str, int]], *, crash: bool) -> None:
+                    wanted: set[tuple[str, int]], *, crash: bool) -> None:
     processor = EventProcessor(source, store, Crashing if crash else EveryN, owner_id=name, max_batch_size=10,
                                **OPTIONS)
     await processor.start()
@@ -70,14 +69,14 @@ def replayed() -> int:
     return sum(count - 1 for count in deliveries.values())
 
 
-async def main(argv: Optional[List[str]] = None) -> int:
+async def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--every", type=int, default=25, help="checkpoint every N events")
     args = parser.parse_args(argv)
     EveryN.every = args.every
     source, store = MemoryEventSource(PARTITIONS), InMemoryCheckpointStore()
 
-    def produce(start: int, count: int) -> Set[Tuple[str, int]]:
+    def produce(start: int, count: int) -> set[tuple[str, int]]:
         for i in range(start, start + count):
             source.append(f"reading {i}", partition_id=str(i % PARTITIONS))
         return {(str(p), seq) for p in range(PARTITIONS) for seq in range(source.last_sequence_number(str(p)) + 1)}

@@ -18,7 +18,6 @@ import asyncio
 import logging
 from collections import Counter
 from contextlib import AsyncExitStack
-from typing import List, Optional
 
 from eventprocessor.cli.running import run_program
 from eventprocessor.cli.user_errors import require_or_exit
@@ -48,7 +47,7 @@ class Printer(PartitionProcessor):
         await context.update_checkpoint()
 
 
-async def main(argv: Optional[List[str]] = None) -> int:
+async def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--connection-string", help="an Event Hubs connection string (default: a local emulator)")
     parser.add_argument("--eventhub", default="telemetry")

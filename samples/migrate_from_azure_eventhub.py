@@ -22,20 +22,20 @@ import os
 import uuid
 from collections import defaultdict
 from contextlib import AsyncExitStack
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any
 
 from eventprocessor.cli.running import run_program
 from eventprocessor.cli.user_errors import require_or_exit
 
 
-def official() -> Tuple[Any, Any]:
+def official() -> tuple[Any, Any]:
     from azure.eventhub.aio import EventHubConsumerClient
     from azure.eventhub.extensions.checkpointstoreblobaio import BlobCheckpointStore
 
     return EventHubConsumerClient, BlobCheckpointStore
 
 
-def eventprocessor() -> Tuple[Any, Any]:
+def eventprocessor() -> tuple[Any, Any]:
     from azure.eventhub.extensions.checkpointstoreblobaio import BlobCheckpointStore
 
     from eventprocessor import EventHubConsumerClient
@@ -43,11 +43,11 @@ def eventprocessor() -> Tuple[Any, Any]:
     return EventHubConsumerClient, BlobCheckpointStore
 
 
-async def run(classes: Tuple[Any, Any], *, conn: str, eventhub: str, storage: str, container: str,
-              expected: int) -> Dict[str, List[int]]:
+async def run(classes: tuple[Any, Any], *, conn: str, eventhub: str, storage: str, container: str,
+              expected: int) -> dict[str, list[int]]:
     """The user's program: receive ``expected`` events, checkpointing each batch, then close."""
     EventHubConsumerClient, BlobCheckpointStore = classes
-    received: Dict[str, List[int]] = defaultdict(list)
+    received: dict[str, list[int]] = defaultdict(list)
     done = asyncio.Event()
 
     async def on_event_batch(partition_context, events):
@@ -77,12 +77,12 @@ async def run(classes: Tuple[Any, Any], *, conn: str, eventhub: str, storage: st
     return dict(received)
 
 
-def describe(received: Dict[str, List[int]]) -> str:
+def describe(received: dict[str, list[int]]) -> str:
     return ", ".join(f"{pid}: {seqs[0]}-{seqs[-1]}" if seqs else f"{pid}: none"
                      for pid, seqs in sorted(received.items(), key=lambda kv: int(kv[0])))
 
 
-async def main(argv: Optional[List[str]] = None) -> int:
+async def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--eventhub", default="telemetry")
     args = parser.parse_args(argv)

@@ -25,7 +25,6 @@ import sys
 import time
 import uuid
 from contextlib import AsyncExitStack
-from typing import Any, Dict, List, Optional, Set
 
 from eventprocessor import EventProcessor, PartitionContext, PartitionProcessor
 from eventprocessor.cli.running import run_program
@@ -57,7 +56,7 @@ async def worker(name: str, eventhub: str, container: str) -> int:
     processor = EventProcessor(source, store, Handler, owner_id=name, **OPTIONS)
     try:
         await processor.start()
-        shown: Optional[List[str]] = None
+        shown: list[str] | None = None
         while not stop.is_set():
             owned = sorted(processor.owned_partitions, key=int)
             if owned != shown:
@@ -81,8 +80,8 @@ class Worker:
     def __init__(self, name: str, process: asyncio.subprocess.Process) -> None:
         self.name = name
         self.process = process
-        self.owned: Set[str] = set()
-        self.processed: Optional[int] = None
+        self.owned: set[str] = set()
+        self.processed: int | None = None
         self.reader = asyncio.create_task(self._read())
 
     async def _read(self) -> None:
@@ -118,7 +117,7 @@ async def parent(args: argparse.Namespace) -> int:
 
     from eventprocessor.stores import BlobCheckpointStore
 
-    workers: List[Worker] = []
+    workers: list[Worker] = []
     async with AsyncExitStack() as stack:
         storage = os.environ.get("STORAGE_CONNECTION_STRING")
         if not storage:
@@ -200,7 +199,7 @@ async def parent(args: argparse.Namespace) -> int:
     return 0 if total == sent else 1
 
 
-def main(argv: Optional[List[str]] = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--eventhub", default="telemetry")
     parser.add_argument("--events", type=int, default=400)

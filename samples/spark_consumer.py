@@ -33,16 +33,16 @@ import sys
 import tempfile
 import time
 import uuid
-from pathlib import Path
 from contextlib import AsyncExitStack
-from typing import Any, List, Optional, Tuple, Union
+from pathlib import Path
+from typing import Any
 
 from eventprocessor import EventProcessor
 from eventprocessor.checkpoint_store import CheckpointStore
-from eventprocessor.sources import MemoryEventSource
 from eventprocessor.cli.running import run_program
-from eventprocessor.emulators.azurite import port_open
 from eventprocessor.cli.user_errors import require_or_exit
+from eventprocessor.emulators.azurite import port_open
+from eventprocessor.sources import MemoryEventSource
 
 
 async def open_store(kind: str, stack: AsyncExitStack) -> CheckpointStore:
@@ -101,9 +101,9 @@ async def consume(args: argparse.Namespace, spark: Any, source: MemoryEventSourc
     from eventprocessor.spark import SparkSink, json_body
 
     # With a shared checkpoint store, keep the commit log in it: no shared directory needed.
-    commit_log: Union[CheckpointStore, None] = store if args.store != "memory" else None
-    sinks: List[SparkSink] = []
-    processors: List[EventProcessor] = []
+    commit_log: CheckpointStore | None = store if args.store != "memory" else None
+    sinks: list[SparkSink] = []
+    processors: list[EventProcessor] = []
     for i in range(2):
         sink = SparkSink(output, spark=spark, commit_log=commit_log, partition_by="partition_id",
                          decode=json_body(reading), max_events=args.max_events, max_interval=1.0)
@@ -133,7 +133,7 @@ async def consume(args: argparse.Namespace, spark: Any, source: MemoryEventSourc
         for sink in sinks:
             await sink.close()
 
-    def report() -> Tuple[int, int]:
+    def report() -> tuple[int, int]:
         table = spark.read.parquet(str(output))
         rows = table.groupBy("partition_id").count().orderBy("partition_id").collect()
         total = table.count()
@@ -148,7 +148,7 @@ async def consume(args: argparse.Namespace, spark: Any, source: MemoryEventSourc
     return 0 if distinct == total == args.events else 1
 
 
-def main(argv: Optional[List[str]] = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--store", choices=["memory", "azurite"], default="memory")
     parser.add_argument("--output", help="an empty directory for the Parquet table (default: a new temp dir)")

@@ -8,7 +8,7 @@ treats bytes that are not AMQP. This peer speaks just enough AMQP for those.
 from __future__ import annotations
 
 import asyncio
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any
 
 from eventprocessor.emulators.eventhubs import frames as F
 from eventprocessor.emulators.eventhubs.codec import Described, Symbol
@@ -25,7 +25,7 @@ class RawPeer:
         self.next_handle = 0
 
     @classmethod
-    async def connect(cls, port: int, *, sasl: bool = True, open_session: bool = True) -> "RawPeer":
+    async def connect(cls, port: int, *, sasl: bool = True, open_session: bool = True) -> RawPeer:
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
         peer = cls(reader, writer)
         if sasl:
@@ -47,7 +47,7 @@ class RawPeer:
             assert (await peer.frame())[1].code == F.BEGIN
         return peer
 
-    async def frame(self, timeout: float = 5.0) -> Tuple[int, F.Performative]:
+    async def frame(self, timeout: float = 5.0) -> tuple[int, F.Performative]:
         """The next non-empty frame: (channel, performative)."""
         while True:
             header = await asyncio.wait_for(self.reader.readexactly(8), timeout)
@@ -56,7 +56,7 @@ class RawPeer:
             if size > doff * 4:
                 return channel, F.decode_performative(body[doff * 4 - 8:])
 
-    async def frames_until_quiet(self, quiet: float = 0.5) -> List[F.Performative]:
+    async def frames_until_quiet(self, quiet: float = 0.5) -> list[F.Performative]:
         """Every frame until none arrives for ``quiet`` seconds or the server closes."""
         frames = []
         while True:
@@ -65,15 +65,15 @@ class RawPeer:
             except (asyncio.TimeoutError, asyncio.IncompleteReadError):
                 return frames
 
-    def attach_receiver(self, address: str, *, selector: Optional[str] = None,
-                        owner_level: Optional[int] = None) -> int:
+    def attach_receiver(self, address: str, *, selector: str | None = None,
+                        owner_level: int | None = None) -> int:
         handle = self.next_handle
         self.next_handle += 1
         filters = None
         if selector is not None:
             filters = {Symbol("apache.org:selector-filter:string"):
                        Described(Symbol("apache.org:selector-filter:string"), selector)}
-        properties: Optional[Dict[Any, Any]] = {Symbol("com.microsoft:epoch"): owner_level} \
+        properties: dict[Any, Any] | None = {Symbol("com.microsoft:epoch"): owner_level} \
             if owner_level is not None else None
         self.writer.write(F.attach_frame(
             0, name=f"raw-receiver-{handle}", handle=handle, role=True, snd_settle_mode=2, rcv_settle_mode=0,

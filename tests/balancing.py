@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import random
 from collections import Counter
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
-from typing import Dict, Iterable, List, Optional
 
 from eventprocessor.balancer import BalanceDecision, LoadBalancingStrategy, decide, fair_share
 from eventprocessor.records import Ownership
@@ -34,14 +34,14 @@ class Cluster:
     strategy: LoadBalancingStrategy = LoadBalancingStrategy.BALANCED
     seed: int = 0
     time: VirtualTime = field(default_factory=VirtualTime)
-    decisions: List[tuple] = field(default_factory=list)
+    decisions: list[tuple] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.store = InMemoryCheckpointStore(clock=self.time)
-        self.rngs: Dict[str, random.Random] = {}
+        self.rngs: dict[str, random.Random] = {}
 
     @property
-    def partition_ids(self) -> List[str]:
+    def partition_ids(self) -> list[str]:
         return [str(i) for i in range(self.partitions)]
 
     async def tick(self, owner: str) -> BalanceDecision:
@@ -54,19 +54,19 @@ class Cluster:
         await self.store.claim_ownership(list(decision.renewals) + list(decision.claims))
         return decision
 
-    async def round(self, owners: Iterable[str], seconds: float = INTERVAL) -> List[BalanceDecision]:
+    async def round(self, owners: Iterable[str], seconds: float = INTERVAL) -> list[BalanceDecision]:
         decisions = [await self.tick(o) for o in owners]
         self.time.advance(seconds)
         return decisions
 
-    async def seed_ownership(self, assignment: Dict[str, Optional[str]], age: float = 0.0) -> None:
+    async def seed_ownership(self, assignment: dict[str, str | None], age: float = 0.0) -> None:
         """Write records directly: partition -> owner (None = no record)."""
         self.time.advance(-age)
         await self.store.claim_ownership(
             Ownership(NS, HUB, CG, pid, owner, epoch=1) for pid, owner in assignment.items() if owner is not None)
         self.time.advance(age)
 
-    async def live_counts(self, owners: Iterable[str]) -> Dict[str, int]:
+    async def live_counts(self, owners: Iterable[str]) -> dict[str, int]:
         listing = await self.store.list_ownership(NS, HUB, CG)
         counts = Counter({o: 0 for o in owners})
         for record in listing.ownerships:
@@ -79,7 +79,7 @@ class Cluster:
         counts = await self.live_counts(owners)
         return self.partitions - sum(counts[o] for o in owners)
 
-    async def balanced(self, owners: List[str]) -> bool:
+    async def balanced(self, owners: list[str]) -> bool:
         counts = await self.live_counts(owners)
         values = [counts[o] for o in owners]
         return sum(values) == self.partitions and max(values) - min(values) <= 1

@@ -14,9 +14,10 @@ import os
 import signal
 import tempfile
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Dict, Iterator, Optional
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
@@ -79,8 +80,8 @@ def _stop_pid(pid: int) -> None:
         pass
 
 
-def shared_service(name: str, start: Callable[[], Any], describe: Callable[[Any], Dict[str, Any]],
-                   rebuild: Callable[[Dict[str, Any]], Any]) -> Iterator[Any]:
+def shared_service(name: str, start: Callable[[], Any], describe: Callable[[Any], dict[str, Any]],
+                   rebuild: Callable[[dict[str, Any]], Any]) -> Iterator[Any]:
     """One service for the whole run: started here, or (under xdist) by whichever worker
     asked first, and found by the others through the shared directory."""
     directory = os.environ.get(SHARED)
@@ -90,7 +91,7 @@ def shared_service(name: str, start: Callable[[], Any], describe: Callable[[Any]
     from filelock import FileLock
 
     info = Path(directory) / f"{name}.json"
-    found: Optional[Dict[str, Any]] = None
+    found: dict[str, Any] | None = None
     with FileLock(str(info) + ".lock"):
         if info.exists():
             found = json.loads(info.read_text())
@@ -153,8 +154,8 @@ HUB_POOLS = {4: 120, 8: 24}
 class SessionEmulator:
     """The session's Event Hubs emulator process and a pool of fresh hubs."""
 
-    process: "EmulatorProcess"
-    _next: Dict[int, int] = field(default_factory=dict)
+    process: EmulatorProcess
+    _next: dict[int, int] = field(default_factory=dict)
 
     @property
     def connection_string(self) -> str:

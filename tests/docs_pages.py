@@ -10,14 +10,13 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import List, Tuple
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"
 README = ROOT / "README.md"
 
 
-def nav() -> List[Path]:
+def nav() -> list[Path]:
     """The site's pages in the order of mkdocs.yml's ``nav`` (a reader's order)."""
     text = (ROOT / "mkdocs.yml").read_text(encoding="utf-8")
     section = text[text.index("\nnav:"):]
@@ -25,7 +24,7 @@ def nav() -> List[Path]:
     return [DOCS / name for name in re.findall(r":\s*([\w./-]+\.md)\s*$", section, re.M)]
 
 
-def pages() -> List[Path]:
+def pages() -> list[Path]:
     """Every Markdown page a reader is given: README.md first, then the site in nav
     order, then any page of docs/ the nav does not list, then CHANGELOG.md."""
     ordered = [README] + nav()
@@ -46,7 +45,7 @@ def name(page: Path) -> str:
     return str(page.relative_to(ROOT))
 
 
-def find(pattern: str, what: str, flags: int = re.S) -> Tuple[Path, re.Match]:
+def find(pattern: str, what: str, flags: int = re.S) -> tuple[Path, re.Match]:
     """The one page where ``pattern`` matches, and the match; fails naming ``what``."""
     found = [(page, match) for page in pages() if (match := re.search(pattern, text(page), flags))]
     assert found, f"no page of the docs has {what}"
@@ -54,7 +53,7 @@ def find(pattern: str, what: str, flags: int = re.S) -> Tuple[Path, re.Match]:
     return found[0]
 
 
-def getting_started_block(block: str) -> List[str]:
+def getting_started_block(block: str) -> list[str]:
     """The lines of the fenced block marked ``<!-- getting-started: block -->``."""
     _, match = find(rf"<!-- getting-started: {re.escape(block)} -->\s*(?:<!--.*?-->\s*)*```bash\n(.*?)```",
                     f"a getting-started block {block!r}")
@@ -68,7 +67,7 @@ def eventhubs_example() -> str:
     return match.group(1)
 
 
-def headings(source: str) -> List[Tuple[int, int, str]]:
+def headings(source: str) -> list[tuple[int, int, str]]:
     """(offset, level, title) of every Markdown heading outside fenced code."""
     found, offset, fence = [], 0, None
     for line in source.splitlines(keepends=True):

@@ -19,19 +19,19 @@ import os
 import signal
 import sys
 import time
-from typing import Any, Dict, List, Optional
+from typing import Any
 
 CONNECTION_STRING_ENV = "EVENTPROCESSOR_MP_CONNECTION_STRING"
 
 logger = logging.getLogger("mp_worker")
 
 
-def _emit(record: Dict[str, Any]) -> None:
+def _emit(record: dict[str, Any]) -> None:
     sys.stdout.write(json.dumps(record) + "\n")
     sys.stdout.flush()
 
 
-def _parse(argv: Optional[List[str]]) -> argparse.Namespace:
+def _parse(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--container", required=True)
     parser.add_argument("--owner-id", required=True)
@@ -81,7 +81,7 @@ async def _amain(args: argparse.Namespace) -> int:
                 "eventhub": source.eventhub_name,
             }
         )
-        last: Optional[List[str]] = None
+        last: list[str] | None = None
         last_emit = 0.0
         while not stop.is_set():
             owned = sorted(processor.owned_partitions, key=lambda pid: (len(pid), pid))
@@ -103,7 +103,7 @@ async def _amain(args: argparse.Namespace) -> int:
     return 0
 
 
-def main(argv: Optional[List[str]] = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr, format="%(levelname)s %(name)s: %(message)s")
     return asyncio.run(_amain(_parse(argv)))
 

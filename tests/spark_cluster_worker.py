@@ -25,8 +25,8 @@ import logging
 import os
 import signal
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable, Dict, Optional
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -37,7 +37,7 @@ from eventprocessor.stores import BlobCheckpointStore  # noqa: E402
 
 logger = logging.getLogger("spark_cluster_worker")
 
-CLASSIC_CONF: Dict[str, str] = {
+CLASSIC_CONF: dict[str, str] = {
     # The cluster's worker is shared: one core and 512 MB of it for this application.
     "spark.cores.max": "1",
     "spark.executor.memory": "512m",
@@ -47,7 +47,7 @@ CLASSIC_CONF: Dict[str, str] = {
 }
 
 
-def kill_hook() -> Optional[Callable[[str], None]]:
+def kill_hook() -> Callable[[str], None] | None:
     spec = os.environ.get("EVENTPROCESSOR_SPARK_KILL_AT")
     if not spec:
         return None

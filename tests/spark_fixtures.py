@@ -13,7 +13,8 @@ keeps working in the same pytest process.
 """
 from __future__ import annotations
 
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import pytest
 

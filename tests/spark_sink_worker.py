@@ -18,8 +18,8 @@ import logging
 import os
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable, Optional
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -29,7 +29,7 @@ from eventprocessor.spark import SparkSink, spark_session  # noqa: E402
 from eventprocessor.stores import BlobCheckpointStore  # noqa: E402
 
 
-def kill_point() -> Optional[Callable[[str], None]]:
+def kill_point() -> Callable[[str], None] | None:
     """A step hook that SIGKILLs this process the first time the sink reaches
     ``$EVENTPROCESSOR_SPARK_KILL_AT``."""
     point = os.environ.get("EVENTPROCESSOR_SPARK_KILL_AT")

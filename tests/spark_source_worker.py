@@ -24,12 +24,12 @@ import signal
 import sys
 import threading
 import time
-from typing import Any, Dict
+from typing import Any
 
 START = '{"offset": "-1", "seqNo": -1, "enqueuedTime": null, "isInclusive": true}'
 
 
-def batch_read(spark: Any, conn: str, starting: str, ending: str) -> Dict[str, Any]:
+def batch_read(spark: Any, conn: str, starting: str, ending: str) -> dict[str, Any]:
     """Two batch reads: the whole hub from its start (the schema and every row), and the
     rows between per-partition ``starting`` and ``ending`` positions (JSON)."""
     everything = (spark.read.format("eventhubs").option("eventhubs.connectionString", conn)

@@ -19,7 +19,6 @@ import logging
 import os
 import signal
 import sys
-from typing import List, Optional
 
 STORE_ENV = "EVENTPROCESSOR_STORE_CONNECTION_STRING"
 
@@ -45,7 +44,7 @@ async def _amain(args: argparse.Namespace) -> int:
     stop = asyncio.Event()
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
     await processor.start()
-    last: Optional[List[str]] = None
+    last: list[str] | None = None
     try:
         while not stop.is_set():
             owned = sorted(processor.owned_partitions, key=int)
@@ -62,7 +61,7 @@ async def _amain(args: argparse.Namespace) -> int:
     return 0
 
 
-def main(argv: Optional[List[str]] = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--container", required=True)
     parser.add_argument("--owner-id", required=True)

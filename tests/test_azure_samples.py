@@ -26,8 +26,8 @@ import sys
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable, Dict, List, Optional, Tuple
 
 import pytest
 
@@ -53,7 +53,7 @@ def migrated(text: str) -> str:
     azure.eventhub.aio; the rest of that import line stays. Refuses a sample where that is
     not exactly one line."""
     lines = text.splitlines(keepends=True)
-    out: List[str] = []
+    out: list[str] = []
     changed = 0
     for line in lines:
         match = _IMPORT.match(line.rstrip("\n"))
@@ -88,13 +88,13 @@ class Sample:
     """One sample running in its own process; its output lines are collected as they
     come (stdout and stderr apart)."""
 
-    def __init__(self, name: str, client: str, env: Dict[str, str], workdir: Path) -> None:
+    def __init__(self, name: str, client: str, env: dict[str, str], workdir: Path) -> None:
         text = (SAMPLES / name).read_text()
         path = workdir / name
         path.write_text(migrated(text) if client == "eventprocessor" else text)
         self.name, self.client = name, client
-        self.stdout: List[str] = []
-        self.stderr: List[str] = []
+        self.stdout: list[str] = []
+        self.stderr: list[str] = []
         self.process = subprocess.Popen([sys.executable, str(path)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                         stdin=subprocess.DEVNULL, text=True, env=env, cwd=workdir)
         self._readers = [threading.Thread(target=self._read, args=(stream, lines), daemon=True)
@@ -103,14 +103,14 @@ class Sample:
             reader.start()
 
     @staticmethod
-    def _read(stream, lines: List[str]) -> None:
+    def _read(stream, lines: list[str]) -> None:
         for line in stream:
             lines.append(line.rstrip("\n"))
 
-    def matching(self, pattern: "re.Pattern[str]", lines: Optional[List[str]] = None) -> List["re.Match[str]"]:
+    def matching(self, pattern: re.Pattern[str], lines: list[str] | None = None) -> list[re.Match[str]]:
         return [m for m in (pattern.match(line) for line in list(self.stdout if lines is None else lines)) if m]
 
-    def per_partition(self, pattern: "re.Pattern[str]" = RECEIVED, lines: Optional[List[str]] = None) -> Counter:
+    def per_partition(self, pattern: re.Pattern[str] = RECEIVED, lines: list[str] | None = None) -> Counter:
         return Counter(m.group(1) for m in self.matching(pattern, lines))
 
     def wait_for(self, condition: Callable[[], bool], what: str, timeout: float = DEADLINE) -> None:
@@ -166,7 +166,7 @@ class Sample:
 
 
 @pytest.fixture
-def envs(eventhubs_emulator, azurite, tmp_path: Path) -> Dict[str, Dict[str, str]]:
+def envs(eventhubs_emulator, azurite, tmp_path: Path) -> dict[str, dict[str, str]]:
     """For each client, the environment a user sets for the samples, on a hub of its own
     (both clients run at the same time), and the samples' container made (the samples say
     it must exist; the official store does not create it)."""
@@ -195,12 +195,12 @@ def envs(eventhubs_emulator, azurite, tmp_path: Path) -> Dict[str, Dict[str, str
     return envs
 
 
-def start(name: str, envs: Dict[str, Dict[str, str]]) -> Dict[str, Sample]:
+def start(name: str, envs: dict[str, dict[str, str]]) -> dict[str, Sample]:
     """``name`` under each client, at the same time."""
     return {client: Sample(name, client, env, Path(env["WORKDIR"])) for client, env in envs.items()}
 
 
-def interrupt(samples: Dict[str, Sample], grace: float = 1.5) -> None:
+def interrupt(samples: dict[str, Sample], grace: float = 1.5) -> None:
     """Anything extra would arrive in ``grace`` seconds; then Ctrl-C, as a user stops it."""
     time.sleep(grace)
     for sample in samples.values():
@@ -209,11 +209,11 @@ def interrupt(samples: Dict[str, Sample], grace: float = 1.5) -> None:
         sample.assert_stopped_by_ctrl_c(sample.finish())
 
 
-def events_per_partition(env: Dict[str, str]) -> Dict[str, int]:
+def events_per_partition(env: dict[str, str]) -> dict[str, int]:
     """What the hub holds, partition by partition, as the emulator reports it."""
     from azure.eventhub.aio import EventHubConsumerClient
 
-    async def read() -> Dict[str, int]:
+    async def read() -> dict[str, int]:
         client = EventHubConsumerClient.from_connection_string(env["EVENT_HUB_CONN_STR"], GROUP,
                                                                eventhub_name=env["EVENT_HUB_NAME"])
         async with client:
@@ -226,7 +226,7 @@ def events_per_partition(env: Dict[str, str]) -> Dict[str, int]:
     return asyncio.run(read())
 
 
-def send(envs: Dict[str, Dict[str, str]]) -> Dict[str, Dict[str, int]]:
+def send(envs: dict[str, dict[str, str]]) -> dict[str, dict[str, int]]:
     """Run send_async.py (unchanged: it uses the producer only) on each client's hub; the
     events each hub got, by partition."""
     # Unchanged for both: it has no consumer to migrate.
@@ -241,14 +241,14 @@ def send(envs: Dict[str, Dict[str, str]]) -> Dict[str, Dict[str, int]]:
     return sent
 
 
-def checkpoints(env: Dict[str, str]) -> Dict[str, int]:
+def checkpoints(env: dict[str, str]) -> dict[str, int]:
     """The checkpoints of the hub's ``$default`` group, read from the blobs: the
     official layout, whichever client wrote them. A blob with sequence number -1 is the
     placeholder this SDK writes when it fences a partition that has no checkpoint yet
     (see ``eventprocessor/stores/blob.py``): no checkpoint."""
     from azure.storage.blob.aio import ContainerClient
 
-    async def read() -> Dict[str, int]:
+    async def read() -> dict[str, int]:
         marker = f"/{env['EVENT_HUB_NAME']}/{GROUP}/checkpoint/".lower()
         async with ContainerClient.from_connection_string(env["AZURE_STORAGE_CONN_STR"], CONTAINER) as container:
             found = {blob.name.rsplit("/", 1)[1]: int(blob.metadata["sequencenumber"])
@@ -258,15 +258,15 @@ def checkpoints(env: Dict[str, str]) -> Dict[str, int]:
     return asyncio.run(read())
 
 
-def _last(counts: Dict[str, int]) -> Dict[str, int]:
+def _last(counts: dict[str, int]) -> dict[str, int]:
     return {pid: n - 1 for pid, n in counts.items()}
 
 
-def _receive_everything(name: str, envs: Dict[str, Dict[str, str]]) -> Tuple[Dict[str, Sample], Dict[str, Dict]]:
+def _receive_everything(name: str, envs: dict[str, dict[str, str]]) -> tuple[dict[str, Sample], dict[str, dict]]:
     sent = send(envs)
     samples = start(name, envs)
     for client, sample in samples.items():
-        sample.wait_for(lambda: sample.per_partition() == Counter(sent[client]),
+        sample.wait_for(lambda sample=sample, client=client: sample.per_partition() == Counter(sent[client]),
                         f"receiving the {sum(sent[client].values())} events")
     interrupt(samples)
     for client, sample in samples.items():
@@ -274,7 +274,7 @@ def _receive_everything(name: str, envs: Dict[str, Dict[str, str]]) -> Tuple[Dic
     return samples, sent
 
 
-def test_recv_async(envs: Dict[str, Dict[str, str]]) -> None:
+def test_recv_async(envs: dict[str, dict[str, str]]) -> None:
     samples, _sent = _receive_everything("recv_async.py", envs)
     partitions = ["0", "1", "2", "3"]
     for sample in samples.values():
@@ -283,34 +283,34 @@ def test_recv_async(envs: Dict[str, Dict[str, str]]) -> None:
             (pid, "CloseReason.SHUTDOWN") for pid in partitions], sample.report()
 
 
-def test_recv_with_checkpoint_store_async(envs: Dict[str, Dict[str, str]]) -> None:
+def test_recv_with_checkpoint_store_async(envs: dict[str, dict[str, str]]) -> None:
     _samples, sent = _receive_everything("recv_with_checkpoint_store_async.py", envs)
     for client, env in envs.items():
         assert checkpoints(env) == _last(sent[client]), client  # it checkpoints every event
 
 
-def test_recv_with_checkpoint_by_time_interval_async(envs: Dict[str, Dict[str, str]]) -> None:
+def test_recv_with_checkpoint_by_time_interval_async(envs: dict[str, dict[str, str]]) -> None:
     _samples, sent = _receive_everything("recv_with_checkpoint_by_time_interval_async.py", envs)
     for client, env in envs.items():
         # It checkpoints a partition's first event, then again only after 15 s: all arrive sooner.
         assert checkpoints(env) == {pid: 0 for pid in sent[client]}, client
 
 
-def test_recv_with_checkpoint_by_event_count_async(envs: Dict[str, Dict[str, str]]) -> None:
+def test_recv_with_checkpoint_by_event_count_async(envs: dict[str, dict[str, str]]) -> None:
     """The published sample raises KeyError in on_event on every partition's first event
     (its counter dict starts empty), under either client: it prints a receipt, never
     checkpoints, and the error is logged, since it has no on_error."""
     sent = send(envs)
     samples = start("recv_with_checkpoint_by_event_count_async.py", envs)
     for client, sample in samples.items():
-        sample.wait_for(lambda: set(sample.per_partition()) == set(sent[client]) and any(
+        sample.wait_for(lambda sample=sample, client=client: set(sample.per_partition()) == set(sent[client]) and any(
             "KeyError" in line for line in sample.stderr), "a receipt from every partition and the KeyError logged")
     interrupt(samples)
     for client, env in envs.items():
         assert checkpoints(env) == {}, client
 
 
-def test_receive_batch_with_checkpoint_async(envs: Dict[str, Dict[str, str]]) -> None:
+def test_receive_batch_with_checkpoint_async(envs: dict[str, dict[str, str]]) -> None:
     sent = send(envs)
     samples = start("receive_batch_with_checkpoint_async.py", envs)
     counted = re.compile(r"^INFO:__main__:Partition (\d+), Received count: (\d+)$")
@@ -322,9 +322,10 @@ def test_receive_batch_with_checkpoint_async(envs: Dict[str, Dict[str, str]]) ->
         return totals
 
     for client, sample in samples.items():
-        sample.wait_for(lambda: received(sample) == Counter(sent[client]), "receiving every event in batches")
+        sample.wait_for(lambda sample=sample, client=client: received(sample) == Counter(sent[client]),
+                        "receiving every event in batches")
         # Each batch takes 2 s (the sample's stand-in for work), then checkpoints.
-        sample.wait_for(lambda: checkpoints(envs[client]) == _last(sent[client]),
+        sample.wait_for(lambda client=client: checkpoints(envs[client]) == _last(sent[client]),
                         "checkpointing every partition's last batch")
     interrupt(samples)
     for client, sample in samples.items():
@@ -332,11 +333,13 @@ def test_receive_batch_with_checkpoint_async(envs: Dict[str, Dict[str, str]]) ->
         assert all(int(m.group(2)) <= 100 for m in sample.matching(counted, sample.stderr))  # max_batch_size=100
 
 
-def test_recv_track_last_enqueued_event_prop_async(envs: Dict[str, Dict[str, str]]) -> None:
+def test_recv_track_last_enqueued_event_prop_async(envs: dict[str, dict[str, str]]) -> None:
     sent = send(envs)
     samples = start("recv_track_last_enqueued_event_prop_async.py", envs)
     for client, sample in samples.items():
-        sample.wait_for(lambda: sample.per_partition() == Counter({"0": sent[client]["0"]}), "receiving partition 0")
+        sample.wait_for(lambda sample=sample, client=client:
+                        sample.per_partition() == Counter({"0": sent[client]["0"]}),
+                        "receiving partition 0")
     interrupt(samples)
     for client, sample in samples.items():
         expected = sent[client]["0"]
@@ -348,7 +351,7 @@ def test_recv_track_last_enqueued_event_prop_async(envs: Dict[str, Dict[str, str
         assert len(events) == expected and all(" offset: " in line for line in events), sample.report()
 
 
-def test_recv_for_period_async(envs: Dict[str, Dict[str, str]]) -> None:
+def test_recv_for_period_async(envs: dict[str, dict[str, str]]) -> None:
     sent = send(envs)
     samples = start("recv_for_period_async.py", envs)
     for client, sample in samples.items():
@@ -360,12 +363,12 @@ def test_recv_for_period_async(envs: Dict[str, Dict[str, str]]) -> None:
         assert sample.stdout[-1].startswith("Consumer has stopped receiving"), sample.report()
 
 
-def test_recv_with_custom_starting_position_async(envs: Dict[str, Dict[str, str]]) -> None:
+def test_recv_with_custom_starting_position_async(envs: dict[str, dict[str, str]]) -> None:
     # It sends its own four events to partition 0 and reads from the third from last.
     samples = start("recv_with_custom_starting_position_async.py", envs)
     received = re.compile(r"^Received event: (.+) from partition: 0\.$")
     for sample in samples.values():
-        sample.wait_for(lambda: len(sample.matching(received)) >= 3, "receiving three events")
+        sample.wait_for(lambda sample=sample: len(sample.matching(received)) >= 3, "receiving three events")
     interrupt(samples)
     for sample in samples.values():
         assert [m.group(1) for m in sample.matching(received)] == [

@@ -8,7 +8,6 @@ import pytest
 
 from eventprocessor.balancer import LoadBalancingStrategy, decide, fair_share
 from eventprocessor.records import Ownership, OwnershipListing
-
 from tests.balancing import CG, EXPIRATION, HUB, INTERVAL, NS, Cluster, steal_is_allowed
 
 BALANCED, GREEDY = LoadBalancingStrategy.BALANCED, LoadBalancingStrategy.GREEDY
@@ -49,7 +48,7 @@ async def test_seed_example_5_partitions_1_then_6_processors():
     counts = await cluster.live_counts(owners)
     assert _sorted_counts(counts) == [0, 1, 1, 1, 1, 1]
     # scenario 2: with N >= P the idle one stays idle and nothing moves any more
-    for owner, _listing, decision in cluster.decisions[-6:]:
+    for _owner, _listing, decision in cluster.decisions[-6:]:
         assert decision.claims == ()
 
 
@@ -167,8 +166,8 @@ def _load_decision(owner_id, loads, owners):
     """decide() balancing by load over live records of ``owners`` (pid -> owner)."""
     from datetime import timedelta
 
-    from eventprocessor.load_plan import LoadPolicy
     from eventprocessor.balancer import HANDOFF_PROPERTY
+    from eventprocessor.load_plan import LoadPolicy
 
     now = datetime(2026, 1, 1, 12, 0, tzinfo=timezone.utc)
     records = tuple(Ownership(NS, HUB, CG, pid, owner, now - timedelta(seconds=1), f'"{pid}"', 2)

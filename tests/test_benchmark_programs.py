@@ -14,7 +14,6 @@ from pathlib import Path
 
 import pytest
 
-
 ROOT = Path(__file__).resolve().parent.parent
 REAL_RESULTS = ROOT / "benchmarks" / "RESULTS.md"
 
@@ -232,7 +231,7 @@ def test_e2e_quick_run_reads_the_hub_with_the_floor_and_both_consumers(results_f
 def _e2e_round(floor: float, ours: float, official: float, others=(0.1, 0.1, 0.1)):
     return {side: {"side": side, "prefetch": 300, "events": 100_000, "rate": rate, "cpu_us": 1e6 / rate,
                    "emulator_us": 1.0, "others_cores": busy, "load": 1.5, "startup": 2.0}
-            for side, rate, busy in zip(("floor", "ours", "official"), (floor, ours, official), others)}
+            for side, rate, busy in zip(("floor", "ours", "official"), (floor, ours, official), others, strict=False)}
 
 
 def test_e2e_states_ratios_from_quiet_rounds_only_and_flags_a_busy_run(results_file, tmp_path):

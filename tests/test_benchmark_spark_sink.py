@@ -37,7 +37,7 @@ def test_a_small_local_run_reports_the_sink_against_its_pipelined_floor_round_by
     header = next(line for line in out.splitlines() if line.startswith("| session | floor"))
     columns = [cell.strip() for cell in header.strip().strip("|").split("|")]
     row = next(line for line in out.splitlines() if line.startswith("| classic `local[2]` |") and "x (" in line)
-    cells = dict(zip(columns, (cell.strip() for cell in row.strip().strip("|").split("|"))))
+    cells = dict(zip(columns, (cell.strip() for cell in row.strip().strip("|").split("|")), strict=False))
     assert len(cells) == len(columns) == 9
     span = re.compile(r"^[\d,]+ \([\d,]+-[\d,]+\)$")  # two rounds: the median and its range
     assert span.match(cells["floor: Spark pipelined rows/s, median (range)"]), cells

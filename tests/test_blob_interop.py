@@ -6,9 +6,10 @@ from __future__ import annotations
 import asyncio
 import types
 import uuid
+from collections.abc import AsyncIterator
 from dataclasses import replace
 from datetime import datetime, timedelta, timezone
-from typing import Any, AsyncIterator, Dict, List, Tuple
+from typing import Any
 
 import pytest
 from azure.storage.blob.aio import ContainerClient
@@ -29,7 +30,7 @@ HUB = "Orders"
 
 
 @pytest.fixture
-async def stores(azurite: Any) -> AsyncIterator[Tuple[BlobCheckpointStore, Any, str]]:
+async def stores(azurite: Any) -> AsyncIterator[tuple[BlobCheckpointStore, Any, str]]:
     container = f"interop-{uuid.uuid4().hex[:10]}"
     consumer_group = f"cg-{uuid.uuid4().hex[:6]}"
     ours = BlobCheckpointStore.from_connection_string(azurite.connection_string, container)
@@ -45,12 +46,12 @@ async def stores(azurite: Any) -> AsyncIterator[Tuple[BlobCheckpointStore, Any, 
         await official.close()
 
 
-def _official_ownership(cg: str, pid: str, owner: str, etag: Any = None) -> Dict[str, Any]:
+def _official_ownership(cg: str, pid: str, owner: str, etag: Any = None) -> dict[str, Any]:
     return {"fully_qualified_namespace": NS, "eventhub_name": HUB, "consumer_group": cg,
             "partition_id": pid, "owner_id": owner, "etag": etag}
 
 
-def _official_checkpoint(cg: str, pid: str, seq: int, offset: str) -> Dict[str, Any]:
+def _official_checkpoint(cg: str, pid: str, seq: int, offset: str) -> dict[str, Any]:
     return {"fully_qualified_namespace": NS, "eventhub_name": HUB, "consumer_group": cg,
             "partition_id": pid, "sequence_number": seq, "offset": offset}
 
@@ -154,7 +155,7 @@ async def test_the_official_sdk_still_works_beside_our_new_records(stores: Any) 
     # starts those partitions from the start of the stream.
     assert checkpoints == {"0": (10, "1000"), "1": (-1, "-1"), "2": (-1, "-1"), "3": (-1, "-1")}
 
-    async def partition_ids() -> List[str]:
+    async def partition_ids() -> list[str]:
         return ["0", "1", "2", "3"]
 
     client = types.SimpleNamespace(_address=types.SimpleNamespace(hostname=NS), eventhub_name=HUB,
@@ -172,14 +173,14 @@ async def test_the_official_sdk_still_works_beside_our_new_records(stores: Any) 
 
 
 class _Recorder(PartitionProcessor):
-    seen: Dict[str, List[int]] = {}
+    seen: dict[str, list[int]] = {}
 
-    async def process_events(self, events: List[Any], context: Any) -> None:
+    async def process_events(self, events: list[Any], context: Any) -> None:
         self.seen.setdefault(context.partition_id, []).extend(e.sequence_number for e in events)
         await context.update_checkpoint()
 
 
-async def _drain(processor: EventProcessor, seen: Dict[str, List[int]], last: int, partitions: int) -> None:
+async def _drain(processor: EventProcessor, seen: dict[str, list[int]], last: int, partitions: int) -> None:
     for _ in range(2 * partitions):  # a newcomer may take one partition per tick at first
         await processor.balance_once()
         if len(processor.owned_partitions) == partitions:
@@ -232,7 +233,7 @@ async def test_switch_over_resumes_from_the_same_checkpoints(stores: Any) -> Non
 # ------------------------------------------- azure-eventhub's store, run as ours
 
 
-def _official_builds(azurite: Any, container: str) -> Dict[str, Any]:
+def _official_builds(azurite: Any, container: str) -> dict[str, Any]:
     """azure-eventhub's BlobCheckpointStore (aio and sync) built each way its docs show."""
     from azure.core.credentials import AzureNamedKeyCredential, AzureSasCredential
     from azure.storage.blob import AccountSasPermissions, ResourceTypes, generate_account_sas
@@ -311,7 +312,7 @@ async def test_token_credentials_of_the_official_stores_carry_over() -> None:
 
     class IssuedHere:  # a sync TokenCredential that says on which thread it was asked
         def __init__(self) -> None:
-            self.threads: List[int] = []
+            self.threads: list[int] = []
 
         def get_token(self, *scopes: str, **kwargs: Any) -> AccessToken:
             self.threads.append(threading.get_ident())
@@ -352,10 +353,10 @@ async def test_the_drop_in_given_the_official_store_receives_again_after_close(a
     source = MemoryEventSource(2)
     client = EventHubConsumerClient.from_source(source, "$default", checkpoint_store=official,
                                                 load_balancing_interval=1.0)
-    received: List[int] = []
-    errors: List[Exception] = []
+    received: list[int] = []
+    errors: list[Exception] = []
 
-    async def on_event_batch(context: Any, events: List[Any]) -> None:
+    async def on_event_batch(context: Any, events: list[Any]) -> None:
         received.extend(event.sequence_number for event in events)
         await context.update_checkpoint()
 

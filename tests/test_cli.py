@@ -16,8 +16,8 @@ import socket
 import subprocess
 import sys
 import threading
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Dict, Optional, Sequence
 
 import pytest
 from click.testing import CliRunner
@@ -42,7 +42,7 @@ main(prog_name="eventprocessor")
 """
 
 
-def run_cli(*args: str, extras: bool = True, env: Optional[Dict[str, str]] = None, cwd: Optional[Path] = None,
+def run_cli(*args: str, extras: bool = True, env: dict[str, str] | None = None, cwd: Path | None = None,
             timeout: float = 120) -> subprocess.CompletedProcess:
     command = ([sys.executable, "-m", "eventprocessor.cli"] if extras
                else [sys.executable, "-c", WITHOUT_EXTRAS])
@@ -133,7 +133,6 @@ def test_debug_shows_the_traceback_instead():
 def needs_extra(module: str) -> None:
     """The extras' checks come first; past them, these tests need the extra installed."""
     from eventprocessor.cli.user_errors import missing_modules
-
     from tests.conftest import unavailable
 
     if missing_modules([module]):
@@ -285,7 +284,6 @@ def test_benchmarks_run_from_any_directory_and_ignore_a_benchmarks_package_there
 @pytest.mark.azurite
 def test_demo_against_azurite_starts_one_and_says_where():
     from eventprocessor.emulators.azurite import find_azurite
-
     from tests.conftest import unavailable
 
     if find_azurite() is None:

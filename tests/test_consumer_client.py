@@ -11,7 +11,7 @@ import logging
 import uuid
 from collections import defaultdict
 from datetime import datetime, timezone
-from typing import Any, Dict, List, Optional
+from typing import Any
 
 import pytest
 
@@ -20,13 +20,12 @@ pytest.importorskip("azure.eventhub")
 from azure.eventhub import CloseReason as OfficialCloseReason  # noqa: E402
 from azure.eventhub import EventData  # noqa: E402
 
-from eventprocessor import (ConfigurationError, ConsumerPartitionContext, EventHubConsumerClient,  # noqa: E402
-                            InvalidCheckpointError)
+from eventprocessor import ConfigurationError, ConsumerPartitionContext, EventHubConsumerClient, InvalidCheckpointError  # noqa: E402
 from eventprocessor.consumer_client import starting_positions, to_event_data, to_event_position  # noqa: E402
 from eventprocessor.events import Event, EventPosition  # noqa: E402
 from eventprocessor.sources import MemoryEventSource  # noqa: E402
-from eventprocessor.testing import FaultyStore, run_virtual, virtual_utc_clock  # noqa: E402
 from eventprocessor.stores import InMemoryCheckpointStore  # noqa: E402
+from eventprocessor.testing import FaultyStore, run_virtual, virtual_utc_clock  # noqa: E402
 
 OPTIONS = dict(load_balancing_interval=1.0, partition_ownership_expiration_interval=10.0)
 
@@ -35,16 +34,16 @@ class Recorder:
     """One set of callbacks, recording what they see; checkpoints after every batch."""
 
     def __init__(self, checkpoint: bool = True) -> None:
-        self.events: Dict[str, List[int]] = defaultdict(list)
-        self.bodies: Dict[str, List[str]] = defaultdict(list)
-        self.batches: Dict[str, List[int]] = defaultdict(list)
-        self.initialized: List[str] = []
-        self.closed: List[tuple] = []
-        self.errors: List[tuple] = []
-        self.contexts: List[ConsumerPartitionContext] = []
+        self.events: dict[str, list[int]] = defaultdict(list)
+        self.bodies: dict[str, list[str]] = defaultdict(list)
+        self.batches: dict[str, list[int]] = defaultdict(list)
+        self.initialized: list[str] = []
+        self.closed: list[tuple] = []
+        self.errors: list[tuple] = []
+        self.contexts: list[ConsumerPartitionContext] = []
         self.checkpoint = checkpoint
 
-    async def on_event_batch(self, context: ConsumerPartitionContext, events: List[EventData]) -> None:
+    async def on_event_batch(self, context: ConsumerPartitionContext, events: list[EventData]) -> None:
         self.batches[context.partition_id].append(len(events))
         for event in events:
             assert isinstance(event, EventData)
@@ -53,7 +52,7 @@ class Recorder:
         if self.checkpoint:
             await context.update_checkpoint()
 
-    async def on_event(self, context: ConsumerPartitionContext, event: Optional[EventData]) -> None:
+    async def on_event(self, context: ConsumerPartitionContext, event: EventData | None) -> None:
         if event is None:
             self.batches[context.partition_id].append(0)
             return
@@ -69,7 +68,7 @@ class Recorder:
     async def on_partition_close(self, context: ConsumerPartitionContext, reason: Any) -> None:
         self.closed.append((context.partition_id, reason))
 
-    async def on_error(self, context: Optional[ConsumerPartitionContext], error: Exception) -> None:
+    async def on_error(self, context: ConsumerPartitionContext | None, error: Exception) -> None:
         self.errors.append((None if context is None else context.partition_id, error))
 
     def callbacks(self) -> dict:
@@ -93,7 +92,7 @@ async def _until(condition, timeout: float = 60.0) -> None:
         await asyncio.sleep(0.05)
 
 
-async def _checkpoints(store, source, group: str = "$default") -> Dict[str, int]:
+async def _checkpoints(store, source, group: str = "$default") -> dict[str, int]:
     return {c.partition_id: c.sequence_number
             for c in await store.list_checkpoints(source.fully_qualified_namespace, source.eventhub_name, group)}
 
@@ -133,7 +132,7 @@ def test_events_read_like_the_official_client_s():
     async def scenario():
         source, store = _world(1)
         await source.send("héllo", partition_key="device-1", properties={"kind": "reading"})
-        seen: List[EventData] = []
+        seen: list[EventData] = []
 
         async def on_event(context, event):
             seen.append(event)
@@ -196,7 +195,7 @@ def test_memory_source_events_carry_amqp_properties_to_the_callbacks():
         source, store = _world(1)
         await source.send("a", message_id="m-1", content_type="application/json", correlation_id="c-1")
         await source.send("b")
-        seen: List[EventData] = []
+        seen: list[EventData] = []
 
         async def on_event(context, event):
             seen.append(event)
@@ -323,8 +322,8 @@ def test_receive_hands_events_one_by_one_and_does_not_repeat_those_on_event_retu
         source, store = _world(1)
         for i in range(6):
             await source.send(f"e{i}", partition_id="0")
-        calls: List[int] = []
-        errors: List[tuple] = []
+        calls: list[int] = []
+        errors: list[tuple] = []
         failures = {3: 2}  # sequence number 3 fails twice, then works
 
         async def on_event(context, event):
@@ -412,7 +411,7 @@ def test_a_partition_id_receives_that_partition_only_and_two_such_clients_do_not
 class RecordingSource(MemoryEventSource):
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
-        self.owner_levels: List[Optional[int]] = []
+        self.owner_levels: list[int | None] = []
 
     async def open_receiver(self, partition_id, **kwargs):
         self.owner_levels.append(kwargs["owner_level"])
@@ -475,8 +474,8 @@ def test_update_checkpoint_refuses_what_the_official_one_would_silently_write():
         source, store = _world(2)
         for i in range(4):
             await source.send(f"e{i}", partition_id=str(i % 2))
-        outcomes: List[str] = []
-        batches: Dict[str, List[EventData]] = {}
+        outcomes: list[str] = []
+        batches: dict[str, list[EventData]] = {}
 
         async def on_event_batch(context, events):
             batches[context.partition_id] = events
@@ -579,7 +578,7 @@ def test_the_official_blob_store_runs_as_ours_on_the_same_container_and_other_of
     assert "stores.TableCheckpointStore" in str(raised.value)
 
 
-def _count_per_partition(recorder: "Recorder") -> Dict[str, List[int]]:
+def _count_per_partition(recorder: Recorder) -> dict[str, list[int]]:
     return {pid: sorted(seqs) for pid, seqs in sorted(recorder.events.items())}
 
 
@@ -625,7 +624,7 @@ def test_without_a_checkpoint_store_receivers_are_not_exclusive_so_two_clients_b
         recorders = [Recorder(), Recorder()]
         clients = [EventHubConsumerClient.from_source(source, "$default") for _ in recorders]
         tasks = [asyncio.create_task(c.receive_batch(r.on_event_batch, starting_position="-1", **r.callbacks()))
-                 for c, r in zip(clients, recorders)]
+                 for c, r in zip(clients, recorders, strict=False)]
         await _until(lambda: all(r.total() == 40 for r in recorders))
         await asyncio.sleep(5)
         for client in clients:
@@ -648,13 +647,13 @@ def test_without_a_checkpoint_store_receivers_are_not_exclusive_so_two_clients_b
     assert plain == [None] * 8 and leveled == [7]
 
 
-def _azure_clients_made(monkeypatch) -> List[Any]:
+def _azure_clients_made(monkeypatch) -> list[Any]:
     """Every azure-eventhub ``EventHubConsumerClient`` built from now on, as ``(args,
     kwargs)``: what this SDK hands the AMQP client. The real constructor runs (it does
     not connect)."""
     from azure.eventhub import aio as azure_aio
 
-    made: List[Any] = []
+    made: list[Any] = []
 
     class Recorded(azure_aio.EventHubConsumerClient):
         def __init__(self, *args: Any, **kwargs: Any) -> None:

@@ -22,7 +22,7 @@ import pickle
 import time
 from dataclasses import replace
 from datetime import datetime, timezone
-from typing import Any, Dict, List, Tuple
+from typing import Any
 
 import pytest
 
@@ -32,7 +32,7 @@ from eventprocessor.sources import MemoryEventSource
 from eventprocessor.stores import InMemoryCheckpointStore
 
 WHEN = datetime(2026, 1, 1, tzinfo=timezone.utc)
-Key = Tuple[str, int]  # (partition id, sequence number)
+Key = tuple[str, int]  # (partition id, sequence number)
 
 
 # ----------------------------------------------------------------------------- the send side
@@ -107,7 +107,7 @@ def _materialized(body_type: Any, body: Any) -> Any:
     return body if body_type == "value" else list(body)
 
 
-def event_data_view(event: Any) -> Dict[str, Any]:
+def event_data_view(event: Any) -> dict[str, Any]:
     """What a handler of an ``EventData`` sees of its body."""
     raw = event.raw_amqp_message
     try:
@@ -130,12 +130,12 @@ def sent_body(event: Event) -> Any:
 # ----------------------------------------------------------------------------- receiving
 
 async def receive_official(conn: str, hub: str, group: str, count: int, client_class: Any = None,
-                           **options: Any) -> Dict[Key, Any]:
+                           **options: Any) -> dict[Key, Any]:
     """``count`` events from every partition through an ``EventHubConsumerClient`` (the
     official one unless ``client_class``), by (partition, sequence number)."""
     if client_class is None:
         from azure.eventhub.aio import EventHubConsumerClient as client_class
-    got: Dict[Key, Any] = {}
+    got: dict[Key, Any] = {}
     enough = asyncio.Event()
 
     async def on_event(context: Any, event: Any) -> None:
@@ -157,19 +157,19 @@ async def receive_official(conn: str, hub: str, group: str, count: int, client_c
     return got
 
 
-async def receive_source(conn: str, hub: str, per_partition: Dict[str, int], *, lean: bool) -> Dict[Key, Event]:
+async def receive_source(conn: str, hub: str, per_partition: dict[str, int], *, lean: bool) -> dict[Key, Event]:
     """The events of every partition through ``EventHubSource`` receivers."""
     from eventprocessor.sources.eventhub import EventHubSource
 
     source = EventHubSource.from_connection_string(conn, eventhub_name=hub, lean_receive=lean)
-    got: Dict[Key, Event] = {}
+    got: dict[Key, Event] = {}
     try:
         for pid, count in per_partition.items():
             receiver = await source.open_receiver(pid, consumer_group="$default",
                                                   starting_position=EventPosition.earliest(), owner_level=None,
                                                   prefetch=20)
             assert type(receiver).__name__ == ("_LeanReceiver" if lean else "_BatchReceiver")
-            events: List[Event] = []
+            events: list[Event] = []
             deadline = time.monotonic() + 30
             while len(events) < count and time.monotonic() < deadline:
                 events.extend(await receiver.receive(20, 0.5))
@@ -182,13 +182,13 @@ async def receive_source(conn: str, hub: str, per_partition: Dict[str, int], *, 
 
 
 @pytest.fixture(scope="module")
-def bodies_hub(eventhubs_emulator) -> Dict[str, Any]:
+def bodies_hub(eventhubs_emulator) -> dict[str, Any]:
     """One hub with the sample's messages and the other body shapes, and what the
     official consumer received from it (the reference for every test here)."""
     conn = eventhubs_emulator.connection_string
     hub = eventhubs_emulator.fresh_hub(4)
 
-    async def setup() -> Tuple[int, Dict[Key, Any]]:
+    async def setup() -> tuple[int, dict[Key, Any]]:
         count = await produce(conn, hub)
         return count, await receive_official(conn, hub, "cg1", count)
 
@@ -196,8 +196,8 @@ def bodies_hub(eventhubs_emulator) -> Dict[str, Any]:
     return {"conn": conn, "hub": hub, "count": count, "official": official}
 
 
-def _per_partition(official: Dict[Key, Any]) -> Dict[str, int]:
-    counts: Dict[str, int] = {}
+def _per_partition(official: dict[Key, Any]) -> dict[str, int]:
+    counts: dict[str, int] = {}
     for pid, _seq in official:
         counts[pid] = counts.get(pid, 0) + 1
     return counts
@@ -354,7 +354,7 @@ async def test_memory_source_refuses_bodies_it_cannot_send(arguments, error, mes
     assert type(info.value).__name__ == error
 
 
-# ----------------------------------------------------------------------------- the drop-in's EventData, without a network
+# ------------------------------------------------------------------------- the drop-in's EventData, without a network
 
 def _received_message(**body: Any) -> Any:
     """A message as azure-eventhub's decoder hands it over (its own codec, both ways)."""

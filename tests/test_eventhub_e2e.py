@@ -20,7 +20,6 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from typing import Dict, List, Set, Tuple
 
 import pytest
 
@@ -39,7 +38,7 @@ WORKER_OPTIONS = ["--interval", str(INTERVAL), "--expiry", str(EXPIRY), "--strat
                   "--prefetch", "100"]
 
 
-async def _until(condition, what: str, timeout: float, workers: List[WorkerHandle]) -> float:
+async def _until(condition, what: str, timeout: float, workers: list[WorkerHandle]) -> float:
     started = time.monotonic()
     while not condition():
         if time.monotonic() - started > timeout:
@@ -49,7 +48,7 @@ async def _until(condition, what: str, timeout: float, workers: List[WorkerHandl
     return time.monotonic() - started
 
 
-async def _partition_counts(conn: str, hub: str) -> Dict[str, int]:
+async def _partition_counts(conn: str, hub: str) -> dict[str, int]:
     from azure.eventhub.aio import EventHubProducerClient
 
     producer = EventHubProducerClient.from_connection_string(conn, eventhub_name=hub)
@@ -72,7 +71,7 @@ async def test_processes_survive_a_sigkill_without_losing_an_event(azurite, even
     conn = eventhubs_emulator.connection_string
     hub = eventhubs_emulator.fresh_hub(PARTITIONS)
     container = f"e2e-{uuid.uuid4().hex[:12]}"
-    workers: List[WorkerHandle] = []
+    workers: list[WorkerHandle] = []
     produced = 0
     try:
         for index in range(WORKERS):
@@ -80,7 +79,7 @@ async def test_processes_survive_a_sigkill_without_losing_an_event(azurite, even
                 f"worker-{index}", hub=hub, container=container, hub_connection_string=conn,
                 storage_connection_string=azurite.connection_string, log_dir=str(tmp_path), extra=WORKER_OPTIONS))
 
-        def owned() -> Set[str]:
+        def owned() -> set[str]:
             return set().union(*(set(w.owned) for w in workers if w.alive))
 
         await _until(lambda: len(owned()) == PARTITIONS and all(w.owned for w in workers),
@@ -110,7 +109,7 @@ async def test_processes_survive_a_sigkill_without_losing_an_event(azurite, even
         expected = {(pid, seq) for pid, count in counts.items() for seq in range(count)}
         survivors = [w for w in workers if w is not victim]
 
-        def delivered() -> Set[Tuple[str, int]]:
+        def delivered() -> set[tuple[str, int]]:
             return set().union(*(set(w.deliveries) for w in workers))
 
         drain_seconds = await _until(lambda: expected <= delivered(), "delivery of every produced event",
@@ -139,8 +138,8 @@ async def test_processes_survive_a_sigkill_without_losing_an_event(azurite, even
     assert victim_partitions and max(failovers.values()) <= FAILOVER_BOUND
 
 
-def _merged(workers: List[WorkerHandle]) -> Dict[Tuple[str, int], int]:
-    merged: Dict[Tuple[str, int], int] = {}
+def _merged(workers: list[WorkerHandle]) -> dict[tuple[str, int], int]:
+    merged: dict[tuple[str, int], int] = {}
     for worker in workers:
         for key, count in worker.deliveries.items():
             merged[key] = merged.get(key, 0) + count
@@ -184,8 +183,8 @@ async def test_checkpoints_interoperate_both_ways_with_the_official_consumer(azu
     await produce("c", 10)
     third = await consume("official", "official-2", 40)
 
-    def received(worker: WorkerHandle) -> Dict[str, List[int]]:
-        result: Dict[str, List[int]] = {}
+    def received(worker: WorkerHandle) -> dict[str, list[int]]:
+        result: dict[str, list[int]] = {}
         for (partition, seq), count in sorted(worker.deliveries.items(), key=lambda kv: (int(kv[0][0]), kv[0][1])):
             result.setdefault(partition, []).extend([seq] * count)
         return result

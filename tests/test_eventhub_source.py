@@ -11,14 +11,25 @@ import socket
 import time
 import uuid
 from datetime import datetime, timezone
-from typing import Any, List, Tuple
+from typing import Any
 
 import pytest
 
-from eventprocessor import (ConfigurationError, EventPosition, EventProcessor, EventSourceError, PartitionProcessor,
-                            ReceiverDisconnectedError)
-from eventprocessor.sources.eventhub import (EventHubSource, lean_receive_supported, message_to_event, to_event,
-                                             to_starting_position)
+from eventprocessor import (
+    ConfigurationError,
+    EventPosition,
+    EventProcessor,
+    EventSourceError,
+    PartitionProcessor,
+    ReceiverDisconnectedError,
+)
+from eventprocessor.sources.eventhub import (
+    EventHubSource,
+    lean_receive_supported,
+    message_to_event,
+    to_event,
+    to_starting_position,
+)
 from eventprocessor.stores import InMemoryCheckpointStore
 
 SECRET = "c2VjcmV0LWtleS1kby1ub3QtbGVhaw=="
@@ -176,8 +187,8 @@ async def _produce(conn: str, hub: str, per_partition: int, partitions: int = 4)
             await producer.send_batch(batch, partition_id=str(pid))
 
 
-async def _drain(receiver, count: int, batch: int = 50, timeout: float = 20.0) -> List[Any]:
-    events: List[Any] = []
+async def _drain(receiver, count: int, batch: int = 50, timeout: float = 20.0) -> list[Any]:
+    events: list[Any] = []
     deadline = time.monotonic() + timeout
     while len(events) < count and time.monotonic() < deadline:
         events.extend(await receiver.receive(batch, 0.5))
@@ -195,9 +206,10 @@ async def test_receivers_start_where_asked_and_return_small_batches(eventhubs_em
                  (EventPosition.from_sequence_number(9, inclusive=True), 9)]
         receivers = [await source.open_receiver("2", consumer_group=group, starting_position=position,
                                                 owner_level=None, prefetch=20)
-                     for (position, _first), group in zip(cases, ["$default", "cg1", "cg2"])]
-        results = await asyncio.gather(*(_drain(r, 30 - first, batch=7) for r, (_p, first) in zip(receivers, cases)))
-        for (position, first), events in zip(cases, results):
+                     for (position, _first), group in zip(cases, ["$default", "cg1", "cg2"], strict=False)]
+        results = await asyncio.gather(*(_drain(r, 30 - first, batch=7)
+                                         for r, (_p, first) in zip(receivers, cases, strict=True)))
+        for (position, first), events in zip(cases, results, strict=False):
             assert [e.sequence_number for e in events] == list(range(first, 30)), position
             assert [e.body for e in events] == [f"2-{i}".encode() for i in range(first, 30)]
             assert [(e.message_id, e.content_type, e.correlation_id) for e in events] == [
@@ -225,8 +237,8 @@ async def test_a_trickle_is_delivered_as_it_arrives_not_once_the_prefetch_fills(
     conn = eventhubs_emulator.connection_string
     source = EventHubSource.from_connection_string(conn, eventhub_name=hub)
     producer = EventHubProducerClient.from_connection_string(conn, eventhub_name=hub)
-    sent_at: List[float] = []
-    latencies: List[float] = []
+    sent_at: list[float] = []
+    latencies: list[float] = []
     try:
         receiver = await source.open_receiver("1", consumer_group="$default",
                                               starting_position=EventPosition.earliest(), owner_level=None,
@@ -253,7 +265,7 @@ async def test_a_trickle_is_delivered_as_it_arrives_not_once_the_prefetch_fills(
                                  f"{sorted(latencies)[50]:.2f} s)"
 
 
-async def _count_reads(receiver, monkeypatch, cancelled: Any = None) -> Tuple[List[int], List[Any]]:
+async def _count_reads(receiver, monkeypatch, cancelled: Any = None) -> tuple[list[int], list[Any]]:
     """Open ``receiver`` and count the frames of each read it asks the client for (a
     spy on the client's receive handler class; the frames are still read by the client
     itself), and append to ``cancelled`` each read that was cancelled. Returns the
@@ -262,7 +274,7 @@ async def _count_reads(receiver, monkeypatch, cancelled: Any = None) -> Tuple[Li
     from azure.eventhub._pyamqp.aio._client_async import ReceiveClientAsync
 
     opened = await receiver.receive(1, 0.01)
-    frames: List[int] = []
+    frames: list[int] = []
     read = ReceiveClientAsync.do_work_async
 
     async def counted(self: Any, **kwargs: Any) -> Any:
@@ -319,12 +331,12 @@ async def test_a_trickle_right_after_a_backlog_is_not_held_by_the_large_reads(ev
     source = EventHubSource.from_connection_string(conn, eventhub_name=hub)
     producer = EventHubProducerClient.from_connection_string(conn, eventhub_name=hub)
     sent_at: dict = {}
-    latencies: List[float] = []
+    latencies: list[float] = []
     try:
         receiver = await source.open_receiver("0", consumer_group="$default",
                                               starting_position=EventPosition.earliest(), owner_level=None,
                                               prefetch=300)
-        cancelled: List[int] = []
+        cancelled: list[int] = []
         frames, opened = await _count_reads(receiver, monkeypatch, cancelled)
         backlog = await _drain(receiver, 1999 - (opened[-1].sequence_number if opened else 0), batch=300)
         assert backlog[-1].sequence_number == 1999 and max(frames) > 16  # the reads had grown
@@ -361,7 +373,7 @@ async def test_the_lean_receiver_takes_each_message_from_the_client_itself(event
     sees them."""
     from azure.eventhub.aio._transport._pyamqp_transport_async import PyamqpTransportAsync
 
-    taken: List[Any] = []
+    taken: list[Any] = []
     original = PyamqpTransportAsync.message_received_async
 
     async def spy(consumer: Any, message: Any) -> None:
@@ -471,7 +483,7 @@ async def test_a_processor_consumes_the_hub_and_a_successor_resumes_from_its_che
     conn = eventhubs_emulator.connection_string
     await _produce(conn, hub, 50)
     store = InMemoryCheckpointStore()
-    seen: List[tuple] = []
+    seen: list[tuple] = []
 
     class Recorder(PartitionProcessor):
         async def process_events(self, events, context):
@@ -597,7 +609,7 @@ async def test_an_unreachable_hub_reaches_the_error_handler_within_5_seconds(cap
     """The issue's row: start() with an unreachable hub gave no error for 12 s and then
     blamed the store. Now the source error reaches error_handler at the first tick."""
     source = EventHubSource.from_connection_string(_emulator_conn(_closed_port()))
-    errors: List[Exception] = []
+    errors: list[Exception] = []
 
     async def on_error(error, context):
         errors.append(error)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Any, List
+from typing import Any
 
 import pytest
 from azure.eventhub import EventData
@@ -27,7 +27,7 @@ from tests.amqp_peer import RawPeer
 pytestmark = pytest.mark.eventhubs
 
 
-async def _send(conn: str, hub: str, bodies: List[str], **batch_options: Any) -> None:
+async def _send(conn: str, hub: str, bodies: list[str], **batch_options: Any) -> None:
     producer = EventHubProducerClient.from_connection_string(conn, eventhub_name=hub)
     async with producer:
         batch = await producer.create_batch(**batch_options)
@@ -38,14 +38,14 @@ async def _send(conn: str, hub: str, bodies: List[str], **batch_options: Any) ->
 
 async def _receive(conn: str, hub: str, partition_id: str, count: int, *, starting_position: Any = "-1",
                    inclusive: bool = False, consumer_group: str = "$default", timeout: float = 20.0,
-                   grace: float = 0.3, **options: Any) -> List[Any]:
+                   grace: float = 0.3, **options: Any) -> list[Any]:
     """Events of one partition through the official consumer: ``count`` of them (or what
     came before ``timeout``), plus anything that arrives within ``grace`` after."""
     consumer = EventHubConsumerClient.from_connection_string(conn, consumer_group=consumer_group, eventhub_name=hub)
-    got: List[Any] = []
+    got: list[Any] = []
     enough = asyncio.Event()
 
-    async def on_batch(context: Any, events: List[Any]) -> None:
+    async def on_batch(context: Any, events: list[Any]) -> None:
         got.extend((event, context) for event in events)
         if len(got) >= count:
             enough.set()
@@ -141,8 +141,8 @@ async def test_every_starting_position(eventhubs_emulator, hub):
     # Each receiver mostly waits on the client's polling: run them side by side.
     results = await asyncio.gather(*(
         _receive(conn, hub, "0", len(expected), starting_position=position, inclusive=inclusive, consumer_group=group)
-        for (_name, position, inclusive, expected), group in zip(cases, ["$default", "cg1", "cg2"] * 3)))
-    for (name, _position, _inclusive, expected), received in zip(cases, results):
+        for (_name, position, inclusive, expected), group in zip(cases, ["$default", "cg1", "cg2"] * 3, strict=False)))
+    for (name, _position, _inclusive, expected), received in zip(cases, results, strict=False):
         assert bodies(received) == expected, name
 
 
@@ -150,7 +150,7 @@ async def test_latest_gets_only_events_sent_after_the_receiver_opened(eventhubs_
     conn = eventhubs_emulator.connection_string
     await _send(conn, hub, ["old"] * 3, partition_id="3")
     consumer = EventHubConsumerClient.from_connection_string(conn, consumer_group="$default", eventhub_name=hub)
-    got: List[str] = []
+    got: list[str] = []
 
     async def on_event(_context, event):
         got.append(event.body_as_str())
@@ -191,7 +191,8 @@ async def test_partition_keys_map_to_one_stable_partition(eventhubs_emulator):
                   for pid in await producer.get_partition_ids()}
     where = {}
     filled = [pid for pid, count in counts.items() if count]
-    for pid, events in zip(filled, await asyncio.gather(*(_receive(conn, hub, pid, counts[pid]) for pid in filled))):
+    received = await asyncio.gather(*(_receive(conn, hub, pid, counts[pid]) for pid in filled))
+    for pid, events in zip(filled, received, strict=True):
         for event in events:
             key = event.body_as_str().split()[0]
             assert event.partition_key == key.encode()

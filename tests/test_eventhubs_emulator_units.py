@@ -16,9 +16,25 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from eventprocessor.emulators.eventhubs import frames as F
-from eventprocessor.emulators.eventhubs.broker import BrokerError, Namespace, StartPosition, parse_selector, split_message
-from eventprocessor.emulators.eventhubs.codec import (AMQPDecodeError, Described, Symbol, SymbolArray, Timestamp, UInt, ULong,
-                                       decode, encode, skip)
+from eventprocessor.emulators.eventhubs.broker import (
+    BrokerError,
+    Namespace,
+    StartPosition,
+    parse_selector,
+    split_message,
+)
+from eventprocessor.emulators.eventhubs.codec import (
+    AMQPDecodeError,
+    Described,
+    Symbol,
+    SymbolArray,
+    Timestamp,
+    UInt,
+    ULong,
+    decode,
+    encode,
+    skip,
+)
 from eventprocessor.emulators.eventhubs.config import EmulatorConfig, EmulatorConfigError
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -270,7 +286,8 @@ def test_command_line_prints_one_connection_string_and_stops_cleanly_on_sigterm(
 def test_command_line_rejects_a_bad_config_with_its_reason(tmp_path):
     bad = tmp_path / "Config.json"
     bad.write_text("{not json")
-    out = subprocess.run([sys.executable, "-m", "eventprocessor.emulators.eventhubs", "--port", "0", "--config", str(bad)],
+    out = subprocess.run([sys.executable, "-m", "eventprocessor.emulators.eventhubs", "--port", "0",
+                          "--config", str(bad)],
                          capture_output=True, text=True, timeout=60, cwd=ROOT)
     assert out.returncode == 2 and "not valid JSON" in out.stderr and out.stdout == ""
 

@@ -21,14 +21,11 @@ import asyncio
 import math
 import os
 from dataclasses import dataclass
-from typing import List
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from eventprocessor.testing import run_virtual
-
-from eventprocessor.testing import Cluster
+from eventprocessor.testing import Cluster, run_virtual
 
 INTERVAL = 1.0
 EXPIRATION = 12.0
@@ -94,7 +91,7 @@ class Result:
     produced: int
 
 
-async def run_scenario(seed: int, partitions: int, processors: int, strategy: str, schedule: List[Fault]) -> Result:
+async def run_scenario(seed: int, partitions: int, processors: int, strategy: str, schedule: list[Fault]) -> Result:
     cluster = Cluster(partitions, seed=seed, work=WORK, load_balancing_interval=INTERVAL,
                       partition_ownership_expiration_interval=EXPIRATION, load_balancing_strategy=strategy,
                       shutdown_timeout=5.0)
@@ -105,7 +102,7 @@ async def run_scenario(seed: int, partitions: int, processors: int, strategy: st
     loop = asyncio.get_running_loop()
     producer = asyncio.ensure_future(cluster.produce_for(FAULT_WINDOW + 40, rate=20))
     await cluster.wait_until(lambda: cluster.settled(running), timeout=60)
-    stops: List[float] = []
+    stops: list[float] = []
 
     async def timed_stop(p, release=True):
         started = loop.time()

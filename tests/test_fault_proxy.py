@@ -6,7 +6,7 @@ import http.client
 import http.server
 import threading
 import time
-from typing import AsyncIterator, Iterator, List
+from collections.abc import AsyncIterator, Iterator
 
 import aiohttp
 import pytest
@@ -19,7 +19,7 @@ class Service:
     """An HTTP service on loopback that records the requests it processed."""
 
     def __init__(self) -> None:
-        self.processed: List[str] = []
+        self.processed: list[str] = []
         self.port = 0
 
     async def handle(self, request: web.Request) -> web.Response:

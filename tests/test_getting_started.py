@@ -47,7 +47,6 @@ import sys
 import time
 import uuid
 from pathlib import Path
-from typing import Dict, List, Optional
 
 import pytest
 
@@ -61,7 +60,7 @@ WHEELHOUSE = Path(sys.prefix) / "getting-started-wheels"
 NOISE = re.compile(r"Traceback|WARNING|\bERROR\b|Error:|Unclosed|Task exception")
 
 
-def _requirements() -> List[str]:
+def _requirements() -> list[str]:
     cfg = configparser.ConfigParser()
     cfg.read(ROOT / "setup.cfg")
     lines = cfg["options"]["install_requires"].splitlines()
@@ -95,7 +94,7 @@ class Walk:
         self.clone = clone
         self.venv = venv
         self.marker = marker
-        self.env: Dict[str, str] = {
+        self.env: dict[str, str] = {
             key: value for key, value in os.environ.items()
             if not key.startswith(("PYTHON", "VIRTUAL_ENV", "PIP_", "EVENTHUB_", "STORAGE_", "EVENTPROCESSOR_",
                                    "AZURITE_"))}
@@ -104,10 +103,10 @@ class Walk:
             "PIP_NO_INDEX": "1", "PIP_FIND_LINKS": str(wheels), "PIP_DISABLE_PIP_VERSION_CHECK": "1",
             MARKER: marker,
         })
-        self.background: List[subprocess.Popen] = []
-        self.transcript: List[str] = []
+        self.background: list[subprocess.Popen] = []
+        self.transcript: list[str] = []
 
-    def run(self, command: str, *, timeout: float = 180, expect: int = 0, cwd: Optional[Path] = None) -> str:
+    def run(self, command: str, *, timeout: float = 180, expect: int = 0, cwd: Path | None = None) -> str:
         """Run ``command`` in bash as typed; return stdout + stderr."""
         out = subprocess.run(["bash", "-c", command], capture_output=True, text=True, timeout=timeout, env=self.env,
                              cwd=cwd or self.clone)
@@ -167,25 +166,25 @@ class ClonedDocs:
     def page(self, name: str) -> str:
         return self.pages[name]
 
-    def block(self, name: str) -> List[str]:
+    def block(self, name: str) -> list[str]:
         """The lines of the block marked ``<!-- getting-started: name -->``, on whichever page."""
         pattern = rf"<!-- getting-started: {re.escape(name)} -->\s*(?:<!--.*?-->\s*)*```bash\n(.*?)```"
         found = [match for text in self.pages.values() if (match := re.search(pattern, text, re.S))]
         assert len(found) == 1, f"{len(found)} getting-started blocks {name!r} in the docs"
         return [line for line in found[0].group(1).splitlines() if line.strip()]
 
-    def find(self, pattern: str, what: str) -> "re.Match[str]":
+    def find(self, pattern: str, what: str) -> re.Match[str]:
         found = [match for text in self.pages.values() if (match := re.search(pattern, text, re.S))]
         assert found, f"the docs have no {what}"
         return found[0]
 
 
-def _send_events(connection_string: str, count_per_partition: int) -> Dict[str, int]:
+def _send_events(connection_string: str, count_per_partition: int) -> dict[str, int]:
     """What a producer would have sent: a few events to each partition of ``telemetry``."""
     from azure.eventhub import EventData
     from azure.eventhub.aio import EventHubProducerClient
 
-    async def send() -> Dict[str, int]:
+    async def send() -> dict[str, int]:
         async with EventHubProducerClient.from_connection_string(connection_string, eventhub_name="telemetry") as p:
             ids = await p.get_partition_ids()
             for pid in ids:
@@ -270,7 +269,7 @@ def _walk(walk: Walk, docs: ClonedDocs, tmp_path: Path) -> None:
     # 6. The Event Hubs example on this machine, line by line as the guide's block says.
     example = docs.find(r"<!-- BEGIN eventhubs-example -->\s*```python\n(.*?)```", "eventhubs-example block")
     (walk.clone / "eventhubs_example.py").write_text(example.group(1), encoding="utf-8")
-    sent: Dict[str, int] = {}
+    sent: dict[str, int] = {}
     for line in docs.block("eventhubs-local"):
         command = line.split("  #")[0].strip()
         if command == "eventprocessor azurite &":

@@ -15,7 +15,6 @@ import asyncio
 import concurrent.futures
 import threading
 import time
-from typing import List, Tuple
 
 import pytest
 
@@ -27,7 +26,7 @@ SHORT = dict(load_balancing_interval=0.3, partition_ownership_expiration_interva
 BLOCK = 3.5  # longer than the lease
 
 
-def blocking_handler(log: List[Tuple[str, int, float, str]]) -> type:
+def blocking_handler(log: list[tuple[str, int, float, str]]) -> type:
     class Blocking(PartitionProcessor):
         async def process_events(self, events, context):
             log.append((context.partition_id, events[0].sequence_number, time.monotonic(),
@@ -39,8 +38,8 @@ def blocking_handler(log: List[Tuple[str, int, float, str]]) -> type:
     return Blocking
 
 
-async def run(executor) -> Tuple[EventProcessor, List[Tuple[str, int, float, str]], list]:
-    log: List[Tuple[str, int, float, str]] = []
+async def run(executor) -> tuple[EventProcessor, list[tuple[str, int, float, str]], list]:
+    log: list[tuple[str, int, float, str]] = []
     source, store = MemoryEventSource(2), InMemoryCheckpointStore()
     processor = EventProcessor(source, store, blocking_handler(log), handler_executor=executor, **SHORT)
     async with processor:

@@ -7,15 +7,12 @@ from __future__ import annotations
 
 import asyncio
 from collections import Counter
-from typing import Dict, List
 
 import pytest
 
 from eventprocessor import CloseReason, EventProcessor, PartitionProcessor
-from eventprocessor.balancer import LoadBalancingStrategy, static_assignment
-from eventprocessor.testing import run_virtual
-
-from eventprocessor.testing import Cluster
+from eventprocessor.balancer import static_assignment
+from eventprocessor.testing import Cluster, run_virtual
 
 OPTIONS = dict(load_balancing_interval=1.0, partition_ownership_expiration_interval=12.0)
 
@@ -24,7 +21,7 @@ def closes_by_reason(cluster: Cluster) -> Counter:
     return Counter(reason for _owner, _pid, reason in cluster.ledger.closes)
 
 
-async def balanced(cluster: Cluster, running: List[EventProcessor], timeout: float = 60) -> float:
+async def balanced(cluster: Cluster, running: list[EventProcessor], timeout: float = 60) -> float:
     def ok() -> bool:
         counts = [len(p.owned_partitions) for p in running]
         owned = set().union(*(p.owned_partitions for p in running))
@@ -95,17 +92,17 @@ def test_rolling_restart_of_four_processors_has_no_duplicates_and_reports_pauses
     assert max(pauses.values()) < OPTIONS["partition_ownership_expiration_interval"]
 
 
-def pause_per_partition(cluster: Cluster) -> Dict[str, float]:
+def pause_per_partition(cluster: Cluster) -> dict[str, float]:
     """The longest gap between two claims' deliveries of each partition: from the last
     batch of one owner to the first batch of the next."""
-    longest: Dict[str, float] = {}
-    by_partition: Dict[str, list] = {}
+    longest: dict[str, float] = {}
+    by_partition: dict[str, list] = {}
     for d in cluster.ledger.deliveries:
         by_partition.setdefault(d.partition_id, []).append(d)
     for pid, batches in by_partition.items():
         batches.sort(key=lambda d: d.started)
         gap = 0.0
-        for a, b in zip(batches, batches[1:]):
+        for a, b in zip(batches, batches[1:], strict=False):
             if (a.owner_id, a.epoch) != (b.owner_id, b.epoch):
                 gap = max(gap, b.started - (a.ended or a.started))
         longest[pid] = gap
@@ -250,7 +247,7 @@ def test_balance_factor_tolerates_small_imbalance(factor, moves):
     assert (a_count, b_count) == ((5, 4) if factor == 1 else (6, 3))
 
 
-def _names(listing, owner_id: str) -> List[str]:
+def _names(listing, owner_id: str) -> list[str]:
     return sorted(r.partition_id for r in listing.ownerships if r.owner_id == owner_id)
 
 

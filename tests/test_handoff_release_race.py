@@ -16,13 +16,11 @@ from __future__ import annotations
 
 import asyncio
 from collections import Counter
-from typing import Iterable, List, Set
+from collections.abc import Iterable
 
 from eventprocessor import CloseReason
 from eventprocessor.records import Ownership
-from eventprocessor.testing import FaultyStore, run_virtual
-
-from eventprocessor.testing import Cluster
+from eventprocessor.testing import Cluster, FaultyStore, run_virtual
 
 OPTIONS = dict(load_balancing_interval=1.0, partition_ownership_expiration_interval=12.0)
 
@@ -35,9 +33,9 @@ class RenewalLandsFirst(FaultyStore):
     def __init__(self, inner, owner: str) -> None:
         super().__init__(inner)
         self.owner = owner
-        self.raced: Set[str] = set()
+        self.raced: set[str] = set()
 
-    async def claim_ownership(self, ownerships: Iterable[Ownership]) -> List[Ownership]:
+    async def claim_ownership(self, ownerships: Iterable[Ownership]) -> list[Ownership]:
         claims = list(ownerships)
         for claim in claims:
             if claim.owner_id == self.owner or claim.partition_id in self.raced:

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 from dataclasses import replace
 from datetime import datetime, timedelta, timezone
-from typing import Dict, List, Optional
 
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
@@ -42,14 +41,14 @@ class FakePump:
 
     def __init__(self) -> None:
         self.alive = True
-        self.stopped_with: Optional[object] = None
+        self.stopped_with: object | None = None
 
     def stop(self, reason: object) -> None:
         self.stopped_with = reason  # the pump ends later, on its own task
 
 
 def record(pid: str, owner: str, epoch: int, etag: str, *, requested_by: str = "",
-           modified: Optional[datetime] = None) -> Ownership:
+           modified: datetime | None = None) -> Ownership:
     return Ownership("ns", "hub", "$default", pid, owner, last_modified_time=modified or EPOCH_ZERO, etag=etag,
                      epoch=epoch, requested_by=requested_by)
 
@@ -58,9 +57,9 @@ class LifeCycle(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
         self.now = 0.0
-        self.leases: Dict[str, Lease] = {}
+        self.leases: dict[str, Lease] = {}
         self.etags = 0
-        self.history: List[tuple] = []  # (partition, from, to) of every move
+        self.history: list[tuple] = []  # (partition, from, to) of every move
 
     # ------------------------------------------------------------------ helpers
     def _etag(self) -> str:
@@ -72,7 +71,7 @@ class LifeCycle(RuleBasedStateMachine):
         lease.move(to)  # raises on a move the life cycle does not allow
         self.history.append((lease.partition_id, before, to))
 
-    def _apply(self, snapshot: Optional[Snapshot]) -> None:
+    def _apply(self, snapshot: Snapshot | None) -> None:
         """Carry out reconcile's result the way EventProcessor._reconcile does."""
         views = [lease.view() for lease in self.leases.values()]
         result = reconcile(views, now=self.now, owner_id=ME, snapshot=snapshot, expiration=EXPIRATION)
@@ -164,7 +163,7 @@ class LifeCycle(RuleBasedStateMachine):
         are clamped: a listing is never sent in the future)."""
         sent_at = max(0.0, self.now - max(age, 0.0))
         server_time = EPOCH_ZERO + timedelta(seconds=self.now + 1000)
-        records: Dict[str, Ownership] = {}
+        records: dict[str, Ownership] = {}
         unreadable = set()
         for pid in PARTITIONS:
             lease = self.leases.get(pid)

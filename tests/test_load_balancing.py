@@ -10,13 +10,18 @@ from __future__ import annotations
 
 import asyncio
 import os
-from typing import Dict, List, Optional, Tuple
 
 import pytest
 
 from eventprocessor import LoadPolicy, OwnershipLostError, PartitionProcessor
-from eventprocessor.load_plan import MemberLoad, PartitionLoad, decode_load, demanded_utilization, encode_load, \
-    plan_moves
+from eventprocessor.load_plan import (
+    MemberLoad,
+    PartitionLoad,
+    decode_load,
+    demanded_utilization,
+    encode_load,
+    plan_moves,
+)
 from eventprocessor.testing import Cluster, run_virtual
 
 PARTITIONS = 24
@@ -42,7 +47,7 @@ class Core:
         self.cost = cost
         self.lock = asyncio.Lock()
         self._done = 0.0  # busy seconds of finished work
-        self._since: Optional[float] = None  # when the work in progress began
+        self._since: float | None = None  # when the work in progress began
         self._last = (0.0, 0.0)
 
     @property
@@ -68,7 +73,7 @@ class Core:
         return 0.0 if now <= at else (busy - before) / (now - at)
 
 
-def handler(cluster: Cluster, cores: Dict[str, Core]) -> type:
+def handler(cluster: Cluster, cores: dict[str, Core]) -> type:
     class Working(PartitionProcessor):
         async def process_events(self, events, context):
             cluster.ledger.record(context, events, asyncio.get_running_loop().time())
@@ -96,11 +101,11 @@ async def produce(cluster: Cluster, seconds: float, hot_factor: int = 10) -> Non
         await asyncio.sleep(1 / UNIT)
 
 
-def utilisations(cores: Dict[str, Core], busy_before: Dict[str, float], seconds: float) -> List[float]:
+def utilisations(cores: dict[str, Core], busy_before: dict[str, float], seconds: float) -> list[float]:
     return [(core.busy - busy_before[name]) / seconds for name, core in cores.items()]
 
 
-async def start_fleet(cluster: Cluster, cores: Dict[str, "Core"], balance_by: str) -> list:
+async def start_fleet(cluster: Cluster, cores: dict[str, Core], balance_by: str) -> list:
     """One processor per core, metered by it; started, and every partition owned."""
     cluster.handler = handler(cluster, cores)
     processors = [cluster.add(name, balance_by=balance_by, load_policy=POLICY, load_meter=core.utilization)
@@ -111,7 +116,7 @@ async def start_fleet(cluster: Cluster, cores: Dict[str, "Core"], balance_by: st
     return processors
 
 
-async def scenario(balance_by: str, seed: int = 7) -> Tuple[float, Tuple[int, int], int, int, int, int]:
+async def scenario(balance_by: str, seed: int = 7) -> tuple[float, tuple[int, int], int, int, int, int]:
     """(max/mean utilisation over the last minute, the backlog 20 s before and at the end,
     handoffs, duplicates, events produced, the most partitions that left one processor
     within one load-balancing interval once every partition was owned)."""
@@ -147,7 +152,7 @@ async def scenario(balance_by: str, seed: int = 7) -> Tuple[float, Tuple[int, in
             burst)
 
 
-def assert_load_aware_balanced(ratio: float, backlog: Tuple[int, int], moves: int, duplicates: int,
+def assert_load_aware_balanced(ratio: float, backlog: tuple[int, int], moves: int, duplicates: int,
                                produced: int, burst: int) -> None:
     # Within the threshold of the mean, and the backlog does not grow (what is left is the
     # queue of a busy fleet: about two seconds of events).
@@ -190,7 +195,7 @@ def test_load_aware_balancing_ends_near_the_mean_and_drains_the_lag_whatever_the
 BUSY_COST = 0.065  # an even partition needs 13 % of a core; a fair share of six, 78 %
 
 
-async def busy_fleet(balance_by: str) -> Tuple[int, int]:
+async def busy_fleet(balance_by: str) -> tuple[int, int]:
     """Even partitions over a busy fleet where one processor is 1.5x slower: with its fair
     count (6) it needs 117 % of its core. Its utilisation shows 1.0 against a mean of
     0.84, 1.2x the mean, inside the dead band; only its growing lag tells it falls behind.
@@ -223,7 +228,7 @@ def test_a_saturated_processor_inside_the_dead_band_sheds_load_by_its_lag():
     assert late <= early + 10, (early, late)
 
 
-def _fleet(saturated_growth: float) -> Dict[str, MemberLoad]:
+def _fleet(saturated_growth: float) -> dict[str, MemberLoad]:
     """Four equal machines (1/600 of a core per event/s). "a" processes 600 events/s over
     six partitions at utilisation 1.0 (saturated); its lags grow by ``saturated_growth``
     events/s each. The others process 480 events/s at 0.8."""

@@ -3,8 +3,6 @@ budget, convergent on any steady load, and quiet under noise (hypothesis)."""
 from __future__ import annotations
 
 import os
-import random
-from typing import Dict, List, Tuple
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -27,7 +25,7 @@ def fleets(draw):
     return members, cost, rates, owners
 
 
-def loads_of(members, cost, rates, owners, ages) -> Dict[str, MemberLoad]:
+def loads_of(members, cost, rates, owners, ages) -> dict[str, MemberLoad]:
     """Utilisation as the fleet would measure it: a baseline plus each event's cost."""
     out = {}
     for m in members:
@@ -70,7 +68,7 @@ def test_the_plan_never_exceeds_its_move_budget(fleet):
     assert all(target != owners[p] for p, target in moves.items())
 
 
-def _simulate(members, cost, rates, owners, rounds: int) -> Tuple[List[float], List[int], Dict[str, int]]:
+def _simulate(members, cost, rates, owners, rounds: int) -> tuple[list[float], list[int], dict[str, int]]:
     ages = {p: 1e9 for p in rates}
     owners = dict(owners)
     peaks, moved, moves_of = [], [], {p: 0 for p in rates}
@@ -111,8 +109,8 @@ def test_between_equal_machines_a_skewed_load_ends_within_the_threshold_of_the_m
     peaks, moved, _ = _simulate(members, cost, rates, owners, 60)
     final = loads_of(members, cost, rates, owners := _final_owners(members, cost, rates, owners, 60),
                      dict.fromkeys(rates, 1e9))
-    mean = sum(l.utilization for l in final.values()) / 4
-    assert max(l.utilization for l in final.values()) <= mean * (1 + POLICY.threshold) + 1e-9
+    mean = sum(load.utilization for load in final.values()) / 4
+    assert max(load.utilization for load in final.values()) <= mean * (1 + POLICY.threshold) + 1e-9
     assert peaks[-1] < peaks[0] / 2 and moved[-1] == 0
 
 
@@ -140,7 +138,8 @@ def test_noise_within_the_dead_band_moves_nothing(members, partitions, noise, rn
                 if o == m}
         # Measured utilisation wobbles by up to a tenth of the threshold around a balanced fleet.
         loads[m] = MemberLoad(base[m] * (1 + rng.uniform(-0.1, 0.1) * POLICY.threshold), mine)
-    spread = max(l.utilization for l in loads.values()) / (sum(l.utilization for l in loads.values()) / members)
+    utilizations = [load.utilization for load in loads.values()]
+    spread = max(utilizations) / (sum(utilizations) / members)
     if spread <= 1 + POLICY.threshold:
         assert plan_moves(loads, POLICY) == {}
 

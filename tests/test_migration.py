@@ -25,7 +25,7 @@ import asyncio
 import time
 import uuid
 from collections import defaultdict
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any
 
 import pytest
 
@@ -35,7 +35,7 @@ PARTITIONS = 4
 CLIENT_OPTIONS = dict(load_balancing_interval=1.0, partition_ownership_expiration_interval=10.0)
 
 
-def _classes(implementation: str) -> Tuple[Any, Any]:
+def _classes(implementation: str) -> tuple[Any, Any]:
     """The only difference between the programs: where the two classes come from.
     ``one-import`` changes only the consumer's import and keeps azure-eventhub's store,
     which the drop-in runs as ``stores.BlobCheckpointStore`` on the same container."""
@@ -57,13 +57,13 @@ class Callbacks:
     checkpoint after every batch."""
 
     def __init__(self) -> None:
-        self.events: Dict[str, List[Tuple[int, str]]] = defaultdict(list)
-        self.initialized: List[str] = []
-        self.closed: List[Tuple[str, str]] = []
-        self.errors: List[Tuple[Optional[str], str]] = []
-        self.last_enqueued: Dict[str, int] = {}
+        self.events: dict[str, list[tuple[int, str]]] = defaultdict(list)
+        self.initialized: list[str] = []
+        self.closed: list[tuple[str, str]] = []
+        self.errors: list[tuple[str | None, str]] = []
+        self.last_enqueued: dict[str, int] = {}
         self.names: set = set()
-        self.amqp: Dict[str, List[Tuple[Any, ...]]] = defaultdict(list)
+        self.amqp: dict[str, list[tuple[Any, ...]]] = defaultdict(list)
 
     async def on_event_batch(self, partition_context, events) -> None:
         for event in events:
@@ -92,7 +92,7 @@ class Callbacks:
     def total(self) -> int:
         return sum(len(v) for v in self.events.values())
 
-    def sequence_numbers(self) -> Dict[str, List[int]]:
+    def sequence_numbers(self) -> dict[str, list[int]]:
         return {pid: [seq for seq, _body in events] for pid, events in sorted(self.events.items())}
 
 
@@ -133,7 +133,7 @@ async def _produce(conn: str, hub: str, phase: str, per_partition: int) -> None:
                                       partition_id=str(pid))
 
 
-def _amqp_properties(pid: int, i: int) -> Dict[str, Any]:
+def _amqp_properties(pid: int, i: int) -> dict[str, Any]:
     """What the producer sets on event ``i`` of partition ``pid``: strings, nothing, or a
     UUID message id with an int correlation id (AMQP allows ulong, uuid, binary, string)."""
     if i % 3 == 0:
@@ -168,7 +168,7 @@ async def _container(azurite: Any) -> str:
 
 
 async def _checkpoints(implementation: str, storage: str, container: str, namespace: str, hub: str,
-                       group: str) -> Dict[str, Tuple[int, str]]:
+                       group: str) -> dict[str, tuple[int, str]]:
     """Checkpoints as ``implementation``'s store reads them: (sequence number, offset)."""
     _client, BlobCheckpointStore = _classes(implementation)
     store = BlobCheckpointStore.from_connection_string(storage, container)
@@ -224,7 +224,7 @@ async def test_each_client_resumes_from_the_other_s_checkpoints(eventhubs_emulat
     container = await _container(azurite)
     group = "cg1"
     phases = [("a", 0, 12), ("b", 12, 20), ("c", 20, 25)]  # (label, first sequence number, end)
-    for implementation, (label, first, end) in zip(order, phases):
+    for implementation, (label, first, end) in zip(order, phases, strict=False):
         await _produce(conn, hub, label, end - first)
         run = await consume(implementation, conn=conn, hub=hub, group=group, storage=storage, container=container,
                             expected=(end - first) * PARTITIONS)

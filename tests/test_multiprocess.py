@@ -22,7 +22,6 @@ from collections import Counter
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import Dict, List, Optional
 
 import pytest
 
@@ -77,8 +76,8 @@ async def _spawn(owner_id: str, container: str, connection_string: str, tmp_path
 class Snapshot:
     """The live (unexpired, owned) records, judged on the store's clock."""
 
-    owners: Dict[str, str]  # partition id -> owner id
-    modified: Dict[str, datetime]  # partition id -> last modified (store time)
+    owners: dict[str, str]  # partition id -> owner id
+    modified: dict[str, datetime]  # partition id -> last modified (store time)
     server_time: datetime
 
     def counts(self) -> Counter:
@@ -87,8 +86,8 @@ class Snapshot:
 
 async def _snapshot(store, namespace: str, eventhub: str) -> Snapshot:
     listing = await store.list_ownership(namespace, eventhub, CONSUMER_GROUP)
-    owners: Dict[str, str] = {}
-    modified: Dict[str, datetime] = {}
+    owners: dict[str, str] = {}
+    modified: dict[str, datetime] = {}
     for record in listing.ownerships:
         if record.is_released or record.last_modified_time is None:
             continue
@@ -99,7 +98,7 @@ async def _snapshot(store, namespace: str, eventhub: str) -> Snapshot:
     return Snapshot(owners, modified, listing.server_time)
 
 
-def _fail(message: str, workers: List[WorkerHandle]) -> None:
+def _fail(message: str, workers: list[WorkerHandle]) -> None:
     pytest.fail(message + "\n" + "\n".join(w.diagnostics() for w in workers), pytrace=False)
 
 
@@ -108,7 +107,7 @@ async def test_three_processes_balance_then_survivors_take_over_a_killed_one(azu
 
     container = f"mp-{uuid.uuid4().hex[:12]}"
     store = BlobCheckpointStore.from_connection_string(azurite.connection_string, container)
-    workers: List[WorkerHandle] = []
+    workers: list[WorkerHandle] = []
     try:
         for index in range(WORKERS):
             workers.append(await _spawn(f"worker-{index}", container, azurite.connection_string, tmp_path))
@@ -149,8 +148,8 @@ async def test_three_processes_balance_then_survivors_take_over_a_killed_one(azu
         ticks_at_kill = {w.owner_id: w.ticks for w in survivors}
         # The dead worker's last write, on the store's clock: the latest timestamp seen
         # on any of its records (a write in flight at the kill shows up in later polls).
-        victim_last_write: Optional[datetime] = None
-        takeover_modified: Dict[str, datetime] = {}
+        victim_last_write: datetime | None = None
+        takeover_modified: dict[str, datetime] = {}
         while True:
             snap = await _snapshot(store, namespace, eventhub)
             for partition, owner in snap.owners.items():

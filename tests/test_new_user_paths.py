@@ -28,10 +28,10 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
-from typing import Dict, Iterator, List, Optional, Sequence
 
 import click
 import pytest
@@ -49,7 +49,7 @@ MARKER = "EVENTPROCESSOR_TEST_MARKER"
 # --------------------------------------------------------------------------- helpers
 
 
-def processes_marked(marker: str) -> List[int]:
+def processes_marked(marker: str) -> list[int]:
     """PIDs of the live processes whose environment carries ``MARKER=marker``."""
     needle = f"{MARKER}={marker}\0".encode()
     found = []
@@ -85,7 +85,7 @@ def assert_nothing_left(marker: str, grace: float = 3.0) -> None:
     assert not left, "processes left running after the command ended:\n" + "\n".join(details)
 
 
-def environment(marker: Optional[str] = None, **extra: str) -> Dict[str, str]:
+def environment(marker: str | None = None, **extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("EVENTHUB_", "STORAGE_", "EVENTPROCESSOR_"))}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
@@ -115,7 +115,7 @@ else:
 """
 
 
-def run_without(blocked: Sequence[str], argv: Sequence[str], *, env: Dict[str, str], timeout: float = 60,
+def run_without(blocked: Sequence[str], argv: Sequence[str], *, env: dict[str, str], timeout: float = 60,
                 cwd: Path = ROOT) -> subprocess.CompletedProcess:
     code = WITHOUT.format(blocked=list(blocked), argv=list(argv))
     return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout, env=env,
@@ -446,15 +446,15 @@ def test_the_migration_sample_checks_its_packages_before_starting_anything():
 NOT_YET: set = set()
 
 
-def _install_hints() -> List[str]:
+def _install_hints() -> list[str]:
     """Every ``pip install ...`` a user is told, in the README and every page of the
     docs, the samples and the program sources, as written (up to the end of its code
     span or line)."""
-    texts = [docs_pages.text(page) for page in docs_pages.pages()] + [path.read_text(encoding="utf-8") for folder in ("eventprocessor", "eventprocessor.cli",
-                                                                         "stores", "emulators", "samples", "docs",
-                                                                         "benchmarks")
-                        for path in sorted((ROOT / folder).rglob("*.py"))
-                        if str(path.relative_to(ROOT)) not in NOT_YET]
+    texts = [docs_pages.text(page) for page in docs_pages.pages()]
+    folders = ("eventprocessor", "harness", "samples", "docs", "benchmarks")
+    texts += [path.read_text(encoding="utf-8") for folder in folders
+              for path in sorted((ROOT / folder).rglob("*.py"))
+              if str(path.relative_to(ROOT)) not in NOT_YET]
     hints = []
     for text in texts:
         for match in re.finditer(r"pip install[^`\n\"]*", text):
@@ -470,7 +470,7 @@ def test_every_install_hint_quotes_its_brackets_and_names_no_package_the_index_l
     for hint in hints:
         words = shlex.split(hint.replace("{", "").replace("}", ""), posix=True)
         raw = hint.split()
-        for word, written in zip(words, raw):
+        for word, written in zip(words, raw, strict=False):
             if "[" in word:
                 assert written.startswith(("'", '"')), f"unquoted brackets (a glob in zsh): {hint!r}"
         assert not re.search(r"(?<![\w/.-])eventprocessor\[", hint.replace("'", "")) or "@" in hint, \
@@ -499,7 +499,7 @@ def test_the_install_hint_of_a_wheel_names_the_wheel(monkeypatch, tmp_path):
     wheel.write_bytes(b"")
 
     class Installed:
-        def read_text(self, name: str) -> Optional[str]:
+        def read_text(self, name: str) -> str | None:
             assert name == "direct_url.json"
             return json.dumps({"url": wheel.as_uri(), "archive_info": {}})
 
@@ -656,16 +656,16 @@ def test_the_demo_prints_the_status_command_that_watches_it_and_warns_about_noth
     assert_nothing_left(marker)
 
 
-def _run_in_terminal(args: Sequence[str], columns: int = 120, rows: int = 30, timeout: float = 120) -> List[str]:
+def _run_in_terminal(args: Sequence[str], columns: int = 120, rows: int = 30, timeout: float = 120) -> list[str]:
     """Run the CLI in a pseudo-terminal and return what the terminal shows, scrollback
     first, as a terminal emulator (pyte) renders it."""
+    import fcntl
     import pty
     import select
     import struct
-
-    import fcntl
-    import pyte
     import termios
+
+    import pyte
 
     pid, fd = pty.fork()
     if pid == 0:  # pragma: no cover - the child
@@ -716,7 +716,7 @@ def test_the_live_table_leaves_a_clean_scrollback():
 # --------------------------------------------------------------------------- npm ci, numeric options, the benchmark
 
 
-def _excluding(ranges: Dict[str, str], version: str) -> Dict[str, str]:
+def _excluding(ranges: dict[str, str], version: str) -> dict[str, str]:
     """The entries of ``ranges`` (name: semver range) that ``version`` does not satisfy,
     judged by npm's own semver package (node_modules/semver)."""
     code = ("const s=require('semver');const r=JSON.parse(process.argv[1]);"
@@ -758,10 +758,10 @@ def test_the_pinned_azurite_accepts_the_node_the_readme_names(tmp_path):
     assert "EBADENGINE" not in out.stdout + out.stderr, out.stderr
 
 
-def _every_option() -> List[tuple]:
+def _every_option() -> list[tuple]:
     found = []
 
-    def walk(command: click.Command, path: List[str]) -> None:
+    def walk(command: click.Command, path: list[str]) -> None:
         for param in command.params:
             if isinstance(param, click.Option):
                 found.append((" ".join(path), param))
@@ -817,8 +817,9 @@ def test_the_docs_document_the_status_expiration_the_cli_uses():
     documented = re.search(r"`--expiration` must be the processors' `partition_ownership_expiration_interval`\s+"
                            r"\(default (\d+) s", DOCS)
     assert documented and float(documented.group(1)) == default, (documented and documented.group(0), default)
-    from eventprocessor import EventProcessor
     import inspect
+
+    from eventprocessor import EventProcessor
 
     assert inspect.signature(EventProcessor.__init__).parameters[
         "partition_ownership_expiration_interval"].default == default
@@ -826,8 +827,8 @@ def test_the_docs_document_the_status_expiration_the_cli_uses():
 
 def test_the_docs_blob_layout_names_the_member_prefix_the_store_writes():
     pytest.importorskip("azure.storage.blob")
-    from eventprocessor.stores.protocol import MEMBER
     from eventprocessor.stores.blob import BlobRecords
+    from eventprocessor.stores.protocol import MEMBER
 
     prefix = BlobRecords.prefix(MEMBER, ("{namespace}", "{eventhub}", "{consumer_group}"))
     layout = re.search(r"## Blob layout\n.*?```text\n(.*?)```", docs_pages.text(docs_pages.DOCS / "howto" /

@@ -6,35 +6,32 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Dict, List, Tuple
 
 import pytest
 
 from eventprocessor.processor import OWNERSHIP_LOG_FIELDS, OWNERSHIP_REASONS
-from eventprocessor.testing import run_virtual
-
-from eventprocessor.testing import Cluster
+from eventprocessor.testing import Cluster, run_virtual
 
 OPTIONS = dict(load_balancing_interval=1.0, partition_ownership_expiration_interval=8.0)
 LOGGER = "eventprocessor"  # ownership lines come from eventprocessor.lease_table
 
 
-def _changes(caplog: pytest.LogCaptureFixture) -> List[Dict[str, object]]:
+def _changes(caplog: pytest.LogCaptureFixture) -> list[dict[str, object]]:
     """The ownership-change records, as their structured fields plus level and message."""
     found = []
     for record in caplog.records:
         if record.name.startswith(LOGGER) and hasattr(record, "eventprocessor.reason"):
-            fields: Dict[str, object] = {name.split(".", 1)[1]: getattr(record, name) for name in OWNERSHIP_LOG_FIELDS}
+            fields: dict[str, object] = {name.split(".", 1)[1]: getattr(record, name) for name in OWNERSHIP_LOG_FIELDS}
             fields.update(level=record.levelname, message=record.getMessage())
             found.append(fields)
     return found
 
 
-def _by(changes: List[Dict[str, object]], reason: str) -> List[Tuple[object, object, object]]:
+def _by(changes: list[dict[str, object]], reason: str) -> list[tuple[object, object, object]]:
     return sorted((c["owner_id"], c["partition_id"], c["epoch"]) for c in changes if c["reason"] == reason)
 
 
-def _common_checks(changes: List[Dict[str, object]]) -> None:
+def _common_checks(changes: list[dict[str, object]]) -> None:
     assert changes
     assert {c["reason"] for c in changes} <= set(OWNERSHIP_REASONS)
     assert all(c["eventhub_name"] == "hub" and c["consumer_group"] == "$default" for c in changes)

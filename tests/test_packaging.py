@@ -5,10 +5,8 @@ import ast
 import configparser
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Dict, Iterator, List, Set, Tuple
-
-import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -61,7 +59,7 @@ def _module_name(path: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def _imported_modules(path: Path) -> Iterator[Tuple[str, int]]:
+def _imported_modules(path: Path) -> Iterator[tuple[str, int]]:
     module = _module_name(path)
     here = module if path.name == "__init__.py" else module.rpartition(".")[0]
     for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
@@ -109,8 +107,10 @@ def test_no_module_imports_a_layer_above_its_own():
 
 
 def test_the_spark_source_builds_on_the_core_and_the_stores_only_and_pulls_in_no_pyspark_until_asked():
-    code = ("import sys, eventprocessor.spark, eventprocessor.spark.source.offsets, eventprocessor.spark.source.options; "
-            "before = sorted(m for m in sys.modules if m.split('.')[0] == 'pyspark' or m.startswith('eventprocessor.stores')); "
+    code = ("import sys, eventprocessor.spark, eventprocessor.spark.source.offsets, "
+            "eventprocessor.spark.source.options; "
+            "before = sorted(m for m in sys.modules "
+            "if m.split('.')[0] == 'pyspark' or m.startswith('eventprocessor.stores')); "
             "from eventprocessor.spark import EventHubsDataSource; "
             "print(before, EventHubsDataSource.name(), 'pyspark' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT)
@@ -130,8 +130,8 @@ def test_nothing_in_the_package_imports_the_harness_the_tests_or_the_benchmarks_
 # Tests and benchmarks use the SDK's public names only, and tests never import the
 # benchmarks (a benchmark's own machinery is tested by running it as a program). Each
 # entry below is a known exception, with who is to remove it.
-IMPORTS_BENCHMARKS_STILL: Set[str] = set()
-PRIVATE_IMPORTS_STILL: Dict[str, Set[str]] = {}
+IMPORTS_BENCHMARKS_STILL: set[str] = set()
+PRIVATE_IMPORTS_STILL: dict[str, set[str]] = {}
 SDK = ("eventprocessor",)
 
 
@@ -174,12 +174,12 @@ def test_tests_benchmarks_and_samples_import_no_private_name_of_the_sdk():
 # Names bound any other way are not followed, so another library's internals are never
 # flagged; an SDK object reached another way can be missed. Each entry below is a known
 # exception, with who is to remove it.
-PRIVATE_ATTRIBUTES_STILL: Dict[str, Set[str]] = {}
+PRIVATE_ATTRIBUTES_STILL: dict[str, set[str]] = {}
 _SCOPES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)
 
 
-def _sdk_names(tree: ast.AST) -> Set[str]:
-    names: Set[str] = set()
+def _sdk_names(tree: ast.AST) -> set[str]:
+    names: set[str] = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module and node.module.split(".")[0] in SDK:
             names |= {alias.asname or alias.name for alias in node.names}
@@ -204,7 +204,7 @@ def _nested_scopes(node: ast.AST) -> Iterator[ast.AST]:
             yield from _nested_scopes(child)
 
 
-def _made_by(value: ast.AST, sdk: Set[str]) -> bool:
+def _made_by(value: ast.AST, sdk: set[str]) -> bool:
     """``value`` calls (and maybe awaits) an SDK name or one of its attributes."""
     if isinstance(value, ast.Await):
         value = value.value
@@ -216,7 +216,7 @@ def _made_by(value: ast.AST, sdk: Set[str]) -> bool:
     return isinstance(func, ast.Name) and func.id in sdk
 
 
-def _target_names(target: ast.AST) -> Set[str]:
+def _target_names(target: ast.AST) -> set[str]:
     """The names an assignment target binds: ``x``, ``x, y``, ``(x, [y, *z])``."""
     if isinstance(target, ast.Name):
         return {target.id}
@@ -227,7 +227,7 @@ def _target_names(target: ast.AST) -> Set[str]:
     return set()
 
 
-def _sdk_parameters(scope: ast.AST, sdk: Set[str]) -> Set[str]:
+def _sdk_parameters(scope: ast.AST, sdk: set[str]) -> set[str]:
     """Parameters of a function annotated with an SDK name (anywhere in the annotation)."""
     if not isinstance(scope, (ast.FunctionDef, ast.AsyncFunctionDef)):
         return set()
@@ -238,12 +238,12 @@ def _sdk_parameters(scope: ast.AST, sdk: Set[str]) -> Set[str]:
         isinstance(node, ast.Name) and node.id in sdk for node in ast.walk(argument.annotation))}
 
 
-def _private_attributes_of_sdk_objects(path: Path) -> List[Tuple[int, str]]:
+def _private_attributes_of_sdk_objects(path: Path) -> list[tuple[int, str]]:
     tree = ast.parse(path.read_text(), filename=str(path))
     sdk = _sdk_names(tree)
-    found: List[Tuple[int, str]] = []
+    found: list[tuple[int, str]] = []
 
-    def visit(scope: ast.AST, outer: Set[str]) -> None:
+    def visit(scope: ast.AST, outer: set[str]) -> None:
         nodes = list(_in_scope(scope))
         bound = set(outer) | _sdk_parameters(scope, sdk)
         for node in nodes:
@@ -286,7 +286,8 @@ def test_the_private_attribute_check_sees_reads_and_writes_and_leaves_other_libr
         "from eventprocessor.sources.eventhub import EventHubSource\n",
         "from eventprocessor.sources.eventhub import EventHubSource\nfrom eventprocessor import EventProcessor\n"))
     assert sorted(_private_attributes_of_sdk_objects(sample)) == sorted([
-        (12, "source._client_kwargs"), (7, "source._lean"), (9, "receiver._handler"), (10, "EventHubSource._new_client"),
+        (12, "source._client_kwargs"), (7, "source._lean"), (9, "receiver._handler"),
+        (10, "EventHubSource._new_client"),
         (15, "processor._taker"), (15, "pair._a"), (15, "single._b"), (15, "rest._c")])
 
 
@@ -301,7 +302,7 @@ def test_tests_benchmarks_and_samples_touch_no_private_attribute_of_an_sdk_objec
     assert not wrong, wrong
 
 
-def _module_imports(package: str) -> Dict[str, Set[str]]:
+def _module_imports(package: str) -> dict[str, set[str]]:
     """Module -> the modules of ``package`` it imports when it is imported (not those
     imported under ``TYPE_CHECKING`` or inside a function)."""
     modules = {}
@@ -309,7 +310,7 @@ def _module_imports(package: str) -> Dict[str, Set[str]]:
         parts = list(path.relative_to(ROOT).with_suffix("").parts)
         modules[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
 
-    def imported(module: str, statements: List[ast.stmt]) -> Iterator[str]:
+    def imported(module: str, statements: list[ast.stmt]) -> Iterator[str]:
         here = module if modules[module].name == "__init__.py" else module.rpartition(".")[0]
         for node in statements:
             if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
@@ -334,9 +335,9 @@ def _module_imports(package: str) -> Dict[str, Set[str]]:
 def test_no_import_cycles():
     graph = _module_imports("eventprocessor")
     cycles = []
-    done: Set[str] = set()
+    done: set[str] = set()
 
-    def walk(module: str, path: List[str]) -> None:
+    def walk(module: str, path: list[str]) -> None:
         if module in path:
             cycles.append(" -> ".join(path[path.index(module):] + [module]))
             return

@@ -11,7 +11,6 @@ import random
 from dataclasses import replace
 from datetime import datetime, timedelta, timezone
 from types import SimpleNamespace
-from typing import List
 
 import pytest
 
@@ -31,12 +30,12 @@ from eventprocessor.reporting import Reporter, Throttle
 from eventprocessor.sources import MemoryEventSource
 from eventprocessor.stats import ProcessorStats
 from eventprocessor.store_history import StoreHistory, went_back
+from eventprocessor.stores import InMemoryCheckpointStore
 from eventprocessor.tasks import TaskScope
 from eventprocessor.telemetry import Telemetry
 from eventprocessor.testing import VIRTUAL_EPOCH, FaultyStore, run_virtual, virtual_utc_clock
 from eventprocessor.watchdog import Watchdog
 from eventprocessor.writer import OwnershipWriter
-from eventprocessor.stores import InMemoryCheckpointStore
 
 SCOPE = ("memory.local", "hub", "$default")
 TIMING = Timing.derive(interval=1.0, expiration=12.0, renewal_age=None, store_timeout=None, shutdown_timeout=5.0,
@@ -55,7 +54,7 @@ def record(pid: str, owner: str = "me", epoch: int = 1, etag=None) -> Ownership:
     return Ownership(*SCOPE, pid, owner, epoch=epoch, etag=etag)
 
 
-def table(released: List = None, **kwargs) -> LeaseTable:
+def table(released: list = None, **kwargs) -> LeaseTable:
     return LeaseTable(owner_id="me", eventhub_name="hub", consumer_group="$default", describe="me", clock=LoopClock(),
                       timing=TIMING, stats=ProcessorStats(), telemetry=Telemetry(eventhub_name="hub",
                       consumer_group="$default", owner_id="me"),
@@ -67,7 +66,7 @@ def table(released: List = None, **kwargs) -> LeaseTable:
 def test_a_task_scope_awaits_or_cancels_every_task_it_started():
     async def scenario():
         scope = TaskScope("t")
-        ran: List[str] = []
+        ran: list[str] = []
 
         async def forever(name):
             try:
@@ -118,7 +117,7 @@ def test_the_writer_tells_won_lost_and_failed_apart():
 
 # ----------------------------------------------------------------------------- LeaseTable
 def test_the_lease_table_follows_one_claim_through_its_life(caplog):
-    released: List = []
+    released: list = []
 
     async def scenario():
         leases = table(released)
@@ -145,7 +144,7 @@ def test_the_lease_table_follows_one_claim_through_its_life(caplog):
 
     with caplog.at_level(logging.INFO, logger="eventprocessor"):
         leases = run_virtual(scenario())
-    assert len(leases) == 0 and [l.partition_id for l in released] == ["3"]
+    assert len(leases) == 0 and [load.partition_id for load in released] == ["3"]
     assert [getattr(r, "eventprocessor.reason") for r in caplog.records if hasattr(r, "eventprocessor.reason")] == \
         ["released"]
 
@@ -201,7 +200,7 @@ def test_a_paced_lease_table_answers_one_handoff_request_per_interval_after_the_
     out of one process in one interval). Paced at (1, interval), the table answers one
     request; the other keeps its request (and the record's etag) until one interval after
     the first handoff's record was written."""
-    released: List = []
+    released: list = []
 
     async def scenario():
         loop = asyncio.get_running_loop()
@@ -216,7 +215,7 @@ def test_a_paced_lease_table_answers_one_handoff_request_per_interval_after_the_
         assert leases.get(waiting).record.etag == "e1" and leases.get(waiting).record.requested_by  # kept
         pumps[handing].alive = False
         leases.reconcile(snapshot())  # the pump is gone: released, its record to be written
-        assert [l.partition_id for l in released] == [handing] and leases.handoffs_allowed(loop.time()) == 0
+        assert [load.partition_id for load in released] == [handing] and leases.handoffs_allowed(loop.time()) == 0
         await asyncio.sleep(0.5)
         leases.reconcile(snapshot())  # still being written: the other waits
         second = leases.get(waiting).state

@@ -8,15 +8,22 @@ from __future__ import annotations
 
 import asyncio
 from collections import defaultdict
-from typing import Dict, List, Set, Tuple
 
 import pytest
 
-from eventprocessor import (CloseReason, ConfigurationError, EventPosition, EventProcessor, InvalidCheckpointError,
-                            OwnershipLostError, PartitionProcessor, PoisonEventsError)
+from eventprocessor import (
+    CloseReason,
+    ConfigurationError,
+    EventPosition,
+    EventProcessor,
+    InvalidCheckpointError,
+    OwnershipLostError,
+    PartitionProcessor,
+    PoisonEventsError,
+)
 from eventprocessor.sources import MemoryEventSource
-from eventprocessor.testing import run_virtual, virtual_utc_clock
 from eventprocessor.stores import InMemoryCheckpointStore
+from eventprocessor.testing import run_virtual, virtual_utc_clock
 
 FAST = dict(load_balancing_interval=0.5, partition_ownership_expiration_interval=6.0)
 
@@ -46,7 +53,7 @@ class AuditedStore(InMemoryCheckpointStore):
 
     def __init__(self) -> None:
         super().__init__(clock=virtual_utc_clock())
-        self.accepted: List[Tuple[str, str, int, int, str, int]] = []
+        self.accepted: list[tuple[str, str, int, int, str, int]] = []
 
     async def update_checkpoint(self, checkpoint, *, owner_id, epoch):
         await super().update_checkpoint(checkpoint, owner_id=owner_id, epoch=epoch)
@@ -59,8 +66,8 @@ class AuditedStore(InMemoryCheckpointStore):
 
 def recorder_class():
     class Recorder(PartitionProcessor):
-        processed: Dict[str, Set[Tuple[str, int]]] = defaultdict(set)
-        closes: List[Tuple[str, CloseReason]] = []
+        processed: dict[str, set[tuple[str, int]]] = defaultdict(set)
+        closes: list[tuple[str, CloseReason]] = []
 
         async def process_events(self, events, context):
             for event in events:
@@ -80,7 +87,7 @@ def test_four_processors_32_partitions_balance_then_stop_and_crash_lose_nothing(
     async def scenario():
         source, store, handler = new_source(32), AuditedStore(), recorder_class()
         processors = [EventProcessor(source, store, handler, owner_id=f"p{i}", **FAST) for i in range(4)]
-        produced: List[Tuple[str, int]] = []
+        produced: list[tuple[str, int]] = []
         stop_producing = asyncio.Event()
 
         async def produce():
@@ -115,7 +122,7 @@ def test_four_processors_32_partitions_balance_then_stop_and_crash_lose_nothing(
     # no checkpoint was ever accepted from anyone but the current owner at that moment
     assert accepted and all(owner == cur_owner and epoch == cur_epoch
                             for _pid, owner, epoch, _seq, cur_owner, cur_epoch in accepted)
-    last: Dict[str, int] = {}
+    last: dict[str, int] = {}
     for pid, _owner, _epoch, seq, _co, _ce in accepted:  # so stored checkpoints never move backwards
         assert seq >= last.get(pid, -1)
         last[pid] = seq
@@ -123,8 +130,8 @@ def test_four_processors_32_partitions_balance_then_stop_and_crash_lose_nothing(
 
 
 def test_a_failing_batch_is_redelivered_from_memory_then_succeeds():
-    errors: List[Exception] = []
-    delivered: List[int] = []
+    errors: list[Exception] = []
+    delivered: list[int] = []
 
     class Flaky(PartitionProcessor):
         failed = False
@@ -156,9 +163,9 @@ def test_a_failing_batch_is_redelivered_from_memory_then_succeeds():
 def test_an_event_that_always_fails_is_retried_a_bounded_number_of_times_then_skipped():
     """Issue 12 row: a handler that raised on one event every time saw its batch
     redelivered every 5 s, forever, and the events after it were never processed."""
-    seen: Dict[int, int] = defaultdict(int)
-    poison_errors: List[PoisonEventsError] = []
-    dead: List[int] = []
+    seen: dict[int, int] = defaultdict(int)
+    poison_errors: list[PoisonEventsError] = []
+    dead: list[int] = []
 
     class Picky(PartitionProcessor):
         async def process_events(self, events, context):
@@ -220,7 +227,7 @@ def test_park_policy_stops_only_the_poisoned_partition():
 
 def test_slow_handler_stalls_neither_other_partitions_nor_the_balancing_loop():
     gate = asyncio.Event()
-    done: Set[str] = set()
+    done: set[str] = set()
 
     class Slow(PartitionProcessor):
         async def process_events(self, events, context):
@@ -308,7 +315,7 @@ def test_stop_releases_so_another_processor_claims_without_waiting_for_expiry():
 
 
 def test_factory_callable_and_initial_position_per_partition():
-    seen: List[Tuple[str, int]] = []
+    seen: list[tuple[str, int]] = []
 
     class Collect(PartitionProcessor):
         async def process_events(self, events, context):
@@ -331,7 +338,7 @@ def test_factory_callable_and_initial_position_per_partition():
 def test_checkpoints_are_refused_for_other_partitions_undelivered_events_and_rewinds():
     """Issue 12 row: update_checkpoint in partition 0's handler with an event of partition
     1 was accepted, and partition 0 resumed at partition 1's position."""
-    outcomes: Dict[str, object] = {}
+    outcomes: dict[str, object] = {}
     contexts = {}
 
     class Mixer(PartitionProcessor):
@@ -370,7 +377,7 @@ def test_checkpoints_are_refused_for_other_partitions_undelivered_events_and_rew
 def test_a_factory_that_returns_the_wrong_type_is_reported_once_and_stops_the_processor():
     """Issue 12 row: a factory that returns 42 printed 26 tracebacks in 3 s and never
     reached error_handler."""
-    reported: List[Exception] = []
+    reported: list[Exception] = []
 
     async def on_error(error, context):
         reported.append(error)
@@ -386,7 +393,7 @@ def test_a_factory_that_returns_the_wrong_type_is_reported_once_and_stops_the_pr
 
 
 def test_a_failing_process_error_reaches_error_handler_once():
-    reported: List[Exception] = []
+    reported: list[Exception] = []
 
     class Bad(PartitionProcessor):
         async def process_events(self, events, context):

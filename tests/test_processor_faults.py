@@ -8,16 +8,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import List
 
 import pytest
 
 from eventprocessor import CloseReason, EventProcessor, PartitionProcessor, StoreDataLostError
 from eventprocessor.lease import LeaseState
-from eventprocessor.testing import run_virtual
 from eventprocessor.stores import InMemoryCheckpointStore
-
-from eventprocessor.testing import Cluster, recording_handler
+from eventprocessor.testing import Cluster, run_virtual
 
 QUICK = dict(load_balancing_interval=1.0, partition_ownership_expiration_interval=12.0)
 
@@ -87,7 +84,7 @@ def test_listing_slower_than_the_interval_is_logged_and_never_costs_a_lease(capl
         await cluster.wait_until(lambda: len(a.owned_partitions) == 16, timeout=10)
         cluster.store.only = {"list_ownership"}
         cluster.store.latency = 4.0  # every listing takes 4 intervals
-        fenced: List[float] = []
+        fenced: list[float] = []
         loop = asyncio.get_running_loop()
         for _ in range(600):  # 5 minutes, ten expirations
             await asyncio.sleep(0.5)
@@ -185,7 +182,7 @@ def test_a_black_holed_store_self_fences_before_the_records_could_expire():
         a = cluster.add(load_balancing_strategy="greedy")
         await a.start()
         await cluster.wait_until(lambda: len(a.owned_partitions) == 2, timeout=10)
-        loop = asyncio.get_running_loop()
+        asyncio.get_running_loop()
         cluster.store.hang = True
         listing = await cluster.memory.list_ownership("memory.local", "hub", "$default")
         last_write = max(r.last_modified_time for r in listing.ownerships)
@@ -399,7 +396,7 @@ def test_the_renewer_sleeps_while_it_has_nothing_to_renew():
                          consumer_group="$default", owner_id="t"), on_released=lambda leases: None,
                          on_refreshed=lambda: None)
         renewer = LeaseRenewer(table=table, writer=OwnershipWriter(InMemoryCheckpointStore()), clock=clock,
-                               on_contested=lambda: None, on_error=lambda e, l: None, describe="t")
+                               on_contested=lambda: None, on_error=lambda error, lease: None, describe="t")
         task = asyncio.ensure_future(renewer.run())
         await asyncio.sleep(100)
         renewer.wake()

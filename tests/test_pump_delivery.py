@@ -16,18 +16,23 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import Counter
-from typing import Dict, List, Optional
 
 import pytest
 
-from eventprocessor import (CloseReason, EventPosition, EventProcessor, OwnershipLostError, PartitionProcessor,
-                            PoisonEventsError)
+from eventprocessor import (
+    CloseReason,
+    EventPosition,
+    EventProcessor,
+    OwnershipLostError,
+    PartitionProcessor,
+    PoisonEventsError,
+)
 from eventprocessor.delivery import RetryPolicy
 from eventprocessor.errors import EventSourceError
 from eventprocessor.sources import MemoryEventSource
 from eventprocessor.sources.base import EventSource, PartitionReceiver
-from eventprocessor.testing import DeliveryRecorder, recording_handler, run_virtual, virtual_utc_clock
 from eventprocessor.stores import InMemoryCheckpointStore
+from eventprocessor.testing import DeliveryRecorder, recording_handler, run_virtual, virtual_utc_clock
 
 FAST = dict(load_balancing_interval=0.5, partition_ownership_expiration_interval=6.0)
 
@@ -43,7 +48,7 @@ async def until(condition, *, timeout: float = 60.0, what: str = "condition") ->
 
 
 class _DetachableReceiver(PartitionReceiver):
-    def __init__(self, inner: PartitionReceiver, source: "DetachableSource") -> None:
+    def __init__(self, inner: PartitionReceiver, source: DetachableSource) -> None:
         self._inner, self._source = inner, source
 
     async def receive(self, max_batch_size, max_wait_time):
@@ -75,7 +80,7 @@ class DetachableSource(EventSource):
         self.eventhub_name = inner.eventhub_name
         self.detach = asyncio.Event()
         self.detached = 0
-        self.opened: List[EventPosition] = []
+        self.opened: list[EventPosition] = []
 
     async def get_partition_ids(self):
         return await self.inner.get_partition_ids()
@@ -98,7 +103,7 @@ def test_with_latest_and_no_checkpoint_events_sent_while_the_link_is_down_are_de
     """Row 1: ``EventPosition.latest()`` (the drop-in's default), no checkpoint yet; the
     receiver fails once while 5 events arrive: those 5 were never delivered."""
     recorder = DeliveryRecorder()
-    produced: List[tuple] = []
+    produced: list[tuple] = []
 
     async def scenario():
         memory, source, store = _world()
@@ -180,9 +185,9 @@ def test_a_handler_that_blocks_past_its_lease_is_not_handed_the_batch_again():
     """Row 4: a handler blocks the event loop past the lease (CPU-bound code, a sync HTTP
     call): its ``update_checkpoint`` raises ``OwnershipLostError``; the pump then handed
     the same batch to the handler again while the partition was no longer owned."""
-    deliveries: List[tuple] = []
-    closes: List[CloseReason] = []
-    after_end: List[int] = []
+    deliveries: list[tuple] = []
+    closes: list[CloseReason] = []
+    after_end: list[int] = []
 
     class Blocking(PartitionProcessor):
         async def process_events(self, events, context):
@@ -217,7 +222,7 @@ def test_a_blocked_event_loop_is_reported_once_naming_the_partition_handler_and_
     """Row 4, the report: one WARNING names the partition and the handler that held the
     loop, and the leases it put at risk (here: both partitions' leases ran out); the
     tick-overrun warning no longer says that no lease was at risk."""
-    blocked_once: List[str] = []
+    blocked_once: list[str] = []
 
     class Blocking(PartitionProcessor):
         async def process_events(self, events, context):
@@ -254,8 +259,8 @@ def test_a_failing_event_in_a_batch_of_six_costs_at_most_one_more_delivery_of_th
     on the batch, then 5 on the single event), the 5 good events before it delivered 6
     times, and log lines without a traceback."""
     seen: Counter = Counter()
-    poisoned: List[PoisonEventsError] = []
-    progress: Dict[str, Optional[float]] = {"failed_at": None, "next_at": None}
+    poisoned: list[PoisonEventsError] = []
+    progress: dict[str, float | None] = {"failed_at": None, "next_at": None}
 
     class Picky(PartitionProcessor):
         async def process_events(self, events, context):
@@ -303,7 +308,7 @@ def test_a_failing_event_in_a_batch_of_six_costs_at_most_one_more_delivery_of_th
 
 def test_the_stall_of_a_poison_event_stays_within_the_documented_bound():
     seen: Counter = Counter()
-    times: Dict[str, float] = {}
+    times: dict[str, float] = {}
 
     class Picky(PartitionProcessor):
         async def process_events(self, events, context):
@@ -335,7 +340,7 @@ def test_the_stall_of_a_poison_event_stays_within_the_documented_bound():
 def test_a_claim_that_ends_during_retries_gets_no_further_delivery():
     """No retry is handed to a claim that has ended (here: the lease runs out while the
     failing batch waits for its next attempt)."""
-    deliveries: List[tuple] = []
+    deliveries: list[tuple] = []
 
     class Failing(PartitionProcessor):
         async def process_events(self, events, context):
@@ -355,7 +360,7 @@ def test_a_claim_that_ends_during_retries_gets_no_further_delivery():
 
 
 def test_an_empty_max_wait_time_batch_is_not_handed_to_an_ended_claim():
-    calls: List[bool] = []
+    calls: list[bool] = []
 
     class Ticking(PartitionProcessor):
         async def process_events(self, events, context):
@@ -375,8 +380,8 @@ def test_an_empty_max_wait_time_batch_is_not_handed_to_an_ended_claim():
 def test_a_lost_claim_ends_the_pump_instead_of_retrying():
     """A handler whose checkpoint says the claim is lost (another owner took it) ends
     the pump: the batch is not retried, close gets OWNERSHIP_LOST."""
-    deliveries: List[int] = []
-    closes: List[CloseReason] = []
+    deliveries: list[int] = []
+    closes: list[CloseReason] = []
 
     class Checkpointing(PartitionProcessor):
         async def process_events(self, events, context):
@@ -405,7 +410,7 @@ def test_the_drop_in_client_at_its_default_latest_loses_nothing_across_a_reconne
     pytest.importorskip("azure.eventhub", reason="the drop-in needs the [eventhub] extra")
     from eventprocessor.consumer_client import EventHubConsumerClient
 
-    received: List[int] = []
+    received: list[int] = []
 
     async def scenario():
         memory, source, store = _world()
@@ -439,7 +444,7 @@ def test_the_drop_in_per_event_callback_stops_mid_batch_once_the_claim_has_ended
     pytest.importorskip("azure.eventhub", reason="the drop-in needs the [eventhub] extra")
     from eventprocessor.consumer_client import EventHubConsumerClient
 
-    calls: List[tuple] = []
+    calls: list[tuple] = []
 
     async def scenario():
         memory, source, store = _world()

@@ -51,7 +51,6 @@ import sys
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, List, Optional
 
 import click
 import pytest
@@ -73,7 +72,7 @@ class Example:
     heading: str
     code: str
     mode: str
-    expected: Optional[List[str]] = None
+    expected: list[str] | None = None
     page: str = "README.md"
 
     @property
@@ -92,9 +91,9 @@ class ShellBlock:
     line: int
     language: str
     body: str
-    mode: Optional[str]
+    mode: str | None
     why: str = ""
-    block_name: Optional[str] = None
+    block_name: str | None = None
 
     @property
     def where(self) -> str:
@@ -103,12 +102,12 @@ class ShellBlock:
 
 @dataclass
 class Blocks:
-    examples: List[Example] = field(default_factory=list)
-    shell: List[ShellBlock] = field(default_factory=list)
-    unlabeled: List[int] = field(default_factory=list)
+    examples: list[Example] = field(default_factory=list)
+    shell: list[ShellBlock] = field(default_factory=list)
+    unlabeled: list[int] = field(default_factory=list)
 
 
-def _comments_above(lines: List[str], start: int) -> List[str]:
+def _comments_above(lines: list[str], start: int) -> list[str]:
     """The HTML comments on the lines right above line ``start`` (there may be several)."""
     found = []
     for j in range(start - 1, -1, -1):
@@ -127,7 +126,7 @@ def blocks(text: str, page: str = "README.md") -> Blocks:
     found = Blocks()
     heading = ""
     lines = text.splitlines()
-    waiting_for_output: Optional[Example] = None
+    waiting_for_output: Example | None = None
     i = 0
     while i < len(lines):
         line = lines[i]
@@ -167,7 +166,7 @@ def blocks(text: str, page: str = "README.md") -> Blocks:
     return found
 
 
-def examples(text: str, page: str = "README.md") -> List[Example]:
+def examples(text: str, page: str = "README.md") -> list[Example]:
     """The python examples of a page, each with its mode and its claimed output."""
     return blocks(text, page).examples
 
@@ -189,7 +188,7 @@ def _environment(**extra: str) -> dict:
     return {**os.environ, "PYTHONPATH": path, "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}", **extra}
 
 
-def assert_claimed_output(expected: List[str], output: str) -> None:
+def assert_claimed_output(expected: list[str], output: str) -> None:
     have = Counter(line.rstrip() for line in output.splitlines())
     want = Counter(line for line in expected if line.strip() != "...")
     missing = want - have
@@ -247,7 +246,7 @@ def test_the_claimed_output_check_catches_a_missing_line():
 # --------------------------------------------------------------------------- shell blocks
 
 
-def _commands(body: str) -> List[str]:
+def _commands(body: str) -> list[str]:
     """The commands of a shell block: comments dropped, continued lines joined."""
     joined, pending = [], ""
     for raw in body.splitlines():
@@ -269,7 +268,7 @@ def _extras() -> set:
     return set(cfg["options.extras_require"])
 
 
-def _check_click(argv: List[str], where: str) -> None:
+def _check_click(argv: list[str], where: str) -> None:
     """Parse ``eventprocessor ARGV`` with the command line's own parser, down to the
     subcommand, without running anything."""
     from eventprocessor.cli import main
@@ -303,7 +302,7 @@ def _check_click(argv: List[str], where: str) -> None:
         args = _rest(ctx) if isinstance(sub, click.Group) else []
 
 
-def _rest(ctx: click.Context) -> List[str]:
+def _rest(ctx: click.Context) -> list[str]:
     """What a group left for its subcommand (click 8.2 renamed ``protected_args``)."""
     protected = getattr(ctx, "_protected_args", None)
     if protected is None:
@@ -311,7 +310,7 @@ def _rest(ctx: click.Context) -> List[str]:
     return list(protected) + list(ctx.args)
 
 
-def _check_program(argv: List[str], where: str) -> None:
+def _check_program(argv: list[str], where: str) -> None:
     """``python script.py OPTIONS`` or ``python -m module OPTIONS``: the program exists,
     and its ``--help`` lists every option the line passes."""
     if argv[0] == "-m":
@@ -345,7 +344,7 @@ def _check_command(command: str, where: str) -> None:
         for assignment in words[1:]:
             assert re.match(r"^[A-Z_][A-Z0-9_]*=", assignment), f"{where}: not an assignment: {assignment}"
         return
-    settings: Dict[str, str] = {}
+    settings: dict[str, str] = {}
     while words and re.match(r"^[A-Z_][A-Z0-9_]*=", words[0]):
         key, value = words.pop(0).split("=", 1)
         settings[key] = value

@@ -19,13 +19,11 @@ from __future__ import annotations
 
 import asyncio
 import math
-from typing import Dict, List, Optional
 
 import pytest
 
 from eventprocessor import EventProcessor, Timing
-from eventprocessor.testing import (Cluster, FaultyStore, LedgerStore, OwnershipLedger, recording_handler,
-                                    run_virtual)
+from eventprocessor.testing import Cluster, FaultyStore, LedgerStore, OwnershipLedger, recording_handler, run_virtual
 
 INTERVAL = 10.0
 EXPIRATION = 60.0
@@ -46,18 +44,18 @@ class Rounds:
                                **options)
         self.handler = recording_handler(self.cluster.ledger, work=work)  # every batch takes exactly ``work``
         self.ledger = OwnershipLedger(expiration=EXPIRATION)
-        self.running: List[EventProcessor] = []
-        self.links: Dict[str, FaultyStore] = {}
+        self.running: list[EventProcessor] = []
+        self.links: dict[str, FaultyStore] = {}
         self.lockstep = lockstep
         self.rounds = 0
-        self._producer: Optional["asyncio.Task[None]"] = None
+        self._producer: asyncio.Task[None] | None = None
 
     @property
     def deliveries(self):
         return self.cluster.ledger
 
     @property
-    def partition_ids(self) -> List[str]:
+    def partition_ids(self) -> list[str]:
         return [str(i) for i in range(self.cluster.source.partition_count)]
 
     @staticmethod
@@ -83,14 +81,14 @@ class Rounds:
         self.rounds += 1
         await asyncio.sleep(INTERVAL)
 
-    def counts(self) -> Dict[str, int]:
+    def counts(self) -> dict[str, int]:
         """Partitions per running processor, by the store's live records."""
         return self.ledger.counts(self.partition_ids, [p.owner_id for p in self.running], self.now())
 
-    def sorted_counts(self) -> List[int]:
+    def sorted_counts(self) -> list[int]:
         return sorted(self.counts().values())
 
-    def owner_map(self) -> Dict[str, Optional[str]]:
+    def owner_map(self) -> dict[str, str | None]:
         return {pid: self.ledger.live_owner(pid, self.now()) for pid in self.partition_ids}
 
     def balanced(self, tolerance: int = 1) -> bool:
@@ -100,11 +98,11 @@ class Rounds:
         counts = self.counts().values()
         return max(counts) - min(counts) <= tolerance
 
-    async def until_balanced(self, max_rounds: int, *, settle: int = SETTLE, tolerance: int = 1) -> Optional[int]:
+    async def until_balanced(self, max_rounds: int, *, settle: int = SETTLE, tolerance: int = 1) -> int | None:
         """Tick until balanced for ``settle`` rounds in a row (or ``max_rounds``); return the
         round, counted from this call, that began the final balanced stretch (None if the
         group is not balanced at the end)."""
-        began: Optional[int] = None
+        began: int | None = None
         stable = 0
         for k in range(1, max_rounds + 1):
             await self.tick()
@@ -148,7 +146,7 @@ class Rounds:
             upcoming += STEP
         await asyncio.sleep(upcoming + WORK / 2 - now)
 
-    def undelivered(self, grace: float = 5.0) -> List[tuple]:
+    def undelivered(self, grace: float = 5.0) -> list[tuple]:
         """Events produced more than ``grace`` seconds ago that no handler was given."""
         old = self.cluster.produced[:max(0, len(self.cluster.produced) - int(grace / STEP + 1) * EVENTS
                                         * len(self.partition_ids))]

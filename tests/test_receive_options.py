@@ -11,14 +11,13 @@ from __future__ import annotations
 import asyncio
 from collections import defaultdict
 from dataclasses import replace
-from typing import Dict, List, Optional, Tuple
 
 import pytest
 
 from eventprocessor import EventPosition, EventProcessor, PartitionProcessor
 from eventprocessor.sources import MemoryEventSource
-from eventprocessor.testing import run_virtual, virtual_utc_clock
 from eventprocessor.stores import InMemoryCheckpointStore
+from eventprocessor.testing import run_virtual, virtual_utc_clock
 
 OPTIONS = dict(load_balancing_interval=1.0, partition_ownership_expiration_interval=10.0)
 
@@ -26,7 +25,7 @@ OPTIONS = dict(load_balancing_interval=1.0, partition_ownership_expiration_inter
 class Recording(PartitionProcessor):
     """Records each batch as (virtual time, partition, sequence numbers); checkpoints."""
 
-    batches: List[Tuple[float, str, List[int]]] = []
+    batches: list[tuple[float, str, list[int]]] = []
     checkpoint = True
 
     async def process_events(self, events, context):
@@ -36,8 +35,8 @@ class Recording(PartitionProcessor):
             await context.update_checkpoint()
 
 
-def _delivered(batches=None) -> Dict[str, List[int]]:
-    out: Dict[str, List[int]] = defaultdict(list)
+def _delivered(batches=None) -> dict[str, list[int]]:
+    out: dict[str, list[int]] = defaultdict(list)
     for _t, pid, seqs in batches if batches is not None else Recording.batches:
         out[pid].extend(seqs)
     return dict(out)
@@ -127,7 +126,7 @@ def test_max_batch_size_caps_batches_and_max_wait_time_never_delays_events_that_
 
 
 def test_max_wait_time_delivers_an_empty_batch_on_the_timer_and_none_without_it():
-    async def scenario(max_wait_time: Optional[float]):
+    async def scenario(max_wait_time: float | None):
         source, store = _world(1, 0)
         processor = EventProcessor(source, store, Recording, max_wait_time=max_wait_time, **OPTIONS)
         async with processor:
@@ -138,7 +137,7 @@ def test_max_wait_time_delivers_an_empty_batch_on_the_timer_and_none_without_it(
     run_virtual(scenario(2.0))
     empties = [t for t, _pid, seqs in Recording.batches if not seqs]
     assert 3 <= len(empties) <= 5, Recording.batches  # every 2 s while idle, after the claim
-    assert all(1.9 <= b - a <= 2.5 for a, b in zip(empties, empties[1:])), empties
+    assert all(1.9 <= b - a <= 2.5 for a, b in zip(empties, empties[1:], strict=False)), empties
     assert _delivered() == {"0": [0]}
     Recording.batches = []
     run_virtual(scenario(None))
@@ -148,7 +147,7 @@ def test_max_wait_time_delivers_an_empty_batch_on_the_timer_and_none_without_it(
 class PrefetchRecording(MemoryEventSource):
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
-        self.opened: List[Tuple[str, int, bool]] = []
+        self.opened: list[tuple[str, int, bool]] = []
 
     async def open_receiver(self, partition_id, **kwargs):
         self.opened.append((partition_id, kwargs["prefetch"], kwargs.get("track_last_enqueued_event_properties",
@@ -178,9 +177,9 @@ def test_lag_from_last_enqueued_properties_goes_up_while_behind_and_back_to_zero
             await gate.wait()
             await context.update_checkpoint()
 
-    def gauge() -> Dict[str, float]:
+    def gauge() -> dict[str, float]:
         data = reader.get_metrics_data()
-        points: Dict[str, float] = {}
+        points: dict[str, float] = {}
         for resource in data.resource_metrics if data else []:
             for scope in resource.scope_metrics:
                 for metric in scope.metrics:

@@ -19,7 +19,6 @@ import re
 import subprocess
 import sys
 from pathlib import Path
-from typing import Dict, Optional
 
 import pytest
 
@@ -29,10 +28,11 @@ TIMEOUT = 180  # seconds per sample, far above what each takes (2-25 s)
 
 RUN = {"basic_consumer.py", "checkpoint_every_n.py", "callback_consumer.py", "eventhub_consumer.py",
        "multiprocess_azurite.py", "migrate_from_azure_eventhub.py"}
-RUN_ELSEWHERE = {"spark_consumer.py": "tests/test_spark_cluster.py::test_the_sample_runs_unchanged_on_the_cluster_both_ways"}
+RUN_ELSEWHERE = {
+    "spark_consumer.py": "tests/test_spark_cluster.py::test_the_sample_runs_unchanged_on_the_cluster_both_ways"}
 
 
-def run_sample(name: str, *args: str, env: Optional[Dict[str, str]] = None) -> str:
+def run_sample(name: str, *args: str, env: dict[str, str] | None = None) -> str:
     environment = {k: v for k, v in os.environ.items() if not k.startswith(("EVENTHUB_", "STORAGE_"))}
     environment["PYTHONPATH"] = os.pathsep.join([str(ROOT), environment.get("PYTHONPATH", "")])
     environment.update(env or {})

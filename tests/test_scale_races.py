@@ -8,12 +8,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any, List
+from typing import Any
 
 from eventprocessor import EventProcessor, PartitionProcessor, StoreDataLostError
-from eventprocessor.testing import FaultyStore, run_virtual
-
-from eventprocessor.testing import Cluster
+from eventprocessor.testing import Cluster, FaultyStore, run_virtual
 
 OPTIONS = dict(load_balancing_interval=1.0, partition_ownership_expiration_interval=30.0)
 
@@ -39,7 +37,7 @@ def test_a_handoff_written_while_a_slow_listing_is_in_flight_is_not_reported_as_
     partitions [...] went backwards": an ERROR, ``StoreDataLostError`` to every handler,
     ``stats.store_data_lost``, though the store had lost nothing."""
 
-    errors: List[Exception] = []
+    errors: list[Exception] = []
 
     class SlowClose(PartitionProcessor):
         async def process_events(self, events: Any, context: Any) -> None:

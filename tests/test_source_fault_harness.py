@@ -51,7 +51,6 @@ import asyncio
 import math
 import os
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Set, Tuple
 
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
@@ -124,12 +123,12 @@ def recovery_bound(partitions: int, timing, longest_fault: float, store_cut: boo
 @dataclass
 class Result:
     expected: int
-    missing: List[Tuple[str, int]]
+    missing: list[tuple[str, int]]
     duplicates_within_claims: int
     after_end: int
-    recovered_after: Optional[float]
+    recovered_after: float | None
     bound: float
-    injected: Dict[str, int] = field(default_factory=dict)
+    injected: dict[str, int] = field(default_factory=dict)
     duplicates: int = 0
 
     def explain(self) -> str:
@@ -156,7 +155,7 @@ def test_source_faults_lose_nothing_duplicate_nothing_and_recover(seed, partitio
         f"not recovered in time: {result.explain()}"
 
 
-def expected_events(cluster: Cluster, source: FaultySource, position: str) -> Set[Tuple[str, int]]:
+def expected_events(cluster: Cluster, source: FaultySource, position: str) -> set[tuple[str, int]]:
     if position == "earliest":
         return set(cluster.produced)
     # latest: what was enqueued after the partition's first receiver opened
@@ -176,7 +175,7 @@ def balanced(running) -> bool:
 
 
 async def run_scenario(seed: int, partitions: int, processors: int, position: str, checkpoint_every: int,
-                       catch_ownership_lost: bool, schedule: List[Fault]) -> Result:
+                       catch_ownership_lost: bool, schedule: list[Fault]) -> Result:
     start_at = EventPosition.earliest() if position == "earliest" else EventPosition.latest()
     cluster = Cluster(partitions, seed=seed, source_faults=True, load_balancing_interval=INTERVAL,
                       partition_ownership_expiration_interval=EXPIRATION, shutdown_timeout=5.0,

@@ -19,13 +19,12 @@ import time
 import pytest
 
 from eventprocessor import EventPosition, EventProcessor
+from eventprocessor.emulators.eventhubs import connection_string
+from eventprocessor.emulators.fault_proxy import TcpFaultProxy
 from eventprocessor.errors import EventSourceError
 from eventprocessor.sources.eventhub import EventHubSource
 from eventprocessor.sources.eventhub.failures import ErrorContext
 from eventprocessor.testing import DeliveryRecorder, recording_handler
-
-from eventprocessor.emulators.eventhubs import connection_string
-from eventprocessor.emulators.fault_proxy import TcpFaultProxy
 from harness.source_faults import Controls, LocalEmulator, black_hole, resets, restart, run_source_fault
 
 pytestmark = [pytest.mark.eventhubs, pytest.mark.slow]

@@ -25,8 +25,9 @@ import threading
 import time
 import uuid
 from collections import Counter
+from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any, Awaitable, Callable, Dict, List, Optional, Tuple
+from typing import Any
 
 import pytest
 
@@ -43,7 +44,7 @@ pytestmark = pytest.mark.spark
 
 
 async def wait_until(condition: Callable[[], bool], what: str, timeout: float = 90.0,
-                     refresh: Optional[Callable[[], Awaitable[object]]] = None, on_timeout: str = "") -> float:
+                     refresh: Callable[[], Awaitable[object]] | None = None, on_timeout: str = "") -> float:
     """A safety bound, not a speed assertion. Returns the seconds it took."""
     started = time.monotonic()
     while True:
@@ -56,12 +57,12 @@ async def wait_until(condition: Callable[[], bool], what: str, timeout: float = 
         await asyncio.sleep(0.1)
 
 
-def read_rows(spark: Any, path: Path) -> List[Tuple[str, int, bytes]]:
+def read_rows(spark: Any, path: Path) -> list[tuple[str, int, bytes]]:
     rows = spark.read.parquet(str(path)).select("partition_id", "sequence_number", "body").collect()
     return [(str(r.partition_id), int(r.sequence_number), bytes(r.body)) for r in rows]
 
 
-def assert_exactly_once(rows: List[Tuple[str, int, bytes]], expected: Dict[Tuple[str, int], bytes]) -> None:
+def assert_exactly_once(rows: list[tuple[str, int, bytes]], expected: dict[tuple[str, int], bytes]) -> None:
     counts = Counter((pid, seq) for pid, seq, _ in rows)
     duplicates = {k: n for k, n in counts.items() if n > 1}
     assert not duplicates, f"{len(duplicates)} events written more than once, e.g. {sorted(duplicates)[:5]}"
@@ -73,7 +74,7 @@ def assert_exactly_once(rows: List[Tuple[str, int, bytes]], expected: Dict[Tuple
         assert body == expected[(pid, seq)]
 
 
-def fill(source: MemoryEventSource, per_partition: int, start: int = 0) -> Dict[Tuple[str, int], bytes]:
+def fill(source: MemoryEventSource, per_partition: int, start: int = 0) -> dict[tuple[str, int], bytes]:
     expected = {}
     for i in range(start, start + per_partition):
         for p in range(source.partition_count):
@@ -106,7 +107,7 @@ async def test_both_writers_run_unchanged_over_spark_connect(connect_spark, tmp_
     assert not any((out / STAGING_DIR).iterdir())
     assert not (out / "_eventprocessor_commits").exists(), "the commit log is in the checkpoint store"
 
-    seen: List[Tuple[int, int, MicroBatch]] = []
+    seen: list[tuple[int, int, MicroBatch]] = []
 
     def foreach_batch(df, batch_id, batch):
         seen.append((batch_id, df.count(), batch))
@@ -136,7 +137,7 @@ async def test_a_spark_call_longer_than_the_lease_costs_no_lease(connect_spark, 
     expected = fill(source, 200)
     store = InMemoryCheckpointStore()
     expiration = 3.0
-    calls: List[Tuple[int, int]] = []
+    calls: list[tuple[int, int]] = []
 
     def slow_then_fast(df, batch_id):
         if not calls:
@@ -195,12 +196,12 @@ async def test_a_batch_whose_lease_lapsed_during_spark_still_commits_when_nobody
     assert await store.list_checkpoints(source.fully_qualified_namespace, source.eventhub_name, "$default") == [], \
         "the checkpoint of a claim that lost its lease is refused"
 
-    seen: List[int] = []
+    seen: list[int] = []
     successor_sink = SparkSink(foreach_batch=lambda df, batch_id: seen.append(df.count()), commit_log=out_log,
                                spark=connect_spark, max_events=1000, max_interval=0.1)
     successor = EventProcessor(source, store, successor_sink, owner_id="successor", load_balancing_interval=0.2,
                                partition_ownership_expiration_interval=1.5)
-    checkpoints: List[Any] = []
+    checkpoints: list[Any] = []
 
     async def read_checkpoints() -> None:
         checkpoints[:] = await store.list_checkpoints(source.fully_qualified_namespace, source.eventhub_name,
@@ -237,7 +238,7 @@ async def test_a_stale_claim_ends_at_once_and_the_new_owner_goes_on(connect_spar
         release.wait(60)
         return {}
 
-    lost: Dict[str, float] = {}
+    lost: dict[str, float] = {}
 
     def zombie_context(owner: str, epoch: int) -> PartitionContext:
         return PartitionContext(fully_qualified_namespace=scope[0], eventhub_name=scope[1], consumer_group=scope[2],
@@ -290,7 +291,7 @@ async def test_a_stale_claim_ends_at_once_and_the_new_owner_goes_on(connect_spar
 # ----------------------------------------------------------------------------- processor processes
 
 
-async def _partition_counts(conn: str, hub: str) -> Dict[str, int]:
+async def _partition_counts(conn: str, hub: str) -> dict[str, int]:
     from azure.eventhub.aio import EventHubProducerClient
 
     producer = EventHubProducerClient.from_connection_string(conn, eventhub_name=hub)
@@ -319,8 +320,8 @@ class Worker:
                 await self.process.wait()
 
 
-async def spawn(name: str, *, mode: str, url: str, hub: str, container: str, path: Path, env: Dict[str, str],
-                workdir: Path, kill_at: Optional[str] = None) -> Worker:
+async def spawn(name: str, *, mode: str, url: str, hub: str, container: str, path: Path, env: dict[str, str],
+                workdir: Path, kill_at: str | None = None) -> Worker:
     own = workdir / name
     own.mkdir(parents=True)
     run_env = dict(env, TMPDIR=str(own))
@@ -355,7 +356,7 @@ async def test_two_processor_processes_one_sigkilled_write_each_event_once(mode,
     assert url is not None
     env = dict(os.environ, PYTHONPATH=str(ROOT), SPARK_LOCAL_IP="127.0.0.1", PYSPARK_PYTHON=sys.executable,
                EVENTPROCESSOR_TEST_HUB=conn, EVENTPROCESSOR_TEST_STORAGE=azurite.connection_string)
-    workers: List[Worker] = []
+    workers: list[Worker] = []
     store = BlobCheckpointStore.from_connection_string(azurite.connection_string, container)
     source = EventHubSource.from_connection_string(conn, eventhub_name=hub)
     log = CommitLog.in_store(store, str(SparkSink(str(out), commit_log=store).log_name),
@@ -373,7 +374,7 @@ async def test_two_processor_processes_one_sigkilled_write_each_event_once(mode,
                          "both processes to start partitions", timeout=180, on_timeout=diagnostics())
 
         producer = EventHubProducerClient.from_connection_string(conn, eventhub_name=hub)
-        sent: Dict[str, int] = {str(p): 0 for p in range(4)}
+        sent: dict[str, int] = {str(p): 0 for p in range(4)}
         async with producer:
             started = time.monotonic()
             produced = 0
@@ -422,7 +423,7 @@ async def test_the_sample_runs_unchanged_on_the_cluster_both_ways(spark_cluster,
     env = dict(os.environ, PYTHONPATH=str(ROOT), SPARK_LOCAL_IP="127.0.0.1", PYSPARK_PYTHON=sys.executable,
                TMPDIR=str(tmp_path))
 
-    async def run(flag: str, url: Optional[str]) -> Tuple[Path, str, Optional[int]]:
+    async def run(flag: str, url: str | None) -> tuple[Path, str, int | None]:
         assert url is not None
         out = tmp_path / flag.strip("-") / "table"
         process = await asyncio.create_subprocess_exec(
@@ -439,7 +440,7 @@ async def test_the_sample_runs_unchanged_on_the_cluster_both_ways(spark_cluster,
         rows = [(str(r.partition_id), int(r.sequence_number)) for r in
                 connect_spark.read.parquet(str(out)).select("partition_id", "sequence_number").collect()]
         assert len(rows) == len(set(rows)) == events
-        per_partition: Dict[str, List[int]] = {}
+        per_partition: dict[str, list[int]] = {}
         for pid, seq in rows:
             per_partition.setdefault(pid, []).append(seq)
         for pid, seqs in per_partition.items():

@@ -6,13 +6,21 @@ from __future__ import annotations
 import asyncio
 import json
 import uuid
-from typing import Callable, List
+from collections.abc import Callable
 
 import pytest
 
 from eventprocessor.errors import ConfigurationError
-from eventprocessor.spark.commit_log import (BatchRefused, CommitLog, FileLogStorage, LogStorage, PartitionRange,
-                                             StagedFile, StaleFenceError, StoreLogStorage)
+from eventprocessor.spark.commit_log import (
+    BatchRefused,
+    CommitLog,
+    FileLogStorage,
+    LogStorage,
+    PartitionRange,
+    StagedFile,
+    StaleFenceError,
+    StoreLogStorage,
+)
 from eventprocessor.spark.log_state import LogState
 from eventprocessor.stores import InMemoryCheckpointStore
 
@@ -174,7 +182,7 @@ async def test_concurrent_writers_get_dense_unique_versions(tmp_path):
     logs = [CommitLog(FileLogStorage(tmp_path), **SCOPE) for _ in range(4)]
     for i, log in enumerate(logs):
         await log.fence(str(i), owner_id=f"o{i}", epoch=1)
-    versions: List[int] = []
+    versions: list[int] = []
 
     async def write(i: int) -> None:
         for n in range(15):
@@ -314,7 +322,7 @@ async def test_in_the_blob_store_two_logs_racing_get_unique_versions(azurite):
         logs = [CommitLog.in_store(store, "spark-sink-test", **SCOPE) for store in stores]
         for i, log in enumerate(logs):
             await log.fence(str(i), owner_id=f"o{i}", epoch=1)
-        versions: List[int] = []
+        versions: list[int] = []
 
         async def write(i: int) -> None:
             for n in range(8):

@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import List
 
 import pyarrow.fs as pafs
 import pytest
@@ -18,7 +17,7 @@ from eventprocessor.spark.commit_log import Publication, StagedFile
 from eventprocessor.spark.output import METADATA_DIR, STAGING_DIR, OutputLocation, ParquetWriter
 
 
-def stage(location: OutputLocation, batch_id: int, names: List[str]) -> Publication:
+def stage(location: OutputLocation, batch_id: int, names: list[str]) -> Publication:
     """Files as Spark would have staged them for ``batch_id``; its publication is batch_id."""
     fs = location.filesystem
     files = []
@@ -31,7 +30,7 @@ def stage(location: OutputLocation, batch_id: int, names: List[str]) -> Publicat
     return Publication(batch_id, batch_id, tuple(files))
 
 
-def metadata_lines(location: OutputLocation, name: str) -> List[dict]:
+def metadata_lines(location: OutputLocation, name: str) -> list[dict]:
     with location.filesystem.open_input_stream(location.fs_path(f"{METADATA_DIR}/{name}")) as stream:
         lines = stream.read().decode().split("\n")
     assert lines[0] == "v1"
@@ -94,7 +93,7 @@ def test_a_half_moved_batch_is_finished_by_whoever_publishes_it(tmp_path):
 
 
 def test_local_publication_fsyncs_the_directories_it_changes(tmp_path, monkeypatch):
-    synced: List[str] = []
+    synced: list[str] = []
     real = log_storage_module.fsync_directory
 
     def spy(directory) -> None:

@@ -12,18 +12,17 @@ import threading
 import time
 import uuid
 from collections import Counter
+from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Awaitable, Callable, Dict, List, Optional, Tuple
 
 import pyarrow as pa
 import pytest
 
 from eventprocessor import CloseReason, EventProcessor, LoadBalancingStrategy
-from eventprocessor.testing import ManualClock
 from eventprocessor.sources import MemoryEventSource
-from eventprocessor.spark import EVENT_SCHEMA, MicroBatch, SparkSink, events_to_table, json_body
-from eventprocessor.spark import STAGING_DIR
+from eventprocessor.spark import EVENT_SCHEMA, STAGING_DIR, MicroBatch, SparkSink, events_to_table, json_body
 from eventprocessor.stores import InMemoryCheckpointStore
+from eventprocessor.testing import ManualClock
 from tests.conftest import unavailable
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -53,7 +52,7 @@ def spark():
 
 
 async def wait_until(condition: Callable[[], bool], what: str, timeout: float = 90.0,
-                     refresh: Optional[Callable[[], Awaitable[object]]] = None) -> None:
+                     refresh: Callable[[], Awaitable[object]] | None = None) -> None:
     """A safety bound, not a speed assertion: fails only if the condition never holds.
     ``refresh`` is awaited before each look (e.g. to read the commit log)."""
     deadline = time.monotonic() + timeout
@@ -67,12 +66,12 @@ async def wait_until(condition: Callable[[], bool], what: str, timeout: float = 
         await asyncio.sleep(0.05)
 
 
-def read_rows(spark, path) -> List[Tuple[str, int, bytes]]:
+def read_rows(spark, path) -> list[tuple[str, int, bytes]]:
     rows = spark.read.parquet(str(path)).select("partition_id", "sequence_number", "body").collect()
     return [(str(r.partition_id), int(r.sequence_number), bytes(r.body)) for r in rows]
 
 
-def assert_exactly_once(rows, expected: Dict[Tuple[str, int], bytes]) -> None:
+def assert_exactly_once(rows, expected: dict[tuple[str, int], bytes]) -> None:
     counts = Counter((pid, seq) for pid, seq, _ in rows)
     duplicates = {k: n for k, n in counts.items() if n > 1}
     assert not duplicates, f"{len(duplicates)} events written more than once, e.g. {sorted(duplicates)[:5]}"
@@ -83,7 +82,7 @@ def assert_exactly_once(rows, expected: Dict[Tuple[str, int], bytes]) -> None:
         assert body == expected[(pid, seq)]
 
 
-def fill(source: MemoryEventSource, per_partition: int, start: int = 0) -> Dict[Tuple[str, int], bytes]:
+def fill(source: MemoryEventSource, per_partition: int, start: int = 0) -> dict[tuple[str, int], bytes]:
     expected = {}
     for i in range(start, start + per_partition):
         for p in range(source.partition_count):
@@ -208,9 +207,9 @@ async def test_four_partitions_into_parquet_every_event_exactly_once(spark, tmp_
 
 async def test_foreach_batch_gets_batches_cut_by_events_bytes_and_interval(spark, tmp_path):
     source = MemoryEventSource(1)
-    for i in range(250):
+    for _i in range(250):
         source.append(b"x" * 100, partition_id="0")
-    seen: List[Tuple[int, int, MicroBatch]] = []
+    seen: list[tuple[int, int, MicroBatch]] = []
 
     def foreach_batch(df, batch_id, batch):
         seen.append((batch_id, df.count(), batch))
@@ -224,7 +223,7 @@ async def test_foreach_batch_gets_batches_cut_by_events_bytes_and_interval(spark
     # Then max_bytes alone (the interval is longer than the test may wait): at most
     # 25 bodies of 100 bytes per batch, delivered 50 at a time.
     sink.max_events, sink.max_interval, sink.max_bytes = 10_000, 600.0, 2500
-    for i in range(100):
+    for _i in range(100):
         source.append(b"y" * 100, partition_id="0")
     await wait_until(lambda: sink.events_committed >= 350, "350 events")
     await processor.stop()
@@ -244,7 +243,7 @@ async def test_two_processors_with_one_stopped_mid_stream_write_each_event_once(
     out = tmp_path / "table"
     store = InMemoryCheckpointStore()
 
-    def make(owner: str) -> Tuple[EventProcessor, SparkSink]:
+    def make(owner: str) -> tuple[EventProcessor, SparkSink]:
         sink = SparkSink(out, spark=spark, max_events=120, max_interval=0.2)
         return EventProcessor(source, store, sink, owner_id=owner, load_balancing_interval=0.2,
                               partition_ownership_expiration_interval=3, max_batch_size=20), sink
@@ -335,7 +334,7 @@ async def test_a_zombie_whose_foreach_batch_ran_cannot_commit_after_the_new_owne
     [record] = await store.claim_ownership([Ownership(source.fully_qualified_namespace, source.eventhub_name,
                                                       "$default", "0", "zombie", epoch=1)])
     entered, release = threading.Event(), threading.Event()
-    zombie_calls: List[int] = []
+    zombie_calls: list[int] = []
 
     def zombie_foreach_batch(df, batch_id):
         zombie_calls.append(batch_id)
@@ -353,7 +352,7 @@ async def test_a_zombie_whose_foreach_batch_ran_cannot_commit_after_the_new_owne
     await handler.process_events(source.events("0"), context)
     await wait_until(entered.is_set, "the zombie's foreach_batch to start")
 
-    committed: List[Tuple[int, int, int]] = []
+    committed: list[tuple[int, int, int]] = []
 
     def successor_foreach_batch(df, batch_id, batch):
         r = batch.ranges["0"]
@@ -391,7 +390,7 @@ async def test_a_reader_sees_whole_batches_only_across_compactions(spark, tmp_pa
     source = MemoryEventSource(2)
     expected = fill(source, 420)
     out = tmp_path / "table"
-    seen_mid_publish: List[Tuple[int, int]] = []
+    seen_mid_publish: list[tuple[int, int]] = []
 
     def look(step: str) -> None:
         if step == "mid_publish":  # one file of the batch moved, its metadata entry not written yet
@@ -423,7 +422,7 @@ async def test_a_failing_foreach_batch_is_retried_a_bounded_number_of_times_then
     source = MemoryEventSource(2)
     fill(source, 30)
     store = InMemoryCheckpointStore()
-    calls: List[Tuple[int, str]] = []
+    calls: list[tuple[int, str]] = []
 
     def broken_for_partition_1(df, batch_id, batch):
         calls.append((batch_id, ",".join(sorted(batch.ranges))))
@@ -458,8 +457,8 @@ async def test_a_poison_batch_is_skipped_through_dead_letter_when_the_policy_say
     source = MemoryEventSource(1)
     fill(source, 20)
     store = InMemoryCheckpointStore()
-    written: List[int] = []
-    dead: List[Tuple[str, int, int]] = []
+    written: list[int] = []
+    dead: list[tuple[str, int, int]] = []
 
     def first_batch_breaks(df, batch_id, batch):
         if batch.ranges["0"].first_sequence_number == 0:
@@ -498,8 +497,8 @@ async def test_a_batch_with_a_value_body_fails_by_name_and_the_poison_policy_set
         else:
             source.append(f"event {i}", partition_id="0")
     store = InMemoryCheckpointStore()
-    written: List[Tuple[int, int]] = []
-    dead: List[Tuple[str, int, int, str]] = []
+    written: list[tuple[int, int]] = []
+    dead: list[tuple[str, int, int, str]] = []
 
     def record(df, batch_id, batch):
         written.append((batch.ranges["0"].first_sequence_number, df.count()))
@@ -528,7 +527,7 @@ async def test_a_transient_write_failure_is_retried_with_the_same_batch_id(spark
 
     source = MemoryEventSource(1)
     fill(source, 10)
-    calls: List[int] = []
+    calls: list[int] = []
 
     def flaky(df, batch_id):
         calls.append(batch_id)

@@ -31,9 +31,10 @@ import sys
 import time
 import uuid
 from collections import Counter
+from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any
 
 import pytest
 
@@ -51,14 +52,14 @@ def hub_connection(emulator: Any, hub: str) -> str:
     return emulator.process.connection_string_for(hub)
 
 
-async def send(conn: str, per_partition: Dict[str, int], start: Dict[str, int], *,
-               properties: Optional[Dict[str, Any]] = None) -> Dict[Tuple[str, int], bytes]:
+async def send(conn: str, per_partition: dict[str, int], start: dict[str, int], *,
+               properties: dict[str, Any] | None = None) -> dict[tuple[str, int], bytes]:
     """Send ``per_partition[pid]`` events to each partition with the official producer;
     return {(partition, sequence number): body}, sequence numbers counted from ``start``."""
     from azure.eventhub import EventData
     from azure.eventhub.aio import EventHubProducerClient
 
-    sent: Dict[Tuple[str, int], bytes] = {}
+    sent: dict[tuple[str, int], bytes] = {}
     producer = EventHubProducerClient.from_connection_string(conn)
     async with producer:
         for pid, count in per_partition.items():
@@ -75,12 +76,12 @@ async def send(conn: str, per_partition: Dict[str, int], start: Dict[str, int], 
     return sent
 
 
-def read_table(spark: Any, path: Path) -> List[Tuple[str, int, bytes]]:
+def read_table(spark: Any, path: Path) -> list[tuple[str, int, bytes]]:
     rows = spark.read.parquet(str(path)).select("partition", "sequenceNumber", "body").collect()
     return [(r.partition, int(r.sequenceNumber), bytes(r.body)) for r in rows]
 
 
-def assert_exactly_once(rows: List[Tuple[str, int, bytes]], expected: Dict[Tuple[str, int], bytes]) -> None:
+def assert_exactly_once(rows: list[tuple[str, int, bytes]], expected: dict[tuple[str, int], bytes]) -> None:
     counts = Counter((pid, seq) for pid, seq, _ in rows)
     duplicates = sorted(k for k, n in counts.items() if n > 1)
     assert not duplicates, f"{len(duplicates)} events written more than once, e.g. {duplicates[:5]}"
@@ -117,7 +118,7 @@ def committed_rows(checkpoint: Path, out: Path, spark: Any) -> int:
 class Driver:
     """``tests/spark_source_worker.py`` as a process group of its own."""
 
-    def __init__(self, name: str, args: List[str], env: Dict[str, str], workdir: Path) -> None:
+    def __init__(self, name: str, args: list[str], env: dict[str, str], workdir: Path) -> None:
         self.log = workdir / f"{name}.log"
         with open(self.log, "wb") as out:
             self.process = subprocess.Popen([sys.executable, str(WORKER), *args], env=env, cwd=str(workdir),
@@ -159,10 +160,10 @@ def test_a_driver_sigkilled_mid_batch_and_restarted_writes_every_event_exactly_o
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
                SPARK_LOCAL_IP="127.0.0.1", PYSPARK_PYTHON=sys.executable, EVENTHUB_CONNECTION_STRING=conn)
     expected = asyncio.run(send(conn, {str(p): 150 for p in range(4)}, {}))
-    drivers: List[Driver] = []
-    phases: Dict[str, float] = {}
+    drivers: list[Driver] = []
+    phases: dict[str, float] = {}
     began = time.monotonic()
-    servers: List[Any] = []
+    servers: list[Any] = []
 
     if mode == "connect":  # the driver to kill: a Connect server of its own
         servers.append(spark_cluster.start_connect_server(f"first-{uuid.uuid4().hex[:8]}"))
@@ -234,7 +235,7 @@ def spark(connect_spark):
 
 
 def available_now(spark: Any, conn: str, out: Path, checkpoint: Path, *, timeout: float = 120.0,
-                  on_first_batch: Optional[Callable[[], None]] = None, **options: Any) -> List[int]:
+                  on_first_batch: Callable[[], None] | None = None, **options: Any) -> list[int]:
     """Run a ``Trigger.AvailableNow`` query to Parquet; return each batch's input rows."""
     reader = spark.readStream.format("eventhubs").option("eventhubs.connectionString", conn)
     for key, value in options.items():
@@ -255,8 +256,8 @@ def available_now(spark: Any, conn: str, out: Path, checkpoint: Path, *, timeout
 
 
 def available_now_classic(spark_cluster: Any, conn: str, out: Path, checkpoint: Path, workdir: Path, name: str, *,
-                          on_first_batch: Optional[Callable[[], None]] = None, timeout: float = 180.0,
-                          **options: Any) -> List[int]:
+                          on_first_batch: Callable[[], None] | None = None, timeout: float = 180.0,
+                          **options: Any) -> list[int]:
     """The same query in a classic driver process of its own on the standalone master
     (``tests/spark_source_worker.py --available-now``); return each batch's input rows.
     Without ``eventhubs.startingPosition`` in ``options`` it starts from the store."""
@@ -293,12 +294,12 @@ def test_available_now_reads_what_was_there_in_batches_of_max_events_then_stops(
     conn = hub_connection(eventhubs_emulator, hub)
     expected = asyncio.run(send(conn, {"0": 400, "1": 250, "2": 100, "3": 0}, {}))
     out, checkpoint = tmp_path / "table", tmp_path / "checkpoint"
-    late: Dict[Tuple[str, int], bytes] = {}
+    late: dict[tuple[str, int], bytes] = {}
 
     def send_late() -> None:  # after the trigger fixed its target: for the next run
         late.update(asyncio.run(send(conn, {str(p): 20 for p in range(4)}, {"0": 400, "1": 250, "2": 100})))
 
-    def run(name: str, on_first_batch: Optional[Callable[[], None]] = None) -> List[int]:
+    def run(name: str, on_first_batch: Callable[[], None] | None = None) -> list[int]:
         if mode == "classic":  # a driver process on spark://, its executors on the cluster's worker
             return available_now_classic(spark_cluster, conn, out, checkpoint, tmp_path, name, maxEventsPerTrigger=300,
                                          on_first_batch=on_first_batch, **{"eventhubs.startingPosition": START})
@@ -363,7 +364,7 @@ def test_a_batch_read_between_starting_and_ending_positions_has_the_connectors_c
     first = next(r for r in rows if r["partition"] == "1" and r["sequenceNumber"] == 0)
     assert (first["body"], first["publisher"], first["partitionKey"]) == ("1:0", None, None)
     assert first["properties"] == {"kind": '"reading"', "n": "7"}, "property values are JSON, as the connector's"
-    got: Dict[str, List[int]] = {}
+    got: dict[str, list[int]] = {}
     for pid, seq in read["bounded"]:
         got.setdefault(pid, []).append(seq)
     assert {pid: sorted(seqs) for pid, seqs in got.items()} == {
@@ -378,7 +379,7 @@ def test_a_bad_option_fails_the_first_analysis_naming_it(spark, eventhubs_emulat
     df = spark.readStream.format("eventhubs").option("eventhubs.connectionString", conn) \
         .option("maxEventsPerTriger", "100").option("eventhubs.startingPosition", "{").load()
     with pytest.raises(Exception) as error:
-        df.schema  # over Spark Connect, load() is lazy: the server analyses here
+        _ = df.schema  # over Spark Connect, load() is lazy: the server analyses here
     text = str(error.value)
     assert "did you mean maxEventsPerTrigger" in text and "eventhubs.startingPosition is not JSON" in text
     assert "SAS_KEY_VALUE" not in text
@@ -413,15 +414,15 @@ async def _run_processor(conn: str, store: Any, group: str, owner: str, want: in
 
 
 async def _run_official_consumer(conn: str, storage: str, container: str, group: str,
-                                 want: int) -> Dict[Tuple[str, int], int]:
+                                 want: int) -> dict[tuple[str, int], int]:
     """azure-eventhub's own consumer with its own blob checkpoint store (it resumes from
     a checkpoint's *offset*), until it received ``want`` events and a second more."""
     from azure.eventhub.aio import EventHubConsumerClient
     from azure.eventhub.extensions.checkpointstoreblobaio import BlobCheckpointStore as OfficialStore
 
-    received: Dict[Tuple[str, int], int] = Counter()
+    received: dict[tuple[str, int], int] = Counter()
 
-    async def on_batch(context: Any, events: List[Any]) -> None:
+    async def on_batch(context: Any, events: list[Any]) -> None:
         for event in events:
             received[(context.partition_id, event.sequence_number)] += 1
 
@@ -464,12 +465,12 @@ async def test_one_consumer_group_two_engines_checkpoints_carry_over_both_ways(m
                "eventhubs.checkpointStore.container": container,
                "eventhubs.checkpointStore.ownershipExpiration": 6}
 
-    async def stored() -> Dict[str, Any]:
+    async def stored() -> dict[str, Any]:
         return {c.partition_id: c for c in await store.list_checkpoints(*scope)}
 
     runs = iter(range(1, 3))
 
-    def query(**given: Any) -> List[int]:  # AvailableNow over Connect, or in a classic driver process
+    def query(**given: Any) -> list[int]:  # AvailableNow over Connect, or in a classic driver process
         if mode == "classic":
             return available_now_classic(spark_cluster, conn, out, checkpoint, tmp_path, f"query-{next(runs)}",
                                          **given)
@@ -519,7 +520,7 @@ async def test_one_consumer_group_two_engines_checkpoints_carry_over_both_ways(m
         [live] = await store.claim_ownership([Ownership(*scope, "0", "processor-live", etag=held.etag,
                                                         epoch=held.epoch + 1)])
         fourth = await send(conn, {str(p): 40 for p in range(4)}, {str(p): 180 for p in range(4)})
-        seen: Dict[str, List[int]] = {}
+        seen: dict[str, list[int]] = {}
         running = True
 
         async def watch_and_renew() -> None:
@@ -610,7 +611,7 @@ def test_a_worker_keeps_its_receivers_for_the_next_range_and_skips_forward(event
     options = SourceOptions.parse({"eventhubs.connectionString": conn})
     pool = WorkerReceivers(idle=30.0)
 
-    def read(pid: str, begin: int, until: int) -> List[Tuple[int, bytes]]:
+    def read(pid: str, begin: int, until: int) -> list[tuple[int, bytes]]:
         rows = [row for batch in read_range(options, ReadRange(pid, begin, until), rows_per_batch=64, receivers=pool)
                 for row in batch.to_pylist()]
         assert all(row["partition"] == pid for row in rows)
@@ -644,7 +645,7 @@ async def test_a_partition_added_to_the_hub_is_read_from_its_first_event_at_the_
         reader = EventHubsStreamReader(SourceOptions.parse({"eventhubs.connectionString": conn,
                                                             "eventhubs.startingPosition": START}))
 
-        def batch(start: dict) -> Tuple[dict, List[Tuple[str, int, bytes]]]:
+        def batch(start: dict) -> tuple[dict, list[tuple[str, int, bytes]]]:
             end = reader.latestOffset(start, ReadAllAvailable())
             rows = [(r["partition"], r["sequenceNumber"], r["body"]) for part in reader.partitions(start, end)
                     for b in reader.read(part) for r in b.to_pylist()]
@@ -685,7 +686,7 @@ async def test_a_task_refused_for_the_partitions_reader_limit_waits_for_a_free_s
         readers.append(reader)
     options = SourceOptions.parse({"eventhubs.connectionString": conn, "eventhubs.receiverTimeout": "3"})
 
-    def read() -> List[Tuple[int, bytes]]:
+    def read() -> list[tuple[int, bytes]]:
         return [(r["sequenceNumber"], r["body"]) for b in read_range(options, ReadRange("0", 0, 20),
                                                                      receivers=WorkerReceivers())
                 for r in b.to_pylist()]

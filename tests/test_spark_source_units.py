@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 from datetime import datetime, timedelta, timezone
-from typing import Dict
 
 import pytest
 from hypothesis import given, settings
@@ -16,13 +15,20 @@ from eventprocessor.errors import ConfigurationError
 from eventprocessor.events import Event
 from eventprocessor.records import Checkpoint, Ownership
 from eventprocessor.sources.base import PartitionProperties
-from eventprocessor.testing import FaultyStore
 from eventprocessor.spark.source.checkpoints import CheckpointWriter, plan_claims
-from eventprocessor.spark.source.offsets import (HubOffset, PartitionPosition, ReadRange, data_loss, plan_latest,
-                                                 plan_ranges, rate_limit)
+from eventprocessor.spark.source.offsets import (
+    HubOffset,
+    PartitionPosition,
+    ReadRange,
+    data_loss,
+    plan_latest,
+    plan_ranges,
+    rate_limit,
+)
 from eventprocessor.spark.source.options import Position, SourceOptions, StoreOptions
 from eventprocessor.spark.source.rows import ARROW_SCHEMA, events_to_record_batch, json_value
 from eventprocessor.stores import InMemoryCheckpointStore
+from eventprocessor.testing import FaultyStore
 
 KEY = "c2VjcmV0LWtleS12YWx1ZQ=="
 CONN = f"Endpoint=sb://contoso.servicebus.windows.net/;SharedAccessKeyName=listen;SharedAccessKey={KEY};EntityPath=hub"
@@ -212,7 +218,7 @@ def test_split_ranges_cover_each_partition_exactly_once(ranges, min_partitions):
         mine = sorted((r for r in planned if r.partition_id == w.partition_id), key=lambda r: r.from_sequence_number)
         assert mine[0].from_sequence_number == w.from_sequence_number
         assert mine[-1].until_sequence_number == w.until_sequence_number
-        assert all(a.until_sequence_number == b.from_sequence_number for a, b in zip(mine, mine[1:]))
+        assert all(a.until_sequence_number == b.from_sequence_number for a, b in zip(mine, mine[1:], strict=False))
         assert all(r.count > 0 for r in mine)
 
 
@@ -285,7 +291,7 @@ def end_at(**seqs) -> HubOffset:
     return HubOffset("hub", {pid.lstrip("p"): PartitionPosition(seq, f"o{seq - 1}") for pid, seq in seqs.items()})
 
 
-async def checkpoints(store) -> Dict[str, int]:
+async def checkpoints(store) -> dict[str, int]:
     return {c.partition_id: c.sequence_number for c in await store.list_checkpoints(*SCOPE)}
 
 
@@ -369,7 +375,7 @@ def test_kept_receivers_are_closed_after_two_and_a_half_batch_intervals_learnt_f
     the pace: the interval comes from the planning times the tasks carry."""
     import time as real_time
 
-    from eventprocessor.spark.source.executor import WorkerReceivers, OpenReceiver
+    from eventprocessor.spark.source.executor import OpenReceiver, WorkerReceivers
 
     now = [100.0]
     pool = WorkerReceivers(idle=5.0, clock=lambda: now[0])

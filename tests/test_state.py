@@ -9,21 +9,20 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import Counter
-from typing import Dict, List
 
 import pytest
 
 from eventprocessor import ConfigurationError, EventProcessor, PartitionProcessor
 from eventprocessor.bounded_store import MIN_BANDWIDTH, BoundedStore
 from eventprocessor.clock import SystemClock
-from eventprocessor.errors import InvalidCheckpointError, StoreTimeoutError
+from eventprocessor.errors import InvalidCheckpointError, OwnershipLostError, StoreTimeoutError
 from eventprocessor.records import MAX_ENTRY_BYTES, Checkpoint, StateRef
 from eventprocessor.sources import MemoryEventSource
 from eventprocessor.state import PartitionState, StateKeeper, StateLog
 from eventprocessor.state.log import IN_FLIGHT
 from eventprocessor.state.replica import WarmReplica
-from eventprocessor.testing import FaultyStore, run_virtual, virtual_utc_clock
 from eventprocessor.stores import InMemoryCheckpointStore
+from eventprocessor.testing import FaultyStore, run_virtual, virtual_utc_clock
 
 FAST = dict(load_balancing_interval=0.5, partition_ownership_expiration_interval=6.0)
 SCOPE = ("memory.local", "hub", "$default")
@@ -39,7 +38,7 @@ async def until(condition, *, timeout: float = 120.0, what: str = "condition") -
     return loop.time()
 
 
-def counting(every: int = 1, totals: Dict[str, Dict[str, int]] = None):
+def counting(every: int = 1, totals: dict[str, dict[str, int]] = None):
     """Counts events per key in context.state, checkpoints every ``every`` batches, and
     records the counts each claim saw when it closed."""
 
@@ -61,7 +60,7 @@ def counting(every: int = 1, totals: Dict[str, Dict[str, int]] = None):
     return Counting
 
 
-async def final_state(store, partitions: int) -> Dict[str, Dict[str, int]]:
+async def final_state(store, partitions: int) -> dict[str, dict[str, int]]:
     """What a new owner restores for each partition now."""
     checkpoints = {c.partition_id: c for c in await store.list_checkpoints(*SCOPE)}
     out = {}
@@ -72,7 +71,7 @@ async def final_state(store, partitions: int) -> Dict[str, Dict[str, int]]:
     return out
 
 
-def expected(source: MemoryEventSource, partitions: int) -> Dict[str, Dict[str, int]]:
+def expected(source: MemoryEventSource, partitions: int) -> dict[str, dict[str, int]]:
     return {pid: dict(Counter(e.body_as_str().split(":")[0] for e in source.events(pid)))
             for pid in map(str, range(partitions))}
 
@@ -106,7 +105,7 @@ def test_a_counter_moves_with_the_partition_through_handoffs_and_a_crash_exactly
 
 
 def test_a_batch_whose_handler_raises_is_rolled_back_before_it_is_delivered_again():
-    seen: List[int] = []
+    seen: list[int] = []
 
     class FailsOnce(PartitionProcessor):
         failed = False
@@ -160,7 +159,7 @@ def test_a_zombie_cannot_overwrite_the_state_even_while_its_own_clock_says_it_ow
         await store.fence_checkpoint(won[0])
         context = zombie_ctx[-1]
         context.state["by"] = "zombie"
-        with pytest.raises(Exception):
+        with pytest.raises(OwnershipLostError):
             await context.update_checkpoint(context.last_event)
         await a.stop(release=False)
         return await final_state(store, 1)
@@ -170,7 +169,7 @@ def test_a_zombie_cannot_overwrite_the_state_even_while_its_own_clock_says_it_ow
 
 
 def test_a_state_that_cannot_be_read_is_not_dispatched_and_says_so(caplog):
-    delivered: List[int] = []
+    delivered: list[int] = []
 
     class Counts(PartitionProcessor):
         async def process_events(self, events, context):
@@ -208,7 +207,7 @@ def test_bad_values_and_a_rewind_are_clear_errors_and_stateless_processors_have_
     state["l"] = [1]
     state["l"].append(2)  # a copy: assign to change
     assert state["l"] == [1]
-    errors: List[Exception] = []
+    errors: list[Exception] = []
 
     class Rewinds(PartitionProcessor):
         async def process_events(self, events, context):
@@ -222,7 +221,7 @@ def test_bad_values_and_a_rewind_are_clear_errors_and_stateless_processors_have_
     class Stateless(PartitionProcessor):
         async def process_events(self, events, context):
             try:
-                context.state
+                _ = context.state
             except ConfigurationError as error:
                 errors.append(error)
 
@@ -261,7 +260,7 @@ def test_a_commit_writes_the_change_not_the_state_and_snapshots_keep_restores_sh
         return sizes, restored, len(await store.list_entries(*SCOPE, "state-0"))
 
     sizes, restored, entries = run_virtual(scenario())
-    per_commit = [b - a for a, b in zip(sizes, sizes[1:])]
+    per_commit = [b - a for a, b in zip(sizes, sizes[1:], strict=False)]
     assert per_commit[0] < 200  # a commit of one key writes that key (the first wrote all 1000 keys)
     assert restored.texts["counter"] == "24" and len(restored.texts) == 1001
     assert restored.changes_since_snapshot <= 10 and entries <= 12  # compacted: a snapshot and a few changes
@@ -284,7 +283,7 @@ def test_the_state_log_skips_changes_that_were_never_checkpointed():
 def test_a_planned_move_waits_for_a_warm_replica_and_the_new_owner_reads_only_the_changes_since():
     """KIP-441: b asks for a's partitions only once their state is loaded and following;
     at the handoff it reads the few changes since, not the state."""
-    restores: Dict[str, object] = {}
+    restores: dict[str, object] = {}
 
     class Big(PartitionProcessor):
         async def initialize(self, context):
@@ -294,7 +293,7 @@ def test_a_planned_move_waits_for_a_warm_replica_and_the_new_owner_reads_only_th
             if "blob0" not in context.state:
                 for i in range(300):  # a state of ~300 KB per partition
                     context.state[f"blob{i}"] = "x" * 1000
-            for event in events:
+            for _event in events:
                 context.state["n"] = context.state.get("n", 0) + 1
             await context.update_checkpoint()
 
@@ -325,7 +324,7 @@ def test_a_planned_move_waits_for_a_warm_replica_and_the_new_owner_reads_only_th
 
 
 def test_a_crashed_owner_fails_over_to_its_caught_up_standby():
-    restores: Dict[str, object] = {}
+    restores: dict[str, object] = {}
     handler = counting()
 
     class Recording(handler):  # type: ignore[valid-type,misc]
@@ -372,7 +371,7 @@ def test_a_replica_is_handed_over_even_when_the_claim_outlasts_a_refresh():
     """The replica of a partition being claimed must survive until the claim takes it:
     a store slow to answer claims and fences (longer than the replicas' refresh, half an
     interval) once let the refresh drop it first, and the new owner restored cold."""
-    restores: Dict[str, object] = {}
+    restores: dict[str, object] = {}
 
     class Recording(counting()):  # type: ignore[misc]
         async def initialize(self, context):
@@ -590,7 +589,7 @@ def test_the_first_commit_of_a_large_state_is_not_failed_by_its_own_deadlines():
     serves one request at a time, with this expiration's 0.5-s store_timeout. The commit
     timed out, the batch was rolled back and delivered again. Now every event is
     delivered once and counted once."""
-    seen: List[int] = []
+    seen: list[int] = []
 
     class Padded(PartitionProcessor):
         async def initialize(self, context):

@@ -19,7 +19,6 @@ import os
 import random
 from collections import Counter
 from dataclasses import dataclass
-from typing import Dict, List
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -77,7 +76,7 @@ def test_a_per_key_counter_ends_equal_to_what_was_produced(seed, partitions, pro
 
 
 async def run_scenario(seed: int, partitions: int, processors: int, standbys: int,
-                       schedule: List[Fault]) -> tuple:
+                       schedule: list[Fault]) -> tuple:
     cluster = Cluster(partitions, seed=seed, stateful=True, num_standbys=standbys, **OPTIONS)
     cluster.handler = counting_handler(random.Random(seed), cluster)
     links = [cluster.link() for _ in range(processors)]
@@ -127,7 +126,7 @@ async def run_scenario(seed: int, partitions: int, processors: int, standbys: in
     for p in running:
         await p.stop()
     checkpoints = {c.partition_id: c for c in await cluster.memory.list_checkpoints(*SCOPE)}
-    restored: Dict[str, Dict[str, int]] = {}
+    restored: dict[str, dict[str, int]] = {}
     for pid in map(str, range(partitions)):
         keeper = StateKeeper(StateLog(cluster.memory, SCOPE, pid), epoch=0)
         await keeper.restore(checkpoints.get(pid))

@@ -25,20 +25,25 @@ import time
 import uuid
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
-from typing import Dict, List
 
 import pytest
 from click.testing import CliRunner
 from rich.console import Console
 
+from eventprocessor.cli import main
+from eventprocessor.cli.status import (
+    EVENTHUB_CONNECTION_STRING_ENV,
+    STORE_ACCOUNT_KEY_ENV,
+    STORE_CONNECTION_STRING_ENV,
+    STORE_SAS_TOKEN_ENV,
+    build_status,
+    read_status,
+    render,
+)
+from eventprocessor.cli.user_errors import CommandError
 from eventprocessor.errors import CheckpointStoreError, EventSourceError
 from eventprocessor.records import Checkpoint, Member, Ownership, OwnershipListing, UnreadableOwnership
 from eventprocessor.sources import MemoryEventSource, PartitionProperties
-from eventprocessor.cli import main
-from eventprocessor.cli.status import (EVENTHUB_CONNECTION_STRING_ENV, STORE_ACCOUNT_KEY_ENV,
-                                       STORE_CONNECTION_STRING_ENV, STORE_SAS_TOKEN_ENV, build_status, read_status,
-                                       render)
-from eventprocessor.cli.user_errors import CommandError
 from eventprocessor.stores import InMemoryCheckpointStore
 from tests.test_cli import assert_one_line_error, run_cli
 
@@ -126,10 +131,10 @@ async def test_every_partition_state_member_and_the_summary_from_the_records():
     assert status.lag_note is None and status.members_note is None and status.records_note is None
 
 
-def table_rows(text: str, first_column: str) -> Dict[str, List[str]]:
+def table_rows(text: str, first_column: str) -> dict[str, list[str]]:
     """The rows of the table whose header starts with ``first_column``, by first cell
     (cells are separated by two spaces or more)."""
-    rows: Dict[str, List[str]] = {}
+    rows: dict[str, list[str]] = {}
     lines = text.splitlines()
     start = next(i for i, line in enumerate(lines) if line.split()[:1] == [first_column])
     for line in lines[start + 2:]:
@@ -203,18 +208,18 @@ class _NoProperties(MemoryEventSource):
 
 
 class _Silent(MemoryEventSource):
-    async def get_partition_ids(self) -> List[str]:
+    async def get_partition_ids(self) -> list[str]:
         await asyncio.Event().wait()
         return []
 
 
 class _Leaky(MemoryEventSource):
-    async def get_partition_ids(self) -> List[str]:
+    async def get_partition_ids(self) -> list[str]:
         raise RuntimeError(f"connection refused; SharedAccessKey={SECRET}")
 
 
 class _Refused(MemoryEventSource):
-    async def get_partition_ids(self) -> List[str]:
+    async def get_partition_ids(self) -> list[str]:
         raise EventSourceError("the event hub refused the credential", fully_qualified_namespace=NS,
                                eventhub_name=HUB)
 
@@ -287,7 +292,8 @@ SCOPE = ["--namespace", NS, "--eventhub", HUB]
     (["--store", "table", "--table", "t1"], ["--store table", f"pip install -e '{ROOT}[table]'"]),
 ])
 def test_a_missing_extra_is_one_line_with_the_install_command(args, needles):
-    out = run_cli("status", *SCOPE, *args, extras=False, env={STORE_CONNECTION_STRING_ENV: "UseDevelopmentStorage=true"})
+    out = run_cli("status", *SCOPE, *args, extras=False,
+                  env={STORE_CONNECTION_STRING_ENV: "UseDevelopmentStorage=true"})
     assert_one_line_error(out, *needles)
 
 
@@ -370,7 +376,7 @@ def test_an_unreachable_store_ends_in_one_line_within_the_timeout(kind):
 # --------------------------------------------------------------------------- Azurite
 
 
-def _status_json(*args: str, env: Dict[str, str]) -> dict:
+def _status_json(*args: str, env: dict[str, str]) -> dict:
     out = run_cli("status", *args, "--json", env=env, timeout=60)
     assert out.returncode == 0, out.stderr
     return json.loads(out.stdout)
@@ -515,6 +521,7 @@ async def test_the_table_store_and_expired_records(azurite):
 @pytest.mark.azurite
 async def test_the_blob_store_by_account_url_with_a_key_and_with_a_sas_token(azurite):
     from azure.storage.blob import ContainerSasPermissions, generate_container_sas
+
     from eventprocessor.stores.blob import BlobCheckpointStore
 
     container = f"status-{uuid.uuid4().hex[:10]}"

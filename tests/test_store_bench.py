@@ -66,7 +66,7 @@ def test_dry_run_on_the_memory_store_renders_every_column(tmp_path):
     assert all(len(row) == len(columns) for row in rows)
     # The in-memory store bills one request per record written or listing.
     for row in rows:
-        cells = dict(zip(columns, row))
+        cells = dict(zip(columns, row, strict=False))
         assert (cells["req/create"], cells["req/re-claim"], cells["req/checkpoint"], cells["req/list"]) == \
             ("1.00", "1.00", "1.00", "1.0")
         assert cells["req/fence"] == "3.00"  # read ownership, read checkpoint, write

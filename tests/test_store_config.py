@@ -8,8 +8,9 @@ import logging
 import socket
 import traceback
 import uuid
+from collections.abc import Iterable
 from datetime import datetime, timedelta, timezone
-from typing import Any, Iterable, List
+from typing import Any
 
 import pytest
 
@@ -185,7 +186,7 @@ def _closed_port() -> int:
         return sock.getsockname()[1]
 
 
-def _everything(error: BaseException) -> List[str]:
+def _everything(error: BaseException) -> list[str]:
     return [str(error), repr(error), "".join(traceback.format_exception(error))]
 
 
@@ -247,9 +248,9 @@ async def test_sas_and_key_never_reach_logs_or_errors(azurite: Any, caplog: pyte
     blob_sas, table_sas = _blob_sas(azurite, write=True), _table_sas(azurite)
     read_only = _blob_sas(azurite, write=False)
     secrets = [azurite.account_key, _sig(blob_sas), _sig(table_sas), _sig(read_only), azurite.connection_string]
-    errors: List[BaseException] = []
+    errors: list[BaseException] = []
     container = f"sec-{uuid.uuid4().hex[:10]}"
-    reprs: List[str] = []
+    reprs: list[str] = []
 
     for store in (
         BlobCheckpointStore(azurite.blob_endpoint, container, credential=blob_sas),
@@ -444,7 +445,7 @@ async def test_with_no_proxy_settings_a_checkpoint_makes_no_trip_to_a_worker_thr
 
     _no_proxy_settings(monkeypatch, tmp_path)
     loop = asyncio.get_running_loop()
-    trips: List[Any] = []
+    trips: list[Any] = []
     original = loop.run_in_executor
 
     def counted(executor: Any, function: Any, *args: Any) -> Any:

@@ -17,16 +17,22 @@ import re
 import time
 import uuid
 from collections import Counter
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta, timezone
-from typing import Any, AsyncIterator, Awaitable, Callable, Dict, List, Optional, Tuple
+from typing import Any
 
 import pytest
 
 from eventprocessor.balancer import LoadBalancingStrategy, decide
 from eventprocessor.checkpoint_store import CheckpointStore
-from eventprocessor.errors import (CheckpointStoreError, ClaimOwnershipError, ConfigurationError, OwnershipLostError,
-                                   StaleEpochError)
+from eventprocessor.errors import (
+    CheckpointStoreError,
+    ClaimOwnershipError,
+    ConfigurationError,
+    OwnershipLostError,
+    StaleEpochError,
+)
 from eventprocessor.records import MAX_ENTRY_BYTES, MAX_EPOCH, Checkpoint, Member, Ownership
 from eventprocessor.stores import InMemoryCheckpointStore
 from eventprocessor.stores.protocol import CHECKPOINT, EtagMismatch, Kind, RecordExists
@@ -53,16 +59,16 @@ class Backend:
     consumer_group: str
     # plants a malformed record; returns the name the store's warning must mention, or
     # None when this store cannot hold such a record
-    plant: Callable[[str, str], Awaitable[Optional[str]]]
-    server_clock: Optional[SkewableServerClock] = None
+    plant: Callable[[str, str], Awaitable[str | None]]
+    server_clock: SkewableServerClock | None = None
     # another client of the same storage with extra SDK options (None in memory)
-    make_client: Optional[Callable[..., CheckpointStore]] = None
+    make_client: Callable[..., CheckpointStore] | None = None
 
     @property
-    def scope(self) -> Tuple[str, str, str]:
+    def scope(self) -> tuple[str, str, str]:
         return NAMESPACE, HUB, self.consumer_group
 
-    def ownership(self, pid: str, owner: str, *, etag: Optional[str] = None, epoch: int = 1) -> Ownership:
+    def ownership(self, pid: str, owner: str, *, etag: str | None = None, epoch: int = 1) -> Ownership:
         return Ownership(NAMESPACE, HUB, self.consumer_group, pid, owner, etag=etag, epoch=epoch)
 
     def checkpoint(self, pid: str, seq: int) -> Checkpoint:
@@ -71,10 +77,10 @@ class Backend:
     def member(self, owner: str, **properties: str) -> Member:
         return Member(NAMESPACE, HUB, self.consumer_group, owner, properties=properties)
 
-    async def listing(self, store: Optional[CheckpointStore] = None):
+    async def listing(self, store: CheckpointStore | None = None):
         return await (store or self.store).list_ownership(*self.scope)
 
-    async def records(self, store: Optional[CheckpointStore] = None) -> dict:
+    async def records(self, store: CheckpointStore | None = None) -> dict:
         return {r.partition_id: r for r in (await self.listing(store)).ownerships}
 
     async def checkpoints(self) -> dict:
@@ -110,7 +116,7 @@ def hook_reads(store: Any, kind: Kind, after_read: Callable[[Any], Awaitable[Non
 
 # kind -> (record kind, fields) of a malformed record, for stores that keep fields as strings
 # (blob metadata); the Table and memory planters adapt.
-_PLANTS: Dict[str, Tuple[str, Dict[str, Any]]] = {
+_PLANTS: dict[str, tuple[str, dict[str, Any]]] = {
     "ownership-no-owner": ("ownership", {"epoch": "1"}),
     "ownership-bad-epoch": ("ownership", {"ownerid": "someone", "epoch": "abc"}),
     "ownership-epoch-too-big": ("ownership", {"ownerid": "someone", "epoch": str(MAX_EPOCH)}),
@@ -122,8 +128,8 @@ _PLANTS: Dict[str, Tuple[str, Dict[str, Any]]] = {
 }
 
 
-def _memory_planter(store: InMemoryCheckpointStore, consumer_group: str) -> Callable[[str, str], Awaitable[Optional[str]]]:
-    async def plant(kind: str, pid: str) -> Optional[str]:
+def _memory_planter(store: InMemoryCheckpointStore, consumer_group: str) -> Callable[[str, str], Awaitable[str | None]]:
+    async def plant(kind: str, pid: str) -> str | None:
         if kind == "foreign-deeper":
             store.plant_record("ownership", NAMESPACE, HUB, consumer_group, f"{pid}/notes.txt", {"ownerid": "x"})
             return f"ownership record '{pid}/notes.txt'"
@@ -137,10 +143,10 @@ def _memory_planter(store: InMemoryCheckpointStore, consumer_group: str) -> Call
     return plant
 
 
-def _blob_planter(container: Any, consumer_group: str) -> Callable[[str, str], Awaitable[Optional[str]]]:
+def _blob_planter(container: Any, consumer_group: str) -> Callable[[str, str], Awaitable[str | None]]:
     base = f"{NAMESPACE}/{HUB}/{consumer_group}".lower()
 
-    async def plant(kind: str, pid: str) -> Optional[str]:
+    async def plant(kind: str, pid: str) -> str | None:
         if kind == "ownership-owner-not-string":
             return None  # blob metadata is always text
         if kind == "foreign-deeper":
@@ -154,10 +160,10 @@ def _blob_planter(container: Any, consumer_group: str) -> Callable[[str, str], A
     return plant
 
 
-def _table_planter(table: Any, consumer_group: str) -> Callable[[str, str], Awaitable[Optional[str]]]:
+def _table_planter(table: Any, consumer_group: str) -> Callable[[str, str], Awaitable[str | None]]:
     prefix = f"{NAMESPACE} {HUB} {consumer_group}"
 
-    async def plant(kind: str, pid: str) -> Optional[str]:
+    async def plant(kind: str, pid: str) -> str | None:
         if kind == "foreign-deeper":
             return None  # a table has no deeper paths
         if kind == "ownership-owner-not-string":
@@ -310,7 +316,7 @@ async def test_release_then_claim_by_another_owner(backend: Backend) -> None:
 # ----------------------------------------------------------------------- checkpoints
 
 
-async def _fenced_owner(backend: Backend, pid: str = "0", seq: Optional[int] = 10) -> Ownership:
+async def _fenced_owner(backend: Backend, pid: str = "0", seq: int | None = 10) -> Ownership:
     """"old" claims ``pid`` on ``backend.store``, fences it and checkpoints ``seq``."""
     old = await backend.claim(backend.store, pid, "old")
     assert await backend.store.fence_checkpoint(old) is None
@@ -357,7 +363,7 @@ async def test_a_first_ever_write_after_b_fenced_fails(backend: Backend) -> None
     finds no checkpoint; before its create-if-absent arrives, B claims and fences
     (creating the placeholder). A's create gets 409 and A stops; B's record stays."""
     old = await backend.claim(backend.store, "0", "old")
-    fenced: List[Ownership] = []
+    fenced: list[Ownership] = []
 
     async def b_claims_and_fences(record: Any) -> None:
         assert record is None, "A saw no checkpoint"
@@ -574,7 +580,6 @@ def _is_partition_3(url: str) -> bool:
 async def test_an_unexpected_failure_is_never_a_won_claim(backend: Backend) -> None:
     if backend.make_client is None:
         pytest.skip("the in-memory store has no failure mode besides lost races")
-    from eventprocessor.errors import ClaimOwnershipError
 
     created = await backend.store.claim_ownership([backend.ownership(str(p), "a") for p in range(6)])
     async with backend.make_client(transport=_failing_transport(_is_partition_3), retry_total=0) as flaky:
@@ -602,7 +607,7 @@ async def test_an_unexpected_checkpoint_failure_is_not_ownership_lost(backend: B
 # ------------------------------------------------------------------------ server time
 
 
-def _judge(listing: Any, owner_id: str, expiry: float) -> List[str]:
+def _judge(listing: Any, owner_id: str, expiry: float) -> list[str]:
     """What the real balancer would claim for ``owner_id`` from this listing."""
     decision = decide(listing, ["0"], owner_id, fully_qualified_namespace=NAMESPACE, eventhub_name=HUB,
                       consumer_group=listing.ownerships[0].consumer_group if listing.ownerships else "",
@@ -677,7 +682,7 @@ async def test_unreadable_ownership_records_are_reported_and_can_be_claimed_over
     assert [o.partition_id for o in listing.ownerships] == ["0"]
     unreadable = {u.partition_id: u for u in listing.unreadable}
     assert set(unreadable) == set(planted), "a foreign object at a deeper path is no partition's record"
-    for pid, (name, reason) in planted.items():
+    for pid, (_name, reason) in planted.items():
         assert reason in unreadable[pid].reason
         assert unreadable[pid].etag and unreadable[pid].last_modified_time is not None
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
@@ -755,7 +760,8 @@ async def test_claim_with_invalid_input_is_a_configuration_error(backend: Backen
 
 
 @pytest.mark.parametrize("epoch", [-1, MAX_EPOCH, 2**63, 2**64])
-async def test_epochs_out_of_range_are_refused_on_write_naming_partition_and_value(backend: Backend, epoch: int) -> None:
+async def test_epochs_out_of_range_are_refused_on_write_naming_partition_and_value(backend: Backend,
+                                                                                   epoch: int) -> None:
     with pytest.raises(ConfigurationError) as raised:
         await backend.store.claim_ownership([backend.ownership("p7", "a", epoch=epoch)])
     assert "'p7'" in str(raised.value) and str(epoch) in str(raised.value)
@@ -833,7 +839,7 @@ async def test_members_are_written_listed_and_deleted(backend: Backend) -> None:
 
 
 @pytest.mark.parametrize("properties", [{"Upper": "x"}, {"writetoken": "x"}, {"ok": "caf\u00e9"}, {"ok": 3}])
-async def test_bad_member_properties_are_refused(backend: Backend, properties: Dict[str, Any]) -> None:
+async def test_bad_member_properties_are_refused(backend: Backend, properties: dict[str, Any]) -> None:
     with pytest.raises(ConfigurationError):
         await backend.store.write_member(Member(*backend.scope, "me", properties=properties))
     assert (await backend.store.list_members(*backend.scope)).members == ()
@@ -860,7 +866,8 @@ async def test_entries_list_by_prefix_sorted_read_and_delete(backend: Backend) -
         assert await backend.store.create_entry(*backend.scope, log, name, name.encode())
     assert await backend.store.create_entry(*backend.scope, log, "a-2", b"again") is False
     assert await backend.store.read_entry(*backend.scope, log, "a-2") == b"a-2", "a lost create changes nothing"
-    assert await backend.store.list_entries(*backend.scope, log) == sorted(["b-2", "a-10", "a-2", "B-1", ".hidden", "a"])
+    expected = sorted(["b-2", "a-10", "a-2", "B-1", ".hidden", "a"])
+    assert await backend.store.list_entries(*backend.scope, log) == expected
     assert await backend.store.list_entries(*backend.scope, log, prefix="a-") == ["a-10", "a-2"]
     assert await backend.store.list_entries(*backend.scope, log, prefix="B") == ["B-1"]
     assert await backend.store.list_entries(*backend.scope, log, prefix=".") == [".hidden"]
@@ -887,13 +894,13 @@ async def test_entry_size_limit(backend: Backend) -> None:
 # ------------------------------------------------------------------ ambiguous writes
 
 
-def lose_first_response(store: Any, operation: str) -> List[bool]:
+def lose_first_response(store: Any, operation: str) -> list[bool]:
     """The next ``create`` or ``replace`` of ``store`` lands, but the caller gets the
     conflict the transport's retry would have met (409/412) instead of its response.
     (On Azurite, ``tests/test_store_faults.py`` does the same with a real lost response.)"""
     backend = store.backend
     real = getattr(backend, operation)
-    fired: List[bool] = []
+    fired: list[bool] = []
 
     async def landed_then_conflict(*args: Any, **kwargs: Any) -> Any:
         record = await real(*args, **kwargs)

@@ -10,15 +10,16 @@ import time
 import traceback
 import uuid
 from collections import Counter
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, replace
-from typing import Any, AsyncIterator, Callable
+from typing import Any
 
 import pytest
 
+from eventprocessor.emulators.fault_proxy import FaultProxy
 from eventprocessor.errors import CheckpointStoreError, ClaimOwnershipError, OwnershipLostError, StoreTimeoutError
 from eventprocessor.records import Checkpoint, Ownership
 from eventprocessor.stores import BlobCheckpointStore, TableCheckpointStore
-from eventprocessor.emulators.fault_proxy import FaultProxy
 
 NS, HUB, CG = "faults.servicebus.windows.net", "hub", "$default"
 
@@ -41,7 +42,8 @@ async def setup(request: pytest.FixtureRequest, azurite: Any) -> AsyncIterator[S
         url = f"http://127.0.0.1:{proxy.port}/devstoreaccount1"
         if request.param == "blob":
             name = f"faults-{uuid.uuid4().hex[:10]}"
-            yield Setup("blob", proxy, lambda **kw: BlobCheckpointStore(url, name, credential=azurite.account_key, **kw),
+            yield Setup("blob", proxy,
+                        lambda **kw: BlobCheckpointStore(url, name, credential=azurite.account_key, **kw),
                         name, create_method="PUT", replace_method="PUT")
         else:
             name = f"faults{uuid.uuid4().hex[:10]}"
@@ -92,7 +94,8 @@ async def test_a_checkpoint_whose_response_is_lost_is_written_once(setup: Setup)
         assert setup.proxy.dropped
         before = Counter(store.request_counts)
         await store.update_checkpoint(Checkpoint(NS, HUB, CG, "0", 8, "800"), owner_id="me", epoch=1)
-        assert Counter(store.request_counts) - before == Counter(replace_checkpoint=1), "the landed write's etag is kept"
+        assert Counter(store.request_counts) - before == Counter(replace_checkpoint=1), \
+            "the landed write's etag is kept"
         assert [c.sequence_number for c in await store.list_checkpoints(NS, HUB, CG)] == [8]
 
 

@@ -16,9 +16,8 @@ import random
 
 import pytest
 
-from eventprocessor.testing import Cluster
 from eventprocessor.backoff import Congestion, TickBackoff
-from eventprocessor.testing import run_virtual
+from eventprocessor.testing import Cluster, run_virtual
 
 PARTITIONS, PROCESSORS = 256, 8
 SERVICE = {"list_ownership": 0.006, "claim_ownership": 0.006, "fence_checkpoint": 0.006, "write_member": 0.006}

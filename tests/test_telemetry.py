@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 from collections import defaultdict
-from typing import Dict, List, Tuple
 
 import pytest
 
@@ -17,9 +16,10 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor  # noqa: E402
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter  # noqa: E402
 
 from eventprocessor import EventProcessor, PartitionProcessor  # noqa: E402
-from eventprocessor.testing import run_virtual  # noqa: E402
-
-from eventprocessor.testing import Cluster  # noqa: E402
+from eventprocessor.testing import (
+    Cluster,  # noqa: E402
+    run_virtual,  # noqa: E402
+)
 
 OPTIONS = dict(load_balancing_interval=1.0, partition_ownership_expiration_interval=12.0)
 TRACEPARENT = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
@@ -33,9 +33,9 @@ class Telemetry:
         self.tracers = TracerProvider()
         self.tracers.add_span_processor(SimpleSpanProcessor(self.spans))
 
-    def read(self) -> Dict[str, List[Tuple[dict, float]]]:
+    def read(self) -> dict[str, list[tuple[dict, float]]]:
         """metric name -> [(attributes, value)]: sums and gauges by value, histograms by count."""
-        out: Dict[str, List[Tuple[dict, float]]] = defaultdict(list)
+        out: dict[str, list[tuple[dict, float]]] = defaultdict(list)
         data = self.reader.get_metrics_data()
         for resource in data.resource_metrics if data else []:
             for scope in resource.scope_metrics:

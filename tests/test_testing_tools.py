@@ -4,24 +4,29 @@ sink's log per batch."""
 from __future__ import annotations
 
 import asyncio
-from typing import List
 
 import pytest
 
 from eventprocessor import EventProcessor
 from eventprocessor.checkpoint_store import StoreWrapper
-from eventprocessor.testing import (LedgerStore, OwnershipLedger, VirtualTimeLoop, recording_handler, run_virtual,
-                                    virtual_utc_clock)
-from eventprocessor.testing.recorder import DeliveryRecorder
-from harness.spark_files import batch_files
 from eventprocessor.sources import MemoryEventSource
 from eventprocessor.stores import InMemoryCheckpointStore
+from eventprocessor.testing import (
+    LedgerStore,
+    OwnershipLedger,
+    VirtualTimeLoop,
+    recording_handler,
+    run_virtual,
+    virtual_utc_clock,
+)
+from eventprocessor.testing.recorder import DeliveryRecorder
+from harness.spark_files import batch_files
 
 
 def test_idle_callbacks_run_once_per_instant_after_everything_due_then_time_moves_on():
     loop = VirtualTimeLoop()
-    seen: List[tuple] = []
-    log: List[str] = []
+    seen: list[tuple] = []
+    log: list[str] = []
 
     def idle() -> None:
         seen.append((loop.time(), tuple(log)))
@@ -52,7 +57,7 @@ def test_idle_callbacks_run_once_per_instant_after_everything_due_then_time_move
 def test_an_idle_callback_that_makes_something_runnable_runs_it_at_the_same_instant():
     loop = VirtualTimeLoop()
     future = loop.create_future()
-    calls: List[float] = []
+    calls: list[float] = []
 
     def idle() -> None:
         calls.append(loop.time())
@@ -146,13 +151,13 @@ def test_a_store_wrapper_still_overriding_the_old_private_hook_is_refused_with_t
                 return await call()
 
     class New(StoreWrapper):
-        calls: List[str] = []
+        calls: list[str] = []
 
         async def forward(self, operation, call, units=1):
             self.calls.append(operation)
             return await call()
 
-    async def main() -> List[str]:
+    async def main() -> list[str]:
         store = New(InMemoryCheckpointStore())
         await store.list_checkpoints("ns", "hub", "$default")
         await store.list_ownership("ns", "hub", "$default")
@@ -166,8 +171,8 @@ def test_batch_files_takes_each_file_once_at_the_batch_that_wrote_it(tmp_path):
     batches 0-9) counted every earlier batch's files again at batch 9 (32,450 latencies
     for 20,000 events in a recorded run)."""
     def line(path):
-        return '{"path":"file:///t/%s","size":1,"isDir":false,"modificationTime":1,"blockReplication":1,' \
-               '"blockSize":1,"action":"add"}' % path
+        return f'{{"path":"file:///t/{path}","size":1,"isDir":false,"modificationTime":1,"blockReplication":1,' \
+               '"blockSize":1,"action":"add"}'
 
     for batch in range(9):
         (tmp_path / str(batch)).write_text(f"v1\n{line(f'part-{batch}')}")

@@ -4,8 +4,9 @@ be valid. One table, one case per row."""
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from datetime import datetime
-from typing import Any, Callable, Dict
+from typing import Any
 
 import pytest
 
@@ -17,7 +18,7 @@ NAN, INF = math.nan, math.inf
 
 
 def processor(**kwargs: Any) -> EventProcessor:
-    args: Dict[str, Any] = dict(source=MemoryEventSource(2), checkpoint_store=InMemoryCheckpointStore(),
+    args: dict[str, Any] = dict(source=MemoryEventSource(2), checkpoint_store=InMemoryCheckpointStore(),
                                 partition_processor=PartitionProcessor)
     for name in ("source", "checkpoint_store", "partition_processor"):
         if name in kwargs:

@@ -18,7 +18,7 @@ import os
 import sys
 from pathlib import Path
 from types import ModuleType
-from typing import Any, List, Optional, Tuple
+from typing import Any
 
 import click
 
@@ -41,7 +41,8 @@ BENCHMARKS = {
     "decode": "Per-event cost of turning a received AMQP message into an Event, vs azure-eventhub's EventData.",
     "store_bench": "Checkpoint-store throughput on Azurite vs the official blob store and a bare-SDK floor.",
     "spark_sink": "Rows/s through the Spark sink vs Spark's own path for the same batches, pipelined the same way.",
-    "spark_source": "Rows/s from Event Hubs into Parquet through the Spark source vs the official consumer and the sink.",
+    "spark_source": ("Rows/s from Event Hubs into Parquet through the Spark source vs the official consumer "
+                     "and the sink."),
     "faults": "Recovery from store faults, crashes and hung handlers against their documented bounds.",
     "e2e": "End to end over AMQP: this SDK vs azure-eventhub's consumer on the Event Hubs emulator.",
     "moves": "Scale-out, scale-in, rolling restart and a crash as OS processes: duplicates, pauses vs azure-eventhub.",
@@ -53,7 +54,7 @@ BENCHMARKS = {
 }
 
 
-def _debugging(ctx: Optional[click.Context]) -> bool:
+def _debugging(ctx: click.Context | None) -> bool:
     if os.environ.get(DEBUG_ENVIRONMENT_VARIABLE, "") not in ("", "0"):
         return True
     return bool(ctx is not None and ctx.meta.get(_DEBUG_KEY))
@@ -80,7 +81,7 @@ class _OneLineErrors(click.Group):
 
 
 class _BenchmarkGroup(_OneLineErrors):
-    def get_command(self, ctx: click.Context, cmd_name: str) -> Optional[click.Command]:
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
         return super().get_command(ctx, cmd_name.replace("_", "-"))
 
 
@@ -117,7 +118,7 @@ def main(ctx: click.Context, verbose: int, debug: bool) -> None:
                    "emulator, fed by azure-eventhub's producer).")
 @click.option("--timeout", default=60.0, show_default=True, type=click.FloatRange(min=0, min_open=True),
               help="Give up on a phase after this many seconds.")
-def demo(partitions: int, processors: int, strategy: str, interval: Optional[float], expiration: Optional[float],
+def demo(partitions: int, processors: int, strategy: str, interval: float | None, expiration: float | None,
          rate: float, store: str, source: str, timeout: float) -> None:
     """Producer and processors in one process: convergence, scale-in, crash, failover.
 
@@ -165,8 +166,8 @@ def demo(partitions: int, processors: int, strategy: str, interval: Optional[flo
               help="Events kept per partition; the oldest are dropped first.")
 @click.option("--retention", default=3600.0, show_default=True, type=click.FloatRange(min=0.001),
               help="Seconds an event is kept.")
-def emulator(host: str, port: int, eventhubs: Tuple[str, ...], partitions: int, consumer_groups: Tuple[str, ...],
-             config_path: Optional[str], max_events_per_partition: int, retention: float) -> None:
+def emulator(host: str, port: int, eventhubs: tuple[str, ...], partitions: int, consumer_groups: tuple[str, ...],
+             config_path: str | None, max_events_per_partition: int, retention: float) -> None:
     """A local Event Hubs emulator the official azure-eventhub clients use unchanged.
 
     Prints one line, the connection string, once it accepts connections; stops on
@@ -201,7 +202,7 @@ def emulator(host: str, port: int, eventhubs: Tuple[str, ...], partitions: int, 
               help="Table service port; 0 picks a free one.")
 @click.option("--location", type=click.Path(file_okay=False, path_type=Path),
               help="Keep the data in this directory. Default: in memory (gone when it stops).")
-def azurite(blob_port: int, queue_port: int, table_port: int, location: Optional[Path]) -> None:
+def azurite(blob_port: int, queue_port: int, table_port: int, location: Path | None) -> None:
     """Azurite, the Azure Storage emulator, on 127.0.0.1 with the flags this SDK needs.
 
     Starts node_modules/.bin/azurite (`npm ci` in the checkout installs it) with
@@ -257,12 +258,14 @@ They are never printed.
 @click.option("--namespace", metavar="FQDN",
               help="Fully qualified Event Hubs namespace the records are keyed by (myns.servicebus.windows.net). "
                    "Default: the one in the Event Hubs connection string.")
-@click.option("--eventhub", metavar="NAME", help="Event hub name. Default: EntityPath of the Event Hubs connection string.")
+@click.option("--eventhub", metavar="NAME",
+              help="Event hub name. Default: EntityPath of the Event Hubs connection string.")
 @click.option("--consumer-group", default="$default", show_default=True, help="Consumer group.")
 @click.option("--store", type=click.Choice(["blob", "table"]), default="blob", show_default=True,
               help="Checkpoint store kind: Azure Blob (needs [blob]) or Table storage (needs [table]).")
 @click.option("--connection-string", envvar="EVENTPROCESSOR_STORE_CONNECTION_STRING", show_envvar=True,
-              metavar="TEXT", help="Storage connection string (Azurite: UseDevelopmentStorage=true). Prefer the variable.")
+              metavar="TEXT",
+              help="Storage connection string (Azurite: UseDevelopmentStorage=true). Prefer the variable.")
 @click.option("--account-url", metavar="URL", help="Storage service URL (https://acct.blob.core.windows.net), "
                                                   "instead of a connection string; with --credential.")
 @click.option("--credential", type=click.Choice(["default", "key", "sas", "none"]), default="default",
@@ -347,12 +350,12 @@ def _bench_command(name: str, summary: str) -> click.Command:
                    add_help_option=False)
     @click.argument("args", nargs=-1, type=click.UNPROCESSED)
     @click.pass_context
-    def command(ctx: click.Context, args: List[str]) -> None:
+    def command(ctx: click.Context, args: list[str]) -> None:
         module = _import_benchmark(name)
         argv = list(args)
         if _debugging(ctx) and "--debug" not in argv:
             argv.append("--debug")
-        code: Optional[int] = module.main(argv, prog=f"eventprocessor bench {command_name}")
+        code: int | None = module.main(argv, prog=f"eventprocessor bench {command_name}")
         ctx.exit(code or 0)
 
     return command

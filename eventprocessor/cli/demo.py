@@ -16,16 +16,22 @@ import sys
 import time
 import uuid
 from collections import Counter
+from collections.abc import Iterator
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Dict, Iterator, List, Optional, Set, Tuple
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
-from eventprocessor import (CheckpointStore, EventProcessor, LoadBalancingStrategy, OwnershipLostError,
-                            PartitionProcessor)
+from eventprocessor import (
+    CheckpointStore,
+    EventProcessor,
+    LoadBalancingStrategy,
+    OwnershipLostError,
+    PartitionProcessor,
+)
 from eventprocessor.errors import StoreTimeoutError
 from eventprocessor.sources import EventSource, MemoryEventSource
 from eventprocessor.testing import FaultyStore
@@ -51,7 +57,7 @@ STORE_PROBE_TIMEOUT = 15.0
 DEMO_TIMING = {"memory": (0.5, 4.0), "azurite": (2.0, 12.0)}
 
 
-def default_timing(store: str) -> Tuple[float, float]:
+def default_timing(store: str) -> tuple[float, float]:
     """The demo's default (interval, expiration) on ``store``."""
     return DEMO_TIMING.get(store, DEMO_TIMING["memory"])
 
@@ -82,20 +88,20 @@ class DemoResult:
     deliveries: int = 0
     lost: int = 0
     duplicates: int = 0
-    time_to_balance: Optional[float] = None
-    ticks_to_balance: Optional[int] = None
-    scale_in_seconds: Optional[float] = None
-    failover_seconds: Optional[float] = None
+    time_to_balance: float | None = None
+    ticks_to_balance: int | None = None
+    scale_in_seconds: float | None = None
+    failover_seconds: float | None = None
     store_location: str = "in-memory"
     source_location: str = "in-memory"
-    phases: List[str] = field(default_factory=list)
+    phases: list[str] = field(default_factory=list)
 
 
 class _Ledger:
     """What the demo's handlers saw, shared by all processors."""
 
     def __init__(self) -> None:
-        self.seen: Set[Tuple[str, int]] = set()
+        self.seen: set[tuple[str, int]] = set()
         self.deliveries = 0
         self.per_owner: Counter = Counter()
 
@@ -127,7 +133,7 @@ async def _crash(processor: EventProcessor, link: FaultyStore) -> None:
     await processor.stop(release=False)
 
 
-def _balanced(live: List[EventProcessor], partitions: int) -> bool:
+def _balanced(live: list[EventProcessor], partitions: int) -> bool:
     owned = [p.owned_partitions for p in live]
     counts = [len(o) for o in owned]
     union = set().union(*owned) if owned else set()
@@ -148,7 +154,7 @@ def check_prerequisites(config: DemoConfig) -> None:
 
 
 async def _open_store(config: DemoConfig, console: Console,
-                      stack: AsyncExitStack) -> Tuple[CheckpointStore, str, Optional["Azurite"]]:
+                      stack: AsyncExitStack) -> tuple[CheckpointStore, str, Azurite | None]:
     """The demo's store; what it starts is stopped by ``stack``, on every exit path."""
     if config.store == "memory":
         from eventprocessor.stores import InMemoryCheckpointStore
@@ -176,7 +182,7 @@ async def _open_store(config: DemoConfig, console: Console,
     return store, location, emulator
 
 
-async def _blob_store(emulator: "Azurite") -> Tuple[CheckpointStore, str]:
+async def _blob_store(emulator: Azurite) -> tuple[CheckpointStore, str]:
     """A Blob store on ``emulator``, after a check shows that it can be used."""
     from eventprocessor.stores import BlobCheckpointStore
 
@@ -201,8 +207,8 @@ async def _blob_store(emulator: "Azurite") -> Tuple[CheckpointStore, str]:
     return store, f"blob {container} @ 127.0.0.1:{emulator.blob_port}"
 
 
-def status_command(source: EventSource, store: CheckpointStore, emulator: Optional["Azurite"],
-                   config: DemoConfig, eventhub_connection_string: Optional[str] = None) -> Optional[str]:
+def status_command(source: EventSource, store: CheckpointStore, emulator: Azurite | None,
+                   config: DemoConfig, eventhub_connection_string: str | None = None) -> str | None:
     """The ``eventprocessor status`` command line that watches the demo's group from
     another terminal, or None for the in-memory store (it lives in this process only)."""
     if emulator is None:
@@ -228,7 +234,7 @@ class _Silenced(logging.Filter):
 
     def __init__(self) -> None:
         super().__init__()
-        self.owner_ids: Set[str] = set()
+        self.owner_ids: set[str] = set()
 
     def filter(self, record: logging.LogRecord) -> bool:
         if not self.owner_ids:
@@ -253,7 +259,7 @@ def _silencing(silenced: _Silenced) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def _logging_above(live: Optional[Live]) -> Iterator[None]:
+def _logging_above(live: Live | None) -> Iterator[None]:
     """While ``live`` shows its table, log lines go through it (printed above the
     table) instead of straight to the terminal, where they would break the redraw and
     leave pieces of the table in the scrollback."""
@@ -326,9 +332,9 @@ class _EmulatorFeed:
                                        partition_key=key)
         self.sent += count
 
-    async def produced(self) -> Set[Tuple[str, int]]:
+    async def produced(self) -> set[tuple[str, int]]:
         """Every (partition, sequence number) the hub holds, read from its properties."""
-        result: Set[Tuple[str, int]] = set()
+        result: set[tuple[str, int]] = set()
         for pid in await self.producer.get_partition_ids():
             last = (await self.producer.get_partition_properties(pid))["last_enqueued_sequence_number"]
             result.update((pid, seq) for seq in range(last + 1))
@@ -342,7 +348,7 @@ class _EmulatorFeed:
             await self.source.close()
 
 
-def _table(config: DemoConfig, processors: List[EventProcessor], alive: Dict[str, str], ledger: _Ledger,
+def _table(config: DemoConfig, processors: list[EventProcessor], alive: dict[str, str], ledger: _Ledger,
            produced: int, phase: str) -> Table:
     ticks = max((p.ticks for p in processors), default=0)
     table = Table(title=f"eventprocessor demo — {phase}", caption=(
@@ -359,7 +365,7 @@ def _table(config: DemoConfig, processors: List[EventProcessor], alive: Dict[str
     return table
 
 
-async def run_demo(config: DemoConfig, console: Optional[Console] = None) -> DemoResult:
+async def run_demo(config: DemoConfig, console: Console | None = None) -> DemoResult:
     """Run the demo and return its summary. Everything it starts (Azurite, the emulator,
     clients) is stopped on every way out: an error, a timeout, Ctrl-C or cancellation.
     Example::
@@ -376,7 +382,7 @@ async def run_demo(config: DemoConfig, console: Optional[Console] = None) -> Dem
 async def _run(config: DemoConfig, console: Console, stack: AsyncExitStack) -> DemoResult:
     result = DemoResult()
     store, result.store_location, emulator = await _open_store(config, console, stack)
-    feed: Optional[_EmulatorFeed] = None
+    feed: _EmulatorFeed | None = None
     source: Any
     if config.source == "emulator":
         feed = _EmulatorFeed(config.partitions)
@@ -400,7 +406,7 @@ async def _run(config: DemoConfig, console: Console, stack: AsyncExitStack) -> D
         for owner_id, link in links.items()
     ]
     alive = {p.owner_id: "running" for p in processors}
-    produced: List[Tuple[str, int]] = []
+    produced: list[tuple[str, int]] = []
     producing = asyncio.Event()
     producing.set()
     phase = "starting"
@@ -422,9 +428,11 @@ async def _run(config: DemoConfig, console: Console, stack: AsyncExitStack) -> D
             produced.append((source.partition_for_key(f"device-{len(produced) % 97}"), event.sequence_number))
             await asyncio.sleep(period)
 
-    def shares(among: List[EventProcessor]) -> str:
-        return " ".join(f"{p.owner_id}={len(p.owned_partitions) if alive[p.owner_id] == 'running' else alive[p.owner_id]}"
-                        for p in among)
+    def shares(among: list[EventProcessor]) -> str:
+        def share(p: EventProcessor) -> str:
+            return str(len(p.owned_partitions)) if alive[p.owner_id] == "running" else alive[p.owner_id]
+
+        return " ".join(f"{p.owner_id}={share(p)}" for p in among)
 
     def say(message: str) -> None:
         # The phase label goes first and is printed literally, so piped output reads in order.
@@ -451,7 +459,7 @@ async def _run(config: DemoConfig, console: Console, stack: AsyncExitStack) -> D
     def sent() -> int:
         return feed.sent if feed is not None else len(produced)
 
-    live: Optional[Live] = None
+    live: Live | None = None
     if interactive:
         live = Live(_table(config, processors, alive, ledger, 0, phase), console=console, refresh_per_second=8)
         live.start()

@@ -19,7 +19,8 @@ import asyncio
 import contextlib
 import signal
 import threading
-from typing import Any, Awaitable, Iterator, List, TypeVar
+from collections.abc import Awaitable, Iterator
+from typing import Any, TypeVar
 
 __all__ = ["Interrupted", "run", "run_program", "sigterm_interrupts"]
 
@@ -54,7 +55,7 @@ def run(main: Awaitable[_T]) -> _T:
         loop = asyncio.get_running_loop()
         task = asyncio.current_task()
         assert task is not None
-        received: List[int] = []
+        received: list[int] = []
 
         def stop(signum: int) -> None:
             received.append(signum)

@@ -28,9 +28,10 @@ import os
 import sys
 import time
 from collections import Counter
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
-from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Any
 
 from eventprocessor.balancer import HANDOFF_PROPERTY, ORDINAL_PROPERTY
 from eventprocessor.checkpoint_store import CheckpointStore
@@ -77,21 +78,21 @@ class PartitionStatus:
 
     partition_id: str
     state: str
-    owner_id: Optional[str] = None
-    epoch: Optional[int] = None
-    lease_age: Optional[float] = None
-    last_modified_time: Optional[datetime] = None
+    owner_id: str | None = None
+    epoch: int | None = None
+    lease_age: float | None = None
+    last_modified_time: datetime | None = None
     requested_by: str = ""
-    checkpoint_sequence_number: Optional[int] = None
-    checkpoint_offset: Optional[str] = None
-    checkpoint_time: Optional[datetime] = None
-    checkpoint_age: Optional[float] = None
-    checkpoint_owner_id: Optional[str] = None
-    checkpoint_epoch: Optional[int] = None
-    last_enqueued_sequence_number: Optional[int] = None
-    last_enqueued_time: Optional[datetime] = None
-    lag: Optional[int] = None
-    lag_from: Optional[str] = None
+    checkpoint_sequence_number: int | None = None
+    checkpoint_offset: str | None = None
+    checkpoint_time: datetime | None = None
+    checkpoint_age: float | None = None
+    checkpoint_owner_id: str | None = None
+    checkpoint_epoch: int | None = None
+    last_enqueued_sequence_number: int | None = None
+    last_enqueued_time: datetime | None = None
+    lag: int | None = None
+    lag_from: str | None = None
     note: str = ""
 
 
@@ -108,7 +109,7 @@ class MemberStatus:
     state: str
     owned: int
     expired: int
-    heartbeat_age: Optional[float] = None
+    heartbeat_age: float | None = None
     properties: Mapping[str, str] = field(default_factory=dict)
 
 
@@ -125,10 +126,10 @@ class StatusSummary:
     unreadable: int
     handoffs_pending: int
     live_members: int
-    imbalance: Optional[int]
-    most_owned: Optional[int]
-    fewest_owned: Optional[int]
-    lag: Optional[int]
+    imbalance: int | None
+    most_owned: int | None
+    fewest_owned: int | None
+    lag: int | None
     lag_known: int
     partitions_from: str
 
@@ -166,14 +167,14 @@ class GroupStatus:
     store: str
     server_time: datetime
     expiration: float
-    partitions: Tuple[PartitionStatus, ...]
-    members: Tuple[MemberStatus, ...]
+    partitions: tuple[PartitionStatus, ...]
+    members: tuple[MemberStatus, ...]
     summary: StatusSummary
-    members_note: Optional[str] = None
-    lag_note: Optional[str] = None
-    records_note: Optional[str] = None
+    members_note: str | None = None
+    lag_note: str | None = None
+    records_note: str | None = None
 
-    def to_json(self) -> Dict[str, Any]:
+    def to_json(self) -> dict[str, Any]:
         """A JSON-ready dict: times as ISO 8601 strings, ages in seconds.
 
         Example::
@@ -194,16 +195,16 @@ class GroupStatus:
         return {"summary_line": self.summary.line(), **plain(document)}
 
 
-def _seconds(later: datetime, earlier: Optional[datetime]) -> Optional[float]:
+def _seconds(later: datetime, earlier: datetime | None) -> float | None:
     return None if earlier is None else (later - earlier).total_seconds()
 
 
 def build_status(*, fully_qualified_namespace: str, eventhub_name: str, consumer_group: str, store: str,
                  expiration: float, ownership: OwnershipListing, checkpoints: Sequence[Checkpoint],
-                 members: Optional[MemberListing] = None, members_note: Optional[str] = None,
-                 partition_ids: Optional[Sequence[str]] = None,
-                 properties: Optional[Mapping[str, PartitionProperties]] = None,
-                 lag_note: Optional[str] = None) -> GroupStatus:
+                 members: MemberListing | None = None, members_note: str | None = None,
+                 partition_ids: Sequence[str] | None = None,
+                 properties: Mapping[str, PartitionProperties] | None = None,
+                 lag_note: str | None = None) -> GroupStatus:
     """The status of a group from what its store (and event hub) said. Pure.
 
     ``partition_ids`` is the hub's partition list when it was read (partitions without a
@@ -224,10 +225,10 @@ def build_status(*, fully_qualified_namespace: str, eventhub_name: str, consumer
     by_partition = {checkpoint.partition_id: checkpoint for checkpoint in checkpoints}
     ids = set(records) | set(unreadable) | set(by_partition) | set(properties) | set(partition_ids or ())
 
-    rows: List[PartitionStatus] = []
+    rows: list[PartitionStatus] = []
     for pid in sorted(ids, key=partition_sort_key):
         record = records.get(pid)
-        fields: Dict[str, Any] = {}
+        fields: dict[str, Any] = {}
         if record is not None:
             age = _seconds(now, record.last_modified_time)
             if record.is_released:
@@ -271,7 +272,7 @@ def build_status(*, fully_qualified_namespace: str, eventhub_name: str, consumer
         members_note=members_note, lag_note=lag_note, records_note=records_note)
 
 
-def _lag(newest: PartitionProperties, checkpoint: Optional[Checkpoint]) -> Dict[str, Any]:
+def _lag(newest: PartitionProperties, checkpoint: Checkpoint | None) -> dict[str, Any]:
     """Events still to process: after the checkpoint, or all the partition holds. Events
     older than the partition's retention are gone, so they are not counted."""
     if newest.is_empty:
@@ -283,11 +284,11 @@ def _lag(newest: PartitionProperties, checkpoint: Optional[Checkpoint]) -> Dict[
             "lag_from": "checkpoint"}
 
 
-def _members(rows: Sequence[PartitionStatus], members: Optional[MemberListing],
-             expiration: float) -> Tuple[MemberStatus, ...]:
+def _members(rows: Sequence[PartitionStatus], members: MemberListing | None,
+             expiration: float) -> tuple[MemberStatus, ...]:
     owned = Counter(row.owner_id for row in rows if row.state == OWNED and row.owner_id)
     expired = Counter(row.owner_id for row in rows if row.state == EXPIRED and row.owner_id)
-    heartbeats: Dict[str, Tuple[Optional[float], Mapping[str, str]]] = {}
+    heartbeats: dict[str, tuple[float | None, Mapping[str, str]]] = {}
     if members is not None:
         for member in members.members:
             heartbeats[member.owner_id] = (_seconds(members.server_time, member.last_modified_time),
@@ -325,8 +326,8 @@ async def _bounded(awaitable: Any, timeout: float, what: str) -> Any:
         raise TimeoutError(f"{what} did not answer within {timeout:g} s") from None
 
 
-async def _read_members(store: CheckpointStore, scope: Tuple[str, str, str],
-                        timeout: float) -> Tuple[Optional[MemberListing], Optional[str]]:
+async def _read_members(store: CheckpointStore, scope: tuple[str, str, str],
+                        timeout: float) -> tuple[MemberListing | None, str | None]:
     try:
         return await _bounded(store.list_members(*scope), timeout, "listing members"), None
     except NotImplementedError:
@@ -354,7 +355,7 @@ def _hint(error: BaseException) -> str:
         from azure.core.exceptions import ClientAuthenticationError, HttpResponseError, ServiceRequestError
     except ImportError:
         return ""
-    seen: Optional[BaseException] = error
+    seen: BaseException | None = error
     for _ in range(8):
         if seen is None:
             return ""
@@ -368,8 +369,8 @@ def _hint(error: BaseException) -> str:
     return ""
 
 
-async def _read_source(source: Optional[EventSource], timeout: float,
-                       note: Optional[str]) -> Tuple[Optional[List[str]], Dict[str, PartitionProperties], Optional[str]]:
+async def _read_source(source: EventSource | None, timeout: float,
+                       note: str | None) -> tuple[list[str] | None, dict[str, PartitionProperties], str | None]:
     """The hub's partition ids and each partition's newest event; on failure, the reason
     in one line instead. Never raises (lag is optional)."""
     if source is None:
@@ -388,7 +389,8 @@ async def _read_source(source: Optional[EventSource], timeout: float,
 
     outcomes = await asyncio.gather(
         *(_bounded(one(pid), timeout, f"{where}, partition {pid}") for pid in ids), return_exceptions=True)
-    found = {pid: outcome for pid, outcome in zip(ids, outcomes) if isinstance(outcome, PartitionProperties)}
+    found = {pid: outcome for pid, outcome in zip(ids, outcomes, strict=True)
+             if isinstance(outcome, PartitionProperties)}
     failures = [outcome for outcome in outcomes if isinstance(outcome, BaseException)]
     if not failures:
         return ids, found, None
@@ -406,9 +408,9 @@ def _where(where: str, error: BaseException) -> str:
 
 
 async def read_status(store: CheckpointStore, fully_qualified_namespace: str, eventhub_name: str,
-                      consumer_group: str = "$default", *, source: Optional[EventSource] = None,
+                      consumer_group: str = "$default", *, source: EventSource | None = None,
                       expiration: float = 60.0, timeout: float = 10.0,
-                      lag_note: Optional[str] = None) -> GroupStatus:
+                      lag_note: str | None = None) -> GroupStatus:
     """Read the group's records (and the hub's newest events, if ``source`` is given)
     concurrently and return its status. Read-only.
 
@@ -429,7 +431,7 @@ async def read_status(store: CheckpointStore, fully_qualified_namespace: str, ev
         raise ConfigurationError(f"timeout must be a positive number of seconds, got {timeout!r}")
     scope = (fully_qualified_namespace, eventhub_name, consumer_group)
 
-    async def from_store() -> Tuple[OwnershipListing, List[Checkpoint]]:
+    async def from_store() -> tuple[OwnershipListing, list[Checkpoint]]:
         return await asyncio.gather(store.list_ownership(*scope), store.list_checkpoints(*scope))
 
     store_task = asyncio.ensure_future(_bounded(from_store(), timeout, "the checkpoint store"))
@@ -458,7 +460,7 @@ async def read_status(store: CheckpointStore, fully_qualified_namespace: str, ev
 # --------------------------------------------------------------------------- showing
 
 
-def _age(seconds: Optional[float]) -> str:
+def _age(seconds: float | None) -> str:
     if seconds is None:
         return "-"
     sign, seconds = ("-", -seconds) if seconds < 0 else ("", seconds)
@@ -479,7 +481,7 @@ def _text(value: Any) -> str:
 _STATE_STYLE = {OWNED: "green", EXPIRED: "bold red", RELEASED: "yellow", UNCLAIMED: "yellow", UNREADABLE: "magenta"}
 
 
-def render(status: GroupStatus, *, refreshed: Optional[str] = None) -> "RenderableType":
+def render(status: GroupStatus, *, refreshed: str | None = None) -> RenderableType:
     """The partitions table, the members table, the notes and the summary line.
 
     Columns nobody could fill are left out: ``checkpointed`` when the store keeps no
@@ -514,7 +516,7 @@ def render(status: GroupStatus, *, refreshed: Optional[str] = None) -> "Renderab
             state.append(f", handoff to {row.requested_by}", style="cyan")
         if row.note:
             state.append(f" ({row.note})")
-        cells: List[Any] = [row.partition_id, _text(row.owner_id), state, _text(row.epoch), _age(row.lease_age),
+        cells: list[Any] = [row.partition_id, _text(row.owner_id), state, _text(row.epoch), _age(row.lease_age),
                             _text(row.checkpoint_sequence_number), _text(row.checkpoint_offset)]
         if timed:
             cells.append(_age(row.checkpoint_age) + (" ago" if row.checkpoint_age is not None else ""))
@@ -532,7 +534,7 @@ def render(status: GroupStatus, *, refreshed: Optional[str] = None) -> "Renderab
     for name, justify in member_columns:
         members.add_column(name, justify=justify)  # type: ignore[arg-type]
     for member in status.members:
-        member_cells: List[Any] = [member.owner_id, Text(member.state, style="green" if member.state == "live"
+        member_cells: list[Any] = [member.owner_id, Text(member.state, style="green" if member.state == "live"
                                                          else "red"), str(member.owned), str(member.expired)]
         if heartbeats:
             member_cells += [_age(member.heartbeat_age), _text(member.properties.get("strategy")),
@@ -540,7 +542,7 @@ def render(status: GroupStatus, *, refreshed: Optional[str] = None) -> "Renderab
                              _text(member.properties.get(ORDINAL_PROPERTY))]
         members.add_row(*member_cells)
 
-    parts: List[Any] = [heading, where, Text(""), partitions, Text(""), Text("members", style="bold"), members,
+    parts: list[Any] = [heading, where, Text(""), partitions, Text(""), Text("members", style="bold"), members,
                         Text("")]
     for note in (status.records_note, status.members_note, status.lag_note):
         if note:
@@ -556,32 +558,32 @@ def render(status: GroupStatus, *, refreshed: Optional[str] = None) -> "Renderab
 class StatusOptions:
     """The options of ``eventprocessor status`` (see its ``--help``)."""
 
-    namespace: Optional[str] = None
-    eventhub: Optional[str] = None
+    namespace: str | None = None
+    eventhub: str | None = None
     consumer_group: str = "$default"
     store: str = "blob"
-    connection_string: Optional[str] = None
-    account_url: Optional[str] = None
+    connection_string: str | None = None
+    account_url: str | None = None
     credential: str = "default"
-    account_key: Optional[str] = None
-    sas_token: Optional[str] = None
-    container: Optional[str] = None
-    table: Optional[str] = None
-    eventhub_connection_string: Optional[str] = None
-    eventhub_credential: Optional[str] = None
+    account_key: str | None = None
+    sas_token: str | None = None
+    container: str | None = None
+    table: str | None = None
+    eventhub_connection_string: str | None = None
+    eventhub_credential: str | None = None
     expiration: float = 60.0
     timeout: float = 10.0
     as_json: bool = False
     watch: bool = False
     interval: float = 2.0
-    count: Optional[int] = None
+    count: int | None = None
 
     def __repr__(self) -> str:  # the dataclass default would show the secrets
         return (f"StatusOptions(namespace={self.namespace!r}, eventhub={self.eventhub!r}, "
                 f"consumer_group={self.consumer_group!r}, store={self.store!r})")
 
 
-def _store_credential(options: StatusOptions, closers: List[Any]) -> Any:
+def _store_credential(options: StatusOptions, closers: list[Any]) -> Any:
     if options.credential == "key":
         if not options.account_key:
             raise CommandError(f"--credential key needs the account key: set {STORE_ACCOUNT_KEY_ENV} "
@@ -601,7 +603,7 @@ def _store_credential(options: StatusOptions, closers: List[Any]) -> Any:
     return credential
 
 
-def _open_store(options: StatusOptions, closers: List[Any]) -> CheckpointStore:
+def _open_store(options: StatusOptions, closers: list[Any]) -> CheckpointStore:
     """The store the options name; nothing is sent until it is read."""
     if options.connection_string and options.account_url:
         raise CommandError(f"give the store either by connection string (--connection-string or "
@@ -629,7 +631,7 @@ def _open_store(options: StatusOptions, closers: List[Any]) -> CheckpointStore:
         raise CommandError(f"the store options are not valid: {' '.join(str(error).split())}") from None
 
 
-def _open_source(options: StatusOptions, closers: List[Any]) -> Tuple[Optional[EventSource], Optional[str], str, str]:
+def _open_source(options: StatusOptions, closers: list[Any]) -> tuple[EventSource | None, str | None, str, str]:
     """The event hub to read lag from (or None and why not), and the namespace and hub
     name to look up (from the options, else from the Event Hubs connection string)."""
     namespace, eventhub = options.namespace, options.eventhub
@@ -677,7 +679,7 @@ async def _close(closers: Sequence[Any]) -> None:
             logger.debug("closing %s failed", type(closer).__name__, exc_info=True)
 
 
-def _console() -> "Console":
+def _console() -> Console:
     from rich.console import Console
 
     # Piped output is not wrapped at rich's default 80 columns: a row per line reads and
@@ -686,14 +688,14 @@ def _console() -> "Console":
     return Console(width=width)
 
 
-async def _watch(options: StatusOptions, read: Any, console: "Console") -> None:
+async def _watch(options: StatusOptions, read: Any, console: Console) -> None:
     from rich.live import Live
     from rich.rule import Rule
     from rich.text import Text
 
     refreshes = 0
-    live: Optional[Live] = None
-    last: Optional[GroupStatus] = None
+    live: Live | None = None
+    last: GroupStatus | None = None
     try:
         while options.count is None or refreshes < options.count:
             started = time.monotonic()
@@ -741,7 +743,7 @@ def run_status(options: StatusOptions) -> None:
         run_status(StatusOptions(namespace="ns.servicebus.windows.net", eventhub="telemetry",
                                  connection_string=conn_str, container="checkpoints"))
     """
-    closers: List[Any] = []
+    closers: list[Any] = []
     source, lag_note, namespace, eventhub = _open_source(options, closers)
     store = _open_store(options, closers)
     closers.append(store)

@@ -16,8 +16,8 @@ import os
 import shlex
 import shutil
 import sys
+from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
 from eventprocessor.extras import install_command as _install_command
 from eventprocessor.extras import source_checkout
@@ -30,7 +30,7 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 # The modules each extra of setup.cfg brings; tests/test_cli.py keeps the two in step.
-EXTRA_MODULES: Dict[str, Tuple[str, ...]] = {
+EXTRA_MODULES: dict[str, tuple[str, ...]] = {
     "blob": ("azure.storage.blob", "azure.core", "aiohttp"),
     "table": ("azure.data.tables", "azure.core", "aiohttp"),
     "eventhub": ("azure.eventhub",),
@@ -68,7 +68,7 @@ class MissingRequirementError(CommandError, ImportError):
     """
 
 
-def missing_modules(modules: Iterable[str]) -> List[str]:
+def missing_modules(modules: Iterable[str]) -> list[str]:
     """The modules of ``modules`` that cannot be imported (without importing them)."""
     missing = []
     for name in modules:
@@ -92,7 +92,7 @@ def install_command(extras: Sequence[str] = (), packages: Sequence[str] = ()) ->
     return _install_command(extras, packages)
 
 
-def require(*, purpose: str, extras: Sequence[str] = (), packages: Sequence[Tuple[str, str]] = ()) -> None:
+def require(*, purpose: str, extras: Sequence[str] = (), packages: Sequence[tuple[str, str]] = ()) -> None:
     """Raise :class:`MissingRequirementError` unless every extra and package is importable.
 
     ``packages`` are ``(module, pip name)`` pairs for what no extra provides. Nothing is
@@ -151,7 +151,7 @@ def require_java(purpose: str) -> None:
         "(for example `sudo apt-get install openjdk-17-jre-headless`) and try again")
 
 
-def require_or_exit(purpose: str, *, extras: Sequence[str] = (), packages: Sequence[Tuple[str, str]] = (),
+def require_or_exit(purpose: str, *, extras: Sequence[str] = (), packages: Sequence[tuple[str, str]] = (),
                     java: bool = False, azurite: bool = False) -> None:
     """For a program of this project (a sample): check what it needs before it starts
     anything; if something is missing, print one line that says what to run and exit
@@ -173,14 +173,14 @@ def require_or_exit(purpose: str, *, extras: Sequence[str] = (), packages: Seque
         raise SystemExit(2) from None
 
 
-def _extra_for_module(name: str) -> Optional[str]:
+def _extra_for_module(name: str) -> str | None:
     for prefix, extra in _MODULE_EXTRA:
         if name == prefix or name.startswith(prefix + "."):
             return extra
     return None
 
 
-def one_line_message(error: BaseException) -> Optional[str]:
+def one_line_message(error: BaseException) -> str | None:
     """One line that says what went wrong and what to do, for failures a user can fix.
 
     None for anything else (a bug: show it with its traceback, or with a hint to use

@@ -43,8 +43,14 @@ Arguments of the official client this adapter cannot honour raise
 from .client import EventHubConsumerClient
 from .context import ConsumerPartitionContext
 from .events import to_event_data
-from .options import CLIENT_OPTIONS, PROCESSOR_OPTIONS, SOURCE_OPTIONS, StartingPosition, starting_positions, \
-    to_event_position
+from .options import (
+           CLIENT_OPTIONS,
+           PROCESSOR_OPTIONS,
+           SOURCE_OPTIONS,
+           StartingPosition,
+           starting_positions,
+           to_event_position,
+)
 
 __all__ = ["EventHubConsumerClient", "ConsumerPartitionContext", "StartingPosition", "to_event_data",
            "starting_positions", "to_event_position", "CLIENT_OPTIONS", "SOURCE_OPTIONS", "PROCESSOR_OPTIONS"]

@@ -3,7 +3,8 @@ from __future__ import annotations
 
 import logging
 import weakref
-from typing import TYPE_CHECKING, Any, Awaitable, Callable, List, Optional
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any, Optional
 
 from ..errors import ConfigurationError, OwnershipLostError
 from ..events import Event
@@ -18,7 +19,7 @@ from .events import to_event_data
 logger = logging.getLogger(__name__)
 
 
-OnEventBatch = Callable[["ConsumerPartitionContext", List["EventData"]], Awaitable[None]]
+OnEventBatch = Callable[["ConsumerPartitionContext", list["EventData"]], Awaitable[None]]
 OnEvent = Callable[["ConsumerPartitionContext", Optional["EventData"]], Awaitable[None]]
 OnError = Callable[[Optional["ConsumerPartitionContext"], Exception], Awaitable[None]]
 OnPartitionInitialize = Callable[["ConsumerPartitionContext"], Awaitable[None]]
@@ -29,9 +30,9 @@ class _Callbacks:
     """One receive call's callbacks, and what they need from the client."""
 
     def __init__(self, *, on_event: Callable[..., Awaitable[None]], batch: bool,
-                 on_error: Optional[OnError], on_partition_initialize: Optional[OnPartitionInitialize],
-                 on_partition_close: Optional[OnPartitionClose], checkpoint_on_release: bool,
-                 events: "weakref.WeakKeyDictionary[Any, Event]") -> None:
+                 on_error: OnError | None, on_partition_initialize: OnPartitionInitialize | None,
+                 on_partition_close: OnPartitionClose | None, checkpoint_on_release: bool,
+                 events: weakref.WeakKeyDictionary[Any, Event]) -> None:
         for name, value in (("on_error", on_error), ("on_partition_initialize", on_partition_initialize),
                             ("on_partition_close", on_partition_close)):
             if value is not None and not callable(value):
@@ -47,7 +48,7 @@ class _Callbacks:
         self.checkpoint_on_release = checkpoint_on_release
         self.events = events
 
-    async def error(self, context: Optional[ConsumerPartitionContext], error: Exception) -> None:
+    async def error(self, context: ConsumerPartitionContext | None, error: Exception) -> None:
         """``on_error(context, error)``; an on_error that raises is logged, as azure-eventhub does."""
         if self.on_error is None:
             if context is not None:
@@ -59,7 +60,7 @@ class _Callbacks:
         except Exception as again:
             logger.warning("on_error raised %r while handling %r", again, error)
 
-    async def processor_error(self, error: Exception, context: Optional[PartitionContext]) -> None:
+    async def processor_error(self, error: Exception, context: PartitionContext | None) -> None:
         """EventProcessor's ``error_handler``: errors with no partition (balancing, the
         store, the source) become ``on_error(None, error)``, as in azure-eventhub. An
         error with a partition reaches that partition's ``process_error`` as well, which
@@ -81,8 +82,8 @@ class _CallbackProcessor(PartitionProcessor):
 
     def __init__(self, callbacks: _Callbacks) -> None:
         self._callbacks = callbacks
-        self._context: Optional[ConsumerPartitionContext] = None
-        self._handled: Optional[int] = None  # receive(): the last event on_event returned from, this claim
+        self._context: ConsumerPartitionContext | None = None
+        self._handled: int | None = None  # receive(): the last event on_event returned from, this claim
         self.checkpoint_on_release = callbacks.checkpoint_on_release
 
     def _wrap(self, context: PartitionContext) -> ConsumerPartitionContext:
@@ -99,7 +100,7 @@ class _CallbackProcessor(PartitionProcessor):
                 logger.warning("partition %s: on_partition_initialize raised %r", context.partition_id, error)
                 await self._callbacks.error(wrapped, error)
 
-    async def process_events(self, events: List[Event], context: PartitionContext) -> None:
+    async def process_events(self, events: list[Event], context: PartitionContext) -> None:
         wrapped = self._wrap(context)
         callbacks = self._callbacks
         remember = callbacks.events.__setitem__

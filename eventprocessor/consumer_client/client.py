@@ -4,20 +4,34 @@ from __future__ import annotations
 import asyncio
 import logging
 import weakref
+from collections.abc import Awaitable, Callable, Mapping
 from types import MappingProxyType
-from typing import (Any, Awaitable, Callable, Dict, List, Mapping, Optional, Tuple,
-                    Union)
+from typing import Any
 
 from ..checkpoint_store import CheckpointStore
 from ..errors import ConfigurationError
 from ..events import Event
 from ..processor import EventProcessor
 from ..sources.base import EventSource
-
-from .callbacks import (OnError, OnEvent, OnEventBatch, OnPartitionClose, OnPartitionInitialize, _CallbackProcessor,
-                        _Callbacks)
-from .options import (_ALL_PARTITIONS, _SINGLE_EVENT_BATCH, StartingPosition, _memory_store, _require_azure_eventhub,
-                      _resolve_store, _split_options, starting_positions)
+from .callbacks import (
+    OnError,
+    OnEvent,
+    OnEventBatch,
+    OnPartitionClose,
+    OnPartitionInitialize,
+    _CallbackProcessor,
+    _Callbacks,
+)
+from .options import (
+    _ALL_PARTITIONS,
+    _SINGLE_EVENT_BATCH,
+    StartingPosition,
+    _memory_store,
+    _require_azure_eventhub,
+    _resolve_store,
+    _split_options,
+    starting_positions,
+)
 from .views import _OnePartitionStore, _ReceiveSource
 
 logger = logging.getLogger(__name__)
@@ -61,8 +75,8 @@ class EventHubConsumerClient:
         self._setup(source, consumer_group, owns_source=True, processor_options=processor_options, **settings)
 
     @classmethod
-    def from_connection_string(cls, conn_str: str, consumer_group: str, *, eventhub_name: Optional[str] = None,
-                               **kwargs: Any) -> "EventHubConsumerClient":
+    def from_connection_string(cls, conn_str: str, consumer_group: str, *, eventhub_name: str | None = None,
+                               **kwargs: Any) -> EventHubConsumerClient:
         """As azure-eventhub's: an Event Hubs connection string (``EntityPath`` or
         ``eventhub_name`` names the hub; ``UseDevelopmentEmulator=true`` strings work)."""
         _require_azure_eventhub()
@@ -77,7 +91,7 @@ class EventHubConsumerClient:
 
     @classmethod
     def from_source(cls, source: EventSource, consumer_group: str = "$default", **kwargs: Any
-                    ) -> "EventHubConsumerClient":
+                    ) -> EventHubConsumerClient:
         """Over any event source (``MemoryEventSource`` in tests, an ``EventHubSource``
         you configured yourself). The source is not closed by :meth:`close`."""
         _require_azure_eventhub()
@@ -89,8 +103,8 @@ class EventHubConsumerClient:
         return client
 
     @staticmethod
-    def _settings(kwargs: Dict[str, Any], *, with_client: bool
-                  ) -> Tuple[Dict[str, Any], Dict[str, Any], Dict[str, Any], Dict[str, Any]]:
+    def _settings(kwargs: dict[str, Any], *, with_client: bool
+                  ) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any], dict[str, Any]]:
         kwargs = dict(kwargs)
         checkpoint_store = kwargs.pop("checkpoint_store", None)
         settings = {
@@ -104,9 +118,9 @@ class EventHubConsumerClient:
         return client, source, processor, settings
 
     def _setup(self, source: EventSource, consumer_group: str, *, owns_source: bool,
-               processor_options: Dict[str, Any], checkpoint_store: Optional[CheckpointStore],
-               build_store: Optional[Callable[[], CheckpointStore]],
-               load_balancing_interval: Optional[float], partition_ownership_expiration_interval: Optional[float],
+               processor_options: dict[str, Any], checkpoint_store: CheckpointStore | None,
+               build_store: Callable[[], CheckpointStore] | None,
+               load_balancing_interval: float | None, partition_ownership_expiration_interval: float | None,
                load_balancing_strategy: Any, checkpoint_on_release: Any) -> None:
         if not isinstance(consumer_group, str) or not consumer_group:
             raise ConfigurationError(f"consumer_group must be a non-empty string, got {consumer_group!r}")
@@ -118,7 +132,7 @@ class EventHubConsumerClient:
         self._consumer_group = consumer_group
         self._store = checkpoint_store
         self._build_store = build_store
-        self._options: Dict[str, Any] = {
+        self._options: dict[str, Any] = {
             **processor_options,
             "load_balancing_interval": interval,
             "partition_ownership_expiration_interval": (
@@ -127,9 +141,9 @@ class EventHubConsumerClient:
             "load_balancing_strategy": getattr(load_balancing_strategy, "value", load_balancing_strategy) or "greedy",
         }
         self._checkpoint_on_release = checkpoint_on_release
-        self._runs: Dict[str, "asyncio.Future[None]"] = {}
-        self._processors: Dict[str, EventProcessor] = {}
-        self._events: "weakref.WeakKeyDictionary[Any, Event]" = weakref.WeakKeyDictionary()
+        self._runs: dict[str, asyncio.Future[None]] = {}
+        self._processors: dict[str, EventProcessor] = {}
+        self._events: weakref.WeakKeyDictionary[Any, Event] = weakref.WeakKeyDictionary()
         if checkpoint_store is None:
             logger.info("EventHubConsumerClient for %s/%s, consumer group %s: no checkpoint_store, so, as in "
                         "azure-eventhub, each receive call reads every partition itself (no balancing with other "
@@ -156,7 +170,7 @@ class EventHubConsumerClient:
         return self._source
 
     @property
-    def checkpoint_store(self) -> Optional[CheckpointStore]:
+    def checkpoint_store(self) -> CheckpointStore | None:
         """The checkpoint store the receive calls share (``None``: each call keeps its
         checkpoints in memory). An azure-eventhub ``BlobCheckpointStore`` given to the
         constructor shows here as this SDK's store over the same container. Example::
@@ -179,7 +193,7 @@ class EventHubConsumerClient:
         all partitions): for ``owned_partitions``, ``lag()``, ``stats``."""
         return dict(self._processors)
 
-    async def __aenter__(self) -> "EventHubConsumerClient":
+    async def __aenter__(self) -> EventHubConsumerClient:
         return self
 
     async def __aexit__(self, *args: Any) -> None:
@@ -190,16 +204,16 @@ class EventHubConsumerClient:
         on_event_batch: OnEventBatch,
         *,
         max_batch_size: int = 300,
-        max_wait_time: Optional[float] = None,
-        partition_id: Optional[str] = None,
-        owner_level: Optional[int] = None,
+        max_wait_time: float | None = None,
+        partition_id: str | None = None,
+        owner_level: int | None = None,
         prefetch: int = 300,
         track_last_enqueued_event_properties: bool = False,
-        starting_position: Optional[Union[StartingPosition, Mapping[str, StartingPosition]]] = None,
-        starting_position_inclusive: Union[bool, Mapping[str, bool]] = False,
-        on_error: Optional[OnError] = None,
-        on_partition_initialize: Optional[OnPartitionInitialize] = None,
-        on_partition_close: Optional[OnPartitionClose] = None,
+        starting_position: StartingPosition | Mapping[str, StartingPosition] | None = None,
+        starting_position_inclusive: bool | Mapping[str, bool] = False,
+        on_error: OnError | None = None,
+        on_partition_initialize: OnPartitionInitialize | None = None,
+        on_partition_close: OnPartitionClose | None = None,
     ) -> None:
         """Receive batches from every partition this processor owns (or from
         ``partition_id`` only) until :meth:`close`, as azure-eventhub's ``receive_batch``.
@@ -229,16 +243,16 @@ class EventHubConsumerClient:
         self,
         on_event: OnEvent,
         *,
-        max_wait_time: Optional[float] = None,
-        partition_id: Optional[str] = None,
-        owner_level: Optional[int] = None,
+        max_wait_time: float | None = None,
+        partition_id: str | None = None,
+        owner_level: int | None = None,
         prefetch: int = 300,
         track_last_enqueued_event_properties: bool = False,
-        starting_position: Optional[Union[StartingPosition, Mapping[str, StartingPosition]]] = None,
-        starting_position_inclusive: Union[bool, Mapping[str, bool]] = False,
-        on_error: Optional[OnError] = None,
-        on_partition_initialize: Optional[OnPartitionInitialize] = None,
-        on_partition_close: Optional[OnPartitionClose] = None,
+        starting_position: StartingPosition | Mapping[str, StartingPosition] | None = None,
+        starting_position_inclusive: bool | Mapping[str, bool] = False,
+        on_error: OnError | None = None,
+        on_partition_initialize: OnPartitionInitialize | None = None,
+        on_partition_close: OnPartitionClose | None = None,
     ) -> None:
         """As :meth:`receive_batch`, one event per ``on_event(context, event)`` call (``None``
         after ``max_wait_time`` without events). Events are fetched up to 300 at a time and
@@ -253,11 +267,11 @@ class EventHubConsumerClient:
                             on_partition_initialize=on_partition_initialize, on_partition_close=on_partition_close)
 
     def _processor(self, callback: Callable[..., Awaitable[None]], *, batch: bool, max_batch_size: int,
-                   max_wait_time: Optional[float], partition_id: Optional[str], owner_level: Optional[int],
+                   max_wait_time: float | None, partition_id: str | None, owner_level: int | None,
                    prefetch: int, track_last_enqueued_event_properties: bool, starting_position: Any,
-                   starting_position_inclusive: Any, on_error: Optional[OnError],
-                   on_partition_initialize: Optional[OnPartitionInitialize],
-                   on_partition_close: Optional[OnPartitionClose]) -> EventProcessor:
+                   starting_position_inclusive: Any, on_error: OnError | None,
+                   on_partition_initialize: OnPartitionInitialize | None,
+                   on_partition_close: OnPartitionClose | None) -> EventProcessor:
         """The EventProcessor for one receive call (every argument checked)."""
         if partition_id is not None and (not isinstance(partition_id, str) or not partition_id):
             raise ConfigurationError(f"partition_id must be a partition id string, got {partition_id!r}")
@@ -297,7 +311,7 @@ class EventHubConsumerClient:
         if busy:
             raise ConfigurationError(f"this consumer client is already receiving events {busy}")
         processor = self._processor(callback, **arguments)
-        runner: "asyncio.Future[None]" = asyncio.ensure_future(processor.run())
+        runner: asyncio.Future[None] = asyncio.ensure_future(processor.run())
         self._runs[key] = runner
         self._processors[key] = processor
         try:
@@ -313,11 +327,11 @@ class EventHubConsumerClient:
         if not runner.cancelled() and runner.exception() is not None:
             raise runner.exception()  # type: ignore[misc]
 
-    async def get_partition_ids(self) -> List[str]:
+    async def get_partition_ids(self) -> list[str]:
         """The event hub's partition ids."""
         return await self._source.get_partition_ids()
 
-    async def get_partition_properties(self, partition_id: str) -> Dict[str, Any]:
+    async def get_partition_properties(self, partition_id: str) -> dict[str, Any]:
         """As azure-eventhub's: ``eventhub_name``, ``id``, ``beginning_sequence_number``,
         ``last_enqueued_sequence_number``, ``last_enqueued_offset``,
         ``last_enqueued_time_utc`` and ``is_empty``."""

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import weakref
-from typing import TYPE_CHECKING, Any, Dict, Optional
+from typing import TYPE_CHECKING, Any
 
 from ..events import Event
 from ..partition import PartitionContext
@@ -11,7 +11,6 @@ if TYPE_CHECKING:  # pragma: no cover
     from azure.eventhub import EventData
 
 from .events import _from_event_data
-
 
 
 class ConsumerPartitionContext:
@@ -30,10 +29,10 @@ class ConsumerPartitionContext:
     this claim or before the last checkpoint (``allow_rewind=True`` to go back on purpose).
     """
 
-    def __init__(self, context: PartitionContext, events: "weakref.WeakKeyDictionary[Any, Event]") -> None:
+    def __init__(self, context: PartitionContext, events: weakref.WeakKeyDictionary[Any, Event]) -> None:
         self._context = context
         self._events = events
-        self._current: Optional[Event] = None
+        self._current: Event | None = None
 
     def __repr__(self) -> str:
         ctx = self._context
@@ -70,12 +69,12 @@ class ConsumerPartitionContext:
         return self._context.is_owned
 
     @property
-    def lag(self) -> Optional[int]:
+    def lag(self) -> int | None:
         """Events enqueued after the last one delivered (needs track_last_enqueued_event_properties)."""
         return self._context.lag
 
     @property
-    def last_enqueued_event_properties(self) -> Optional[Dict[str, Any]]:
+    def last_enqueued_event_properties(self) -> dict[str, Any] | None:
         """``sequence_number``, ``offset``, ``enqueued_time`` and ``retrieval_time`` of the
         partition's newest event, as azure-eventhub gives them; None unless the receive
         call set ``track_last_enqueued_event_properties=True``."""
@@ -85,7 +84,7 @@ class ConsumerPartitionContext:
         return {"sequence_number": newest.sequence_number, "offset": newest.offset,
                 "enqueued_time": newest.enqueued_time, "retrieval_time": newest.retrieval_time}
 
-    async def update_checkpoint(self, event: Optional["EventData"] = None, *, allow_rewind: bool = False) -> None:
+    async def update_checkpoint(self, event: EventData | None = None, *, allow_rewind: bool = False) -> None:
         """Checkpoint ``event`` (default: the last event handed to a callback)."""
         if event is None:
             target = self._current

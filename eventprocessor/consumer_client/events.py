@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from datetime import datetime, timezone
-from typing import TYPE_CHECKING, Any, Dict, Union
+from typing import TYPE_CHECKING, Any
 
 from ..errors import ConfigurationError
 from ..events import BodyType, Event
@@ -15,7 +15,7 @@ _UTC = timezone.utc
 
 
 
-def to_event_data(event: Event) -> "EventData":
+def to_event_data(event: Event) -> EventData:
     """An ``azure.eventhub.EventData`` that reads like one the official client received:
     ``body``, ``body_type``, ``body_as_str()``, ``body_as_json()``, ``sequence_number``,
     ``offset``, ``enqueued_time``, ``partition_key`` (bytes), ``properties`` (bytes keys,
@@ -46,7 +46,7 @@ def to_event_data(event: Event) -> "EventData":
             message_id=message_id, content_type=content_type, correlation_id=correlation_id)
     else:  # a received message without the section has None here (azure types it as never None)
         data.raw_amqp_message.properties = None  # type: ignore[assignment]
-    annotations: Dict[Union[str, bytes], Any] = {
+    annotations: dict[str | bytes, Any] = {
         b"x-opt-sequence-number": event.sequence_number,
         b"x-opt-offset": event.offset.encode("ascii"),
         b"x-opt-enqueued-time": int(event.enqueued_time.timestamp() * 1000),

@@ -3,9 +3,9 @@ checkpoint store (the official one run as ours, or none) and which keywords go w
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable, Mapping
 from datetime import datetime, timedelta, timezone
-from typing import (Any, Callable, Dict, List, Mapping, Optional, Tuple,
-                    Union)
+from typing import Any
 
 from ..checkpoint_store import CheckpointStore
 from ..clock import SystemClock
@@ -15,7 +15,7 @@ from ..events import EventPosition
 logger = logging.getLogger(__name__)
 
 
-StartingPosition = Union[str, int, datetime]
+StartingPosition = str | int | datetime
 """An official starting position: an offset (``"-1"`` is the start, ``"@latest"`` only
 new events), a sequence number (int) or an enqueued time (a naive datetime is UTC, as
 azure-eventhub reads it)."""
@@ -53,8 +53,8 @@ def _require_azure_eventhub() -> None:
                                  f"{install_command(['eventhub'])}") from error
 
 
-def _resolve_store(checkpoint_store: Any) -> Tuple[Optional[CheckpointStore],
-                                                  Optional[Callable[[], CheckpointStore]]]:
+def _resolve_store(checkpoint_store: Any) -> tuple[CheckpointStore | None,
+                                                  Callable[[], CheckpointStore] | None]:
     """``(store, build)``: the store to run on (``None``: azure-eventhub's in-memory mode)
     and, when this client built it from azure-eventhub's store, how to build it again:
     the client closes it in ``close()`` and runs a new one if it receives again."""
@@ -93,13 +93,13 @@ def _memory_store(clock: Any) -> CheckpointStore:
     return InMemoryCheckpointStore(clock=lambda: origin + timedelta(seconds=ticks.monotonic()))
 
 
-def _split_options(options: Mapping[str, Any], *, with_client: bool) -> Tuple[Dict[str, Any], Dict[str, Any],
-                                                                             Dict[str, Any]]:
+def _split_options(options: Mapping[str, Any], *, with_client: bool) -> tuple[dict[str, Any], dict[str, Any],
+                                                                             dict[str, Any]]:
     """Sort keyword arguments into (client, source, processor) options; refuse the rest by name."""
-    client: Dict[str, Any] = {}
-    source: Dict[str, Any] = {}
-    processor: Dict[str, Any] = {}
-    unknown: List[str] = []
+    client: dict[str, Any] = {}
+    source: dict[str, Any] = {}
+    processor: dict[str, Any] = {}
+    unknown: list[str] = []
     for name, value in options.items():
         if name == "uamqp_transport":
             if value:
@@ -156,7 +156,7 @@ def to_event_position(value: Any, inclusive: bool, *, what: str = "starting_posi
 
 
 def starting_positions(starting_position: Any, starting_position_inclusive: Any
-                       ) -> Tuple[Union[EventPosition, Dict[str, EventPosition]], EventPosition]:
+                       ) -> tuple[EventPosition | dict[str, EventPosition], EventPosition]:
     """azure-eventhub's ``starting_position`` / ``starting_position_inclusive`` as
     EventProcessor's ``(initial_event_position, default_event_position)``.
 

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import List, Optional, Tuple
 
 from ..checkpoint_store import CheckpointStore, StoreWrapper
 from ..errors import ConfigurationError
@@ -11,13 +10,12 @@ from ..records import Member, MemberListing, OwnershipListing
 from ..sources.base import EventSource, PartitionProperties, PartitionReceiver
 
 
-
 class _ReceiveSource(EventSource):
     """The client's source as one receive call sees it: only ``partition_id`` when one is
     given, and receivers opened at ``owner_level`` (0 when None) + the claim's epoch; when
     not ``exclusive`` (no checkpoint store), at ``owner_level`` as given, None included."""
 
-    def __init__(self, inner: EventSource, partition_id: Optional[str], owner_level: Optional[int], *,
+    def __init__(self, inner: EventSource, partition_id: str | None, owner_level: int | None, *,
                  exclusive: bool) -> None:
         self.inner = inner
         self.fully_qualified_namespace = inner.fully_qualified_namespace
@@ -26,7 +24,7 @@ class _ReceiveSource(EventSource):
         self._owner_level = owner_level
         self._exclusive = exclusive
 
-    async def get_partition_ids(self) -> List[str]:
+    async def get_partition_ids(self) -> list[str]:
         ids = await self.inner.get_partition_ids()
         if self._partition_id is None:
             return ids
@@ -36,7 +34,7 @@ class _ReceiveSource(EventSource):
         return [self._partition_id]
 
     async def open_receiver(self, partition_id: str, *, consumer_group: str, starting_position: EventPosition,
-                            owner_level: Optional[int], prefetch: int,
+                            owner_level: int | None, prefetch: int,
                             track_last_enqueued_event_properties: bool = False) -> PartitionReceiver:
         if not self._exclusive:
             level = self._owner_level
@@ -70,7 +68,7 @@ class _OnePartitionStore(StoreWrapper):
         return self._only_mine(await super().list_ownership(fully_qualified_namespace, eventhub_name, consumer_group))
 
     async def list_ownership_and_members(self, fully_qualified_namespace: str, eventhub_name: str,
-                                         consumer_group: str) -> Tuple[OwnershipListing, Optional[MemberListing]]:
+                                         consumer_group: str) -> tuple[OwnershipListing, MemberListing | None]:
         return await self.list_ownership(fully_qualified_namespace, eventhub_name, consumer_group), None
 
     async def list_members(self, *scope: str) -> MemberListing:

@@ -16,7 +16,6 @@ import subprocess
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import List, Optional, Tuple
 
 from .ports import free_ports, port_open
 
@@ -48,7 +47,7 @@ class Azurite:
     blob_port: int
     queue_port: int
     table_port: int
-    process: Optional[subprocess.Popen] = field(default=None, repr=False)
+    process: subprocess.Popen | None = field(default=None, repr=False)
 
     @property
     def blob_endpoint(self) -> str:
@@ -87,19 +86,19 @@ class Azurite:
             self.process.kill()
             self.process.wait(timeout=10)
 
-    def __enter__(self) -> "Azurite":
+    def __enter__(self) -> Azurite:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
 
 
-def _candidates() -> List[Path]:
+def _candidates() -> list[Path]:
     roots = [Path.cwd(), *Path.cwd().parents, Path(__file__).resolve().parents[2]]
     return [root / "node_modules" / ".bin" / "azurite" for root in roots]
 
 
-def find_azurite() -> Optional[Path]:
+def find_azurite() -> Path | None:
     """The azurite executable: ``$AZURITE_BIN``, ``node_modules/.bin`` here or above, or PATH."""
     env = os.environ.get("AZURITE_BIN")
     if env:
@@ -111,8 +110,8 @@ def find_azurite() -> Optional[Path]:
     return Path(found) if found else None
 
 
-def start_azurite(*, timeout: float = 30.0, executable: Optional[Path] = None,
-                  ports: Optional[Tuple[int, int, int]] = None, location: Optional[Path] = None) -> Azurite:
+def start_azurite(*, timeout: float = 30.0, executable: Path | None = None,
+                  ports: tuple[int, int, int] | None = None, location: Path | None = None) -> Azurite:
     """Start Azurite on free loopback ports (or on ``ports``: blob, queue, table, to
     restart one where it was; 0 picks a free one) and wait until blob and table accept.
     Its data is kept in memory, or in the directory ``location``.

@@ -54,7 +54,6 @@ import socket
 import struct
 import threading
 from types import TracebackType
-from typing import List, Optional, Set, Tuple, Type
 
 __all__ = ["FaultProxy", "ThreadedFaultProxy", "TcpFaultProxy"]
 
@@ -68,7 +67,7 @@ class _Request:
         self.raw, self.method, self.target = raw, method, target
 
 
-async def _read_request(reader: asyncio.StreamReader) -> Optional[_Request]:
+async def _read_request(reader: asyncio.StreamReader) -> _Request | None:
     """One whole request (head and body) from the client; ``None`` at end of stream."""
     try:
         head = await reader.readuntil(b"\r\n\r\n")
@@ -111,18 +110,18 @@ class FaultProxy:
     def __init__(self, upstream_host: str, upstream_port: int) -> None:
         self.upstream = (upstream_host, upstream_port)
         self.port = 0
-        self.requests: List[Tuple[str, str]] = []
-        self.dropped: List[Tuple[str, str]] = []
-        self._server: Optional[asyncio.AbstractServer] = None
-        self._writers: Set[asyncio.StreamWriter] = set()
-        self._handlers: Set[asyncio.Task] = set()
+        self.requests: list[tuple[str, str]] = []
+        self.dropped: list[tuple[str, str]] = []
+        self._server: asyncio.AbstractServer | None = None
+        self._writers: set[asyncio.StreamWriter] = set()
+        self._handlers: set[asyncio.Task] = set()
         self.pass_through()
 
     # ------------------------------------------------------------------ modes
 
     def pass_through(self) -> None:
         """Forward everything unchanged."""
-        self._drop_method: Optional[str] = None
+        self._drop_method: str | None = None
         self._mode, self._latency, self._drop_at, self._counted = "pass", 0.0, 0, 0
 
     def add_latency(self, seconds: float) -> None:
@@ -140,7 +139,7 @@ class FaultProxy:
         self.pass_through()
         self._mode = "reset"
 
-    def drop_response(self, nth: int = 1, *, method: Optional[str] = None) -> None:
+    def drop_response(self, nth: int = 1, *, method: str | None = None) -> None:
         """Forward the ``nth`` request from now (of ``method`` only, when given), then
         close the client's connection instead of relaying its response."""
         if nth < 1:
@@ -159,7 +158,7 @@ class FaultProxy:
 
     # ------------------------------------------------------------------ life cycle
 
-    async def start(self) -> "FaultProxy":
+    async def start(self) -> FaultProxy:
         self._server = await asyncio.start_server(self._accept, "127.0.0.1", 0, limit=_HEAD_LIMIT)
         self.port = self._server.sockets[0].getsockname()[1]
         return self
@@ -183,11 +182,11 @@ class FaultProxy:
             writer.transport.abort()
         self._writers.clear()
 
-    async def __aenter__(self) -> "FaultProxy":
+    async def __aenter__(self) -> FaultProxy:
         return await self.start()
 
-    async def __aexit__(self, exc_type: Optional[Type[BaseException]], exc: Optional[BaseException],
-                        tb: Optional[TracebackType]) -> None:
+    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                        tb: TracebackType | None) -> None:
         await self.stop()
 
     # ------------------------------------------------------------------ serving
@@ -197,8 +196,8 @@ class FaultProxy:
         assert task is not None
         self._handlers.add(task)
         self._writers.add(client_writer)
-        upstream: Optional[Tuple[asyncio.StreamReader, asyncio.StreamWriter]] = None
-        relay: Optional[asyncio.Task] = None
+        upstream: tuple[asyncio.StreamReader, asyncio.StreamWriter] | None = None
+        relay: asyncio.Task | None = None
         try:
             while True:
                 request = await _read_request(client_reader)
@@ -270,20 +269,20 @@ class ThreadedFaultProxy:
         return self.proxy.port
 
     @property
-    def requests(self) -> List[Tuple[str, str]]:
+    def requests(self) -> list[tuple[str, str]]:
         return list(self.proxy.requests)
 
     @property
-    def dropped(self) -> List[Tuple[str, str]]:
+    def dropped(self) -> list[tuple[str, str]]:
         return list(self.proxy.dropped)
 
-    def __enter__(self) -> "ThreadedFaultProxy":
+    def __enter__(self) -> ThreadedFaultProxy:
         self._thread.start()
         asyncio.run_coroutine_threadsafe(self.proxy.start(), self._loop).result(timeout=10)
         return self
 
-    def __exit__(self, exc_type: Optional[Type[BaseException]], exc: Optional[BaseException],
-                 tb: Optional[TracebackType]) -> None:
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
         try:
             asyncio.run_coroutine_threadsafe(self.proxy.stop(), self._loop).result(timeout=10)
         finally:
@@ -309,7 +308,7 @@ class ThreadedFaultProxy:
     def reset(self) -> None:
         self._call("reset")
 
-    def drop_response(self, nth: int = 1, *, method: Optional[str] = None) -> None:
+    def drop_response(self, nth: int = 1, *, method: str | None = None) -> None:
         self._call("drop_response", nth, method=method)
 
     def close_connections(self) -> None:
@@ -321,7 +320,7 @@ class _Pipe:
 
     def __init__(self, client: asyncio.StreamWriter) -> None:
         self.client = client
-        self.upstream: Optional[asyncio.StreamWriter] = None
+        self.upstream: asyncio.StreamWriter | None = None
         self.swallowed = False  # caught by a black hole: never relays again
 
     def reset(self) -> None:
@@ -342,9 +341,9 @@ class TcpFaultProxy:
         self.resets = 0
         self.swallowed = 0
         self._mode = "pass"
-        self._pipes: Set[_Pipe] = set()
-        self._handlers: Set[asyncio.Task] = set()
-        self._server: Optional[asyncio.AbstractServer] = None
+        self._pipes: set[_Pipe] = set()
+        self._handlers: set[asyncio.Task] = set()
+        self._server: asyncio.AbstractServer | None = None
 
     @property
     def connections(self) -> int:
@@ -375,7 +374,7 @@ class TcpFaultProxy:
         self.resets += len(pipes)
         return len(pipes)
 
-    async def start(self) -> "TcpFaultProxy":
+    async def start(self) -> TcpFaultProxy:
         self._server = await asyncio.start_server(self._accept, "127.0.0.1", self.port)
         self.port = self._server.sockets[0].getsockname()[1]
         return self
@@ -393,11 +392,11 @@ class TcpFaultProxy:
             await self._server.wait_closed()
             self._server = None
 
-    async def __aenter__(self) -> "TcpFaultProxy":
+    async def __aenter__(self) -> TcpFaultProxy:
         return await self.start()
 
-    async def __aexit__(self, exc_type: Optional[Type[BaseException]], exc: Optional[BaseException],
-                        tb: Optional[TracebackType]) -> None:
+    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                        tb: TracebackType | None) -> None:
         await self.stop()
 
     async def _accept(self, client_reader: asyncio.StreamReader, client_writer: asyncio.StreamWriter) -> None:
@@ -407,7 +406,7 @@ class TcpFaultProxy:
         self.accepted += 1
         pipe = _Pipe(client_writer)
         self._pipes.add(pipe)
-        relays: List[asyncio.Task] = []
+        relays: list[asyncio.Task] = []
         try:
             if self._mode == "refuse":
                 self.resets += 1
@@ -433,7 +432,7 @@ class TcpFaultProxy:
             self._handlers.discard(task)
 
     @staticmethod
-    async def _relay(reader: asyncio.StreamReader, writer: Optional[asyncio.StreamWriter], pipe: _Pipe) -> None:
+    async def _relay(reader: asyncio.StreamReader, writer: asyncio.StreamWriter | None, pipe: _Pipe) -> None:
         try:
             while data := await reader.read(65536):
                 if pipe.swallowed or writer is None:

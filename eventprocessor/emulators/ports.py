@@ -2,14 +2,13 @@
 from __future__ import annotations
 
 import socket
-from typing import List
 
 __all__ = ["free_ports", "port_open", "HOST"]
 
 HOST = "127.0.0.1"
 
 
-def free_ports(count: int, host: str = HOST) -> List[int]:
+def free_ports(count: int, host: str = HOST) -> list[int]:
     """``count`` distinct ports free on ``host`` right now (held open together while they
     are picked, so no two are the same)."""
     sockets = []

@@ -44,9 +44,9 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, List, Mapping, Optional, Sequence
 
 from .ports import free_ports
 
@@ -175,16 +175,16 @@ class SparkCluster:
     """A running standalone master, worker and (optionally) Spark Connect server."""
 
     master_url: str
-    connect_url: Optional[str]
+    connect_url: str | None
     directory: Path
     worker_cores: int
     worker_memory: str
-    pieces: List[_Piece] = field(default_factory=list, repr=False)
+    pieces: list[_Piece] = field(default_factory=list, repr=False)
     keep_directory: bool = False
     python: str = ""
 
     @property
-    def pids(self) -> Dict[str, int]:
+    def pids(self) -> dict[str, int]:
         return {piece.name: piece.process.pid for piece in self.pieces}
 
     def log(self, name: str) -> str:
@@ -194,8 +194,8 @@ class SparkCluster:
                 return piece.tail(1_000_000)
         raise KeyError(name)
 
-    def start_connect_server(self, name: str, *, conf: Optional[Mapping[str, str]] = None,
-                             timeout: float = 120.0) -> "ConnectServer":
+    def start_connect_server(self, name: str, *, conf: Mapping[str, str] | None = None,
+                             timeout: float = 120.0) -> ConnectServer:
         """One more Spark Connect server on this cluster's master, in a process group of
         its own (an application of its own, sized like the first: ``CONNECT_APP_CONF``).
         It is a separate driver: a test can SIGKILL it (:meth:`ConnectServer.kill`)
@@ -228,7 +228,7 @@ class SparkCluster:
         if not self.keep_directory:
             shutil.rmtree(self.directory, ignore_errors=True)
 
-    def __enter__(self) -> "SparkCluster":
+    def __enter__(self) -> SparkCluster:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -261,7 +261,7 @@ class ConnectServer:
         return self.piece.tail(1_000_000)
 
 
-def _environment(home: Path, directory: Path, python: str) -> Dict[str, str]:
+def _environment(home: Path, directory: Path, python: str) -> dict[str, str]:
     env = dict(os.environ)
     for name in ("SPARK_REMOTE", "SPARK_CONNECT_MODE_ENABLED", "PYSPARK_SUBMIT_ARGS", "MASTER"):
         env.pop(name, None)
@@ -313,7 +313,7 @@ def _wait(pieces: Sequence[_Piece], deadline: float) -> None:
 
 
 def _launch_connect(home: Path, env: Mapping[str, str], workdir: Path, master_url: str, port: int,
-                    connect_conf: Optional[Mapping[str, str]], name: str = "connect") -> _Piece:
+                    connect_conf: Mapping[str, str] | None, name: str = "connect") -> _Piece:
     conf = {
         "spark.connect.grpc.binding.address": _HOST,
         "spark.connect.grpc.binding.port": str(port),
@@ -333,8 +333,8 @@ def _launch_connect(home: Path, env: Mapping[str, str], workdir: Path, master_ur
 
 
 def start_spark_cluster(*, connect: bool = True, worker_cores: int = 3, worker_memory: str = "2g",
-                        connect_conf: Optional[Mapping[str, str]] = None, timeout: float = 180.0,
-                        directory: Optional[Path] = None, python: Optional[str] = None) -> SparkCluster:
+                        connect_conf: Mapping[str, str] | None = None, timeout: float = 180.0,
+                        directory: Path | None = None, python: str | None = None) -> SparkCluster:
     """Start a master, one worker and (with ``connect``) a Spark Connect server on
     loopback, and wait until each is ready (see the module docstring).
 
@@ -377,8 +377,9 @@ def start_spark_cluster(*, connect: bool = True, worker_cores: int = 3, worker_m
     return cluster
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m eventprocessor.emulators.spark_cluster", description=__doc__.split("\n")[0])
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m eventprocessor.emulators.spark_cluster", description=__doc__.split("\n")[0])
     parser.add_argument("--no-connect", action="store_true", help="no Spark Connect server")
     parser.add_argument("--worker-cores", type=int, default=3)
     parser.add_argument("--worker-memory", default="2g")

@@ -7,7 +7,8 @@ from typing import Any
 from .base import EventSource, LastEnqueuedEventProperties, PartitionProperties, PartitionReceiver
 from .memory import MemoryEventSource, MemoryPartitionReceiver
 
-__all__ = ["EventSource", "PartitionReceiver", "LastEnqueuedEventProperties", "PartitionProperties", "MemoryEventSource", "MemoryPartitionReceiver", "EventHubSource"]
+__all__ = ["EventSource", "PartitionReceiver", "LastEnqueuedEventProperties", "PartitionProperties",
+           "MemoryEventSource", "MemoryPartitionReceiver", "EventHubSource"]
 
 
 def __getattr__(name: str) -> Any:

@@ -8,7 +8,6 @@ from __future__ import annotations
 import abc
 from dataclasses import dataclass
 from datetime import datetime
-from typing import List, Optional
 
 from ..events import Event, EventPosition
 
@@ -23,7 +22,7 @@ class PartitionProperties:
     beginning_sequence_number: int
     last_enqueued_sequence_number: int
     last_enqueued_offset: str
-    last_enqueued_time_utc: Optional[datetime]
+    last_enqueued_time_utc: datetime | None
     is_empty: bool
 
 
@@ -34,15 +33,15 @@ class LastEnqueuedEventProperties:
 
     sequence_number: int
     offset: str
-    enqueued_time: Optional[datetime]
-    retrieval_time: Optional[datetime]
+    enqueued_time: datetime | None
+    retrieval_time: datetime | None
 
 
 class PartitionReceiver(abc.ABC):
     """An open receiver on one partition."""
 
     @abc.abstractmethod
-    async def receive(self, max_batch_size: int, max_wait_time: Optional[float]) -> List[Event]:
+    async def receive(self, max_batch_size: int, max_wait_time: float | None) -> list[Event]:
         """Return up to ``max_batch_size`` events.
 
         Waits for at least one event; with ``max_wait_time`` set, returns ``[]`` after
@@ -56,7 +55,7 @@ class PartitionReceiver(abc.ABC):
         """Close the receiver. Safe to call twice."""
 
     @property
-    def last_enqueued_event_properties(self) -> Optional[LastEnqueuedEventProperties]:
+    def last_enqueued_event_properties(self) -> LastEnqueuedEventProperties | None:
         """The partition's newest event as of the last receive, when the receiver was
         opened with ``track_last_enqueued_event_properties=True``; else None."""
         return None
@@ -69,7 +68,7 @@ class EventSource(abc.ABC):
     eventhub_name: str
 
     @abc.abstractmethod
-    async def get_partition_ids(self) -> List[str]:
+    async def get_partition_ids(self) -> list[str]:
         """The current partition ids. Called every load-balancing tick."""
 
     @abc.abstractmethod
@@ -79,7 +78,7 @@ class EventSource(abc.ABC):
         *,
         consumer_group: str,
         starting_position: EventPosition,
-        owner_level: Optional[int],
+        owner_level: int | None,
         prefetch: int,
         track_last_enqueued_event_properties: bool = False,
     ) -> PartitionReceiver:

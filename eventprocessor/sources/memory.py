@@ -13,8 +13,9 @@ import bisect
 import hashlib
 import itertools
 import logging
+from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime, timezone
-from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import Any
 
 from ..errors import ConfigurationError, EventSourceError, ReceiverDisconnectedError
 from ..events import BodyType, Event, EventPosition, MessageId, body_fields
@@ -30,11 +31,11 @@ def _utcnow() -> datetime:
 
 
 _UNSET: Any = object()
-Body = Union[bytes, str, Sequence[Union[bytes, str]]]
+Body = bytes | str | Sequence[bytes | str]
 """A data body: bytes or str (one data section), or a list of them (one section each)."""
 
 
-def _body_fields(body: Any, sequence_body: Any, value_body: Any) -> Tuple[bytes, BodyType, Any]:
+def _body_fields(body: Any, sequence_body: Any, value_body: Any) -> tuple[bytes, BodyType, Any]:
     """An appended event's body fields, from the arguments as ``AmqpAnnotatedMessage`` takes them."""
     given = [name for name, value in (("body", body), ("sequence_body", sequence_body), ("value_body", value_body))
              if value is not _UNSET]
@@ -42,7 +43,7 @@ def _body_fields(body: Any, sequence_body: Any, value_body: Any) -> Tuple[bytes,
         raise ConfigurationError(
             f"give exactly one of body (data), sequence_body or value_body, got {', '.join(given) or 'none'}")
     if body is not _UNSET:
-        sections: List[Any]
+        sections: list[Any]
         if isinstance(body, (bytes, bytearray, str)):
             sections = [body]
         elif isinstance(body, (list, tuple)) and body:
@@ -72,13 +73,13 @@ class _Partition:
     keeps dropping old events O(1) amortised."""
 
     def __init__(self) -> None:
-        self.events: List[Event] = []
+        self.events: list[Event] = []
         self.head = 0
         self.dropped = 0
         self.next_offset = 0
-        self.waiters: List[asyncio.Future] = []
+        self.waiters: list[asyncio.Future] = []
         # consumer group -> receivers currently open on this partition
-        self.receivers: Dict[str, List["MemoryPartitionReceiver"]] = {}
+        self.receivers: dict[str, list[MemoryPartitionReceiver]] = {}
 
     @property
     def begin(self) -> int:
@@ -90,10 +91,10 @@ class _Partition:
         """Sequence number the next event gets."""
         return self.dropped + len(self.events)
 
-    def retained(self) -> List[Event]:
+    def retained(self) -> list[Event]:
         return self.events[self.head:]
 
-    def retain(self, limit: Optional[int]) -> None:
+    def retain(self, limit: int | None) -> None:
         if limit is None:
             return
         excess = len(self.events) - self.head - limit
@@ -114,24 +115,24 @@ class _Partition:
 class MemoryPartitionReceiver(PartitionReceiver):
     """A receiver on one partition of a :class:`MemoryEventSource`."""
 
-    def __init__(self, source: "MemoryEventSource", partition_id: str, consumer_group: str,
-                 next_sequence_number: int, owner_level: Optional[int], track_last_enqueued: bool = False) -> None:
+    def __init__(self, source: MemoryEventSource, partition_id: str, consumer_group: str,
+                 next_sequence_number: int, owner_level: int | None, track_last_enqueued: bool = False) -> None:
         self._source = source
         self.partition_id = partition_id
         self.consumer_group = consumer_group
         self.owner_level = owner_level
         self._next = next_sequence_number
-        self._disconnected_by: Optional[int] = None
+        self._disconnected_by: int | None = None
         self._dropped_by_hub = False
         self._closed = False
         self._track = track_last_enqueued
-        self._last_enqueued: Optional[LastEnqueuedEventProperties] = None
+        self._last_enqueued: LastEnqueuedEventProperties | None = None
 
     @property
-    def last_enqueued_event_properties(self) -> Optional[LastEnqueuedEventProperties]:
+    def last_enqueued_event_properties(self) -> LastEnqueuedEventProperties | None:
         return self._last_enqueued
 
-    def _note_last_enqueued(self, events: List[Event]) -> None:
+    def _note_last_enqueued(self, events: list[Event]) -> None:
         if self._track and events:
             newest = events[-1]
             self._last_enqueued = LastEnqueuedEventProperties(newest.sequence_number, newest.offset,
@@ -141,7 +142,7 @@ class MemoryPartitionReceiver(PartitionReceiver):
         return (f"MemoryPartitionReceiver(partition_id={self.partition_id!r}, "
                 f"consumer_group={self.consumer_group!r}, owner_level={self.owner_level})")
 
-    def _disconnect(self, by_level: Optional[int]) -> None:
+    def _disconnect(self, by_level: int | None) -> None:
         self._disconnected_by = by_level if by_level is not None else -1
         self._source._partitions[self.partition_id].wake()
 
@@ -159,7 +160,7 @@ class MemoryPartitionReceiver(PartitionReceiver):
         if self._closed:
             raise RuntimeError("receiver is closed")
 
-    async def receive(self, max_batch_size: int, max_wait_time: Optional[float]) -> List[Event]:
+    async def receive(self, max_batch_size: int, max_wait_time: float | None) -> list[Event]:
         if max_batch_size < 1:
             raise ValueError("max_batch_size must be at least 1")
         partition = self._source._partitions[self.partition_id]
@@ -216,8 +217,8 @@ class MemoryEventSource(EventSource):
 
     def __init__(self, partition_count: int, *, eventhub_name: str = "hub",
                  fully_qualified_namespace: str = "memory.local",
-                 clock: Optional[Callable[[], datetime]] = None,
-                 max_events_per_partition: Optional[int] = None) -> None:
+                 clock: Callable[[], datetime] | None = None,
+                 max_events_per_partition: int | None = None) -> None:
         if isinstance(partition_count, bool) or not isinstance(partition_count, int) or partition_count < 1:
             raise ConfigurationError(f"partition_count must be an int of at least 1, got {partition_count!r}")
         if max_events_per_partition is not None and (isinstance(max_events_per_partition, bool)
@@ -232,7 +233,7 @@ class MemoryEventSource(EventSource):
         self.eventhub_name = eventhub_name
         self.fully_qualified_namespace = fully_qualified_namespace
         self._clock = clock or _utcnow
-        self._partitions: Dict[str, _Partition] = {str(i): _Partition() for i in range(partition_count)}
+        self._partitions: dict[str, _Partition] = {str(i): _Partition() for i in range(partition_count)}
         self._round_robin = itertools.count()
 
     def __repr__(self) -> str:
@@ -243,7 +244,7 @@ class MemoryEventSource(EventSource):
     def partition_count(self) -> int:
         return len(self._partitions)
 
-    async def get_partition_ids(self) -> List[str]:
+    async def get_partition_ids(self) -> list[str]:
         return list(self._partitions)
 
     def recreate(self) -> None:
@@ -258,7 +259,7 @@ class MemoryEventSource(EventSource):
             partition.wake()
         logger.info("%s: recreated: every partition is empty and starts at sequence number 0", self.eventhub_name)
 
-    def add_partitions(self, count: int) -> List[str]:
+    def add_partitions(self, count: int) -> list[str]:
         """Add ``count`` partitions; returns their ids. Like Event Hubs, keys may now
         hash to different partitions."""
         if count < 1:
@@ -274,10 +275,10 @@ class MemoryEventSource(EventSource):
         digest = hashlib.blake2b(partition_key.encode("utf-8"), digest_size=8).digest()
         return str(int.from_bytes(digest, "big") % len(self._partitions))
 
-    async def send(self, body: Body = _UNSET, *, partition_id: Optional[str] = None,
-                   partition_key: Optional[str] = None,
-                   properties: Optional[Mapping[str, Any]] = None, message_id: Optional[MessageId] = None,
-                   content_type: Optional[str] = None, correlation_id: Optional[MessageId] = None,
+    async def send(self, body: Body = _UNSET, *, partition_id: str | None = None,
+                   partition_key: str | None = None,
+                   properties: Mapping[str, Any] | None = None, message_id: MessageId | None = None,
+                   content_type: str | None = None, correlation_id: MessageId | None = None,
                    sequence_body: Any = _UNSET, value_body: Any = _UNSET) -> Event:
         """Append one event and return it (with its sequence number and offset).
         ``properties`` are the application properties; ``message_id``, ``content_type`` and
@@ -300,15 +301,15 @@ class MemoryEventSource(EventSource):
                            message_id=message_id, content_type=content_type, correlation_id=correlation_id,
                            sequence_body=sequence_body, value_body=value_body)
 
-    async def send_batch(self, bodies: List[Union[bytes, str]], *, partition_id: Optional[str] = None,
-                         partition_key: Optional[str] = None) -> List[Event]:
+    async def send_batch(self, bodies: list[bytes | str], *, partition_id: str | None = None,
+                         partition_key: str | None = None) -> list[Event]:
         """Append several events to one partition (or round-robin if none is named)."""
         return [self.append(b, partition_id=partition_id, partition_key=partition_key) for b in bodies]
 
-    def append(self, body: Body = _UNSET, *, partition_id: Optional[str] = None,
-               partition_key: Optional[str] = None,
-               properties: Optional[Mapping[str, Any]] = None, message_id: Optional[MessageId] = None,
-               content_type: Optional[str] = None, correlation_id: Optional[MessageId] = None,
+    def append(self, body: Body = _UNSET, *, partition_id: str | None = None,
+               partition_key: str | None = None,
+               properties: Mapping[str, Any] | None = None, message_id: MessageId | None = None,
+               content_type: str | None = None, correlation_id: MessageId | None = None,
                sequence_body: Any = _UNSET, value_body: Any = _UNSET) -> Event:
         """Synchronous :meth:`send`, for producers outside the event loop's tasks."""
         body, body_type, amqp_body = _body_fields(body, sequence_body, value_body)
@@ -344,7 +345,7 @@ class MemoryEventSource(EventSource):
         partition.wake()
         return event
 
-    def events(self, partition_id: str) -> List[Event]:
+    def events(self, partition_id: str) -> list[Event]:
         """A copy of every retained event of a partition, for tests."""
         return self._partitions[partition_id].retained()
 
@@ -389,7 +390,7 @@ class MemoryEventSource(EventSource):
         return begin + (bisect.bisect_left(times, when) if position.inclusive else bisect.bisect_right(times, when))
 
     async def open_receiver(self, partition_id: str, *, consumer_group: str,
-                            starting_position: EventPosition, owner_level: Optional[int],
+                            starting_position: EventPosition, owner_level: int | None,
                             prefetch: int = 300,
                             track_last_enqueued_event_properties: bool = False) -> MemoryPartitionReceiver:
         """Open a receiver. Event Hubs' epoch rules: an owner-level receiver disconnects

@@ -189,7 +189,8 @@ if TYPE_CHECKING:  # pragma: no cover
 
 __all__ = [
     "EventHubsDataSource", "SparkSink", "MicroBatch", "PartitionRange", "CommitLog", "FileLogStorage",
-    "StoreLogStorage", "BatchRefused", "StaleFenceError", "Attempt", "AttemptState", "EVENT_SCHEMA", "json_body", "events_to_table", "spark_session",
+    "StoreLogStorage", "BatchRefused", "StaleFenceError", "Attempt", "AttemptState", "EVENT_SCHEMA", "json_body",
+    "events_to_table", "spark_session",
     "is_connect", "OutputLocation", "COMMITS_DIR", "STAGING_DIR", "METADATA_DIR",
 ]
 

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import io
 import logging
-from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -45,7 +46,7 @@ writing an empty or made-up body, so the batch fails and the sink's retry and po
 policy decide (``on_poison="skip"`` with a ``dead_letter`` hook sets such batches aside).
 """
 
-Decoder = Callable[[pa.Table], Union[pa.Table, Mapping[str, pa.Array]]]
+Decoder = Callable[[pa.Table], pa.Table | Mapping[str, pa.Array]]
 """A decode function: gets the event table of a batch, returns the extra columns
 (a table of the same length, or a mapping of name to array)."""
 
@@ -61,8 +62,8 @@ def _property_value(value: object) -> str:
 def _properties_column(events: Sequence[Event]) -> pa.Array:
     """The ``properties`` map column from flat key and value lists and offsets: no
     per-event lists or tuples (six times faster than a list of pairs per event)."""
-    keys: List[str] = []
-    values: List[str] = []
+    keys: list[str] = []
+    values: list[str] = []
     offsets = [0]
     missing = []
     count = 0
@@ -101,7 +102,7 @@ def _check_bodies(partition_id: str, events: Sequence[Event]) -> None:
             "(Event.amqp_body holds the body as sent); on_poison='skip' with a dead_letter hook sets the batch aside")
 
 
-def events_to_table(batches: Sequence[Tuple[str, Sequence[Event]]]) -> pa.Table:
+def events_to_table(batches: Sequence[tuple[str, Sequence[Event]]]) -> pa.Table:
     """Build the Arrow table of a micro-batch from ``(partition_id, events)`` pairs.
     Raises ``TypeError`` for an event whose body has no bytes form (a sequence body, or
     an AMQP value other than bytes or text; see :data:`EVENT_SCHEMA`).
@@ -111,8 +112,8 @@ def events_to_table(batches: Sequence[Tuple[str, Sequence[Event]]]) -> pa.Table:
         table = events_to_table([("0", events_of_0), ("1", events_of_1)])
         assert table.schema == EVENT_SCHEMA
     """
-    partition_ids: List[pa.Array] = []
-    events: List[Event] = []
+    partition_ids: list[pa.Array] = []
+    events: list[Event] = []
     for partition_id, partition_events in batches:
         _check_bodies(partition_id, partition_events)
         partition_ids.append(pa.repeat(pa.scalar(partition_id, pa.string()), len(partition_events)))
@@ -133,7 +134,7 @@ def events_to_table(batches: Sequence[Tuple[str, Sequence[Event]]]) -> pa.Table:
     )
 
 
-def add_user_columns(table: pa.Table, decode: Optional[Decoder], derived: Sequence[str] = ()) -> pa.Table:
+def add_user_columns(table: pa.Table, decode: Decoder | None, derived: Sequence[str] = ()) -> pa.Table:
     """Append the decode function's columns and the derived columns asked for.
 
     The one derived column is ``enqueued_date`` (the UTC date of ``enqueued_time``),
@@ -162,7 +163,7 @@ def add_user_columns(table: pa.Table, decode: Optional[Decoder], derived: Sequen
     return table
 
 
-def json_body(schema: Optional[pa.Schema] = None, *, column: Optional[str] = None) -> Decoder:
+def json_body(schema: pa.Schema | None = None, *, column: str | None = None) -> Decoder:
     """A decode function for JSON object bodies, vectorised by pyarrow's JSON reader.
 
     With ``column`` the object becomes one struct column of that name; without it
@@ -176,7 +177,7 @@ def json_body(schema: Optional[pa.Schema] = None, *, column: Optional[str] = Non
     """
     parse_options = pa_json.ParseOptions(explicit_schema=schema, unexpected_field_behavior="ignore") if schema else None
 
-    def decode(table: pa.Table) -> Dict[str, pa.Array]:
+    def decode(table: pa.Table) -> dict[str, pa.Array]:
         if table.num_rows == 0:
             fields = schema or pa.schema([])
             parsed = pa.Table.from_batches([], schema=fields)
@@ -189,7 +190,8 @@ def json_body(schema: Optional[pa.Schema] = None, *, column: Optional[str] = Non
             if parsed.num_rows != table.num_rows:
                 raise ValueError(f"JSON decode produced {parsed.num_rows} rows for {table.num_rows} bodies")
         if column is not None:
-            return {column: pa.StructArray.from_arrays([c.combine_chunks() for c in parsed.columns], names=parsed.column_names)
+            return {column: pa.StructArray.from_arrays([c.combine_chunks() for c in parsed.columns],
+                                                       names=parsed.column_names)
                     if parsed.num_columns else pa.nulls(table.num_rows, pa.struct([]))}
         return {name: parsed[name].combine_chunks() for name in parsed.column_names}
 

@@ -30,8 +30,9 @@ import asyncio
 import enum
 import logging
 import time
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Dict, FrozenSet, Iterable, List, Mapping, Optional
+from typing import TYPE_CHECKING, Any
 
 from ..errors import OwnershipLostError
 from ..events import Event
@@ -96,17 +97,17 @@ class Attempt:
     """One micro-batch and where it stands. ``events`` holds, per claim, the events cut
     for it (each a prefix of what the claim had buffered, in order)."""
 
-    events: Dict["Claim", List[Event]]
+    events: dict[Claim, list[Event]]
     byte_count: int
     state: AttemptState = AttemptState.CUT
-    batch_id: Optional[int] = None
-    batch: Optional[MicroBatch] = None
+    batch_id: int | None = None
+    batch: MicroBatch | None = None
     df: Any = None
-    manifest: Optional[Manifest] = None
-    publication: Optional[int] = None
+    manifest: Manifest | None = None
+    publication: int | None = None
     skipped: bool = False
     failures: int = 0
-    timings: Dict[str, float] = field(default_factory=dict)
+    timings: dict[str, float] = field(default_factory=dict)
 
     def __repr__(self) -> str:
         return (f"Attempt(batch_id={self.batch_id}, state={self.state.value}, "
@@ -117,7 +118,7 @@ class Attempt:
         return sum(len(events) for events in self.events.values())
 
     @property
-    def partition_ids(self) -> FrozenSet[str]:
+    def partition_ids(self) -> frozenset[str]:
         return frozenset(c.partition_id for c in self.events)
 
     def move(self, state: AttemptState) -> None:
@@ -125,14 +126,14 @@ class Attempt:
             raise RuntimeError(f"{self!r} cannot go from {self.state.value} to {state.value}")
         self.state = state
 
-    def ranges(self) -> List[PartitionRange]:
+    def ranges(self) -> list[PartitionRange]:
         return [PartitionRange(partition_id=claim.partition_id, first_sequence_number=events[0].sequence_number,
                                last_sequence_number=events[-1].sequence_number, last_offset=events[-1].offset,
                                count=len(events), owner_id=claim.context.owner_id, epoch=claim.context.epoch,
                                claim_token=claim.token)
                 for claim, events in self.events.items()]
 
-    def without(self, partition_ids: Iterable[str]) -> "Attempt":
+    def without(self, partition_ids: Iterable[str]) -> Attempt:
         """A new attempt (state cut) with the events of the other partitions."""
         gone = set(partition_ids)
         events = {c: e for c, e in self.events.items() if c.partition_id not in gone}
@@ -151,8 +152,8 @@ class BatchSteps:
     them, so ownership renewals never wait for Spark.
     """
 
-    def __init__(self, log: CommitLog, writer: Writer, spark: Callable[[], Any], decode: Optional[Decoder],
-                 partition_by: List[str], step_hook: StepHook) -> None:
+    def __init__(self, log: CommitLog, writer: Writer, spark: Callable[[], Any], decode: Decoder | None,
+                 partition_by: list[str], step_hook: StepHook) -> None:
         self.log = log
         self.writer = writer
         self._spark = spark
@@ -190,7 +191,7 @@ class BatchSteps:
             logger.debug("sink: preparing batch %s failed; the write retries it: %r", attempt.batch_id, error)
             attempt.df = None
 
-    def _write_blocking(self, attempt: Attempt) -> Optional[Manifest]:
+    def _write_blocking(self, attempt: Attempt) -> Manifest | None:
         assert attempt.batch_id is not None and attempt.batch is not None, "a planned attempt has a batch"
         if attempt.df is None:
             attempt.df = self._dataframe(attempt)

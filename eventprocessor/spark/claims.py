@@ -14,7 +14,6 @@ import enum
 import logging
 import uuid
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Tuple
 
 from ..events import Event
 from ..partition import PartitionContext
@@ -47,8 +46,8 @@ class Claim:
         self.token = uuid.uuid4().hex[:16]
         self.state = ClaimState.FENCING
         self.last_sequence_number = -1  # highest sequence number accepted (committed or buffered)
-        self.committed_high_water_mark: Optional[int] = None  # from the commit log, at the fence
-        self.events: List[Event] = []
+        self.committed_high_water_mark: int | None = None  # from the commit log, at the fence
+        self.events: list[Event] = []
         self.nbytes = 0
 
     def __repr__(self) -> str:
@@ -73,7 +72,7 @@ class Buffers:
 
     def __init__(self, limits: Limits) -> None:
         self.limits = limits
-        self.claims: Dict[str, Claim] = {}
+        self.claims: dict[str, Claim] = {}
         self.events = 0
         self.bytes = 0
         self.first_at = 0.0
@@ -91,7 +90,7 @@ class Buffers:
             self.drop(previous)
         self.claims[claim.partition_id] = claim
 
-    def add(self, claim: Claim, events: List[Event]) -> None:
+    def add(self, claim: Claim, events: list[Event]) -> None:
         if not self.events:
             self.first_at = asyncio.get_running_loop().time()
         nbytes = sum(len(e.body) for e in events)
@@ -119,7 +118,7 @@ class Buffers:
         self.space.set()
         return dropped
 
-    def seconds_until_due(self) -> Optional[float]:
+    def seconds_until_due(self) -> float | None:
         """0 when a batch should be cut now, else how long until ``max_interval`` cuts
         one (``None``: nothing buffered)."""
         if self.full:
@@ -128,7 +127,7 @@ class Buffers:
             return None
         return max(0.0, self.first_at + self.limits.max_interval - asyncio.get_running_loop().time())
 
-    def cut(self) -> Tuple[Dict["Claim", List[Event]], int]:
+    def cut(self) -> tuple[dict[Claim, list[Event]], int]:
         """Take a batch off the buffers (see the module docstring): each claim's events,
         and their bytes."""
         limits = self.limits
@@ -143,7 +142,7 @@ class Buffers:
             extra = max(0, min(len(claim.events) - take[claim], room))
             take[claim] += extra
             room -= extra
-        cut: Dict[Claim, List[Event]] = {}
+        cut: dict[Claim, list[Event]] = {}
         nbytes = 0
         if self.bytes <= limits.max_bytes:
             # Everything buffered fits the byte budget: no need to size each event.

@@ -67,13 +67,26 @@ import collections
 import json
 import logging
 import os
-from typing import (TYPE_CHECKING, Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple,
-                    Union)
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 from ..clock import SystemClock
 from ..errors import ConfigurationError
-from .log_records import (_DIGITS, ABORTED, COMMITTED, FORMAT, PLANNED, SNAPSHOT_PREFIX, BatchRefused, FenceResult,
-                          Manifest, PartitionRange, Publication, StagedFile, StaleFenceError)
+from .log_records import (
+    _DIGITS,
+    ABORTED,
+    COMMITTED,
+    FORMAT,
+    PLANNED,
+    SNAPSHOT_PREFIX,
+    BatchRefused,
+    FenceResult,
+    Manifest,
+    PartitionRange,
+    Publication,
+    StagedFile,
+    StaleFenceError,
+)
 from .log_state import LogState
 from .log_storage import FileLogStorage, LogStorage, StoreLogStorage, fsync_directory
 
@@ -122,7 +135,7 @@ class CommitLog:
 
     def __init__(self, storage: LogStorage, *, fully_qualified_namespace: str, eventhub_name: str,
                  consumer_group: str, retention: float = 900.0, compact_every: int = 100,
-                 clock: Optional[Callable[[], float]] = None) -> None:
+                 clock: Callable[[], float] | None = None) -> None:
         if retention <= 0:
             raise ConfigurationError(f"retention must be positive, got {retention}")
         if compact_every < 2:
@@ -136,23 +149,23 @@ class CommitLog:
         self._clock = clock or SystemClock().monotonic
         self._state = LogState()
         self._loaded = False
-        self._tail_seen_at: Optional[float] = None  # when an entry was last found missing (the end)
+        self._tail_seen_at: float | None = None  # when an entry was last found missing (the end)
         self._snapshot_version = 0  # the newest snapshot known (0: none)
-        self._snapshots_seen: Dict[int, float] = {}
+        self._snapshots_seen: dict[int, float] = {}
         self._lock = asyncio.Lock()
-        self._cleanup: Optional["asyncio.Task[None]"] = None
+        self._cleanup: asyncio.Task[None] | None = None
         # The ranges of recently resolved batches, to name a refused batch's partitions.
-        self._resolved_ranges: "collections.OrderedDict[int, Tuple[PartitionRange, ...]]" = collections.OrderedDict()
+        self._resolved_ranges: collections.OrderedDict[int, tuple[PartitionRange, ...]] = collections.OrderedDict()
         self.requests = 0
 
     @classmethod
-    def at_path(cls, directory: Union[str, os.PathLike], **kwargs: Any) -> "CommitLog":
+    def at_path(cls, directory: str | os.PathLike, **kwargs: Any) -> CommitLog:
         """A log in a directory of a shared POSIX file system."""
         return cls(FileLogStorage(directory), **kwargs)
 
     @classmethod
-    def in_store(cls, store: "CheckpointStore", log_name: str, *, fully_qualified_namespace: str,
-                 eventhub_name: str, consumer_group: str, **kwargs: Any) -> "CommitLog":
+    def in_store(cls, store: CheckpointStore, log_name: str, *, fully_qualified_namespace: str,
+                 eventhub_name: str, consumer_group: str, **kwargs: Any) -> CommitLog:
         """A log kept in a checkpoint store, as entries of log ``log_name``."""
         storage = StoreLogStorage(store, log_name, fully_qualified_namespace=fully_qualified_namespace,
                                   eventhub_name=eventhub_name, consumer_group=consumer_group)
@@ -164,7 +177,7 @@ class CommitLog:
 
     # ------------------------------------------------------------------ reading
 
-    def _decode(self, name: str, data: bytes) -> Dict[str, Any]:
+    def _decode(self, name: str, data: bytes) -> dict[str, Any]:
         try:
             entry = json.loads(data)
         except ValueError as error:
@@ -181,7 +194,7 @@ class CommitLog:
                 f"not {self.scope!r}; use one output per event hub and consumer group")
         return entry
 
-    async def _read(self, name: str) -> Optional[bytes]:
+    async def _read(self, name: str) -> bytes | None:
         self.requests += 1
         return await self.storage.read(name)
 
@@ -249,20 +262,20 @@ class CommitLog:
 
     # ------------------------------------------------------------------ what it says
 
-    def high_water_mark(self, partition_id: str) -> Optional[int]:
+    def high_water_mark(self, partition_id: str) -> int | None:
         """The highest committed sequence number of the partition, as of the last read."""
         return self._state.high_water_marks.get(partition_id)
 
-    async def high_water_marks(self) -> Dict[str, int]:
+    async def high_water_marks(self) -> dict[str, int]:
         """Every partition's committed high-water mark (reads the log first)."""
         await self.refresh()
         return dict(self._state.high_water_marks)
 
-    def known_high_water_marks(self) -> Dict[str, int]:
+    def known_high_water_marks(self) -> dict[str, int]:
         """Every partition's committed high-water mark as of the last read."""
         return dict(self._state.high_water_marks)
 
-    def outcome(self, batch_id: int) -> Optional[str]:
+    def outcome(self, batch_id: int) -> str | None:
         """``planned``, ``committed``, ``aborted``, or ``None`` (unknown: not read yet, or
         compacted away), as of the last read."""
         return self._state.outcome(batch_id)
@@ -275,7 +288,7 @@ class CommitLog:
             return False
         return not any(p.batch_id == batch_id for p in state.unpublished.values())
 
-    def unpublished(self, through: Optional[int] = None) -> List[Publication]:
+    def unpublished(self, through: int | None = None) -> list[Publication]:
         """Committed batches with files that this process does not know to be published,
         up to publication number ``through``, in order."""
         return [p for n, p in sorted(self._state.unpublished.items()) if through is None or n <= through]
@@ -290,7 +303,7 @@ class CommitLog:
 
     # ------------------------------------------------------------------ writing
 
-    async def _append(self, entry: Dict[str, Any], validate: Callable[[], Any]) -> Tuple[int, Any]:
+    async def _append(self, entry: dict[str, Any], validate: Callable[[], Any]) -> tuple[int, Any]:
         """Append ``entry`` at the first free version. ``validate()`` runs against the
         whole history before each attempt; it may raise to refuse, and its result is
         returned with the version. Appends of this process go one at a time."""
@@ -334,7 +347,7 @@ class CommitLog:
         (higher epoch) already fenced the partition. Returns the committed high-water
         mark, final for every claim older than this one, and the batches aborted.
         """
-        def validate() -> List[int]:
+        def validate() -> list[int]:
             current = self._state.fences.get(partition_id)
             if current is not None and (current.epoch > epoch or
                                         (current.epoch == epoch and current.owner_id != owner_id)):
@@ -378,7 +391,7 @@ class CommitLog:
         version, _ = await self._append({"type": "plan", "ranges": [r.to_json() for r in ranges]}, validate)
         return version
 
-    async def commit(self, batch_id: int, files: Optional[Sequence[StagedFile]] = None) -> Optional[int]:
+    async def commit(self, batch_id: int, files: Sequence[StagedFile] | None = None) -> int | None:
         """The commit point of a planned batch, with its files (the Parquet writer) or
         without (``foreach_batch``). Returns the publication number (``None`` without
         files). Raises :class:`BatchRefused` when the batch was aborted first (``lost``
@@ -405,12 +418,12 @@ class CommitLog:
             raise BatchRefused(f"batch {batch_id} is not in the commit log {self.storage.description} (compacted "
                                "while this process paused?)", [r.partition_id for r in ranges])
 
-        entry: Dict[str, Any] = {"type": "commit", "batch_id": batch_id,
+        entry: dict[str, Any] = {"type": "commit", "batch_id": batch_id,
                                  "files": None if files is None else [f.to_json() for f in files]}
         await self._append(entry, validate)
         return self.publication_of(batch_id)
 
-    def publication_of(self, batch_id: int) -> Optional[int]:
+    def publication_of(self, batch_id: int) -> int | None:
         """The publication number of a committed batch not yet known to be published."""
         for publication in self._state.unpublished.values():
             if publication.batch_id == batch_id:
@@ -427,14 +440,14 @@ class CommitLog:
         await self._append({"type": "abort", "batch_id": batch_id}, validate)
         return self.outcome(batch_id) != COMMITTED
 
-    async def lost_partitions(self, ranges: Iterable[PartitionRange]) -> List[str]:
+    async def lost_partitions(self, ranges: Iterable[PartitionRange]) -> list[str]:
         """The partitions of ``ranges`` fenced by a newer claim (reads the log first)."""
         await self.refresh()
         return self._state.lost(ranges)
 
     # ------------------------------------------------------------------ audits
 
-    async def entries(self) -> List[Tuple[int, Dict[str, Any]]]:
+    async def entries(self) -> list[tuple[int, dict[str, Any]]]:
         """Every entry still kept (not compacted away), read from the storage: for tools
         and audits."""
         found = []
@@ -446,7 +459,7 @@ class CommitLog:
                 found.append((int(name), self._decode(name, data)))
         return found
 
-    async def batches(self) -> List[Tuple[int, Optional[str], Tuple[PartitionRange, ...]]]:
+    async def batches(self) -> list[tuple[int, str | None, tuple[PartitionRange, ...]]]:
         """Every batch planned in the entries still kept: ``(batch_id, outcome, ranges)``,
         outcome ``planned``, ``committed`` or ``aborted``. For tools and audits."""
         entries = await self.entries()

@@ -2,11 +2,11 @@
 and the errors a batch can end with."""
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
+from typing import Any
 
 from ..errors import OwnershipLostError
-
 
 PLANNED = "planned"
 COMMITTED = "committed"
@@ -37,13 +37,13 @@ class PartitionRange:
     epoch: int
     claim_token: str = ""
 
-    def to_json(self) -> Dict[str, Any]:
+    def to_json(self) -> dict[str, Any]:
         return {"partition_id": self.partition_id, "first_sequence_number": self.first_sequence_number,
                 "last_sequence_number": self.last_sequence_number, "last_offset": self.last_offset,
                 "count": self.count, "owner_id": self.owner_id, "epoch": self.epoch, "token": self.claim_token}
 
     @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> "PartitionRange":
+    def from_json(cls, data: Mapping[str, Any]) -> PartitionRange:
         return cls(partition_id=str(data["partition_id"]),
                    first_sequence_number=int(data["first_sequence_number"]),
                    last_sequence_number=int(data["last_sequence_number"]), last_offset=str(data["last_offset"]),
@@ -51,7 +51,7 @@ class PartitionRange:
                    claim_token=str(data.get("token", "")))
 
     @property
-    def claim(self) -> Tuple[str, int, str]:
+    def claim(self) -> tuple[str, int, str]:
         return self.owner_id, self.epoch, self.claim_token
 
 
@@ -65,15 +65,15 @@ class StagedFile:
     size: int
     modification_time: int
 
-    def to_json(self) -> List[Any]:
+    def to_json(self) -> list[Any]:
         return [self.path, self.size, self.modification_time]
 
     @classmethod
-    def from_json(cls, data: Sequence[Any]) -> "StagedFile":
+    def from_json(cls, data: Sequence[Any]) -> StagedFile:
         return cls(str(data[0]), int(data[1]), int(data[2]))
 
 
-Manifest = Tuple[StagedFile, ...]
+Manifest = tuple[StagedFile, ...]
 
 
 @dataclass(frozen=True)
@@ -92,8 +92,8 @@ class FenceResult:
     nothing was ever committed) and the planned batches it aborted."""
 
     version: int
-    high_water_mark: Optional[int]
-    aborted: Tuple[int, ...]
+    high_water_mark: int | None
+    aborted: tuple[int, ...]
 
 
 class BatchRefused(Exception):

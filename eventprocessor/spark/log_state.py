@@ -17,8 +17,9 @@ Example::
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Dict, Iterable, List, Mapping, Optional, Tuple
+from typing import Any
 
 from ..errors import ConfigurationError
 from .log_records import ABORTED, COMMITTED, PLANNED, PartitionRange, Publication, StagedFile
@@ -27,8 +28,8 @@ __all__ = ["Fence", "LogState"]
 
 logger = logging.getLogger(__name__)
 
-Claim = Tuple[str, int, str]  # owner id, epoch, claim token
-Resolved = Dict[int, Tuple[PartitionRange, ...]]  # batch id -> its ranges
+Claim = tuple[str, int, str]  # owner id, epoch, claim token
+Resolved = dict[int, tuple[PartitionRange, ...]]  # batch id -> its ranges
 
 
 @dataclass
@@ -50,15 +51,15 @@ class LogState:
     """What the log says after every entry below ``next_version``."""
 
     next_version: int = 0
-    fences: Dict[str, Fence] = field(default_factory=dict)
-    high_water_marks: Dict[str, int] = field(default_factory=dict)
-    planned: Dict[int, Tuple[PartitionRange, ...]] = field(default_factory=dict)
-    outcomes: Dict[int, str] = field(default_factory=dict)
+    fences: dict[str, Fence] = field(default_factory=dict)
+    high_water_marks: dict[str, int] = field(default_factory=dict)
+    planned: dict[int, tuple[PartitionRange, ...]] = field(default_factory=dict)
+    outcomes: dict[int, str] = field(default_factory=dict)
     next_publication: int = 0
-    unpublished: Dict[int, Publication] = field(default_factory=dict)
+    unpublished: dict[int, Publication] = field(default_factory=dict)
     published_floor: int = -1  # every publication at or below it is known to be published
 
-    def to_json(self) -> Dict[str, Any]:
+    def to_json(self) -> dict[str, Any]:
         return {
             "next_version": self.next_version,
             "fences": {pid: [f.owner_id, f.epoch, f.version, f.token] for pid, f in self.fences.items()},
@@ -72,7 +73,7 @@ class LogState:
         }
 
     @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> "LogState":
+    def from_json(cls, data: Mapping[str, Any]) -> LogState:
         return cls(
             next_version=int(data["next_version"]),
             fences={pid: Fence(str(f[0]), int(f[1]), int(f[2]), str(f[3]) if len(f) > 3 else "")
@@ -136,13 +137,13 @@ class LogState:
 
     # ------------------------------------------------------------------ what it says
 
-    def outcome(self, batch_id: int) -> Optional[str]:
+    def outcome(self, batch_id: int) -> str | None:
         """``planned``, ``committed``, ``aborted``, or ``None`` (unknown)."""
         if batch_id in self.planned:
             return PLANNED
         return self.outcomes.get(batch_id)
 
-    def lost(self, ranges: Iterable[PartitionRange]) -> List[str]:
+    def lost(self, ranges: Iterable[PartitionRange]) -> list[str]:
         """The partitions of ``ranges`` whose latest fence is not the range's claim."""
         lost = []
         for r in ranges:

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import abc
 import asyncio
+import builtins
 import os
 import uuid
 from pathlib import Path
-from typing import TYPE_CHECKING, List, Optional, Union
-
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..checkpoint_store import CheckpointStore
@@ -25,11 +25,11 @@ class LogStorage(abc.ABC):
         """Create ``name`` holding ``data`` unless it exists. True when this call made it."""
 
     @abc.abstractmethod
-    async def read(self, name: str) -> Optional[bytes]:
+    async def read(self, name: str) -> bytes | None:
         """The data of ``name``, or ``None``."""
 
     @abc.abstractmethod
-    async def list(self, prefix: str = "") -> List[str]:
+    async def list(self, prefix: str = "") -> builtins.list[str]:
         """The names starting with ``prefix``, sorted."""
 
     @abc.abstractmethod
@@ -41,7 +41,7 @@ class FileLogStorage(LogStorage):
     """Entries as files of one directory on a POSIX file system (see the module
     docstring). Blocking calls run in worker threads."""
 
-    def __init__(self, directory: Union[str, os.PathLike]) -> None:
+    def __init__(self, directory: str | os.PathLike) -> None:
         self.directory = Path(directory)
         self.description = f"directory {self.directory}"
         self._made = False
@@ -70,13 +70,13 @@ class FileLogStorage(LogStorage):
         fsync_directory(self.directory)
         return won
 
-    def _read(self, name: str) -> Optional[bytes]:
+    def _read(self, name: str) -> bytes | None:
         try:
             return (self.directory / name).read_bytes()
         except FileNotFoundError:
             return None
 
-    def _list(self, prefix: str) -> List[str]:
+    def _list(self, prefix: str) -> builtins.list[str]:
         if not self.directory.is_dir():
             return []
         return sorted(p.name for p in self.directory.iterdir() if p.name.startswith(prefix)
@@ -91,10 +91,10 @@ class FileLogStorage(LogStorage):
     async def create(self, name: str, data: bytes) -> bool:
         return await asyncio.to_thread(self._create, name, data)
 
-    async def read(self, name: str) -> Optional[bytes]:
+    async def read(self, name: str) -> bytes | None:
         return await asyncio.to_thread(self._read, name)
 
-    async def list(self, prefix: str = "") -> List[str]:
+    async def list(self, prefix: str = "") -> builtins.list[str]:
         return await asyncio.to_thread(self._list, prefix)
 
     async def delete(self, name: str) -> None:
@@ -105,7 +105,7 @@ class StoreLogStorage(LogStorage):
     """Entries of log ``log_name`` of one consumer group in a checkpoint store (its
     ``create_entry`` / ``read_entry`` / ``list_entries`` / ``delete_entry``)."""
 
-    def __init__(self, store: "CheckpointStore", log_name: str, *, fully_qualified_namespace: str,
+    def __init__(self, store: CheckpointStore, log_name: str, *, fully_qualified_namespace: str,
                  eventhub_name: str, consumer_group: str) -> None:
         self.store = store
         self.log_name = log_name
@@ -115,17 +115,17 @@ class StoreLogStorage(LogStorage):
     async def create(self, name: str, data: bytes) -> bool:
         return await self.store.create_entry(*self._scope, self.log_name, name, data)
 
-    async def read(self, name: str) -> Optional[bytes]:
+    async def read(self, name: str) -> bytes | None:
         return await self.store.read_entry(*self._scope, self.log_name, name)
 
-    async def list(self, prefix: str = "") -> List[str]:
+    async def list(self, prefix: str = "") -> builtins.list[str]:
         return await self.store.list_entries(*self._scope, self.log_name, prefix)
 
     async def delete(self, name: str) -> None:
         await self.store.delete_entry(*self._scope, self.log_name, name)
 
 
-def fsync_directory(directory: Union[str, os.PathLike]) -> None:
+def fsync_directory(directory: str | os.PathLike) -> None:
     """Make the entries of ``directory`` (files created, linked or renamed into it)
     durable. A no-op where directories cannot be opened (not POSIX)."""
     try:

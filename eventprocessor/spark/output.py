@@ -32,8 +32,9 @@ import logging
 import os
 import posixpath
 import uuid
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Callable, Iterable, List, Mapping, Optional, Sequence, Set, Tuple, Union
+from typing import Any
 from urllib.parse import quote, urlsplit
 
 import pyarrow.fs as pafs
@@ -78,7 +79,7 @@ class OutputLocation:
                        filesystem=pyarrow.fs.AzureFileSystem(account_name="account", account_key=key))
     """
 
-    def __init__(self, path: Union[str, os.PathLike], filesystem: Optional[pafs.FileSystem] = None) -> None:
+    def __init__(self, path: str | os.PathLike, filesystem: pafs.FileSystem | None = None) -> None:
         text = os.fspath(path).rstrip("/") or "/"
         self._filesystem = filesystem
         if "://" not in text or text.startswith("file:"):
@@ -161,19 +162,19 @@ class _Files:
     def fs(self) -> pafs.FileSystem:
         return self.location.filesystem
 
-    def list_files(self, relative: str) -> List[pafs.FileInfo]:
+    def list_files(self, relative: str) -> list[pafs.FileInfo]:
         """Every file under ``relative``, recursively ([] when it does not exist)."""
         selector = pafs.FileSelector(self.location.fs_path(relative), recursive=True, allow_not_found=True)
         return [info for info in self.fs.get_file_info(selector) if info.type == pafs.FileType.File]
 
-    def list_names(self, relative: str) -> List[str]:
+    def list_names(self, relative: str) -> list[str]:
         selector = pafs.FileSelector(self.location.fs_path(relative), recursive=False, allow_not_found=True)
         return [info.base_name for info in self.fs.get_file_info(selector)]
 
     def exists(self, relative: str) -> bool:
         return self.fs.get_file_info(self.location.fs_path(relative)).type != pafs.FileType.NotFound
 
-    def read(self, relative: str) -> Optional[bytes]:
+    def read(self, relative: str) -> bytes | None:
         try:
             with self.fs.open_input_stream(self.location.fs_path(relative)) as stream:
                 return stream.read()
@@ -235,7 +236,7 @@ class _Files:
         """fsync files and their directories (local file systems; elsewhere a no-op)."""
         if not self.location.local:
             return
-        directories: Set[str] = set()
+        directories: set[str] = set()
         for relative in relatives:
             fd = os.open(self.location.local_path(relative), os.O_RDONLY)
             try:
@@ -249,7 +250,7 @@ class _Files:
         """fsync directories and their parents up to the root (local file systems)."""
         if not self.location.local:
             return
-        done: Set[str] = set()
+        done: set[str] = set()
         for relative in relatives:
             while relative not in done:
                 done.add(relative)
@@ -294,7 +295,7 @@ class SparkMetadataLog:
                 numbers.append(int(stem))
         return max(numbers)
 
-    def _lines(self, number: int) -> List[str]:
+    def _lines(self, number: int) -> list[str]:
         data = self.files.read(self._name(number))
         if data is None:
             raise FileNotFoundError(f"{self.files.location.spark_root}/{self._name(number)} is missing: the metadata "
@@ -304,17 +305,17 @@ class SparkMetadataLog:
             raise ValueError(f"{self._name(number)} has version {lines[0]!r}, not {self.VERSION}")
         return [line for line in lines[1:] if line]
 
-    def status_lines(self, files: Sequence[Tuple[str, StagedFile]]) -> List[str]:
+    def status_lines(self, files: Sequence[tuple[str, StagedFile]]) -> list[str]:
         """One ``SinkFileStatus`` line per (final relative path, staged file)."""
         return [json.dumps({"path": self.files.location.uri(relative), "size": staged.size, "isDir": False,
                             "modificationTime": staged.modification_time, "blockReplication": 1,
                             "blockSize": self._BLOCK_SIZE, "action": "add"}, separators=(",", ":"))
                 for relative, staged in files]
 
-    def write(self, number: int, lines: List[str]) -> None:
+    def write(self, number: int, lines: list[str]) -> None:
         """Write entry ``number`` (every entry below it must exist)."""
         if (number + 1) % self.compact_interval == 0:
-            everything: List[str] = []
+            everything: list[str] = []
             first = number - self.compact_interval + 1
             if first > 0:
                 everything.extend(self._lines(first - 1))
@@ -343,7 +344,7 @@ class ParquetWriter:
     has_files = True
 
     def __init__(self, location: OutputLocation, partition_by: Sequence[str], options: Mapping[str, str],
-                 step_hook: Optional[StepHook] = None) -> None:
+                 step_hook: StepHook | None = None) -> None:
         self.location = location
         self.files = _Files(location)
         self.metadata = SparkMetadataLog(self.files)
@@ -388,14 +389,14 @@ class ParquetWriter:
         final = f"b{batch_id:012d}-{name}"
         return f"{directory}/{final}" if directory else final
 
-    def publish(self, publications: Sequence[Publication]) -> Tuple[List[int], int]:
+    def publish(self, publications: Sequence[Publication]) -> tuple[list[int], int]:
         """Publish committed batches in order (gaps first). Returns the batch ids this
         call wrote a metadata entry for (the others were published already) and the
         number of files it moved."""
         if not publications:
             return [], 0
         latest = self.metadata.latest()
-        published: List[int] = []
+        published: list[int] = []
         moved = 0
         for publication in publications:
             if publication.number > latest:
@@ -407,9 +408,9 @@ class ParquetWriter:
 
     def _publish_one(self, publication: Publication) -> int:
         staging = self.staging(publication.batch_id)
-        targets: List[Tuple[str, StagedFile]] = []
-        directories: Set[str] = set()
-        made: Set[str] = set()
+        targets: list[tuple[str, StagedFile]] = []
+        directories: set[str] = set()
+        made: set[str] = set()
         moved = 0
         for staged in publication.files:
             final = self.final_path(publication.batch_id, staged)
@@ -432,7 +433,7 @@ class ParquetWriter:
     def discard(self, batch_id: int) -> None:
         self.files.delete_dir(self.staging(batch_id))
 
-    def staged_batches(self) -> List[int]:
+    def staged_batches(self) -> list[int]:
         """The batch ids that have a staging directory."""
         return sorted(int(name) for name in self.files.list_names(STAGING_DIR) if name.isdigit())
 
@@ -466,17 +467,17 @@ class ForeachBatchWriter:
         else:
             self.function(df, batch_id)
 
-    def manifest(self, batch_id: int) -> Optional[Manifest]:
+    def manifest(self, batch_id: int) -> Manifest | None:
         return None
 
-    def publish(self, publications: Sequence[Publication]) -> Tuple[List[int], int]:
+    def publish(self, publications: Sequence[Publication]) -> tuple[list[int], int]:
         return [], 0
 
     def discard(self, batch_id: int) -> None:
         pass
 
-    def staged_batches(self) -> List[int]:
+    def staged_batches(self) -> list[int]:
         return []
 
 
-Writer = Union[ParquetWriter, ForeachBatchWriter]
+Writer = ParquetWriter | ForeachBatchWriter

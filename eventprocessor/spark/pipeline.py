@@ -18,7 +18,7 @@ import asyncio
 import collections
 import logging
 from dataclasses import dataclass, field
-from typing import Deque, Dict, Optional, Protocol
+from typing import Protocol
 
 from ..backoff import Backoff
 from ..delivery import PoisonPolicy, RetryPolicy
@@ -41,10 +41,10 @@ class SinkStats:
 
     batches_committed: int = 0
     events_committed: int = 0
-    last_batch: Optional[MicroBatch] = None
-    last_error: Optional[BaseException] = None
-    parked: Dict[str, PoisonEventsError] = field(default_factory=dict)
-    step_timings: Deque[Dict[str, float]] = field(default_factory=lambda: collections.deque(maxlen=10_000))
+    last_batch: MicroBatch | None = None
+    last_error: BaseException | None = None
+    parked: dict[str, PoisonEventsError] = field(default_factory=dict)
+    step_timings: collections.deque[dict[str, float]] = field(default_factory=lambda: collections.deque(maxlen=10_000))
 
 
 class ClaimControl(Protocol):
@@ -61,18 +61,18 @@ class BatchPipeline:
     loop; ``steps`` is set once the commit log exists (at the first fence)."""
 
     def __init__(self, buffers: Buffers, claims: ClaimControl, stats: SinkStats, *, policy: RetryPolicy,
-                 on_poison: PoisonPolicy, dead_letter: Optional[DeadLetter]) -> None:
+                 on_poison: PoisonPolicy, dead_letter: DeadLetter | None) -> None:
         self.buffers = buffers
         self.claims = claims
         self.stats = stats
         self.policy = policy
         self.on_poison = on_poison
         self.dead_letter = dead_letter
-        self.steps: Optional[BatchSteps] = None
+        self.steps: BatchSteps | None = None
         self._cut_lock = asyncio.Lock()
-        self._queue: "asyncio.Queue[Attempt]" = asyncio.Queue(maxsize=1)
-        self._published: "asyncio.Queue[Attempt]" = asyncio.Queue(maxsize=1)
-        self._tasks: Dict[str, "asyncio.Task[None]"] = {}
+        self._queue: asyncio.Queue[Attempt] = asyncio.Queue(maxsize=1)
+        self._published: asyncio.Queue[Attempt] = asyncio.Queue(maxsize=1)
+        self._tasks: dict[str, asyncio.Task[None]] = {}
 
     def start(self) -> None:
         """Start (or restart) the three tasks."""
@@ -133,7 +133,7 @@ class BatchPipeline:
         await self.steps.prepare(attempt)
         await self._queue.put(attempt)
 
-    async def _plan(self, attempt: Attempt) -> Optional[Attempt]:
+    async def _plan(self, attempt: Attempt) -> Attempt | None:
         """cut -> planned, dropping refused partitions; None when nothing is left. A
         failing commit log is retried (with backoff) while any of the claims lasts."""
         assert self.steps is not None

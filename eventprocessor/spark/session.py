@@ -7,7 +7,8 @@ The sink only calls the DataFrame API (``createDataFrame``, ``df.write``), never
 from __future__ import annotations
 
 import logging
-from typing import Any, Dict, Mapping, Optional
+from collections.abc import Mapping
+from typing import Any
 
 import pyarrow as pa
 
@@ -35,8 +36,8 @@ def is_connect(spark: Any) -> bool:
     return type(spark).__module__.startswith("pyspark.sql.connect")
 
 
-def spark_session(master: Optional[str] = None, conf: Optional[Mapping[str, str]] = None,
-                  app_name: str = "eventprocessor-spark-sink", *, remote: Optional[str] = None) -> Any:
+def spark_session(master: str | None = None, conf: Mapping[str, str] | None = None,
+                  app_name: str = "eventprocessor-spark-sink", *, remote: str | None = None) -> Any:
     """The active SparkSession, or a new one.
 
     * ``remote="sc://host:15002"``: a Spark Connect session (needs the
@@ -72,7 +73,7 @@ def spark_session(master: Optional[str] = None, conf: Optional[Mapping[str, str]
     if active is not None and master is None and not conf:
         return active
     master = master or "local[*]"
-    settings: Dict[str, str] = {**_CLASSIC_DEFAULTS, **SESSION_DEFAULTS}
+    settings: dict[str, str] = {**_CLASSIC_DEFAULTS, **SESSION_DEFAULTS}
     if master.startswith("local"):
         settings.update({"spark.driver.bindAddress": "127.0.0.1", "spark.driver.host": "127.0.0.1"})
     settings.update({str(k): str(v) for k, v in (conf or {}).items()})

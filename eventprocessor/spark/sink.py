@@ -8,11 +8,13 @@ import hashlib
 import logging
 import os
 import threading
+from collections import deque
+from collections.abc import Mapping, Sequence
 from types import TracebackType
-from typing import Any, Deque, Dict, List, Mapping, Optional, Sequence, Type, Union
+from typing import Any
 
-from ..checkpoint_store import CheckpointStore
 from ..backoff import Backoff
+from ..checkpoint_store import CheckpointStore
 from ..delivery import PoisonPolicy, RetryPolicy
 from ..errors import ConfigurationError, OwnershipLostError, PoisonEventsError
 from ..events import Event
@@ -22,8 +24,7 @@ from .arrow import Decoder
 from .attempt import BatchSteps, MicroBatch
 from .claims import Buffers, Claim, ClaimState, Limits
 from .commit_log import PLANNED, CommitLog, FileLogStorage, StoreLogStorage
-from .output import (COMMITS_DIR, ForeachBatch, ForeachBatchWriter, OutputLocation, ParquetWriter, StepHook,
-                     Writer)
+from .output import COMMITS_DIR, ForeachBatch, ForeachBatchWriter, OutputLocation, ParquetWriter, StepHook, Writer
 from .pipeline import BatchPipeline, SinkStats
 from .session import spark_session
 
@@ -48,15 +49,15 @@ class _SinkHandler(PartitionProcessor):
 
     checkpoint_on_release = False
 
-    def __init__(self, sink: "SparkSink") -> None:
+    def __init__(self, sink: SparkSink) -> None:
         self._sink = sink
-        self._claim: Optional[Claim] = None
+        self._claim: Claim | None = None
 
     async def initialize(self, context: PartitionContext) -> None:
         self._claim = Claim(context)
         await self._sink._open(self._claim)
 
-    async def process_events(self, events: List[Event], context: PartitionContext) -> None:
+    async def process_events(self, events: list[Event], context: PartitionContext) -> None:
         if self._claim is None:  # initialize was cancelled before it made the claim
             self._claim = Claim(context)
             await self._sink._open(self._claim)
@@ -132,27 +133,27 @@ class SparkSink:
 
     def __init__(
         self,
-        path: Union[str, os.PathLike, None] = None,
+        path: str | os.PathLike | None = None,
         *,
-        foreach_batch: Optional[ForeachBatch] = None,
-        commit_log: Union[str, os.PathLike, CheckpointStore, None] = None,
-        log_name: Optional[str] = None,
+        foreach_batch: ForeachBatch | None = None,
+        commit_log: str | os.PathLike | CheckpointStore | None = None,
+        log_name: str | None = None,
         filesystem: Any = None,
-        partition_by: Union[str, Sequence[str], None] = "partition_id",
+        partition_by: str | Sequence[str] | None = "partition_id",
         max_events: int = 10_000,
         max_bytes: int = 64 * 1024 * 1024,
         max_interval: float = 5.0,
-        decode: Optional[Decoder] = None,
+        decode: Decoder | None = None,
         spark: Any = None,
-        master: Optional[str] = None,
-        remote: Optional[str] = None,
-        spark_conf: Optional[Mapping[str, str]] = None,
-        write_options: Optional[Mapping[str, str]] = None,
-        retry_policy: Optional[RetryPolicy] = None,
-        on_poison: Union[PoisonPolicy, str] = PoisonPolicy.PARK,
-        dead_letter: Optional[DeadLetter] = None,
+        master: str | None = None,
+        remote: str | None = None,
+        spark_conf: Mapping[str, str] | None = None,
+        write_options: Mapping[str, str] | None = None,
+        retry_policy: RetryPolicy | None = None,
+        on_poison: PoisonPolicy | str = PoisonPolicy.PARK,
+        dead_letter: DeadLetter | None = None,
         log_retention: float = 900.0,
-        step_hook: Optional[StepHook] = None,
+        step_hook: StepHook | None = None,
     ) -> None:
         if max_events < 1:
             raise ConfigurationError(f"max_events must be at least 1, got {max_events}")
@@ -176,7 +177,7 @@ class SparkSink:
             raise ConfigurationError("step_hook must be callable with the name of a step")
         self.partition_by = [partition_by] if isinstance(partition_by, str) else list(partition_by or [])
         self._hook: StepHook = step_hook or (lambda _step: None)
-        self.location: Optional[OutputLocation] = None
+        self.location: OutputLocation | None = None
         self._writer: Writer
         if foreach_batch is not None:
             if not callable(foreach_batch):
@@ -200,14 +201,14 @@ class SparkSink:
         self._remote = remote
         self._spark_conf = dict(spark_conf or {})
         self._spark_lock = threading.Lock()
-        self._log: Optional[CommitLog] = None
-        self._buffers: Optional[Buffers] = None
-        self._pipeline: Optional[BatchPipeline] = None
+        self._log: CommitLog | None = None
+        self._buffers: Buffers | None = None
+        self._pipeline: BatchPipeline | None = None
         self._open_claims = 0
         self.stats = SinkStats()
 
-    def _commit_log_target(self, commit_log: Union[str, os.PathLike, CheckpointStore, None],
-                           log_name: Optional[str], foreach: bool) -> Union[str, CheckpointStore]:
+    def _commit_log_target(self, commit_log: str | os.PathLike | CheckpointStore | None,
+                           log_name: str | None, foreach: bool) -> str | CheckpointStore:
         if isinstance(commit_log, CheckpointStore):
             if log_name is None:
                 if foreach or self.location is None:
@@ -215,7 +216,7 @@ class SparkSink:
                                              "(one name per destination)")
                 digest = hashlib.sha256(self.location.spark_root.encode()).hexdigest()[:16]
                 log_name = f"spark-sink-{digest}"
-            self.log_name: Optional[str] = log_name
+            self.log_name: str | None = log_name
             return commit_log
         self.log_name = None
         if log_name is not None:
@@ -276,21 +277,21 @@ class SparkSink:
         return self.stats.events_committed
 
     @property
-    def last_batch(self) -> Optional[MicroBatch]:
+    def last_batch(self) -> MicroBatch | None:
         return self.stats.last_batch
 
     @property
-    def last_error(self) -> Optional[BaseException]:
+    def last_error(self) -> BaseException | None:
         """The last error of a write, the commit log or a publication (kept after recovery)."""
         return self.stats.last_error
 
     @property
-    def parked(self) -> Dict[str, PoisonEventsError]:
+    def parked(self) -> dict[str, PoisonEventsError]:
         """Partitions parked by the poison policy, with the error that parked them."""
         return self.stats.parked
 
     @property
-    def step_timings(self) -> Deque[Dict[str, float]]:
+    def step_timings(self) -> deque[dict[str, float]]:
         """Seconds each step took, per committed batch (the last 10,000)."""
         return self.stats.step_timings
 
@@ -308,16 +309,16 @@ class SparkSink:
             return self._spark
 
     @property
-    def commit_log(self) -> Optional[CommitLog]:
+    def commit_log(self) -> CommitLog | None:
         """The commit log (``None`` until the first claim starts)."""
         return self._log
 
-    def committed_high_water_marks(self) -> Dict[str, int]:
+    def committed_high_water_marks(self) -> dict[str, int]:
         """The highest committed sequence number of each partition, as this sink last
         read the commit log (its own commits included)."""
         return self._log.known_high_water_marks() if self._log is not None else {}
 
-    async def high_water_marks(self) -> Dict[str, int]:
+    async def high_water_marks(self) -> dict[str, int]:
         """The highest committed sequence number of each partition, read from the commit
         log now (every processor's commits)."""
         return await self._log.high_water_marks() if self._log is not None else {}
@@ -336,11 +337,11 @@ class SparkSink:
         if self._log is not None:
             await self._log.aclose()
 
-    async def __aenter__(self) -> "SparkSink":
+    async def __aenter__(self) -> SparkSink:
         return self
 
-    async def __aexit__(self, exc_type: Optional[Type[BaseException]], exc: Optional[BaseException],
-                        tb: Optional[TracebackType]) -> None:
+    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                        tb: TracebackType | None) -> None:
         await self.close()
 
     # ------------------------------------------------------------------ tasks
@@ -437,7 +438,7 @@ class SparkSink:
             self.stats.last_error = error
             logger.warning("sink: rolling batches forward failed (%r); the next claim tries again", error)
 
-    async def _add(self, claim: Claim, events: List[Event]) -> None:
+    async def _add(self, claim: Claim, events: list[Event]) -> None:
         if claim.state is ClaimState.FENCING:
             await self._fence(claim)
         if not claim.accepting or not events:
@@ -454,7 +455,7 @@ class SparkSink:
         self._buffers.add(claim, fresh)
         await self._buffers.wait_for_space(claim)
 
-    async def _catch_up_checkpoint(self, claim: Claim, events: List[Event]) -> None:
+    async def _catch_up_checkpoint(self, claim: Claim, events: list[Event]) -> None:
         """The store's checkpoint can trail the commit log (a crash between commit and
         checkpoint): once the committed high-water mark comes by, checkpoint it, so the
         next claim does not read those events again."""

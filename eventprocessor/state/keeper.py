@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Dict, Optional
 
 from ..errors import OwnershipLostError
 from ..records import MAX_ENTRY_BYTES, Checkpoint, StateRef
@@ -46,20 +45,20 @@ class StateKeeper:
     """
 
     def __init__(self, log: StateLog, *, epoch: int, snapshot_every: int = SNAPSHOT_EVERY,
-                 state: Optional[PartitionState] = None, head: Optional[StateRef] = None) -> None:
+                 state: PartitionState | None = None, head: StateRef | None = None) -> None:
         self.log = log
         self.epoch = epoch
         self.snapshot_every = snapshot_every
         self.state = state if state is not None else PartitionState()
-        self.head: Optional[StateRef] = head
-        self.restored: Optional[Restored] = None
+        self.head: StateRef | None = head
+        self.restored: Restored | None = None
         self._next_version = (head.version + 1) if head is not None else 1
         self._adopted = False
-        self._pending: Optional[tuple] = None  # (ref, changes, sequence number) appended, not yet checkpointed
+        self._pending: tuple | None = None  # (ref, changes, sequence number) appended, not yet checkpointed
         self._head_sequence = -1  # the checkpoint position the head goes with
         self._since_snapshot = 0
         self._bytes_since_snapshot = 0
-        self._snapshotting: Optional[asyncio.Task] = None
+        self._snapshotting: asyncio.Task | None = None
         self.commits = 0
         self.change_bytes = 0
         """Bytes of changes written (one entry per commit that changed something)."""
@@ -67,7 +66,7 @@ class StateKeeper:
         """Bytes of snapshots written (in the background)."""
 
     # ----------------------------------------------------------------- restore
-    async def restore(self, checkpoint: Optional[Checkpoint]) -> Restored:
+    async def restore(self, checkpoint: Checkpoint | None) -> Restored:
         """Load the state that goes with ``checkpoint`` (``None``: no checkpoint yet).
 
         Raises :class:`StateUnreadableError` when the chain cannot be read, or does not
@@ -103,14 +102,14 @@ class StateKeeper:
         self.restored = restored
         return restored
 
-    def adopt(self, state: PartitionState, head: Optional[StateRef], sequence_number: Optional[int]) -> None:
+    def adopt(self, state: PartitionState, head: StateRef | None, sequence_number: int | None) -> None:
         """Start from a warm replica's state at ``head``: :meth:`restore` then only
         catches up with the checkpoint."""
         self.state, self.head, self._adopted = state, head, True
         self._head_sequence = -1 if sequence_number is None else sequence_number
         self._next_version = max(self._next_version, (head.version + 1) if head is not None else 1)
 
-    async def catch_up(self, checkpoint: Optional[Checkpoint]) -> int:
+    async def catch_up(self, checkpoint: Checkpoint | None) -> int:
         """From a warm replica's head to ``checkpoint``'s: apply the changes between
         (a few, at a planned move); restore fully when they were compacted away.
         Returns the changes applied (-1: restored instead)."""
@@ -131,7 +130,7 @@ class StateKeeper:
         return -1
 
     # ----------------------------------------------------------------- commits
-    async def prepare(self, sequence_number: int) -> Optional[StateRef]:
+    async def prepare(self, sequence_number: int) -> StateRef | None:
         """Before a checkpoint at ``sequence_number`` is written: append what changed
         since the last commit and return the head the checkpoint must name."""
         if not self.state.changed:
@@ -145,7 +144,7 @@ class StateKeeper:
         self._bytes_since_snapshot += written
         return ref
 
-    def committed(self, ref: Optional[StateRef]) -> None:
+    def committed(self, ref: StateRef | None) -> None:
         """The checkpoint naming ``ref`` was written."""
         pending, self._pending = self._pending, None
         if pending is None or pending[0] != ref:
@@ -179,7 +178,7 @@ class StateKeeper:
         self._snapshotting = asyncio.get_running_loop().create_task(
             self._snapshot(head, sequence, texts), name=f"state-snapshot-{self.log.partition_id}")
 
-    async def _snapshot(self, head: StateRef, sequence_number: int, texts: Dict[str, str]) -> None:
+    async def _snapshot(self, head: StateRef, sequence_number: int, texts: dict[str, str]) -> None:
         try:
             written = await self.log.snapshot(head, sequence_number, texts)
             deleted = await self.log.compact(head)

@@ -24,8 +24,9 @@ import functools
 import json
 import logging
 import re
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Awaitable, Callable, Dict, List, Optional, Sequence, Tuple, TypeVar
+from typing import TypeVar
 
 from ..checkpoint_store import EntryLog
 from ..errors import CheckpointStoreError
@@ -50,7 +51,7 @@ answers is still detected within ``store_timeout`` + 8 chunks / 4 MiB/s (+1.9 s)
 _T = TypeVar("_T")
 
 
-async def _at_most(limit: int, calls: Sequence[Callable[[], Awaitable[_T]]]) -> List[_T]:
+async def _at_most(limit: int, calls: Sequence[Callable[[], Awaitable[_T]]]) -> list[_T]:
     """Run ``calls`` with at most ``limit`` in flight; their results, in order. The first
     failure cancels the rest: a commit or restore that failed leaves no store calls
     behind (queued ones would otherwise go on, each up to its deadline, against a store
@@ -87,9 +88,9 @@ class StateUnreadableError(CheckpointStoreError):
 class Restored:
     """The state at a chain head: every key's JSON text, and what reading it cost."""
 
-    texts: Dict[str, str]
-    head: Optional[StateRef]
-    sequence_number: Optional[int] = None
+    texts: dict[str, str]
+    head: StateRef | None
+    sequence_number: int | None = None
     entries_read: int = 0
     bytes_read: int = 0
     changes_since_snapshot: int = 0
@@ -99,30 +100,30 @@ class Restored:
 
 @dataclass
 class _Listing:
-    changes: Dict[Tuple[int, int], int] = field(default_factory=dict)  # (version, epoch) -> chunks present
-    snapshots: Dict[Tuple[int, int], int] = field(default_factory=dict)
-    totals: Dict[Tuple[str, int, int], int] = field(default_factory=dict)  # (kind, version, epoch) -> chunk count
+    changes: dict[tuple[int, int], int] = field(default_factory=dict)  # (version, epoch) -> chunks present
+    snapshots: dict[tuple[int, int], int] = field(default_factory=dict)
+    totals: dict[tuple[str, int, int], int] = field(default_factory=dict)  # (kind, version, epoch) -> chunk count
 
 
 def _name(kind: str, ref: StateRef, index: int, count: int) -> str:
     return f"{kind}{ref.version:012d}.{ref.epoch}.{index}.{count}"
 
 
-def _chunks(data: bytes) -> List[bytes]:
+def _chunks(data: bytes) -> list[bytes]:
     return [data[i:i + MAX_ENTRY_BYTES] for i in range(0, len(data), MAX_ENTRY_BYTES)] or [b""]
 
 
-def _change_document(prev: Optional[StateRef], sequence_number: int, changes: Dict[str, Optional[str]]) -> bytes:
+def _change_document(prev: StateRef | None, sequence_number: int, changes: dict[str, str | None]) -> bytes:
     # Values are JSON already: they are written as they are, not encoded a second time.
     sets = ",".join(f"{encode(key)}:{text}" for key, text in changes.items() if text is not None)
     deletes = encode([key for key, text in changes.items() if text is None])
     head = encode({"prev": None if prev is None else str(prev), "seq": sequence_number})
-    return f'{head[:-1]},"del":{deletes},"set":{{{sets}}}}}'.encode("utf-8")
+    return f'{head[:-1]},"del":{deletes},"set":{{{sets}}}}}'.encode()
 
 
-def _snapshot_document(sequence_number: int, texts: Dict[str, str]) -> bytes:
+def _snapshot_document(sequence_number: int, texts: dict[str, str]) -> bytes:
     values = ",".join(f"{encode(key)}:{text}" for key, text in texts.items())
-    return f'{{"seq":{sequence_number},"values":{{{values}}}}}'.encode("utf-8")
+    return f'{{"seq":{sequence_number},"values":{{{values}}}}}'.encode()
 
 
 class StateLog:
@@ -135,21 +136,21 @@ class StateLog:
         restored = await log.restore(head)        # {"k": "1"}
     """
 
-    def __init__(self, store: EntryLog, scope: Tuple[str, str, str], partition_id: str) -> None:
+    def __init__(self, store: EntryLog, scope: tuple[str, str, str], partition_id: str) -> None:
         self._store = store
         self._scope = scope
         self.partition_id = partition_id
         self.log_name = f"state-{partition_id}"
 
     # ----------------------------------------------------------------- writing
-    async def append(self, *, prev: Optional[StateRef], ref: StateRef, sequence_number: int,
-                     changes: Dict[str, Optional[str]]) -> int:
+    async def append(self, *, prev: StateRef | None, ref: StateRef, sequence_number: int,
+                     changes: dict[str, str | None]) -> int:
         """Write one change as ``ref`` after ``prev``; returns the bytes written."""
         data = _change_document(prev, sequence_number, changes)
         await self._create(CHANGE, ref, data)
         return len(data)
 
-    async def snapshot(self, ref: StateRef, sequence_number: int, texts: Dict[str, str]) -> int:
+    async def snapshot(self, ref: StateRef, sequence_number: int, texts: dict[str, str]) -> int:
         """Write the whole state at ``ref``; returns the bytes written."""
         data = _snapshot_document(sequence_number, texts)
         await self._create(SNAPSHOT, ref, data)
@@ -160,8 +161,8 @@ class StateLog:
         names = [_name(kind, ref, i, len(chunks)) for i in range(len(chunks))]
         created = await _at_most(IN_FLIGHT, [
             functools.partial(self._store.create_entry, *self._scope, self.log_name, name, chunk)
-            for name, chunk in zip(names, chunks)])
-        for name, chunk, was_created in zip(names, chunks, created):
+            for name, chunk in zip(names, chunks, strict=False)])
+        for name, chunk, was_created in zip(names, chunks, created, strict=False):
             if not was_created and await self._store.read_entry(*self._scope, self.log_name, name) != chunk:
                 raise CheckpointStoreError(f"state entry {name} of partition {self.partition_id} exists with other "
                                            "content: two writers of one claim")
@@ -194,21 +195,21 @@ class StateLog:
             listing.totals[(kind, version, epoch)] = count
         return listing
 
-    async def _read(self, kind: str, key: Tuple[int, int], count: int) -> Tuple[dict, int]:
+    async def _read(self, kind: str, key: tuple[int, int], count: int) -> tuple[dict, int]:
         return (await self._read_entries(kind, [(key, count)]))[0]
 
-    async def _read_entries(self, kind: str, entries: List[Tuple[Tuple[int, int], int]]) -> List[Tuple[dict, int]]:
+    async def _read_entries(self, kind: str, entries: list[tuple[tuple[int, int], int]]) -> list[tuple[dict, int]]:
         """Read whole entries (every chunk, :data:`IN_FLIGHT` at a time): each one's
         document and size, in order."""
         names = [(index, _name(kind, StateRef(*key), i, count))
                  for index, (key, count) in enumerate(entries) for i in range(count)]
         parts = await _at_most(IN_FLIGHT, [functools.partial(self._store.read_entry, *self._scope, self.log_name, name)
                                            for _index, name in names])
-        chunks: List[List[Optional[bytes]]] = [[] for _entry in entries]
-        for (index, _name_), part in zip(names, parts):
+        chunks: list[list[bytes | None]] = [[] for _entry in entries]
+        for (index, _), part in zip(names, parts, strict=False):
             chunks[index].append(part)
         results = []
-        for (key, _count), found in zip(entries, chunks):
+        for (key, _count), found in zip(entries, chunks, strict=False):
             ref = StateRef(*key)
             if any(part is None for part in found):
                 raise StateUnreadableError(f"state entry {kind}{ref} of partition {self.partition_id} is missing a "
@@ -221,13 +222,13 @@ class StateLog:
                                            f"{error}") from None
         return results
 
-    async def restore(self, head: Optional[StateRef], *, attempts: int = 3) -> Restored:
+    async def restore(self, head: StateRef | None, *, attempts: int = 3) -> Restored:
         """The state at ``head`` (``None``: empty). Retries from a fresh listing when a
         compaction deleted entries meanwhile; raises :class:`StateUnreadableError` when
         the chain cannot be followed."""
         if head is None:
             return Restored({}, None)
-        error: Optional[StateUnreadableError] = None
+        error: StateUnreadableError | None = None
         for _attempt in range(attempts):
             try:
                 return await self._restore(head, await self._list())
@@ -242,9 +243,9 @@ class StateLog:
         floor = min((key[0] for key in complete), default=-1)
         docs = await self._changes(listing, floor, head.version)
         read = [len(docs), sum(size for _doc, size in docs.values())]
-        chain: List[dict] = []
-        at: Optional[Tuple[int, int]] = (head.version, head.epoch)
-        texts: Dict[str, str] = {}
+        chain: list[dict] = []
+        at: tuple[int, int] | None = (head.version, head.epoch)
+        texts: dict[str, str] = {}
         while at is not None:
             if at in complete:  # the whole state at this point of the chain
                 doc, size = await self._read(SNAPSHOT, at, listing.totals[(SNAPSHOT, *at)])
@@ -266,22 +267,22 @@ class StateLog:
         sequence = chain[0].get("seq") if chain else None
         return Restored(texts, head, sequence, read[0], read[1], len(chain))
 
-    async def _changes(self, listing: _Listing, above: int, up_to: int) -> Dict[Tuple[int, int], Tuple[dict, int]]:
+    async def _changes(self, listing: _Listing, above: int, up_to: int) -> dict[tuple[int, int], tuple[dict, int]]:
         """Every complete change with a version in (above, up_to], read in parallel
         (changes of commits that never happened included: they are simply not followed)."""
         keys = [key for key, present in listing.changes.items()
                 if above < key[0] <= up_to and present == listing.totals[(CHANGE, *key)]]
         results = await self._read_entries(CHANGE, [(key, listing.totals[(CHANGE, *key)]) for key in keys])
-        return dict(zip(keys, results))
+        return dict(zip(keys, results, strict=False))
 
-    async def changes_between(self, older: Optional[StateRef], head: StateRef) -> Optional[List[dict]]:
+    async def changes_between(self, older: StateRef | None, head: StateRef) -> list[dict] | None:
         """The changes from just after ``older`` up to ``head``, oldest first (each a
         dict with ``set``, ``del`` and ``seq``), or None when the chain from ``head`` does
         not pass ``older`` (its entries were compacted away: restore instead)."""
         listing = await self._list()
         docs = await self._changes(listing, -1 if older is None else older.version, head.version)
-        chain: List[dict] = []
-        at: Optional[Tuple[int, int]] = (head.version, head.epoch)
+        chain: list[dict] = []
+        at: tuple[int, int] | None = (head.version, head.epoch)
         target = None if older is None else (older.version, older.epoch)
         while at != target:
             if at is None or at not in docs:
@@ -291,7 +292,7 @@ class StateLog:
         return list(reversed(chain))
 
 
-def _prev(doc: dict) -> Optional[Tuple[int, int]]:
+def _prev(doc: dict) -> tuple[int, int] | None:
     prev = doc.get("prev")
     if prev is None:
         return None

@@ -12,7 +12,8 @@ log's back.
 from __future__ import annotations
 
 import json
-from typing import Any, Dict, Iterator, MutableMapping, Optional, Tuple
+from collections.abc import Iterator, MutableMapping
+from typing import Any
 
 from ..errors import ConfigurationError
 
@@ -48,11 +49,11 @@ class PartitionState(MutableMapping[str, Any]):
 
     __slots__ = ("_values", "_text", "_dirty", "_undo", "_max_value_bytes")
 
-    def __init__(self, texts: Optional[Dict[str, str]] = None, *, max_value_bytes: int = MAX_VALUE_BYTES) -> None:
-        self._text: Dict[str, str] = dict(texts or {})
-        self._values: Dict[str, Any] = {key: decode(text) for key, text in self._text.items()}
-        self._dirty: Dict[str, Optional[str]] = {}  # key -> JSON text, or None (deleted), since the last commit
-        self._undo: Optional[Dict[str, Tuple[Any, Any, Any]]] = None  # the batch in progress
+    def __init__(self, texts: dict[str, str] | None = None, *, max_value_bytes: int = MAX_VALUE_BYTES) -> None:
+        self._text: dict[str, str] = dict(texts or {})
+        self._values: dict[str, Any] = {key: decode(text) for key, text in self._text.items()}
+        self._dirty: dict[str, str | None] = {}  # key -> JSON text, or None (deleted), since the last commit
+        self._undo: dict[str, tuple[Any, Any, Any]] | None = None  # the batch in progress
         self._max_value_bytes = max_value_bytes
 
     def __repr__(self) -> str:
@@ -139,18 +140,18 @@ class PartitionState(MutableMapping[str, Any]):
     def changed(self) -> bool:
         return bool(self._dirty)
 
-    def changes(self) -> Dict[str, Optional[str]]:
+    def changes(self) -> dict[str, str | None]:
         """What changed since the last commit: key -> JSON text, or None (deleted)."""
         return dict(self._dirty)
 
-    def committed(self, changes: Dict[str, Optional[str]]) -> None:
+    def committed(self, changes: dict[str, str | None]) -> None:
         """``changes`` were written with a checkpoint: they are no longer pending
         (unless the key changed again meanwhile)."""
         for key, text in changes.items():
             if self._dirty.get(key, _MISSING) == text:
                 del self._dirty[key]
 
-    def copy(self) -> "PartitionState":
+    def copy(self) -> PartitionState:
         """A committed copy (no pending changes, no batch): a warm replica hands this to
         the claim that takes its partition, and keeps following on its own. Shallow: a
         value is never changed in place (lists and dicts are copied on read)."""
@@ -158,11 +159,11 @@ class PartitionState(MutableMapping[str, Any]):
         clone._values, clone._text = dict(self._values), dict(self._text)
         return clone
 
-    def texts(self) -> Dict[str, str]:
+    def texts(self) -> dict[str, str]:
         """Every key's JSON text (for a snapshot)."""
         return dict(self._text)
 
-    def apply(self, changes: Dict[str, Optional[str]]) -> None:
+    def apply(self, changes: dict[str, str | None]) -> None:
         """Apply committed changes read from the log (a warm replica catching up)."""
         for key, text in changes.items():
             if text is None:

@@ -15,7 +15,7 @@ same records computes the same plans.
 from __future__ import annotations
 
 import hashlib
-from typing import Dict, Iterable, Mapping, Optional, Set
+from collections.abc import Iterable, Mapping
 
 from ..records import Checkpoint
 from .keeper import StateKeeper
@@ -31,11 +31,11 @@ def _score(partition_id: str, owner_id: str) -> int:
     return int.from_bytes(hashlib.blake2b(f"{partition_id}/{owner_id}".encode(), digest_size=8).digest(), "big")
 
 
-def standby_plan(owners: Mapping[str, str], members: Iterable[str], count: int) -> Dict[str, Set[str]]:
+def standby_plan(owners: Mapping[str, str], members: Iterable[str], count: int) -> dict[str, set[str]]:
     """Which partitions each member keeps a standby replica of: for every owned
     partition, the ``count`` live members other than its owner that score highest for
     it (rendezvous hashing: a member that comes or goes moves few replicas)."""
-    plan: Dict[str, Set[str]] = {member: set() for member in members}
+    plan: dict[str, set[str]] = {member: set() for member in members}
     if count <= 0:
         return plan
     for pid, owner in owners.items():
@@ -46,12 +46,12 @@ def standby_plan(owners: Mapping[str, str], members: Iterable[str], count: int) 
 
 
 def failover_plan(claimable: Iterable[str], lags: Mapping[str, Mapping[str, int]],
-                  acceptable_recovery_lag: int) -> Dict[str, str]:
+                  acceptable_recovery_lag: int) -> dict[str, str]:
     """Who should claim each claimable partition (expired or released) that some live
     member keeps a replica of: the most caught-up one (lags within
     ``acceptable_recovery_lag`` count as caught up; ties go to the lower owner id).
     ``lags``: member -> partition -> events behind."""
-    plan: Dict[str, str] = {}
+    plan: dict[str, str] = {}
     for pid in claimable:
         candidates = [(max(0, lag - acceptable_recovery_lag), member) for member, per in lags.items()
                       if (lag := per.get(pid)) is not None]
@@ -64,8 +64,8 @@ def encode_lags(lags: Mapping[str, int]) -> str:
     return ";".join(f"{pid}={lag}" for pid, lag in sorted(lags.items()))
 
 
-def decode_lags(text: Optional[str]) -> Dict[str, int]:
-    lags: Dict[str, int] = {}
+def decode_lags(text: str | None) -> dict[str, int]:
+    lags: dict[str, int] = {}
     for part in (text or "").split(";"):
         pid, _, lag = part.partition("=")
         if pid and lag.lstrip("-").isdigit():
@@ -86,7 +86,7 @@ class WarmReplica:
     def __init__(self, log: StateLog) -> None:
         self.log = log
         self.keeper = StateKeeper(log, epoch=0)
-        self.sequence_number: Optional[int] = None  # the checkpoint position the replica's state goes with
+        self.sequence_number: int | None = None  # the checkpoint position the replica's state goes with
         self.loaded = False
         self.entries_read = 0
 
@@ -94,7 +94,7 @@ class WarmReplica:
     def partition_id(self) -> str:
         return self.log.partition_id
 
-    async def follow(self, checkpoint: Optional[Checkpoint]) -> None:
+    async def follow(self, checkpoint: Checkpoint | None) -> None:
         """Catch up with ``checkpoint`` (the owner's latest)."""
         if not self.loaded:
             restored = await self.keeper.restore(checkpoint)
@@ -105,7 +105,7 @@ class WarmReplica:
             self.entries_read += max(applied, 0)
         self.sequence_number = None if checkpoint is None else checkpoint.sequence_number
 
-    def lag(self, checkpoint: Optional[Checkpoint]) -> Optional[int]:
+    def lag(self, checkpoint: Checkpoint | None) -> int | None:
         """Events between the replica's state and ``checkpoint``; None before it loaded."""
         if not self.loaded:
             return None

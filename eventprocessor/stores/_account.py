@@ -17,7 +17,7 @@ import inspect
 import math
 import re
 from dataclasses import dataclass
-from typing import Any, Dict, Optional
+from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 from eventprocessor.errors import ConfigurationError
@@ -33,7 +33,7 @@ class StorageAccount:
     """Where a store's service lives and how to authenticate: the parsed connection string."""
 
     endpoint: str
-    account_name: Optional[str]
+    account_name: str | None
     credential: Any  # AzureNamedKeyCredential, AzureSasCredential or None
 
     def __repr__(self) -> str:
@@ -119,7 +119,7 @@ _NOT_PERMITTED = frozenset({
 _HOME_MISSING = frozenset({"ContainerNotFound", "TableNotFound"})
 
 
-def likely_cause(error: BaseException) -> Optional[str]:
+def likely_cause(error: BaseException) -> str | None:
     """The likely cause of a storage failure a user can fix, and the fix; None otherwise.
 
     Example::
@@ -212,7 +212,7 @@ def parse_connection_string(conn_str: Any, service: str, *, credential_given: bo
         raise ConfigurationError(f"connection string must be a str, got {type(conn_str).__name__}")
     if not conn_str.strip():
         raise ConfigurationError("connection string is empty")
-    settings: Dict[str, str] = {}
+    settings: dict[str, str] = {}
     for index, segment in enumerate(s for s in conn_str.strip().split(";") if s.strip()):
         key, sep, value = segment.partition("=")
         key = key.strip()
@@ -300,7 +300,7 @@ def one_of(ours: str, our_value: Any, official: str, official_value: Any) -> Any
     return our_value if our_value is not None else official_value
 
 
-def account_name_from_url(url: str) -> Optional[str]:
+def account_name_from_url(url: str) -> str | None:
     """The account name of a service URL: the first path segment for emulator-style
     URLs (IP address or localhost), else the first DNS label."""
     parts = urlsplit(url)
@@ -385,12 +385,12 @@ class ClientTimeouts:
     ``operation_timeout`` whatever the transport does (see ``eventprocessor.stores.protocol``).
     """
 
-    operation_timeout: Optional[float]
+    operation_timeout: float | None
     connection_timeout: float
     read_timeout: float
 
     @classmethod
-    def for_operation(cls, operation_timeout: Any) -> "ClientTimeouts":
+    def for_operation(cls, operation_timeout: Any) -> ClientTimeouts:
         """Derive the transport timeouts from ``operation_timeout`` (seconds, or ``None``
         for no overall deadline; the transport timeouts then derive from the default)."""
         if operation_timeout is not None and (
@@ -406,11 +406,11 @@ class ClientTimeouts:
             read_timeout=basis / 2,
         )
 
-    def client_options(self, kwargs: Dict[str, Any]) -> Dict[str, Any]:
+    def client_options(self, kwargs: dict[str, Any]) -> dict[str, Any]:
         """These timeouts under the user's own keyword arguments (which win), and the
         environment's proxy settings left alone when it has none (see
         :func:`environment_names_a_proxy`)."""
-        options: Dict[str, Any] = {"connection_timeout": self.connection_timeout, "read_timeout": self.read_timeout}
+        options: dict[str, Any] = {"connection_timeout": self.connection_timeout, "read_timeout": self.read_timeout}
         if "transport" not in kwargs and not environment_names_a_proxy():
             options["use_env_settings"] = False
         options.update(kwargs)

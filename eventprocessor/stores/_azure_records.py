@@ -8,19 +8,41 @@ from __future__ import annotations
 import abc
 import asyncio
 import logging
+from collections.abc import Awaitable, Callable
 from datetime import datetime, timezone
 from email.utils import parsedate_to_datetime
-from typing import Any, Awaitable, Callable, Dict, FrozenSet, Generic, Optional, Type, TypeVar
+from typing import Any, Generic, TypeVar
 
-from azure.core.exceptions import (AzureError, HttpResponseError, ResourceExistsError, ResourceModifiedError,
-                                   ResourceNotFoundError)
+from azure.core.exceptions import (
+    AzureError,
+    HttpResponseError,
+    ResourceExistsError,
+    ResourceModifiedError,
+    ResourceNotFoundError,
+)
 
 from eventprocessor.errors import ConfigurationError
 
-from ._account import (ClientTimeouts, account_name_from_url, check_account_url, describe_error, one_of,
-                       parse_connection_string, resolve_credential, safe_url)
-from .protocol import (OWNERSHIP, BackendFailure, EtagMismatch, Kind, ProtocolStore, RecordBackend, RecordExists,
-                        RecordMissing)
+from ._account import (
+    ClientTimeouts,
+    account_name_from_url,
+    check_account_url,
+    describe_error,
+    one_of,
+    parse_connection_string,
+    resolve_credential,
+    safe_url,
+)
+from .protocol import (
+    OWNERSHIP,
+    BackendFailure,
+    EtagMismatch,
+    Kind,
+    ProtocolStore,
+    RecordBackend,
+    RecordExists,
+    RecordMissing,
+)
 
 __all__ = ["AzureRecords", "AzureCheckpointStore", "ServerClock", "server_date"]
 
@@ -30,7 +52,7 @@ _T = TypeVar("_T")
 _Store = TypeVar("_Store", bound="AzureCheckpointStore")
 
 
-def server_date(headers: Any) -> Optional[datetime]:
+def server_date(headers: Any) -> datetime | None:
     """The ``Date`` response header as an aware UTC datetime (``None`` if absent or bad)."""
     value = headers.get("Date") if headers is not None else None
     if not value:
@@ -52,7 +74,7 @@ class ServerClock:
     """
 
     def __init__(self) -> None:
-        self.latest: Optional[datetime] = None
+        self.latest: datetime | None = None
 
     def hook(self, pipeline_response: Any) -> None:
         when = server_date(getattr(pipeline_response.http_response, "headers", None))
@@ -76,9 +98,9 @@ class AzureRecords(RecordBackend, Generic[_Client]):
     is missing: the next request creates it again.
     """
 
-    gone_codes: FrozenSet[str] = frozenset()
+    gone_codes: frozenset[str] = frozenset()
 
-    def __init__(self, home: str, home_name: str, client: _Client, account_name: Optional[str]) -> None:
+    def __init__(self, home: str, home_name: str, client: _Client, account_name: str | None) -> None:
         super().__init__()
         self.where = f"{home} {home_name}"
         self.home_name = home_name
@@ -165,8 +187,8 @@ class AzureCheckpointStore(ProtocolStore):
     _name_keyword = ""  # the official stores' keyword for it: "container_name" or "table_name"
     _sas_as_string = False  # the Blob SDK takes a SAS token as a string
 
-    def __init__(self, account_url: str, name: str, *, credential: Any, operation_timeout: Optional[float],
-                 client_options: Dict[str, Any]) -> None:
+    def __init__(self, account_url: str, name: str, *, credential: Any, operation_timeout: float | None,
+                 client_options: dict[str, Any]) -> None:
         self._account_url = check_account_url(account_url)
         self._home_name = self._check_name(name)
         self._account_name = account_name_from_url(self._account_url)
@@ -188,11 +210,11 @@ class AzureCheckpointStore(ProtocolStore):
         """The container or table name, validated (``ConfigurationError`` otherwise)."""
 
     @abc.abstractmethod
-    def _backend_for(self, credential: Any, options: Dict[str, Any]) -> RecordBackend:
+    def _backend_for(self, credential: Any, options: dict[str, Any]) -> RecordBackend:
         """The backend, with an SDK client built from ``credential`` and ``options``."""
 
     @classmethod
-    def from_connection_string(cls: Type[_Store], conn_str: str, name: Optional[str] = None, *,
+    def from_connection_string(cls: type[_Store], conn_str: str, name: str | None = None, *,
                                credential: Any = None, **kwargs: Any) -> _Store:
         """Create a store from an Azure Storage connection string; ``name`` is the
         container (Blob) or table (Table), also accepted under the official stores'

@@ -54,9 +54,11 @@ Example::
 from __future__ import annotations
 
 import asyncio
+import builtins
 import inspect
 import logging
-from typing import Any, Dict, List, Mapping, Optional, Tuple
+from collections.abc import Mapping
+from typing import Any
 from urllib.parse import urlsplit
 
 from azure.core import MatchConditions
@@ -78,18 +80,18 @@ logger = logging.getLogger(__name__)
 _CACHED_BLOB_CLIENTS = 4096
 
 
-def _quoted(etag: Optional[str]) -> str:
+def _quoted(etag: str | None) -> str:
     # Listing returns etags bare, every other call quoted; one form lets callers compare.
     if etag is None or etag.startswith('"') or etag.startswith("W/"):
         return etag or ""
     return f'"{etag}"'
 
 
-def _metadata(fields: Fields) -> Dict[str, str]:
+def _metadata(fields: Fields) -> dict[str, str]:
     return {name: str(value) for name, value in fields.items()}
 
 
-def _fields(metadata: Optional[Mapping[str, Optional[str]]]) -> Dict[str, str]:
+def _fields(metadata: Mapping[str, str | None] | None) -> dict[str, str]:
     # A listing returns an empty value (a released owner) as None.
     return {k.lower(): v or "" for k, v in (metadata or {}).items()}
 
@@ -104,9 +106,9 @@ class BlobRecords(AzureRecords[ContainerClient]):
     forbidden = "/\\"
     gone_codes = frozenset({"ContainerNotFound"})
 
-    def __init__(self, home: str, home_name: str, client: ContainerClient, account_name: Optional[str]) -> None:
+    def __init__(self, home: str, home_name: str, client: ContainerClient, account_name: str | None) -> None:
         super().__init__(home, home_name, client, account_name)
-        self._blobs: Dict[str, BlobClient] = {}  # least recently used first
+        self._blobs: dict[str, BlobClient] = {}  # least recently used first
 
 
     async def _create_home(self) -> None:
@@ -142,7 +144,7 @@ class BlobRecords(AzureRecords[ContainerClient]):
             del self._blobs[next(iter(self._blobs))]
         return blob
 
-    async def read(self, kind: Kind, scope: Scope, key: str, *, with_data: bool = False) -> Optional[StoredRecord]:
+    async def read(self, kind: Kind, scope: Scope, key: str, *, with_data: bool = False) -> StoredRecord | None:
         blob = self._blob(kind, scope, key)
 
         async def get() -> StoredRecord:
@@ -185,14 +187,14 @@ class BlobRecords(AzureRecords[ContainerClient]):
         except RecordMissing:
             pass
 
-    async def _list_blobs(self, kind: Kind, name_starts_with: str) -> Tuple[List[Any], ServerClock]:
+    async def _list_blobs(self, kind: Kind, name_starts_with: str) -> tuple[builtins.list[Any], ServerClock]:
         clock = ServerClock()
 
         def hook(response: Any) -> None:
             self.request_counts[f"list_{kind.name}"] += 1
             clock.hook(response)
 
-        async def collect() -> List[Any]:
+        async def collect() -> list[Any]:
             return [blob async for blob in self.client.list_blobs(
                 name_starts_with=name_starts_with, include=["metadata"], raw_response_hook=hook)]
 
@@ -206,7 +208,7 @@ class BlobRecords(AzureRecords[ContainerClient]):
             _file(listing, blob, base)
         return listing
 
-    async def list_ownership_and_members(self, scope: Scope) -> Tuple[RecordListing, RecordListing]:
+    async def list_ownership_and_members(self, scope: Scope) -> tuple[RecordListing, RecordListing]:
         """One listing of ``.../ownership`` returns ``ownership/`` and ``ownership-member/``."""
         bases = {OWNERSHIP: self.prefix(OWNERSHIP, scope), MEMBER: self.prefix(MEMBER, scope)}
         blobs, clock = await self._list_blobs(OWNERSHIP, bases[OWNERSHIP].rstrip("/"))
@@ -262,9 +264,9 @@ class BlobCheckpointStore(AzureCheckpointStore):
     _name_keyword = "container_name"
     _sas_as_string = True
 
-    def __init__(self, account_url: Optional[str] = None, container_name: Optional[str] = None, *,
-                 credential: Any = None, operation_timeout: Optional[float] = DEFAULT_OPERATION_TIMEOUT,
-                 blob_account_url: Optional[str] = None, **kwargs: Any) -> None:
+    def __init__(self, account_url: str | None = None, container_name: str | None = None, *,
+                 credential: Any = None, operation_timeout: float | None = DEFAULT_OPERATION_TIMEOUT,
+                 blob_account_url: str | None = None, **kwargs: Any) -> None:
         url = one_of("account_url", account_url, "blob_account_url", blob_account_url)
         if url is None:
             raise ConfigurationError("BlobCheckpointStore needs the storage account's blob URL: "
@@ -273,7 +275,7 @@ class BlobCheckpointStore(AzureCheckpointStore):
                          operation_timeout=operation_timeout, client_options=kwargs)
 
     @classmethod
-    def from_azure_eventhub(cls, store: Any, **kwargs: Any) -> "BlobCheckpointStore":
+    def from_azure_eventhub(cls, store: Any, **kwargs: Any) -> BlobCheckpointStore:
         """This store on the container, account and credential of azure-eventhub's
         ``BlobCheckpointStore`` (``azure.eventhub.extensions.checkpointstoreblobaio``,
         or the sync ``...checkpointstoreblob``): the same blobs, with this store's
@@ -297,7 +299,7 @@ class BlobCheckpointStore(AzureCheckpointStore):
             kwargs.setdefault("api_version", api_version)
         return cls(account_url, container_name, credential=credential, **kwargs)
 
-    def _backend_for(self, credential: Any, options: Dict[str, Any]) -> BlobRecords:
+    def _backend_for(self, credential: Any, options: dict[str, Any]) -> BlobRecords:
         retry_total = options.pop("retry_total", RETRY_TOTAL)
         options.setdefault(
             # The SDK annotates these as int but computes with floats; sub-second values work.
@@ -322,7 +324,7 @@ def is_azure_eventhub_blob_store(store: Any) -> bool:
                for cls in type(store).__mro__)
 
 
-def _official_container(store: Any) -> Tuple[str, str, Any, Optional[str]]:
+def _official_container(store: Any) -> tuple[str, str, Any, str | None]:
     """``(account_url, container_name, credential, api_version)`` of an azure-eventhub
     ``BlobCheckpointStore``, read from the public attributes of its (vendored
     azure-storage-blob) container client."""
@@ -365,7 +367,7 @@ class ThreadedTokenCredential:
     async def close(self) -> None:
         pass
 
-    async def __aenter__(self) -> "ThreadedTokenCredential":
+    async def __aenter__(self) -> ThreadedTokenCredential:
         return self
 
     async def __aexit__(self, *args: Any) -> None:

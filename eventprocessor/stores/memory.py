@@ -11,12 +11,25 @@ beside it (nothing can interleave with a claim half-way).
 from __future__ import annotations
 
 import uuid
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 from datetime import datetime, timezone
-from typing import Any, Callable, Dict, Mapping, Optional, Tuple
+from typing import Any
 
-from .protocol import (MEMBER, OWNERSHIP, EtagMismatch, Fields, Kind, ProtocolStore, RecordBackend, RecordExists,
-                        RecordListing, RecordMissing, Scope, StoredRecord)
+from .protocol import (
+    MEMBER,
+    OWNERSHIP,
+    EtagMismatch,
+    Fields,
+    Kind,
+    ProtocolStore,
+    RecordBackend,
+    RecordExists,
+    RecordListing,
+    RecordMissing,
+    Scope,
+    StoredRecord,
+)
 
 __all__ = ["InMemoryCheckpointStore", "InMemoryRecords"]
 
@@ -38,9 +51,9 @@ class InMemoryRecords(RecordBackend):
     def __init__(self, clock: Callable[[], datetime]) -> None:
         super().__init__()
         self._clock = clock
-        self._tables: Dict[Tuple[Kind, Scope], Dict[str, StoredRecord]] = {}
+        self._tables: dict[tuple[Kind, Scope], dict[str, StoredRecord]] = {}
 
-    def _table(self, kind: Kind, scope: Scope) -> Dict[str, StoredRecord]:
+    def _table(self, kind: Kind, scope: Scope) -> dict[str, StoredRecord]:
         return self._tables.setdefault((kind, scope), {})
 
     def _store(self, kind: Kind, scope: Scope, key: str, fields: Mapping[str, Any], data: bytes) -> StoredRecord:
@@ -52,7 +65,7 @@ class InMemoryRecords(RecordBackend):
     def _count(self, operation: str, kind: Kind) -> None:
         self.request_counts[f"{operation}_{kind.name}"] += 1
 
-    async def read(self, kind: Kind, scope: Scope, key: str, *, with_data: bool = False) -> Optional[StoredRecord]:
+    async def read(self, kind: Kind, scope: Scope, key: str, *, with_data: bool = False) -> StoredRecord | None:
         self._count("read", kind)
         record = self._table(kind, scope).get(key)
         if record is None:
@@ -86,7 +99,7 @@ class InMemoryRecords(RecordBackend):
         self._count("list", kind)
         return self._listing(kind, scope, prefix)
 
-    async def list_ownership_and_members(self, scope: Scope) -> Tuple[RecordListing, RecordListing]:
+    async def list_ownership_and_members(self, scope: Scope) -> tuple[RecordListing, RecordListing]:
         """One request, as the Blob and Table backends make it."""
         self._count("list", OWNERSHIP)
         return self._listing(OWNERSHIP, scope, ""), self._listing(MEMBER, scope, "")
@@ -121,13 +134,13 @@ class InMemoryCheckpointStore(ProtocolStore):
         processor = EventProcessor(source, store, MyProcessor)
     """
 
-    def __init__(self, *, clock: Optional[Callable[[], datetime]] = None,
-                 _records: Optional[InMemoryRecords] = None) -> None:
+    def __init__(self, *, clock: Callable[[], datetime] | None = None,
+                 _records: InMemoryRecords | None = None) -> None:
         self._clock = clock or _utcnow
         self._records = _records or InMemoryRecords(self._clock)
         super().__init__(self._records, operation_timeout=None)
 
-    def new_client(self) -> "InMemoryCheckpointStore":
+    def new_client(self) -> InMemoryCheckpointStore:
         """Another client of the same records, with its own fence cache, as a second
         process would have (``request_counts`` are shared: they count the "service").
 

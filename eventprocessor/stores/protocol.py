@@ -79,17 +79,34 @@ import re
 import sys
 import uuid
 from collections import Counter
+from collections.abc import Awaitable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from types import TracebackType
-from typing import (Any, Awaitable, Dict, Iterable, List, Mapping, Optional, Tuple, Type, TypeVar, Union)
+from typing import Any, TypeVar
 from urllib.parse import unquote
 
 from eventprocessor.checkpoint_store import CALLER_DEADLINE, CheckpointStore
-from eventprocessor.errors import (CheckpointStoreError, ClaimOwnershipError, ConfigurationError, OwnershipLostError,
-                                   StaleEpochError, StoreTimeoutError)
-from eventprocessor.records import (MAX_ENTRY_BYTES, MAX_EPOCH, MAX_SEQUENCE_NUMBER, Checkpoint, Member, StateRef,
-                                    MemberListing, Ownership, OwnershipListing, UnreadableOwnership)
+from eventprocessor.errors import (
+    CheckpointStoreError,
+    ClaimOwnershipError,
+    ConfigurationError,
+    OwnershipLostError,
+    StaleEpochError,
+    StoreTimeoutError,
+)
+from eventprocessor.records import (
+    MAX_ENTRY_BYTES,
+    MAX_EPOCH,
+    MAX_SEQUENCE_NUMBER,
+    Checkpoint,
+    Member,
+    MemberListing,
+    Ownership,
+    OwnershipListing,
+    StateRef,
+    UnreadableOwnership,
+)
 
 __all__ = ["ProtocolStore", "RecordBackend", "Kind", "StoredRecord", "RecordListing", "RecordConflict",
            "RecordExists", "EtagMismatch", "RecordMissing", "BackendFailure", "encode_name", "decode_name",
@@ -97,8 +114,8 @@ __all__ = ["ProtocolStore", "RecordBackend", "Kind", "StoredRecord", "RecordList
 
 logger = logging.getLogger(__name__)
 
-Scope = Tuple[str, str, str]
-Fields = Dict[str, Union[str, int]]
+Scope = tuple[str, str, str]
+Fields = dict[str, str | int]
 _T = TypeVar("_T")
 _Store = TypeVar("_Store", bound="ProtocolStore")
 
@@ -177,7 +194,7 @@ class StoredRecord:
 
     key: str
     etag: str
-    last_modified: Optional[datetime]
+    last_modified: datetime | None
     fields: Mapping[str, Any]
     name: str
     data: bytes = b""
@@ -185,9 +202,9 @@ class StoredRecord:
 
 @dataclass(frozen=True)
 class RecordListing:
-    records: List[StoredRecord]
-    server_time: Optional[datetime]
-    foreign: List[Tuple[str, Optional[str]]] = field(default_factory=list)
+    records: list[StoredRecord]
+    server_time: datetime | None
+    foreign: list[tuple[str, str | None]] = field(default_factory=list)
     """(name, etag) of objects under the prefix that cannot be records (deeper paths)."""
 
 
@@ -208,7 +225,7 @@ class RecordBackend(abc.ABC):
         self.request_counts: Counter = Counter()
 
     @abc.abstractmethod
-    async def read(self, kind: Kind, scope: Scope, key: str, *, with_data: bool = False) -> Optional[StoredRecord]:
+    async def read(self, kind: Kind, scope: Scope, key: str, *, with_data: bool = False) -> StoredRecord | None:
         """The record, or ``None`` if it does not exist."""
 
     @abc.abstractmethod
@@ -231,7 +248,7 @@ class RecordBackend(abc.ABC):
     async def list(self, kind: Kind, scope: Scope, prefix: str = "") -> RecordListing:
         """Every record of ``kind`` in ``scope`` whose key starts with ``prefix``."""
 
-    async def list_ownership_and_members(self, scope: Scope) -> Tuple[RecordListing, RecordListing]:
+    async def list_ownership_and_members(self, scope: Scope) -> tuple[RecordListing, RecordListing]:
         """Ownership and member records of ``scope``; backends that can list both in one
         request override this (a tick reads both)."""
         return await self.list(OWNERSHIP, scope), await self.list(MEMBER, scope)
@@ -347,7 +364,7 @@ def check_epoch(value: Any, partition_id: Any) -> int:
     return _check_int(value, "epoch", 0, MAX_EPOCH - 1, partition_id)
 
 
-def parse_int(value: Any) -> Optional[int]:
+def parse_int(value: Any) -> int | None:
     """An int from a field written by us or another SDK; ``None`` if it is not one."""
     if isinstance(value, bool):
         return None
@@ -358,7 +375,7 @@ def parse_int(value: Any) -> Optional[int]:
     return None
 
 
-def _ranged(fields: Mapping[str, Any], name: str, low: int, high: int) -> Tuple[int, Optional[str]]:
+def _ranged(fields: Mapping[str, Any], name: str, low: int, high: int) -> tuple[int, str | None]:
     value = fields.get(name)
     number = parse_int(value)
     if number is None:
@@ -368,7 +385,7 @@ def _ranged(fields: Mapping[str, Any], name: str, low: int, high: int) -> Tuple[
     return number, None
 
 
-def parse_ownership(record: StoredRecord, scope: Scope) -> Union[Ownership, str]:
+def parse_ownership(record: StoredRecord, scope: Scope) -> Ownership | str:
     """The ownership record, or why it cannot be read."""
     fields = record.fields
     owner = fields.get("ownerid")
@@ -386,7 +403,7 @@ def parse_ownership(record: StoredRecord, scope: Scope) -> Union[Ownership, str]
                      epoch=epoch, requested_by=requested)
 
 
-def parse_checkpoint(record: StoredRecord, scope: Scope) -> Union[Checkpoint, str]:
+def parse_checkpoint(record: StoredRecord, scope: Scope) -> Checkpoint | str:
     """The checkpoint record (a placeholder has ``sequence_number == NO_CHECKPOINT``), or
     why it cannot be read."""
     fields = record.fields
@@ -395,14 +412,14 @@ def parse_checkpoint(record: StoredRecord, scope: Scope) -> Union[Checkpoint, st
     sequence_number, problem = _ranged(fields, "sequencenumber", NO_CHECKPOINT, MAX_SEQUENCE_NUMBER)
     if problem:
         return problem
-    epoch: Optional[int] = None
+    epoch: int | None = None
     if "epoch" in fields:
         epoch, problem = _ranged(fields, "epoch", 0, MAX_EPOCH - 1)
         if problem:
             return problem
     offset = fields.get("offset")
     owner = fields.get("ownerid")
-    state: Optional[StateRef] = None
+    state: StateRef | None = None
     if fields.get("state"):
         try:
             state = StateRef.parse(str(fields["state"]))
@@ -418,7 +435,8 @@ def parse_checkpoint(record: StoredRecord, scope: Scope) -> Union[Checkpoint, st
 
 def _later_than(stored: Checkpoint, owner_id: str, epoch: int) -> bool:
     """Written by a later owner: a higher epoch, or the same epoch by someone else."""
-    return stored.epoch is not None and (stored.epoch > epoch or (stored.epoch == epoch and stored.owner_id != owner_id))
+    return stored.epoch is not None and (stored.epoch > epoch
+                                         or (stored.epoch == epoch and stored.owner_id != owner_id))
 
 
 class WarnOnce:
@@ -433,7 +451,7 @@ class WarnOnce:
         self._seen: set = set()
         self._limit = limit
 
-    def __call__(self, key: Tuple[str, Optional[str]], message: str, *args: Any) -> None:
+    def __call__(self, key: tuple[str, str | None], message: str, *args: Any) -> None:
         if key in self._seen:
             self._log.debug(message, *args)
             return
@@ -458,11 +476,11 @@ class ProtocolStore(CheckpointStore):
                 super().__init__(MyRecords(), operation_timeout=10.0)
     """
 
-    def __init__(self, backend: RecordBackend, *, operation_timeout: Optional[float]) -> None:
+    def __init__(self, backend: RecordBackend, *, operation_timeout: float | None) -> None:
         self._backend = backend
         self._operation_timeout = operation_timeout
         # (namespace, hub, group, partition) -> {(owner_id, epoch): checkpoint etag}
-        self._fences: Dict[Tuple[str, str, str, str], Dict[Tuple[str, int], str]] = {}
+        self._fences: dict[tuple[str, str, str, str], dict[tuple[str, int], str]] = {}
         self._warn = WarnOnce(logger)
 
     @property
@@ -479,7 +497,7 @@ class ProtocolStore(CheckpointStore):
         return self._backend.request_counts
 
     @property
-    def operation_timeout(self) -> Optional[float]:
+    def operation_timeout(self) -> float | None:
         """Seconds one call may take, retries included (``None``: no deadline)."""
         return self._operation_timeout
 
@@ -487,8 +505,8 @@ class ProtocolStore(CheckpointStore):
         await self._backend.open()
         return self
 
-    async def __aexit__(self, exc_type: Optional[Type[BaseException]], exc: Optional[BaseException],
-                        tb: Optional[TracebackType]) -> None:
+    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                        tb: TracebackType | None) -> None:
         await self.close()
 
     async def close(self) -> None:
@@ -534,7 +552,7 @@ class ProtocolStore(CheckpointStore):
             raise CheckpointStoreError(f"{what} in {self._backend.where} failed: {type(conflict).__name__} "
                                        f"({conflict})") from conflict.__cause__
 
-    async def _write(self, kind: Kind, scope: Scope, key: str, fields: Fields, etag: Optional[str],
+    async def _write(self, kind: Kind, scope: Scope, key: str, fields: Fields, etag: str | None,
                      data: bytes = b"") -> StoredRecord:
         """A conditional write (create-if-absent when ``etag`` is None) that recognises
         itself: on 409/412 it re-reads the record, and if the record carries this
@@ -597,7 +615,7 @@ class ProtocolStore(CheckpointStore):
 
     async def list_ownership_and_members(
         self, fully_qualified_namespace: str, eventhub_name: str, consumer_group: str
-    ) -> Tuple[OwnershipListing, Optional[MemberListing]]:
+    ) -> tuple[OwnershipListing, MemberListing | None]:
         """Ownership and member records in one request (what a balancing tick reads).
 
         Example::
@@ -611,8 +629,8 @@ class ProtocolStore(CheckpointStore):
 
     def _ownership_listing(self, scope: Scope, listing: RecordListing) -> OwnershipListing:
         self._warn_foreign(listing, "ownership")
-        owned: List[Ownership] = []
-        unreadable: List[UnreadableOwnership] = []
+        owned: list[Ownership] = []
+        unreadable: list[UnreadableOwnership] = []
         for record in listing.records:
             parsed = parse_ownership(record, scope)
             if isinstance(parsed, Ownership):
@@ -626,7 +644,7 @@ class ProtocolStore(CheckpointStore):
         return OwnershipListing(ownerships=tuple(owned), server_time=self._server_time(listing, "listing ownership"),
                                 unreadable=tuple(unreadable))
 
-    async def claim_ownership(self, ownerships: Iterable[Ownership]) -> List[Ownership]:
+    async def claim_ownership(self, ownerships: Iterable[Ownership]) -> list[Ownership]:
         """Conditionally write each claim (create-if-absent when its etag is None, else
         If-Match); return the ones won, with their new etag and time. Claims run
         concurrently; lost races are left out; other failures raise
@@ -640,13 +658,13 @@ class ProtocolStore(CheckpointStore):
         scopes = [self._check_claim(claim) for claim in claims]
         if not claims:
             return []
-        attempts = [self._claim_or_failure(claim, scope) for claim, scope in zip(claims, scopes)]
+        attempts = [self._claim_or_failure(claim, scope) for claim, scope in zip(claims, scopes, strict=False)]
         if self._backend.sequential:
             results = [await attempt for attempt in attempts]
         else:
             results = list(await asyncio.gather(*attempts))
         won = [result for result in results if isinstance(result, Ownership)]
-        failures = {claim.partition_id: result for claim, result in zip(claims, results)
+        failures = {claim.partition_id: result for claim, result in zip(claims, results, strict=False)
                     if isinstance(result, CheckpointStoreError)}
         if failures:
             detail = ", ".join(f"{pid}: {error}" for pid, error in sorted(failures.items()))
@@ -667,7 +685,7 @@ class ProtocolStore(CheckpointStore):
             raise ConfigurationError(f"etag of partition {claim.partition_id!r} must be a string or None")
         return scope
 
-    async def _claim_or_failure(self, claim: Ownership, scope: Scope) -> Union[Ownership, None, CheckpointStoreError]:
+    async def _claim_or_failure(self, claim: Ownership, scope: Scope) -> Ownership | None | CheckpointStoreError:
         try:
             return await self._bounded(f"claim of partition {claim.partition_id}", self._claim_one(claim, scope))
         except CheckpointStoreError as failure:  # an unknown error is never a won claim
@@ -676,7 +694,7 @@ class ProtocolStore(CheckpointStore):
                            claim.consumer_group, failure)
             return failure
 
-    async def _claim_one(self, claim: Ownership, scope: Scope) -> Optional[Ownership]:
+    async def _claim_one(self, claim: Ownership, scope: Scope) -> Ownership | None:
         fields: Fields = {"ownerid": claim.owner_id, "epoch": claim.epoch}
         if claim.requested_by:
             fields["requestedby"] = claim.requested_by
@@ -709,7 +727,7 @@ class ProtocolStore(CheckpointStore):
 
     # ------------------------------------------------------------------ fence cache
 
-    def _fence_etag(self, scope: Scope, partition_id: str, owner_id: str, epoch: int) -> Optional[str]:
+    def _fence_etag(self, scope: Scope, partition_id: str, owner_id: str, epoch: int) -> str | None:
         return self._fences.get((*scope, partition_id), {}).get((owner_id, epoch))
 
     def _remember_fence(self, scope: Scope, partition_id: str, owner_id: str, epoch: int, etag: str) -> None:
@@ -757,7 +775,7 @@ class ProtocolStore(CheckpointStore):
             f"{epoch}, although the ownership record names {owner_id}: claim it again above epoch {stored.epoch}",
             partition_id=partition_id, stored_epoch=stored.epoch or 0)
 
-    def _checkpoint_or_warn(self, record: StoredRecord, scope: Scope) -> Optional[Checkpoint]:
+    def _checkpoint_or_warn(self, record: StoredRecord, scope: Scope) -> Checkpoint | None:
         parsed = parse_checkpoint(record, scope)
         if isinstance(parsed, Checkpoint):
             return parsed
@@ -765,7 +783,7 @@ class ProtocolStore(CheckpointStore):
                    self._backend.where, parsed)
         return None
 
-    async def fence_checkpoint(self, ownership: Ownership) -> Optional[Checkpoint]:
+    async def fence_checkpoint(self, ownership: Ownership) -> Checkpoint | None:
         """Make ``ownership`` (a claim just won) the only writer of its partition's
         checkpoint; return the checkpoint to resume from (``None`` if there is none).
 
@@ -786,7 +804,7 @@ class ProtocolStore(CheckpointStore):
         self._check_writer(ownership.owner_id, ownership.epoch, ownership.partition_id)
         return await self._bounded(f"fence of partition {ownership.partition_id}", self._fence(scope, ownership))
 
-    async def _fence(self, scope: Scope, ownership: Ownership) -> Optional[Checkpoint]:
+    async def _fence(self, scope: Scope, ownership: Ownership) -> Checkpoint | None:
         pid, owner, epoch = ownership.partition_id, ownership.owner_id, ownership.epoch
         for attempt in range(1, _ATTEMPTS + 1):
             await self._require_owner(scope, pid, owner, epoch, "fence")
@@ -870,7 +888,7 @@ class ProtocolStore(CheckpointStore):
         raise CheckpointStoreError(f"checkpoint of partition {pid} by {owner_id} (epoch {epoch}) was changed by "
                                    f"another writer {_ATTEMPTS} times while it owned the partition; not written")
 
-    async def _verified_checkpoint_etag(self, scope: Scope, pid: str, owner_id: str, epoch: int) -> Optional[str]:
+    async def _verified_checkpoint_etag(self, scope: Scope, pid: str, owner_id: str, epoch: int) -> str | None:
         """Without a fence: check ownership, then the etag to write over (``None``: create)."""
         await self._require_owner(scope, pid, owner_id, epoch, "checkpoint")
         current = await self._backend.read(CHECKPOINT, scope, pid)
@@ -881,7 +899,7 @@ class ProtocolStore(CheckpointStore):
             await self._refuse_later(scope, pid, owner_id, epoch, stored, "checkpoint")
         return current.etag
 
-    async def _after_conflict(self, scope: Scope, pid: str, owner_id: str, epoch: int) -> Tuple[bool, Optional[str]]:
+    async def _after_conflict(self, scope: Scope, pid: str, owner_id: str, epoch: int) -> tuple[bool, str | None]:
         """Who changed the checkpoint under us: a later owner (raise), this very owner
         (trust its etag), anybody else (verify ownership again)."""
         current = await self._backend.read(CHECKPOINT, scope, pid)
@@ -896,7 +914,7 @@ class ProtocolStore(CheckpointStore):
 
     async def list_checkpoints(
         self, fully_qualified_namespace: str, eventhub_name: str, consumer_group: str
-    ) -> List[Checkpoint]:
+    ) -> list[Checkpoint]:
         """Every checkpoint of the consumer group. Placeholders (fenced partitions
         without a checkpoint) are left out; bad records are skipped with a warning.
 
@@ -913,7 +931,7 @@ class ProtocolStore(CheckpointStore):
 
     # ------------------------------------------------------------------ members
 
-    def _member_key(self, member: Any) -> Tuple[Scope, str]:
+    def _member_key(self, member: Any) -> tuple[Scope, str]:
         if not isinstance(member, Member):
             raise ConfigurationError(f"expected a Member record, got {type(member).__name__}")
         scope = self._scope(member.fully_qualified_namespace, member.eventhub_name, member.consumer_group)
@@ -957,7 +975,8 @@ class ProtocolStore(CheckpointStore):
 
         Example::
 
-            me = await store.write_member(Member("ns", "hub", "$default", owner_id, properties={"strategy": "balanced"}))
+            me = await store.write_member(Member("ns", "hub", "$default", owner_id,
+                                                 properties={"strategy": "balanced"}))
         """
         scope, key = self._member_key(member)
         properties = dict(member.properties)
@@ -967,7 +986,8 @@ class ProtocolStore(CheckpointStore):
                                          "of at most 64 characters (not 'writetoken')")
             check_text(value, f"member property {name!r}")
         if sum(len(k) + len(v) for k, v in properties.items()) > _MAX_PROPERTIES_SIZE:
-            raise ConfigurationError(f"member properties of {member.owner_id!r} exceed {_MAX_PROPERTIES_SIZE} characters")
+            raise ConfigurationError(
+                f"member properties of {member.owner_id!r} exceed {_MAX_PROPERTIES_SIZE} characters")
         record = await self._bounded(f"heartbeat of member {member.owner_id}",
                                      self._backend.upsert(MEMBER, scope, key, dict(properties)))
         return replace(member, etag=record.etag, last_modified_time=record.last_modified, properties=properties)
@@ -984,7 +1004,7 @@ class ProtocolStore(CheckpointStore):
 
     # ------------------------------------------------------------------ log entries
 
-    def _log(self, namespace: Any, eventhub: Any, consumer_group: Any, log_name: Any) -> Tuple[Scope, Kind]:
+    def _log(self, namespace: Any, eventhub: Any, consumer_group: Any, log_name: Any) -> tuple[Scope, Kind]:
         scope = self._scope(namespace, eventhub, consumer_group)
         return scope, Kind("entry", _check_encoded(log_name, "log_name"))
 
@@ -1018,7 +1038,7 @@ class ProtocolStore(CheckpointStore):
         return await self._bounded(f"creating entry {entry_name!r} of log {log_name!r}", create())
 
     async def read_entry(self, fully_qualified_namespace: str, eventhub_name: str, consumer_group: str,
-                         log_name: str, entry_name: str) -> Optional[bytes]:
+                         log_name: str, entry_name: str) -> bytes | None:
         """The data of an entry, or ``None`` if it does not exist.
 
         Example::
@@ -1032,7 +1052,7 @@ class ProtocolStore(CheckpointStore):
         return None if record is None else record.data
 
     async def list_entries(self, fully_qualified_namespace: str, eventhub_name: str, consumer_group: str,
-                           log_name: str, prefix: str = "") -> List[str]:
+                           log_name: str, prefix: str = "") -> list[str]:
         """The names of the log's entries that start with ``prefix``, sorted.
 
         Example::
@@ -1063,4 +1083,5 @@ class ProtocolStore(CheckpointStore):
         """
         scope, kind = self._log(fully_qualified_namespace, eventhub_name, consumer_group, log_name)
         key = _check_encoded(entry_name, "entry_name")
-        await self._bounded(f"deleting entry {entry_name!r} of log {log_name!r}", self._backend.delete(kind, scope, key))
+        await self._bounded(f"deleting entry {entry_name!r} of log {log_name!r}",
+                            self._backend.delete(kind, scope, key))

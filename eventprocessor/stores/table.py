@@ -44,7 +44,7 @@ from __future__ import annotations
 
 import logging
 from datetime import datetime, timezone
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any
 
 from azure.core import MatchConditions
 from azure.core.exceptions import ResourceExistsError
@@ -52,7 +52,6 @@ from azure.data.tables import EdmType, EntityProperty, UpdateMode
 from azure.data.tables.aio import TableClient
 
 from eventprocessor.errors import ConfigurationError
-from eventprocessor.records import MAX_ENTRY_BYTES
 
 from ._account import DEFAULT_OPERATION_TIMEOUT, RETRY_BACKOFF, RETRY_TOTAL, check_table_name, one_of
 from ._azure_records import AzureCheckpointStore, AzureRecords, ServerClock
@@ -67,7 +66,7 @@ _SYSTEM = ("PartitionKey", "RowKey", "Timestamp")
 _SUFFIX = {"ownership": "Ownership", "checkpoint": "Checkpoint", "member": "Member"}
 
 
-def _plain_datetime(value: Any) -> Optional[datetime]:
+def _plain_datetime(value: Any) -> datetime | None:
     # The SDK hands out TablesEntityDatetime (a datetime subclass that also keeps the
     # service's string); records carry plain aware datetimes like the other stores.
     if not isinstance(value, datetime):
@@ -102,8 +101,8 @@ class TableRecords(AzureRecords[TableClient]):
         suffix = f"Log {kind.log}" if kind.name == "entry" else _SUFFIX[kind.name]
         return f"{scope[0]} {scope[1]} {scope[2]} {suffix}"
 
-    def _entity(self, kind: Kind, scope: Scope, key: str, fields: Fields, data: bytes = b"") -> Dict[str, Any]:
-        entity: Dict[str, Any] = {"PartitionKey": self.partition_key(kind, scope), "RowKey": key}
+    def _entity(self, kind: Kind, scope: Scope, key: str, fields: Fields, data: bytes = b"") -> dict[str, Any]:
+        entity: dict[str, Any] = {"PartitionKey": self.partition_key(kind, scope), "RowKey": key}
         for name, value in fields.items():
             entity[name] = EntityProperty(value, EdmType.INT64) if isinstance(value, int) else value
         if kind.name == "entry":
@@ -123,20 +122,22 @@ class TableRecords(AzureRecords[TableClient]):
         return StoredRecord(entity["RowKey"], entity.metadata.get("etag"),
                             _plain_datetime(entity.metadata.get("timestamp")), fields, name, data)
 
-    def _written(self, entity: Dict[str, Any], fields: Fields, response: Any) -> StoredRecord:
+    def _written(self, entity: dict[str, Any], fields: Fields, response: Any) -> StoredRecord:
         name = f"PartitionKey={entity['PartitionKey']!r} RowKey={entity['RowKey']!r}"
         return StoredRecord(entity["RowKey"], response["etag"], response.get("date"), dict(fields), name)
 
-    async def read(self, kind: Kind, scope: Scope, key: str, *, with_data: bool = False) -> Optional[StoredRecord]:
+    async def read(self, kind: Kind, scope: Scope, key: str, *, with_data: bool = False) -> StoredRecord | None:
         try:
-            entity = await self._send("read", kind, lambda: self.client.get_entity(self.partition_key(kind, scope), key))
+            entity = await self._send("read", kind,
+                                      lambda: self.client.get_entity(self.partition_key(kind, scope), key))
         except RecordMissing:
             return None
         return self._record(kind, entity)
 
     async def create(self, kind: Kind, scope: Scope, key: str, fields: Fields, data: bytes = b"") -> StoredRecord:
         entity = self._entity(kind, scope, key, fields, data)
-        return self._written(entity, fields, await self._send("create", kind, lambda: self.client.create_entity(entity)))
+        created = await self._send("create", kind, lambda: self.client.create_entity(entity))
+        return self._written(entity, fields, created)
 
     async def replace(self, kind: Kind, scope: Scope, key: str, fields: Fields, etag: str) -> StoredRecord:
         entity = self._entity(kind, scope, key, fields)
@@ -159,7 +160,7 @@ class TableRecords(AzureRecords[TableClient]):
         clock = ServerClock()
         query = "PartitionKey eq @pk"
         parameters = {"pk": self.partition_key(kind, scope)}
-        select: Optional[List[str]] = None
+        select: list[str] | None = None
         if prefix:
             # Encoded names use [a-z0-9%._-], all below "~": [prefix, prefix + "~") is the prefix range.
             query += " and RowKey ge @low and RowKey lt @high"
@@ -171,14 +172,14 @@ class TableRecords(AzureRecords[TableClient]):
             self.request_counts[f"list_{kind.name}"] += 1
             clock.hook(response)
 
-        async def collect() -> List[Any]:
+        async def collect() -> list[Any]:
             return [entity async for entity in self.client.query_entities(
                 query, parameters=parameters, select=select, raw_response_hook=hook)]
 
         entities = await self._send("list", kind, collect, count=False)  # the hook counts the pages
         return RecordListing(records=[self._record(kind, e) for e in entities], server_time=clock.latest)
 
-    async def list_ownership_and_members(self, scope: Scope) -> Tuple[RecordListing, RecordListing]:
+    async def list_ownership_and_members(self, scope: Scope) -> tuple[RecordListing, RecordListing]:
         """One query for both PartitionKeys."""
         clock = ServerClock()
         keys = {OWNERSHIP: self.partition_key(OWNERSHIP, scope), MEMBER: self.partition_key(MEMBER, scope)}
@@ -187,7 +188,7 @@ class TableRecords(AzureRecords[TableClient]):
             self.request_counts["list_ownership"] += 1
             clock.hook(response)
 
-        async def collect() -> List[Any]:
+        async def collect() -> list[Any]:
             return [entity async for entity in self.client.query_entities(
                 "PartitionKey eq @owners or PartitionKey eq @members",
                 parameters={"owners": keys[OWNERSHIP], "members": keys[MEMBER]}, raw_response_hook=hook)]
@@ -222,9 +223,9 @@ class TableCheckpointStore(AzureCheckpointStore):
     _home = "table"
     _name_keyword = "table_name"
 
-    def __init__(self, account_url: Optional[str] = None, table_name: Optional[str] = None, *, credential: Any = None,
-                 operation_timeout: Optional[float] = DEFAULT_OPERATION_TIMEOUT,
-                 table_account_url: Optional[str] = None, **kwargs: Any) -> None:
+    def __init__(self, account_url: str | None = None, table_name: str | None = None, *, credential: Any = None,
+                 operation_timeout: float | None = DEFAULT_OPERATION_TIMEOUT,
+                 table_account_url: str | None = None, **kwargs: Any) -> None:
         url = one_of("account_url", account_url, "table_account_url", table_account_url)
         if url is None:
             raise ConfigurationError("TableCheckpointStore needs the storage account's table URL: "
@@ -232,7 +233,7 @@ class TableCheckpointStore(AzureCheckpointStore):
         super().__init__(url, table_name, credential=credential,  # type: ignore[arg-type]
                          operation_timeout=operation_timeout, client_options=kwargs)
 
-    def _backend_for(self, credential: Any, options: Dict[str, Any]) -> TableRecords:
+    def _backend_for(self, credential: Any, options: dict[str, Any]) -> TableRecords:
         # azure-core's RetryPolicy: a few quick retries of 408/429/5xx and connection errors.
         options.setdefault("retry_total", RETRY_TOTAL)
         options.setdefault("retry_backoff_factor", RETRY_BACKOFF / 2)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import random
 from collections import defaultdict
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any
 
 from eventprocessor.stores.memory import InMemoryCheckpointStore
 
@@ -34,7 +34,7 @@ class Cluster:
                  **processor_options: Any) -> None:
         self.rng = random.Random(seed)
         self.source = MemoryEventSource(partitions, clock=virtual_utc_clock())
-        self.faulty_source: Optional[FaultySource] = None
+        self.faulty_source: FaultySource | None = None
         if source_faults:
             self.faulty_source = FaultySource(self.source, rng=random.Random(self.rng.random()))
         self.memory = InMemoryCheckpointStore(clock=virtual_utc_clock())
@@ -42,11 +42,11 @@ class Cluster:
         self.ledger = DeliveryRecorder()
         self.handler = recording_handler(self.ledger, work=work, rng=random.Random(self.rng.random()))
         self.options = dict(processor_options)
-        self.processors: List[EventProcessor] = []
-        self.produced: List[Tuple[str, int]] = []
-        self.errors: List[Exception] = []
+        self.processors: list[EventProcessor] = []
+        self.produced: list[tuple[str, int]] = []
+        self.errors: list[Exception] = []
 
-    def add(self, owner_id: Optional[str] = None, *, store: Optional[FaultyStore] = None,
+    def add(self, owner_id: str | None = None, *, store: FaultyStore | None = None,
             **overrides: Any) -> EventProcessor:
         """A new processor; by default on the shared faulty store, or on ``store`` (for
         faults that hit one processor's link to the store only). ``handler=`` overrides
@@ -84,17 +84,17 @@ class Cluster:
             await self.produce(1)
             await asyncio.sleep(1.0 / rate)
 
-    def owners(self) -> Dict[str, List[str]]:
+    def owners(self) -> dict[str, list[str]]:
         """Partition -> the processors that may dispatch it right now."""
-        owners: Dict[str, List[str]] = defaultdict(list)
+        owners: dict[str, list[str]] = defaultdict(list)
         for p in self.processors:
             for pid in p.owned_partitions:
                 owners[pid].append(p.owner_id)
         return owners
 
-    def live_pumps(self) -> Dict[str, List[str]]:
+    def live_pumps(self) -> dict[str, list[str]]:
         """Partition -> processors that hold it with a live pump."""
-        pumps: Dict[str, List[str]] = defaultdict(list)
+        pumps: dict[str, list[str]] = defaultdict(list)
         for p in self.processors:
             for pid in p.owned_partitions:
                 pump = p.pump(pid)
@@ -102,7 +102,7 @@ class Cluster:
                     pumps[pid].append(p.owner_id)
         return pumps
 
-    def settled(self, running: List[EventProcessor], produced_before: Optional[int] = None) -> bool:
+    def settled(self, running: list[EventProcessor], produced_before: int | None = None) -> bool:
         """Every partition dispatched by exactly one running processor with a live pump,
         and every produced event processed; with ``produced_before``, only the first that
         many produced events (a producer still running always has some in flight, so
@@ -113,7 +113,7 @@ class Cluster:
                     for i in range(self.source.partition_count))
         return every and set(self.produced[:produced_before]) <= self.ledger.processed()
 
-    async def wait_until(self, condition, *, timeout: float, step: float = 0.25) -> Optional[float]:
+    async def wait_until(self, condition, *, timeout: float, step: float = 0.25) -> float | None:
         """Poll ``condition`` every ``step`` virtual seconds; return when it held (the loop
         time), or None after ``timeout``."""
         loop = asyncio.get_running_loop()

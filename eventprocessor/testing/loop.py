@@ -25,8 +25,9 @@ from __future__ import annotations
 
 import asyncio
 import selectors
+from collections.abc import Awaitable, Callable
 from datetime import datetime, timedelta, timezone
-from typing import Any, Awaitable, Callable, List, Optional, Tuple, TypeVar
+from typing import Any, TypeVar
 
 __all__ = ["VirtualTimeLoop", "run_virtual", "virtual_utc_clock", "VIRTUAL_EPOCH", "ManualClock"]
 
@@ -44,11 +45,11 @@ class _VirtualSelector:
     due now; a longer wait means everything of the current instant has run: the loop's
     idle callbacks run then, before the clock moves on."""
 
-    def __init__(self, inner: selectors.BaseSelector, loop: "VirtualTimeLoop") -> None:
+    def __init__(self, inner: selectors.BaseSelector, loop: VirtualTimeLoop) -> None:
         self._inner = inner
         self._loop = loop
 
-    def select(self, timeout: Optional[float] = None) -> List[Tuple[selectors.SelectorKey, int]]:
+    def select(self, timeout: float | None = None) -> list[tuple[selectors.SelectorKey, int]]:
         loop = self._loop
         events = self._inner.select(0)
         if events or (timeout is not None and timeout <= loop._clock_resolution):
@@ -89,7 +90,7 @@ class VirtualTimeLoop(asyncio.SelectorEventLoop):
         # Timers due within this much of "now" run now. Virtual time is exact: keep it tiny
         # so that a timer never runs before its time by more than float rounding.
         self._clock_resolution = 1e-9
-        self._idle_callbacks: List[Callable[[], None]] = []
+        self._idle_callbacks: list[Callable[[], None]] = []
         self._ran = True  # something ran since the idle callbacks last did
 
     def time(self) -> float:
@@ -99,7 +100,7 @@ class VirtualTimeLoop(asyncio.SelectorEventLoop):
         """Move to the next timer's own time (``now + timeout`` can miss it by a rounding
         error, and two timers meant for one instant would then run apart)."""
         target = self._virtual_now + timeout
-        scheduled: List[asyncio.TimerHandle] = getattr(self, "_scheduled")  # BaseEventLoop's timer heap
+        scheduled: list[asyncio.TimerHandle] = self._scheduled  # type: ignore[attr-defined]  # BaseEventLoop's timer heap
         if scheduled:  # the loop dropped cancelled timers from the head before asking
             when = scheduled[0].when()
             if self._virtual_now < when <= target + self._clock_resolution:

@@ -19,8 +19,9 @@ from __future__ import annotations
 
 import asyncio
 from collections import Counter
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any, Awaitable, Callable, Dict, Iterable, List, Optional, TypeVar
+from typing import Any, TypeVar
 
 from ..checkpoint_store import CheckpointStore, StoreWrapper, release_ownership
 from ..records import Member, Ownership
@@ -60,8 +61,8 @@ class OwnershipLedger:
     """
 
     expiration: float
-    records: Dict[str, _Record] = field(default_factory=dict)
-    last_owner: Dict[str, str] = field(default_factory=dict)
+    records: dict[str, _Record] = field(default_factory=dict)
+    last_owner: dict[str, str] = field(default_factory=dict)
     requests: Counter = field(default_factory=Counter)
     moves: int = 0
     steals: int = 0
@@ -71,7 +72,7 @@ class OwnershipLedger:
     steals_by: Counter = field(default_factory=Counter)
     version: int = 0
     """Grows with every ownership write (a cheap way to see that something changed)."""
-    members: Dict[str, float] = field(default_factory=dict)
+    members: dict[str, float] = field(default_factory=dict)
     """Member id -> the time of its last heartbeat (member record write)."""
 
     def count(self, kind: str) -> None:
@@ -82,14 +83,14 @@ class OwnershipLedger:
         self.requests["write_member"] += 1
         self.members[owner] = now
 
-    def member_expiry(self, owner: str) -> Optional[float]:
+    def member_expiry(self, owner: str) -> float | None:
         """When peers stop counting ``owner``'s member record (None if it never wrote
         one): the processor treats a member as gone after half the expiration
         (``Timing.member_expiration``)."""
         written = self.members.get(owner)
         return None if written is None else written + self.expiration / 2
 
-    def write(self, partition_id: str, owner: str, won: bool, now: float, writer: Optional[str] = None) -> None:
+    def write(self, partition_id: str, owner: str, won: bool, now: float, writer: str | None = None) -> None:
         """One conditional write of ``partition_id``'s record naming ``owner``, sent by
         ``writer`` (by default ``owner``); ``won`` says whether the store applied it."""
         writer = owner if writer is None else writer
@@ -122,14 +123,14 @@ class OwnershipLedger:
             self.last_owner[partition_id] = owner
         self.records[partition_id] = _Record(owner, now)
 
-    def live_owner(self, partition_id: str, now: float) -> Optional[str]:
+    def live_owner(self, partition_id: str, now: float) -> str | None:
         """The owner ``partition_id``'s record names, if it has not expired at ``now``."""
         record = self.records.get(partition_id)
         if record is None or not record.owner or now - record.modified > self.expiration:
             return None
         return record.owner
 
-    def counts(self, partition_ids: Iterable[str], owners: Iterable[str], now: float) -> Dict[str, int]:
+    def counts(self, partition_ids: Iterable[str], owners: Iterable[str], now: float) -> dict[str, int]:
         """Partitions each of ``owners`` holds a live record of at ``now``."""
         result = {owner: 0 for owner in owners}
         for pid in partition_ids:
@@ -138,7 +139,7 @@ class OwnershipLedger:
                 result[owner] += 1
         return result
 
-    def snapshot(self) -> Dict[str, Any]:
+    def snapshot(self) -> dict[str, Any]:
         """The counters now; subtract two to get a phase's."""
         return {
             "requests": Counter(self.requests),
@@ -165,7 +166,7 @@ class LedgerStore(StoreWrapper):
     """
 
     def __init__(self, inner: CheckpointStore, ledger: OwnershipLedger, *, writer: str,
-                 now: Optional[Callable[[], float]] = None) -> None:
+                 now: Callable[[], float] | None = None) -> None:
         super().__init__(inner)
         self.ledger = ledger
         self.writer = writer
@@ -175,13 +176,13 @@ class LedgerStore(StoreWrapper):
         self.ledger.count(operation)
         return await call()
 
-    async def claim_one(self, claim: Ownership) -> Optional[Ownership]:
+    async def claim_one(self, claim: Ownership) -> Ownership | None:
         """Write one record to the inner store and report it; the record won, or None."""
         won = await self.inner.claim_ownership([claim])
         self.ledger.write(claim.partition_id, claim.owner_id, bool(won), self.now(), self.writer)
         return won[0] if won else None
 
-    async def claim_ownership(self, ownerships: Iterable[Ownership]) -> List[Ownership]:
+    async def claim_ownership(self, ownerships: Iterable[Ownership]) -> list[Ownership]:
         results = [await self.claim_one(claim) for claim in ownerships]
         return [record for record in results if record is not None]
 

@@ -4,8 +4,9 @@ from __future__ import annotations
 import asyncio
 import random
 from collections import defaultdict
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Dict, Iterable, List, Optional, Sequence, Set, Tuple
+from typing import Any
 
 from ..errors import CheckpointStoreError, OwnershipLostError
 from ..partition import PartitionProcessor
@@ -23,7 +24,7 @@ class Delivery:
     first: int
     last: int
     started: float
-    ended: Optional[float] = None
+    ended: float | None = None
 
 
 def most_within(series: Iterable[Sequence[float]], window: float) -> int:
@@ -51,15 +52,15 @@ class DeliveryRecorder:
         assert recorder.duplicates_within_claims() == 0 and not recorder.after_end
     """
 
-    deliveries: List[Delivery] = field(default_factory=list)
-    errors: List[Tuple[str, str, Exception]] = field(default_factory=list)
-    closes: List[Tuple[str, str, Any]] = field(default_factory=list)
-    received: Dict[Tuple[str, int], int] = field(default_factory=lambda: defaultdict(int))
-    in_claim: Dict[Tuple[str, str, int, int, int], int] = field(default_factory=lambda: defaultdict(int))
+    deliveries: list[Delivery] = field(default_factory=list)
+    errors: list[tuple[str, str, Exception]] = field(default_factory=list)
+    closes: list[tuple[str, str, Any]] = field(default_factory=list)
+    received: dict[tuple[str, int], int] = field(default_factory=lambda: defaultdict(int))
+    in_claim: dict[tuple[str, str, int, int, int], int] = field(default_factory=lambda: defaultdict(int))
     """(partition, owner, epoch, claim, sequence number) -> deliveries to that claim. A
     claim is one context (one pump): a processor that takes its own record back after a
     claim ended starts a new claim with the same owner and epoch."""
-    _claims: Dict[int, Tuple[int, Any]] = field(default_factory=dict, repr=False)
+    _claims: dict[int, tuple[int, Any]] = field(default_factory=dict, repr=False)
 
     def claim_of(self, context: Any) -> int:
         """The number of the claim ``context`` belongs to (1, 2, ... in order of first delivery)."""
@@ -67,9 +68,9 @@ class DeliveryRecorder:
         if known is None or known[1] is not context:
             known = self._claims[id(context)] = (len(self._claims) + 1, context)
         return known[0]
-    after_end: List[Delivery] = field(default_factory=list)
+    after_end: list[Delivery] = field(default_factory=list)
     """Batches whose delivery started when the claim could no longer dispatch."""
-    closed_at: List[Tuple[float, str, str, Any]] = field(default_factory=list)
+    closed_at: list[tuple[float, str, str, Any]] = field(default_factory=list)
     """(time, partition, owner, reason) of every close a handler saw (:meth:`record_close`)."""
 
     def record_close(self, context: Any, reason: Any, now: float) -> None:
@@ -80,13 +81,13 @@ class DeliveryRecorder:
     def most_handed_over_by_one(self, window: float, since: float = float("-inf")) -> int:
         """The most partitions one processor's handlers were closed for a handoff within
         ``window`` seconds (closes from ``since`` on): the moment a partition left it."""
-        out: Dict[str, List[float]] = defaultdict(list)
+        out: dict[str, list[float]] = defaultdict(list)
         for t, _pid, owner, reason in self.closed_at:
             if t >= since and getattr(reason, "name", str(reason)) == "HANDOFF":
                 out[owner].append(t)
         return most_within(out.values(), window)
 
-    def record(self, context: Any, events: List[Any], now: float) -> Delivery:
+    def record(self, context: Any, events: list[Any], now: float) -> Delivery:
         """Note one batch handed to ``context``'s claim at ``now``; returns its delivery
         (set ``ended`` when the handler is done with it)."""
         delivery = Delivery(context.partition_id, context.owner_id, context.epoch, events[0].sequence_number,
@@ -100,7 +101,7 @@ class DeliveryRecorder:
             self.in_claim[(context.partition_id, context.owner_id, context.epoch, claim, event.sequence_number)] += 1
         return delivery
 
-    def processed(self) -> Set[Tuple[str, int]]:
+    def processed(self) -> set[tuple[str, int]]:
         return set(self.received)
 
     def duplicates(self) -> int:
@@ -111,14 +112,14 @@ class DeliveryRecorder:
         """Deliveries beyond the first of each event to one and the same claim."""
         return sum(count - 1 for count in self.in_claim.values() if count > 1)
 
-    def missing(self, produced: Iterable[Tuple[str, int]]) -> List[Tuple[str, int]]:
+    def missing(self, produced: Iterable[tuple[str, int]]) -> list[tuple[str, int]]:
         """The produced (partition, sequence number) pairs no handler received."""
         return [key for key in produced if key not in self.received]
 
-    def overlaps(self) -> List[Tuple[Delivery, Delivery, float]]:
+    def overlaps(self) -> list[tuple[Delivery, Delivery, float]]:
         """Pairs of batches of one partition handled by two different claims at once,
         with how long they overlapped."""
-        by_partition: Dict[str, List[Delivery]] = defaultdict(list)
+        by_partition: dict[str, list[Delivery]] = defaultdict(list)
         for d in self.deliveries:
             by_partition[d.partition_id].append(d)
         found = []
@@ -135,7 +136,7 @@ class DeliveryRecorder:
         return found
 
 
-def recording_handler(ledger: DeliveryRecorder, *, work: float = 0.0, rng: Optional[random.Random] = None,
+def recording_handler(ledger: DeliveryRecorder, *, work: float = 0.0, rng: random.Random | None = None,
                       checkpoint: bool = True, checkpoint_every: int = 1, catch_ownership_lost: bool = True,
                       checkpoint_on_release: bool = True) -> type:
     """A handler class that records every batch into ``ledger`` (a

@@ -5,7 +5,7 @@ import asyncio
 import math
 import random
 from collections import Counter
-from typing import Any, Dict, List, Optional, Set
+from typing import Any
 
 from ..errors import EventSourceError
 from ..events import Event, EventPosition
@@ -23,18 +23,18 @@ class FaultyReceiver(PartitionReceiver):
     ``receive`` fails too (counted as ``receive_on_dead``), so the caller has to open a
     new receiver."""
 
-    def __init__(self, source: "FaultySource", inner: PartitionReceiver, partition_id: str,
+    def __init__(self, source: FaultySource, inner: PartitionReceiver, partition_id: str,
                  position: EventPosition) -> None:
         self._source = source
         self._inner = inner
         self.partition_id = partition_id
         self.position = position
-        self.dead: Optional[str] = None  # why it died
+        self.dead: str | None = None  # why it died
         self.closed = False
-        self._signal: Optional[asyncio.Future] = None
+        self._signal: asyncio.Future | None = None
 
     @property
-    def last_enqueued_event_properties(self) -> Optional[LastEnqueuedEventProperties]:
+    def last_enqueued_event_properties(self) -> LastEnqueuedEventProperties | None:
         return self._inner.last_enqueued_event_properties
 
     def __repr__(self) -> str:
@@ -51,7 +51,7 @@ class FaultyReceiver(PartitionReceiver):
         if self._signal is not None and not self._signal.done():
             self._signal.set_result(why)
 
-    async def receive(self, max_batch_size: int, max_wait_time: Optional[float]) -> List[Event]:
+    async def receive(self, max_batch_size: int, max_wait_time: float | None) -> list[Event]:
         source, pid = self._source, self.partition_id
         source.calls["receive"] += 1
         if self.closed:
@@ -146,7 +146,7 @@ class FaultySource(EventSource):
         assert source.injected["detach"] > 0
     """
 
-    def __init__(self, inner: EventSource, *, rng: Optional[random.Random] = None,
+    def __init__(self, inner: EventSource, *, rng: random.Random | None = None,
                  call_timeout: float = 10.0) -> None:
         self.inner = inner
         self.fully_qualified_namespace = inner.fully_qualified_namespace
@@ -159,21 +159,21 @@ class FaultySource(EventSource):
         self.black_hole = False
         self.open_error_rate = 0.0
         self.ids_error_rate = 0.0
-        self.only: Optional[Set[str]] = None
-        self.removed: Set[str] = set()
+        self.only: set[str] | None = None
+        self.removed: set[str] = set()
         self.calls: Counter = Counter()
         self.injected: Counter = Counter()
         self.opens: Counter = Counter()
         self.delivered: Counter = Counter()
-        self.first_open_sequence: Dict[str, int] = {}
+        self.first_open_sequence: dict[str, int] = {}
         """Per partition, the newest sequence number when its first receiver opened (for
         ``latest``: the events after it are the ones a processor must deliver)."""
         self._once: Counter = Counter()
         self._busy_until = -math.inf
         self._retry_after = 0.0
-        self._asked_to_wait: Dict[str, float] = {}  # partition (or "") -> loop time the caller was told to wait for
-        self._open: Set[FaultyReceiver] = set()
-        self._healed: Optional[asyncio.Event] = None
+        self._asked_to_wait: dict[str, float] = {}  # partition (or "") -> loop time the caller was told to wait for
+        self._open: set[FaultyReceiver] = set()
+        self._healed: asyncio.Event | None = None
 
     def __repr__(self) -> str:
         return f"FaultySource({self.inner!r})"
@@ -242,7 +242,7 @@ class FaultySource(EventSource):
 
     # ------------------------------------------------------------------ machinery
 
-    def _applies(self, partition_id: Optional[str]) -> bool:
+    def _applies(self, partition_id: str | None) -> bool:
         return self.only is None or partition_id is None or partition_id in self.only
 
     def _draw(self, rate: float) -> bool:
@@ -254,7 +254,7 @@ class FaultySource(EventSource):
             return True
         return False
 
-    def _error(self, reason: str, what: str, retry_after: Optional[float] = None) -> EventSourceError:
+    def _error(self, reason: str, what: str, retry_after: float | None = None) -> EventSourceError:
         return EventSourceError(f"event hub {self.eventhub_name!r} in namespace {self.fully_qualified_namespace!r}: "
                                 f"{what}", fully_qualified_namespace=self.fully_qualified_namespace,
                                 eventhub_name=self.eventhub_name, reason=reason, retry_after=retry_after)
@@ -263,7 +263,7 @@ class FaultySource(EventSource):
         self.injected["not_found"] += 1
         return self._error("not-found", f"partition {partition_id} does not exist (amqp:not-found)")
 
-    async def _before(self, operation: str, partition_id: Optional[str]) -> None:
+    async def _before(self, operation: str, partition_id: str | None) -> None:
         """The faults every call meets first: a removed partition, throttling."""
         if partition_id is not None and partition_id in self.removed:
             raise self._not_found(partition_id)
@@ -284,7 +284,7 @@ class FaultySource(EventSource):
             self._healed = asyncio.Event()
         await self._healed.wait()
 
-    async def _swallow(self, receiver: Optional[FaultyReceiver]) -> str:
+    async def _swallow(self, receiver: FaultyReceiver | None) -> str:
         """Hang while the black hole lasts; returns what the caller then reports."""
         self.injected["black_hole"] += 1
         while self.black_hole and (receiver is None or not receiver.closed):
@@ -299,7 +299,7 @@ class FaultySource(EventSource):
 
     # ------------------------------------------------------------------ EventSource
 
-    async def get_partition_ids(self) -> List[str]:
+    async def get_partition_ids(self) -> list[str]:
         self.calls["get_partition_ids"] += 1
         await self._before("get_partition_ids", None)
         if self.black_hole:
@@ -311,7 +311,7 @@ class FaultySource(EventSource):
         return [pid for pid in ids if pid not in self.removed]
 
     async def open_receiver(self, partition_id: str, *, consumer_group: str, starting_position: EventPosition,
-                            owner_level: Optional[int], prefetch: int = 300,
+                            owner_level: int | None, prefetch: int = 300,
                             track_last_enqueued_event_properties: bool = False) -> PartitionReceiver:
         self.calls["open_receiver"] += 1
         await self._before("open_receiver", partition_id)
@@ -322,7 +322,7 @@ class FaultySource(EventSource):
                 self.injected["open_error"] += 1
                 raise self._error("unreachable", f"opening a receiver on partition {partition_id} failed: "
                                                  "the hub cannot be reached")
-        options: Dict[str, Any] = {}
+        options: dict[str, Any] = {}
         if track_last_enqueued_event_properties:
             options["track_last_enqueued_event_properties"] = True
         if partition_id not in self.first_open_sequence:

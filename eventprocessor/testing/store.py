@@ -5,7 +5,8 @@ import asyncio
 import math
 import random
 from collections import Counter
-from typing import Any, Awaitable, Callable, Dict, Optional, TypeVar
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
 
 from ..checkpoint_store import CheckpointStore, StoreWrapper
 from ..errors import CheckpointStoreError
@@ -38,7 +39,7 @@ class FaultyStore(StoreWrapper):
     * ``only``: if set, faults apply only to these operations.
     """
 
-    def __init__(self, inner: CheckpointStore, *, rng: Optional[random.Random] = None) -> None:
+    def __init__(self, inner: CheckpointStore, *, rng: random.Random | None = None) -> None:
         super().__init__(inner)
         self.rng = rng or random.Random(0)
         self.latency = 0.0
@@ -48,8 +49,8 @@ class FaultyStore(StoreWrapper):
         self.error_rate = 0.0
         self.lost_answer_rate = 0.0
         self.answer_delay = 0.0
-        self.service: Dict[str, float] = {}
-        self.only: Optional[set] = None
+        self.service: dict[str, float] = {}
+        self.only: set | None = None
         self.calls: Counter = Counter()
         self.injected: Counter = Counter()
         self.busy_seconds = 0.0

@@ -45,15 +45,16 @@ import asyncio
 import logging
 import signal
 import sys
+from collections.abc import Iterable
 from types import TracebackType
-from typing import Iterable, Optional, TextIO, Type
+from typing import TextIO
 
 from .broker import Namespace
 from .config import EmulatorConfig, EmulatorConfigError, EventHubConfig
 from .server import AMQPServer
 
-__all__ = ["DEFAULT_EVENTHUB", "EventHubsEmulator", "EmulatorConfig", "EventHubConfig", "EmulatorConfigError", "connection_string",
-           "DEFAULT_KEY_NAME", "DEFAULT_KEY", "serve"]
+__all__ = ["DEFAULT_EVENTHUB", "EventHubsEmulator", "EmulatorConfig", "EventHubConfig", "EmulatorConfigError",
+           "connection_string", "DEFAULT_KEY_NAME", "DEFAULT_KEY", "serve"]
 
 logger = logging.getLogger(__name__)
 
@@ -62,7 +63,7 @@ DEFAULT_KEY_NAME = "RootManageSharedAccessKey"
 DEFAULT_KEY = "SAS_KEY_VALUE"
 
 
-def connection_string(host: str, port: int, *, eventhub_name: Optional[str] = None,
+def connection_string(host: str, port: int, *, eventhub_name: str | None = None,
                       key_name: str = DEFAULT_KEY_NAME, key: str = DEFAULT_KEY) -> str:
     """The connection string ``azure-eventhub`` needs for an emulator at ``host:port``."""
     entity = f"EntityPath={eventhub_name};" if eventhub_name else ""
@@ -90,9 +91,9 @@ class EventHubsEmulator:
             print(emulator.connection_string)
     """
 
-    def __init__(self, config: Optional[EmulatorConfig] = None, *, eventhubs: Iterable[str] = (),
+    def __init__(self, config: EmulatorConfig | None = None, *, eventhubs: Iterable[str] = (),
                  partitions: int = 2, consumer_groups: Iterable[str] = (), host: str = "127.0.0.1", port: int = 0,
-                 sas_key: Optional[str] = None, sas_key_name: Optional[str] = None) -> None:
+                 sas_key: str | None = None, sas_key_name: str | None = None) -> None:
         flags = EmulatorConfig.from_flags(eventhubs=list(eventhubs), partitions=partitions,
                                           consumer_groups=list(consumer_groups))
         config = config.with_hubs(flags) if config is not None else flags
@@ -152,12 +153,12 @@ class EventHubsEmulator:
             self._started = False
             await self._server.stop()
 
-    async def __aenter__(self) -> "EventHubsEmulator":
+    async def __aenter__(self) -> EventHubsEmulator:
         await self.start()
         return self
 
-    async def __aexit__(self, exc_type: Optional[Type[BaseException]], exc: Optional[BaseException],
-                        tb: Optional[TracebackType]) -> None:
+    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                        tb: TracebackType | None) -> None:
         await self.stop()
 
 

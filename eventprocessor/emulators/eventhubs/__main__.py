@@ -9,14 +9,14 @@ import argparse
 import asyncio
 import logging
 import sys
-from typing import List, Optional
 
 from . import EventHubsEmulator, serve
 from .config import EmulatorConfig, EmulatorConfigError
 
 
-def parse(argv: Optional[List[str]] = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m eventprocessor.emulators.eventhubs", description=__doc__.split("\n")[0])
+def parse(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="python -m eventprocessor.emulators.eventhubs", description=__doc__.split("\n")[0])
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     parser.add_argument("--port", type=int, default=5672, help="port; 0 picks a free one (default 5672)")
     parser.add_argument("--eventhub", action="append", default=[], metavar="NAME",
@@ -40,7 +40,7 @@ def build(args: argparse.Namespace) -> EventHubsEmulator:
                              consumer_groups=args.consumer_group, host=args.host, port=args.port)
 
 
-def main(argv: Optional[List[str]] = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
     level = logging.WARNING if args.verbose == 0 else logging.INFO if args.verbose == 1 else logging.DEBUG
     logging.basicConfig(level=level, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s")

@@ -17,8 +17,9 @@ import bisect
 import functools
 import struct
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, List, Optional, Protocol, Tuple
+from typing import Any, Protocol
 
 from .codec import AMQPDecodeError, decode, skip
 from .frames import split_sections
@@ -51,7 +52,7 @@ class ReceiverHandle(Protocol):
     """What the broker needs from a receiver link: its owner level, a way to wake it
     when events arrive, and a way to disconnect it (epoch stealing)."""
 
-    owner_level: Optional[int]
+    owner_level: int | None
     name: str
 
     def wake(self) -> None: ...
@@ -65,7 +66,7 @@ def _rot(x: int, k: int) -> int:
     return ((x << k) | (x >> (32 - k))) & 0xFFFFFFFF
 
 
-def _lookup3(data: bytes) -> Tuple[int, int]:
+def _lookup3(data: bytes) -> tuple[int, int]:
     """Bob Jenkins' lookup3 ``hashlittle2`` with zero seeds: returns (c, b)."""
     length = len(data)
     a = b = c = (0xDEADBEEF + length) & 0xFFFFFFFF
@@ -126,7 +127,7 @@ class StartPosition:
     inclusive: bool = False
 
 
-def parse_selector(expression: Optional[str]) -> StartPosition:
+def parse_selector(expression: str | None) -> StartPosition:
     """Parse ``amqp.annotation.x-opt-offset > '123'`` and its siblings.
 
     Raises :class:`BrokerError` (``amqp:invalid-field``) for anything else.
@@ -134,7 +135,7 @@ def parse_selector(expression: Optional[str]) -> StartPosition:
     if expression is None:
         return StartPosition("latest")
     text = expression.strip()
-    for name, kind in (("amqp.annotation.x-opt-offset", "offset"),
+    for name, kind in (("amqp.annotation.x-opt-offset", "offset"),  # noqa: B007 (kind is read after the loop)
                        ("amqp.annotation.x-opt-sequence-number", "sequence_number"),
                        ("amqp.annotation.x-opt-enqueued-time", "enqueued_time")):
         if text.lower().startswith(name):
@@ -172,21 +173,21 @@ def _now_ms() -> int:
 class Partition:
     """One partition: an append-only log with a bounded, moving start."""
 
-    def __init__(self, hub: "EventHub", partition_id: str) -> None:
+    def __init__(self, hub: EventHub, partition_id: str) -> None:
         self.hub = hub
         self.partition_id = partition_id
         # Parallel lists from ``_head`` on: payloads, offsets, enqueued times (ms),
         # and where each payload's header section ends (delivery annotations go after it).
-        self._payloads: List[bytes] = []
-        self._header_ends: List[int] = []
-        self._offsets: List[int] = []
-        self._times: List[int] = []
+        self._payloads: list[bytes] = []
+        self._header_ends: list[int] = []
+        self._offsets: list[int] = []
+        self._times: list[int] = []
         self._head = 0
         self.begin_sequence_number = 0  # of the oldest retained event
         self.next_sequence_number = 0
         self.next_offset = 0
         self.last_enqueued_time = 0
-        self.receivers: Dict[str, List[ReceiverHandle]] = {}
+        self.receivers: dict[str, list[ReceiverHandle]] = {}
 
     # -- reading
     @property
@@ -205,12 +206,12 @@ class Partition:
     def last_offset(self) -> int:
         return self._offsets[-1] if self.retained else -1
 
-    def event(self, sequence_number: int) -> Tuple[bytes, int, int, int]:
+    def event(self, sequence_number: int) -> tuple[bytes, int, int, int]:
         """(payload, header end, offset, enqueued ms) of a retained event."""
         index = self._head + sequence_number - self.begin_sequence_number
         return self._payloads[index], self._header_ends[index], self._offsets[index], self._times[index]
 
-    def payload_slice(self, first: int, count: int) -> List[bytes]:
+    def payload_slice(self, first: int, count: int) -> list[bytes]:
         index = self._head + first - self.begin_sequence_number
         return self._payloads[index:index + count]
 
@@ -256,7 +257,7 @@ class Partition:
         raise BrokerError("amqp:invalid-field", f"unknown position kind {position.kind!r}")
 
     # -- writing
-    def append(self, messages: List[Tuple[bytes, bytes, int, bytes]], partition_key: Optional[bytes]) -> None:
+    def append(self, messages: list[tuple[bytes, bytes, int, bytes]], partition_key: bytes | None) -> None:
         """Store messages, each given as (header section, the sender's message-annotation
         entries, their item count, the other sections), stamping the service annotations."""
         now = max(_now_ms(), self.last_enqueued_time)
@@ -365,12 +366,12 @@ class Partition:
 
 @dataclass
 class EventHub:
-    namespace: "Namespace"
+    namespace: Namespace
     name: str
     partition_count: int
-    consumer_groups: Dict[str, str] = field(default_factory=dict)  # casefolded -> as configured
+    consumer_groups: dict[str, str] = field(default_factory=dict)  # casefolded -> as configured
     created_at: int = field(default_factory=_now_ms)
-    partitions: List[Partition] = field(default_factory=list)
+    partitions: list[Partition] = field(default_factory=list)
     _round_robin: int = 0
 
     def __post_init__(self) -> None:
@@ -378,7 +379,7 @@ class EventHub:
         self.consumer_groups.setdefault("$default", "$Default")
 
     @property
-    def partition_ids(self) -> List[str]:
+    def partition_ids(self) -> list[str]:
         return [p.partition_id for p in self.partitions]
 
     def add_partitions(self, partition_count: int) -> None:
@@ -409,7 +410,7 @@ class EventHub:
                 f"The messaging entity '{self.namespace.host}:eventhub:{self.name}~consumergroups/{consumer_group}' "
                 "could not be found.")
 
-    def route(self, partition_key: Optional[str]) -> Partition:
+    def route(self, partition_key: str | None) -> Partition:
         """Where a send without a partition id goes: by key hash, else round robin."""
         if partition_key is not None:
             return self.partitions[partition_for_key(partition_key, self.partition_count)]
@@ -425,7 +426,7 @@ class Namespace:
     max_events_per_partition: int = 100_000
     retention_seconds: float = 3600.0
     max_message_size: int = 1024 * 1024
-    hubs: Dict[str, EventHub] = field(default_factory=dict)
+    hubs: dict[str, EventHub] = field(default_factory=dict)
     busy_until: float = 0.0  # time.monotonic() until which receivers are throttled (see throttle)
     busy_retry_after: float = 4.0
     throttled: int = 0  # receiver attaches refused with server-busy
@@ -454,7 +455,7 @@ class Namespace:
             self.throttled += 1
             raise BrokerError("com.microsoft:server-busy", self._busy_text())
 
-    def add_hub(self, name: str, partition_count: int, consumer_groups: Optional[List[str]] = None) -> EventHub:
+    def add_hub(self, name: str, partition_count: int, consumer_groups: list[str] | None = None) -> EventHub:
         hub = EventHub(self, name, partition_count)
         for group in consumer_groups or []:
             hub.consumer_groups[group.casefold()] = group
@@ -471,7 +472,7 @@ class Namespace:
 
 # ----------------------------------------------------------------------------- message parsing
 
-def split_message(message: Any) -> Tuple[bytes, bytes, int, bytes, Optional[str]]:
+def split_message(message: Any) -> tuple[bytes, bytes, int, bytes, str | None]:
     """Split a sender's message into (header section, its message-annotation entries
     minus the service's own keys, their item count, the other sections, its partition key).
 
@@ -482,7 +483,7 @@ def split_message(message: Any) -> Tuple[bytes, bytes, int, bytes, Optional[str]
     entries = b""
     entry_count = 0
     rest = bytearray()
-    partition_key: Optional[str] = None
+    partition_key: str | None = None
     for code, start, value_start, end in split_sections(message):
         if code == 0x70:
             header = bytes(message[start:end])
@@ -497,7 +498,7 @@ def split_message(message: Any) -> Tuple[bytes, bytes, int, bytes, Optional[str]
     return header, entries, entry_count, bytes(rest), partition_key
 
 
-def _filter_annotations(message: Any, value_start: int, end: int) -> Tuple[bytes, int, Optional[str]]:
+def _filter_annotations(message: Any, value_start: int, end: int) -> tuple[bytes, int, str | None]:
     constructor = message[value_start]
     if constructor == 0xC1:
         pos, count = value_start + 3, message[value_start + 2]
@@ -509,7 +510,7 @@ def _filter_annotations(message: Any, value_start: int, end: int) -> Tuple[bytes
         raise AMQPDecodeError("message annotations are not a map")
     kept = bytearray()
     kept_count = 0
-    partition_key: Optional[str] = None
+    partition_key: str | None = None
     for _ in range(count // 2):
         key_end = skip(message, pos)
         value_end = skip(message, key_end)

@@ -35,11 +35,13 @@ from __future__ import annotations
 
 import struct
 import uuid
+from collections.abc import Callable
 from datetime import datetime, timezone
-from typing import Any, Callable, Dict, List, NamedTuple, Tuple
+from typing import Any, NamedTuple
 
 __all__ = [
-    "AMQPDecodeError", "Symbol", "Timestamp", "UInt", "ULong", "UByte", "UShort", "Int", "Described", "SymbolArray", "StringArray",
+    "AMQPDecodeError", "Symbol", "Timestamp", "UInt", "ULong", "UByte", "UShort", "Int", "Described", "SymbolArray",
+    "StringArray",
     "encode", "encode_into", "decode", "skip", "described_list",
 ]
 
@@ -60,7 +62,7 @@ class Timestamp(int):
     __slots__ = ()
 
     @classmethod
-    def from_datetime(cls, when: datetime) -> "Timestamp":
+    def from_datetime(cls, when: datetime) -> Timestamp:
         return cls(int(when.timestamp() * 1000))
 
     def to_datetime(self) -> datetime:
@@ -210,7 +212,7 @@ def _enc_compound(out: bytearray, small: int, large: int, count: int, body: byte
     out += body
 
 
-def _enc_list(out: bytearray, value: List[Any]) -> None:
+def _enc_list(out: bytearray, value: list[Any]) -> None:
     # Never the empty-list constructor 0x45: the official client's frame decoder only
     # understands list8/list32 at the top of a performative, so always use those.
     body = bytearray()
@@ -219,7 +221,7 @@ def _enc_list(out: bytearray, value: List[Any]) -> None:
     _enc_compound(out, 0xC0, 0xD0, len(value), body)
 
 
-def _enc_map(out: bytearray, value: Dict[Any, Any]) -> None:
+def _enc_map(out: bytearray, value: dict[Any, Any]) -> None:
     body = bytearray()
     for key, item in value.items():
         encode_into(body, key)
@@ -227,7 +229,7 @@ def _enc_map(out: bytearray, value: Dict[Any, Any]) -> None:
     _enc_compound(out, 0xC1, 0xD1, 2 * len(value), body)
 
 
-def _enc_text_array(out: bytearray, items: List[bytes], small: int, large: int) -> None:
+def _enc_text_array(out: bytearray, items: list[bytes], small: int, large: int) -> None:
     if all(len(item) <= 255 for item in items):
         body = bytearray((small,))
         for item in items:
@@ -239,11 +241,11 @@ def _enc_text_array(out: bytearray, items: List[bytes], small: int, large: int) 
     _enc_compound(out, 0xE0, 0xF0, len(items), body)
 
 
-def _enc_symbol_array(out: bytearray, value: List[str]) -> None:
+def _enc_symbol_array(out: bytearray, value: list[str]) -> None:
     _enc_text_array(out, [item.encode("ascii") for item in value], 0xA3, 0xB3)
 
 
-def _enc_string_array(out: bytearray, value: List[str]) -> None:
+def _enc_string_array(out: bytearray, value: list[str]) -> None:
     _enc_text_array(out, [item.encode("utf-8") for item in value], 0xA1, 0xB1)
 
 
@@ -253,7 +255,7 @@ def _enc_described(out: bytearray, value: Described) -> None:
     encode_into(out, value.value)
 
 
-_ENCODERS: Dict[type, Callable[[bytearray, Any], None]] = {
+_ENCODERS: dict[type, Callable[[bytearray, Any], None]] = {
     type(None): _enc_null,
     bool: _enc_bool,
     int: _enc_long,
@@ -295,7 +297,7 @@ def encode(value: Any) -> bytes:
     return bytes(out)
 
 
-def described_list(code: int, fields: List[Any]) -> bytes:
+def described_list(code: int, fields: list[Any]) -> bytes:
     """A performative or section: a described list with a small-ulong descriptor."""
     out = bytearray(b"\x00\x53")
     out.append(code)
@@ -341,8 +343,8 @@ def skip(buf: Any, pos: int) -> int:
     return end
 
 
-def _dec_items(buf: Any, pos: int, count: int, end: int) -> Tuple[List[Any], int]:
-    items: List[Any] = []
+def _dec_items(buf: Any, pos: int, count: int, end: int) -> tuple[list[Any], int]:
+    items: list[Any] = []
     for _ in range(count):
         if pos >= end:
             raise AMQPDecodeError("compound value has fewer items than its count")
@@ -353,7 +355,7 @@ def _dec_items(buf: Any, pos: int, count: int, end: int) -> Tuple[List[Any], int
     return items, pos
 
 
-def _dec_array_items(buf: Any, pos: int, count: int, end: int) -> Tuple[List[Any], int]:
+def _dec_array_items(buf: Any, pos: int, count: int, end: int) -> tuple[list[Any], int]:
     if count == 0:
         return [], end
     # Element constructor once, then the bare values; a described array repeats its descriptor once.
@@ -363,7 +365,7 @@ def _dec_array_items(buf: Any, pos: int, count: int, end: int) -> Tuple[List[Any
     if buf[pos] == 0x00:
         descriptor, pos = decode(buf, pos + 1)
     code = buf[pos]
-    items: List[Any] = []
+    items: list[Any] = []
     pos += 1
     for _ in range(count):
         value, pos = _decode_with_constructor(buf, code, pos)
@@ -373,7 +375,7 @@ def _dec_array_items(buf: Any, pos: int, count: int, end: int) -> Tuple[List[Any
     return items, pos
 
 
-def _decode_with_constructor(buf: Any, code: int, pos: int) -> Tuple[Any, int]:
+def _decode_with_constructor(buf: Any, code: int, pos: int) -> tuple[Any, int]:
     """Decode the value whose constructor ``code`` was already read; ``pos`` is just after it."""
     if code == 0x40:
         return None, pos
@@ -478,10 +480,10 @@ def _decode_with_constructor(buf: Any, code: int, pos: int) -> Tuple[Any, int]:
     return (text if code in (0xA1, 0xB1) else Symbol(text)), end
 
 
-def _pairs(items: List[Any]) -> Dict[Any, Any]:
+def _pairs(items: list[Any]) -> dict[Any, Any]:
     if len(items) % 2:
         raise AMQPDecodeError("map has an odd number of items")
-    result: Dict[Any, Any] = {}
+    result: dict[Any, Any] = {}
     for index in range(0, len(items), 2):
         key = items[index]
         try:
@@ -491,7 +493,7 @@ def _pairs(items: List[Any]) -> Dict[Any, Any]:
     return result
 
 
-def decode(buf: Any, pos: int = 0) -> Tuple[Any, int]:
+def decode(buf: Any, pos: int = 0) -> tuple[Any, int]:
     """Decode the value at ``pos``; return it and the position after it."""
     _need(buf, pos + 1)
     return _decode_with_constructor(buf, buf[pos], pos + 1)

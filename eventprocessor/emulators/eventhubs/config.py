@@ -21,9 +21,10 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, List, Optional, Tuple
+from typing import Any
 
 __all__ = ["EmulatorConfig", "EventHubConfig", "EmulatorConfigError", "MAX_PARTITIONS", "MICROSOFT_LIMITS"]
 
@@ -41,7 +42,7 @@ class EmulatorConfigError(ValueError):
 class EventHubConfig:
     name: str
     partition_count: int = 2
-    consumer_groups: Tuple[str, ...] = ()
+    consumer_groups: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -54,7 +55,7 @@ class EmulatorConfig:
         config = EmulatorConfig.from_file("Config.json")
     """
 
-    eventhubs: Tuple[EventHubConfig, ...] = ()
+    eventhubs: tuple[EventHubConfig, ...] = ()
     namespace: str = "emulatorNs1"
     max_events_per_partition: int = 100_000
     retention_seconds: float = 3600.0
@@ -74,12 +75,13 @@ class EmulatorConfig:
             for group in hub.consumer_groups:
                 _check_name(group, f"consumer group of event hub {hub.name!r}")
         if self.max_events_per_partition < 1:
-            raise EmulatorConfigError(f"max_events_per_partition must be at least 1, got {self.max_events_per_partition}")
+            raise EmulatorConfigError(
+                f"max_events_per_partition must be at least 1, got {self.max_events_per_partition}")
         if self.retention_seconds <= 0:
             raise EmulatorConfigError(f"retention_seconds must be positive, got {self.retention_seconds}")
 
     @property
-    def beyond_microsoft_limits(self) -> List[str]:
+    def beyond_microsoft_limits(self) -> list[str]:
         """Where this configuration exceeds what Microsoft's Docker emulator accepts."""
         notes = []
         if len(self.eventhubs) > MICROSOFT_LIMITS["event hubs"]:
@@ -93,14 +95,14 @@ class EmulatorConfig:
 
     @classmethod
     def from_flags(cls, *, eventhubs: Iterable[str] = (), partitions: int = 2, consumer_groups: Iterable[str] = (),
-                   max_events_per_partition: int = 100_000, retention_seconds: float = 3600.0) -> "EmulatorConfig":
+                   max_events_per_partition: int = 100_000, retention_seconds: float = 3600.0) -> EmulatorConfig:
         """Hubs named on the command line, all with the same partitions and consumer groups."""
         groups = tuple(consumer_groups)
         return cls(tuple(EventHubConfig(name, partitions, groups) for name in eventhubs),
                    max_events_per_partition=max_events_per_partition, retention_seconds=retention_seconds)
 
     @classmethod
-    def from_file(cls, path: "str | Path", **limits: Any) -> "EmulatorConfig":
+    def from_file(cls, path: str | Path, **limits: Any) -> EmulatorConfig:
         """Read Microsoft's emulator ``Config.json``."""
         try:
             text = Path(path).read_text(encoding="utf-8-sig")
@@ -115,7 +117,7 @@ class EmulatorConfig:
         return cls.from_document(document, source=str(path), **limits)
 
     @classmethod
-    def from_document(cls, document: Any, *, source: str = "configuration", **limits: Any) -> "EmulatorConfig":
+    def from_document(cls, document: Any, *, source: str = "configuration", **limits: Any) -> EmulatorConfig:
         user = _get(document, "UserConfig", source, dict)
         namespaces = _get(user, "NamespaceConfig", f"{source}: UserConfig", list)
         if len(namespaces) != 1:
@@ -153,7 +155,7 @@ class EmulatorConfig:
             hubs.append(EventHubConfig(hub_name, partition_count, tuple(groups)))
         return cls(tuple(hubs), namespace=str(name), **limits)
 
-    def with_hubs(self, extra: "EmulatorConfig") -> "EmulatorConfig":
+    def with_hubs(self, extra: EmulatorConfig) -> EmulatorConfig:
         """This configuration plus the hubs of ``extra`` (flags on top of a file)."""
         return EmulatorConfig(self.eventhubs + extra.eventhubs, namespace=self.namespace,
                               max_events_per_partition=self.max_events_per_partition,
@@ -170,7 +172,7 @@ def _get(container: Any, key: str, where: str, kind: type) -> Any:
     return value
 
 
-def _check_name(name: Optional[str], what: str) -> None:
+def _check_name(name: str | None, what: str) -> None:
     if not isinstance(name, str) or not _NAME.match(name) or name.endswith((".", "-")):
         raise EmulatorConfigError(
             f"invalid {what} name {name!r}: use letters, digits, '.', '-', '_' (at most 256 characters, "

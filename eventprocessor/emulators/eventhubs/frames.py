@@ -11,13 +11,26 @@ The hot path, one transfer per delivered event, has its own fixed-layout encoder
 from __future__ import annotations
 
 import struct
-from typing import Any, Dict, List, NamedTuple, Optional, Tuple
+from typing import Any, NamedTuple
 
-from .codec import (AMQPDecodeError, Described, Symbol, SymbolArray, UByte, UInt, ULong, UShort, decode,
-                    described_list, encode, skip)
+from .codec import (
+    AMQPDecodeError,
+    Described,
+    Symbol,
+    SymbolArray,
+    UByte,
+    UInt,
+    ULong,
+    UShort,
+    decode,
+    described_list,
+    encode,
+    skip,
+)
 
 __all__ = [
-    "AMQP_HEADER", "SASL_HEADER", "TLS_HEADER", "Performative", "Raw", "frame", "performative", "sasl_frame", "read_frame_header",
+    "AMQP_HEADER", "SASL_HEADER", "TLS_HEADER", "Performative", "Raw", "frame", "performative", "sasl_frame",
+    "read_frame_header",
     "decode_performative", "open_frame", "begin_frame", "attach_frame", "flow_frame", "disposition_frame",
     "detach_frame", "end_frame", "close_frame", "sasl_mechanisms", "sasl_outcome", "error", "transfer_frame",
     "transfer_frames", "EMPTY_FRAME", "accepted", "rejected", "source", "target", "SECTION_CODES",
@@ -55,8 +68,8 @@ class Performative(NamedTuple):
     of each field (to echo a peer's source or target exactly), and the transfer payload."""
 
     code: int
-    fields: List[Any]
-    raw: List[bytes]
+    fields: list[Any]
+    raw: list[bytes]
     payload: bytes
 
     @property
@@ -64,7 +77,7 @@ class Performative(NamedTuple):
         return _NAMES.get(self.code, f"0x{self.code:02x}")
 
 
-def performative(code: int, fields: List[Any]) -> bytes:
+def performative(code: int, fields: list[Any]) -> bytes:
     """A performative body (no frame header) with every field present, in order."""
     body = bytearray()
     for value in fields:
@@ -90,7 +103,7 @@ def sasl_frame(body: bytes) -> bytes:
     return frame(0, body, frame_type=1)
 
 
-def read_frame_header(buf: Any, pos: int = 0) -> Tuple[int, int, int, int]:
+def read_frame_header(buf: Any, pos: int = 0) -> tuple[int, int, int, int]:
     """(size, data offset in 4-byte words, frame type, channel) of the frame at ``pos``."""
     return _HEADER.unpack_from(buf, pos)
 
@@ -111,8 +124,8 @@ def decode_performative(body: Any) -> Performative:
     if expected is None:
         raise AMQPDecodeError(f"unknown performative 0x{code:02x}")
     constructor = body[pos]
-    fields: List[Any] = []
-    raw: List[bytes] = []
+    fields: list[Any] = []
+    raw: list[bytes] = []
     if constructor == 0x45:
         end = pos + 1
     elif constructor in (0xC0, 0xD0):
@@ -151,37 +164,37 @@ def decode_performative(body: Any) -> Performative:
 
 # ----------------------------------------------------------------------------- performatives
 
-def error(condition: str, description: Optional[str] = None, info: Optional[Dict[Any, Any]] = None) -> Described:
+def error(condition: str, description: str | None = None, info: dict[Any, Any] | None = None) -> Described:
     return Described(ULong(0x1D), [Symbol(condition), description, info])
 
 
-def open_frame(container_id: str, *, hostname: Optional[str], max_frame_size: int, channel_max: int,
-               idle_timeout_ms: Optional[int], properties: Optional[Dict[Any, Any]] = None) -> bytes:
+def open_frame(container_id: str, *, hostname: str | None, max_frame_size: int, channel_max: int,
+               idle_timeout_ms: int | None, properties: dict[Any, Any] | None = None) -> bytes:
     return frame(0, performative(OPEN, [
         container_id, hostname, UInt(max_frame_size), UShort(channel_max),
         UInt(idle_timeout_ms) if idle_timeout_ms else None, None, None, None, None, properties]))
 
 
-def begin_frame(channel: int, *, remote_channel: Optional[int], next_outgoing_id: int, incoming_window: int,
+def begin_frame(channel: int, *, remote_channel: int | None, next_outgoing_id: int, incoming_window: int,
                 outgoing_window: int, handle_max: int) -> bytes:
     return frame(channel, performative(BEGIN, [
-        UShort(remote_channel) if remote_channel is not None else None, UInt(next_outgoing_id), UInt(incoming_window), UInt(outgoing_window),
-        UInt(handle_max), None, None, None]))
+        UShort(remote_channel) if remote_channel is not None else None, UInt(next_outgoing_id), UInt(incoming_window),
+        UInt(outgoing_window), UInt(handle_max), None, None, None]))
 
 
-def source(address: Optional[str], filters: Optional[Dict[Any, Any]] = None) -> Described:
+def source(address: str | None, filters: dict[Any, Any] | None = None) -> Described:
     return Described(ULong(0x28), [address, UInt(0), Symbol("session-end"), UInt(0), False, None, None, filters,
                                    None, None, None])
 
 
-def target(address: Optional[str]) -> Described:
+def target(address: str | None) -> Described:
     return Described(ULong(0x29), [address, UInt(0), Symbol("session-end"), UInt(0), False, None, None])
 
 
 def attach_frame(channel: int, *, name: str, handle: int, role: bool, snd_settle_mode: int, rcv_settle_mode: int,
-                 source: Any, target: Any, initial_delivery_count: Optional[int], max_message_size: Optional[int],
-                 offered_capabilities: Optional[List[str]] = None,
-                 properties: Optional[Dict[Any, Any]] = None) -> bytes:
+                 source: Any, target: Any, initial_delivery_count: int | None, max_message_size: int | None,
+                 offered_capabilities: list[str] | None = None,
+                 properties: dict[Any, Any] | None = None) -> bytes:
     return frame(channel, performative(ATTACH, [
         name, UInt(handle), role, UByte(snd_settle_mode), UByte(rcv_settle_mode), source, target, None, False,
         UInt(initial_delivery_count) if initial_delivery_count is not None else None,
@@ -189,11 +202,11 @@ def attach_frame(channel: int, *, name: str, handle: int, role: bool, snd_settle
         SymbolArray(offered_capabilities) if offered_capabilities else None, None, properties]))
 
 
-def flow_frame(channel: int, *, next_incoming_id: Optional[int], incoming_window: int, next_outgoing_id: int,
-               outgoing_window: int, handle: Optional[int] = None, delivery_count: Optional[int] = None,
-               link_credit: Optional[int] = None, available: Optional[int] = None, drain: bool = False,
+def flow_frame(channel: int, *, next_incoming_id: int | None, incoming_window: int, next_outgoing_id: int,
+               outgoing_window: int, handle: int | None = None, delivery_count: int | None = None,
+               link_credit: int | None = None, available: int | None = None, drain: bool = False,
                echo: bool = False) -> bytes:
-    def opt(value: Optional[int]) -> Optional[UInt]:
+    def opt(value: int | None) -> UInt | None:
         return UInt(value & 0xFFFFFFFF) if value is not None else None
 
     return frame(channel, performative(FLOW, [
@@ -209,25 +222,25 @@ def rejected(condition: str, description: str) -> Described:
     return Described(ULong(0x25), [error(condition, description)])
 
 
-def disposition_frame(channel: int, *, role: bool, first: int, last: Optional[int], settled: bool,
+def disposition_frame(channel: int, *, role: bool, first: int, last: int | None, settled: bool,
                       state: Any) -> bytes:
     return frame(channel, performative(DISPOSITION, [
         role, UInt(first), UInt(last) if last is not None else None, settled, state, False]))
 
 
-def detach_frame(channel: int, *, handle: int, closed: bool, err: Optional[Described] = None) -> bytes:
+def detach_frame(channel: int, *, handle: int, closed: bool, err: Described | None = None) -> bytes:
     return frame(channel, performative(DETACH, [UInt(handle), closed, err]))
 
 
-def end_frame(channel: int, err: Optional[Described] = None) -> bytes:
+def end_frame(channel: int, err: Described | None = None) -> bytes:
     return frame(channel, performative(END, [err]))
 
 
-def close_frame(err: Optional[Described] = None) -> bytes:
+def close_frame(err: Described | None = None) -> bytes:
     return frame(0, performative(CLOSE, [err]))
 
 
-def sasl_mechanisms(mechanisms: List[str]) -> bytes:
+def sasl_mechanisms(mechanisms: list[str]) -> bytes:
     return sasl_frame(performative(SASL_MECHANISMS, [SymbolArray(mechanisms)]))
 
 
@@ -252,7 +265,7 @@ def transfer_frame(channel: int, handle: int, delivery_id: int, payload: bytes) 
                           0x70, handle, 0x70, delivery_id, 0xA0, 8, delivery_id, _TRANSFER_TAIL) + payload
 
 
-def transfer_frames(channel: int, handle: int, delivery_id: int, payload: bytes, max_frame_size: int) -> List[bytes]:
+def transfer_frames(channel: int, handle: int, delivery_id: int, payload: bytes, max_frame_size: int) -> list[bytes]:
     """One delivery split over as many frames as the peer's ``max_frame_size`` needs."""
     room = max_frame_size - _TRANSFER_OVERHEAD
     if len(payload) <= room:
@@ -278,10 +291,10 @@ SECTION_CODES = {
 class MessageSections(NamedTuple):
     """Where each section of an encoded message is: ``(code, start, value_start, end)``."""
 
-    sections: List[Tuple[int, int, int, int]]
+    sections: list[tuple[int, int, int, int]]
 
 
-def split_sections(message: Any) -> List[Tuple[int, int, int, int]]:
+def split_sections(message: Any) -> list[tuple[int, int, int, int]]:
     """Split an encoded message into its sections without decoding their values."""
     sections = []
     pos, size = 0, len(message)

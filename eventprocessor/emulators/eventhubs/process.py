@@ -18,9 +18,10 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, List, Optional, Sequence
+from typing import IO
 
 __all__ = ["EmulatorProcess", "EmulatorUnavailable", "start_emulator_process"]
 
@@ -39,7 +40,7 @@ class EmulatorProcess:
 
     connection_string: str
     process: subprocess.Popen = field(repr=False)
-    stderr_path: Optional[Path] = None
+    stderr_path: Path | None = None
 
     @property
     def pid(self) -> int:
@@ -54,7 +55,7 @@ class EmulatorProcess:
         return self.connection_string.replace("UseDevelopmentEmulator=true",
                                               f"EntityPath={eventhub_name};UseDevelopmentEmulator=true")
 
-    def stop(self, timeout: float = 10.0) -> Optional[int]:
+    def stop(self, timeout: float = 10.0) -> int | None:
         """SIGTERM, then SIGKILL after ``timeout``; returns the exit code."""
         if self.process.poll() is None:
             self.process.send_signal(signal.SIGTERM)
@@ -67,7 +68,7 @@ class EmulatorProcess:
             self.process.stdout.close()
         return self.process.returncode
 
-    def __enter__(self) -> "EmulatorProcess":
+    def __enter__(self) -> EmulatorProcess:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -75,12 +76,12 @@ class EmulatorProcess:
 
 
 def start_emulator_process(args: Sequence[str] = (), *, timeout: float = 30.0,
-                           stderr: Optional[IO[bytes]] = None, python: Optional[str] = None) -> EmulatorProcess:
+                           stderr: IO[bytes] | None = None, python: str | None = None) -> EmulatorProcess:
     """Start ``python -m eventprocessor.emulators.eventhubs --port 0 ARGS`` and wait for its connection string."""
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(_ROOT), env.get("PYTHONPATH", "")) if p)
     env["PYTHONUNBUFFERED"] = "1"
-    command: List[str] = [python or sys.executable, "-m", "eventprocessor.emulators.eventhubs", "--host", "127.0.0.1",
+    command: list[str] = [python or sys.executable, "-m", "eventprocessor.emulators.eventhubs", "--host", "127.0.0.1",
                           "--port", "0", *args]
     # Its log goes to a file, never to a pipe nobody reads (a full pipe would block it).
     log = stderr if stderr is not None else tempfile.TemporaryFile()

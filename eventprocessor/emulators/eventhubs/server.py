@@ -39,7 +39,7 @@ import logging
 import struct
 import time
 import uuid
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any
 from urllib.parse import parse_qs, quote_plus, urlparse
 
 from . import frames as F
@@ -65,7 +65,7 @@ def _now_ms() -> int:
     return int(time.time() * 1000)
 
 
-def _entity_path(address: Optional[str]) -> List[str]:
+def _entity_path(address: str | None) -> list[str]:
     """The path segments of a link address (``amqps://host:port/hub/...`` or a bare path)."""
     if not address:
         return []
@@ -74,7 +74,7 @@ def _entity_path(address: Optional[str]) -> List[str]:
     return [segment for segment in address.strip("/").split("/") if segment]
 
 
-def _message(properties: List[Any], application_properties: Dict[str, Any], value: Any) -> bytes:
+def _message(properties: list[Any], application_properties: dict[str, Any], value: Any) -> bytes:
     """An encoded response message: properties, application properties, amqp-value body."""
     full = (properties + [None] * 13)[:13]
     return (F.section(0x73, full) + b"\x00\x53\x74" + encode(application_properties)
@@ -84,7 +84,7 @@ def _message(properties: List[Any], application_properties: Dict[str, Any], valu
 class _Link:
     """State common to both link directions."""
 
-    def __init__(self, session: "_Session", name: str, remote_handle: int, handle: int, address: Optional[str]) -> None:
+    def __init__(self, session: _Session, name: str, remote_handle: int, handle: int, address: str | None) -> None:
         self.session = session
         self.name = name
         self.remote_handle = remote_handle
@@ -99,15 +99,15 @@ class _Link:
 class _InboundLink(_Link):
     """The client sends on it (a producer, or the request half of ``$cbs``/``$management``)."""
 
-    def __init__(self, session: "_Session", name: str, remote_handle: int, handle: int, address: Optional[str],
-                 kind: str, hub: Optional[EventHub] = None, partition: Optional[Partition] = None) -> None:
+    def __init__(self, session: _Session, name: str, remote_handle: int, handle: int, address: str | None,
+                 kind: str, hub: EventHub | None = None, partition: Partition | None = None) -> None:
         super().__init__(session, name, remote_handle, handle, address)
         self.kind = kind  # "cbs", "management" or "hub"
         self.hub = hub
         self.partition = partition
         self.delivery_count = 0
         self.credit = 0
-        self.partial: Optional[bytearray] = None
+        self.partial: bytearray | None = None
         self.partial_format = 0
         self.partial_id = 0
         self.partial_settled = False
@@ -116,18 +116,18 @@ class _InboundLink(_Link):
 class _OutboundLink(_Link):
     """The client receives on it: events of a partition, or the replies of ``$cbs``/``$management``."""
 
-    def __init__(self, session: "_Session", name: str, remote_handle: int, handle: int, address: Optional[str],
+    def __init__(self, session: _Session, name: str, remote_handle: int, handle: int, address: str | None,
                  kind: str) -> None:
         super().__init__(session, name, remote_handle, handle, address)
         self.kind = kind  # "cbs", "management" or "partition"
         self.delivery_count = 0
         self.credit = 0
         self.drain = False
-        self.queue: List[bytes] = []  # replies waiting for credit
+        self.queue: list[bytes] = []  # replies waiting for credit
         # Partition receivers only:
-        self.partition: Optional[Partition] = None
+        self.partition: Partition | None = None
         self.consumer_group = ""
-        self.owner_level: Optional[int] = None
+        self.owner_level: int | None = None
         self.cursor = 0
         self.runtime_metric = False
         self.scheduled = False
@@ -170,7 +170,7 @@ class _OutboundLink(_Link):
         channel, handle = session.channel, self.handle
         delivery_id = session.next_outgoing_id
         max_frame = connection.remote_max_frame_size
-        chunks: List[bytes] = []
+        chunks: list[bytes] = []
         frames_sent = 0
         if self.runtime_metric:
             last_time = Timestamp(partition.last_enqueued_time)
@@ -241,7 +241,7 @@ class _OutboundLink(_Link):
 
 
 class _Session:
-    def __init__(self, connection: "_Connection", channel: int, remote_channel: int, next_incoming_id: int,
+    def __init__(self, connection: _Connection, channel: int, remote_channel: int, next_incoming_id: int,
                  remote_incoming_window: int) -> None:
         self.connection = connection
         self.channel = channel
@@ -251,7 +251,7 @@ class _Session:
         self.received_since_flow = 0
         self.next_outgoing_id = 0
         self.remote_incoming_window = remote_incoming_window
-        self.links: Dict[int, _Link] = {}  # by the client's handle
+        self.links: dict[int, _Link] = {}  # by the client's handle
         self.next_handle = 0
         self.ended = False
 
@@ -271,13 +271,13 @@ class _Session:
             next_outgoing_id=self.next_outgoing_id, outgoing_window=0xFFFFFFFF))
         self.received_since_flow = 0
 
-    def detach_link(self, link: _Link, err: Optional[Described]) -> None:
+    def detach_link(self, link: _Link, err: Described | None) -> None:
         link.detached()
         self.links.pop(link.remote_handle, None)
         if not self.ended and not self.connection.closed:
             self.connection.write(F.detach_frame(self.channel, handle=link.handle, closed=True, err=err))
 
-    def refuse(self, fields: List[Any], raw: List[bytes], role_of_client: bool, handle: int, err: Described) -> None:
+    def refuse(self, fields: list[Any], raw: list[bytes], role_of_client: bool, handle: int, err: Described) -> None:
         """Refuse an attach: answer with our terminus null, then detach with ``err``."""
         client_is_receiver = role_of_client
         self.connection.write(F.attach_frame(
@@ -288,7 +288,7 @@ class _Session:
             initial_delivery_count=0 if client_is_receiver else None, max_message_size=None))
         self.connection.write(F.detach_frame(self.channel, handle=handle, closed=True, err=err))
 
-    def end(self, err: Optional[Described] = None) -> None:
+    def end(self, err: Described | None = None) -> None:
         for link in list(self.links.values()):
             link.detached()
         self.links.clear()
@@ -300,22 +300,22 @@ class _Session:
 class _Connection(asyncio.Protocol):
     """One client connection."""
 
-    def __init__(self, server: "AMQPServer") -> None:
+    def __init__(self, server: AMQPServer) -> None:
         self.server = server
         self.namespace = server.namespace
         self.loop = asyncio.get_running_loop() if server.loop is None else server.loop
-        self.transport: Optional[asyncio.Transport] = None
+        self.transport: asyncio.Transport | None = None
         self.buffer = bytearray()
         self.state = "header"  # header -> sasl -> header -> open -> opened -> closed
         self.sasl_done = False
-        self.sessions: Dict[int, _Session] = {}  # by the client's channel
+        self.sessions: dict[int, _Session] = {}  # by the client's channel
         self.remote_max_frame_size = 512
         self.closed = False
         self.paused = False
         self.peer = "?"
-        self.authorized_audiences: List[str] = []
-        self.idle_timer: Optional[asyncio.TimerHandle] = None
-        self._dispositions: List[Tuple[_Session, int, Any]] = []
+        self.authorized_audiences: list[str] = []
+        self.idle_timer: asyncio.TimerHandle | None = None
+        self._dispositions: list[tuple[_Session, int, Any]] = []
 
     # -- asyncio.Protocol
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -327,7 +327,7 @@ class _Connection(asyncio.Protocol):
         self.server.connections.add(self)
         logger.debug("connection from %s", self.peer)
 
-    def connection_lost(self, exc: Optional[Exception]) -> None:
+    def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
         self.server.connections.discard(self)
         if self.idle_timer is not None:
@@ -476,7 +476,7 @@ class _Connection(asyncio.Protocol):
         else:
             raise AMQPDecodeError(f"unexpected {frame.name} frame")
 
-    def _on_open(self, fields: List[Any]) -> None:
+    def _on_open(self, fields: list[Any]) -> None:
         max_frame = fields[2]
         self.remote_max_frame_size = max(512, min(int(max_frame) if max_frame is not None else _MAX_FRAME_SIZE,
                                                   16 * 1024 * 1024))
@@ -497,7 +497,7 @@ class _Connection(asyncio.Protocol):
 
         self.idle_timer = self.loop.call_later(every, beat)
 
-    def _on_begin(self, channel: int, fields: List[Any]) -> None:
+    def _on_begin(self, channel: int, fields: list[Any]) -> None:
         if channel in self.sessions:
             raise AMQPDecodeError(f"channel {channel} already has a session")
         if len(self.sessions) > _CHANNEL_MAX:
@@ -509,7 +509,7 @@ class _Connection(asyncio.Protocol):
         self.write(F.begin_frame(channel, remote_channel=channel, next_outgoing_id=0,
                                  incoming_window=_SESSION_WINDOW, outgoing_window=0xFFFFFFFF, handle_max=0xFFFF))
 
-    def _session(self, channel: int) -> Optional[_Session]:
+    def _session(self, channel: int) -> _Session | None:
         # The client sends detach for its $management links after end on that channel:
         # frames for a channel that is gone are ignored, not treated as errors.
         return self.sessions.get(channel)
@@ -566,8 +566,8 @@ class _Connection(asyncio.Protocol):
                         (target[0] if target else None), refused.description)
             session.refuse(fields, raw, role, handle, F.error(refused.condition, refused.description))
 
-    def _outbound(self, session: _Session, name: str, remote_handle: int, handle: int, address: Optional[str],
-                  source: Optional[List[Any]], properties: Dict[Any, Any], desired: List[Any]) -> _OutboundLink:
+    def _outbound(self, session: _Session, name: str, remote_handle: int, handle: int, address: str | None,
+                  source: list[Any] | None, properties: dict[Any, Any], desired: list[Any]) -> _OutboundLink:
         path = _entity_path(address)
         if path in (["$cbs"], ["$management"]):
             return _OutboundLink(session, name, remote_handle, handle, address, path[0][1:])
@@ -600,7 +600,7 @@ class _Connection(asyncio.Protocol):
         return link
 
     def _inbound(self, session: _Session, name: str, remote_handle: int, handle: int,
-                 address: Optional[str]) -> _InboundLink:
+                 address: str | None) -> _InboundLink:
         path = _entity_path(address)
         if path in (["$cbs"], ["$management"]):
             return _InboundLink(session, name, remote_handle, handle, address, path[0][1:])
@@ -627,7 +627,7 @@ class _Connection(asyncio.Protocol):
         raise BrokerError("amqp:unauthorized-access",
                           f"Unauthorized access to '{hub.name}': no valid token was put for it on this connection.")
 
-    def _on_detach(self, channel: int, fields: List[Any]) -> None:
+    def _on_detach(self, channel: int, fields: list[Any]) -> None:
         session = self._session(channel)
         if session is None:
             return
@@ -637,7 +637,7 @@ class _Connection(asyncio.Protocol):
         link.detached()
         self.write(F.detach_frame(channel, handle=link.handle, closed=bool(fields[1])))
 
-    def _on_flow(self, channel: int, fields: List[Any]) -> None:
+    def _on_flow(self, channel: int, fields: list[Any]) -> None:
         session = self._session(channel)
         if session is None:
             return
@@ -747,9 +747,9 @@ class _Connection(asyncio.Protocol):
         assert hub is not None
         if message_format == _BATCH_FORMAT:
             _header, _entries, _count, rest, batch_key = split_message(message)
-            inner: List[Any] = []
+            inner: list[Any] = []
             key = batch_key
-            for code, _start, value_start, end in F.split_sections(rest):
+            for code, _start, value_start, _end in F.split_sections(rest):
                 if code != 0x75:
                     continue
                 value, _ = decode(rest, value_start)
@@ -774,9 +774,9 @@ class _Connection(asyncio.Protocol):
             partition = hub.route(key)
         partition.append(messages, key.encode("utf-8") if key is not None else None)
 
-    def _request(self, message: bytes) -> Tuple[List[Any], Dict[Any, Any], Any]:
-        properties: List[Any] = []
-        application: Dict[Any, Any] = {}
+    def _request(self, message: bytes) -> tuple[list[Any], dict[Any, Any], Any]:
+        properties: list[Any] = []
+        application: dict[Any, Any] = {}
         body: Any = None
         for code, _start, value_start, _end in F.split_sections(message):
             if code in (0x73, 0x74, 0x77):
@@ -789,13 +789,13 @@ class _Connection(asyncio.Protocol):
                     body = value
         return properties, application, body
 
-    def _reply_link(self, request_link: _InboundLink) -> Optional[_OutboundLink]:
+    def _reply_link(self, request_link: _InboundLink) -> _OutboundLink | None:
         for link in request_link.session.links.values():
             if isinstance(link, _OutboundLink) and link.kind == request_link.kind and not link.closed:
                 return link
         return None
 
-    def _respond(self, request_link: _InboundLink, properties: List[Any], status: int, description: str,
+    def _respond(self, request_link: _InboundLink, properties: list[Any], status: int, description: str,
                  value: Any) -> None:
         reply_link = self._reply_link(request_link)
         if reply_link is None:
@@ -839,7 +839,7 @@ class _Connection(asyncio.Protocol):
             hub = self.namespace.hub(name)
             self._check_authorized(hub)
             if kind == "com.microsoft:eventhub":
-                value: Dict[Any, Any] = {
+                value: dict[Any, Any] = {
                     "name": hub.name, "type": kind, "created_at": Timestamp(hub.created_at),
                     "partition_count": hub.partition_count, "partition_ids": StringArray(hub.partition_ids),
                 }
@@ -868,16 +868,16 @@ class AMQPServer:
     """Accepts AMQP connections on ``host:port`` and serves ``namespace``."""
 
     def __init__(self, namespace: Namespace, *, host: str = "127.0.0.1", port: int = 0,
-                 sas_key_name: Optional[str] = None, sas_key: Optional[str] = None) -> None:
+                 sas_key_name: str | None = None, sas_key: str | None = None) -> None:
         self.namespace = namespace
         self.host = host
         self.port = port
         self.sas_key_name = sas_key_name
         self.sas_key = sas_key
         self.container_id = f"eventprocessor-emulator-{uuid.uuid4().hex[:8]}"
-        self.connections: "set[_Connection]" = set()
-        self.loop: Optional[asyncio.AbstractEventLoop] = None
-        self._server: Optional[asyncio.base_events.Server] = None
+        self.connections: set[_Connection] = set()
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self._server: asyncio.base_events.Server | None = None
 
     def __repr__(self) -> str:
         return f"AMQPServer(host={self.host!r}, port={self.port})"
@@ -897,7 +897,7 @@ class AMQPServer:
         await self._server.wait_closed()
         self._server = None
 
-    def check_token(self, token: Any, audience: Any, token_type: Any) -> Optional[str]:
+    def check_token(self, token: Any, audience: Any, token_type: Any) -> str | None:
         """None if the token is acceptable, else why not (never the token itself)."""
         if self.sas_key is None:
             return None
@@ -913,7 +913,7 @@ class AMQPServer:
         if expiry < time.time():
             return "the token has expired"
         expected = base64.b64encode(hmac.new(self.sas_key.encode("utf-8"),
-                                             f"{quote_plus(resource)}\n{expiry}".encode("utf-8"),
+                                             f"{quote_plus(resource)}\n{expiry}".encode(),
                                              hashlib.sha256).digest()).decode()
         if not hmac.compare_digest(expected, signature):
             return "the signature does not match the key"

@@ -14,7 +14,7 @@ Example::
 from __future__ import annotations
 
 from datetime import datetime, timezone
-from typing import Any, Dict, Optional, Tuple
+from typing import Any
 
 from ...events import BodyType, Event, EventPosition, body_fields, received_event
 from ..base import LastEnqueuedEventProperties
@@ -28,10 +28,10 @@ _PARTITION_KEY = b"x-opt-partition-key"
 _UTC = timezone.utc
 _DATA = BodyType.DATA
 _fromtimestamp = datetime.fromtimestamp
-_last_enqueued: Tuple[Any, Any] = (None, None)  # (x-opt-enqueued-time, its datetime) of the last event converted
+_last_enqueued: tuple[Any, Any] = (None, None)  # (x-opt-enqueued-time, its datetime) of the last event converted
 
 
-def to_starting_position(position: EventPosition) -> Tuple[Any, bool]:
+def to_starting_position(position: EventPosition) -> tuple[Any, bool]:
     """Map an :class:`EventPosition` to azure-eventhub's (starting_position, inclusive)."""
     if position.kind == "earliest":
         return "-1", False
@@ -44,13 +44,13 @@ def to_starting_position(position: EventPosition) -> Tuple[Any, bool]:
     return position.value, position.inclusive
 
 
-def _text(value: Any) -> Optional[str]:
+def _text(value: Any) -> str | None:
     if value is None:
         return None
     return value.decode("utf-8") if isinstance(value, (bytes, bytearray)) else str(value)
 
 
-def _properties(raw: Optional[Dict[Any, Any]]) -> Dict[str, Any]:
+def _properties(raw: dict[Any, Any] | None) -> dict[str, Any]:
     if not raw:
         return {}
     return {(key.decode("utf-8") if isinstance(key, bytes) else str(key)): value for key, value in raw.items()}
@@ -67,7 +67,7 @@ def _amqp_value(value: Any) -> Any:
     return value
 
 
-def message_body(message: Any) -> Tuple[bytes, BodyType, Any]:
+def message_body(message: Any) -> tuple[bytes, BodyType, Any]:
     """``(body, body_type, amqp_body)`` of a received ``_pyamqp`` message, classified as
     azure-eventhub classifies it (``AmqpAnnotatedMessage``): data sections if there are
     any, else sequence sections if any, else the value (None when there is no body)."""
@@ -78,7 +78,7 @@ def message_body(message: Any) -> Tuple[bytes, BodyType, Any]:
     return body_fields(BodyType.VALUE, message.value)
 
 
-def to_event(event_data: Any, partition_id: Optional[str] = None) -> Event:
+def to_event(event_data: Any, partition_id: str | None = None) -> Event:
     """Convert an ``azure.eventhub.EventData`` to this SDK's :class:`Event`, its body as
     sent (``raw_amqp_message.body`` and ``body_type``)."""
     raw = event_data.raw_amqp_message
@@ -99,7 +99,7 @@ def to_event(event_data: Any, partition_id: Optional[str] = None) -> Event:
     )
 
 
-def last_enqueued_of(message: Any) -> Optional[LastEnqueuedEventProperties]:
+def last_enqueued_of(message: Any) -> LastEnqueuedEventProperties | None:
     """The partition's newest event as the service reported it in ``message``'s delivery
     annotations (present when the receiver asked for runtime metrics)."""
     annotations = getattr(message, "delivery_annotations", None) or {}
@@ -115,7 +115,7 @@ def last_enqueued_of(message: Any) -> Optional[LastEnqueuedEventProperties]:
         datetime.fromtimestamp(retrieved / 1000, _UTC) if isinstance(retrieved, (int, float)) else retrieved)
 
 
-def message_to_event(message: Any, partition_id: Optional[str] = None) -> Event:
+def message_to_event(message: Any, partition_id: str | None = None) -> Event:
     """Convert a received AMQP message (azure-eventhub's ``_pyamqp`` ``Message``) to an
     :class:`Event`, without building the ``EventData`` in between. The body is kept as
     sent (see :class:`Event`: ``body_type``, ``amqp_body``)."""

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import re
-from typing import Optional
 
 from ...errors import EventSourceError
 
@@ -44,7 +43,7 @@ _SECRET_PATTERNS = ((re.compile(r"SharedAccessSignature\s+\S+", re.I), "SharedAc
 class ErrorContext:
     """What a source error names: the namespace, the hub, and the secret to scrub."""
 
-    def __init__(self, namespace: str, eventhub_name: str, secret: Optional[str]) -> None:
+    def __init__(self, namespace: str, eventhub_name: str, secret: str | None) -> None:
         self.namespace = namespace
         self.eventhub_name = eventhub_name
         self.secret = secret
@@ -56,8 +55,8 @@ class ErrorContext:
             text = pattern.sub(replacement, text)
         return text
 
-    def error(self, reason: str, what: str, cause: Optional[BaseException] = None, *,
-              retry_after: Optional[float] = None) -> EventSourceError:
+    def error(self, reason: str, what: str, cause: BaseException | None = None, *,
+              retry_after: float | None = None) -> EventSourceError:
         detail = ""
         if cause is not None:
             first = str(cause).strip().splitlines()[0] if str(cause).strip() else ""
@@ -67,8 +66,8 @@ class ErrorContext:
             fully_qualified_namespace=self.namespace, eventhub_name=self.eventhub_name, reason=reason,
             retry_after=retry_after)
 
-    def classify(self, error: BaseException, doing: str, *, consumer_group: Optional[str] = None,
-                 partition_id: Optional[str] = None) -> EventSourceError:
+    def classify(self, error: BaseException, doing: str, *, consumer_group: str | None = None,
+                 partition_id: str | None = None) -> EventSourceError:
         """The :class:`EventSourceError` for a client exception raised while ``doing``."""
         text = f"{type(error).__name__} {error} {getattr(error, 'condition', '')}".lower()
         where = ""

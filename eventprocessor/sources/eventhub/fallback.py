@@ -4,7 +4,7 @@ builds an ``EventData`` per event and runs a processor per call)."""
 from __future__ import annotations
 
 import asyncio
-from typing import Any, List, Optional
+from typing import Any
 
 from ...events import Event
 from ..base import LastEnqueuedEventProperties
@@ -20,13 +20,13 @@ class _BatchReceiver(PartitionReceiverBase):
 
     def __init__(self, *args: Any) -> None:
         super().__init__(*args)
-        self._queue: "asyncio.Queue[Any]" = asyncio.Queue(maxsize=1)
-        self._task: Optional[asyncio.Task] = None
+        self._queue: asyncio.Queue[Any] = asyncio.Queue(maxsize=1)
+        self._task: asyncio.Task | None = None
 
-    def _start(self, max_batch_size: int, max_wait_time: Optional[float]) -> None:
+    def _start(self, max_batch_size: int, max_wait_time: float | None) -> None:
         starting_position, inclusive = to_starting_position(self._position)
 
-        async def on_event_batch(context: Any, batch: List[Any]) -> None:
+        async def on_event_batch(context: Any, batch: list[Any]) -> None:
             if self._track:
                 newest = getattr(context, "last_enqueued_event_properties", None) or {}
                 if newest.get("sequence_number") is not None:
@@ -45,7 +45,7 @@ class _BatchReceiver(PartitionReceiverBase):
             on_error=on_error, track_last_enqueued_event_properties=self._track,
         ), name=f"eventhub-receive-{self.partition_id}")
 
-    async def receive(self, max_batch_size: int, max_wait_time: Optional[float]) -> List[Event]:
+    async def receive(self, max_batch_size: int, max_wait_time: float | None) -> list[Event]:
         if self._task is None:
             self._start(max_batch_size, max_wait_time)
         task = self._task

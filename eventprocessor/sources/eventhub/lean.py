@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import deque
-from typing import Any, Deque, List, Optional
+from typing import Any
 
 from ...events import Event, EventPosition
 from .conversion import last_enqueued_of, message_to_event, to_starting_position
@@ -45,7 +45,7 @@ def lean_receive_supported(client: Any) -> bool:
     return all(callable(getattr(EventHubConsumer, name, None)) for name in ("_open", "close", "_create_handler"))
 
 
-def _outcome_retrieved(task: "asyncio.Future[Any]") -> None:
+def _outcome_retrieved(task: asyncio.Future[Any]) -> None:
     if not task.cancelled() and task.exception() is not None:
         logger.debug("an abandoned receiver open failed: %r", task.exception())
 
@@ -63,11 +63,11 @@ class _LeanReceiver(PartitionReceiverBase):
         super().__init__(*args)
         self._consumer: Any = None
         self._handler: Any = None
-        self._buffer: Deque[Any] = deque()
+        self._buffer: deque[Any] = deque()
         self._closed = False
-        self._last_sequence_number: Optional[int] = None  # of the last event handed out
+        self._last_sequence_number: int | None = None  # of the last event handed out
         self._read_size = _FRAMES_PER_READ  # frames the next read asks for (see _read)
-        self._reading: "Optional[asyncio.Future[Any]]" = None  # a large read in progress
+        self._reading: asyncio.Future[Any] | None = None  # a large read in progress
         self._reading_frames = 0  # the frames it asked for
 
     async def _open(self) -> None:
@@ -116,7 +116,7 @@ class _LeanReceiver(PartitionReceiverBase):
             # The consumer's callback takes an asyncio.Lock per message (about 2.5 µs of the
             # ~30 µs the client spends on each event here); nothing else appends to the
             # buffer, so a plain append does.
-            own: Deque[Any] = deque()
+            own: deque[Any] = deque()
             append = own.append
 
             async def on_message(message: Any) -> None:
@@ -125,7 +125,7 @@ class _LeanReceiver(PartitionReceiverBase):
             handler._message_received_callback = on_message  # type: ignore[union-attr]
             self._buffer = own
 
-    async def receive(self, max_batch_size: int, max_wait_time: Optional[float]) -> List[Event]:
+    async def receive(self, max_batch_size: int, max_wait_time: float | None) -> list[Event]:
         if self._closed:
             raise RuntimeError("receiver is closed")
         if self._consumer is None:
@@ -144,7 +144,7 @@ class _LeanReceiver(PartitionReceiverBase):
         self._last_sequence_number = events[-1].sequence_number
         return events
 
-    async def _read(self, buffer: Deque[Any], max_batch_size: int, max_wait_time: Optional[float]) -> bool:
+    async def _read(self, buffer: deque[Any], max_batch_size: int, max_wait_time: float | None) -> bool:
         """Have the client read frames until ``buffer`` holds a batch; False when
         ``max_wait_time`` passed with nothing received.
 
@@ -164,7 +164,7 @@ class _LeanReceiver(PartitionReceiverBase):
         """
         loop = asyncio.get_running_loop()
         deadline = None if max_wait_time is None else loop.time() + max_wait_time
-        first_at: Optional[float] = None
+        first_at: float | None = None
         while True:
             before = len(buffer)
             reading = self._reading

@@ -3,7 +3,7 @@ the partition, consumer group, position and owner level, and how a client error
 becomes this SDK's error (a takeover, or a classified :class:`EventSourceError`)."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Any
 
 from ...errors import EventSourceError, ReceiverDisconnectedError
 from ...events import EventPosition
@@ -20,8 +20,8 @@ class PartitionReceiverBase(PartitionReceiver):
     """What both receive paths share: the partition, group, position and owner level,
     and how a client error becomes this SDK's error."""
 
-    def __init__(self, source: "EventHubSource", client: Any, partition_id: str, consumer_group: str,
-                 position: EventPosition, owner_level: Optional[int], prefetch: int, track: bool = False) -> None:
+    def __init__(self, source: EventHubSource, client: Any, partition_id: str, consumer_group: str,
+                 position: EventPosition, owner_level: int | None, prefetch: int, track: bool = False) -> None:
         self._source = source
         self._client = client
         self.partition_id = partition_id
@@ -30,10 +30,10 @@ class PartitionReceiverBase(PartitionReceiver):
         self._owner_level = owner_level
         self._prefetch = max(1, prefetch)
         self._track = track
-        self._last_enqueued: Optional[LastEnqueuedEventProperties] = None
+        self._last_enqueued: LastEnqueuedEventProperties | None = None
 
     @property
-    def last_enqueued_event_properties(self) -> Optional[LastEnqueuedEventProperties]:
+    def last_enqueued_event_properties(self) -> LastEnqueuedEventProperties | None:
         return self._last_enqueued
 
     def __repr__(self) -> str:

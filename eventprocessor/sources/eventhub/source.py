@@ -4,12 +4,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable, Mapping
 from types import MappingProxyType
-from typing import Any, Callable, Dict, List, Mapping, Optional
+from typing import Any
 
-from ...extras import install_command
 from ...errors import ConfigurationError, EventSourceError
 from ...events import EventPosition
+from ...extras import install_command
 from ..base import EventSource, PartitionProperties, PartitionReceiver
 from .failures import ErrorContext
 from .fallback import _BatchReceiver
@@ -61,7 +62,7 @@ class EventHubSource(EventSource):
 
     def __init__(self, fully_qualified_namespace: str, eventhub_name: str, credential: Any, *,
                  operation_timeout: float = 10.0, partition_ids_ttl: float = 30.0,
-                 idle_timeout: Optional[float] = 30.0, lean_receive: bool = True, **client_kwargs: Any) -> None:
+                 idle_timeout: float | None = 30.0, lean_receive: bool = True, **client_kwargs: Any) -> None:
         if not fully_qualified_namespace:
             raise ConfigurationError("fully_qualified_namespace must not be empty")
         if not eventhub_name:
@@ -83,20 +84,20 @@ class EventHubSource(EventSource):
         self.partition_ids_ttl = float(partition_ids_ttl)
         self._credential = credential
         self._tls: Any = None
-        self._conn_str: Optional[str] = None
+        self._conn_str: str | None = None
         self._client_kwargs = client_kwargs
-        self._clients: Dict[str, Any] = {}
+        self._clients: dict[str, Any] = {}
         self._management: Any = None
-        self._partition_ids: Optional[List[str]] = None
+        self._partition_ids: list[str] | None = None
         self._partition_ids_at = 0.0
         self._errors = ErrorContext(fully_qualified_namespace, eventhub_name, None)
-        self._lean: Optional[bool] = None if lean_receive else False  # None: not checked yet
+        self._lean: bool | None = None if lean_receive else False  # None: not checked yet
         self.clock: Callable[[], float] = time.monotonic
         self._busy_until = float("-inf")  # clock() until which the hub asked us to wait (server-busy)
 
     @classmethod
-    def from_connection_string(cls, conn_str: str, *, eventhub_name: Optional[str] = None,
-                               **kwargs: Any) -> "EventHubSource":
+    def from_connection_string(cls, conn_str: str, *, eventhub_name: str | None = None,
+                               **kwargs: Any) -> EventHubSource:
         """Build from an Event Hubs connection string (``Endpoint=sb://...;SharedAccessKeyName=...;
         SharedAccessKey=...[;EntityPath=hub]``, or an emulator string with
         ``UseDevelopmentEmulator=true``)."""
@@ -115,7 +116,8 @@ class EventHubSource(EventSource):
                 "SharedAccessKeyName=<name>;SharedAccessKey=<key>' (values not shown)") from None
         name = eventhub_name or props.eventhub_name
         if not name:
-            raise ConfigurationError("no event hub name: pass eventhub_name= or put EntityPath in the connection string")
+            raise ConfigurationError(
+                "no event hub name: pass eventhub_name= or put EntityPath in the connection string")
         if eventhub_name and props.eventhub_name and eventhub_name != props.eventhub_name:
             raise ConfigurationError(
                 f"eventhub_name {eventhub_name!r} differs from the connection string's EntityPath "
@@ -239,7 +241,7 @@ class EventHubSource(EventSource):
         if delay > 0:
             await asyncio.sleep(delay)
 
-    async def get_partition_ids(self) -> List[str]:
+    async def get_partition_ids(self) -> list[str]:
         """The hub's partition ids, reused for ``partition_ids_ttl`` seconds.
 
         Raises :class:`EventSourceError` within ``operation_timeout`` seconds if the hub
@@ -256,7 +258,7 @@ class EventHubSource(EventSource):
         self._partition_ids, self._partition_ids_at = ids, self.clock()
         return list(ids)
 
-    async def _fetch_partition_ids(self) -> List[str]:
+    async def _fetch_partition_ids(self) -> list[str]:
         if self._management is None:
             # Its own client, without the client's retries: this call has a time budget.
             self._management = self._new_client("$default", retry_total=0)
@@ -281,7 +283,7 @@ class EventHubSource(EventSource):
                 await asyncio.sleep(0.5)
 
     async def open_receiver(self, partition_id: str, *, consumer_group: str, starting_position: EventPosition,
-                            owner_level: Optional[int], prefetch: int = 300,
+                            owner_level: int | None, prefetch: int = 300,
                             track_last_enqueued_event_properties: bool = False) -> PartitionReceiver:
         client = self._client(consumer_group)
         kind = _LeanReceiver if self.uses_lean_receive else _BatchReceiver
@@ -324,7 +326,7 @@ class EventHubSource(EventSource):
 _SECRET_WORDS = ("password", "secret", "token", "key", "signature", "credential")
 
 
-def _masked(options: Mapping[str, Any]) -> Dict[str, Any]:
+def _masked(options: Mapping[str, Any]) -> dict[str, Any]:
     """A copy of client options with the values of secret-bearing names (at any depth of
     nested dicts, as ``http_proxy``'s ``password``) replaced by ``"***"``."""
     return {name: "***" if any(word in str(name).lower() for word in _SECRET_WORDS)

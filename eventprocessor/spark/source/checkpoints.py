@@ -44,8 +44,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
 from ...checkpoint_store import CheckpointStore
 from ...errors import CheckpointStoreError, OwnershipLostError
@@ -79,8 +79,8 @@ def open_store(options: StoreOptions) -> CheckpointStore:
 class ClaimPlan:
     """What a commit does to the ownership records (see :func:`plan_claims`)."""
 
-    renew: Tuple[Ownership, ...] = ()
-    claim: Tuple[Ownership, ...] = ()
+    renew: tuple[Ownership, ...] = ()
+    claim: tuple[Ownership, ...] = ()
     held_by_others: Mapping[str, str] = field(default_factory=dict)
     """partition id -> the live owner that keeps it."""
 
@@ -99,9 +99,9 @@ def plan_claims(listing: OwnershipListing, partition_ids: Sequence[str], owner_i
     """
     records = {o.partition_id: o for o in listing.ownerships}
     unreadable = {u.partition_id for u in listing.unreadable}
-    renew: List[Ownership] = []
-    claim: List[Ownership] = []
-    held: Dict[str, str] = {}
+    renew: list[Ownership] = []
+    claim: list[Ownership] = []
+    held: dict[str, str] = {}
     for pid in sorted(partition_ids, key=partition_sort_key):
         record = records.get(pid)
         if record is None:
@@ -126,26 +126,26 @@ def plan_claims(listing: OwnershipListing, partition_ids: Sequence[str], owner_i
 class CommitReport:
     """What one commit wrote to the store, for logs and tests."""
 
-    written: Dict[str, int] = field(default_factory=dict)
+    written: dict[str, int] = field(default_factory=dict)
     """partition id -> sequence number checkpointed."""
-    held_by_others: Dict[str, str] = field(default_factory=dict)
-    behind: Dict[str, int] = field(default_factory=dict)
+    held_by_others: dict[str, str] = field(default_factory=dict)
+    behind: dict[str, int] = field(default_factory=dict)
     """partition id -> the stored sequence number the batch did not pass."""
-    lost: List[str] = field(default_factory=list)
-    failed: Optional[str] = None
+    lost: list[str] = field(default_factory=list)
+    failed: str | None = None
 
 
 class CheckpointWriter:
     """The query's part in the consumer group's checkpoint store (module docstring)."""
 
     def __init__(self, options: StoreOptions, fully_qualified_namespace: str, eventhub_name: str,
-                 consumer_group: str, *, store: Optional[CheckpointStore] = None) -> None:
+                 consumer_group: str, *, store: CheckpointStore | None = None) -> None:
         self.options = options
         self.owner_id = options.owner_id or default_owner_id()
         self.scope = (fully_qualified_namespace, eventhub_name, consumer_group)
         self._store = store
-        self._held: Dict[str, Ownership] = {}
-        self._floor: Dict[str, int] = {}  # the stored sequence number no write may go below
+        self._held: dict[str, Ownership] = {}
+        self._floor: dict[str, int] = {}  # the stored sequence number no write may go below
 
     def __repr__(self) -> str:
         return f"CheckpointWriter(owner_id={self.owner_id!r}, {self.options.kind} {self.options.where})"
@@ -156,7 +156,7 @@ class CheckpointWriter:
             self._store = open_store(self.options)
         return self._store
 
-    async def starting_positions(self) -> Dict[str, PartitionPosition]:
+    async def starting_positions(self) -> dict[str, PartitionPosition]:
         """The store's checkpoints as positions: the event after each checkpoint."""
         checkpoints = await self.store.list_checkpoints(*self.scope)
         return {c.partition_id: PartitionPosition(c.sequence_number + 1, c.offset) for c in checkpoints}
@@ -233,7 +233,7 @@ class CheckpointWriter:
         held, self._held = list(self._held.values()), {}
         results = await asyncio.gather(*(self.store.release_ownership(record) for record in held),
                                        return_exceptions=True)
-        for record, result in zip(held, results):
+        for record, result in zip(held, results, strict=False):
             if isinstance(result, BaseException):  # the record expires on its own
                 logger.info("query %s: releasing partition %s failed (%s); it expires instead", self.owner_id,
                             record.partition_id, result)
@@ -243,5 +243,5 @@ class CheckpointWriter:
         if store is not None:
             await store.close()
 
-    def held(self) -> List[str]:
+    def held(self) -> list[str]:
         return sorted(self._held, key=partition_sort_key)

@@ -24,11 +24,12 @@ import logging
 import signal
 import threading
 import time
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import replace
-from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence
+from typing import Any
 
 from pyspark.sql.datasource import DataSource, DataSourceReader, DataSourceStreamReader, InputPartition
-from pyspark.sql.types import (BinaryType, LongType, MapType, StringType, StructField, StructType, TimestampType)
+from pyspark.sql.types import BinaryType, LongType, MapType, StringType, StructField, StructType, TimestampType
 
 try:
     from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows, SupportsTriggerAvailableNow
@@ -44,8 +45,16 @@ from ...records import partition_sort_key
 from .checkpoints import CheckpointWriter
 from .executor import read_range
 from .hub import DriverHub
-from .offsets import (DataLossError, HubOffset, PartitionPosition, ReadRange, data_loss, end_position, plan_latest,
-                      plan_ranges)
+from .offsets import (
+    DataLossError,
+    HubOffset,
+    PartitionPosition,
+    ReadRange,
+    data_loss,
+    end_position,
+    plan_latest,
+    plan_ranges,
+)
 from .options import SourceOptions
 
 __all__ = ["EventHubsDataSource", "EventHubsStreamReader", "EventHubsBatchReader", "EventHubsPartition", "SCHEMA"]
@@ -116,23 +125,23 @@ class EventHubsDataSource(DataSource):
                 "the eventhubs source has a fixed schema (the Microsoft connector's columns: "
                 f"{', '.join(f.name for f in SCHEMA.fields)}); drop .schema(...) from the query")
 
-    def streamReader(self, schema: StructType) -> "EventHubsStreamReader":
+    def streamReader(self, schema: StructType) -> EventHubsStreamReader:
         self._check_schema(schema)
         options = self._parsed()
         if options.ending_positions or options.ending_position.kind != "end":
             logger.warning("eventhubs.endingPosition(s) bound batch reads only; a streaming query ignores them")
         return EventHubsStreamReader(options)
 
-    def reader(self, schema: StructType) -> "EventHubsBatchReader":
+    def reader(self, schema: StructType) -> EventHubsBatchReader:
         self._check_schema(schema)
         return EventHubsBatchReader(self._parsed())
 
 
-def _starting(options: SourceOptions, hub: DriverHub, writer: Optional[CheckpointWriter],
-              properties: Dict[str, Any]) -> HubOffset:
+def _starting(options: SourceOptions, hub: DriverHub, writer: CheckpointWriter | None,
+              properties: dict[str, Any]) -> HubOffset:
     """Where a new query (or a batch read) starts: the store's checkpoints where it
     has them, else the starting positions."""
-    stored: Dict[str, PartitionPosition] = {}
+    stored: dict[str, PartitionPosition] = {}
     if writer is not None:
         stored = {pid: p for pid, p in hub.run(writer.starting_positions).items() if pid in properties}
         for pid, position in stored.items():
@@ -178,20 +187,20 @@ class EventHubsStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
     def __init__(self, options: SourceOptions, *, clock: Callable[[], float] = time.monotonic) -> None:
         self._options = options
         self._clock = clock
-        self._hub: Optional[DriverHub] = None
-        self._writer: Optional[CheckpointWriter] = None
-        self._target: Optional[HubOffset] = None
-        self._target_properties: Dict[str, Any] = {}
-        self._latest: Optional[HubOffset] = None
-        self._idle_since: Optional[float] = None
-        self._published: Optional[HubOffset] = None
+        self._hub: DriverHub | None = None
+        self._writer: CheckpointWriter | None = None
+        self._target: HubOffset | None = None
+        self._target_properties: dict[str, Any] = {}
+        self._latest: HubOffset | None = None
+        self._idle_since: float | None = None
+        self._published: HubOffset | None = None
         self._published_at = float("-inf")
 
-    def __getstate__(self) -> Dict[str, Any]:
+    def __getstate__(self) -> dict[str, Any]:
         # Executors get the options only: clients, loops and the store stay on the driver.
         return {"_options": self._options}
 
-    def __setstate__(self, state: Dict[str, Any]) -> None:
+    def __setstate__(self, state: dict[str, Any]) -> None:
         self.__init__(state["_options"])  # type: ignore[misc]
 
     def __repr__(self) -> str:
@@ -205,7 +214,7 @@ class EventHubsStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
         return self._hub
 
     @property
-    def writer(self) -> Optional[CheckpointWriter]:
+    def writer(self) -> CheckpointWriter | None:
         if self._writer is None and self._options.store is not None:
             _stop_on_sigterm()
             o = self._options
@@ -253,7 +262,7 @@ class EventHubsStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
             return start
         return self._with_offsets(begin, end).to_json()
 
-    def _check_data_loss(self, begin: HubOffset, properties: Dict[str, Any]) -> None:
+    def _check_data_loss(self, begin: HubOffset, properties: dict[str, Any]) -> None:
         lost = data_loss(begin, properties)
         if not lost:
             return
@@ -280,7 +289,7 @@ class EventHubsStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
             positions[pid] = PartitionPosition(positions[pid].sequence_number, offset)
         return HubOffset(end.eventhub_name, positions)
 
-    def reportLatestOffset(self) -> Optional[dict]:
+    def reportLatestOffset(self) -> dict | None:
         return None if self._latest is None else self._latest.to_json()
 
     def prepareForTriggerAvailableNow(self) -> None:
@@ -359,7 +368,7 @@ class EventHubsBatchReader(DataSourceReader):
     def __repr__(self) -> str:
         return f"EventHubsBatchReader(eventhub={self._options.eventhub_name!r})"
 
-    def partitions(self) -> List[InputPartition]:
+    def partitions(self) -> list[InputPartition]:
         options = self._options
         writer = None
         if options.store is not None:

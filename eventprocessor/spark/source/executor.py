@@ -19,8 +19,9 @@ import logging
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
-from typing import Any, Awaitable, Callable, Iterator, List, Optional, Tuple, TypeVar
+from typing import Any, TypeVar
 
 import pyarrow as pa
 
@@ -88,9 +89,9 @@ class WorkerReceivers:
         self.max_skip = max_skip
         self._clock = clock
         self._lock = threading.Lock()
-        self._loop: Optional[asyncio.AbstractEventLoop] = None
-        self._kept: "OrderedDict[Tuple[Any, ...], OpenReceiver]" = OrderedDict()
-        self._planned: List[float] = []
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._kept: OrderedDict[tuple[Any, ...], OpenReceiver] = OrderedDict()
+        self._planned: list[float] = []
         self.reused = 0
         self.opened = 0
 
@@ -107,7 +108,7 @@ class WorkerReceivers:
         """Seconds a kept receiver may stay unused: ``IDLE_BATCHES`` batch intervals (the
         shortest gap between the batches this worker saw), from 2 s to 120 s."""
         with self._lock:
-            gaps = [b - a for a, b in zip(self._planned, self._planned[1:]) if b > a]
+            gaps = [b - a for a, b in zip(self._planned, self._planned[1:], strict=False) if b > a]
         if not gaps:
             return self.default_idle
         return min(120.0, max(2.0, self.IDLE_BATCHES * min(gaps)))
@@ -124,7 +125,7 @@ class WorkerReceivers:
                 self._loop = loop
             return self._loop
 
-    def take(self, key: Tuple[Any, ...], sequence_number: int) -> Optional[OpenReceiver]:
+    def take(self, key: tuple[Any, ...], sequence_number: int) -> OpenReceiver | None:
         """The kept receiver of ``key`` if it stands at most ``max_skip`` events before
         ``sequence_number`` and was used within ``idle`` seconds."""
         with self._lock:
@@ -138,7 +139,7 @@ class WorkerReceivers:
         self.discard(kept)
         return None
 
-    def keep(self, key: Tuple[Any, ...], receiver: OpenReceiver) -> None:
+    def keep(self, key: tuple[Any, ...], receiver: OpenReceiver) -> None:
         receiver.used_at = self._clock()
         with self._lock:
             self._kept[key] = receiver
@@ -151,7 +152,7 @@ class WorkerReceivers:
         loop = self._running_loop()
         loop.call_soon_threadsafe(loop.call_later, self.idle + 0.5, self._expire, key, receiver)
 
-    def _expire(self, key: Tuple[Any, ...], receiver: OpenReceiver) -> None:
+    def _expire(self, key: tuple[Any, ...], receiver: OpenReceiver) -> None:
         idle = self.idle
         with self._lock:
             if self._kept.get(key) is not receiver:
@@ -185,7 +186,7 @@ WORKER_RECEIVERS = WorkerReceivers()
 
 
 def read_range(options: SourceOptions, read: ReadRange, *, rows_per_batch: int = RECORD_BATCH_ROWS,
-               receivers: Optional[WorkerReceivers] = None) -> Iterator[pa.RecordBatch]:
+               receivers: WorkerReceivers | None = None) -> Iterator[pa.RecordBatch]:
     """The events ``[from, until)`` of one partition as Arrow record batches (on an
     executor). Fails if an event the driver saw in the hub does not arrive within
     ``eventhubs.receiverTimeout``; with ``failOnDataLoss`` it fails if the range starts
@@ -216,7 +217,7 @@ def read_range(options: SourceOptions, read: ReadRange, *, rows_per_batch: int =
     clean = False
     try:
         expected = read.from_sequence_number
-        pending: List[Event] = []
+        pending: list[Event] = []
         while expected < read.until_sequence_number:
             want = min(read.until_sequence_number - expected, rows_per_batch * 2)
             try:

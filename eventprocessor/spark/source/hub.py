@@ -19,8 +19,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Awaitable, Callable, Mapping
 from datetime import datetime, timezone
-from typing import Any, Awaitable, Callable, Dict, Mapping, Optional, TypeVar
+from typing import Any, TypeVar
 
 from ...errors import EventSourceError
 from ...events import Event, EventPosition
@@ -115,7 +116,7 @@ class ManagementLink:
         while not await mgmt.client_ready_async():
             await asyncio.sleep(0.005)
 
-    async def _request(self, operation: bytes, properties: Dict[str, str]) -> Dict[bytes, Any]:
+    async def _request(self, operation: bytes, properties: dict[str, str]) -> dict[bytes, Any]:
         from azure.eventhub import _constants as k
 
         if self._mgmt is None:
@@ -134,12 +135,12 @@ class ManagementLink:
                 eventhub_name=self._options.eventhub_name, reason="not-found" if int(status) == 404 else "refused")
         return response.value
 
-    async def properties(self) -> Dict[str, PartitionProperties]:
+    async def properties(self) -> dict[str, PartitionProperties]:
         from azure.eventhub import _constants as k
 
         name = self._options.eventhub_name
         hub = await self._request(k.MGMT_OPERATION, {"name": name})
-        result: Dict[str, PartitionProperties] = {}
+        result: dict[str, PartitionProperties] = {}
         for raw in hub[b"partition_ids"]:
             pid = raw.decode("utf-8") if isinstance(raw, bytes) else str(raw)
             info = await self._request(k.MGMT_PARTITION_OPERATION, {"name": name, "partition": pid})
@@ -173,11 +174,11 @@ class DriverHub:
     def __init__(self, options: SourceOptions, *, clock: Callable[[], float] = time.monotonic) -> None:
         self._options = options
         self._clock = clock
-        self._loop: Optional[asyncio.AbstractEventLoop] = None
-        self._source: Optional[EventHubSource] = None
-        self._link: Optional[ManagementLink] = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._source: EventHubSource | None = None
+        self._link: ManagementLink | None = None
 
-    def __enter__(self) -> "DriverHub":
+    def __enter__(self) -> DriverHub:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -190,7 +191,7 @@ class DriverHub:
         return self._loop
 
     @property
-    def management_link(self) -> Optional[ManagementLink]:
+    def management_link(self) -> ManagementLink | None:
         """The ``$management`` link :meth:`properties` keeps open (read-only): ``None``
         before the first call, after a request on it failed (the next call opens a new
         one), when the installed azure-eventhub lacks what it needs, and after
@@ -216,15 +217,15 @@ class DriverHub:
 
         return self.loop.run_until_complete(bounded())
 
-    def properties(self) -> Dict[str, PartitionProperties]:
+    def properties(self) -> dict[str, PartitionProperties]:
         """Every partition's properties now: over the kept management link, or with the
         public calls (concurrently) when the link is not available."""
-        async def public() -> Dict[str, PartitionProperties]:
+        async def public() -> dict[str, PartitionProperties]:
             ids = await self.source.get_partition_ids()
             found = await asyncio.gather(*(self.source.get_partition_properties(pid) for pid in ids))
-            return {pid: props for pid, props in zip(ids, found)}
+            return {pid: props for pid, props in zip(ids, found, strict=False)}
 
-        async def fetch() -> Dict[str, PartitionProperties]:
+        async def fetch() -> dict[str, PartitionProperties]:
             if self._link is None and ManagementLink.supported():
                 self._link = ManagementLink(self._options)
             if self._link is not None:
@@ -242,13 +243,13 @@ class DriverHub:
         return self.run(fetch)
 
     def starting_positions(self, positions: Mapping[str, Position],
-                           properties: Mapping[str, PartitionProperties]) -> Dict[str, PartitionPosition]:
+                           properties: Mapping[str, PartitionProperties]) -> dict[str, PartitionPosition]:
         """Where each partition starts, as the connector translates positions: a
         sequence number as given (inclusive), the start and end of the stream from the
         partition's properties, an offset or an enqueued time by reading the first
         event there (none within 5 s: the partition's end)."""
-        result: Dict[str, PartitionPosition] = {}
-        to_read: Dict[str, Position] = {}
+        result: dict[str, PartitionPosition] = {}
+        to_read: dict[str, Position] = {}
         for pid, props in properties.items():
             position = positions[pid]
             last = props.last_enqueued_sequence_number
@@ -285,14 +286,14 @@ class DriverHub:
         return result
 
     def ending_sequence_numbers(self, positions: Mapping[str, Position],
-                                properties: Mapping[str, PartitionProperties]) -> Dict[str, int]:
+                                properties: Mapping[str, PartitionProperties]) -> dict[str, int]:
         """Where a batch read stops (exclusive), translated as the connector does."""
         starts = self.starting_positions(positions, properties)
         return {pid: position.sequence_number for pid, position in starts.items()}
 
     async def _first_events(self, positions: Mapping[str, Position],
-                            properties: Mapping[str, PartitionProperties]) -> Dict[str, Optional[Event]]:
-        async def first(pid: str, position: Position) -> Optional[Event]:
+                            properties: Mapping[str, PartitionProperties]) -> dict[str, Event | None]:
+        async def first(pid: str, position: Position) -> Event | None:
             receiver = await self.source.open_receiver(
                 pid, consumer_group=self._options.consumer_group, starting_position=_event_position(position),
                 owner_level=None, prefetch=1)
@@ -304,15 +305,15 @@ class DriverHub:
 
         pids = list(positions)
         found = await asyncio.gather(*(first(pid, positions[pid]) for pid in pids))
-        return dict(zip(pids, found))
+        return dict(zip(pids, found, strict=False))
 
-    def offsets_of(self, sequence_numbers: Mapping[str, int]) -> Dict[str, str]:
+    def offsets_of(self, sequence_numbers: Mapping[str, int]) -> dict[str, str]:
         """The offset strings of the events at these sequence numbers (one short read
         each, concurrently): what an Event Hubs checkpoint of a rate-limited batch needs."""
         if not sequence_numbers:
             return {}
 
-        async def lookup() -> Dict[str, str]:
+        async def lookup() -> dict[str, str]:
             async def one(pid: str, seq: int) -> str:
                 receiver = await self.source.open_receiver(
                     pid, consumer_group=self._options.consumer_group,
@@ -331,7 +332,7 @@ class DriverHub:
 
             pids = list(sequence_numbers)
             found = await asyncio.gather(*(one(pid, sequence_numbers[pid]) for pid in pids))
-            return dict(zip(pids, found))
+            return dict(zip(pids, found, strict=False))
 
         return self.run(lookup)
 

@@ -27,8 +27,9 @@ Example::
 """
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, Dict, Iterable, List, Mapping, Optional, Tuple
+from typing import Any
 
 from ...errors import ConfigurationError, EventSourceError
 from ...records import partition_sort_key
@@ -44,9 +45,9 @@ class PartitionPosition:
     read; ``offset`` is the offset string of the event before it, when known."""
 
     sequence_number: int
-    offset: Optional[str] = None
+    offset: str | None = None
 
-    def to_json(self) -> Dict[str, Any]:
+    def to_json(self) -> dict[str, Any]:
         return {"seqNo": self.sequence_number, "offset": self.offset}
 
 
@@ -57,7 +58,7 @@ class HubOffset:
     eventhub_name: str
     partitions: Mapping[str, PartitionPosition]
 
-    def to_json(self) -> Dict[str, Any]:
+    def to_json(self) -> dict[str, Any]:
         """Partitions in numeric order, so equal offsets are equal JSON text (Spark
         compares the text to tell whether a batch has data)."""
         return {"eventhub": self.eventhub_name,
@@ -65,7 +66,7 @@ class HubOffset:
                                for pid in sorted(self.partitions, key=partition_sort_key)}}
 
     @classmethod
-    def from_json(cls, data: Any, eventhub_name: str) -> "HubOffset":
+    def from_json(cls, data: Any, eventhub_name: str) -> HubOffset:
         """Read an offset back from Spark's log; refuse one of another hub or shape."""
         if not isinstance(data, dict) or not isinstance(data.get("partitions"), dict):
             raise ConfigurationError(
@@ -76,7 +77,7 @@ class HubOffset:
             raise ConfigurationError(
                 f"the query's checkpoint was written for event hub {written_for!r}, and the connection string now "
                 f"names {eventhub_name!r}: use a new checkpointLocation for another hub")
-        positions: Dict[str, PartitionPosition] = {}
+        positions: dict[str, PartitionPosition] = {}
         for pid, value in data["partitions"].items():
             seq = value.get("seqNo") if isinstance(value, dict) else None
             offset = value.get("offset") if isinstance(value, dict) else None
@@ -87,7 +88,7 @@ class HubOffset:
             positions[str(pid)] = PartitionPosition(seq, offset)
         return cls(eventhub_name, positions)
 
-    def sequence_numbers(self) -> Dict[str, int]:
+    def sequence_numbers(self) -> dict[str, int]:
         return {pid: p.sequence_number for pid, p in self.partitions.items()}
 
 
@@ -129,7 +130,7 @@ class DataLossError(EventSourceError):
     found by :func:`data_loss` on the driver, or as a gap in a range an executor reads."""
 
 
-def data_loss(start: HubOffset, properties: Mapping[str, PartitionProperties]) -> List[DataLoss]:
+def data_loss(start: HubOffset, properties: Mapping[str, PartitionProperties]) -> list[DataLoss]:
     """Partitions whose next event to read has already expired from the hub."""
     lost = []
     for pid, props in properties.items():
@@ -152,8 +153,8 @@ def end_position(props: PartitionProperties) -> PartitionPosition:
     return PartitionPosition(last + 1, props.last_enqueued_offset if known else None)
 
 
-def plan_latest(start: HubOffset, properties: Mapping[str, PartitionProperties], *, max_rows: Optional[int] = None,
-                target: Optional[HubOffset] = None) -> HubOffset:
+def plan_latest(start: HubOffset, properties: Mapping[str, PartitionProperties], *, max_rows: int | None = None,
+                target: HubOffset | None = None) -> HubOffset:
     """The end of the next micro-batch.
 
     * Every partition the hub reports counts; one missing from ``start`` is new and is
@@ -170,8 +171,8 @@ def plan_latest(start: HubOffset, properties: Mapping[str, PartitionProperties],
         end = plan_latest(start, {"0": props0, "1": props1}, max_rows=1000)
     """
     current = dict(start.partitions)
-    begins: Dict[str, int] = {}
-    available: Dict[str, PartitionPosition] = {}
+    begins: dict[str, int] = {}
+    available: dict[str, PartitionPosition] = {}
     for pid, props in properties.items():
         if target is not None and pid not in target.partitions:
             continue
@@ -196,7 +197,7 @@ def plan_latest(start: HubOffset, properties: Mapping[str, PartitionProperties],
     return HubOffset(start.eventhub_name, result)
 
 
-def rate_limit(begins: Mapping[str, int], untils: Mapping[str, int], max_rows: int) -> Dict[str, int]:
+def rate_limit(begins: Mapping[str, int], untils: Mapping[str, int], max_rows: int) -> dict[str, int]:
     """Share ``max_rows`` among partitions by backlog, exactly ``max_rows`` in all when
     the backlog is larger (the Microsoft connector shares in proportion too, but may go
     over the limit by rounding up).
@@ -220,7 +221,7 @@ def rate_limit(begins: Mapping[str, int], untils: Mapping[str, int], max_rows: i
     budget = max_rows - sum(quotas.values())
     rest = {pid: sizes[pid] - quotas[pid] for pid in sizes}
     rest_total = sum(rest.values())
-    remainders: List[Tuple[int, Tuple[int, object], str]] = []
+    remainders: list[tuple[int, tuple[int, object], str]] = []
     for pid, size in rest.items():
         share = budget * size // rest_total if rest_total else 0
         quotas[pid] += share
@@ -235,7 +236,7 @@ def rate_limit(begins: Mapping[str, int], untils: Mapping[str, int], max_rows: i
     return {pid: begins[pid] + quotas[pid] for pid in untils}
 
 
-def plan_ranges(start: HubOffset, end: HubOffset, min_partitions: Optional[int] = None) -> List[ReadRange]:
+def plan_ranges(start: HubOffset, end: HubOffset, min_partitions: int | None = None) -> list[ReadRange]:
     """The Spark input partitions of a batch: one per Event Hubs partition with events
     in ``[start, end)``; with ``min_partitions``, partitions are split into sequence
     ranges in proportion to their size until there are at least that many (as the
@@ -245,7 +246,7 @@ def plan_ranges(start: HubOffset, end: HubOffset, min_partitions: Optional[int] 
 
         plan_ranges(start, end)       # [ReadRange("0", 100, 250), ReadRange("1", 40, 60)]
     """
-    ranges: List[ReadRange] = []
+    ranges: list[ReadRange] = []
     for pid in sorted(end.partitions, key=partition_sort_key):
         position = start.partitions.get(pid)
         begin = position.sequence_number if position is not None else 0
@@ -255,7 +256,7 @@ def plan_ranges(start: HubOffset, end: HubOffset, min_partitions: Optional[int] 
     if not min_partitions or len(ranges) >= min_partitions:
         return ranges
     total = sum(r.count for r in ranges)
-    split: List[ReadRange] = []
+    split: list[ReadRange] = []
     for whole in ranges:
         parts = max(1, round(whole.count / total * min_partitions))
         parts = min(parts, whole.count)
@@ -268,6 +269,6 @@ def plan_ranges(start: HubOffset, end: HubOffset, min_partitions: Optional[int] 
     return split
 
 
-def starting_offset(eventhub_name: str, positions: Iterable[Tuple[str, PartitionPosition]]) -> HubOffset:
+def starting_offset(eventhub_name: str, positions: Iterable[tuple[str, PartitionPosition]]) -> HubOffset:
     """A :class:`HubOffset` from resolved starting positions."""
     return HubOffset(eventhub_name, dict(positions))

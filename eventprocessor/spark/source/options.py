@@ -26,9 +26,10 @@ import json
 import logging
 import math
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from typing import Any, Dict, List, Mapping, Optional, Tuple
+from typing import Any
 
 from ...errors import ConfigurationError
 from ...extras import install_command
@@ -41,7 +42,7 @@ START_OF_STREAM = "-1"
 END_OF_STREAM = "@latest"
 
 # name (as written in docs) -> what it is, for the error message of an unknown option.
-OPTIONS: Dict[str, str] = {
+OPTIONS: dict[str, str] = {
     "eventhubs.connectionString": "the Event Hubs connection string, with EntityPath=<hub> (plain text)",
     "eventhubs.consumerGroup": "the consumer group (default $Default)",
     "eventhubs.startingPosition": "where a new query starts, a JSON EventPosition (default: the end of the stream)",
@@ -97,7 +98,7 @@ class Position:
     value: Any = None
     inclusive: bool = True
 
-    def to_json(self) -> Dict[str, Any]:
+    def to_json(self) -> dict[str, Any]:
         """The connector's JSON form (``eventhubs.startingPosition``)."""
         if self.kind in ("start", "end"):
             return {"offset": START_OF_STREAM if self.kind == "start" else END_OF_STREAM, "seqNo": -1,
@@ -119,9 +120,9 @@ class StoreOptions:
     """A checkpoint store named in the options (see the README, "Spark Structured Streaming")."""
 
     connection_string: str = field(repr=False)
-    container: Optional[str] = None
-    table: Optional[str] = None
-    owner_id: Optional[str] = None
+    container: str | None = None
+    table: str | None = None
+    owner_id: str | None = None
     ownership_expiration: float = 75.0
 
     @property
@@ -145,14 +146,14 @@ class SourceOptions:
     starting_positions: Mapping[str, Position] = field(default_factory=dict)
     ending_position: Position = END
     ending_positions: Mapping[str, Position] = field(default_factory=dict)
-    max_events_per_trigger: Optional[int] = None
-    min_partitions: Optional[int] = None
+    max_events_per_trigger: int | None = None
+    min_partitions: int | None = None
     fail_on_data_loss: bool = True
     receiver_timeout: float = 60.0
     operation_timeout: float = 300.0
     prefetch_count: int = 500
     exclusive_receiver: bool = False
-    store: Optional[StoreOptions] = None
+    store: StoreOptions | None = None
 
     def starting(self, partition_id: str) -> Position:
         return self.starting_positions.get(partition_id, self.starting_position)
@@ -161,7 +162,7 @@ class SourceOptions:
         return self.ending_positions.get(partition_id, self.ending_position)
 
     @classmethod
-    def parse(cls, options: Mapping[str, str]) -> "SourceOptions":
+    def parse(cls, options: Mapping[str, str]) -> SourceOptions:
         """Check every option; raise one :class:`ConfigurationError` listing each problem.
 
         Example::
@@ -174,12 +175,12 @@ class SourceOptions:
 class _Parser:
     def __init__(self, raw: Mapping[str, Any]) -> None:
         self.raw = raw
-        self.problems: List[str] = []
+        self.problems: list[str] = []
 
     def problem(self, message: str) -> None:
         self.problems.append(message)
 
-    def text(self, key: str) -> Optional[str]:
+    def text(self, key: str) -> str | None:
         value = self.raw.get(key.lower())
         if value is None:
             return None
@@ -190,7 +191,7 @@ class _Parser:
     def parse(self) -> SourceOptions:
         self.check_names()
         conn, namespace, hub = self.connection()
-        kwargs: Dict[str, Any] = {}
+        kwargs: dict[str, Any] = {}
         group = self.text("eventhubs.consumerGroup")
         if group is not None:
             if not group:
@@ -252,7 +253,7 @@ class _Parser:
             else:
                 logger.warning("the eventhubs source ignores option %r (not one of its options)", key)
 
-    def connection(self) -> Tuple[str, str, str]:
+    def connection(self) -> tuple[str, str, str]:
         conn = self.text("eventhubs.connectionString")
         if not conn:
             self.problem("eventhubs.connectionString is missing: set it to the hub's connection string "
@@ -277,7 +278,7 @@ class _Parser:
             return conn, props.fully_qualified_namespace or "", ""
         return conn, props.fully_qualified_namespace, props.eventhub_name
 
-    def integer(self, key: str, low: int, high: int) -> Optional[int]:
+    def integer(self, key: str, low: int, high: int) -> int | None:
         text = self.text(key)
         if text is None:
             return None
@@ -291,7 +292,7 @@ class _Parser:
             return None
         return value
 
-    def boolean(self, key: str) -> Optional[bool]:
+    def boolean(self, key: str) -> bool | None:
         text = self.text(key)
         if text is None:
             return None
@@ -300,12 +301,12 @@ class _Parser:
         self.problem(f"{key} must be true or false, got {text[:40]!r}")
         return None
 
-    def duration(self, key: str) -> Optional[float]:
+    def duration(self, key: str) -> float | None:
         """Seconds: a number, or a java.time.Duration text such as ``PT60S`` (the connector's form)."""
         text = self.text(key)
         if text is None:
             return None
-        seconds: Optional[float]
+        seconds: float | None
         try:
             seconds = float(text)
         except ValueError:
@@ -319,7 +320,7 @@ class _Parser:
             return None
         return seconds
 
-    def position(self, key: str, text: str) -> Optional[Position]:
+    def position(self, key: str, text: str) -> Position | None:
         try:
             data = json.loads(text)
         except ValueError:
@@ -328,7 +329,7 @@ class _Parser:
             return None
         return self.position_of(key, data)
 
-    def position_of(self, key: str, data: Any) -> Optional[Position]:
+    def position_of(self, key: str, data: Any) -> Position | None:
         if not isinstance(data, dict):
             self.problem(f"{key} must be a JSON object (an EventPosition), got {type(data).__name__}")
             return None
@@ -369,7 +370,7 @@ class _Parser:
         self.problem(f"{key} sets no position: give offset, seqNo or enqueuedTime")
         return None
 
-    def positions(self, key: str, text: str, hub: str) -> Dict[str, Position]:
+    def positions(self, key: str, text: str, hub: str) -> dict[str, Position]:
         try:
             data = json.loads(text)
         except ValueError:
@@ -379,7 +380,7 @@ class _Parser:
         if not isinstance(data, dict):
             self.problem(f"{key} must be a JSON object mapping partitions to EventPositions")
             return {}
-        result: Dict[str, Position] = {}
+        result: dict[str, Position] = {}
         for raw_key, value in data.items():
             pid = self.partition_key(key, raw_key, hub)
             if pid is None:
@@ -389,7 +390,7 @@ class _Parser:
                 result[pid] = position
         return result
 
-    def partition_key(self, key: str, raw_key: str, hub: str) -> Optional[str]:
+    def partition_key(self, key: str, raw_key: str, hub: str) -> str | None:
         text = raw_key.strip()
         if text.startswith("{"):
             try:
@@ -411,7 +412,7 @@ class _Parser:
             return None
         return text
 
-    def store(self) -> Optional[StoreOptions]:
+    def store(self) -> StoreOptions | None:
         conn = self.text("eventhubs.checkpointStore.connectionString")
         container = self.text("eventhubs.checkpointStore.container")
         table = self.text("eventhubs.checkpointStore.table")
@@ -437,7 +438,7 @@ class _Parser:
         return StoreOptions(conn, container, table, owner, expiration if expiration is not None else 75.0)
 
 
-def _timestamp(value: Any) -> Optional[datetime]:
+def _timestamp(value: Any) -> datetime | None:
     if not isinstance(value, str):
         return None
     text = value.strip()

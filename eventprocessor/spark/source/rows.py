@@ -23,8 +23,9 @@ Example::
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from datetime import datetime
-from typing import Any, List, Optional, Sequence, Tuple
+from typing import Any
 from uuid import UUID
 
 import pyarrow as pa
@@ -80,13 +81,13 @@ def json_value(value: Any) -> str:
     return json.dumps(str(value), ensure_ascii=False)
 
 
-def _maps(events: Sequence[Event]) -> Tuple[pa.Array, pa.Array]:
+def _maps(events: Sequence[Event]) -> tuple[pa.Array, pa.Array]:
     """Both map columns from flat key/value lists and offsets (no per-row pairs)."""
-    keys: List[str] = []
-    values: List[str] = []
+    keys: list[str] = []
+    values: list[str] = []
     offsets = [0]
-    sys_keys: List[str] = []
-    sys_values: List[str] = []
+    sys_keys: list[str] = []
+    sys_values: list[str] = []
     sys_offsets = [0]
     for event in events:
         properties = event.properties
@@ -116,7 +117,7 @@ def _maps(events: Sequence[Event]) -> Tuple[pa.Array, pa.Array]:
 
 
 def events_to_record_batch(partition_id: str, events: Sequence[Event],
-                           schema: Optional[pa.Schema] = None) -> pa.RecordBatch:
+                           schema: pa.Schema | None = None) -> pa.RecordBatch:
     """One Arrow record batch of the connector's columns for events of one partition.
 
     Example::
