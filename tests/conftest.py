@@ -52,6 +52,21 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list) -> None:
             item.add_marker(pytest.mark.xdist_group("spark-local"))  # one local Spark session
 
 
+@pytest.fixture(autouse=True)
+def _fixed_ports_one_session_at_a_time(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Tests on the README's fixed ports (Azurite's 10000-10002, AMQP's 5672) hold a lock
+    for the whole machine, so two test sessions on one machine (two checkouts, a CI run
+    beside a developer's) take turns instead of failing on a port in use."""
+    group = request.node.get_closest_marker("xdist_group")
+    if group is None or group.args[:1] != ("fixed-ports",):
+        yield
+        return
+    from filelock import FileLock
+
+    with FileLock(os.path.join(tempfile.gettempdir(), "eventprocessor-fixed-ports.lock")):
+        yield
+
+
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     """The controller stops the services the workers shared, by the process ids they wrote."""
     directory = os.environ.get(SHARED)
