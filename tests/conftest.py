@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import tempfile
 import time
@@ -22,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from eventprocessor.emulators.azurite import Azurite, AzuriteUnavailable, start_azurite
+from eventprocessor.emulators.postgres import PostgresServer, PostgresUnavailable, start_postgres
 from tests.spark_fixtures import connect_spark, spark_cluster  # noqa: F401  (the session Spark cluster)
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -73,13 +75,16 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     if not directory or hasattr(session.config, "workerinput"):
         return
     for info in Path(directory).glob("*.json"):
-        for pid in json.loads(info.read_text()).get("pids", []):
-            _stop_pid(pid)
+        service = json.loads(info.read_text())
+        for pid in service.get("pids", []):
+            _stop_pid(pid, getattr(signal, service.get("signal", "SIGTERM")))
+        for path in service.get("remove", []):
+            shutil.rmtree(path, ignore_errors=True)
 
 
-def _stop_pid(pid: int) -> None:
+def _stop_pid(pid: int, signum: int = signal.SIGTERM) -> None:
     try:
-        os.kill(pid, signal.SIGTERM)
+        os.kill(pid, signum)
     except ProcessLookupError:
         return
     deadline = time.monotonic() + 10
@@ -152,6 +157,45 @@ def azurite() -> Iterator[Azurite]:
         yield instance
         return
     instance = _start_azurite()
+    try:
+        yield instance
+    finally:
+        instance.stop()
+
+
+# ----------------------------------------------------------------------------- PostgreSQL
+
+# The session's server keeps commits across a crash of the server process (what the fault
+# tests need) but does not wait for the disk: no test here is about losing the machine.
+POSTGRES_TEST_SETTINGS = {"fsync": "off", "full_page_writes": "off"}
+
+
+def _start_postgres() -> PostgresServer:
+    try:
+        return start_postgres(settings=POSTGRES_TEST_SETTINGS)
+    except PostgresUnavailable as error:
+        unavailable(f"PostgreSQL could not start: {error}")
+        raise  # unreachable; keeps type checkers happy
+
+
+@pytest.fixture(scope="session")
+def postgres() -> Iterator[PostgresServer]:
+    """One PostgreSQL server for the whole test session (initdb into a temporary
+    directory, 127.0.0.1, a free port), shared by the xdist workers and stopped at the end
+    (SIGINT: PostgreSQL's fast shutdown). Tests keep apart by table and consumer group;
+    a test that restarts or crashes a server starts its own."""
+    shared = shared_service(
+        "postgres", _start_postgres,
+        lambda server: {"port": server.port, "directory": str(server.directory), "bin_dir": str(server.bin_dir),
+                        "user": server.user, "pids": [server.pid] if server.pid else [], "signal": "SIGINT",
+                        "remove": [str(server.directory)]},
+        lambda info: PostgresServer(info["port"], Path(info["directory"]), Path(info["bin_dir"]), info["user"],
+                                    temporary=False))
+    instance = next(shared)
+    if instance is not None:
+        yield instance
+        return
+    instance = _start_postgres()
     try:
         yield instance
     finally:

@@ -1,16 +1,17 @@
-"""One contract, three stores: the same tests against InMemory, Blob-on-Azurite and
-Table-on-Azurite (``eventprocessor/checkpoint_store.py`` states the contract,
-``eventprocessor/stores/protocol.py`` the protocol all three run).
+"""One contract, four stores: the same tests against InMemory, Blob-on-Azurite,
+Table-on-Azurite and PostgreSQL (``eventprocessor/checkpoint_store.py`` states the
+contract, ``eventprocessor/stores/protocol.py`` the protocol all four run).
 
 Every test gets a fresh container / table and a fresh consumer group. Races are real:
 the two contenders are two store clients with their own fence caches (on Azurite, with
-their own HTTP sessions). Interleavings that real time cannot force are forced
-deterministically by hooking a client's record reads (the storage itself is never
-mocked: every write goes to the real store).
+their own HTTP sessions; on PostgreSQL, their own connection pools). Interleavings that
+real time cannot force are forced deterministically by hooking a client's record reads
+(the storage itself is never mocked: every write goes to the real store).
 """
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import random
 import re
@@ -61,8 +62,9 @@ class Backend:
     # None when this store cannot hold such a record
     plant: Callable[[str, str], Awaitable[str | None]]
     server_clock: SkewableServerClock | None = None
-    # another client of the same storage with extra SDK options (None in memory)
-    make_client: Callable[..., CheckpointStore] | None = None
+    # another client of the same storage whose requests about partition "3" fail as a
+    # reset connection would (None in memory, which has no such failure)
+    failing_client: Callable[[], CheckpointStore] | None = None
 
     @property
     def scope(self) -> tuple[str, str, str]:
@@ -178,10 +180,75 @@ def _table_planter(table: Any, consumer_group: str) -> Callable[[str, str], Awai
     return plant
 
 
+def _postgres_planter(dsn: str, table: str, consumer_group: str) -> Callable[[str, str], Awaitable[str | None]]:
+    import asyncpg
+
+    async def plant(kind: str, pid: str) -> str | None:
+        if kind == "foreign-deeper":
+            return None  # a table has no deeper paths
+        if kind == "ownership-owner-not-string":
+            record_kind, fields = "ownership", {"ownerid": 42}
+        else:
+            record_kind, fields = _PLANTS[kind]
+        connection = await asyncpg.connect(dsn)
+        try:
+            await connection.execute(
+                f'''INSERT INTO "{table}" (namespace, eventhub, consumer_group, kind, log, key, version, fields,
+                modified) VALUES ($1, $2, $3, $4, '', $5, nextval('"{table}_version"'), $6::jsonb, clock_timestamp())
+                ON CONFLICT (namespace, eventhub, consumer_group, kind, log, key) DO UPDATE
+                SET version = EXCLUDED.version, fields = EXCLUDED.fields, modified = EXCLUDED.modified''',
+                NAMESPACE, HUB, consumer_group, record_kind, pid, json.dumps(fields))
+        finally:
+            await connection.close()
+        return f"{record_kind} record '{pid}'"
+
+    return plant
+
+
+def _failing_postgres_connection() -> type:
+    """An asyncpg connection whose statements about partition "3" fail before they are
+    sent, as on a reset connection (a fault on the wire; the database is not mocked)."""
+    import asyncpg
+
+    class FailingOnPartition3(asyncpg.Connection):
+        def _fails(self, args: tuple) -> bool:
+            return len(args) >= 6 and args[3] in ("ownership", "checkpoint") and args[5] == "3"
+
+        async def fetchrow(self, query: str, *args: Any, **kwargs: Any) -> Any:
+            if self._fails(args):
+                raise ConnectionResetError("injected: connection reset by peer")
+            return await super().fetchrow(query, *args, **kwargs)
+
+    return FailingOnPartition3
+
+
+async def _postgres_backend(dsn: str, consumer_group: str) -> AsyncIterator[Backend]:
+    import asyncpg
+
+    from eventprocessor.stores import PostgresCheckpointStore
+
+    table = f"conf_{uuid.uuid4().hex[:12]}"
+    store = PostgresCheckpointStore(dsn=dsn, table=table)
+    peer = PostgresCheckpointStore(dsn=dsn, table=table)
+    try:
+        await store.list_ownership(NAMESPACE, HUB, consumer_group)  # creates the table
+        yield Backend("postgres", store, peer, consumer_group, _postgres_planter(dsn, table, consumer_group),
+                      failing_client=lambda: PostgresCheckpointStore(
+                          dsn=dsn, table=table, connect_options={"connection_class": _failing_postgres_connection()}))
+    finally:
+        await store.close()
+        await peer.close()
+        connection = await asyncpg.connect(dsn)
+        try:
+            await connection.execute(f'DROP TABLE IF EXISTS "{table}"; DROP SEQUENCE IF EXISTS "{table}_version"')
+        finally:
+            await connection.close()
+
+
 # --------------------------------------------------------------------------- fixture
 
 
-@pytest.fixture(params=["memory", "blob", "table"])
+@pytest.fixture(params=["memory", "blob", "table", "postgres"])
 async def backend(request: pytest.FixtureRequest) -> AsyncIterator[Backend]:
     consumer_group = f"cg-{uuid.uuid4().hex[:8]}"
     if request.param == "memory":
@@ -189,6 +256,10 @@ async def backend(request: pytest.FixtureRequest) -> AsyncIterator[Backend]:
         store = InMemoryCheckpointStore(clock=clock)
         yield Backend("memory", store, store.new_client(), consumer_group, _memory_planter(store, consumer_group),
                       clock)
+        return
+    if request.param == "postgres":
+        async for backend in _postgres_backend(request.getfixturevalue("postgres").dsn, consumer_group):
+            yield backend
         return
 
     azurite = request.getfixturevalue("azurite")
@@ -204,8 +275,9 @@ async def backend(request: pytest.FixtureRequest) -> AsyncIterator[Backend]:
         try:
             await store.list_ownership(NAMESPACE, HUB, consumer_group)  # creates the container
             yield Backend("blob", store, peer, consumer_group, _blob_planter(raw, consumer_group),
-                          make_client=lambda **kw: BlobCheckpointStore.from_connection_string(
-                              azurite.connection_string, container, **kw))
+                          failing_client=lambda: BlobCheckpointStore.from_connection_string(
+                              azurite.connection_string, container, transport=_failing_transport(_is_partition_3),
+                              retry_total=0))
         finally:
             await raw.delete_container()
             await raw.close()
@@ -224,8 +296,9 @@ async def backend(request: pytest.FixtureRequest) -> AsyncIterator[Backend]:
     try:
         await store.list_ownership(NAMESPACE, HUB, consumer_group)  # creates the table
         yield Backend("table", store, peer, consumer_group, _table_planter(raw, consumer_group),
-                      make_client=lambda **kw: TableCheckpointStore.from_connection_string(
-                          azurite.connection_string, table_name, **kw))
+                      failing_client=lambda: TableCheckpointStore.from_connection_string(
+                          azurite.connection_string, table_name, transport=_failing_transport(_is_partition_3),
+                          retry_total=0))
     finally:
         await raw.delete_table()
         await raw.close()
@@ -578,11 +651,11 @@ def _is_partition_3(url: str) -> bool:
 
 
 async def test_an_unexpected_failure_is_never_a_won_claim(backend: Backend) -> None:
-    if backend.make_client is None:
+    if backend.failing_client is None:
         pytest.skip("the in-memory store has no failure mode besides lost races")
 
     created = await backend.store.claim_ownership([backend.ownership(str(p), "a") for p in range(6)])
-    async with backend.make_client(transport=_failing_transport(_is_partition_3), retry_total=0) as flaky:
+    async with backend.failing_client() as flaky:
         with pytest.raises(ClaimOwnershipError) as raised:
             await flaky.claim_ownership([replace(r, owner_id="b", epoch=2) for r in created])
     error = raised.value
@@ -594,10 +667,10 @@ async def test_an_unexpected_failure_is_never_a_won_claim(backend: Backend) -> N
 
 
 async def test_an_unexpected_checkpoint_failure_is_not_ownership_lost(backend: Backend) -> None:
-    if backend.make_client is None:
+    if backend.failing_client is None:
         pytest.skip("the in-memory store has no failure mode besides lost races")
     await backend.store.claim_ownership([backend.ownership("3", "a")])
-    async with backend.make_client(transport=_failing_transport(_is_partition_3), retry_total=0) as flaky:
+    async with backend.failing_client() as flaky:
         with pytest.raises(CheckpointStoreError) as raised:
             await flaky.update_checkpoint(backend.checkpoint("3", 1), owner_id="a", epoch=1)
     assert not isinstance(raised.value, OwnershipLostError)

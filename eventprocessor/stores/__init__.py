@@ -1,8 +1,9 @@
 """Checkpoint stores, one module each.
 
 ``InMemoryCheckpointStore`` needs nothing extra. ``BlobCheckpointStore`` needs the
-``[blob]`` extra and ``TableCheckpointStore`` the ``[table]`` extra; they are imported
-lazily so that ``import eventprocessor.stores`` never pulls in the Azure SDKs.
+``[blob]`` extra, ``TableCheckpointStore`` the ``[table]`` extra and
+``PostgresCheckpointStore`` the ``[postgres]`` extra; they are imported lazily so that
+``import eventprocessor.stores`` never pulls in the Azure SDKs or asyncpg.
 
 :func:`describe_error` says what an Azure storage error means (type, HTTP status, error
 code, the service's first line with anything that could be a credential removed, the
@@ -25,15 +26,16 @@ from .memory import InMemoryCheckpointStore
 
 if TYPE_CHECKING:  # pragma: no cover
     from .blob import BlobCheckpointStore
+    from .postgres import PostgresCheckpointStore
     from .table import TableCheckpointStore
 
-__all__ = ["InMemoryCheckpointStore", "BlobCheckpointStore", "TableCheckpointStore", "describe_error",
-           "DEFAULT_OPERATION_TIMEOUT"]
+__all__ = ["InMemoryCheckpointStore", "BlobCheckpointStore", "TableCheckpointStore", "PostgresCheckpointStore",
+           "describe_error", "DEFAULT_OPERATION_TIMEOUT"]
 
-_LAZY = {"BlobCheckpointStore": ".blob", "TableCheckpointStore": ".table"}
+_LAZY = {"BlobCheckpointStore": ".blob", "TableCheckpointStore": ".table", "PostgresCheckpointStore": ".postgres"}
 
 
-_EXTRA = {"BlobCheckpointStore": "blob", "TableCheckpointStore": "table"}
+_EXTRA = {"BlobCheckpointStore": "blob", "TableCheckpointStore": "table", "PostgresCheckpointStore": "postgres"}
 
 
 def __getattr__(name: str) -> Any:

@@ -1,0 +1,1 @@
+"""PostgreSQL: an exactly-once sink fenced by the epoch (filled in below)."""
