@@ -1,0 +1,128 @@
+"""The positions table: per partition, how far the sink has written, and which claim may
+write next.
+
+One row per (namespace, event hub, consumer group, partition)::
+
+    sequence_number  bigint  the last event written (committed) for the partition; -1: none
+    offset           text    that event's offset
+    owner_id, epoch          the claim that fenced the row last (the checkpoint store's epoch)
+    claim_token      text    that claim, told apart from another claim of the same owner and epoch
+    updated          timestamptz
+
+Three statements, each one round trip:
+
+* :meth:`Positions.fence` (a new claim): ``INSERT ... ON CONFLICT DO UPDATE`` that writes
+  the claim's owner, epoch and token, keeping the position, only ``WHERE`` the row's epoch
+  is lower (or the same epoch of the same owner). It returns the position to resume
+  from, or nothing when a newer claim holds the row. Waits for a batch transaction that
+  holds the row.
+* :meth:`Positions.advance` (inside a batch's transaction): ``UPDATE ... SET
+  sequence_number = last WHERE claim_token = mine AND sequence_number = where I was``,
+  returning the transaction's id; nothing when the row was fenced by another claim since.
+* :meth:`Positions.status`: ``pg_xact_status(xid)``, for a commit whose answer was lost.
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+from ._connection import quoted_name
+
+__all__ = ["Positions", "Position", "Holder", "DEFAULT_POSITIONS_TABLE"]
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_POSITIONS_TABLE = "eventprocessor_positions"
+
+_PK = "namespace = $1 AND eventhub = $2 AND consumer_group = $3 AND partition_id = $4"
+Key = tuple[str, str, str, str]
+
+
+@dataclass(frozen=True)
+class Position:
+    """Where a partition's writes got to: the last event committed (-1: none)."""
+
+    sequence_number: int
+    offset: str | None
+
+
+@dataclass(frozen=True)
+class Holder:
+    """Who fenced a partition's row last."""
+
+    owner_id: str
+    epoch: int
+    claim_token: str
+    position: Position
+
+
+class Positions:
+    """The statements of one positions table (``schema.table``, created on first use)."""
+
+    def __init__(self, table: str = DEFAULT_POSITIONS_TABLE, schema: str | None = None) -> None:
+        name = quoted_name(table, "positions_table")
+        if schema is not None:
+            name = f"{quoted_name(schema, 'schema')}.{name}"
+        self.table = name
+        self._lock_key = f"eventprocessor positions {schema or ''}.{table}"
+        self._create = f"""CREATE TABLE IF NOT EXISTS {name} (
+            namespace text NOT NULL, eventhub text NOT NULL, consumer_group text NOT NULL,
+            partition_id text NOT NULL, sequence_number bigint NOT NULL, "offset" text,
+            owner_id text NOT NULL, epoch bigint NOT NULL, claim_token text NOT NULL,
+            updated timestamptz NOT NULL,
+            PRIMARY KEY (namespace, eventhub, consumer_group, partition_id))"""
+        self._fence = f"""INSERT INTO {name} AS p (namespace, eventhub, consumer_group, partition_id,
+                sequence_number, "offset", owner_id, epoch, claim_token, updated)
+            VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, clock_timestamp())
+            ON CONFLICT (namespace, eventhub, consumer_group, partition_id) DO UPDATE
+            SET owner_id = EXCLUDED.owner_id, epoch = EXCLUDED.epoch, claim_token = EXCLUDED.claim_token,
+                updated = EXCLUDED.updated
+            WHERE p.epoch < EXCLUDED.epoch OR (p.epoch = EXCLUDED.epoch AND p.owner_id = EXCLUDED.owner_id)
+            RETURNING p.sequence_number, p."offset\""""
+        self._advance = f"""UPDATE {name} SET sequence_number = $5, "offset" = $6, updated = clock_timestamp()
+            WHERE {_PK} AND claim_token = $7 AND sequence_number = $8
+            RETURNING pg_current_xact_id()::text"""
+        self._read = f'SELECT owner_id, epoch, claim_token, sequence_number, "offset" FROM {name} WHERE {_PK}'
+        self._read_all = (f'SELECT partition_id, owner_id, epoch, claim_token, sequence_number, "offset" FROM {name} '
+                          "WHERE namespace = $1 AND eventhub = $2 AND consumer_group = $3")
+
+    async def create(self, connection: Any) -> None:
+        """Create the table if it is not there (under an advisory lock: processors that
+        start together do not race on ``CREATE``)."""
+        async with connection.transaction():
+            await connection.execute("SELECT pg_advisory_xact_lock(hashtext($1))", self._lock_key)
+            await connection.execute(self._create)
+
+    async def fence(self, connection: Any, key: Key, *, owner_id: str, epoch: int, claim_token: str,
+                    start: Position, timeout: float | None = None) -> Position | None:
+        """Make the claim the only writer of the partition's row; the position to resume
+        from, or None when a newer claim fenced the row (this claim is stale). ``start``
+        is the position of a row created now (the checkpoint store's)."""
+        row = await connection.fetchrow(self._fence, *key, start.sequence_number, start.offset, owner_id, epoch,
+                                        claim_token, timeout=timeout)
+        return None if row is None else Position(row[0], row[1])
+
+    async def advance(self, connection: Any, key: Key, *, claim_token: str, expected: int,
+                      to: Position, timeout: float | None = None) -> str | None:
+        """In the batch's transaction: move the position from ``expected`` to ``to`` if the
+        row is still this claim's; the transaction's id, or None (the caller rolls back)."""
+        return await connection.fetchval(self._advance, *key, to.sequence_number, to.offset, claim_token, expected,
+                                         timeout=timeout)
+
+    async def holder(self, connection: Any, key: Key) -> Holder | None:
+        row = await connection.fetchrow(self._read, *key)
+        if row is None:
+            return None
+        return Holder(row["owner_id"], row["epoch"], row["claim_token"], Position(row["sequence_number"],
+                                                                                   row["offset"]))
+
+    async def read_all(self, connection: Any, scope: tuple[str, str, str]) -> dict[str, Holder]:
+        rows = await connection.fetch(self._read_all, *scope)
+        return {row["partition_id"]: Holder(row["owner_id"], row["epoch"], row["claim_token"],
+                                            Position(row["sequence_number"], row["offset"])) for row in rows}
+
+    @staticmethod
+    async def status(connection: Any, transaction_id: str) -> str | None:
+        """``committed``, ``aborted``, ``in progress``, or None (too old to tell)."""
+        return await connection.fetchval("SELECT pg_xact_status($1::xid8)", transaction_id)
