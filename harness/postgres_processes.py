@@ -1,0 +1,283 @@
+"""Processes writing into PostgreSQL, seen from their parent: the SIGKILL chain, the
+SIGSTOP zombie and the group that balances, hands over and fails over, each counted from
+the table the workers wrote (:mod:`harness.postgres_worker` is the worker).
+
+Every scenario makes its own tables (rows, positions, the checkpoint store's records),
+so scenarios can share one server; it returns what the table holds and what it should.
+
+Example::
+
+    result = await kill_chain(dsn, log_dir, steps=["after_write", "after_advance"], seed=3)
+    assert result.tally.exactly_once(result.expected) is None
+"""
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+import signal
+import sys
+import time
+import uuid
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+
+import asyncpg
+
+from .postgres_worker import DSN_ENV
+from .worker_process import WorkerHandle
+
+__all__ = ["Tables", "Outcome", "spawn", "kill_chain", "zombie", "group", "stopped", "count_rows"]
+
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@dataclass
+class Tables:
+    """One scenario's tables: the rows (no key), the sink's positions, the store's records."""
+
+    events: str
+    positions: str
+    records: str
+
+    @classmethod
+    async def create(cls, dsn: str) -> Tables:
+        suffix = uuid.uuid4().hex[:10]
+        tables = cls(f"rows_{suffix}", f"pos_{suffix}", f"rec_{suffix}")
+        connection = await asyncpg.connect(dsn)
+        try:
+            await connection.execute(f'CREATE TABLE "{tables.events}" (partition_id text, sequence_number bigint, '
+                                     "body bytea)")
+        finally:
+            await connection.close()
+        return tables
+
+    async def drop(self, dsn: str) -> None:
+        connection = await asyncpg.connect(dsn)
+        try:
+            for name in (self.events, self.positions, self.records):
+                await connection.execute(f'DROP TABLE IF EXISTS "{name}"')
+            await connection.execute(f'DROP SEQUENCE IF EXISTS "{self.records}_version"')
+        finally:
+            await connection.close()
+
+
+@dataclass
+class Outcome:
+    """What the table holds: how often each (partition, sequence number) is there."""
+
+    counts: dict[tuple[str, int], int]
+    expected: list[tuple[str, int]]
+    notes: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def duplicates(self) -> int:
+        return sum(n - 1 for n in self.counts.values() if n > 1)
+
+    @property
+    def missing(self) -> int:
+        return sum(1 for key in self.expected if key not in self.counts)
+
+    def exactly_once(self) -> str | None:
+        """None when every expected event is there once and nothing else is; else why not."""
+        extra = [key for key in self.counts if key not in set(self.expected)]
+        if not self.duplicates and not self.missing and not extra:
+            return None
+        doubled = sorted(key for key, n in self.counts.items() if n > 1)[:5]
+        return f"{self.duplicates} duplicates {doubled}, {self.missing} missing, {len(extra)} unexpected"
+
+
+async def count_rows(dsn: str, table: str) -> dict[tuple[str, int], int]:
+    connection = await asyncpg.connect(dsn)
+    try:
+        rows = await connection.fetch(f'SELECT partition_id, sequence_number, count(*) AS n FROM "{table}" '
+                                      "GROUP BY 1, 2")
+    finally:
+        await connection.close()
+    return {(row["partition_id"], row["sequence_number"]): row["n"] for row in rows}
+
+
+async def spawn(owner_id: str, dsn: str, tables: Tables, log_dir: str, *, partitions: int, events: int,
+                extra: Sequence[str] = ()) -> WorkerHandle:
+    """Start ``python -m harness.postgres_worker`` (the DSN in its environment); its stderr
+    goes to ``log_dir``."""
+    env = dict(os.environ)
+    env[DSN_ENV] = dsn
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (_ROOT, env.get("PYTHONPATH", "")) if p)
+    env["PYTHONUNBUFFERED"] = "1"
+    stderr_path = os.path.join(log_dir, f"{owner_id}.stderr")
+    with open(stderr_path, "wb") as stderr:
+        process = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "harness.postgres_worker", "--owner-id", owner_id, "--table", tables.events,
+            "--positions-table", tables.positions, "--records-table", tables.records,
+            "--partitions", str(partitions), "--events", str(events), *extra,
+            stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE, stderr=stderr, env=env, cwd=_ROOT)
+    handle = WorkerHandle(owner_id, process, stderr_path)
+    handle.reader = asyncio.create_task(handle.read())
+    return handle
+
+
+def stopped(handle: WorkerHandle) -> bool:
+    """Is the process stopped by a signal (SIGSTOP), per ``/proc``?"""
+    try:
+        with open(f"/proc/{handle.process.pid}/status") as status:
+            return any(line.startswith("State:") and "T" in line.split()[1] for line in status)
+    except OSError:
+        return False
+
+
+async def _until(condition: Callable[[], Awaitable[bool]], timeout: float, what: str,
+                 workers: Sequence[WorkerHandle]) -> float:
+    start = time.monotonic()
+    while not await condition():
+        if time.monotonic() - start > timeout:
+            detail = "\n".join(w.diagnostics() for w in workers)
+            raise AssertionError(f"{what}: not within {timeout:g} s\n{detail}")
+        await asyncio.sleep(0.1)
+    return time.monotonic() - start
+
+
+def _complete(dsn: str, tables: Tables, expected: list[tuple[str, int]]) -> Callable[[], Awaitable[bool]]:
+    wanted = set(expected)
+
+    async def done() -> bool:
+        return wanted <= set(await count_rows(dsn, tables.events))
+
+    return done
+
+
+async def _finish(dsn: str, tables: Tables, expected: list[tuple[str, int]],
+                  workers: Sequence[WorkerHandle]) -> Outcome:
+    for worker in workers:
+        if stopped(worker):
+            os.kill(worker.process.pid, signal.SIGCONT)
+    await asyncio.gather(*(w.stop() for w in workers))
+    return Outcome(await count_rows(dsn, tables.events), expected)
+
+
+def _expected(partitions: int, events: int) -> list[tuple[str, int]]:
+    return [(str(p), i) for p in range(partitions) for i in range(events)]
+
+
+async def kill_chain(dsn: str, log_dir: str, *, steps: Sequence[str], mode: str = "sink", partitions: int = 4,
+                     events: int = 300, seed: int = 0, timeout: float = 60.0) -> Outcome:
+    """One worker after another, each SIGKILLed the ``n``-th time it reaches its step (``n``
+    from ``seed``); the next one starts as the previous dies and takes over once its
+    leases expire; a last worker without a fault finishes the stream."""
+    rng = random.Random(seed)
+    tables = await Tables.create(dsn)
+    workers: list[WorkerHandle] = []
+    common = ["--mode", mode, "--max-events", "25", "--batch", "25"]
+    try:
+        for index, step in enumerate(steps):
+            worker = await spawn(f"{mode}-{index}-{step}", dsn, tables, log_dir, partitions=partitions,
+                                 events=events, extra=[*common, "--fault", "kill", "--at", step,
+                                                       "--nth", str(rng.randint(1, 3))])
+            workers.append(worker)
+            await _until(lambda w=worker: _dead(w), timeout, f"worker killed at {step}", workers)
+        last = await spawn(f"{mode}-last", dsn, tables, log_dir, partitions=partitions, events=events, extra=common)
+        workers.append(last)
+        expected = _expected(partitions, events)
+        await _until(_complete(dsn, tables, expected), timeout, "every event written", workers)
+        return await _finish(dsn, tables, expected, workers)
+    finally:
+        for worker in workers:
+            worker.kill()
+        await tables.drop(dsn)
+
+
+async def _dead(worker: WorkerHandle) -> bool:
+    return worker.process.returncode is not None
+
+
+async def zombie(dsn: str, log_dir: str, *, step: str, mode: str = "sink", partitions: int = 2, events: int = 200,
+                 nth: int = 2, idle_timeout: float = 3.0, timeout: float = 60.0) -> Outcome:
+    """A worker SIGSTOPs itself at ``step`` (its ``nth`` time there); a second one takes
+    its partitions once its leases expire and writes every event; then the first is
+    resumed (SIGCONT) and given time to act on what it was doing."""
+    tables = await Tables.create(dsn)
+    common = ["--mode", mode, "--max-events", "20", "--batch", "20", "--idle-timeout", str(idle_timeout)]
+    workers: list[WorkerHandle] = []
+    try:
+        frozen = await spawn(f"{mode}-zombie", dsn, tables, log_dir, partitions=partitions, events=events,
+                             extra=[*common, "--fault", "stop", "--at", step, "--nth", str(nth)])
+        workers.append(frozen)
+
+        async def is_stopped() -> bool:
+            return stopped(frozen)
+
+        await _until(is_stopped, timeout, f"the zombie stopped at {step}", workers)
+        stopped_at = time.monotonic()
+        successor = await spawn(f"{mode}-successor", dsn, tables, log_dir, partitions=partitions, events=events,
+                                extra=common)
+        workers.append(successor)
+        expected = _expected(partitions, events)
+        await _until(_complete(dsn, tables, expected), timeout, "the successor wrote every event", workers)
+        taken_after = time.monotonic() - stopped_at
+        os.kill(frozen.process.pid, signal.SIGCONT)
+        await asyncio.sleep(2.0)  # the zombie wakes: it finishes what it was doing, or fails to
+        outcome = await _finish(dsn, tables, expected, workers)
+        outcome.notes["successor_done_after_stop_s"] = taken_after
+        return outcome
+    finally:
+        for worker in workers:
+            if stopped(worker):
+                os.kill(worker.process.pid, signal.SIGCONT)
+            worker.kill()
+        await tables.drop(dsn)
+
+
+async def _ownership(dsn: str, tables: Tables, expiry: float) -> dict[str, str]:
+    """Live owners by partition, judged on the store's (the server's) clock."""
+    from eventprocessor.stores import PostgresCheckpointStore
+
+    async with PostgresCheckpointStore(dsn=dsn, table=tables.records) as store:
+        listing = await store.list_ownership("memory.local", "hub", "$default")
+    return {o.partition_id: o.owner_id for o in listing.ownerships if o.owner_id and o.last_modified_time
+            and (listing.server_time - o.last_modified_time).total_seconds() < expiry}
+
+
+async def group(dsn: str, log_dir: str, *, partitions: int = 12, events: int = 300, rate: float = 50.0,
+                timeout: float = 60.0) -> Outcome:
+    """Two workers balance a stream (6/6), a third joins and partitions are handed over
+    to it while events flow (4/4/4), then one is SIGKILLed and the two others take its
+    partitions once its leases expire; the group runs on PostgreSQL alone."""
+    expiry = 2.0
+    tables = await Tables.create(dsn)
+    start = time.time() + 3.0
+    common = ["--rate", str(rate), "--start", str(start), "--expiry", str(expiry), "--max-events", "50"]
+    workers: list[WorkerHandle] = []
+    notes: dict[str, float] = {}
+
+    def split(owners: dict[str, str]) -> list[int]:
+        return sorted(sum(1 for owner in owners.values() if owner == w.owner_id) for w in workers if w.alive)
+
+    async def balanced(shares: list[int]) -> bool:
+        owners = await _ownership(dsn, tables, expiry)
+        return len(owners) == partitions and split(owners) == shares and all(
+            set(w.owned) == {p for p, o in owners.items() if o == w.owner_id} for w in workers if w.alive)
+
+    try:
+        for name in ("g0", "g1"):
+            workers.append(await spawn(name, dsn, tables, log_dir, partitions=partitions, events=events,
+                                       extra=common))
+        half = partitions // 2
+        notes["balanced_2_s"] = await _until(lambda: balanced([half, half]), timeout, "two workers balanced",
+                                             workers)
+        workers.append(await spawn("g2", dsn, tables, log_dir, partitions=partitions, events=events, extra=common))
+        third = partitions // 3
+        notes["handed_over_s"] = await _until(lambda: balanced([third] * 3), timeout, "three workers balanced",
+                                              workers)
+        workers[0].kill()
+        await workers[0].process.wait()
+        notes["failed_over_s"] = await _until(lambda: balanced([half, half]), timeout,
+                                              "the survivors took the killed worker's partitions", workers)
+        expected = _expected(partitions, events)
+        await _until(_complete(dsn, tables, expected), timeout, "every event written", workers)
+        outcome = await _finish(dsn, tables, expected, workers)
+        outcome.notes.update(notes)
+        return outcome
+    finally:
+        for worker in workers:
+            worker.kill()
+        await tables.drop(dsn)
