@@ -174,7 +174,7 @@ async def kill_chain(dsn: str, log_dir: str, *, steps: Sequence[str], mode: str 
                                  events=events, extra=[*common, "--fault", "kill", "--at", step,
                                                        "--nth", str(rng.randint(1, 3))])
             workers.append(worker)
-            await _until(lambda w=worker: _dead(w), timeout, f"worker killed at {step}", workers)
+            await _until(_dead(worker), timeout, f"worker killed at {step}", workers)
         last = await spawn(f"{mode}-last", dsn, tables, log_dir, partitions=partitions, events=events, extra=common)
         workers.append(last)
         expected = _expected(partitions, events)
@@ -186,8 +186,11 @@ async def kill_chain(dsn: str, log_dir: str, *, steps: Sequence[str], mode: str 
         await tables.drop(dsn)
 
 
-async def _dead(worker: WorkerHandle) -> bool:
-    return worker.process.returncode is not None
+def _dead(worker: WorkerHandle) -> Callable[[], Awaitable[bool]]:
+    async def dead() -> bool:
+        return worker.process.returncode is not None
+
+    return dead
 
 
 async def zombie(dsn: str, log_dir: str, *, step: str, mode: str = "sink", partitions: int = 2, events: int = 200,
