@@ -39,7 +39,9 @@ protocol; its faults act on connections, not requests: ``reset_all()`` (every op
 connection reset now, as a restarted middlebox or a flapping network does), ``refuse()``
 (new connections reset at once), ``black_hole()`` (connections accepted, nothing relayed
 either way, nothing answered; connections caught in it stay dead after it ends, as a TCP
-path whose packets were lost does). Its upstream can be moved (``upstream =``) while it
+path whose packets were lost does), ``mute_answers()`` (what clients send still reaches
+the service, what it answers is dropped: a request carried out whose answer is lost;
+until ``pass_through()``). Its upstream can be moved (``upstream =``) while it
 runs, for an emulator restarted elsewhere::
 
     async with TcpFaultProxy("127.0.0.1", emulator.port) as proxy:
@@ -53,6 +55,7 @@ import logging
 import socket
 import struct
 import threading
+from collections.abc import Callable
 from types import TracebackType
 
 __all__ = ["FaultProxy", "ThreadedFaultProxy", "TcpFaultProxy"]
@@ -322,6 +325,7 @@ class _Pipe:
         self.client = client
         self.upstream: asyncio.StreamWriter | None = None
         self.swallowed = False  # caught by a black hole: never relays again
+        self.muted: Callable[[], bool] = lambda: False  # drop the service's answers now?
 
     def reset(self) -> None:
         _reset(self.client)
@@ -353,6 +357,11 @@ class TcpFaultProxy:
     def pass_through(self) -> None:
         """Relay new connections (connections a black hole caught stay dead)."""
         self._mode = "pass"
+
+    def mute_answers(self) -> None:
+        """Relay what clients send; drop what the service answers, on open and new
+        connections, until :meth:`pass_through`."""
+        self._mode = "mute"
 
     def refuse(self) -> None:
         """Reset every new connection as soon as it is accepted."""
@@ -405,6 +414,7 @@ class TcpFaultProxy:
         self._handlers.add(task)
         self.accepted += 1
         pipe = _Pipe(client_writer)
+        pipe.muted = lambda: self._mode == "mute"
         self._pipes.add(pipe)
         relays: list[asyncio.Task] = []
         try:
@@ -421,7 +431,7 @@ class TcpFaultProxy:
                 except OSError:
                     pipe.reset()  # the service is down: the client sees its connection reset
                     return
-                relays.append(asyncio.ensure_future(self._relay(upstream_reader, client_writer, pipe)))
+                relays.append(asyncio.ensure_future(self._relay(upstream_reader, client_writer, pipe, answers=True)))
             relays.append(asyncio.ensure_future(self._relay(client_reader, pipe.upstream, pipe)))
             await asyncio.wait(relays, return_when=asyncio.FIRST_COMPLETED)
         finally:
@@ -432,10 +442,11 @@ class TcpFaultProxy:
             self._handlers.discard(task)
 
     @staticmethod
-    async def _relay(reader: asyncio.StreamReader, writer: asyncio.StreamWriter | None, pipe: _Pipe) -> None:
+    async def _relay(reader: asyncio.StreamReader, writer: asyncio.StreamWriter | None, pipe: _Pipe,
+                     answers: bool = False) -> None:
         try:
             while data := await reader.read(65536):
-                if pipe.swallowed or writer is None:
+                if pipe.swallowed or writer is None or (answers and pipe.muted()):
                     continue  # into the black hole
                 writer.write(data)
                 await writer.drain()
