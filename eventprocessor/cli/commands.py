@@ -1,5 +1,5 @@
-"""The ``eventprocessor`` command line: ``demo``, ``status``, ``emulator``, ``azurite`` and
-``bench``.
+"""The ``eventprocessor`` command line: ``demo``, ``status``, ``emulator``, ``azurite``,
+``postgres`` and ``bench``.
 
 One function per command, each registered on :data:`main` (or on the ``bench`` group).
 A command checks what it needs before it starts (extras, tools, services; see
@@ -235,6 +235,52 @@ def azurite(blob_port: int, queue_port: int, table_port: int, location: Path | N
         pass
     finally:
         emulator.stop()
+
+
+@main.command()
+@click.option("--port", default=0, show_default=True, type=click.IntRange(0, 65535),
+              help="Port on 127.0.0.1; 0 picks a free one.")
+@click.option("--location", type=click.Path(file_okay=False, path_type=Path),
+              help="Keep the cluster in this directory (initdb when empty, reused otherwise). Default: a temporary "
+                   "directory, removed when it stops.")
+@click.option("--setting", "settings", multiple=True, metavar="NAME=VALUE",
+              help="A postgresql.conf setting, such as fsync=off (repeatable).")
+def postgres(port: int, location: Path | None, settings: tuple[str, ...]) -> None:
+    """A local PostgreSQL for the PostgreSQL store and sink, from the server binaries here.
+
+    Runs initdb and pg_ctl (the `postgresql` package: `apt-get install postgresql`) into a
+    temporary directory, as the `postgres` system user when run as root, listening on
+    127.0.0.1 only with trust authentication: for development and tests, not production.
+    Prints one line, the DSN (postgresql://postgres@127.0.0.1:PORT/postgres), once it
+    accepts connections; stops it on Ctrl-C or SIGTERM.
+    """
+    import time
+
+    from eventprocessor.emulators.ports import port_open
+    from eventprocessor.emulators.postgres import PostgresUnavailable, start_postgres
+
+    if port and port_open(port):
+        raise CommandError(f"127.0.0.1:{port} is in use (a PostgreSQL already running?): stop it, or choose another "
+                           "port with --port (0 picks a free one)")
+    values = {}
+    for setting in settings:
+        name, equals, value = setting.partition("=")
+        if not equals or not name.strip():
+            raise click.BadParameter(f"{setting!r} is not NAME=VALUE", param_hint="--setting")
+        values[name.strip()] = value.strip()
+    try:
+        server = start_postgres(port=port, location=location, settings=values)
+    except PostgresUnavailable as error:
+        raise CommandError(f"PostgreSQL did not start: {' '.join(str(error).split())}") from None
+    try:
+        click.echo(server.dsn)
+        while server.running:
+            time.sleep(0.5)
+        raise CommandError(f"PostgreSQL stopped by itself; its log: {server.log_path}")
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.stop()
 
 
 _STATUS_EPILOG = """\b

@@ -36,6 +36,7 @@ EXTRA_MODULES: dict[str, tuple[str, ...]] = {
     "eventhub": ("azure.eventhub",),
     "spark": ("pyspark", "pyarrow", "pandas"),
     "otel": ("opentelemetry.sdk",),
+    "postgres": ("asyncpg",),
 }
 
 # Who to blame for a ModuleNotFoundError nobody checked for, longest prefix first.
@@ -43,6 +44,7 @@ _MODULE_EXTRA = [
     ("azure.storage", "blob"), ("azure.data", "table"), ("azure.eventhub", "eventhub"),
     ("azure.core", "blob"), ("aiohttp", "blob"), ("azure", "all"),
     ("pyspark", "spark"), ("pyarrow", "spark"), ("pandas", "spark"), ("opentelemetry", "otel"),
+    ("asyncpg", "postgres"),
 ]
 
 
@@ -199,6 +201,8 @@ def one_line_message(error: BaseException) -> str | None:
         return None
     if type(error).__name__ == "AzuriteUnavailable":  # eventprocessor.emulators.azurite; not imported for a check
         return f"Azurite is not available: {_flat(error)}"
+    if type(error).__name__ == "PostgresUnavailable":  # eventprocessor.emulators.postgres
+        return f"PostgreSQL is not available: {_flat(error)}"
     if isinstance(error, EventProcessorError):
         return f"{type(error).__name__}: {_flat(error)}"
     if isinstance(error, TimeoutError):

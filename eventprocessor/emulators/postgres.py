@@ -62,12 +62,18 @@ def _version_key(path: str) -> tuple[int, ...]:
     return tuple(int(n) for n in re.findall(r"\d+", path)) or (0,)
 
 
+def _has_server(directory: Path) -> bool:
+    return (directory / "initdb").exists() and (directory / "pg_ctl").exists()
+
+
 def find_postgres_bin() -> Path | None:
-    """The directory holding ``initdb`` and ``pg_ctl``: ``$POSTGRES_BIN``, ``pg_config
-    --bindir``, the newest ``/usr/lib/postgresql/*/bin``, or ``PATH``; None if none has both."""
-    candidates: list[Path] = []
+    """The directory holding ``initdb`` and ``pg_ctl``: ``$POSTGRES_BIN`` when set (and
+    nothing else then), else ``pg_config --bindir``, the newest ``/usr/lib/postgresql/*/bin``
+    or ``PATH``; None if none has both."""
     if os.environ.get("POSTGRES_BIN"):
-        candidates.append(Path(os.environ["POSTGRES_BIN"]))
+        chosen = Path(os.environ["POSTGRES_BIN"])
+        return chosen if _has_server(chosen) else None
+    candidates: list[Path] = []
     pg_config = shutil.which("pg_config")
     if pg_config:
         try:
@@ -81,10 +87,7 @@ def find_postgres_bin() -> Path | None:
         found = shutil.which(tool)
         if found:
             candidates.append(Path(os.path.realpath(found)).parent)
-    for candidate in candidates:
-        if (candidate / "initdb").exists() and (candidate / "pg_ctl").exists():
-            return candidate
-    return None
+    return next((candidate for candidate in candidates if _has_server(candidate)), None)
 
 
 def _server_user() -> str | None:
@@ -265,13 +268,18 @@ def start_postgres(*, port: int = 0, location: str | os.PathLike | None = None,
     """
     bin_dir = find_postgres_bin()
     if bin_dir is None:
-        raise PostgresUnavailable(f"the PostgreSQL server binaries (initdb, pg_ctl) were not found: install them "
-                                  f"with `{INSTALL_HINT}`, or set POSTGRES_BIN to their directory")
+        where = f" in $POSTGRES_BIN ({os.environ['POSTGRES_BIN']})" if os.environ.get("POSTGRES_BIN") else ""
+        raise PostgresUnavailable(f"the PostgreSQL server binaries (initdb, pg_ctl) were not found{where}: install "
+                                  f"them with `{INSTALL_HINT}`, or set POSTGRES_BIN to their directory")
     user = _server_user()
     temporary = location is None
     directory = Path(tempfile.mkdtemp(prefix="eventprocessor-postgres-") if temporary else location)  # type: ignore
     directory.mkdir(parents=True, exist_ok=True)
     _chown(directory, user)
+    if user is not None and subprocess.run(["test", "-w", str(directory)], user=user).returncode != 0:
+        raise PostgresUnavailable(
+            f"the server runs as the '{user}' system user (initdb refuses root), and {directory} is out of its "
+            "reach (a parent directory is closed to it): choose a location it can reach, such as one under /tmp")
     values = {name: str(value) for name, value in (settings or {}).items()}
     try:
         if not (directory / "data" / "PG_VERSION").exists():
