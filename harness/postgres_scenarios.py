@@ -11,7 +11,7 @@ server. ``seed`` varies which transaction is hit and the timings.
 
 Example::
 
-    outcome = await zombie(dsn, step="after_advance", seed=4)
+    outcome = await zombie(dsn, step="after_write", seed=4)
     assert outcome.exactly_once() is None
 """
 from __future__ import annotations
@@ -160,17 +160,20 @@ class Freeze:
 async def zombie(dsn: str, *, step: str, seed: int, resume_before_timeout: bool = False,
                  events: int = 100) -> Outcome:
     """Processor A freezes at ``step`` of a batch and loses its lease; B takes the
-    partition and writes every event; then A goes on. With ``resume_before_timeout`` (and
-    ``after_advance``), A is let go while B's fence waits for A's row lock, before the
-    server ends A's idle session: A commits, and B resumes after A's events."""
+    partition and writes every event; then A goes on. With ``resume_before_timeout`` (at
+    a step where A holds the row: ``after_advance``, ``after_write``), A is let go while
+    B's fence waits for A's row lock, before the server ends A's idle session: A commits,
+    and B resumes after A's events."""
     rng = random.Random(seed)
     async with Scene(dsn, 1, events) as scene:
         scene.produce()
         a_store = FaultyStore(scene.store.new_client())
         freeze = Freeze(step, rng.randint(1, 3), a_store)
-        # Holding the row's lock (after its UPDATE), A blocks B's fence until the server
-        # ends its idle session; anywhere else A's session may stay: its UPDATE is refused.
-        idle = 1.0 if step == "after_advance" and not resume_before_timeout else 30.0
+        # Holding the row's lock (its UPDATE done, not committed), A blocks B's fence until
+        # the server ends its idle session; before its UPDATE (or after COMMIT) A holds
+        # nothing B needs, and its session may stay: its UPDATE is refused.
+        holds_row = step in ("after_advance", "after_write")
+        idle = 1.0 if holds_row and not resume_before_timeout else 30.0
         a = scene.processor("a", scene.sink(step_hook=freeze, transaction_idle_timeout=idle), a_store)
         b_sink = scene.sink(connect_options={"server_settings": {"application_name": f"sink-b-{seed}"}})
         await a.start()
@@ -220,7 +223,7 @@ async def lost_commit(dsn: str, *, committed: bool, seed: int, events: int = 60)
             proxy.pass_through()
 
         def before_commit(step: str, context: Any) -> None:
-            if step == "after_advance":
+            if step == "after_write":
                 seen[0] += 1
                 if seen[0] == nth:
                     proxy.mute_answers() if committed else proxy.black_hole()

@@ -14,9 +14,10 @@ then ``update_checkpoint()``.
 
 ``--fault kill`` or ``--fault stop`` with ``--at STEP`` and ``--nth N``: the ``N``-th time
 this process reaches ``STEP`` it prints ``{"event": "reached", ...}`` and SIGKILLs or
-SIGSTOPs itself right there. Steps: the sink's (``before_write``, ``after_write``,
-``after_advance``, ``after_commit``, ``after_checkpoint``); the naive handler's
-``before_write``, ``after_write`` (rows inserted, not checkpointed) and ``after_checkpoint``.
+SIGSTOPs itself right there. Steps: the sink's (``before_begin``, ``after_advance``,
+``after_write``, ``after_commit``, ``after_checkpoint``: see ``PostgresSink``'s
+``step_hook``); the naive handler's ``before_write``, ``after_write`` (rows inserted, not
+checkpointed) and ``after_checkpoint``.
 
 The DSN comes from ``EVENTPROCESSOR_PG_DSN`` (never on the command line). It prints JSON
 lines: ``started``, ``owned`` (when the dispatched partitions change, and every second),
@@ -36,9 +37,11 @@ from typing import Any
 from .worker_report import emit
 
 DSN_ENV = "EVENTPROCESSOR_PG_DSN"
-STEPS = ("before_write", "after_write", "after_advance", "after_commit", "after_checkpoint")
+STEPS = ("before_begin", "after_advance", "after_write", "after_commit", "after_checkpoint")
+"""The sink's steps, in the order a batch reaches them."""
+NAIVE_STEPS = ("before_write", "after_write", "after_checkpoint")
 
-__all__ = ["DSN_ENV", "STEPS", "main", "fill", "naive_handler"]
+__all__ = ["DSN_ENV", "STEPS", "NAIVE_STEPS", "main", "fill", "naive_handler"]
 
 logger = logging.getLogger(__name__)
 
@@ -62,7 +65,7 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--idle-timeout", type=float, default=30.0, help="the sink's transaction_idle_timeout")
     parser.add_argument("--checkpoint-interval", type=float, default=0.5, help="the sink's checkpoint_interval")
     parser.add_argument("--fault", choices=["kill", "stop"])
-    parser.add_argument("--at", choices=STEPS)
+    parser.add_argument("--at", choices=sorted(set(STEPS + NAIVE_STEPS)))
     parser.add_argument("--nth", type=int, default=1)
     return parser.parse_args(argv)
 

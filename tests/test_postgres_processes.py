@@ -35,11 +35,11 @@ async def test_the_insert_then_checkpoint_handler_killed_between_the_two_duplica
     assert outcome.duplicates > 0, "the insert-then-checkpoint handler was expected to duplicate its batch"
 
 
-@pytest.mark.parametrize("step", ["before_write", "after_advance"])
+@pytest.mark.parametrize("step", ["before_begin", "after_write"])
 async def test_a_zombie_resumed_after_its_lease_commits_nothing(postgres, tmp_path, step):
-    """Frozen (SIGSTOP) before its write, or between its UPDATE and COMMIT (holding the
-    row's lock: the successor's fence waits for the server to end the idle session), past
-    its lease; the successor writes everything; resumed (SIGCONT), the zombie's
+    """Frozen (SIGSTOP) before its transaction, or after its write before COMMIT (holding
+    the row's lock: the successor's fence waits for the server to end the idle session),
+    past its lease; the successor writes everything; resumed (SIGCONT), the zombie's
     transaction is refused or rolled back: no event twice."""
     outcome = await zombie(postgres.dsn, str(tmp_path), step=step, idle_timeout=3.0)
     assert outcome.exactly_once() is None, outcome.exactly_once()

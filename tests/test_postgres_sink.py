@@ -173,21 +173,21 @@ async def test_a_claim_with_an_older_epoch_than_the_row_is_refused_and_ends(post
     assert (await tally(postgres.dsn, table)).exactly_once(expected_events(1, 20)) is None
 
 
-@pytest.mark.parametrize("step", ["before_write", "after_write", "after_advance", "after_commit"])
+@pytest.mark.parametrize("step", ["before_begin", "after_advance", "after_write", "after_commit"])
 async def test_a_frozen_owner_whose_lease_ran_out_commits_nothing_after_the_new_owner_fenced(postgres, step):
     """The zombie in one process: frozen at each step of a batch while its lease runs out,
-    then let go once the new owner wrote everything (after ``after_advance`` it held the
+    then let go once the new owner wrote everything (frozen after its UPDATE, it held the
     row's lock: the server ended its idle session so that the new owner could fence)."""
     outcome = await zombie(postgres.dsn, step=step, seed=7)
     assert outcome.exactly_once() is None, outcome.exactly_once()
-    if step in ("before_write", "after_write"):
+    if step == "before_begin":
         assert outcome.notes["stale_rollbacks"] == 1, "the zombie's UPDATE was refused and rolled back"
-    elif step == "after_advance":
+    elif step == "after_write":
         assert outcome.notes["unknown_commits"] == 1, "the zombie's COMMIT failed and was settled"
 
 
 async def test_a_frozen_owner_let_go_before_its_session_ends_commits_and_the_new_owner_resumes_after_it(postgres):
-    outcome = await zombie(postgres.dsn, step="after_advance", seed=3, resume_before_timeout=True)
+    outcome = await zombie(postgres.dsn, step="after_write", seed=3, resume_before_timeout=True)
     assert outcome.exactly_once() is None, outcome.exactly_once()
     assert outcome.notes["stale_rollbacks"] == 0 and outcome.notes["unknown_commits"] == 0, outcome.notes
 
@@ -208,7 +208,7 @@ async def test_a_commit_whose_answer_is_lost_is_settled_by_asking_the_server(pos
     assert outcome.notes["unknown_commits"] >= 1, "the lost answer was noticed and settled"
 
 
-@pytest.mark.parametrize("step", ["before_write", "after_write", "after_advance"])
+@pytest.mark.parametrize("step", ["before_begin", "after_advance", "after_write"])
 async def test_a_connection_cut_mid_transaction_commits_nothing_and_the_batch_is_written_again(postgres, step):
     outcome = await cut_connection(postgres.dsn, step=step, seed=11)
     assert outcome.exactly_once() is None, outcome.exactly_once()

@@ -51,6 +51,8 @@ BENCHMARKS = {
             "azure-eventhub.",
     "state": "Stateful partitions: pause of a planned move at 1, 16, 64 MB of state, warm-up vs naive restore.",
     "soak": "Resident memory of a long-running consumer over millions of events, vs azure-eventhub's consumer.",
+    "postgres_sink": ("Rows/s into PostgreSQL exactly once vs a bare COPY loop and insert-then-checkpoint, "
+                      "duplicates after SIGKILL; PostgreSQL vs Blob store checkpoints/s."),
 }
 
 

@@ -16,10 +16,12 @@ Three statements, each one round trip:
   is lower (or the same epoch of the same owner). It returns the position to resume
   from, or nothing when a newer claim holds the row. Waits for a batch transaction that
   holds the row.
-* :meth:`Positions.advance` (inside a batch's transaction): ``UPDATE ... SET
-  sequence_number = last WHERE claim_token = mine AND sequence_number = where I was``,
-  returning the transaction's id; nothing when the row was fenced by another claim since.
-* :meth:`Positions.status`: ``pg_xact_status(xid)``, for a commit whose answer was lost.
+* :meth:`Positions.begin` (a batch's first message): ``BEGIN; UPDATE ... SET
+  sequence_number = last WHERE claim_token = mine AND sequence_number = where I was``, one
+  simple-protocol message (values as escaped literals), so that opening the transaction and
+  taking the row cost one round trip. ``UPDATE 0``: the row was fenced by another claim.
+* :meth:`Positions.settle` (a commit whose answer was lost): ``SELECT ... FOR UPDATE`` of
+  the row, which waits for the transaction that holds it to end, then reads what it left.
 """
 from __future__ import annotations
 
@@ -29,7 +31,7 @@ from typing import Any
 
 from ._connection import quoted_name
 
-__all__ = ["Positions", "Position", "Holder", "DEFAULT_POSITIONS_TABLE"]
+__all__ = ["Positions", "Position", "Holder", "BeginStatement", "DEFAULT_POSITIONS_TABLE"]
 
 logger = logging.getLogger(__name__)
 
@@ -80,9 +82,6 @@ class Positions:
                 updated = EXCLUDED.updated
             WHERE p.epoch < EXCLUDED.epoch OR (p.epoch = EXCLUDED.epoch AND p.owner_id = EXCLUDED.owner_id)
             RETURNING p.sequence_number, p."offset\""""
-        self._advance = f"""UPDATE {name} SET sequence_number = $5, "offset" = $6, updated = clock_timestamp()
-            WHERE {_PK} AND claim_token = $7 AND sequence_number = $8
-            RETURNING pg_current_xact_id()::text"""
         self._read = f'SELECT owner_id, epoch, claim_token, sequence_number, "offset" FROM {name} WHERE {_PK}'
         self._read_all = (f'SELECT partition_id, owner_id, epoch, claim_token, sequence_number, "offset" FROM {name} '
                           "WHERE namespace = $1 AND eventhub = $2 AND consumer_group = $3")
@@ -103,12 +102,34 @@ class Positions:
                                         claim_token, timeout=timeout)
         return None if row is None else Position(row[0], row[1])
 
-    async def advance(self, connection: Any, key: Key, *, claim_token: str, expected: int,
-                      to: Position, timeout: float | None = None) -> str | None:
-        """In the batch's transaction: move the position from ``expected`` to ``to`` if the
-        row is still this claim's; the transaction's id, or None (the caller rolls back)."""
-        return await connection.fetchval(self._advance, *key, to.sequence_number, to.offset, claim_token, expected,
-                                         timeout=timeout)
+    def begin_statement(self, key: Key, *, claim_token: str, isolation: str) -> BeginStatement:
+        """The claim's ``BEGIN; UPDATE ...``: every value but the positions is fixed for the
+        claim, escaped here once."""
+        namespace, eventhub, consumer_group, partition_id = (_literal(v) for v in key)
+        return BeginStatement(
+            f"BEGIN ISOLATION LEVEL {isolation.replace('_', ' ').upper()}; "
+            f'UPDATE {self.table} SET sequence_number = ',
+            ', "offset" = ',
+            f", updated = clock_timestamp() WHERE namespace = {namespace} AND eventhub = {eventhub} AND "
+            f"consumer_group = {consumer_group} AND partition_id = {partition_id} AND "
+            f"claim_token = {_literal(claim_token)} AND sequence_number = ")
+
+    @staticmethod
+    async def begin(connection: Any, statement: BeginStatement, *, expected: int, to: Position) -> bool:
+        """Open the batch's transaction and move the position from ``expected`` to ``to``
+        if the row is still this claim's (it keeps the row's lock until the transaction
+        ends). False: it is not (the caller rolls back)."""
+        return await connection.execute(statement.render(to, expected)) == "UPDATE 1"
+
+    async def settle(self, connection: Any, key: Key, timeout: float | None = None) -> Holder | None:
+        """The row once no transaction holds it (``FOR UPDATE`` waits for the one that
+        does to commit or roll back): what a transaction whose answer was lost left."""
+        async with connection.transaction():
+            row = await connection.fetchrow(self._read + " FOR UPDATE", *key, timeout=timeout)
+        if row is None:
+            return None
+        return Holder(row["owner_id"], row["epoch"], row["claim_token"], Position(row["sequence_number"],
+                                                                                   row["offset"]))
 
     async def holder(self, connection: Any, key: Key) -> Holder | None:
         row = await connection.fetchrow(self._read, *key)
@@ -122,7 +143,25 @@ class Positions:
         return {row["partition_id"]: Holder(row["owner_id"], row["epoch"], row["claim_token"],
                                             Position(row["sequence_number"], row["offset"])) for row in rows}
 
-    @staticmethod
-    async def status(connection: Any, transaction_id: str) -> str | None:
-        """``committed``, ``aborted``, ``in progress``, or None (too old to tell)."""
-        return await connection.fetchval("SELECT pg_xact_status($1::xid8)", transaction_id)
+
+
+@dataclass(frozen=True)
+class BeginStatement:
+    """``BEGIN; UPDATE ...`` of one claim, with the positions still to put in."""
+
+    head: str
+    middle: str
+    tail: str
+
+    def render(self, to: Position, expected: int) -> str:
+        return f"{self.head}{int(to.sequence_number)}{self.middle}{_literal(to.offset)}{self.tail}{int(expected)}"
+
+
+def _literal(value: str | None) -> str:
+    """An SQL string literal (``E'...'``: the same whatever ``standard_conforming_strings``
+    says), or ``NULL``."""
+    if value is None:
+        return "NULL"
+    if "\x00" in value:
+        raise ValueError("PostgreSQL text cannot hold NUL characters")
+    return "E'" + value.replace("\\", "\\\\").replace("'", "''") + "'"

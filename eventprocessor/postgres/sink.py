@@ -6,27 +6,23 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
-import random
 from collections.abc import Mapping
 from types import TracebackType
 from typing import Any
 
 from ..backoff import Backoff
 from ..delivery import RetryPolicy
-from ..errors import ConfigurationError, EventProcessorError, OwnershipLostError, PoisonEventsError
+from ..errors import ConfigurationError, EventProcessorError, OwnershipLostError
 from ..events import Event
 from ..partition import CloseReason, PartitionContext, PartitionProcessor
-from ._connection import SERIALIZATION_STATES, check_dsn, describe, require_asyncpg, safe_dsn, transient
+from ._connection import check_dsn, describe, require_asyncpg, safe_dsn
 from .claims import Claim, ClaimState, SinkStats
+from .committer import Committer, Outcome
 from .positions import DEFAULT_POSITIONS_TABLE, Position, Positions
 from .transaction import (
-    CommitOutcomeUnknown,
-    StaleClaim,
     StepHook,
     WriteFunction,
-    resolve_commit,
     run_step,
-    write_batch,
 )
 
 __all__ = ["PostgresSink", "WRITE_RETRY_POLICY", "PositionBehindError"]
@@ -102,8 +98,10 @@ class PostgresSink:
       a transaction this long (a frozen or cut-off owner), releasing its locks (default 30).
     * ``pool_size``, ``connect_options``: the pool's size and more ``asyncpg.create_pool``
       arguments (``ssl=``, ``command_timeout=``, ``server_settings=``...).
-    * ``step_hook(step, context)``: called at ``before_write``, ``after_write``,
-      ``after_advance`` (before COMMIT), ``after_commit``, ``after_checkpoint``; may return
+    * ``step_hook(step, context)``: called at each step of a batch: ``before_begin``
+      (nothing sent yet), ``after_advance`` (``BEGIN`` and the position's ``UPDATE`` done:
+      the claim holds the row), ``after_write`` (rows written, before ``COMMIT``),
+      ``after_commit``, ``after_checkpoint`` (the store's checkpoint moved up); may return
       an awaitable. For fault-injection tests and tracing.
 
     Example::
@@ -161,6 +159,9 @@ class PostgresSink:
         self._ready = False
         self._ready_lock = asyncio.Lock()
         self.stats = SinkStats()
+        self._committer = Committer(pool=self._ready_pool, positions=self._positions, write=write, hook=step_hook,
+                                    serialization_retries=serialization_retries, retry_policy=self.retry_policy,
+                                    stats=self.stats)
 
     def __repr__(self) -> str:
         where = f"dsn={safe_dsn(self._dsn)!r}" if self._dsn else "pool=<asyncpg pool>"
@@ -262,6 +263,8 @@ class PostgresSink:
                     "or delete the partition's row to accept the gap; then restart the processor"))
                 return
             claim.position = claim.accepted = position.sequence_number
+            claim.begin = self._positions.begin_statement(claim.key, claim_token=claim.token,
+                                                          isolation=self.isolation)
             claim.state = ClaimState.ACTIVE
             claim.checkpointed_at = asyncio.get_running_loop().time()
             claim.flusher = asyncio.create_task(self._flush_when_due(claim), name=f"sink-flush-{ctx.partition_id}")
@@ -344,86 +347,18 @@ class PostgresSink:
                     await self._flush(claim, everything=True)
 
     async def _commit(self, claim: Claim, chunk: list[Event]) -> bool:
-        """Write ``chunk`` in one transaction, trying again what can be tried again.
-        False when the claim ended or parked instead."""
-        ctx = claim.context
-        attempt = conflicts = 0
-        outage = Backoff(0.1, cap=5.0)
-        while claim.active:
-            if not ctx.is_owned:  # the lease ran out: the next owner reads these events again
-                self._end(claim)
-                return False
-            try:
-                await self._commit_once(claim, chunk)
-                return True
-            except StaleClaim:
-                self.stats.stale_rollbacks += 1
-                await self._stale(claim, "commit")
-                return False
-            except CommitOutcomeUnknown as unknown:
-                self.stats.unknown_commits += 1
-                committed = await self._settle(claim, chunk, unknown)
-                if committed is not None:
-                    return committed
-                continue  # rolled back: write the batch again
-            except Exception as error:
-                self.stats.last_error = error
-                state = str(getattr(error, "sqlstate", "") or "")
-                if state in SERIALIZATION_STATES and conflicts < self.serialization_retries:
-                    conflicts += 1
-                    self.stats.serialization_retries += 1
-                    await asyncio.sleep(random.uniform(0, 0.01 * conflicts))
-                    continue
-                if transient(error) and state not in SERIALIZATION_STATES:
-                    delay = outage.next()
-                    logger.warning("sink: partition %s: the database cannot be used (%s); trying again in %.1f s",
-                                   ctx.partition_id, describe(error), delay)
-                    await asyncio.sleep(delay)
-                    continue
-                attempt += 1
-                if attempt >= self.retry_policy.max_delivery_attempts:
-                    self._park(claim, self._poison(claim, chunk, error, attempt))
-                    return False
-                delay = self.retry_policy.delay(attempt)
-                logger.warning("sink: writing %d events of partition %s from sequence number %s failed (attempt %d "
-                               "of %d): %s; trying again in %.1f s", len(chunk), ctx.partition_id,
-                               chunk[0].sequence_number, attempt, self.retry_policy.max_delivery_attempts,
-                               describe(error), delay, exc_info=error)
-                await asyncio.sleep(delay)
-        return False
-
-    async def _commit_once(self, claim: Claim, chunk: list[Event]) -> None:
-        loop = asyncio.get_running_loop()
-        pool = await self._ready_pool()
-        async with pool.acquire() as connection:
-            started = loop.time()
-            await write_batch(connection, positions=self._positions, key=claim.key, claim_token=claim.token,
-                              expected=claim.position, events=chunk, write=self._write, isolation=self.isolation,
-                              hook=self._hook, context=claim.context, timeout=None)
-            self.stats.commit_seconds.append(loop.time() - started)
-        await run_step(self._hook, "after_commit", claim.context)
-
-    async def _settle(self, claim: Claim, chunk: list[Event], unknown: CommitOutcomeUnknown) -> bool | None:
-        """A commit whose answer was lost: True (it committed), False (the claim ended),
-        None (it rolled back: write the batch again)."""
-        ctx = claim.context
-        logger.warning("sink: partition %s: %s; asking the server", ctx.partition_id, unknown)
-        pool = await self._ready_pool()
-        committed = await resolve_commit(pool, self._positions, unknown.transaction_id,
-                                         still_wanted=lambda: claim.active and ctx.is_owned)
-        if committed is None:  # the claim ended meanwhile, or the server forgot: the row says
-            async with pool.acquire() as connection:
-                holder = await self._positions.holder(connection, claim.key)
-            if holder is None or holder.claim_token != claim.token:
-                await self._stale(claim, "commit")
-                return False
-            committed = holder.position.sequence_number == chunk[-1].sequence_number
-        logger.info("sink: partition %s: transaction %s %s", ctx.partition_id, unknown.transaction_id,
-                    "committed" if committed else "was rolled back; writing the batch again")
-        if committed:
-            await run_step(self._hook, "after_commit", ctx)
+        """Commit ``chunk``; False when the claim ended or parked instead."""
+        outcome, error = await self._committer.commit(claim, chunk)
+        if outcome is Outcome.COMMITTED:
             return True
-        return None
+        if outcome is Outcome.STALE:
+            await self._stale(claim, "commit")
+        elif outcome is Outcome.PARKED:
+            assert error is not None
+            self._park(claim, error)
+        else:
+            self._end(claim)
+        return False
 
     async def _checkpoint_when_due(self, claim: Claim) -> None:
         now = asyncio.get_running_loop().time()
@@ -449,15 +384,6 @@ class PostgresSink:
             return
         claim.store_position = max(claim.store_position, event.sequence_number)
         await run_step(self._hook, "after_checkpoint", ctx)
-
-    def _poison(self, claim: Claim, chunk: list[Event], error: BaseException, attempts: int) -> PoisonEventsError:
-        ctx = claim.context
-        poisoned = PoisonEventsError(
-            f"partition {ctx.partition_id} of {ctx.eventhub_name}/{ctx.consumer_group}: writing {len(chunk)} events "
-            f"from sequence number {chunk[0].sequence_number} failed in all {attempts} attempts ({describe(error)})",
-            events=list(chunk), attempts=attempts, partition_id=ctx.partition_id)
-        poisoned.__cause__ = error
-        return poisoned
 
     def _end(self, claim: Claim, *, fenced_out: bool = False) -> None:
         """The claim takes nothing more; its buffered events are dropped (the partition's
