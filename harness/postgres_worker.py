@@ -62,7 +62,7 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--batch", type=int, default=100, help="the processor's max batch size")
     parser.add_argument("--max-events", type=int, default=100, help="the sink's events per transaction")
     parser.add_argument("--max-interval", type=float, default=0.1, help="the sink's commit cadence, seconds")
-    parser.add_argument("--idle-timeout", type=float, default=30.0, help="the sink's transaction_idle_timeout")
+    parser.add_argument("--idle-timeout", type=float, default=10.0, help="the sink's transaction_idle_timeout")
     parser.add_argument("--checkpoint-interval", type=float, default=0.5, help="the sink's checkpoint_interval")
     parser.add_argument("--fault", choices=["kill", "stop"])
     parser.add_argument("--at", choices=sorted(set(STEPS + NAIVE_STEPS)))

@@ -95,7 +95,9 @@ class PostgresSink:
       follows the committed position; it is only where a new owner's receiver starts
       reading, the database's position decides what is written.
     * ``transaction_idle_timeout``: the server ends a sink session that sits idle inside
-      a transaction this long (a frozen or cut-off owner), releasing its locks (default 30).
+      a transaction this long (a frozen or cut-off owner), releasing its locks (default
+      10 s): the longest a new owner waits for a frozen one. ``write`` must not pause that
+      long between two statements.
     * ``pool_size``, ``connect_options``: the pool's size and more ``asyncpg.create_pool``
       arguments (``ssl=``, ``command_timeout=``, ``server_settings=``...).
     * ``step_hook(step, context)``: called at each step of a batch: ``before_begin``
@@ -120,7 +122,7 @@ class PostgresSink:
                  positions_table: str = DEFAULT_POSITIONS_TABLE, schema: str | None = None,
                  max_events: int = 1000, max_interval: float = 1.0, isolation: str = "read_committed",
                  serialization_retries: int = 10, retry_policy: RetryPolicy | None = None,
-                 checkpoint_interval: float = 5.0, transaction_idle_timeout: float = 30.0, pool_size: int = 10,
+                 checkpoint_interval: float = 5.0, transaction_idle_timeout: float = 10.0, pool_size: int = 10,
                  connect_options: Mapping[str, Any] | None = None, step_hook: StepHook | None = None) -> None:
         self._asyncpg = require_asyncpg("PostgresSink")
         if not callable(write) or not (inspect.iscoroutinefunction(write)
