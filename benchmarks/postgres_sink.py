@@ -4,7 +4,8 @@ checkpoints/s beside the Blob store's.
 
 Run it with ``python -m benchmarks.postgres_sink`` (or ``eventprocessor bench postgres-sink``).
 It starts its own PostgreSQL (:mod:`eventprocessor.emulators.postgres`, default settings:
-``fsync`` on) and, for the store comparison, its own Azurite, on this machine.
+``fsync`` on; or uses the server whose DSN is in ``$EVENTPROCESSOR_PG_DSN``) and, for the
+store comparison, its own Azurite, on this machine.
 
 Rows/s: ``--partitions`` partitions of ``--events`` events each (bodies of ``--body-size``
 bytes) become rows ``(partition_id, sequence_number, body)`` of a table without keys, in
@@ -44,6 +45,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 import statistics
 import tempfile
 import time
@@ -62,6 +64,7 @@ __all__ = ["main"]
 
 logger = logging.getLogger(__name__)
 
+DSN_ENV = "EVENTPROCESSOR_PG_DSN"
 PATHS = ("floor", "processor, COPY only", "insert then checkpoint", "exactly once")
 COLUMNS = ["partition_id", "sequence_number", "body"]
 TARGET = 0.8
@@ -350,11 +353,11 @@ def _span(values: Sequence[float], digits: int = 0) -> str:
 
 
 def _markdown(rounds: list[Round], kills: dict[str, list[tuple[int, int]]], checkpoints: dict[str, list[float]],
-              args: argparse.Namespace, command: str) -> str:
+              args: argparse.Namespace, command: str, where: str) -> str:
     ratios = [r.rows_per_second["exactly once"] / r.rows_per_second["floor"] for r in rounds]
     lines = [f"Command: `{command}`", "", machine_line(), "",
              f"{args.partitions} partitions x {args.events:,} events of {args.body_size} bytes, batches of "
-             f"{args.batch} rows (one COPY each), {len(rounds)} round(s), one PostgreSQL (fsync on) on this machine.",
+             f"{args.batch} rows (one COPY each), {len(rounds)} round(s), on {where}.",
              "", "| path | rows/s, median (range) | duplicates after SIGKILL |", "|---|---|---|"]
     for path in PATHS:
         found = kills.get(path)
@@ -379,21 +382,24 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     """
     parser = program.parser("postgres_sink", __doc__, prog)
     parser.add_argument("--partitions", type=int, default=4)
-    parser.add_argument("--events", type=int, default=50_000, help="events per partition (default 50000)")
+    parser.add_argument("--events", type=int, help="events per partition (default 50000; 5000 with --quick)")
     parser.add_argument("--batch", type=int, default=1000, help="rows per COPY and per transaction (default 1000)")
     parser.add_argument("--body-size", type=int, default=100)
-    parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--kill-rounds", type=int, default=3, help="kill chains per path (default 3)")
-    parser.add_argument("--checkpoint-ops", type=int, default=4096)
+    parser.add_argument("--rounds", type=int, help="rounds of the rows/s and store paths (default 5; 1 with --quick)")
+    parser.add_argument("--kill-rounds", type=int, help="kill chains per path (default 3; 1 with --quick)")
+    parser.add_argument("--checkpoint-ops", type=int, help="checkpoints per store and round (default 4096; 512 "
+                                                           "with --quick)")
     parser.add_argument("--no-blob", action="store_true", help="leave the Blob store out (no Azurite)")
     parser.add_argument("--quick", action="store_true", help="a small run to try it (refuses --record)")
 
     def body(args: argparse.Namespace) -> int:
-        if args.quick:
-            if args.record:
-                parser.error("--quick is a partial run: it cannot --record")
-            args.events, args.rounds, args.kill_rounds, args.checkpoint_ops = 5000, 1, 1, 512
-        if args.events % args.batch or args.batch < 1 or args.partitions < 1:
+        if args.quick and args.record:
+            parser.error("--quick is a partial run: it cannot --record")
+        defaults = (5000, 1, 1, 512) if args.quick else (50_000, 5, 3, 4096)
+        for name, default in zip(("events", "rounds", "kill_rounds", "checkpoint_ops"), defaults, strict=True):
+            if getattr(args, name) is None:
+                setattr(args, name, default)
+        if args.batch < 1 or args.partitions < 1 or args.events % args.batch:
             parser.error("--events must be a multiple of --batch")
         from eventprocessor.cli.user_errors import require, require_azurite
 
@@ -406,24 +412,27 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
 
 
 def _run(args: argparse.Namespace, command: str) -> int:
+    import contextlib
+
     from eventprocessor.emulators.postgres import start_postgres
 
     logging.basicConfig(level=logging.WARNING)
     azurite = None
-    with start_postgres() as server, tempfile.TemporaryDirectory(prefix="postgres-bench-") as logs:
-        try:
-            if not args.no_blob:
-                from eventprocessor.emulators.azurite import start_azurite
+    given = os.environ.get(DSN_ENV)
+    with contextlib.ExitStack() as stack:
+        dsn = given or stack.enter_context(start_postgres()).dsn
+        logs = stack.enter_context(tempfile.TemporaryDirectory(prefix="postgres-bench-"))
+        if not args.no_blob:
+            from eventprocessor.emulators.azurite import start_azurite
 
-                azurite = start_azurite()
-            rounds = [asyncio.run(_round(server.dsn, args, PATHS[i % len(PATHS):] + PATHS[:i % len(PATHS)]))
-                      for i in range(args.rounds)]
-            kills = asyncio.run(_kills(server.dsn, args.kill_rounds, logs)) if args.kill_rounds else {}
-            checkpoints = asyncio.run(_checkpoints(server.dsn, azurite, args.rounds, args.checkpoint_ops))
-        finally:
-            if azurite is not None:
-                azurite.stop()
-    program.report("postgres_sink", _markdown(rounds, kills, checkpoints, args, command), args.record)
+            azurite = start_azurite()
+            stack.callback(azurite.stop)
+        rounds = [asyncio.run(_round(dsn, args, PATHS[i % len(PATHS):] + PATHS[:i % len(PATHS)]))
+                  for i in range(args.rounds)]
+        kills = asyncio.run(_kills(dsn, args.kill_rounds, logs)) if args.kill_rounds else {}
+        checkpoints = asyncio.run(_checkpoints(dsn, azurite, args.rounds, args.checkpoint_ops))
+    where = "the server of $EVENTPROCESSOR_PG_DSN" if given else "a PostgreSQL started on this machine (fsync on)"
+    program.report("postgres_sink", _markdown(rounds, kills, checkpoints, args, command, where), args.record)
     return 0
 
 

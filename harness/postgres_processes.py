@@ -7,7 +7,7 @@ so scenarios can share one server; it returns what the table holds and what it s
 
 Example::
 
-    result = await kill_chain(dsn, log_dir, steps=["after_advance", "after_write"], seed=3)
+    result = await kill_chain(dsn, log_dir, steps=["after_begin", "after_write"], seed=3)
     assert result.tally.exactly_once(result.expected) is None
 """
 from __future__ import annotations

@@ -157,34 +157,23 @@ class Freeze:
         self._released.set()
 
 
-async def zombie(dsn: str, *, step: str, seed: int, resume_before_timeout: bool = False,
-                 events: int = 100) -> Outcome:
+async def zombie(dsn: str, *, step: str, seed: int, session_ended: bool = False, events: int = 100) -> Outcome:
     """Processor A freezes at ``step`` of a batch and loses its lease; B takes the
-    partition and writes every event; then A goes on. With ``resume_before_timeout`` (at
-    a step where A holds the row: ``after_advance``, ``after_write``), A is let go while
-    B's fence waits for A's row lock, before the server ends A's idle session: A commits,
-    and B resumes after A's events."""
+    partition and writes every event; then A goes on: its UPDATE is refused, or (with
+    ``session_ended``: the server ended A's idle session meanwhile) its last message fails
+    and the row tells it that the partition is B's."""
     rng = random.Random(seed)
     async with Scene(dsn, 1, events) as scene:
         scene.produce()
         a_store = FaultyStore(scene.store.new_client())
         freeze = Freeze(step, rng.randint(1, 3), a_store)
-        # Holding the row's lock (its UPDATE done, not committed), A blocks B's fence until
-        # the server ends its idle session; before its UPDATE (or after COMMIT) A holds
-        # nothing B needs, and its session may stay: its UPDATE is refused.
-        holds_row = step in ("after_advance", "after_write")
-        idle = 1.0 if holds_row and not resume_before_timeout else 30.0
-        a = scene.processor("a", scene.sink(step_hook=freeze, transaction_idle_timeout=idle), a_store)
-        b_sink = scene.sink(connect_options={"server_settings": {"application_name": f"sink-b-{seed}"}})
+        a = scene.processor("a", scene.sink(step_hook=freeze, transaction_idle_timeout=1.0 if session_ended else 30.0),
+                            a_store)
         await a.start()
         await asyncio.wait_for(freeze.frozen.wait(), 30)
-        b = scene.processor("b", b_sink)
+        b = scene.processor("b", scene.sink())
         try:
             await b.start()
-            if resume_before_timeout:
-                await _until(lambda: _fence_waits(dsn, f"sink-b-{seed}"), 30, "B's fence waits for A's row lock")
-                await asyncio.sleep(rng.uniform(0, 0.2))
-                freeze.release()
             await scene.written()
             await asyncio.sleep(rng.uniform(0, 0.3))
         finally:
@@ -192,16 +181,6 @@ async def zombie(dsn: str, *, step: str, seed: int, resume_before_timeout: bool 
         await asyncio.sleep(0.5)  # A acts on what it was doing
         return await scene.outcome(stale_rollbacks=scene.sinks[0].stats.stale_rollbacks,
                                    unknown_commits=scene.sinks[0].stats.unknown_commits)
-
-
-async def _fence_waits(dsn: str, application_name: str) -> bool:
-    connection = await asyncpg.connect(dsn)
-    try:
-        return bool(await connection.fetchval(
-            "SELECT count(*) FROM pg_stat_activity WHERE application_name = $1 AND wait_event_type = 'Lock'",
-            application_name))
-    finally:
-        await connection.close()
 
 
 async def lost_commit(dsn: str, *, committed: bool, seed: int, events: int = 60) -> Outcome:
@@ -262,12 +241,12 @@ async def cut_connection(dsn: str, *, step: str, seed: int, events: int = 60) ->
 
 async def restart(server: Any, *, seed: int, events: int = 80) -> Outcome:
     """The database restarts mid-run twice: a crash (``immediate``) while a batch is
-    between its UPDATE and COMMIT, and a fast shutdown while another is after its write.
+    written and not committed, and a fast shutdown while another has just begun.
     Open transactions roll back, committed ones stay; the sink reconnects and goes on."""
     rng = random.Random(seed)
     async with Scene(server.dsn, 2, events) as scene:
         scene.produce()
-        plan = {("after_advance", rng.randint(1, 3)): "immediate", ("after_write", rng.randint(4, 6)): "fast"}
+        plan = {("after_write", rng.randint(1, 3)): "immediate", ("after_begin", rng.randint(4, 6)): "fast"}
         seen: dict[str, int] = {}
 
         async def restart_at(step: str, context: Any) -> None:

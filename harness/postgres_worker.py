@@ -14,7 +14,7 @@ then ``update_checkpoint()``.
 
 ``--fault kill`` or ``--fault stop`` with ``--at STEP`` and ``--nth N``: the ``N``-th time
 this process reaches ``STEP`` it prints ``{"event": "reached", ...}`` and SIGKILLs or
-SIGSTOPs itself right there. Steps: the sink's (``before_begin``, ``after_advance``,
+SIGSTOPs itself right there. Steps: the sink's (``before_begin``, ``after_begin``,
 ``after_write``, ``after_commit``, ``after_checkpoint``: see ``PostgresSink``'s
 ``step_hook``); the naive handler's ``before_write``, ``after_write`` (rows inserted, not
 checkpointed) and ``after_checkpoint``.
@@ -37,7 +37,7 @@ from typing import Any
 from .worker_report import emit
 
 DSN_ENV = "EVENTPROCESSOR_PG_DSN"
-STEPS = ("before_begin", "after_advance", "after_write", "after_commit", "after_checkpoint")
+STEPS = ("before_begin", "after_begin", "after_write", "after_commit", "after_checkpoint")
 """The sink's steps, in the order a batch reaches them."""
 NAIVE_STEPS = ("before_write", "after_write", "after_checkpoint")
 

@@ -197,7 +197,7 @@ def test_state_refuses_a_size_of_nothing_before_it_starts_anything(results_file)
 
 
 @pytest.mark.parametrize("module", ["convergence", "throughput", "store_bench", "spark_sink", "scale", "moves",
-                                    "faults", "decode", "e2e", "load", "state", "spark_source"])
+                                    "faults", "decode", "e2e", "load", "state", "spark_source", "postgres_sink"])
 def test_every_benchmark_has_the_same_record_and_debug_flags(module):
     command = module.replace("_", "-")
     out = subprocess.run([sys.executable, "-m", "eventprocessor.cli", "bench", command, "--help"], cwd=ROOT,

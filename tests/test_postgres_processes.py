@@ -37,10 +37,10 @@ async def test_the_insert_then_checkpoint_handler_killed_between_the_two_duplica
 
 @pytest.mark.parametrize("step", ["before_begin", "after_write"])
 async def test_a_zombie_resumed_after_its_lease_commits_nothing(postgres, tmp_path, step):
-    """Frozen (SIGSTOP) before its transaction, or after its write before COMMIT (holding
-    the row's lock: the successor's fence waits for the server to end the idle session),
-    past its lease; the successor writes everything; resumed (SIGCONT), the zombie's
-    transaction is refused or rolled back: no event twice."""
+    """Frozen (SIGSTOP) before its transaction, or after its write before COMMIT, past
+    its lease (its other partitions frozen wherever they were, in the middle of a COPY
+    too); the successor takes them all and writes everything; resumed (SIGCONT), the
+    zombie's transactions are refused and rolled back: no event twice."""
     outcome = await zombie(postgres.dsn, str(tmp_path), step=step, idle_timeout=3.0)
     assert outcome.exactly_once() is None, outcome.exactly_once()
 

@@ -27,11 +27,13 @@ Each claim buffers its partition's events and commits them in transactions of at
 ``max_events`` events, at the latest ``max_interval`` seconds after the first of them
 arrived. One transaction per batch of one partition::
 
-    BEGIN; UPDATE positions SET sequence_number = <last event of the batch>
-            WHERE <partition> AND claim_token = <this claim's> AND sequence_number = <where it was>
-                                                   -- one message; UPDATE 0: roll back, the claim ends
+    BEGIN
     write(events, connection)                      -- your rows
-    COMMIT
+    DO $$ BEGIN
+        UPDATE positions SET sequence_number = <last event of the batch>
+         WHERE <partition> AND claim_token = <this claim's> AND sequence_number = <where it was>;
+        IF NOT FOUND THEN RAISE ... END IF;        -- SQLSTATE EPF01: roll back, the claim ends
+    END $$; COMMIT                                 -- one message: the server runs both at once
 
 The positions table (:mod:`~eventprocessor.postgres.positions`) has one row per partition:
 the last committed sequence number, and the claim that may advance it (owner, the
@@ -51,44 +53,47 @@ Why every event is in the table exactly once
 1. *Rows and position move together.* A transaction commits the rows of events
    ``(p, q]`` and moves the position from ``p`` to ``q``, or does neither.
 2. *No overlap, no gap.* The ``UPDATE`` matches only if the row still says ``p`` and names
-   this claim. It takes the row's lock and holds it to ``COMMIT``; under ``READ COMMITTED``
-   it judges its condition on the newest committed row (PostgreSQL re-reads a row changed
-   since the statement began), under ``REPEATABLE READ`` and ``SERIALIZABLE`` a concurrent
-   change fails it with a serialization error (the batch is run again). So the ranges of
-   the committed transactions follow each other: each event's rows are committed once.
+   this claim, and ``COMMIT`` runs only if it matched. It takes the row's lock until
+   ``COMMIT``; under ``READ COMMITTED`` it judges its condition on the newest committed row
+   (PostgreSQL re-reads a row changed since the statement began), under ``REPEATABLE
+   READ`` and ``SERIALIZABLE`` a concurrent change fails it with a serialization error
+   (the batch is run again). So the committed ranges follow each other: each event's rows
+   are committed once.
 3. *A stale claim commits nothing.* Once a newer claim's fence has committed, the row's
-   token is not the old claim's, so the old claim's ``UPDATE`` matches nothing and it rolls
-   back before writing, whatever it believes about its lease. A fence that comes while an
-   old transaction holds the row waits for it: if it commits, the new claim resumes after
-   its events; if it rolls back, before them.
+   token is not the old claim's, so the old claim's ``UPDATE`` matches nothing and its
+   transaction rolls back with its rows, whatever it believes about its lease.
+4. *Nobody waits for a frozen owner.* The ``UPDATE`` and ``COMMIT`` go out in one message,
+   which the server runs without waiting for the client: no owner, frozen or cut off,
+   holds the row between them, so a new owner's fence never waits for one (a fence that
+   comes while the server runs them waits microseconds, then resumes after what they
+   committed).
 
 So, the interleavings:
 
-* *SIGKILL at any step* (before ``BEGIN``, after the ``UPDATE``, after the write, after
-  ``COMMIT``, after the checkpoint): the server rolls back the open transaction when the
-  connection goes (or has committed it, if ``COMMIT`` arrived). The next owner's fence
-  reads the committed position and resumes after it.
-* *A zombie* (frozen by SIGSTOP past its lease, then resumed): frozen between batches, it
-  holds nothing; on waking, its ``UPDATE`` matches nothing and it rolls back. Frozen inside
-  a transaction, it holds the row's lock: the new owner's fence waits until the server ends
-  the idle session (``transaction_idle_timeout``, 10 s by default: the bound on that
-  delay) and rolls it back; on waking, its next statement or its ``COMMIT`` fails, and the
-  row tells it that the partition is another claim's. Resumed before that timeout, it
-  commits, and the new owner resumes after its events.
+* *SIGKILL at any step* (before ``BEGIN``, after it, after the write, after ``COMMIT``,
+  after the checkpoint): the server rolls back the open transaction when the connection
+  goes (or has committed it, if the last message arrived). The next owner's fence reads
+  the committed position and resumes after it.
+* *A zombie* (frozen by SIGSTOP past its lease, then resumed), wherever it froze,
+  between batches or in the middle of one (of a COPY too): it holds no lock the new owner
+  needs; the new owner fences as soon as the store gives it the partition. On waking, the
+  zombie's ``UPDATE`` matches nothing and its transaction rolls back; or, if the server
+  ended its idle session meanwhile (``transaction_idle_timeout``), its last message fails
+  and the row tells it the partition is another claim's. Frozen after ``COMMIT``, it had
+  committed before the new owner came, which resumes after those events.
 * *A move between the write and the commit* (the partition stolen, or expired and taken):
   the same as a zombie. A planned handoff is cleaner still: the old owner commits what it
   buffered and checkpoints it before it releases the partition.
-* *A commit whose answer is lost* (the connection breaks after ``COMMIT`` was sent): the
-  sink reads the row with ``SELECT ... FOR UPDATE`` on another connection, which waits
-  until the transaction is over (it has held the row's lock since its first statement).
-  Then the row says which: this claim at the batch's last event (committed), this claim at
-  the position before (rolled back: the batch is written again, under the same
-  condition), or another claim (this one ends; the new owner resumed from the row). It
-  never guesses.
+* *A commit whose answer is lost* (the connection breaks while the last message is out):
+  the sink reads the row with ``SELECT ... FOR UPDATE`` on another connection (which
+  waits if the server is running that message). The row says which: this claim at the
+  batch's last event (committed), this claim at the position before (rolled back: the
+  batch is written again, under the same condition), or another claim (this one ends; the
+  new owner resumed from the row). It never guesses.
 * *The database restarts*: open transactions roll back, committed ones are durable; the
   sink retries with backoff while the claim lasts and settles a lost commit as above.
-* *A connection cut mid-transaction*: nothing was committed (``COMMIT`` was not sent);
-  the batch is written again on another connection.
+* *A connection cut mid-transaction*: nothing was committed (the last message was not
+  sent, or is settled as above); the batch is written again on another connection.
 
 What it does not cover: effects of ``write`` outside the connection it is given (an HTTP
 call, another database) are not transactional and can happen more than once. ``write``

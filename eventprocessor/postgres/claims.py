@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 from ..events import Event
 from ..partition import PartitionContext
-from .positions import BeginStatement, Key
+from .positions import AdvanceStatement, Key
 
 __all__ = ["Claim", "ClaimState", "SinkStats"]
 
@@ -52,8 +52,8 @@ class Claim:
         self.flusher: asyncio.Task | None = None
         self.last_committed: Event | None = None
         self.checkpointed_at = 0.0
-        self.begin: BeginStatement | None = None
-        """The claim's ``BEGIN; UPDATE`` (made at its fence)."""
+        self.advance: AdvanceStatement | None = None
+        """The claim's ``UPDATE ...; COMMIT`` (made at its fence)."""
 
     def __repr__(self) -> str:
         return f"Claim(partition_id={self.partition_id!r}, epoch={self.context.epoch}, state={self.state.value})"

@@ -55,9 +55,10 @@ class Committer:
     """Commits batches for the sink (see the module docstring)."""
 
     def __init__(self, *, pool: Callable[[], Awaitable[Any]], positions: Positions, write: WriteFunction,
-                 hook: StepHook | None, serialization_retries: int, retry_policy: RetryPolicy,
+                 hook: StepHook | None, isolation: str, serialization_retries: int, retry_policy: RetryPolicy,
                  stats: SinkStats) -> None:
         self._pool = pool
+        self._begin = f"BEGIN ISOLATION LEVEL {isolation.replace('_', ' ').upper()}"
         self._positions = positions
         self._write = write
         self._hook = hook
@@ -117,11 +118,12 @@ class Committer:
     async def _once(self, claim: Claim, chunk: list[Event]) -> None:
         loop = asyncio.get_running_loop()
         pool = await self._pool()
-        assert claim.begin is not None, "a claim commits only once fenced"
+        assert claim.advance is not None, "a claim commits only once fenced"
         async with pool.acquire() as connection:
             started = loop.time()
-            await write_batch(connection, positions=self._positions, begin=claim.begin, expected=claim.position,
-                              events=chunk, write=self._write, hook=self._hook, context=claim.context)
+            await write_batch(connection, positions=self._positions, begin=self._begin, advance=claim.advance,
+                              expected=claim.position, events=chunk, write=self._write, hook=self._hook,
+                              context=claim.context)
             self._stats.commit_seconds.append(loop.time() - started)
         await run_step(self._hook, "after_commit", claim.context)
 

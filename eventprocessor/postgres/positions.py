@@ -16,12 +16,15 @@ Three statements, each one round trip:
   is lower (or the same epoch of the same owner). It returns the position to resume
   from, or nothing when a newer claim holds the row. Waits for a batch transaction that
   holds the row.
-* :meth:`Positions.begin` (a batch's first message): ``BEGIN; UPDATE ... SET
-  sequence_number = last WHERE claim_token = mine AND sequence_number = where I was``, one
-  simple-protocol message (values as escaped literals), so that opening the transaction and
-  taking the row cost one round trip. ``UPDATE 0``: the row was fenced by another claim.
+* :meth:`Positions.advance_and_commit` (a batch's last message): ``DO $$ ... UPDATE ... SET
+  sequence_number = last WHERE claim_token = mine AND sequence_number = where I was; IF
+  NOT FOUND THEN RAISE ... $$; COMMIT`` as one simple-protocol message (values as escaped
+  literals): the server moves the position and commits without waiting for the client in
+  between, so no client, however frozen, ever holds the row; and a claim that no longer
+  holds it gets SQLSTATE ``EPF01`` (:data:`NOT_HELD`), ``COMMIT`` is skipped and nothing
+  of the transaction is committed.
 * :meth:`Positions.settle` (a commit whose answer was lost): ``SELECT ... FOR UPDATE`` of
-  the row, which waits for the transaction that holds it to end, then reads what it left.
+  the row, which waits for a transaction that is moving it, then reads what it left.
 """
 from __future__ import annotations
 
@@ -31,11 +34,14 @@ from typing import Any
 
 from ._connection import quoted_name
 
-__all__ = ["Positions", "Position", "Holder", "BeginStatement", "DEFAULT_POSITIONS_TABLE"]
+__all__ = ["Positions", "Position", "Holder", "AdvanceStatement", "DEFAULT_POSITIONS_TABLE", "NOT_HELD"]
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_POSITIONS_TABLE = "eventprocessor_positions"
+
+NOT_HELD = "EPF01"
+"""The SQLSTATE of a batch whose claim no longer holds its partition's row."""
 
 _PK = "namespace = $1 AND eventhub = $2 AND consumer_group = $3 AND partition_id = $4"
 Key = tuple[str, str, str, str]
@@ -102,24 +108,30 @@ class Positions:
                                         claim_token, timeout=timeout)
         return None if row is None else Position(row[0], row[1])
 
-    def begin_statement(self, key: Key, *, claim_token: str, isolation: str) -> BeginStatement:
-        """The claim's ``BEGIN; UPDATE ...``: every value but the positions is fixed for the
-        claim, escaped here once."""
+    def advance_statement(self, key: Key, *, claim_token: str) -> AdvanceStatement:
+        """The claim's ``DO ... UPDATE ...; COMMIT``: every value but the positions is fixed
+        for the claim, escaped here once."""
         namespace, eventhub, consumer_group, partition_id = (_literal(v) for v in key)
-        return BeginStatement(
-            f"BEGIN ISOLATION LEVEL {isolation.replace('_', ' ').upper()}; "
-            f'UPDATE {self.table} SET sequence_number = ',
+        tag = f"$ep_{claim_token}$"  # a dollar quote no value of this statement can contain
+        where = (f"namespace = {namespace} AND eventhub = {eventhub} AND consumer_group = {consumer_group} AND "
+                 f"partition_id = {partition_id} AND claim_token = {_literal(claim_token)}")
+        if any(tag in value for value in key):
+            raise ValueError("a name contains the statement's quote tag")
+        return AdvanceStatement(
+            f'DO {tag} BEGIN UPDATE {self.table} SET sequence_number = ',
             ', "offset" = ',
-            f", updated = clock_timestamp() WHERE namespace = {namespace} AND eventhub = {eventhub} AND "
-            f"consumer_group = {consumer_group} AND partition_id = {partition_id} AND "
-            f"claim_token = {_literal(claim_token)} AND sequence_number = ")
+            f", updated = clock_timestamp() WHERE {where} AND sequence_number = ",
+            f"; IF NOT FOUND THEN RAISE EXCEPTION 'the position of partition % is not this claim''s to move', "
+            f"{partition_id} USING ERRCODE = '{NOT_HELD}'; END IF; END {tag}; COMMIT")
 
     @staticmethod
-    async def begin(connection: Any, statement: BeginStatement, *, expected: int, to: Position) -> bool:
-        """Open the batch's transaction and move the position from ``expected`` to ``to``
-        if the row is still this claim's (it keeps the row's lock until the transaction
-        ends). False: it is not (the caller rolls back)."""
-        return await connection.execute(statement.render(to, expected)) == "UPDATE 1"
+    async def advance_and_commit(connection: Any, statement: AdvanceStatement, *, expected: int,
+                                 to: Position) -> str:
+        """In the batch's open transaction: move the position from ``expected`` to ``to``
+        and commit, in one message. Returns COMMIT's status (``ROLLBACK`` when the
+        transaction had failed); raises SQLSTATE :data:`NOT_HELD` (nothing committed) when
+        the row is not this claim's or not at ``expected``."""
+        return await connection.execute(statement.render(to, expected))
 
     async def settle(self, connection: Any, key: Key, timeout: float | None = None) -> Holder | None:
         """The row once no transaction holds it (``FOR UPDATE`` waits for the one that
@@ -146,15 +158,17 @@ class Positions:
 
 
 @dataclass(frozen=True)
-class BeginStatement:
-    """``BEGIN; UPDATE ...`` of one claim, with the positions still to put in."""
+class AdvanceStatement:
+    """``DO ... UPDATE ...; COMMIT`` of one claim, with the positions still to put in."""
 
     head: str
     middle: str
+    condition: str
     tail: str
 
     def render(self, to: Position, expected: int) -> str:
-        return f"{self.head}{int(to.sequence_number)}{self.middle}{_literal(to.offset)}{self.tail}{int(expected)}"
+        return (f"{self.head}{int(to.sequence_number)}{self.middle}{_literal(to.offset)}{self.condition}"
+                f"{int(expected)}{self.tail}")
 
 
 def _literal(value: str | None) -> str:

@@ -95,16 +95,16 @@ class PostgresSink:
       follows the committed position; it is only where a new owner's receiver starts
       reading, the database's position decides what is written.
     * ``transaction_idle_timeout``: the server ends a sink session that sits idle inside
-      a transaction this long (a frozen or cut-off owner), releasing its locks (default
-      10 s): the longest a new owner waits for a frozen one. ``write`` must not pause that
+      a transaction this long (a frozen or cut-off owner), rolling it back and releasing
+      the locks its write took on your rows (default 30 s). ``write`` must not pause that
       long between two statements.
     * ``pool_size``, ``connect_options``: the pool's size and more ``asyncpg.create_pool``
       arguments (``ssl=``, ``command_timeout=``, ``server_settings=``...).
     * ``step_hook(step, context)``: called at each step of a batch: ``before_begin``
-      (nothing sent yet), ``after_advance`` (``BEGIN`` and the position's ``UPDATE`` done:
-      the claim holds the row), ``after_write`` (rows written, before ``COMMIT``),
-      ``after_commit``, ``after_checkpoint`` (the store's checkpoint moved up); may return
-      an awaitable. For fault-injection tests and tracing.
+      (nothing sent yet), ``after_begin`` (the transaction open), ``after_write`` (rows
+      written, the position's ``UPDATE`` and ``COMMIT`` not sent), ``after_commit``,
+      ``after_checkpoint`` (the store's checkpoint moved up); may return an awaitable. For
+      fault-injection tests and tracing.
 
     Example::
 
@@ -122,7 +122,7 @@ class PostgresSink:
                  positions_table: str = DEFAULT_POSITIONS_TABLE, schema: str | None = None,
                  max_events: int = 1000, max_interval: float = 1.0, isolation: str = "read_committed",
                  serialization_retries: int = 10, retry_policy: RetryPolicy | None = None,
-                 checkpoint_interval: float = 5.0, transaction_idle_timeout: float = 10.0, pool_size: int = 10,
+                 checkpoint_interval: float = 5.0, transaction_idle_timeout: float = 30.0, pool_size: int = 10,
                  connect_options: Mapping[str, Any] | None = None, step_hook: StepHook | None = None) -> None:
         self._asyncpg = require_asyncpg("PostgresSink")
         if not callable(write) or not (inspect.iscoroutinefunction(write)
@@ -162,8 +162,8 @@ class PostgresSink:
         self._ready_lock = asyncio.Lock()
         self.stats = SinkStats()
         self._committer = Committer(pool=self._ready_pool, positions=self._positions, write=write, hook=step_hook,
-                                    serialization_retries=serialization_retries, retry_policy=self.retry_policy,
-                                    stats=self.stats)
+                                    isolation=isolation, serialization_retries=serialization_retries,
+                                    retry_policy=self.retry_policy, stats=self.stats)
 
     def __repr__(self) -> str:
         where = f"dsn={safe_dsn(self._dsn)!r}" if self._dsn else "pool=<asyncpg pool>"
@@ -265,8 +265,7 @@ class PostgresSink:
                     "or delete the partition's row to accept the gap; then restart the processor"))
                 return
             claim.position = claim.accepted = position.sequence_number
-            claim.begin = self._positions.begin_statement(claim.key, claim_token=claim.token,
-                                                          isolation=self.isolation)
+            claim.advance = self._positions.advance_statement(claim.key, claim_token=claim.token)
             claim.state = ClaimState.ACTIVE
             claim.checkpointed_at = asyncio.get_running_loop().time()
             claim.flusher = asyncio.create_task(self._flush_when_due(claim), name=f"sink-flush-{ctx.partition_id}")

@@ -1,12 +1,14 @@
-"""One batch of one partition, one transaction: the partition's position and the user's
-rows committed together, or neither.
+"""One batch of one partition, one transaction: the user's rows and the partition's
+position committed together, or neither.
 
-:func:`write_batch` sends ``BEGIN; UPDATE <position>`` as one message (the claim takes
-the row, or learns it cannot: :class:`StaleClaim`), then ``write(events, connection)``,
-then ``COMMIT``. A connection that breaks after ``COMMIT`` was sent raises
-:class:`CommitOutcomeUnknown`; :func:`settle_commit` then reads the row once the
-transaction is over. Anything else that fails before ``COMMIT`` rolls the transaction
-back: nothing of it is committed, so the batch can be written again.
+:func:`write_batch` sends ``BEGIN``, runs ``write(events, connection)``, then sends the
+position's conditional ``UPDATE`` and ``COMMIT`` as one message
+(:meth:`~eventprocessor.postgres.positions.Positions.advance_and_commit`). A claim that no
+longer holds the row gets :class:`StaleClaim` (nothing committed). A connection that breaks
+while that last message is out raises :class:`CommitOutcomeUnknown`;
+:func:`settle_commit` then reads the row once the transaction is over. Anything else that
+fails rolls the transaction back: nothing of it is committed, so the batch can be written
+again.
 """
 from __future__ import annotations
 
@@ -20,7 +22,7 @@ from ..errors import ConfigurationError
 from ..events import Event
 from ..partition import PartitionContext
 from ._connection import describe, outcome_unknown, transient
-from .positions import BeginStatement, Holder, Key, Position, Positions
+from .positions import NOT_HELD, AdvanceStatement, Holder, Key, Position, Positions
 
 __all__ = ["StaleClaim", "WriteAborted", "CommitOutcomeUnknown", "write_batch", "settle_commit", "StepHook",
            "WriteFunction", "run_step"]
@@ -84,35 +86,40 @@ async def _write(write: WriteFunction, events: Sequence[Event], connection: Any)
         raise
 
 
-async def write_batch(connection: Any, *, positions: Positions, begin: BeginStatement, expected: int,
-                      events: Sequence[Event], write: WriteFunction, hook: StepHook | None,
+async def write_batch(connection: Any, *, positions: Positions, begin: str, advance: AdvanceStatement,
+                      expected: int, events: Sequence[Event], write: WriteFunction, hook: StepHook | None,
                       context: PartitionContext) -> None:
-    """Move the partition's position from ``expected`` to the last of ``events`` (one
-    partition's, in order) and write them, in one transaction.
+    """Write ``events`` (one partition's, in order) and move the partition's position from
+    ``expected`` to their last, in one transaction.
 
-    The position's ``UPDATE`` comes first, in the ``BEGIN`` message: it is conditional on
-    the row's claim token and position, so a claim that a newer one fenced takes nothing
-    and writes nothing (:class:`StaleClaim`); and it holds the row's lock to the end, so a
-    fence that comes meanwhile waits for ``COMMIT`` (and resumes after this batch) or for
-    the rollback."""
+    The position's ``UPDATE`` is conditional on the row's claim token and position, and
+    goes out with ``COMMIT`` in one message: the server runs both without waiting for the
+    client, so a claim that a newer one fenced commits nothing (:class:`StaleClaim`), and no
+    client, frozen or cut off, ever holds the row between them. A fence that comes while
+    the server runs them waits the few microseconds it takes."""
     last = events[-1]
     await run_step(hook, "before_begin", context)
+    await connection.execute(begin)
     try:
-        if not await positions.begin(connection, begin, expected=expected,
-                                     to=Position(last.sequence_number, last.offset)):
-            raise StaleClaim(f"the position of partition {context.partition_id} no longer belongs to this claim")
-        await run_step(hook, "after_advance", context)
+        await run_step(hook, "after_begin", context)
         await _write(write, events, connection)
         await run_step(hook, "after_write", context)
     except BaseException:
         await _roll_back(connection)
         raise
     try:
-        status = await connection.execute("COMMIT")
+        status = await positions.advance_and_commit(connection, advance, expected=expected,
+                                                    to=Position(last.sequence_number, last.offset))
     except Exception as error:
         if outcome_unknown(error):
             raise CommitOutcomeUnknown(error) from error
-        raise  # the server answered: the transaction did not commit
+        await _roll_back(connection)  # the server answered: nothing of the transaction was committed
+        if getattr(error, "sqlstate", None) == NOT_HELD:
+            raise StaleClaim(f"the position of partition {context.partition_id} is no longer this claim's") from None
+        if getattr(error, "sqlstate", None) == "25P02":  # in_failed_sql_transaction
+            raise WriteAborted("a statement of the batch had failed and its error was caught inside write; "
+                               "nothing of the batch was committed") from error
+        raise
     if status != "COMMIT":
         raise WriteAborted(f"COMMIT answered {status!r}: a statement of the batch had failed and its error was "
                            "caught inside write; nothing of the batch was committed")
@@ -120,9 +127,10 @@ async def write_batch(connection: Any, *, positions: Positions, begin: BeginStat
 
 async def settle_commit(pool: Any, positions: Positions, key: Key, *,
                         still_wanted: Callable[[], bool]) -> Holder | None:
-    """The partition's row once the transaction whose answer was lost is over (it took
-    the row's lock first, so ``FOR UPDATE`` waits for it to commit or roll back; a server
-    that lost the client rolls back within its ``idle_in_transaction_session_timeout``).
+    """The partition's row once the transaction whose answer was lost is over (``FOR
+    UPDATE`` waits for a transaction that is moving the row to commit or roll back; one that
+    never got its last message rolls back when the server sees the connection gone, at the
+    latest after ``idle_in_transaction_session_timeout``, and never moved the row).
     Retries while the server cannot be reached; None when ``still_wanted()`` turns False
     first."""
     delay = 0.05
