@@ -30,7 +30,7 @@ from ..events import Event
 from ._connection import SERIALIZATION_STATES, describe, transient
 from .claims import Claim, SinkStats
 from .positions import Positions
-from .transaction import CommitOutcomeUnknown, StaleClaim, StepHook, WriteFunction, run_step, settle_commit, write_batch
+from .transaction import CommitOutcomeUnknown, StaleClaim, StepHook, WriteFunction, settle_commit, write_batch
 
 __all__ = ["Committer", "Outcome"]
 
@@ -125,7 +125,6 @@ class Committer:
                               expected=claim.position, events=chunk, write=self._write, hook=self._hook,
                               context=claim.context)
             self._stats.commit_seconds.append(loop.time() - started)
-        await run_step(self._hook, "after_commit", claim.context)
 
     async def _settle(self, claim: Claim, chunk: list[Event], unknown: CommitOutcomeUnknown) -> Outcome | None:
         """A commit whose answer was lost: what the row says once the transaction is over.
@@ -141,7 +140,6 @@ class Committer:
             return Outcome.STALE  # a newer claim fenced the row: it resumes from what it found there
         if holder.position.sequence_number == chunk[-1].sequence_number:
             logger.info("sink: partition %s: the transaction committed", ctx.partition_id)
-            await run_step(self._hook, "after_commit", ctx)
             return Outcome.COMMITTED
         if holder.position.sequence_number == claim.position:
             logger.info("sink: partition %s: the transaction was rolled back; writing the batch again",

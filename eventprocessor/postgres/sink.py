@@ -331,6 +331,7 @@ class PostgresSink:
             claim.committed(len(chunk), asyncio.get_running_loop().time())
             self.stats.transactions_committed += 1
             self.stats.events_committed += len(chunk)
+            await run_step(self._hook, "after_commit", claim.context)
             await self._checkpoint_when_due(claim)
 
     async def _flush_when_due(self, claim: Claim) -> None:
@@ -343,9 +344,15 @@ class PostgresSink:
             if delay > 0:
                 await asyncio.sleep(delay)
                 continue
-            async with claim.lock:
-                if claim.events and claim.first_at + self.max_interval <= loop.time():
-                    await self._flush(claim, everything=True)
+            try:
+                async with claim.lock:
+                    if claim.events and claim.first_at + self.max_interval <= loop.time():
+                        await self._flush(claim, everything=True)
+            except Exception as error:  # never let the cadence die: the events would wait for the next batch
+                self.stats.last_error = error
+                logger.exception("sink: committing partition %s on its cadence failed; trying again in %.1f s",
+                                 claim.partition_id, self.max_interval)
+                await asyncio.sleep(self.max_interval)
 
     async def _commit(self, claim: Claim, chunk: list[Event]) -> bool:
         """Commit ``chunk``; False when the claim ended or parked instead."""
