@@ -102,14 +102,12 @@ class Scene:
         a scenario may be restarting it)."""
         try:
             connection = await asyncpg.connect(self.dsn)
-        except (OSError, asyncpg.CannotConnectNowError):
+            try:
+                rows = await connection.fetch(f'SELECT partition_id, sequence_number FROM "{self.positions_table}"')
+            finally:
+                connection.terminate()
+        except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError):  # restarting, or no table yet
             return {}
-        try:
-            rows = await connection.fetch(f'SELECT partition_id, sequence_number FROM "{self.positions_table}"')
-        except (asyncpg.UndefinedTableError, asyncpg.PostgresConnectionError, asyncpg.InterfaceError):
-            return {}
-        finally:
-            await connection.close()
         return {row[0]: row[1] for row in rows}
 
     async def written(self, timeout: float = 30.0) -> None:

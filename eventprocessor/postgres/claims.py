@@ -48,6 +48,11 @@ class Claim:
         self.events: list[Event] = []
         self.first_at = 0.0
         self.pending = asyncio.Event()
+        """Set while events are buffered."""
+        self.full = asyncio.Event()
+        """Set when a full transaction's worth is buffered: the flusher goes at once."""
+        self.space = asyncio.Event()
+        """Set when the flusher took a batch off (or the claim ended): the handler may add."""
         self.lock = asyncio.Lock()
         self.flusher: asyncio.Task | None = None
         self.last_committed: Event | None = None
@@ -94,6 +99,7 @@ class Claim:
         self.events = []
         self.accepted = self.position
         self.pending.clear()
+        self.space.set()
         return dropped
 
 

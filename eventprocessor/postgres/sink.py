@@ -268,7 +268,7 @@ class PostgresSink:
             claim.advance = self._positions.advance_statement(claim.key, claim_token=claim.token)
             claim.state = ClaimState.ACTIVE
             claim.checkpointed_at = asyncio.get_running_loop().time()
-            claim.flusher = asyncio.create_task(self._flush_when_due(claim), name=f"sink-flush-{ctx.partition_id}")
+            claim.flusher = asyncio.create_task(self._flusher(claim), name=f"sink-flush-{ctx.partition_id}")
             logger.info("sink: owner %s starts partition %s of %s/%s (epoch %s) after sequence number %s",
                         ctx.owner_id, ctx.partition_id, ctx.eventhub_name, ctx.consumer_group, ctx.epoch,
                         position.sequence_number)
@@ -307,8 +307,11 @@ class PostgresSink:
         if skipped:
             await self._catch_up_checkpoint(claim, skipped)
         if len(claim.events) >= self.max_events:
-            async with claim.lock:
-                await self._flush(claim)
+            claim.full.set()
+            # Back-pressure: one batch committing, one more waiting, then the handler waits.
+            while claim.active and len(claim.events) >= 2 * self.max_events:
+                claim.space.clear()
+                await claim.space.wait()
 
     async def _catch_up_checkpoint(self, claim: Claim, skipped: list[Event]) -> None:
         """The store's checkpoint can trail the database (a crash between commit and
@@ -329,30 +332,38 @@ class PostgresSink:
             if not await self._commit(claim, chunk):
                 return
             claim.committed(len(chunk), asyncio.get_running_loop().time())
+            claim.space.set()
             self.stats.transactions_committed += 1
             self.stats.events_committed += len(chunk)
             await run_step(self._hook, "after_commit", claim.context)
             await self._checkpoint_when_due(claim)
 
-    async def _flush_when_due(self, claim: Claim) -> None:
-        """The commit cadence: buffered events are committed ``max_interval`` after the
-        first of them arrived, even if no more come."""
+    async def _flusher(self, claim: Claim) -> None:
+        """The claim's committing task: a full batch at once, a smaller one ``max_interval``
+        after its first event arrived (the commit cadence). It runs beside the handler, so
+        the partition's next events are received while a batch commits."""
         loop = asyncio.get_running_loop()
         while claim.active:
             await claim.pending.wait()
+            full = len(claim.events) >= self.max_events
             delay = claim.first_at + self.max_interval - loop.time()
-            if delay > 0:
-                await asyncio.sleep(delay)
+            if not full and delay > 0:
+                claim.full.clear()
+                try:
+                    await asyncio.wait_for(claim.full.wait(), delay)
+                except asyncio.TimeoutError:
+                    pass
                 continue
             try:
                 async with claim.lock:
-                    if claim.events and claim.first_at + self.max_interval <= loop.time():
-                        await self._flush(claim, everything=True)
-            except Exception as error:  # never let the cadence die: the events would wait for the next batch
+                    await self._flush(claim, everything=not full)
+            except Exception as error:  # never let the cadence die: the events would wait for nothing
                 self.stats.last_error = error
-                logger.exception("sink: committing partition %s on its cadence failed; trying again in %.1f s",
+                logger.exception("sink: committing partition %s failed unexpectedly; trying again in %.1f s",
                                  claim.partition_id, self.max_interval)
                 await asyncio.sleep(self.max_interval)
+            finally:
+                claim.space.set()
 
     async def _commit(self, claim: Claim, chunk: list[Event]) -> bool:
         """Commit ``chunk``; False when the claim ended or parked instead."""
