@@ -25,7 +25,9 @@ How it writes
 The sink is the processor's partition-processor factory: every claim gets a handler.
 Each claim buffers its partition's events and commits them in transactions of at most
 ``max_events`` events, at the latest ``max_interval`` seconds after the first of them
-arrived. One transaction per batch of one partition::
+arrived, on a task of its own: while one batch commits, the handler takes the next
+events (up to one more batch, then it waits), so receiving overlaps with the database's
+work. One transaction per batch of one partition, in order::
 
     BEGIN
     write(events, connection)                      -- your rows
