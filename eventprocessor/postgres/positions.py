@@ -14,8 +14,8 @@ Three statements, each one round trip:
 * :meth:`Positions.fence` (a new claim): ``INSERT ... ON CONFLICT DO UPDATE`` that writes
   the claim's owner, epoch and token, keeping the position, only ``WHERE`` the row's epoch
   is lower (or the same epoch of the same owner). It returns the position to resume
-  from, or nothing when a newer claim holds the row. Waits for a batch transaction that
-  holds the row.
+  from, or nothing when a newer claim holds the row. (A batch holds the row only while
+  the server runs its last message: a fence waits microseconds at most.)
 * :meth:`Positions.advance_and_commit` (a batch's last message): ``DO $$ ... UPDATE ... SET
   sequence_number = last WHERE claim_token = mine AND sequence_number = where I was; IF
   NOT FOUND THEN RAISE ... $$; COMMIT`` as one simple-protocol message (values as escaped
