@@ -69,8 +69,8 @@ from typing import (
 )
 
 from eventprocessor import CheckpointStore, CheckpointStoreError, EventPosition, OwnershipLostError
-from eventprocessor.records import Member, Ownership
 from eventprocessor.sources import MemoryEventSource
+from eventprocessor.stores.records import Member, Ownership
 from eventprocessor.testing import LedgerStore, OwnershipLedger, VirtualTimeLoop
 
 _T = TypeVar("_T")
@@ -203,7 +203,7 @@ class Instants:
 
 
 class InstanceClock:
-    """The :class:`~eventprocessor.clock.Clock` of an instance whose local clock is
+    """The :class:`~eventprocessor._runtime.clock.Clock` of an instance whose local clock is
     ``skew`` seconds ahead: the loop's time plus the skew (``time()`` is the wall clock
     the official balancer reads)."""
 

@@ -27,10 +27,11 @@ Example::
 
     asyncio.run(main())
 """
-from .balancer import LoadBalancingStrategy
-from .checkpoint_store import CheckpointStore
+from ._delivery.retries import PoisonPolicy
+from ._ownership.balancer import LoadBalancingStrategy
+from ._ownership.load_plan import LoadPolicy
+from ._processor import OWNERSHIP_LOG_FIELDS, OWNERSHIP_REASONS, BalanceReport, EventProcessor, ProcessorStats, Timing
 from .consumer_client import ConsumerPartitionContext, EventHubConsumerClient
-from .delivery import PoisonPolicy
 from .errors import (
                      CheckpointStoreError,
                      ClaimOwnershipError,
@@ -47,10 +48,9 @@ from .errors import (
                      StoreTimeoutError,
 )
 from .events import BodyType, Event, EventPosition
-from .load_plan import LoadPolicy
 from .partition import CloseReason, PartitionContext, PartitionProcessor
-from .processor import BalanceReport, EventProcessor, ProcessorStats, Timing
-from .records import Checkpoint, Member, MemberListing, Ownership, OwnershipListing, UnreadableOwnership
+from .stores.contract import CheckpointStore
+from .stores.records import Checkpoint, Member, MemberListing, Ownership, OwnershipListing, UnreadableOwnership
 
 __version__ = "0.1.0"
 
@@ -58,6 +58,8 @@ __all__ = [
     # running a processor
     "EventProcessor", "PartitionProcessor", "PartitionContext", "CloseReason", "EventPosition", "Event",
     "BodyType", "LoadBalancingStrategy", "PoisonPolicy", "ProcessorStats", "Timing", "BalanceReport", "LoadPolicy",
+    # what an ownership-change log record carries
+    "OWNERSHIP_LOG_FIELDS", "OWNERSHIP_REASONS",
     # the drop-in for azure-eventhub's EventHubConsumerClient (callbacks)
     "EventHubConsumerClient", "ConsumerPartitionContext",
     # errors

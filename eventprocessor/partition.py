@@ -10,12 +10,12 @@ from typing import TYPE_CHECKING, Any
 
 from .errors import InvalidCheckpointError, OwnershipLostError
 from .events import Event
-from .records import Checkpoint
+from .stores.records import Checkpoint
 
 if TYPE_CHECKING:  # pragma: no cover
-    from .checkpoint_store import CheckpointRecords
     from .sources.base import LastEnqueuedEventProperties
     from .state import PartitionState, StateKeeper
+    from .stores.contract import CheckpointRecords
 
 __all__ = ["CloseReason", "PartitionContext", "PartitionProcessor"]
 

@@ -25,10 +25,9 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
+from eventprocessor import EventProcessor, Timing
 from eventprocessor.emulators.azurite import DEV_ACCOUNT_NAME, Azurite, start_azurite
 from eventprocessor.emulators.fault_proxy import FaultProxy
-from eventprocessor.options import Timing
-from eventprocessor.processor import EventProcessor
 from eventprocessor.sources.memory import MemoryEventSource
 from eventprocessor.testing.recorder import DeliveryRecorder, recording_handler
 

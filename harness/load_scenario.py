@@ -48,7 +48,7 @@ import uuid
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from eventprocessor.load_plan import LoadPolicy
+from eventprocessor import LoadPolicy
 from eventprocessor.testing.recorder import most_within
 
 from .cpu_quota import CpuQuotas

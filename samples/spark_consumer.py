@@ -38,11 +38,11 @@ from pathlib import Path
 from typing import Any
 
 from eventprocessor import EventProcessor
-from eventprocessor.checkpoint_store import CheckpointStore
 from eventprocessor.cli.running import run_program
 from eventprocessor.cli.user_errors import require_or_exit
 from eventprocessor.emulators.azurite import port_open
 from eventprocessor.sources import MemoryEventSource
+from eventprocessor.stores.contract import CheckpointStore
 
 
 async def open_store(kind: str, stack: AsyncExitStack) -> CheckpointStore:

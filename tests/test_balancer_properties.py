@@ -9,7 +9,7 @@ import random
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from eventprocessor.balancer import LoadBalancingStrategy, decide
+from eventprocessor._ownership.balancer import LoadBalancingStrategy, decide
 from tests.balancing import CG, EXPIRATION, HUB, INTERVAL, NS, Cluster, steal_is_allowed
 
 OWNERS = "ABCDEFGHIJ"

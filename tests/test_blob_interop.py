@@ -16,9 +16,9 @@ from azure.storage.blob.aio import ContainerClient
 
 from eventprocessor import EventProcessor, LoadBalancingStrategy, PartitionProcessor
 from eventprocessor.errors import OwnershipLostError
-from eventprocessor.records import Checkpoint, Member, Ownership
 from eventprocessor.sources import MemoryEventSource
 from eventprocessor.stores import BlobCheckpointStore
+from eventprocessor.stores.records import Checkpoint, Member, Ownership
 
 pytest.importorskip("azure.eventhub.extensions.checkpointstoreblobaio")
 from azure.eventhub.extensions.checkpointstoreblobaio import (  # noqa: E402

@@ -19,7 +19,7 @@ from collections import Counter
 from collections.abc import Iterable
 
 from eventprocessor import CloseReason
-from eventprocessor.records import Ownership
+from eventprocessor.stores.records import Ownership
 from eventprocessor.testing import Cluster, FaultyStore, run_virtual
 
 OPTIONS = dict(load_balancing_interval=1.0, partition_ownership_expiration_interval=12.0)

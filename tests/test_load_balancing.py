@@ -14,7 +14,7 @@ import os
 import pytest
 
 from eventprocessor import LoadPolicy, OwnershipLostError, PartitionProcessor
-from eventprocessor.load_plan import (
+from eventprocessor._ownership.load_plan import (
     MemberLoad,
     PartitionLoad,
     decode_load,

@@ -335,7 +335,7 @@ def test_azurite_started_by_hand_as_the_readme_says_serves_the_stores(tmp_path):
         _wait_for_ports([10000, 10002], process)
         code = ("import asyncio\n"
                 "from eventprocessor.stores import BlobCheckpointStore, TableCheckpointStore\n"
-                "from eventprocessor.records import Ownership\n"
+                "from eventprocessor.stores.records import Ownership\n"
                 "async def main():\n"
                 "    for cls, name in ((BlobCheckpointStore, 'byhand'), (TableCheckpointStore, 'byhand')):\n"
                 "        async with cls.from_connection_string('UseDevelopmentStorage=true', name) as store:\n"

@@ -15,27 +15,27 @@ from types import SimpleNamespace
 import pytest
 
 from eventprocessor import EventPosition
-from eventprocessor.assembly import assemble
-from eventprocessor.dispatcher import Dispatcher
+from eventprocessor._assembly import assemble
+from eventprocessor._delivery.dispatcher import Dispatcher
+from eventprocessor._delivery.watchdog import Watchdog
+from eventprocessor._ownership.lease import LeaseEnd, LeaseState, Snapshot
+from eventprocessor._ownership.lease_table import LeaseTable
+from eventprocessor._ownership.load_plan import LOAD_PROPERTY, decode_load
+from eventprocessor._ownership.membership import Membership
+from eventprocessor._ownership.releaser import Releaser
+from eventprocessor._ownership.store_history import StoreHistory, went_back
+from eventprocessor._ownership.writer import OwnershipWriter
+from eventprocessor._runtime.options import ProcessorOptions, Timing
+from eventprocessor._runtime.reporting import Reporter, Throttle
+from eventprocessor._runtime.stats import ProcessorStats
+from eventprocessor._runtime.tasks import TaskScope
+from eventprocessor._runtime.telemetry import Telemetry
 from eventprocessor.errors import CheckpointStoreError, ConfigurationError
-from eventprocessor.lease import LeaseEnd, LeaseState, Snapshot
-from eventprocessor.lease_table import LeaseTable
-from eventprocessor.load_plan import LOAD_PROPERTY, decode_load
-from eventprocessor.membership import Membership
-from eventprocessor.options import ProcessorOptions, Timing
 from eventprocessor.partition import PartitionProcessor
-from eventprocessor.records import Checkpoint, Member, MemberListing, Ownership, OwnershipListing
-from eventprocessor.releaser import Releaser
-from eventprocessor.reporting import Reporter, Throttle
 from eventprocessor.sources import MemoryEventSource
-from eventprocessor.stats import ProcessorStats
-from eventprocessor.store_history import StoreHistory, went_back
 from eventprocessor.stores import InMemoryCheckpointStore
-from eventprocessor.tasks import TaskScope
-from eventprocessor.telemetry import Telemetry
+from eventprocessor.stores.records import Checkpoint, Member, MemberListing, Ownership, OwnershipListing
 from eventprocessor.testing import VIRTUAL_EPOCH, FaultyStore, run_virtual, virtual_utc_clock
-from eventprocessor.watchdog import Watchdog
-from eventprocessor.writer import OwnershipWriter
 
 SCOPE = ("memory.local", "hub", "$default")
 TIMING = Timing.derive(interval=1.0, expiration=12.0, renewal_age=None, store_timeout=None, shutdown_timeout=5.0,

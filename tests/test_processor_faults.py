@@ -12,7 +12,7 @@ import logging
 import pytest
 
 from eventprocessor import CloseReason, EventProcessor, PartitionProcessor, StoreDataLostError
-from eventprocessor.lease import LeaseState
+from eventprocessor._ownership.lease import LeaseState
 from eventprocessor.stores import InMemoryCheckpointStore
 from eventprocessor.testing import Cluster, run_virtual
 
@@ -372,12 +372,12 @@ def test_an_unreadable_ownership_record_is_claimed_over_once_it_has_expired(fiel
 def test_the_renewer_sleeps_while_it_has_nothing_to_renew():
     """With no renewable lease the renewer waited ``renewal_age`` and looked again, and a
     renewal age near 0 made it spin on the event loop. It now waits to be woken."""
-    from eventprocessor.lease_table import LeaseTable
-    from eventprocessor.options import Timing
-    from eventprocessor.renewer import LeaseRenewer
-    from eventprocessor.stats import ProcessorStats
-    from eventprocessor.telemetry import Telemetry
-    from eventprocessor.writer import OwnershipWriter
+    from eventprocessor._ownership.lease_table import LeaseTable
+    from eventprocessor._ownership.renewer import LeaseRenewer
+    from eventprocessor._ownership.writer import OwnershipWriter
+    from eventprocessor._runtime.options import Timing
+    from eventprocessor._runtime.stats import ProcessorStats
+    from eventprocessor._runtime.telemetry import Telemetry
 
     class Counting(LeaseTable):
         rounds = 0
@@ -408,7 +408,7 @@ def test_the_renewer_sleeps_while_it_has_nothing_to_renew():
 
 
 def test_backoff_doubles_to_its_cap_and_starts_over_after_a_success():
-    from eventprocessor.backoff import Backoff
+    from eventprocessor._runtime.backoff import Backoff
 
     retry = Backoff(0.1, cap=0.5)
     assert [retry.next() for _ in range(5)] == [0.1, 0.2, 0.4, 0.5, 0.5]

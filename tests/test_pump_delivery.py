@@ -27,7 +27,7 @@ from eventprocessor import (
     PartitionProcessor,
     PoisonEventsError,
 )
-from eventprocessor.delivery import RetryPolicy
+from eventprocessor._delivery.retries import RetryPolicy
 from eventprocessor.errors import EventSourceError
 from eventprocessor.sources import MemoryEventSource
 from eventprocessor.sources.base import EventSource, PartitionReceiver

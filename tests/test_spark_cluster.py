@@ -32,10 +32,10 @@ from typing import Any
 import pytest
 
 from eventprocessor import CloseReason, EventProcessor, PartitionContext
-from eventprocessor.records import Ownership
 from eventprocessor.sources import MemoryEventSource
 from eventprocessor.spark import METADATA_DIR, STAGING_DIR, MicroBatch, SparkSink
 from eventprocessor.stores import InMemoryCheckpointStore
+from eventprocessor.stores.records import Ownership
 
 ROOT = Path(__file__).resolve().parent.parent
 WORKER = Path(__file__).resolve().parent / "spark_cluster_worker.py"

@@ -13,15 +13,15 @@ from collections import Counter
 import pytest
 
 from eventprocessor import ConfigurationError, EventProcessor, PartitionProcessor
-from eventprocessor.bounded_store import MIN_BANDWIDTH, BoundedStore
-from eventprocessor.clock import SystemClock
+from eventprocessor._runtime.bounded_store import MIN_BANDWIDTH, BoundedStore
+from eventprocessor._runtime.clock import SystemClock
 from eventprocessor.errors import InvalidCheckpointError, OwnershipLostError, StoreTimeoutError
-from eventprocessor.records import MAX_ENTRY_BYTES, Checkpoint, StateRef
 from eventprocessor.sources import MemoryEventSource
 from eventprocessor.state import PartitionState, StateKeeper, StateLog
 from eventprocessor.state.log import IN_FLIGHT
 from eventprocessor.state.replica import WarmReplica
 from eventprocessor.stores import InMemoryCheckpointStore
+from eventprocessor.stores.records import MAX_ENTRY_BYTES, Checkpoint, StateRef
 from eventprocessor.testing import FaultyStore, run_virtual, virtual_utc_clock
 
 FAST = dict(load_balancing_interval=0.5, partition_ownership_expiration_interval=6.0)

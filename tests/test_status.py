@@ -42,9 +42,9 @@ from eventprocessor.cli.status import (
 )
 from eventprocessor.cli.user_errors import CommandError
 from eventprocessor.errors import CheckpointStoreError, EventSourceError
-from eventprocessor.records import Checkpoint, Member, Ownership, OwnershipListing, UnreadableOwnership
 from eventprocessor.sources import MemoryEventSource, PartitionProperties
 from eventprocessor.stores import InMemoryCheckpointStore
+from eventprocessor.stores.records import Checkpoint, Member, Ownership, OwnershipListing, UnreadableOwnership
 from tests.test_cli import assert_one_line_error, run_cli
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 
 from eventprocessor.errors import CheckpointStoreError, ConfigurationError, OwnershipLostError
-from eventprocessor.records import Checkpoint, Ownership
 from eventprocessor.stores import BlobCheckpointStore, TableCheckpointStore
+from eventprocessor.stores.records import Checkpoint, Ownership
 
 # Looks like a real key (valid base64, 64 bytes) and is easy to search for.
 FAKE_KEY = base64.b64encode(b"topsecret-key-material-" + b"k" * 41).decode()

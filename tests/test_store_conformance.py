@@ -24,8 +24,7 @@ from typing import Any
 
 import pytest
 
-from eventprocessor.balancer import LoadBalancingStrategy, decide
-from eventprocessor.checkpoint_store import CheckpointStore
+from eventprocessor._ownership.balancer import LoadBalancingStrategy, decide
 from eventprocessor.errors import (
     CheckpointStoreError,
     ClaimOwnershipError,
@@ -33,9 +32,10 @@ from eventprocessor.errors import (
     OwnershipLostError,
     StaleEpochError,
 )
-from eventprocessor.records import MAX_ENTRY_BYTES, MAX_EPOCH, Checkpoint, Member, Ownership
 from eventprocessor.stores import InMemoryCheckpointStore
+from eventprocessor.stores.contract import CheckpointStore
 from eventprocessor.stores.protocol import CHECKPOINT, EtagMismatch, Kind, RecordExists
+from eventprocessor.stores.records import MAX_ENTRY_BYTES, MAX_EPOCH, Checkpoint, Member, Ownership
 
 NAMESPACE = "conformance.servicebus.windows.net"
 HUB = "hub"
@@ -949,8 +949,8 @@ async def test_a_checkpoint_carries_its_state_reference_and_the_fence_keeps_it(b
     """Stateful partitions (issue 26): the checkpoint names the head of its state log;
     a new owner's fence keeps the position and the state that goes with it, and the
     state log's entries are in the same store."""
-    from eventprocessor.records import StateRef
     from eventprocessor.state import StateLog
+    from eventprocessor.stores.records import StateRef
 
     old = await backend.claim(backend.store, "0", "old")
     await backend.store.fence_checkpoint(old)

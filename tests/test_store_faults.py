@@ -18,8 +18,8 @@ import pytest
 
 from eventprocessor.emulators.fault_proxy import FaultProxy
 from eventprocessor.errors import CheckpointStoreError, ClaimOwnershipError, OwnershipLostError, StoreTimeoutError
-from eventprocessor.records import Checkpoint, Ownership
 from eventprocessor.stores import BlobCheckpointStore, TableCheckpointStore
+from eventprocessor.stores.records import Checkpoint, Ownership
 
 NS, HUB, CG = "faults.servicebus.windows.net", "hub", "$default"
 

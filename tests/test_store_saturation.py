@@ -16,7 +16,7 @@ import random
 
 import pytest
 
-from eventprocessor.backoff import Congestion, TickBackoff
+from eventprocessor._runtime.backoff import Congestion, TickBackoff
 from eventprocessor.testing import Cluster, run_virtual
 
 PARTITIONS, PROCESSORS = 256, 8

@@ -8,9 +8,9 @@ import asyncio
 import pytest
 
 from eventprocessor import EventProcessor
-from eventprocessor.checkpoint_store import StoreWrapper
 from eventprocessor.sources import MemoryEventSource
 from eventprocessor.stores import InMemoryCheckpointStore
+from eventprocessor.stores.contract import StoreWrapper
 from eventprocessor.testing import (
     LedgerStore,
     OwnershipLedger,

@@ -8,11 +8,11 @@ from collections.abc import Awaitable, Callable, Mapping
 from types import MappingProxyType
 from typing import Any
 
-from ..checkpoint_store import CheckpointStore
+from .._processor import EventProcessor
 from ..errors import ConfigurationError
 from ..events import Event
-from ..processor import EventProcessor
 from ..sources.base import EventSource
+from ..stores.contract import CheckpointStore
 from .callbacks import (
     OnError,
     OnEvent,

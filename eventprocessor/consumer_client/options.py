@@ -7,10 +7,10 @@ from collections.abc import Callable, Mapping
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
-from ..checkpoint_store import CheckpointStore
-from ..clock import SystemClock
+from .._runtime.clock import SystemClock
 from ..errors import ConfigurationError
 from ..events import EventPosition
+from ..stores.contract import CheckpointStore
 
 logger = logging.getLogger(__name__)
 

@@ -13,13 +13,13 @@ from collections.abc import Mapping, Sequence
 from types import TracebackType
 from typing import Any
 
-from ..backoff import Backoff
-from ..checkpoint_store import CheckpointStore
-from ..delivery import PoisonPolicy, RetryPolicy
+from .._delivery.pump import DeadLetter
+from .._delivery.retries import PoisonPolicy, RetryPolicy
+from .._runtime.backoff import Backoff
 from ..errors import ConfigurationError, OwnershipLostError, PoisonEventsError
 from ..events import Event
 from ..partition import CloseReason, PartitionContext, PartitionProcessor
-from ..pump import DeadLetter
+from ..stores.contract import CheckpointStore
 from .arrow import Decoder
 from .attempt import BatchSteps, MicroBatch
 from .claims import Buffers, Claim, ClaimState, Limits

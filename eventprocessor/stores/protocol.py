@@ -67,7 +67,7 @@ included, is cut at that many seconds and raises ``StoreTimeoutError``; for a cl
 batch the deadline applies to each claim, so the claims that were won are still
 reported (``ClaimOwnershipError.claimed``). A caller that bounds its calls itself (the
 processor's ``BoundedStore``, at ``store_timeout``) sets
-:data:`~eventprocessor.checkpoint_store.CALLER_DEADLINE`, and the store then applies no
+:data:`~eventprocessor.stores.contract.CALLER_DEADLINE`, and the store then applies no
 deadline of its own: each call has exactly one.
 """
 from __future__ import annotations
@@ -86,7 +86,6 @@ from types import TracebackType
 from typing import Any, TypeVar
 from urllib.parse import unquote
 
-from eventprocessor.checkpoint_store import CALLER_DEADLINE, CheckpointStore
 from eventprocessor.errors import (
     CheckpointStoreError,
     ClaimOwnershipError,
@@ -95,7 +94,8 @@ from eventprocessor.errors import (
     StaleEpochError,
     StoreTimeoutError,
 )
-from eventprocessor.records import (
+from eventprocessor.stores.contract import CALLER_DEADLINE, CheckpointStore
+from eventprocessor.stores.records import (
     MAX_ENTRY_BYTES,
     MAX_EPOCH,
     MAX_SEQUENCE_NUMBER,

@@ -15,7 +15,7 @@ from typing import Any
 
 from eventprocessor.stores.memory import InMemoryCheckpointStore
 
-from ..processor import EventProcessor
+from .._processor import EventProcessor
 from ..sources.memory import MemoryEventSource
 from .loop import virtual_utc_clock
 from .recorder import DeliveryRecorder, recording_handler

@@ -13,7 +13,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import replace
 
-from .records import Checkpoint, Ownership, OwnershipListing
+from ..stores.records import Checkpoint, Ownership, OwnershipListing
 
 __all__ = ["StoreHistory", "went_back"]
 

@@ -15,9 +15,9 @@ import logging
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from .checkpoint_store import OwnershipStore
-from .errors import ClaimOwnershipError
-from .records import Ownership
+from ..errors import ClaimOwnershipError
+from ..stores.contract import OwnershipStore
+from ..stores.records import Ownership
 
 __all__ = ["OwnershipWriter", "Written"]
 

@@ -16,13 +16,13 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from .clock import Clock
-from .lease import LeaseState
-from .lease_table import LeaseTable, sorted_ids
-from .options import Timing
+from .._ownership.lease import LeaseState
+from .._ownership.lease_table import LeaseTable, sorted_ids
+from .._runtime.clock import Clock
+from .._runtime.options import Timing
+from .._runtime.reporting import Reporter
+from .._runtime.telemetry import Telemetry
 from .pump import PartitionPump
-from .reporting import Reporter
-from .telemetry import Telemetry
 from .usercode import BLOCK_THRESHOLD
 
 __all__ = ["Watchdog", "STALL_PROBE_PERIOD", "sleep_or_wake"]

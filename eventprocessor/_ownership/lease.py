@@ -30,11 +30,11 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING
 
-from .partition import CloseReason
-from .records import Ownership
+from ..partition import CloseReason
+from ..stores.records import Ownership
 
 if TYPE_CHECKING:  # pragma: no cover
-    from .pump import PartitionPump
+    from .._delivery.pump import PartitionPump
 
 __all__ = ["LeaseState", "LeaseEnd", "Lease", "LeaseView", "Snapshot", "Transition", "Reconciliation", "reconcile",
            "ALLOWED"]

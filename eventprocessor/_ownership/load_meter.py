@@ -20,7 +20,7 @@ from .lease_table import LeaseTable
 from .load_plan import MemberLoad, PartitionLoad
 
 if TYPE_CHECKING:  # pragma: no cover
-    from .pump import PartitionPump
+    from .._delivery.pump import PartitionPump
 
 __all__ = ["LoadMeter", "CpuMeter", "available_cores"]
 

@@ -35,8 +35,8 @@ import logging
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
-from .clock import Clock
-from .events import Event
+from .._runtime.clock import Clock
+from ..events import Event
 
 __all__ = ["PoisonPolicy", "RetryPolicy", "Poison", "Outcome", "DeliveryStopped", "redeliver"]
 

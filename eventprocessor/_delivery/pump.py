@@ -21,16 +21,16 @@ import logging
 from collections.abc import Awaitable, Callable
 from operator import attrgetter
 
-from .backoff import Backoff
-from .clock import Clock, SystemClock
-from .delivery import DeliveryStopped, Poison, PoisonPolicy, RetryPolicy, redeliver
-from .errors import ConfigurationError, EventSourceError, HandlerTimeoutError, OwnershipLostError, PoisonEventsError
-from .events import Event, EventPosition
-from .partition import CloseReason, PartitionContext, PartitionProcessor, already_logged
-from .records import Checkpoint
-from .sources.base import EventSource, PartitionReceiver
-from .state import StateKeeper, StateUnreadableError
-from .telemetry import Telemetry
+from .._runtime.backoff import Backoff
+from .._runtime.clock import Clock, SystemClock
+from .._runtime.telemetry import Telemetry
+from ..errors import ConfigurationError, EventSourceError, HandlerTimeoutError, OwnershipLostError, PoisonEventsError
+from ..events import Event, EventPosition
+from ..partition import CloseReason, PartitionContext, PartitionProcessor, already_logged
+from ..sources.base import EventSource, PartitionReceiver
+from ..state import StateKeeper, StateUnreadableError
+from ..stores.records import Checkpoint
+from .retries import DeliveryStopped, Poison, PoisonPolicy, RetryPolicy, redeliver
 from .usercode import BLOCK_THRESHOLD, HandlerExecutor, UserCode
 
 __all__ = ["PartitionPump", "DeadLetter"]
@@ -317,7 +317,7 @@ class PartitionPump:
 
     async def _recover(self, events: list[Event], first_failure: Exception) -> bool:
         """The handler raised on ``events``: redeliver under the retry and poison policy
-        (:mod:`eventprocessor.delivery`). Returns True when the partition must park."""
+        (:mod:`eventprocessor._delivery.retries`). Returns True when the partition must park."""
         await self._failed(first_failure, events, 1)
         checkpoint = self.context.last_checkpoint
         if checkpoint is not None:  # events the handler checkpointed before it failed are done

@@ -48,7 +48,7 @@ implementation. The semantics:
 * ``create_entry`` / ``read_entry`` / ``list_entries`` / ``delete_entry`` keep named,
   immutable entries in named logs of a consumer group (the Spark sink's commit log).
   ``create_entry`` is a real create-if-absent: of two writers of one name, exactly one
-  wins. An entry holds at most :data:`~eventprocessor.records.MAX_ENTRY_BYTES`.
+  wins. An entry holds at most :data:`~eventprocessor.stores.records.MAX_ENTRY_BYTES`.
 * Epochs are 0 to ``MAX_EPOCH - 1`` and sequence numbers 0 to ``MAX_SEQUENCE_NUMBER``;
   other values are refused with :class:`~eventprocessor.errors.ConfigurationError`
   before any request.

@@ -41,7 +41,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from .records import partition_sort_key
+from ..stores.records import partition_sort_key
 
 __all__ = ["PartitionLoad", "MemberLoad", "LoadPolicy", "plan_moves", "demanded_utilization", "encode_load",
            "decode_load", "LOAD_PROPERTY", "BALANCE_BY"]

@@ -29,8 +29,8 @@ from collections import Counter
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
+from ..stores.records import Ownership, OwnershipListing, UnreadableOwnership, partition_sort_key
 from .load_plan import LoadPolicy, MemberLoad, plan_moves
-from .records import Ownership, OwnershipListing, UnreadableOwnership, partition_sort_key
 
 __all__ = ["LoadBalancingStrategy", "BalanceDecision", "decide", "fair_share", "static_assignment",
            "HANDOFF_PROPERTY", "ORDINAL_PROPERTY"]
@@ -258,7 +258,7 @@ def decide(
     and that member claims them on top of its share (handoffs restore the balance later).
 
     ``balance_by="load"`` (with ``members`` and their ``loads``): partitions with a live
-    owner move by :func:`~eventprocessor.load_plan.plan_moves` (from busy processors to
+    owner move by :func:`~eventprocessor._ownership.load_plan.plan_moves` (from busy processors to
     idle ones, damped, every move a handoff request) instead of by counts, each partition
     counted on the owner the ownership records name; unowned ones are still dealt by
     counts. Until every live member has published a load, nothing moves.

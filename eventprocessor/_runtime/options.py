@@ -15,16 +15,16 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from .balancer import LoadBalancingStrategy
-from .checkpoint_store import CheckpointStore
+from .._delivery.retries import PoisonPolicy, RetryPolicy
+from .._delivery.usercode import HandlerExecutor
+from .._ownership.balancer import LoadBalancingStrategy
+from .._ownership.load_plan import BALANCE_BY, LoadPolicy
+from ..errors import ConfigurationError
+from ..events import EventPosition
+from ..partition import PartitionContext, PartitionProcessor
+from ..sources.base import EventSource
+from ..stores.contract import CheckpointStore
 from .clock import Clock, SystemClock
-from .delivery import PoisonPolicy, RetryPolicy
-from .errors import ConfigurationError
-from .events import EventPosition
-from .load_plan import BALANCE_BY, LoadPolicy
-from .partition import PartitionContext, PartitionProcessor
-from .sources.base import EventSource
-from .usercode import HandlerExecutor
 
 __all__ = ["Timing", "ProcessorOptions", "RENEWAL_WINDOW", "positive_seconds", "int_at_least"]
 
@@ -313,7 +313,7 @@ class ProcessorOptions:
         if clock is not None and not (callable(getattr(clock, "monotonic", None))
                                       and callable(getattr(clock, "sleep", None))):
             raise ConfigurationError(f"clock must have monotonic() and async sleep(seconds) (see "
-                                     f"eventprocessor.clock.Clock), got {type(clock).__name__}")
+                                     f"eventprocessor._runtime.clock.Clock), got {type(clock).__name__}")
         if rng is not None and not isinstance(rng, random.Random):
             raise ConfigurationError(f"rng must be a random.Random, got {type(rng).__name__}")
         if not isinstance(stateful, bool):

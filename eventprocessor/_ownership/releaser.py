@@ -17,14 +17,14 @@ import asyncio
 import logging
 from dataclasses import replace
 
-from .checkpoint_store import OwnershipStore
+from .._runtime.options import ProcessorOptions
+from .._runtime.stats import ProcessorStats
+from .._runtime.tasks import TaskScope
+from ..stores.contract import OwnershipStore
+from ..stores.records import Ownership
 from .lease import Lease, LeaseEnd, LeaseState
 from .lease_table import LeaseTable, sorted_ids
-from .options import ProcessorOptions
-from .records import Ownership
-from .stats import ProcessorStats
 from .store_history import StoreHistory
-from .tasks import TaskScope
 from .writer import OwnershipWriter
 
 __all__ = ["Releaser"]

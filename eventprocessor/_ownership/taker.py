@@ -2,11 +2,11 @@
 
 A tick (:meth:`Taker.tick`): read the partition ids, list ownership and members in one
 store call, check the store's history, reconcile the lease table with the listing, ask
-the pure balancer (:func:`~eventprocessor.balancer.decide`) what to claim, ask owners
+the pure balancer (:func:`~eventprocessor._ownership.balancer.decide`) what to claim, ask owners
 for handoffs, write the claims (``BATCH`` per call), fence each won partition's
 checkpoint and hand the claim to the dispatcher. The loop (:meth:`Taker.run`) ticks
 every ``load_balancing_interval``, jittered, sooner while waiting on a handoff, and
-backs off while store calls time out (:mod:`eventprocessor.backoff`).
+backs off while store calls time out (:mod:`eventprocessor._runtime.backoff`).
 """
 from __future__ import annotations
 
@@ -15,23 +15,23 @@ import logging
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 
-from .backoff import Congestion, TickBackoff
+from .._delivery.dispatcher import Dispatcher
+from .._delivery.watchdog import Watchdog, sleep_or_wake
+from .._runtime.backoff import Congestion, TickBackoff
+from .._runtime.bounded_store import BATCH, BoundedStore
+from .._runtime.options import ProcessorOptions
+from .._runtime.reporting import Reporter
+from .._runtime.stats import ProcessorStats
+from .._runtime.telemetry import Telemetry
+from ..errors import EventSourceError, OwnershipLostError, StaleEpochError, StoreDataLostError
+from ..stores.records import MAX_EPOCH, Checkpoint, Ownership, OwnershipListing
 from .balancer import decide
-from .bounded_store import BATCH, BoundedStore
-from .dispatcher import Dispatcher
-from .errors import EventSourceError, OwnershipLostError, StaleEpochError, StoreDataLostError
 from .lease import Lease, LeaseState, Reconciliation, Snapshot
 from .lease_table import LeaseTable, sorted_ids
 from .load_plan import LOAD_PROPERTY, MemberLoad, decode_load
 from .membership import Membership
-from .options import ProcessorOptions
-from .records import MAX_EPOCH, Checkpoint, Ownership, OwnershipListing
-from .reporting import Reporter
-from .stats import ProcessorStats
 from .store_history import StoreHistory
-from .telemetry import Telemetry
 from .warmup import Warmup
-from .watchdog import Watchdog, sleep_or_wake
 from .writer import OwnershipWriter
 
 __all__ = ["Taker", "BalanceReport"]
@@ -160,7 +160,7 @@ class Taker:
 
     def _back_off_if_store_timed_out(self) -> float | None:
         """After a tick: the pause before the next one while the store times out (see
-        :mod:`eventprocessor.backoff`), or None for the usual interval."""
+        :mod:`eventprocessor._runtime.backoff`), or None for the usual interval."""
         timeouts = sum(self._store.timeouts.values())
         timed_out = timeouts - self._timeouts_seen
         self._timeouts_seen = timeouts

@@ -26,10 +26,10 @@ from collections import Counter
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
-from .checkpoint_store import CALLER_DEADLINE, CheckpointStore, StoreWrapper
+from ..errors import ConfigurationError, StoreTimeoutError
+from ..stores.contract import CALLER_DEADLINE, CheckpointStore, StoreWrapper
+from ..stores.records import MAX_ENTRY_BYTES
 from .clock import Clock
-from .errors import ConfigurationError, StoreTimeoutError
-from .records import MAX_ENTRY_BYTES
 
 __all__ = ["BoundedStore", "with_deadline", "BATCH", "MIN_BANDWIDTH"]
 
@@ -70,8 +70,8 @@ async def with_deadline(clock: Clock, seconds: float, call: Awaitable[_T], on_ti
 class BoundedStore(StoreWrapper):
     """A :class:`CheckpointStore` whose every call ends within ``timeout`` seconds: the
     one deadline of the call (the inner store applies none of its own meanwhile; see
-    :data:`~eventprocessor.checkpoint_store.CALLER_DEADLINE`). Log entries, which carry
-    up to :data:`~eventprocessor.records.MAX_ENTRY_BYTES` each, get ``timeout`` plus the
+    :data:`~eventprocessor.stores.contract.CALLER_DEADLINE`). Log entries, which carry
+    up to :data:`~eventprocessor.stores.records.MAX_ENTRY_BYTES` each, get ``timeout`` plus the
     bytes in flight over ``min_bandwidth`` (module docstring).
 
     Example::

@@ -20,12 +20,12 @@ import asyncio
 import logging
 from collections.abc import Iterable, Mapping
 
-from .checkpoint_store import CheckpointStore
-from .options import ProcessorOptions
-from .records import OwnershipListing
-from .state.log import StateLog
-from .state.replica import LAGS_PROPERTY, WarmReplica, decode_lags, encode_lags, failover_plan, standby_plan
-from .watchdog import sleep_or_wake
+from .._delivery.watchdog import sleep_or_wake
+from .._runtime.options import ProcessorOptions
+from ..state.log import StateLog
+from ..state.replica import LAGS_PROPERTY, WarmReplica, decode_lags, encode_lags, failover_plan, standby_plan
+from ..stores.contract import CheckpointStore
+from ..stores.records import OwnershipListing
 
 __all__ = ["Warmup", "FAILOVER_GRACE_TICKS"]
 

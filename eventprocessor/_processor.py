@@ -1,24 +1,24 @@
 """EventProcessor: balances partitions with its peers and runs one pump per partition.
 
 A small façade over parts with one job each, built and wired by
-:func:`~eventprocessor.assembly.assemble`, all started and stopped by one task scope
-(:class:`~eventprocessor.tasks.TaskScope`):
+:func:`~eventprocessor._assembly.assemble`, all started and stopped by one task scope
+(:class:`~eventprocessor._runtime.tasks.TaskScope`):
 
-* :class:`~eventprocessor.taker.Taker`: one balancing tick every
+* :class:`~eventprocessor._ownership.taker.Taker`: one balancing tick every
   ``load_balancing_interval`` (list, reconcile, decide, claim, fence);
-* :class:`~eventprocessor.lease_table.LeaseTable`: the leases, and the only code that
+* :class:`~eventprocessor._ownership.lease_table.LeaseTable`: the leases, and the only code that
   changes one;
-* :class:`~eventprocessor.dispatcher.Dispatcher`: one
-  :class:`~eventprocessor.pump.PartitionPump` per owned claim, where all user code runs;
-* :class:`~eventprocessor.renewer.LeaseRenewer`: rewrites each owned record once it is
+* :class:`~eventprocessor._delivery.dispatcher.Dispatcher`: one
+  :class:`~eventprocessor._delivery.pump.PartitionPump` per owned claim, where all user code runs;
+* :class:`~eventprocessor._ownership.renewer.LeaseRenewer`: rewrites each owned record once it is
   ``ownership_renewal_age`` old, on its own schedule;
-* :class:`~eventprocessor.releaser.Releaser`: writes ended claims' records over (release
+* :class:`~eventprocessor._ownership.releaser.Releaser`: writes ended claims' records over (release
   or handoff) and sweeps up at stop;
-* :class:`~eventprocessor.membership.Membership`: the heartbeat record;
-* :class:`~eventprocessor.watchdog.Watchdog`: ends leases on time, watches handlers and
+* :class:`~eventprocessor._ownership.membership.Membership`: the heartbeat record;
+* :class:`~eventprocessor._delivery.watchdog.Watchdog`: ends leases on time, watches handlers and
   the event loop.
 
-Every store call is bounded by ``store_timeout`` (:class:`~eventprocessor.bounded_store.
+Every store call is bounded by ``store_timeout`` (:class:`~eventprocessor._runtime.bounded_store.
 BoundedStore`). Leases are measured on the local monotonic clock from the moment the
 write the store accepted was *sent*, and end ``expiration - safety margin`` later, before
 any other processor could judge the record expired on the store's clock (self-fencing).
@@ -33,22 +33,22 @@ from collections.abc import Callable, Iterable, Mapping
 from types import TracebackType
 from typing import Any
 
-from .assembly import assemble
-from .balancer import LoadBalancingStrategy
-from .bounded_store import BoundedStore
-from .checkpoint_store import CheckpointStore
-from .clock import Clock
-from .delivery import PoisonPolicy
+from ._assembly import assemble
+from ._delivery.pump import DeadLetter, PartitionPump
+from ._delivery.retries import PoisonPolicy
+from ._delivery.usercode import HandlerExecutor
+from ._ownership.balancer import LoadBalancingStrategy
+from ._ownership.lease import LeaseState
+from ._ownership.lease_table import OWNERSHIP_LOG_FIELDS, OWNERSHIP_REASONS
+from ._ownership.load_plan import LoadPolicy, MemberLoad
+from ._ownership.taker import BalanceReport
+from ._runtime.bounded_store import BoundedStore
+from ._runtime.clock import Clock
+from ._runtime.options import RENEWAL_WINDOW, ErrorHandler, PartitionProcessorFactory, ProcessorOptions, Timing
+from ._runtime.stats import ProcessorStats
 from .events import EventPosition
-from .lease import LeaseState
-from .lease_table import OWNERSHIP_LOG_FIELDS, OWNERSHIP_REASONS
-from .load_plan import LoadPolicy, MemberLoad
-from .options import RENEWAL_WINDOW, ErrorHandler, PartitionProcessorFactory, ProcessorOptions, Timing
-from .pump import DeadLetter, PartitionPump
 from .sources.base import EventSource
-from .stats import ProcessorStats
-from .taker import BalanceReport
-from .usercode import HandlerExecutor
+from .stores.contract import CheckpointStore
 
 __all__ = ["EventProcessor", "BalanceReport", "Timing", "ProcessorStats", "OWNERSHIP_LOG_FIELDS", "OWNERSHIP_REASONS",
            "RENEWAL_WINDOW"]
@@ -229,7 +229,7 @@ class EventProcessor:
         await self._parts.membership.join()
 
     async def balance_once(self) -> BalanceReport:
-        """Run one load-balancing tick (see :class:`~eventprocessor.taker.Taker`)."""
+        """Run one load-balancing tick (see :class:`~eventprocessor._ownership.taker.Taker`)."""
         return await self._parts.taker.tick()
 
     async def stop(self, *, release: bool = True) -> None:

@@ -13,11 +13,11 @@ import logging
 import math
 from collections.abc import Iterable
 
+from .._ownership.lease import Lease, LeaseState
+from .._ownership.lease_table import LeaseTable
+from ..partition import PartitionContext
 from .clock import Clock
-from .lease import Lease, LeaseState
-from .lease_table import LeaseTable
 from .options import ErrorHandler
-from .partition import PartitionContext
 from .tasks import TaskScope
 
 __all__ = ["Throttle", "Reporter"]

@@ -12,16 +12,16 @@ import logging
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
 
+from .._runtime.clock import Clock
+from .._runtime.options import ProcessorOptions
+from .._runtime.reporting import Reporter
+from ..errors import ConfigurationError
+from ..stores.contract import OwnershipStore
+from ..stores.records import Member, MemberListing
 from .balancer import HANDOFF_PROPERTY, ORDINAL_PROPERTY, LoadBalancingStrategy
-from .checkpoint_store import OwnershipStore
-from .clock import Clock
-from .errors import ConfigurationError
 from .lease_table import LeaseTable
-from .load import CpuMeter, LoadMeter
+from .load_meter import CpuMeter, LoadMeter
 from .load_plan import LOAD_PROPERTY, MemberLoad, encode_load
-from .options import ProcessorOptions
-from .records import Member, MemberListing
-from .reporting import Reporter
 
 if TYPE_CHECKING:  # pragma: no cover
     from .warmup import Warmup

@@ -1,8 +1,8 @@
 """LeaseTable: this processor's leases, and the only code that changes one.
 
-Every change of a :class:`~eventprocessor.lease.Lease` goes through a method here: a
+Every change of a :class:`~eventprocessor._ownership.lease.Lease` goes through a method here: a
 claim registered, confirmed or dropped, a pump started, a renewal won or failed, a
-claim ended, the store's view reconciled (:func:`~eventprocessor.lease.reconcile`). The
+claim ended, the store's view reconciled (:func:`~eventprocessor._ownership.lease.reconcile`). The
 table also says each ownership change once: one log line with structured fields
 (:data:`OWNERSHIP_LOG_FIELDS`) and one metric.
 """
@@ -13,16 +13,16 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
+from .._runtime.options import Timing
+from .._runtime.stats import ProcessorStats
+from .._runtime.telemetry import Telemetry
+from ..partition import CloseReason
+from ..stores.records import Ownership, partition_sort_key
 from .lease import Lease, LeaseEnd, LeaseState, Reconciliation, Snapshot, reconcile
-from .options import Timing
-from .partition import CloseReason
-from .records import Ownership, partition_sort_key
-from .stats import ProcessorStats
-from .telemetry import Telemetry
 
 if TYPE_CHECKING:  # pragma: no cover
-    from .clock import Clock
-    from .pump import PartitionPump
+    from .._delivery.pump import PartitionPump
+    from .._runtime.clock import Clock
 
 __all__ = ["LeaseTable", "OWNERSHIP_LOG_FIELDS", "OWNERSHIP_REASONS", "sorted_ids"]
 

@@ -3,7 +3,7 @@
 The one place that knows which part calls which: the lease table hands ended claims to
 the releaser and wakes the renewer; a renewal that loses its condition wakes the taker;
 a started pump wakes the renewer and the watchdog; membership and the dispatcher halt
-the taker when no claim can ever work. :class:`~eventprocessor.processor.EventProcessor`
+the taker when no claim can ever work. :class:`~eventprocessor._processor.EventProcessor`
 starts, stops and reads the parts; it does not wire them.
 """
 from __future__ import annotations
@@ -11,23 +11,23 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from .bounded_store import BoundedStore
-from .checkpoint_store import CheckpointStore
-from .dispatcher import Dispatcher
-from .lease_table import LeaseTable
-from .membership import Membership
-from .options import ProcessorOptions
-from .releaser import Releaser
-from .renewer import LeaseRenewer
-from .reporting import Reporter
-from .stats import ProcessorStats
-from .store_history import StoreHistory
-from .taker import Taker
-from .tasks import TaskScope
-from .telemetry import Telemetry
-from .warmup import Warmup
-from .watchdog import Watchdog
-from .writer import OwnershipWriter
+from ._delivery.dispatcher import Dispatcher
+from ._delivery.watchdog import Watchdog
+from ._ownership.lease_table import LeaseTable
+from ._ownership.membership import Membership
+from ._ownership.releaser import Releaser
+from ._ownership.renewer import LeaseRenewer
+from ._ownership.store_history import StoreHistory
+from ._ownership.taker import Taker
+from ._ownership.warmup import Warmup
+from ._ownership.writer import OwnershipWriter
+from ._runtime.bounded_store import BoundedStore
+from ._runtime.options import ProcessorOptions
+from ._runtime.reporting import Reporter
+from ._runtime.stats import ProcessorStats
+from ._runtime.tasks import TaskScope
+from ._runtime.telemetry import Telemetry
+from .stores.contract import CheckpointStore
 
 __all__ = ["Parts", "assemble"]
 

@@ -5,7 +5,7 @@ fenced checkpoint, or the initial position when there is none or when
 ``override_checkpoints`` says so, once per partition), builds the claim's
 :class:`~eventprocessor.partition.PartitionContext` (whose checkpoints are fenced by the
 claim's epoch and allowed only while its lease is valid) and starts its
-:class:`~eventprocessor.pump.PartitionPump`. It hears when a pump ends.
+:class:`~eventprocessor._delivery.pump.PartitionPump`. It hears when a pump ends.
 """
 from __future__ import annotations
 
@@ -14,23 +14,23 @@ import logging
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING
 
-from .checkpoint_store import CheckpointStore
-from .clock import SystemClock
-from .errors import ConfigurationError, OwnershipLostError
-from .events import EventPosition
-from .lease import Lease, LeaseState
-from .lease_table import LeaseTable
-from .options import ProcessorOptions
-from .partition import PartitionContext
+from .._ownership.lease import Lease, LeaseState
+from .._ownership.lease_table import LeaseTable
+from .._runtime.clock import SystemClock
+from .._runtime.options import ProcessorOptions
+from .._runtime.reporting import Reporter
+from ..errors import ConfigurationError, OwnershipLostError
+from ..events import EventPosition
+from ..partition import PartitionContext
+from ..state import StateKeeper, StateLog
+from ..stores.contract import CheckpointStore
+from ..stores.records import Checkpoint
 from .pump import LoopBlocked, PartitionPump
-from .records import Checkpoint
-from .reporting import Reporter
-from .state import StateKeeper, StateLog
 
 if TYPE_CHECKING:  # pragma: no cover
-    from .warmup import Warmup
-from .store_history import StoreHistory
-from .telemetry import Telemetry
+    from .._ownership.warmup import Warmup
+from .._ownership.store_history import StoreHistory
+from .._runtime.telemetry import Telemetry
 
 __all__ = ["Dispatcher"]
 

@@ -17,8 +17,8 @@ import asyncio
 import logging
 from collections.abc import Callable
 
-from .bounded_store import BATCH, with_deadline
-from .clock import Clock
+from .._runtime.bounded_store import BATCH, with_deadline
+from .._runtime.clock import Clock
 from .lease import Lease
 from .lease_table import LeaseTable
 from .writer import OwnershipWriter
