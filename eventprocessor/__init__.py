@@ -27,9 +27,6 @@ Example::
 
     asyncio.run(main())
 """
-from ._delivery.retries import PoisonPolicy
-from ._ownership.balancer import LoadBalancingStrategy
-from ._ownership.load_plan import LoadPolicy
 from ._processor import OWNERSHIP_LOG_FIELDS, OWNERSHIP_REASONS, BalanceReport, EventProcessor, ProcessorStats, Timing
 from .consumer_client import ConsumerPartitionContext, EventHubConsumerClient
 from .errors import (
@@ -48,7 +45,8 @@ from .errors import (
                      StoreTimeoutError,
 )
 from .events import BodyType, Event, EventPosition
-from .partition import CloseReason, PartitionContext, PartitionProcessor
+from .partition import PartitionContext, PartitionProcessor
+from .policies import CloseReason, LoadBalancingStrategy, LoadPolicy, PoisonPolicy
 from .stores.contract import CheckpointStore
 from .stores.records import Checkpoint, Member, MemberListing, Ownership, OwnershipListing, UnreadableOwnership
 

@@ -34,19 +34,17 @@ from types import TracebackType
 from typing import Any
 
 from ._assembly import assemble
-from ._delivery.pump import DeadLetter, PartitionPump
-from ._delivery.retries import PoisonPolicy
-from ._delivery.usercode import HandlerExecutor
-from ._ownership.balancer import LoadBalancingStrategy
+from ._delivery.pump import PartitionPump
 from ._ownership.lease import LeaseState
 from ._ownership.lease_table import OWNERSHIP_LOG_FIELDS, OWNERSHIP_REASONS
-from ._ownership.load_plan import LoadPolicy, MemberLoad
+from ._ownership.load_plan import MemberLoad
 from ._ownership.taker import BalanceReport
 from ._runtime.bounded_store import BoundedStore
 from ._runtime.clock import Clock
 from ._runtime.options import RENEWAL_WINDOW, ErrorHandler, PartitionProcessorFactory, ProcessorOptions, Timing
 from ._runtime.stats import ProcessorStats
 from .events import EventPosition
+from .policies import DeadLetter, HandlerExecutor, LoadBalancingStrategy, LoadPolicy, PoisonPolicy
 from .sources.base import EventSource
 from .stores.contract import CheckpointStore
 

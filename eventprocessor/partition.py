@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import asyncio
-import enum
 import logging
 import weakref
 from collections.abc import Callable
@@ -10,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from .errors import InvalidCheckpointError, OwnershipLostError
 from .events import Event
+from .policies import CloseReason
 from .stores.records import Checkpoint
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -17,7 +17,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from .state import PartitionState, StateKeeper
     from .stores.contract import CheckpointRecords
 
-__all__ = ["CloseReason", "PartitionContext", "PartitionProcessor"]
+__all__ = ["PartitionContext", "PartitionProcessor"]
 
 logger = logging.getLogger(__name__)
 
@@ -32,20 +32,6 @@ def already_logged(error: BaseException) -> None:
         _LOGGED.add(error)
     except TypeError:  # pragma: no cover - an exception type without weak references
         pass
-
-
-class CloseReason(enum.Enum):
-    """Why a partition stopped being processed here."""
-
-    SHUTDOWN = "shutdown"
-    """``EventProcessor.stop()`` was called; ownership is released."""
-    OWNERSHIP_LOST = "ownership_lost"
-    """Another processor took the partition, a renewal failed, the receiver was
-    disconnected by a higher owner level, or the lease ran out (self-fencing)."""
-    HANDOFF = "handoff"
-    """Another processor asked for the partition (rebalancing, scale-out): this claim
-    finished its batch and hands the partition over. ``update_checkpoint`` still works
-    inside ``close``, and the next owner resumes from the last checkpoint."""
 
 
 class PartitionContext:

@@ -6,7 +6,8 @@ from datetime import datetime, timezone
 
 import pytest
 
-from eventprocessor._ownership.balancer import LoadBalancingStrategy, decide, fair_share
+from eventprocessor._ownership.balancer import decide, fair_share
+from eventprocessor.policies import LoadBalancingStrategy
 from eventprocessor.stores.records import Ownership, OwnershipListing
 from tests.balancing import CG, EXPIRATION, HUB, INTERVAL, NS, Cluster, steal_is_allowed
 
@@ -167,7 +168,7 @@ def _load_decision(owner_id, loads, owners):
     from datetime import timedelta
 
     from eventprocessor._ownership.balancer import HANDOFF_PROPERTY
-    from eventprocessor._ownership.load_plan import LoadPolicy
+    from eventprocessor.policies import LoadPolicy
 
     now = datetime(2026, 1, 1, 12, 0, tzinfo=timezone.utc)
     records = tuple(Ownership(NS, HUB, CG, pid, owner, now - timedelta(seconds=1), f'"{pid}"', 2)

@@ -9,7 +9,8 @@ import random
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from eventprocessor._ownership.balancer import LoadBalancingStrategy, decide
+from eventprocessor._ownership.balancer import decide
+from eventprocessor.policies import LoadBalancingStrategy
 from tests.balancing import CG, EXPIRATION, HUB, INTERVAL, NS, Cluster, steal_is_allowed
 
 OWNERS = "ABCDEFGHIJ"

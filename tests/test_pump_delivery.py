@@ -27,8 +27,8 @@ from eventprocessor import (
     PartitionProcessor,
     PoisonEventsError,
 )
-from eventprocessor._delivery.retries import RetryPolicy
 from eventprocessor.errors import EventSourceError
+from eventprocessor.policies import RetryPolicy
 from eventprocessor.sources import MemoryEventSource
 from eventprocessor.sources.base import EventSource, PartitionReceiver
 from eventprocessor.stores import InMemoryCheckpointStore

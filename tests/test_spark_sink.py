@@ -416,8 +416,8 @@ async def test_a_failing_foreach_batch_is_retried_a_bounded_number_of_times_then
     time, exponential backoff, ``max_delivery_attempts`` in all; then (PARK, the sink's
     default) the batch is given up and its partition parked: nothing is checkpointed past
     it, nothing after it is written, and nothing waits forever."""
-    from eventprocessor._delivery.retries import RetryPolicy
     from eventprocessor.errors import PoisonEventsError
+    from eventprocessor.policies import RetryPolicy
 
     source = MemoryEventSource(2)
     fill(source, 30)
@@ -452,7 +452,7 @@ async def test_a_failing_foreach_batch_is_retried_a_bounded_number_of_times_then
 
 
 async def test_a_poison_batch_is_skipped_through_dead_letter_when_the_policy_says_so(spark, tmp_path):
-    from eventprocessor._delivery.retries import RetryPolicy
+    from eventprocessor.policies import RetryPolicy
 
     source = MemoryEventSource(1)
     fill(source, 20)
@@ -488,7 +488,7 @@ async def test_a_batch_with_a_value_body_fails_by_name_and_the_poison_policy_set
     """Nothing of a body without bytes reaches the table: its batch fails with the
     TypeError, is retried, then goes to dead_letter (on_poison="skip"); the batches
     around it are written."""
-    from eventprocessor._delivery.retries import RetryPolicy
+    from eventprocessor.policies import RetryPolicy
 
     source = MemoryEventSource(1)
     for i in range(25):
@@ -523,7 +523,7 @@ async def test_a_batch_with_a_value_body_fails_by_name_and_the_poison_policy_set
 
 
 async def test_a_transient_write_failure_is_retried_with_the_same_batch_id(spark, tmp_path):
-    from eventprocessor._delivery.retries import RetryPolicy
+    from eventprocessor.policies import RetryPolicy
 
     source = MemoryEventSource(1)
     fill(source, 10)

@@ -24,7 +24,7 @@ from typing import Any
 
 import pytest
 
-from eventprocessor._ownership.balancer import LoadBalancingStrategy, decide
+from eventprocessor._ownership.balancer import decide
 from eventprocessor.errors import (
     CheckpointStoreError,
     ClaimOwnershipError,
@@ -32,6 +32,7 @@ from eventprocessor.errors import (
     OwnershipLostError,
     StaleEpochError,
 )
+from eventprocessor.policies import LoadBalancingStrategy
 from eventprocessor.stores import InMemoryCheckpointStore
 from eventprocessor.stores.contract import CheckpointStore
 from eventprocessor.stores.protocol import CHECKPOINT, EtagMismatch, Kind, RecordExists

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from operator import attrgetter
 
 from .._runtime.backoff import Backoff
@@ -26,18 +26,18 @@ from .._runtime.clock import Clock, SystemClock
 from .._runtime.telemetry import Telemetry
 from ..errors import ConfigurationError, EventSourceError, HandlerTimeoutError, OwnershipLostError, PoisonEventsError
 from ..events import Event, EventPosition
-from ..partition import CloseReason, PartitionContext, PartitionProcessor, already_logged
+from ..partition import PartitionContext, PartitionProcessor, already_logged
+from ..policies import CloseReason, DeadLetter, HandlerExecutor, PoisonPolicy, RetryPolicy
 from ..sources.base import EventSource, PartitionReceiver
 from ..state import StateKeeper, StateUnreadableError
 from ..stores.records import Checkpoint
-from .retries import DeliveryStopped, Poison, PoisonPolicy, RetryPolicy, redeliver
-from .usercode import BLOCK_THRESHOLD, HandlerExecutor, UserCode
+from .retries import DeliveryStopped, Poison, redeliver
+from .usercode import BLOCK_THRESHOLD, UserCode
 
-__all__ = ["PartitionPump", "DeadLetter"]
+__all__ = ["PartitionPump"]
 
 logger = logging.getLogger(__name__)
 
-DeadLetter = Callable[[list[Event], Exception, PartitionContext], Awaitable[None]]
 LoopBlocked = Callable[["PartitionPump", str, float, float], None]  # (pump, what, started, ended)
 
 _BODY = attrgetter("body")

@@ -30,44 +30,17 @@ redelivery at once. Nothing is redelivered forever and nothing is skipped silent
 """
 from __future__ import annotations
 
-import enum
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
 from .._runtime.clock import Clock
 from ..events import Event
+from ..policies import RetryPolicy
 
-__all__ = ["PoisonPolicy", "RetryPolicy", "Poison", "Outcome", "DeliveryStopped", "redeliver"]
+__all__ = ["Poison", "Outcome", "DeliveryStopped", "redeliver"]
 
 logger = logging.getLogger(__name__)
-
-
-class PoisonPolicy(str, enum.Enum):
-    """What to do with an event that fails every delivery attempt."""
-
-    SKIP = "skip"
-    """Hand it to ``dead_letter`` (if set) and ``process_error``, checkpoint past it, go on."""
-    PARK = "park"
-    """Stop dispatching the partition (keeping it) until the processor restarts."""
-
-
-@dataclass(frozen=True)
-class RetryPolicy:
-    """How often and how fast a failing batch is delivered again."""
-
-    max_delivery_attempts: int = 5
-    retry_backoff: float = 0.5
-    max_retry_backoff: float = 30.0
-
-    def delay(self, failed_attempts: int) -> float:
-        """The pause after ``failed_attempts`` failures (1, 2, ...)."""
-        return min(self.retry_backoff * (2 ** (failed_attempts - 1)), self.max_retry_backoff)
-
-    def stall_bound(self) -> float:
-        """The longest a poison event holds its partition up, besides the handler's own
-        time: the pauses before its attempts 2 to ``max_delivery_attempts``."""
-        return sum(self.delay(k) for k in range(1, self.max_delivery_attempts))
 
 
 @dataclass(frozen=True)

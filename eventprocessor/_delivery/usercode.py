@@ -22,14 +22,12 @@ import types
 from collections.abc import Awaitable, Callable, Generator
 from typing import Any
 
-__all__ = ["UserCode", "HandlerExecutor", "BLOCK_THRESHOLD"]
+from ..policies import HandlerExecutor
+
+__all__ = ["UserCode", "BLOCK_THRESHOLD"]
 
 BLOCK_THRESHOLD = 1.0
 """Seconds a single step of user code may hold the event loop before it is reported."""
-
-HandlerExecutor = None | str | concurrent.futures.Executor
-"""``None`` (run handlers on the event loop), ``"thread"`` (one worker thread per owned
-partition) or a :class:`concurrent.futures.Executor` whose threads run them."""
 
 OnBlock = Callable[[str, float, float], None]  # (what, started, ended), on the processor's clock
 

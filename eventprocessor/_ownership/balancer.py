@@ -22,38 +22,23 @@ caller passes the RNG.
 """
 from __future__ import annotations
 
-import enum
 import hashlib
 import random
 from collections import Counter
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
+from ..policies import LoadBalancingStrategy, LoadPolicy
 from ..stores.records import Ownership, OwnershipListing, UnreadableOwnership, partition_sort_key
-from .load_plan import LoadPolicy, MemberLoad, plan_moves
+from .load_plan import MemberLoad, plan_moves
 
-__all__ = ["LoadBalancingStrategy", "BalanceDecision", "decide", "fair_share", "static_assignment",
+__all__ = ["BalanceDecision", "decide", "fair_share", "static_assignment",
            "HANDOFF_PROPERTY", "ORDINAL_PROPERTY"]
 
 HANDOFF_PROPERTY = "handoff"
 """Member property: ``"1"`` when the member answers handoff requests."""
 ORDINAL_PROPERTY = "ordinal"
 """Member property: the member's ordinal, for the STATIC strategy."""
-
-
-class LoadBalancingStrategy(str, enum.Enum):
-    """How a processor takes its share.
-
-    ``GREEDY`` (the default) claims up to its whole fair share in one tick. ``BALANCED``
-    claims at most one new partition per tick (the seed's protocol: smooth, few
-    conflicts). ``STATIC`` gives each processor a fixed share by its ``ordinal`` out of
-    ``replica_count`` (StatefulSet style); a missing member's share is spread over the
-    others only once that member's record has expired, and moves back when it returns.
-    """
-
-    BALANCED = "balanced"
-    GREEDY = "greedy"
-    STATIC = "static"
 
 
 @dataclass(frozen=True)

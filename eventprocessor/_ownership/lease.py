@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING
 
-from ..partition import CloseReason
+from ..policies import CloseReason
 from ..stores.records import Ownership
 
 if TYPE_CHECKING:  # pragma: no cover

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 from .._runtime.options import Timing
 from .._runtime.stats import ProcessorStats
 from .._runtime.telemetry import Telemetry
-from ..partition import CloseReason
+from ..policies import CloseReason
 from ..stores.records import Ownership, partition_sort_key
 from .lease import Lease, LeaseEnd, LeaseState, Reconciliation, Snapshot, reconcile
 

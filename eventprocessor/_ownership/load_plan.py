@@ -41,9 +41,10 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from ..policies import LoadPolicy
 from ..stores.records import partition_sort_key
 
-__all__ = ["PartitionLoad", "MemberLoad", "LoadPolicy", "plan_moves", "demanded_utilization", "encode_load",
+__all__ = ["PartitionLoad", "MemberLoad", "plan_moves", "demanded_utilization", "encode_load",
            "decode_load", "LOAD_PROPERTY", "BALANCE_BY"]
 
 LOAD_PROPERTY = "load"
@@ -76,23 +77,6 @@ class MemberLoad:
 
     utilization: float
     partitions: Mapping[str, PartitionLoad] = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class LoadPolicy:
-    """The knobs of the load-aware plan.
-
-    ``threshold``: act on a processor above ``mean * (1 + threshold)`` only (a dead band
-    against noise). ``damping``: move at most this fraction of a processor's excess per
-    round. ``max_moves``: at most this many partitions leave one processor per round.
-    ``cooldown``: seconds a moved partition stays. ``floor``: utilisation below which
-    nobody is busy enough to move anything."""
-
-    threshold: float = 0.25
-    damping: float = 0.5
-    max_moves: int = 1
-    cooldown: float = 300.0
-    floor: float = 0.1
 
 
 @dataclass(frozen=True)

@@ -16,9 +16,10 @@ from .._runtime.clock import Clock
 from .._runtime.options import ProcessorOptions
 from .._runtime.reporting import Reporter
 from ..errors import ConfigurationError
+from ..policies import LoadBalancingStrategy
 from ..stores.contract import OwnershipStore
 from ..stores.records import Member, MemberListing
-from .balancer import HANDOFF_PROPERTY, ORDINAL_PROPERTY, LoadBalancingStrategy
+from .balancer import HANDOFF_PROPERTY, ORDINAL_PROPERTY
 from .lease_table import LeaseTable
 from .load_meter import CpuMeter, LoadMeter
 from .load_plan import LOAD_PROPERTY, MemberLoad, encode_load

@@ -15,18 +15,24 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from .._delivery.retries import PoisonPolicy, RetryPolicy
-from .._delivery.usercode import HandlerExecutor
-from .._ownership.balancer import LoadBalancingStrategy
-from .._ownership.load_plan import BALANCE_BY, LoadPolicy
+from .._ownership.load_plan import BALANCE_BY
 from ..errors import ConfigurationError
 from ..events import EventPosition
 from ..partition import PartitionContext, PartitionProcessor
+from ..policies import (
+    HandlerExecutor,
+    LoadBalancingStrategy,
+    LoadPolicy,
+    PoisonPolicy,
+    RetryPolicy,
+    int_at_least,
+    positive_seconds,
+)
 from ..sources.base import EventSource
 from ..stores.contract import CheckpointStore
 from .clock import Clock, SystemClock
 
-__all__ = ["Timing", "ProcessorOptions", "RENEWAL_WINDOW", "positive_seconds", "int_at_least"]
+__all__ = ["Timing", "ProcessorOptions", "RENEWAL_WINDOW"]
 
 PartitionProcessorFactory = type | Callable[[], PartitionProcessor]
 ErrorHandler = Callable[[Exception, PartitionContext | None], Awaitable[None] | None]
@@ -35,25 +41,6 @@ DeadLetter = Callable[..., Awaitable[None]]
 RENEWAL_WINDOW = 15.0
 """Seconds of lease left when an owned record is rewritten by default (see
 :meth:`Timing.default_renewal_age`)."""
-
-
-def positive_seconds(name: str, value: Any, *, allow_none: bool = False) -> float | None:
-    """``value`` as a positive, finite number of seconds, or a ConfigurationError naming ``name``."""
-    if value is None and allow_none:
-        return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ConfigurationError(f"{name} must be a number of seconds, got {type(value).__name__} {value!r}")
-    if not math.isfinite(value) or value <= 0:
-        raise ConfigurationError(f"{name} must be a positive, finite number of seconds, got {value!r}")
-    return float(value)
-
-
-def int_at_least(name: str, value: Any, minimum: int, *, what: str = "") -> int:
-    """``value`` as an int of at least ``minimum``, or a ConfigurationError naming ``name``."""
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        kind = "a non-negative int" if minimum == 0 else f"an int of at least {minimum}"
-        raise ConfigurationError(f"{name} must be {kind}{what}, got {value!r}")
-    return value
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,8 @@ from typing import TYPE_CHECKING, Any, Optional
 
 from ..errors import ConfigurationError, OwnershipLostError
 from ..events import Event
-from ..partition import CloseReason, PartitionContext, PartitionProcessor
+from ..partition import PartitionContext, PartitionProcessor
+from ..policies import CloseReason
 
 if TYPE_CHECKING:  # pragma: no cover
     from azure.eventhub import EventData

@@ -20,10 +20,9 @@ import logging
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from .._delivery.pump import DeadLetter
-from .._delivery.retries import PoisonPolicy, RetryPolicy
 from .._runtime.backoff import Backoff
 from ..errors import PoisonEventsError
+from ..policies import DeadLetter, PoisonPolicy, RetryPolicy
 from .attempt import Attempt, AttemptState, BatchSteps, MicroBatch
 from .claims import Buffers, Claim, ClaimState
 from .commit_log import BatchRefused

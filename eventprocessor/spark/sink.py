@@ -13,12 +13,11 @@ from collections.abc import Mapping, Sequence
 from types import TracebackType
 from typing import Any
 
-from .._delivery.pump import DeadLetter
-from .._delivery.retries import PoisonPolicy, RetryPolicy
 from .._runtime.backoff import Backoff
 from ..errors import ConfigurationError, OwnershipLostError, PoisonEventsError
 from ..events import Event
-from ..partition import CloseReason, PartitionContext, PartitionProcessor
+from ..partition import PartitionContext, PartitionProcessor
+from ..policies import CloseReason, DeadLetter, PoisonPolicy, RetryPolicy
 from ..stores.contract import CheckpointStore
 from .arrow import Decoder
 from .attempt import BatchSteps, MicroBatch
