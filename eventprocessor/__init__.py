@@ -28,6 +28,7 @@ Example::
     asyncio.run(main())
 """
 from ._processor import OWNERSHIP_LOG_FIELDS, OWNERSHIP_REASONS, BalanceReport, EventProcessor, ProcessorStats, Timing
+from ._version import __version__
 from .consumer_client import ConsumerPartitionContext, EventHubConsumerClient
 from .errors import (
                      CheckpointStoreError,
@@ -49,8 +50,6 @@ from .partition import PartitionContext, PartitionProcessor
 from .policies import CloseReason, LoadBalancingStrategy, LoadPolicy, PoisonPolicy
 from .stores.contract import CheckpointStore
 from .stores.records import Checkpoint, Member, MemberListing, Ownership, OwnershipListing, UnreadableOwnership
-
-__version__ = "0.1.0"
 
 __all__ = [
     # running a processor

@@ -81,8 +81,8 @@ def assemble(options: ProcessorOptions, checkpoint_store: CheckpointStore, *, me
                         error_handler=options.error_handler, table=table, scope=scope)
     releaser = Releaser(options=options, store=store, writer=writer, table=table, history=history, stats=stats,
                         scope=scope, describe=describe)
-    watchdog = Watchdog(table=table, clock=clock, timing=timing, reporter=reporter, telemetry=telemetry,
-                        describe=describe)
+    watchdog = Watchdog(table=table, pumps=lambda: dispatcher.pumps(), clock=clock, timing=timing, reporter=reporter,
+                        telemetry=telemetry, describe=describe)
     warmup = Warmup(options=options, store=store, describe=describe) if options.stateful else None
     membership = Membership(options=options, store=store, reporter=reporter, describe=describe,
                             on_fatal=lambda error: taker.halt(error), table=table, warmup=warmup)
@@ -98,8 +98,8 @@ def assemble(options: ProcessorOptions, checkpoint_store: CheckpointStore, *, me
         describe=describe, on_loop_blocked=watchdog.loop_blocked, on_pump_ended=watchdog.wake,
         on_fatal=lambda error: taker.halt(error), on_started=pump_started, warmup=warmup)
     taker = Taker(options=options, store=store, writer=writer, table=table, history=history, membership=membership,
-                  dispatcher=dispatcher, watchdog=watchdog, reporter=reporter, stats=stats, telemetry=telemetry,
-                  describe=describe, warmup=warmup)
+                  on_won=dispatcher.start, last_stall=lambda: watchdog.last_stall, reporter=reporter, stats=stats,
+                  telemetry=telemetry, describe=describe, warmup=warmup)
     telemetry.observe(owned=lambda: len(table.owned()), lag=dispatcher.lag)
     return Parts(describe=describe, scope=scope, stats=stats, telemetry=telemetry, store=store, table=table,
                  releaser=releaser, watchdog=watchdog, warmup=warmup, membership=membership, renewer=renewer,

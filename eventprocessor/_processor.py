@@ -192,8 +192,7 @@ class EventProcessor:
         return self._parts.membership.load
 
     def pump(self, partition_id: str) -> PartitionPump | None:
-        lease = self._parts.table.get(partition_id)
-        return lease.pump if lease is not None else None
+        return self._parts.dispatcher.pump(partition_id)
 
     def lag(self) -> dict[str, int | None]:
         """Events behind per owned partition: the newest enqueued sequence number minus

@@ -292,9 +292,9 @@ def test_a_release_is_written_once_and_a_handoff_with_the_next_epoch():
     assert (stats.released, stats.handed_off) == (1, 1)
 
 
-def _options(store, **overrides) -> ProcessorOptions:
+def _options(store, *, source=None, factory=PartitionProcessor, **overrides) -> ProcessorOptions:
     return ProcessorOptions.validate(
-        MemoryEventSource(2), store, PartitionProcessor, consumer_group="$default", owner_id="me",
+        source or MemoryEventSource(2), store, factory, consumer_group="$default", owner_id="me",
         load_balancing_strategy="greedy", load_balancing_interval=1.0, partition_ownership_expiration_interval=12.0,
         ownership_renewal_age=None, store_timeout=None, shutdown_timeout=5.0, handler_timeout=None,
         handler_executor=None, initial_event_position=EventPosition.earliest(), max_batch_size=10,
@@ -333,7 +333,7 @@ def test_the_watchdog_names_the_leases_a_stall_ran_out_and_those_it_delayed():
         leases = table()
         reporter = Reporter(describe="me", clock=LoopClock(), period=30, error_handler=None, table=leases,
                             scope=TaskScope("t"))
-        watchdog = Watchdog(table=leases, clock=LoopClock(), timing=TIMING, reporter=reporter,
+        watchdog = Watchdog(table=leases, pumps=lambda: [], clock=LoopClock(), timing=TIMING, reporter=reporter,
                             telemetry=Telemetry(eventhub_name="hub", consumer_group="$default", owner_id="me"),
                             describe="me")
 
@@ -411,39 +411,33 @@ def test_a_member_record_carries_the_measured_load_when_balancing_by_load():
 
 
 def test_the_dispatcher_drains_pumps_at_stop_and_leaves_the_records_of_hung_ones_to_expire(caplog):
+    class HangsOnPartitionOne(PartitionProcessor):  # a handler that never returns on one partition
+        async def process_events(self, events, context):
+            if context.partition_id == "1":
+                await asyncio.sleep(1e9)
+
     async def scenario():
         memory = InMemoryCheckpointStore(clock=virtual_utc_clock())
+        source = MemoryEventSource(2)
+        for pid in ("0", "1"):
+            await source.send("event", partition_id=pid)
         leases = table()
         reporter = Reporter(describe="me", clock=LoopClock(), period=30, error_handler=None, table=leases,
                             scope=TaskScope("t"))
         dispatcher = Dispatcher(
-            options=_options(memory), store=memory, table=leases, history=StoreHistory(), reporter=reporter,
+            options=_options(memory, source=source, factory=HangsOnPartitionOne), store=memory, table=leases,
+            history=StoreHistory(), reporter=reporter,
             telemetry=Telemetry(eventhub_name="hub", consumer_group="$default", owner_id="me"), describe="me",
             on_loop_blocked=lambda *args: None, on_pump_ended=lambda: None, on_fatal=lambda error: None,
             on_started=lambda: None)
-
-        class Pump:  # what the table and the dispatcher need of a pump: a task that ends on stop, or not
-            def __init__(self, pid: str, seconds: float) -> None:
-                self.context = SimpleNamespace(partition_id=pid)
-                self.task = asyncio.ensure_future(asyncio.sleep(seconds))
-
-            @property
-            def alive(self) -> bool:
-                return not self.task.done()
-
-            def stop(self, reason) -> None:
-                pass
-
-            def cancel(self) -> None:
-                self.task.cancel()
-
-        pumps = {}
-        for pid, seconds in (("0", 1.0), ("1", 1e9)):
+        for pid in ("0", "1"):
             lease = leases.claiming(record(pid))
             now = asyncio.get_running_loop().time()
             leases.confirm(lease, record(pid), sent_at=now, answered_at=now)
-            pumps[pid] = Pump(pid, seconds)
-            leases.started(lease, pumps[pid])
+            dispatcher.start(lease, None)
+        await asyncio.sleep(1.0)  # partition 1's handler is in its batch
+        pumps = {pid: dispatcher.pump(pid) for pid in ("0", "1")}
+        assert pumps["1"].dispatching and not pumps["0"].dispatching
         leases.end_all(release=True)
         started = asyncio.get_running_loop().time()
         left = await dispatcher.drain(5.0)
@@ -452,7 +446,7 @@ def test_the_dispatcher_drains_pumps_at_stop_and_leaves_the_records_of_hung_ones
     with caplog.at_level(logging.ERROR, logger="eventprocessor"):
         left, waited, leases, pumps = run_virtual(scenario())
     assert left == {"1"} and waited == pytest.approx(5.0)
-    assert pumps["1"].task.cancelled() and not pumps["0"].task.cancelled()
+    assert not pumps["0"].alive and not pumps["1"].alive
     assert leases.get("0").release_to == "" and leases.get("1").release_to is None  # "1" is left to expire
     assert "['1'] did not finish within shutdown_timeout=5 s" in caplog.text
 

@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import weakref
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING
 
 from .._ownership.lease import Lease, LeaseState
 from .._ownership.lease_table import LeaseTable
-from .._runtime.clock import SystemClock
+from .._runtime.clock import SystemClock, wait_at_most
 from .._runtime.options import ProcessorOptions
 from .._runtime.reporting import Reporter
 from ..errors import ConfigurationError, OwnershipLostError
@@ -62,6 +63,7 @@ class Dispatcher:
         self._on_fatal = on_fatal
         self._on_started = on_started
         self._overridden: set[str] = set()
+        self._pumps: weakref.WeakValueDictionary[str, PartitionPump] = weakref.WeakValueDictionary()
 
     def starting_position(self, partition_id: str, checkpoint: Checkpoint | None) -> EventPosition:
         """The checkpoint, unless there is none or this processor was told to override
@@ -125,14 +127,27 @@ class Dispatcher:
             state=keeper, checkpoint=checkpoint,
         )
         table.started(lease, pump)
-        pump.start().add_done_callback(lambda _task: self._ended(lease))
+        self._pumps[pid] = pump
+        pump.start().add_done_callback(lambda _task: self._ended(pump))
         self._on_started()
         logger.debug("processor %s starts partition %s (epoch %d) from %s", self._describe, pid, lease.epoch,
                      position)
 
-    def _ended(self, lease: Lease) -> None:
-        pump = lease.pump
-        failure = pump.failure if pump is not None else None
+    def pumps(self) -> list[PartitionPump]:
+        """The pumps of the claims in the lease table, in its order."""
+        return [pump for pump in map(self._pump_of, self._table) if pump is not None]
+
+    def pump(self, partition_id: str) -> PartitionPump | None:
+        """The pump of the claim of ``partition_id`` in the lease table, if there is one."""
+        lease = self._table.get(partition_id)
+        return self._pump_of(lease) if lease is not None else None
+
+    def _pump_of(self, lease: Lease) -> PartitionPump | None:
+        pump = self._pumps.get(lease.partition_id)  # the pump this dispatcher started for the lease, if it did
+        return pump if pump is not None and lease.pump is pump else None
+
+    def _ended(self, pump: PartitionPump) -> None:
+        failure = pump.failure
         if isinstance(failure, ConfigurationError):
             # The factory returned something that is not a PartitionProcessor: no claim
             # can ever work. Say so once and stop, rather than fail on every claim.
@@ -145,7 +160,7 @@ class Dispatcher:
         """At stop, once every claim was ended: wait up to ``timeout`` for the pumps to
         finish; cancel those still busy (a handler that does not return) and leave their
         records to expire. Returns the partitions left to expire."""
-        hung = await self.wait_for_pumps(self._table.pumps(), timeout)
+        hung = await self.wait_for_pumps(self.pumps(), timeout)
         if not hung:
             return set()
         logger.error("processor %s: %d partition(s) %s did not finish within shutdown_timeout=%g s (a handler "
@@ -167,11 +182,7 @@ class Dispatcher:
         live = [p for p in pumps if p.alive]
         tasks = [p.task for p in live if p.task is not None]
         if tasks:
-            waiting = asyncio.ensure_future(asyncio.wait(tasks))
-            timer = asyncio.ensure_future(self._options.clock.sleep(timeout))
-            await asyncio.wait({waiting, timer}, return_when=asyncio.FIRST_COMPLETED)
-            timer.cancel()
-            waiting.cancel()
+            await wait_at_most(self._options.clock, timeout, tasks)
         return [p for p in live if p.alive]
 
     def lag(self) -> dict[str, int | None]:

@@ -15,17 +15,18 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable, Iterable
 
 from .._ownership.lease import LeaseState
 from .._ownership.lease_table import LeaseTable, sorted_ids
-from .._runtime.clock import Clock
+from .._runtime.clock import Clock, sleep_or_wake
 from .._runtime.options import Timing
 from .._runtime.reporting import Reporter
 from .._runtime.telemetry import Telemetry
 from .pump import PartitionPump
 from .usercode import BLOCK_THRESHOLD
 
-__all__ = ["Watchdog", "STALL_PROBE_PERIOD", "sleep_or_wake"]
+__all__ = ["Watchdog", "STALL_PROBE_PERIOD"]
 
 logger = logging.getLogger(__name__)
 
@@ -33,25 +34,14 @@ STALL_PROBE_PERIOD = 1.0
 """How often the processor measures its event loop's lag (seconds)."""
 
 
-async def sleep_or_wake(clock: Clock, seconds: float, wake: asyncio.Event) -> None:
-    """Sleep ``seconds`` on ``clock``, or less if ``wake`` is set meanwhile."""
-    if seconds <= 0:
-        return
-    waiter = asyncio.ensure_future(wake.wait())
-    timer = asyncio.ensure_future(clock.sleep(seconds))
-    try:
-        await asyncio.wait({waiter, timer}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        waiter.cancel()
-        timer.cancel()
-
-
 class Watchdog:
-    """The processor's clock-driven checks (see the module docstring)."""
+    """The processor's clock-driven checks (see the module docstring). ``pumps()`` lists
+    the pumps of the claims in ``table`` (the dispatcher's)."""
 
-    def __init__(self, *, table: LeaseTable, clock: Clock, timing: Timing, reporter: Reporter,
-                 telemetry: Telemetry, describe: str) -> None:
+    def __init__(self, *, table: LeaseTable, pumps: Callable[[], Iterable[PartitionPump]], clock: Clock,
+                 timing: Timing, reporter: Reporter, telemetry: Telemetry, describe: str) -> None:
         self._table = table
+        self._pumps = pumps
         self._clock = clock
         self._timing = timing
         self._reporter = reporter
@@ -81,7 +71,7 @@ class Watchdog:
             await sleep_or_wake(self._clock, max(pause, 0.001), self._wake)
 
     def _watch_handlers(self, now: float) -> None:
-        for pump in self._table.pumps():
+        for pump in self._pumps():
             overdue = pump.overdue(now)
             if overdue is not None:
                 logger.warning("processor %s: %s", self._describe, overdue)

@@ -28,16 +28,40 @@ import enum
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
-from typing import TYPE_CHECKING
+from typing import Protocol
 
+from ..events import Event
+from ..partition import PartitionContext
 from ..policies import CloseReason
 from ..stores.records import Ownership
 
-if TYPE_CHECKING:  # pragma: no cover
-    from .._delivery.pump import PartitionPump
+__all__ = ["Pump", "LeaseState", "LeaseEnd", "Lease", "LeaseView", "Snapshot", "Transition", "Reconciliation",
+           "reconcile", "ALLOWED"]
 
-__all__ = ["LeaseState", "LeaseEnd", "Lease", "LeaseView", "Snapshot", "Transition", "Reconciliation", "reconcile",
-           "ALLOWED"]
+
+class Pump(Protocol):
+    """What the ownership side needs of a claim's pump (the delivery layer's
+    :class:`~eventprocessor._delivery.pump.PartitionPump`): whether it still runs, how to
+    stop it, where its errors go, and the counters the load meter reads."""
+
+    @property
+    def alive(self) -> bool: ...
+
+    @property
+    def context(self) -> PartitionContext: ...
+
+    @property
+    def events_dispatched(self) -> int: ...
+
+    @property
+    def bytes_dispatched(self) -> int: ...
+
+    @property
+    def last_completed(self) -> Event | None: ...
+
+    def stop(self, reason: CloseReason) -> None: ...
+
+    def report_error(self, error: Exception) -> None: ...
 
 
 class LeaseState(enum.Enum):
@@ -97,7 +121,7 @@ class Lease:
         self.deadline = now
         self.renew_at = now
         self.confirmed_at = now
-        self.pump: PartitionPump | None = None
+        self.pump: Pump | None = None
         self.end: LeaseEnd | None = None
         self.end_detail = ""
         self.release_to: str | None = None  # owner id to write once the pump is gone; None = no write

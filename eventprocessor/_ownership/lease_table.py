@@ -11,18 +11,14 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import replace
-from typing import TYPE_CHECKING
 
+from .._runtime.clock import Clock
 from .._runtime.options import Timing
 from .._runtime.stats import ProcessorStats
 from .._runtime.telemetry import Telemetry
 from ..policies import CloseReason
 from ..stores.records import Ownership, partition_sort_key
-from .lease import Lease, LeaseEnd, LeaseState, Reconciliation, Snapshot, reconcile
-
-if TYPE_CHECKING:  # pragma: no cover
-    from .._delivery.pump import PartitionPump
-    from .._runtime.clock import Clock
+from .lease import Lease, LeaseEnd, LeaseState, Pump, Reconciliation, Snapshot, reconcile
 
 __all__ = ["LeaseTable", "OWNERSHIP_LOG_FIELDS", "OWNERSHIP_REASONS", "sorted_ids"]
 
@@ -113,7 +109,10 @@ class LeaseTable:
     def in_state(self, *states: LeaseState) -> list[Lease]:
         return [lease for lease in self._leases.values() if lease.state in states]
 
-    def pumps(self) -> list[PartitionPump]:
+    def owned_leases(self) -> list[Lease]:
+        return self.in_state(LeaseState.OWNED)
+
+    def pumps(self) -> list[Pump]:
         return [lease.pump for lease in self._leases.values() if lease.pump is not None]
 
     def renewal_due(self, now: float) -> list[Lease]:
@@ -150,7 +149,7 @@ class LeaseTable:
         if lease.state is LeaseState.CLAIMING:
             lease.move(LeaseState.RELEASED)
 
-    def started(self, lease: Lease, pump: PartitionPump) -> None:
+    def started(self, lease: Lease, pump: Pump) -> None:
         lease.pump = pump
         lease.move(LeaseState.OWNED)
 

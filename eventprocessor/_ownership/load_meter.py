@@ -13,14 +13,10 @@ import os
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
 
-from .lease import LeaseState
+from .lease import LeaseState, Pump
 from .lease_table import LeaseTable
 from .load_plan import MemberLoad, PartitionLoad
-
-if TYPE_CHECKING:  # pragma: no cover
-    from .._delivery.pump import PartitionPump
 
 __all__ = ["LoadMeter", "CpuMeter", "available_cores"]
 
@@ -118,7 +114,7 @@ class CpuMeter:
         return 0.0 if elapsed <= 0 else max(0.0, (cpu - last_cpu) / (elapsed * self._cores))
 
 
-def _backlog(pump: PartitionPump) -> int | None:
+def _backlog(pump: Pump) -> int | None:
     """Events enqueued after the last one the partition's handler finished (None while
     unknown). Not ``context.lag``, which counts from the last event handed to the
     handler: a saturated processor's backlog waits in ever larger batches in its

@@ -17,8 +17,8 @@ import asyncio
 import logging
 from collections.abc import Callable
 
-from .._runtime.bounded_store import BATCH, with_deadline
-from .._runtime.clock import Clock
+from .._runtime.bounded_store import BATCH
+from .._runtime.clock import Clock, with_deadline
 from .lease import Lease
 from .lease_table import LeaseTable
 from .writer import OwnershipWriter

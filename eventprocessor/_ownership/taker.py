@@ -4,7 +4,7 @@ A tick (:meth:`Taker.tick`): read the partition ids, list ownership and members 
 store call, check the store's history, reconcile the lease table with the listing, ask
 the pure balancer (:func:`~eventprocessor._ownership.balancer.decide`) what to claim, ask owners
 for handoffs, write the claims (``BATCH`` per call), fence each won partition's
-checkpoint and hand the claim to the dispatcher. The loop (:meth:`Taker.run`) ticks
+checkpoint and report each won claim (``on_won``: the dispatcher starts its pump). The loop (:meth:`Taker.run`) ticks
 every ``load_balancing_interval``, jittered, sooner while waiting on a handoff, and
 backs off while store calls time out (:mod:`eventprocessor._runtime.backoff`).
 """
@@ -12,13 +12,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 
-from .._delivery.dispatcher import Dispatcher
-from .._delivery.watchdog import Watchdog, sleep_or_wake
 from .._runtime.backoff import Congestion, TickBackoff
 from .._runtime.bounded_store import BATCH, BoundedStore
+from .._runtime.clock import sleep_or_wake
 from .._runtime.options import ProcessorOptions
 from .._runtime.reporting import Reporter
 from .._runtime.stats import ProcessorStats
@@ -63,12 +62,18 @@ def _loads(members: Mapping[str, Mapping[str, str]] | None) -> dict[str, MemberL
 
 
 class Taker:
-    """Claims what the balancer says this processor should own."""
+    """Claims what the balancer says this processor should own.
+
+    ``on_won(lease, checkpoint)`` is called with each claim won and fenced, and the
+    checkpoint it resumes from (the dispatcher starts its pump). ``last_stall()`` says
+    when the event loop was last held by a handler (start, end), if it was: a tick that
+    overran names it as the cause."""
 
     def __init__(self, *, options: ProcessorOptions, store: BoundedStore, writer: OwnershipWriter,
-                 table: LeaseTable, history: StoreHistory, membership: Membership, dispatcher: Dispatcher,
-                 watchdog: Watchdog, reporter: Reporter, stats: ProcessorStats, telemetry: Telemetry,
-                 describe: str, warmup: Warmup | None = None) -> None:
+                 table: LeaseTable, history: StoreHistory, membership: Membership,
+                 on_won: Callable[[Lease, Checkpoint | None], None],
+                 last_stall: Callable[[], tuple[float, float] | None], reporter: Reporter, stats: ProcessorStats,
+                 telemetry: Telemetry, describe: str, warmup: Warmup | None = None) -> None:
         self._options = options
         self._timing = options.timing
         self._clock = options.clock
@@ -78,8 +83,8 @@ class Taker:
         self._table = table
         self._history = history
         self._membership = membership
-        self._dispatcher = dispatcher
-        self._watchdog = watchdog
+        self._on_won = on_won
+        self._last_stall = last_stall
         self._reporter = reporter
         self._stats = stats
         self._telemetry = telemetry
@@ -217,7 +222,7 @@ class Taker:
     def _overran(self, started: float, duration: float) -> None:
         self._stats.overruns += 1
         now = self._clock.monotonic()
-        stall = self._watchdog.last_stall
+        stall = self._last_stall()
         if stall is not None and stall[1] > started:
             cause = (f"the event loop was blocked for {stall[1] - stall[0]:.1f} s during it by a handler (see the "
                      "warning about it)")
@@ -486,11 +491,11 @@ class Taker:
                 f"sequence number {checkpoint.sequence_number} (epoch {checkpoint.epoch})"
             if self._options.refuse_rewind:
                 checkpoint = await self._restore_checkpoint(lease, known)
-            self._dispatcher.start(lease, checkpoint)
+            self._on_won(lease, checkpoint)
             self.store_lost(f"the checkpoint of partition {pid} was at sequence number {known.sequence_number} "
                             f"(epoch {known.epoch}) and is now {found}", [pid])
             return pid
-        self._dispatcher.start(lease, checkpoint)
+        self._on_won(lease, checkpoint)
         return pid
 
     async def _restore_checkpoint(self, lease: Lease, known: Checkpoint) -> Checkpoint:

@@ -20,7 +20,7 @@ import asyncio
 import logging
 from collections.abc import Iterable, Mapping
 
-from .._delivery.watchdog import sleep_or_wake
+from .._runtime.clock import sleep_or_wake
 from .._runtime.options import ProcessorOptions
 from ..state.log import StateLog
 from ..state.replica import LAGS_PROPERTY, WarmReplica, decode_lags, encode_lags, failover_plan, standby_plan

@@ -20,7 +20,6 @@ most 8 in flight: 1.9 s more when one partition commits or restores alone).
 """
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections import Counter
 from collections.abc import Awaitable, Callable
@@ -29,9 +28,9 @@ from typing import TypeVar
 from ..errors import ConfigurationError, StoreTimeoutError
 from ..stores.contract import CALLER_DEADLINE, CheckpointStore, StoreWrapper
 from ..stores.records import MAX_ENTRY_BYTES
-from .clock import Clock
+from .clock import Clock, with_deadline
 
-__all__ = ["BoundedStore", "with_deadline", "BATCH", "MIN_BANDWIDTH"]
+__all__ = ["BoundedStore", "BATCH", "MIN_BANDWIDTH"]
 
 logger = logging.getLogger(__name__)
 
@@ -46,25 +45,6 @@ MIN_BANDWIDTH = 4 * 1024 * 1024
 ``timeout + bytes in flight / MIN_BANDWIDTH`` (see the module docstring)."""
 
 _T = TypeVar("_T")
-
-
-async def with_deadline(clock: Clock, seconds: float, call: Awaitable[_T], on_timeout: Callable[[], Exception]) -> _T:
-    """Await ``call``; if ``clock`` says ``seconds`` passed first, cancel it and raise
-    ``on_timeout()``. Uses the processor's clock (not ``asyncio.wait_for``), so a deadline
-    follows the same time as the leases it protects, whatever clock was injected."""
-    work = asyncio.ensure_future(call)
-    timer = asyncio.ensure_future(clock.sleep(seconds))
-    try:
-        await asyncio.wait({work, timer}, return_when=asyncio.FIRST_COMPLETED)
-    except BaseException:
-        work.cancel()
-        raise
-    finally:
-        timer.cancel()
-    if work.done():
-        return work.result()
-    work.cancel()
-    raise on_timeout()
 
 
 class BoundedStore(StoreWrapper):

@@ -11,18 +11,42 @@ from __future__ import annotations
 import inspect
 import logging
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Protocol
 
-from .._ownership.lease import Lease, LeaseState
-from .._ownership.lease_table import LeaseTable
 from ..partition import PartitionContext
 from .clock import Clock
 from .options import ErrorHandler
 from .tasks import TaskScope
 
-__all__ = ["Throttle", "Reporter"]
+__all__ = ["Throttle", "Reporter", "ErrorTarget", "Claimed", "Claims"]
 
 logger = logging.getLogger(__name__)
+
+
+class ErrorTarget(Protocol):
+    """Where a claim's errors go: its pump, which hands them to the handler's
+    ``process_error`` on a task of its own."""
+
+    @property
+    def context(self) -> PartitionContext: ...
+
+    def report_error(self, error: Exception) -> None: ...
+
+
+class Claimed(Protocol):
+    """A claim as the reporter sees it (a lease of the lease table)."""
+
+    @property
+    def pump(self) -> ErrorTarget | None: ...
+
+
+class Claims(Protocol):
+    """The claims whose handlers hear of failures (the lease table)."""
+
+    def __iter__(self) -> Iterator[Claimed]: ...
+
+    def owned_leases(self) -> Sequence[Claimed]: ...
 
 
 class Throttle:
@@ -54,14 +78,14 @@ class Reporter:
     """Reports errors to handlers and to ``error_handler``, throttled per kind."""
 
     def __init__(self, *, describe: str, clock: Clock, period: float, error_handler: ErrorHandler | None,
-                 table: LeaseTable, scope: TaskScope) -> None:
+                 table: Claims, scope: TaskScope) -> None:
         self._describe = describe
         self._error_handler = error_handler
         self._table = table
         self._scope = scope
         self.throttle = Throttle(clock, period)
 
-    def report(self, error: Exception, leases: Iterable[Lease], *, to_every_handler: bool = False) -> None:
+    def report(self, error: Exception, leases: Iterable[Claimed], *, to_every_handler: bool = False) -> None:
         """Tell the handlers of ``leases`` (``process_error``) and ``error_handler``,
         each on a task of its own: the caller never waits for user code."""
         targets = list(self._table) if to_every_handler else list(leases)
@@ -73,8 +97,8 @@ class Reporter:
         if self._error_handler is not None:
             self._scope.spawn("error-handler", self._call_error_handler(error, context))
 
-    def at_risk(self) -> list[Lease]:
-        return self._table.in_state(LeaseState.OWNED)
+    def at_risk(self) -> Sequence[Claimed]:
+        return self._table.owned_leases()
 
     def user_code_failed(self, where: str, failure: Exception) -> None:
         """User code outside ``process_events`` raised: report it to ``error_handler``

@@ -47,6 +47,7 @@ from contextlib import contextmanager, nullcontext
 from datetime import datetime, timezone
 from typing import Any
 
+from .._version import __version__
 from ..events import Event
 
 __all__ = ["Telemetry"]
@@ -92,7 +93,6 @@ class Telemetry:
         self._gauges: list[Any] = []
         if not self.enabled:
             return
-        from .. import __version__
 
         meter = (meter_provider or _metrics.get_meter_provider()).get_meter("eventprocessor", __version__)
         tracer_source = tracer_provider or _trace.get_tracer_provider()
