@@ -510,7 +510,7 @@ def test_the_install_hint_of_a_wheel_names_the_wheel(monkeypatch, tmp_path):
 
 def test_importing_a_store_without_its_extra_says_the_install_command(tmp_path):
     program = tmp_path / "import_store.py"
-    program.write_text("import eventprocessor.stores\ntry:\n    stores.BlobCheckpointStore\n"
+    program.write_text("import eventprocessor.stores\ntry:\n    eventprocessor.stores.BlobCheckpointStore\n"
                        "except ModuleNotFoundError as error:\n    print(error)\n")
     out = run_without(["azure", "aiohttp"], [str(program)], env=environment())
     assert out.returncode == 0, out.stderr
@@ -827,8 +827,8 @@ def test_the_docs_document_the_status_expiration_the_cli_uses():
 
 def test_the_docs_blob_layout_names_the_member_prefix_the_store_writes():
     pytest.importorskip("azure.storage.blob")
+    from eventprocessor.stores.backend import MEMBER
     from eventprocessor.stores.blob import BlobRecords
-    from eventprocessor.stores.protocol import MEMBER
 
     prefix = BlobRecords.prefix(MEMBER, ("{namespace}", "{eventhub}", "{consumer_group}"))
     layout = re.search(r"## Blob layout\n.*?```text\n(.*?)```", docs_pages.text(docs_pages.DOCS / "howto" /

@@ -312,7 +312,7 @@ async def test_container_and_table_are_created_on_first_use(azurite: Any, caplog
     from azure.data.tables.aio import TableServiceClient
     from azure.storage.blob.aio import BlobServiceClient
 
-    caplog.set_level(logging.INFO, logger="stores")
+    caplog.set_level(logging.INFO, logger="eventprocessor.stores")
     container, table = f"first-{uuid.uuid4().hex[:10]}", f"first{uuid.uuid4().hex[:10]}"
     async with BlobCheckpointStore.from_connection_string(azurite.connection_string, container) as blob, \
             TableCheckpointStore.from_connection_string(azurite.connection_string, table) as tables:

@@ -1,6 +1,6 @@
 """One contract, three stores: the same tests against InMemory, Blob-on-Azurite and
-Table-on-Azurite (``eventprocessor/checkpoint_store.py`` states the contract,
-``eventprocessor/stores/protocol.py`` the protocol all three run).
+Table-on-Azurite (``eventprocessor/stores/contract.py`` states the contract,
+``eventprocessor/stores/protocol.py`` and the modules it names the protocol all three run).
 
 Every test gets a fresh container / table and a fresh consumer group. Races are real:
 the two contenders are two store clients with their own fence caches (on Azurite, with
@@ -34,8 +34,8 @@ from eventprocessor.errors import (
 )
 from eventprocessor.policies import LoadBalancingStrategy
 from eventprocessor.stores import InMemoryCheckpointStore
+from eventprocessor.stores.backend import CHECKPOINT, EtagMismatch, Kind, RecordExists
 from eventprocessor.stores.contract import CheckpointStore
-from eventprocessor.stores.protocol import CHECKPOINT, EtagMismatch, Kind, RecordExists
 from eventprocessor.stores.records import MAX_ENTRY_BYTES, MAX_EPOCH, Checkpoint, Member, Ownership
 
 NAMESPACE = "conformance.servicebus.windows.net"

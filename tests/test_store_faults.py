@@ -60,7 +60,7 @@ async def test_a_claim_whose_response_is_lost_is_still_won(setup: Setup, caplog:
     """The first write's response is dropped after Azurite processed it; the transport
     retries (409 on create, 412 on the etag) or gives up (a Table create is a POST): the
     store re-reads, finds its own write token, and reports the claim won."""
-    caplog.set_level(logging.INFO, logger="stores")
+    caplog.set_level(logging.INFO, logger="eventprocessor.stores")
     async with setup.make() as store:
         await store.list_ownership(NS, HUB, CG)  # creates the container / table
         setup.proxy.drop_response(1, method=setup.create_method)

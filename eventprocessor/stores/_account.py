@@ -382,7 +382,7 @@ class ClientTimeouts:
     ``read_timeout`` per attempt; an unreachable one costs one ``connection_timeout``.
     With ``RETRY_TOTAL`` retries ``RETRY_BACKOFF`` apart, the attempts would add up to
     a little more than ``operation_timeout``; the store cuts the call at
-    ``operation_timeout`` whatever the transport does (see ``eventprocessor.stores.protocol``).
+    ``operation_timeout`` whatever the transport does (see ``eventprocessor.stores.calls``).
     """
 
     operation_timeout: float | None

@@ -33,16 +33,8 @@ from ._account import (
     resolve_credential,
     safe_url,
 )
-from .protocol import (
-    OWNERSHIP,
-    BackendFailure,
-    EtagMismatch,
-    Kind,
-    ProtocolStore,
-    RecordBackend,
-    RecordExists,
-    RecordMissing,
-)
+from .backend import OWNERSHIP, BackendFailure, EtagMismatch, Kind, RecordBackend, RecordExists, RecordMissing
+from .protocol import ProtocolStore
 
 __all__ = ["AzureRecords", "AzureCheckpointStore", "ServerClock", "server_date"]
 
