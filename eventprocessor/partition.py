@@ -1,4 +1,5 @@
-"""What user code sees: PartitionProcessor, PartitionContext and CloseReason."""
+"""What user code sees: PartitionProcessor and PartitionContext (CloseReason is in
+:mod:`eventprocessor.policies`), and :func:`claim_of`, the claim behind a context."""
 from __future__ import annotations
 
 import asyncio
@@ -7,6 +8,7 @@ import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from ._claim import Claim
 from .errors import InvalidCheckpointError, OwnershipLostError
 from .events import Event
 from .policies import CloseReason
@@ -17,7 +19,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from .state import PartitionState, StateKeeper
     from .stores.contract import CheckpointRecords
 
-__all__ = ["PartitionContext", "PartitionProcessor"]
+__all__ = ["PartitionContext", "PartitionProcessor", "claim_of"]
 
 logger = logging.getLogger(__name__)
 
@@ -71,13 +73,11 @@ class PartitionContext:
         self.epoch = epoch
         self.last_event: Event | None = None
         self.last_checkpoint: Checkpoint | None = None
-        self._last_enqueued: LastEnqueuedEventProperties | None = None
         self._store = checkpoint_store
-        self._is_owned = is_owned
-        self._may_checkpoint = may_checkpoint or is_owned
-        self._on_ownership_lost = on_ownership_lost
-        self._on_checkpoint = on_checkpoint
-        self._home_loop: asyncio.AbstractEventLoop | None = None  # the processor's, once the pump runs
+        self._claim = Claim(fully_qualified_namespace=fully_qualified_namespace, eventhub_name=eventhub_name,
+                            consumer_group=consumer_group, partition_id=partition_id, owner_id=owner_id, epoch=epoch,
+                            may_dispatch=is_owned, may_checkpoint=may_checkpoint, on_fence_lost=on_ownership_lost,
+                            on_checkpoint=on_checkpoint)
         self._state = state
 
     def __repr__(self) -> str:
@@ -91,22 +91,18 @@ class PartitionContext:
         """The partition's newest event (sequence number, offset, enqueued time) and when
         the source reported it; set when the processor runs with
         ``track_last_enqueued_event_properties=True``, else None."""
-        return self._last_enqueued
+        return self._claim.last_enqueued
 
     @property
     def lag(self) -> int | None:
         """Events enqueued after the last one delivered here (None while unknown)."""
-        newest, delivered = self._last_enqueued, self.last_event
+        newest, delivered = self._claim.last_enqueued, self.last_event
         if newest is None:
             return None
         if delivered is None:
             base = self.last_checkpoint.sequence_number if self.last_checkpoint is not None else -1
             return max(0, newest.sequence_number - base)
         return max(0, newest.sequence_number - delivered.sequence_number)
-
-    def _received(self, newest: LastEnqueuedEventProperties | None) -> None:
-        if newest is not None:
-            self._last_enqueued = newest
 
     @property
     def state(self) -> PartitionState:
@@ -136,11 +132,7 @@ class PartitionContext:
     @property
     def is_owned(self) -> bool:
         """True while this claim is current and its lease has not run out."""
-        return self._is_owned()
-
-    def _ownership_lost(self) -> None:
-        if self._on_ownership_lost is not None:
-            self._on_ownership_lost()
+        return self._claim.may_dispatch()
 
     async def update_checkpoint(self, event: Event | None = None, *, allow_rewind: bool = False) -> None:
         """Record that processing got as far as ``event`` (default: the last delivered).
@@ -156,7 +148,8 @@ class PartitionContext:
         Called from a handler that runs in a worker thread (``handler_executor``), the
         write is carried out on the processor's event loop and awaited from the thread's.
         """
-        home = self._home_loop
+        claim = self._claim
+        home = claim.home_loop
         if home is not None and home is not asyncio.get_running_loop():
             return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(
                 self.update_checkpoint(event, allow_rewind=allow_rewind), home))
@@ -173,7 +166,7 @@ class PartitionContext:
                 f"update_checkpoint on partition {self.partition_id} would move a stateful partition's checkpoint back "
                 f"from sequence number {last.sequence_number} to {event.sequence_number}: its state cannot move back "
                 "with it")
-        if not self._may_checkpoint():
+        if not claim.may_checkpoint():
             raise OwnershipLostError(
                 f"partition {self.partition_id} is no longer owned by {self.owner_id}",
                 partition_id=self.partition_id,
@@ -199,7 +192,7 @@ class PartitionContext:
             # rather than at the next load-balancing tick.
             if keeper is not None:
                 keeper.failed()
-            self._ownership_lost()
+            claim.fence_lost()
             raise
         except BaseException:
             if keeper is not None:
@@ -208,8 +201,7 @@ class PartitionContext:
         if keeper is not None:
             keeper.committed(state_ref)
         self.last_checkpoint = checkpoint
-        if self._on_checkpoint is not None:
-            self._on_checkpoint(checkpoint)
+        claim.checkpointed(checkpoint)
 
 
     def _check_checkpoint_event(self, event: Event, allow_rewind: bool) -> None:
@@ -285,3 +277,16 @@ class PartitionProcessor:
 
     async def close(self, reason: CloseReason, context: PartitionContext) -> None:
         """Called once when the claim ends."""
+
+
+def claim_of(context: PartitionContext) -> Claim:
+    """The processor's claim behind ``context`` (see :mod:`eventprocessor._claim`): what the
+    SDK's own code that runs for a claim (the pump, the Spark sink, the drop-in) asks about
+    it, instead of the context's private members.
+
+    Example::
+
+        if not claim_of(context).may_checkpoint():
+            ...  # the claim ended in the middle of a batch
+    """
+    return context._claim

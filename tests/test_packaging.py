@@ -119,6 +119,22 @@ def test_the_internal_packages_are_layered_runtime_ownership_delivery():
     assert order.index("vocabulary") < order.index("runtime") and order.index("delivery") < order.index("wiring")
 
 
+def test_the_sdk_asks_a_context_s_claim_and_touches_no_private_member_of_the_context_elsewhere():
+    """The pump, the Spark sink and the drop-in use the claim behind a handler's context
+    (``claim_of(context)``), never the context's private members."""
+    wrong = []
+    for path in sorted((ROOT / PACKAGE).rglob("*.py")):
+        if path == ROOT / PACKAGE / "partition.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            if isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__"):
+                value = node.value
+                if (isinstance(value, ast.Name) and value.id in ("context", "ctx")) or \
+                        (isinstance(value, ast.Attribute) and value.attr == "context"):
+                    wrong.append(f"{path.relative_to(ROOT)}:{node.lineno} {ast.unparse(node)}")
+    assert not wrong, "\n".join(wrong)
+
+
 def test_the_spark_source_builds_on_the_core_and_the_stores_only_and_pulls_in_no_pyspark_until_asked():
     code = ("import sys, eventprocessor.spark, eventprocessor.spark.source.offsets, "
             "eventprocessor.spark.source.options; "

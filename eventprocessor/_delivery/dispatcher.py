@@ -13,6 +13,7 @@ import asyncio
 import logging
 import weakref
 from collections.abc import Callable, Iterable
+from functools import partial
 from typing import TYPE_CHECKING
 
 from .._ownership.lease import Lease, LeaseState
@@ -88,33 +89,13 @@ class Dispatcher:
         if checkpoint is not None:
             self._history.knew(pid, checkpoint)
         position = self.starting_position(pid, checkpoint)
-
-        def lost() -> None:
-            table.lost(lease)
-            self._on_pump_ended()
-
-        def remember(written: Checkpoint) -> None:
-            self._history.knew(pid, written)
-
-        # The pump asks is_owned before every batch: with the loop's own clock, read the
-        # loop's time directly (SystemClock would look the running loop up each time).
-        loop = asyncio._get_running_loop()
-        now = loop.time if loop is not None and type(clock) is SystemClock else clock.monotonic
-
         keeper: StateKeeper | None = None
         if options.stateful:
             keeper = StateKeeper(StateLog(self._store, options.scope, pid), epoch=lease.epoch)
             replica = self.warmup.take(pid) if self.warmup is not None else None
             if replica is not None:
                 replica.hand_over(keeper)  # warm: the pump only catches up with the checkpoint
-        context = PartitionContext(
-            fully_qualified_namespace=options.source.fully_qualified_namespace,
-            eventhub_name=options.source.eventhub_name, consumer_group=options.consumer_group,
-            partition_id=pid, owner_id=options.owner_id, epoch=lease.epoch,
-            checkpoint_store=self._store, is_owned=lambda: lease.dispatchable(now()),
-            may_checkpoint=lambda: lease.may_checkpoint(now()), on_ownership_lost=lost,
-            on_checkpoint=remember, state=keeper,
-        )
+        context = self._context(lease, keeper)
         context.last_checkpoint = checkpoint
         pump = PartitionPump(
             context=context, factory=options.factory, source=options.source, starting_position=position,
@@ -132,6 +113,28 @@ class Dispatcher:
         self._on_started()
         logger.debug("processor %s starts partition %s (epoch %d) from %s", self._describe, pid, lease.epoch,
                      position)
+
+    def _context(self, lease: Lease, keeper: StateKeeper | None) -> PartitionContext:
+        """The handler's context of ``lease``, on the claim the pump holds: it may dispatch
+        while the lease may, and checkpoint while the lease allows it; a fence found lost
+        (by a checkpoint or the receiver) marks the lease lost, and the watchdog ends it at once."""
+        options, clock = self._options, self._options.clock
+        # The pump asks is_owned before every batch: with the loop's own clock, read the
+        # loop's time directly (SystemClock would look the running loop up each time).
+        loop = asyncio._get_running_loop()
+        now = loop.time if loop is not None and type(clock) is SystemClock else clock.monotonic
+        return PartitionContext(
+            fully_qualified_namespace=options.source.fully_qualified_namespace,
+            eventhub_name=options.source.eventhub_name, consumer_group=options.consumer_group,
+            partition_id=lease.partition_id, owner_id=options.owner_id, epoch=lease.epoch,
+            checkpoint_store=self._store, is_owned=lambda: lease.dispatchable(now()),
+            may_checkpoint=lambda: lease.may_checkpoint(now()), on_ownership_lost=partial(self._fence_lost, lease),
+            on_checkpoint=partial(self._history.knew, lease.partition_id), state=keeper,
+        )
+
+    def _fence_lost(self, lease: Lease) -> None:
+        self._table.lost(lease)
+        self._on_pump_ended()
 
     def pumps(self) -> list[PartitionPump]:
         """The pumps of the claims in the lease table, in its order."""

@@ -26,7 +26,7 @@ from .._runtime.clock import Clock, SystemClock
 from .._runtime.telemetry import Telemetry
 from ..errors import ConfigurationError, EventSourceError, HandlerTimeoutError, OwnershipLostError, PoisonEventsError
 from ..events import Event, EventPosition
-from ..partition import PartitionContext, PartitionProcessor, already_logged
+from ..partition import PartitionContext, PartitionProcessor, already_logged, claim_of
 from ..policies import CloseReason, DeadLetter, HandlerExecutor, PoisonPolicy, RetryPolicy
 from ..sources.base import EventSource, PartitionReceiver
 from ..state import StateKeeper, StateUnreadableError
@@ -74,6 +74,8 @@ class PartitionPump:
         checkpoint: Checkpoint | None = None,
     ) -> None:
         self.context = context
+        self.claim = claim_of(context)
+        """The claim this pump delivers for (see :mod:`eventprocessor._claim`)."""
         self.processor: PartitionProcessor | None = None
         self._processor: PartitionProcessor = PartitionProcessor()  # the made one, once the factory ran
         self._factory = factory
@@ -280,7 +282,7 @@ class PartitionPump:
             if keeper is not None:
                 keeper.state.roll_back_batch()
             self.failure = lost
-            ctx._ownership_lost()
+            self.claim.fence_lost()
             logger.info("partition %s of %s/%s: the handler found the claim lost (%s); owner %s stops without "
                         "delivering the batch again", ctx.partition_id, ctx.eventhub_name, ctx.consumer_group, lost,
                         ctx.owner_id)
@@ -430,7 +432,7 @@ class PartitionPump:
 
     async def _run(self) -> None:
         ctx = self.context
-        ctx._home_loop = loop = asyncio.get_running_loop()
+        self.claim.home_loop = loop = asyncio.get_running_loop()
         if type(self._clock) is SystemClock:  # the same clock, read without asking for the loop each time
             self._user.use_clock(loop.time)
             self._now = loop.time
@@ -473,10 +475,10 @@ class PartitionPump:
                             prefetch=self._prefetch, **self._receiver_options())
                     events = await self._receiver.receive(self._max_batch_size, self._max_wait_time)
                     if self._track_last_enqueued:
-                        ctx._received(self._receiver.last_enqueued_event_properties)
+                        self.claim.received(self._receiver.last_enqueued_event_properties)
                 except OwnershipLostError as error:
                     self.failure = error
-                    ctx._ownership_lost()
+                    self.claim.fence_lost()
                     logger.info("partition %s of %s/%s: receiver taken over (%s); owner %s stops",
                                 ctx.partition_id, ctx.eventhub_name, ctx.consumer_group, error, ctx.owner_id)
                     await self._report(error)

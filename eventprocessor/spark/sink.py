@@ -16,7 +16,7 @@ from typing import Any
 from .._runtime.backoff import Backoff
 from ..errors import ConfigurationError, OwnershipLostError, PoisonEventsError
 from ..events import Event
-from ..partition import PartitionContext, PartitionProcessor
+from ..partition import PartitionContext, PartitionProcessor, claim_of
 from ..policies import CloseReason, DeadLetter, PoisonPolicy, RetryPolicy
 from ..stores.contract import CheckpointStore
 from .arrow import Decoder
@@ -488,7 +488,7 @@ class SparkSink:
             logger.info("sink: dropping %d buffered events of partition %s (epoch %s): the claim ended", dropped,
                         claim.partition_id, claim.context.epoch)
         if fenced_out:
-            claim.context._ownership_lost()
+            claim_of(claim.context).fence_lost()
 
     def park(self, claim: Claim, error: PoisonEventsError) -> None:
         """The poison policy gave the claim's batch up: nothing more of it is written or
