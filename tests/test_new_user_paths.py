@@ -363,7 +363,7 @@ def test_eventprocessor_azurite_serves_the_default_ports_and_stops_on_sigterm(tm
         assert process.stdout is not None
         line = process.stdout.readline().strip()
         assert line.startswith("DefaultEndpointsProtocol=http;") and "BlobEndpoint=http://127.0.0.1:10000/" in line
-        code = ("import asyncio, sys\nfrom stores import BlobCheckpointStore\n"
+        code = ("import asyncio, sys\nfrom eventprocessor.stores import BlobCheckpointStore\n"
                 "async def main():\n"
                 "    async with BlobCheckpointStore.from_connection_string('UseDevelopmentStorage=true', 'cli') as s:\n"
                 "        await s.check()\n"
