@@ -28,6 +28,7 @@ Example::
     asyncio.run(main())
 """
 from ._processor import OWNERSHIP_LOG_FIELDS, OWNERSHIP_REASONS, BalanceReport, EventProcessor, ProcessorStats, Timing
+from ._runtime.clock import Clock
 from ._version import __version__
 from .consumer_client import ConsumerPartitionContext, EventHubConsumerClient
 from .errors import (
@@ -47,14 +48,24 @@ from .errors import (
 )
 from .events import BodyType, Event, EventPosition
 from .partition import PartitionContext, PartitionProcessor
-from .policies import CloseReason, LoadBalancingStrategy, LoadPolicy, PoisonPolicy
+from .policies import (
+                     CloseReason,
+                     FailurePolicy,
+                     LoadBalancingStrategy,
+                     LoadPolicy,
+                     PoisonPolicy,
+                     RetryPolicy,
+                     StatePolicy,
+)
 from .stores.contract import CheckpointStore
 from .stores.records import Checkpoint, Member, MemberListing, Ownership, OwnershipListing, UnreadableOwnership
 
 __all__ = [
     # running a processor
     "EventProcessor", "PartitionProcessor", "PartitionContext", "CloseReason", "EventPosition", "Event",
-    "BodyType", "LoadBalancingStrategy", "PoisonPolicy", "ProcessorStats", "Timing", "BalanceReport", "LoadPolicy",
+    "BodyType", "ProcessorStats", "Timing", "BalanceReport", "Clock",
+    # the policies (eventprocessor.policies)
+    "LoadBalancingStrategy", "FailurePolicy", "PoisonPolicy", "RetryPolicy", "LoadPolicy", "StatePolicy",
     # what an ownership-change log record carries
     "OWNERSHIP_LOG_FIELDS", "OWNERSHIP_REASONS",
     # the drop-in for azure-eventhub's EventHubConsumerClient (callbacks)

@@ -76,7 +76,7 @@ def assemble(options: ProcessorOptions, checkpoint_store: CheckpointStore, *, me
         owner_id=options.owner_id, eventhub_name=source.eventhub_name, consumer_group=options.consumer_group,
         describe=describe, clock=clock, timing=timing, stats=stats, telemetry=telemetry,
         on_released=lambda leases: releaser.schedule(leases), on_refreshed=lambda: renewer.wake(),
-        handoff_pace=(options.load_policy.max_moves, timing.interval) if options.balance_by == "load" else None)
+        handoff_pace=(options.load_policy.max_moves, timing.interval) if options.load_policy is not None else None)
     reporter = Reporter(describe=describe, clock=clock, period=max(30.0, timing.expiration),
                         error_handler=options.error_handler, table=table, scope=scope)
     releaser = Releaser(options=options, store=store, writer=writer, table=table, history=history, stats=stats,

@@ -29,7 +29,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from types import TracebackType
 from typing import Any
 
@@ -41,15 +41,15 @@ from ._ownership.load_plan import MemberLoad
 from ._ownership.taker import BalanceReport
 from ._runtime.bounded_store import BoundedStore
 from ._runtime.clock import Clock
-from ._runtime.options import RENEWAL_WINDOW, ErrorHandler, PartitionProcessorFactory, ProcessorOptions, Timing
+from ._runtime.options import ErrorHandler, PartitionProcessorFactory, ProcessorOptions
 from ._runtime.stats import ProcessorStats
+from ._runtime.timing import Timing
 from .events import EventPosition
-from .policies import DeadLetter, HandlerExecutor, LoadBalancingStrategy, LoadPolicy, PoisonPolicy
+from .policies import FailurePolicy, HandlerExecutor, LoadBalancingStrategy, LoadPolicy, StatePolicy
 from .sources.base import EventSource
 from .stores.contract import CheckpointStore
 
-__all__ = ["EventProcessor", "BalanceReport", "Timing", "ProcessorStats", "OWNERSHIP_LOG_FIELDS", "OWNERSHIP_REASONS",
-           "RENEWAL_WINDOW"]
+__all__ = ["EventProcessor", "BalanceReport", "Timing", "ProcessorStats", "OWNERSHIP_LOG_FIELDS", "OWNERSHIP_REASONS"]
 
 logger = logging.getLogger(__name__)
 
@@ -88,41 +88,45 @@ class EventProcessor:
         store_timeout: float | None = None,
         shutdown_timeout: float = 30.0,
         handler_timeout: float | None = 60.0,
-        handler_executor: HandlerExecutor = None,
         initial_event_position: EventPosition | Mapping[str, EventPosition] = EventPosition.earliest(),
+        default_event_position: EventPosition = EventPosition.earliest(),
+        override_checkpoints: bool | Iterable[str] = False,
+        refuse_checkpoint_rewind: bool = False,
         max_batch_size: int = 300,
         max_wait_time: float | None = None,
         prefetch: int = 300,
         track_last_enqueued_event_properties: bool = False,
-        default_event_position: EventPosition = EventPosition.earliest(),
-        override_checkpoints: bool | Iterable[str] = False,
-        max_delivery_attempts: int = 5,
-        retry_backoff: float = 0.5,
-        on_poison: PoisonPolicy | str = PoisonPolicy.SKIP,
-        dead_letter: DeadLetter | None = None,
-        refuse_checkpoint_rewind: bool = False,
+        handler_executor: HandlerExecutor = None,
+        failure_policy: FailurePolicy = FailurePolicy(),
         handoff_timeout: float | None = 30.0,
         balance_factor: int = 1,
         ordinal: int | None = None,
         replica_count: int | None = None,
+        load_policy: LoadPolicy | None = None,
+        stateful: bool | StatePolicy = False,
+        error_handler: ErrorHandler | None = None,
         clock: Clock | None = None,
         rng: random.Random | None = None,
-        error_handler: ErrorHandler | None = None,
-        stateful: bool = False,
-        num_standbys: int = 0,
-        acceptable_recovery_lag: int = 10_000,
-        balance_by: str = "count",
-        load_policy: LoadPolicy | None = None,
-        load_meter: Callable[[], float] | None = None,
         meter_provider: Any = None,
         tracer_provider: Any = None,
     ) -> None:
-        # Every keyword argument but the telemetry providers is validated in one place.
-        arguments = {name: value for name, value in locals().items()
-                     if name not in ("self", "source", "checkpoint_store", "partition_processor", "meter_provider",
-                                     "tracer_provider")}
-        options = self._options = ProcessorOptions.validate(source, checkpoint_store, partition_processor,
-                                                            **arguments)
+        """The common options are flat; three groups are policy objects
+        (:mod:`eventprocessor.policies`): ``failure_policy`` (retries and poison events),
+        ``load_policy`` (balance by measured load; None: by partition counts) and
+        ``stateful`` (True, or a :class:`StatePolicy` with warm standbys)."""
+        options = self._options = ProcessorOptions.validate(
+            source, checkpoint_store, partition_processor, consumer_group=consumer_group, owner_id=owner_id,
+            load_balancing_strategy=load_balancing_strategy, load_balancing_interval=load_balancing_interval,
+            partition_ownership_expiration_interval=partition_ownership_expiration_interval,
+            ownership_renewal_age=ownership_renewal_age, store_timeout=store_timeout,
+            shutdown_timeout=shutdown_timeout, handler_timeout=handler_timeout,
+            initial_event_position=initial_event_position, default_event_position=default_event_position,
+            override_checkpoints=override_checkpoints, refuse_checkpoint_rewind=refuse_checkpoint_rewind,
+            max_batch_size=max_batch_size, max_wait_time=max_wait_time, prefetch=prefetch,
+            track_last_enqueued_event_properties=track_last_enqueued_event_properties,
+            handler_executor=handler_executor, failure_policy=failure_policy, handoff_timeout=handoff_timeout,
+            balance_factor=balance_factor, ordinal=ordinal, replica_count=replica_count, load_policy=load_policy,
+            stateful=stateful, error_handler=error_handler, clock=clock, rng=rng)
         self._parts = parts = assemble(options, checkpoint_store, meter_provider=meter_provider,
                                        tracer_provider=tracer_provider)
         self._scope, self._table = parts.scope, parts.table  # the two the façade reads most
@@ -183,7 +187,7 @@ class EventProcessor:
     @property
     def load(self) -> MemberLoad | None:
         """The load this processor last measured and published in its member record
-        (``balance_by="load"``; None before the first sample, or when balancing by count).
+        (with a ``load_policy``; None before the first sample, or when balancing by count).
 
         Example::
 

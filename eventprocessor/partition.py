@@ -241,8 +241,8 @@ class PartitionProcessor:
 
     ``process_events`` is awaited for each batch, one batch at a time per partition.
     If it raises, ``process_error`` gets the exception and the batch is delivered again
-    (a bounded number of times: see the processor's ``max_delivery_attempts`` and
-    ``on_poison``), so no event is lost.
+    (a bounded number of times: see the processor's ``failure_policy``,
+    :class:`~eventprocessor.policies.FailurePolicy`), so no event is lost.
     """
 
     checkpoint_on_release: bool = True

@@ -176,7 +176,7 @@ def _load_decision(owner_id, loads, owners):
     members = {m: {HANDOFF_PROPERTY: "1"} for m in loads}
     return decide(OwnershipListing(records, now), sorted(owners), owner_id, fully_qualified_namespace=NS,
                   eventhub_name=HUB, consumer_group=CG, strategy=BALANCED, expiration_interval=EXPIRATION,
-                  rng=random.Random(0), members=members, handoff_timeout=10.0, balance_by="load", loads=loads,
+                  rng=random.Random(0), members=members, handoff_timeout=10.0, loads=loads,
                   load_policy=LoadPolicy(threshold=0.25, damping=0.5, max_moves=1, cooldown=30.0))
 
 

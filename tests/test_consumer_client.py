@@ -20,7 +20,13 @@ pytest.importorskip("azure.eventhub")
 from azure.eventhub import CloseReason as OfficialCloseReason  # noqa: E402
 from azure.eventhub import EventData  # noqa: E402
 
-from eventprocessor import ConfigurationError, ConsumerPartitionContext, EventHubConsumerClient, InvalidCheckpointError  # noqa: E402
+from eventprocessor import (  # noqa: E402
+    ConfigurationError,
+    ConsumerPartitionContext,
+    EventHubConsumerClient,
+    FailurePolicy,
+    InvalidCheckpointError,
+)
 from eventprocessor.consumer_client import starting_positions, to_event_data, to_event_position  # noqa: E402
 from eventprocessor.events import Event, EventPosition  # noqa: E402
 from eventprocessor.sources import MemoryEventSource  # noqa: E402
@@ -336,7 +342,8 @@ def test_receive_hands_events_one_by_one_and_does_not_repeat_those_on_event_retu
         async def on_error(context, error):
             errors.append((context.partition_id if context else None, str(error)))
 
-        client = EventHubConsumerClient.from_source(source, checkpoint_store=store, retry_backoff=0.1, **OPTIONS)
+        client = EventHubConsumerClient.from_source(source, checkpoint_store=store,
+                                                    failure_policy=FailurePolicy(retry_backoff=0.1), **OPTIONS)
         task = asyncio.create_task(client.receive(on_event, starting_position="-1", on_error=on_error))
         await _until(lambda: 5 in calls)
         await client.close()

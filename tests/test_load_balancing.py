@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+from dataclasses import replace
 
 import pytest
 
@@ -108,8 +109,8 @@ def utilisations(cores: dict[str, Core], busy_before: dict[str, float], seconds:
 async def start_fleet(cluster: Cluster, cores: dict[str, Core], balance_by: str) -> list:
     """One processor per core, metered by it; started, and every partition owned."""
     cluster.handler = handler(cluster, cores)
-    processors = [cluster.add(name, balance_by=balance_by, load_policy=POLICY, load_meter=core.utilization)
-                  for name, core in cores.items()]
+    processors = [cluster.add(name, load_policy=(replace(POLICY, meter=core.utilization) if balance_by == "load"
+                                                 else None)) for name, core in cores.items()]
     for p in processors:
         await p.start()
     await cluster.wait_until(lambda: sum(len(p.owned_partitions) for p in processors) == PARTITIONS, timeout=30)

@@ -14,7 +14,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from eventprocessor import EventPosition
+from eventprocessor import EventPosition, FailurePolicy, LoadPolicy
 from eventprocessor._assembly import assemble
 from eventprocessor._delivery.dispatcher import Dispatcher
 from eventprocessor._delivery.watchdog import Watchdog
@@ -25,11 +25,12 @@ from eventprocessor._ownership.membership import Membership
 from eventprocessor._ownership.releaser import Releaser
 from eventprocessor._ownership.store_history import StoreHistory, went_back
 from eventprocessor._ownership.writer import OwnershipWriter
-from eventprocessor._runtime.options import ProcessorOptions, Timing
+from eventprocessor._runtime.options import ProcessorOptions
 from eventprocessor._runtime.reporting import Reporter, Throttle
 from eventprocessor._runtime.stats import ProcessorStats
 from eventprocessor._runtime.tasks import TaskScope
 from eventprocessor._runtime.telemetry import Telemetry
+from eventprocessor._runtime.timing import Timing
 from eventprocessor.errors import CheckpointStoreError, ConfigurationError
 from eventprocessor.partition import PartitionProcessor
 from eventprocessor.sources import MemoryEventSource
@@ -300,9 +301,9 @@ def _options(store, *, source=None, factory=PartitionProcessor, **overrides) -> 
         handler_executor=None, initial_event_position=EventPosition.earliest(), max_batch_size=10,
         max_wait_time=None, prefetch=10, track_last_enqueued_event_properties=False,
         default_event_position=EventPosition.earliest(), override_checkpoints=False,
-        max_delivery_attempts=5, retry_backoff=0.5, on_poison="skip", dead_letter=None,
-        refuse_checkpoint_rewind=False, handoff_timeout=30.0, balance_factor=1, ordinal=None, replica_count=None,
-        clock=LoopClock(), rng=random.Random(0), **{"error_handler": None, **overrides})
+        failure_policy=FailurePolicy(), refuse_checkpoint_rewind=False, handoff_timeout=30.0, balance_factor=1,
+        ordinal=None, replica_count=None, clock=LoopClock(), rng=random.Random(0),
+        **{"error_handler": None, "load_policy": None, "stateful": False, **overrides})
 
 
 # ----------------------------------------------------------------------------- Membership
@@ -403,7 +404,7 @@ def test_a_member_record_carries_the_measured_load_when_balancing_by_load():
             return Membership(options=_options(memory, **overrides), store=memory, reporter=reporter, describe="me",
                               on_fatal=lambda error: None, table=table()).record().properties
 
-        return member(), member(balance_by="load", load_meter=lambda: 0.25)
+        return member(), member(load_policy=LoadPolicy(meter=lambda: 0.25))
 
     by_count, by_load = run_virtual(scenario())
     assert LOAD_PROPERTY not in by_count

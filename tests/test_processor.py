@@ -16,6 +16,7 @@ from eventprocessor import (
     ConfigurationError,
     EventPosition,
     EventProcessor,
+    FailurePolicy,
     InvalidCheckpointError,
     OwnershipLostError,
     PartitionProcessor,
@@ -186,8 +187,8 @@ def test_an_event_that_always_fails_is_retried_a_bounded_number_of_times_then_sk
         source, store = new_source(1), new_store()
         for i in range(40):
             await source.send(str(i))
-        p = EventProcessor(source, store, Picky, max_batch_size=25, max_delivery_attempts=3, dead_letter=dead_letter,
-                           **FAST)
+        p = EventProcessor(source, store, Picky, max_batch_size=25,
+                           failure_policy=FailurePolicy(max_delivery_attempts=3, dead_letter=dead_letter), **FAST)
         async with p:
             done = await until(lambda: seen[39] >= 1, what="events after the poison one")
             await asyncio.sleep(60)  # nothing more is redelivered
@@ -214,7 +215,8 @@ def test_park_policy_stops_only_the_poisoned_partition():
     async def scenario():
         source = new_source(2)
         await source.send("x", partition_id="0")
-        p = EventProcessor(source, new_store(), Picky, on_poison="park", max_delivery_attempts=2, **FAST)
+        p = EventProcessor(source, new_store(), Picky,
+                           failure_policy=FailurePolicy(on_poison="park", max_delivery_attempts=2), **FAST)
         async with p:
             await until(lambda: p.pump("0") is not None and p.pump("0").parked is not None, what="parked")
             await source.send("y", partition_id="1")
@@ -409,7 +411,8 @@ def test_a_failing_process_error_reaches_error_handler_once():
         source = new_source(2)
         for i in range(10):
             await source.send(str(i))
-        p = EventProcessor(source, new_store(), Bad, error_handler=on_error, max_delivery_attempts=3, **FAST)
+        p = EventProcessor(source, new_store(), Bad, error_handler=on_error,
+                           failure_policy=FailurePolicy(max_delivery_attempts=3), **FAST)
         async with p:
             await asyncio.sleep(20)
 

@@ -375,9 +375,9 @@ def test_the_renewer_sleeps_while_it_has_nothing_to_renew():
     from eventprocessor._ownership.lease_table import LeaseTable
     from eventprocessor._ownership.renewer import LeaseRenewer
     from eventprocessor._ownership.writer import OwnershipWriter
-    from eventprocessor._runtime.options import Timing
     from eventprocessor._runtime.stats import ProcessorStats
     from eventprocessor._runtime.telemetry import Telemetry
+    from eventprocessor._runtime.timing import Timing
 
     class Counting(LeaseTable):
         rounds = 0

@@ -23,6 +23,7 @@ from eventprocessor import (
     CloseReason,
     EventPosition,
     EventProcessor,
+    FailurePolicy,
     OwnershipLostError,
     PartitionProcessor,
     PoisonEventsError,
@@ -351,7 +352,8 @@ def test_a_claim_that_ends_during_retries_gets_no_further_delivery():
     async def scenario():
         memory, source, store = _world()
         await memory.send("event")
-        processor = EventProcessor(source, store, Failing, retry_backoff=1.0, max_delivery_attempts=10, **FAST)
+        processor = EventProcessor(source, store, Failing,
+                                   failure_policy=FailurePolicy(retry_backoff=1.0, max_delivery_attempts=10), **FAST)
         async with processor:
             await asyncio.sleep(20)
 

@@ -12,7 +12,7 @@ from collections import Counter
 
 import pytest
 
-from eventprocessor import ConfigurationError, EventProcessor, PartitionProcessor
+from eventprocessor import ConfigurationError, EventProcessor, PartitionProcessor, StatePolicy
 from eventprocessor._runtime.bounded_store import MIN_BANDWIDTH, BoundedStore
 from eventprocessor._runtime.clock import SystemClock
 from eventprocessor.errors import InvalidCheckpointError, OwnershipLostError, StoreTimeoutError
@@ -237,7 +237,7 @@ def test_bad_values_and_a_rewind_are_clear_errors_and_stateless_processors_have_
     run_virtual(scenario())
     assert "cannot move back" in str(errors[0]) and "stateful=True" in str(errors[1])
     with pytest.raises(ConfigurationError, match="num_standbys"):
-        EventProcessor(MemoryEventSource(1), InMemoryCheckpointStore(), PartitionProcessor, num_standbys=1)
+        StatePolicy(num_standbys=-1)
 
 
 def test_a_commit_writes_the_change_not_the_state_and_snapshots_keep_restores_short():
@@ -334,7 +334,7 @@ def test_a_crashed_owner_fails_over_to_its_caught_up_standby():
     async def scenario():
         source = MemoryEventSource(3, clock=virtual_utc_clock())
         store = InMemoryCheckpointStore(clock=virtual_utc_clock())
-        processors = [EventProcessor(source, store, Recording, owner_id=name, stateful=True, num_standbys=1,
+        processors = [EventProcessor(source, store, Recording, owner_id=name, stateful=StatePolicy(num_standbys=1),
                                      **FAST) for name in ("a", "b", "c")]
         for p in processors:
             await p.start()

@@ -10,7 +10,15 @@ from typing import Any
 
 import pytest
 
-from eventprocessor import ConfigurationError, EventPosition, EventProcessor, PartitionProcessor
+from eventprocessor import (
+    ConfigurationError,
+    EventPosition,
+    EventProcessor,
+    FailurePolicy,
+    LoadPolicy,
+    PartitionProcessor,
+    StatePolicy,
+)
 from eventprocessor.sources import MemoryEventSource
 from eventprocessor.stores import InMemoryCheckpointStore
 
@@ -80,12 +88,20 @@ CASES = [
     ("no source", lambda: processor(source=None), ["source", "NoneType", "MemoryEventSource"]),
     ("no store", lambda: processor(checkpoint_store=None), ["checkpoint_store", "NoneType"]),
     ("error handler not callable", lambda: processor(error_handler="print"), ["error_handler", "str"]),
-    ("dead letter not callable", lambda: processor(dead_letter=5), ["dead_letter", "int"]),
-    ("delivery attempts zero", lambda: processor(max_delivery_attempts=0), ["max_delivery_attempts", "0"]),
-    ("delivery attempts fractional", lambda: processor(max_delivery_attempts=2.0),
+    ("dead letter not callable", lambda: FailurePolicy(dead_letter=5), ["dead_letter", "int"]),
+    ("delivery attempts zero", lambda: FailurePolicy(max_delivery_attempts=0), ["max_delivery_attempts", "0"]),
+    ("delivery attempts fractional", lambda: FailurePolicy(max_delivery_attempts=2.0),
      ["max_delivery_attempts", "2.0"]),
-    ("unknown poison policy", lambda: processor(on_poison="ignore"), ["on_poison", "'ignore'", "'skip' or 'park'"]),
-    ("retry backoff negative", lambda: processor(retry_backoff=-1), ["retry_backoff", "-1"]),
+    ("unknown poison policy", lambda: FailurePolicy(on_poison="ignore"), ["on_poison", "'ignore'", "'skip' or 'park'"]),
+    ("retry backoff negative", lambda: FailurePolicy(retry_backoff=-1), ["retry_backoff", "-1"]),
+    ("failure policy of the wrong kind", lambda: processor(failure_policy={"max_delivery_attempts": 3}),
+     ["failure_policy", "FailurePolicy", "dict"]),
+    ("load policy of the wrong kind", lambda: processor(load_policy="load"), ["load_policy", "LoadPolicy", "str"]),
+    ("load meter not callable", lambda: LoadPolicy(meter=0.5), ["meter", "callable", "float"]),
+    ("stateful neither a bool nor a policy", lambda: processor(stateful="yes"), ["stateful", "StatePolicy", "'yes'"]),
+    ("standbys negative", lambda: StatePolicy(num_standbys=-1), ["num_standbys", "-1"]),
+    ("recovery lag fractional", lambda: StatePolicy(acceptable_recovery_lag=1.5),
+     ["acceptable_recovery_lag", "1.5"]),
     ("clock without sleep", lambda: processor(clock=object()), ["clock", "monotonic", "object"]),
     ("rng as a seed", lambda: processor(rng=42), ["rng", "random.Random", "int"]),
     ("source with no partitions", lambda: MemoryEventSource(0), ["partition_count", "0"]),

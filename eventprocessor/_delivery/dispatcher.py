@@ -100,8 +100,7 @@ class Dispatcher:
         pump = PartitionPump(
             context=context, factory=options.factory, source=options.source, starting_position=position,
             max_batch_size=options.max_batch_size, max_wait_time=options.max_wait_time, prefetch=options.prefetch,
-            clock=clock, handler_timeout=options.timing.handler_timeout, retry_policy=options.retry_policy,
-            on_poison=options.on_poison, dead_letter=options.dead_letter,
+            clock=clock, handler_timeout=options.timing.handler_timeout, failure_policy=options.failure_policy,
             on_user_code_error=self._reporter.user_code_failed,
             track_last_enqueued_event_properties=options.track_last_enqueued, telemetry=self._telemetry,
             handler_executor=options.handler_executor, on_loop_blocked=self._on_loop_blocked,

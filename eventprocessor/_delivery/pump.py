@@ -27,7 +27,7 @@ from .._runtime.telemetry import Telemetry
 from ..errors import ConfigurationError, EventSourceError, HandlerTimeoutError, OwnershipLostError, PoisonEventsError
 from ..events import Event, EventPosition
 from ..partition import PartitionContext, PartitionProcessor, already_logged, claim_of
-from ..policies import CloseReason, DeadLetter, HandlerExecutor, PoisonPolicy, RetryPolicy
+from ..policies import CloseReason, FailurePolicy, HandlerExecutor, PoisonPolicy
 from ..sources.base import EventSource, PartitionReceiver
 from ..state import StateKeeper, StateUnreadableError
 from ..stores.records import Checkpoint
@@ -61,9 +61,7 @@ class PartitionPump:
         prefetch: int,
         clock: Clock,
         handler_timeout: float | None = None,
-        retry_policy: RetryPolicy = RetryPolicy(),
-        on_poison: PoisonPolicy = PoisonPolicy.SKIP,
-        dead_letter: DeadLetter | None = None,
+        failure_policy: FailurePolicy = FailurePolicy(),
         on_user_code_error: Callable[[str, Exception], None] | None = None,
         track_last_enqueued_event_properties: bool = False,
         telemetry: Telemetry | None = None,
@@ -86,9 +84,9 @@ class PartitionPump:
         self._prefetch = prefetch
         self._clock = clock
         self._handler_timeout = handler_timeout
-        self._retry_policy = retry_policy
-        self._on_poison = on_poison
-        self._dead_letter = dead_letter
+        self._retry_policy = failure_policy.retry_policy
+        self._on_poison = failure_policy.on_poison
+        self._dead_letter = failure_policy.dead_letter
         self._on_user_code_error = on_user_code_error
         self._track_last_enqueued = track_last_enqueued_event_properties
         self._telemetry = telemetry

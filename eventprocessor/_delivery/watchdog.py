@@ -20,9 +20,9 @@ from collections.abc import Callable, Iterable
 from .._ownership.lease import LeaseState
 from .._ownership.lease_table import LeaseTable, sorted_ids
 from .._runtime.clock import Clock, sleep_or_wake
-from .._runtime.options import Timing
 from .._runtime.reporting import Reporter
 from .._runtime.telemetry import Telemetry
+from .._runtime.timing import Timing
 from .pump import PartitionPump
 from .usercode import BLOCK_THRESHOLD
 

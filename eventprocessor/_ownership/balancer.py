@@ -216,9 +216,8 @@ def decide(
     requests_made: Mapping[str, float] | None = None,
     replica_count: int = 0,
     preferred: Mapping[str, str] | None = None,
-    balance_by: str = "count",
     loads: Mapping[str, MemberLoad] | None = None,
-    load_policy: LoadPolicy = LoadPolicy(),
+    load_policy: LoadPolicy | None = None,
 ) -> BalanceDecision:
     """Decide this tick's claims and handoff requests for ``owner_id``.
 
@@ -242,7 +241,7 @@ def decide(
     :func:`~eventprocessor.state.replica.failover_plan`): everyone else leaves them alone,
     and that member claims them on top of its share (handoffs restore the balance later).
 
-    ``balance_by="load"`` (with ``members`` and their ``loads``): partitions with a live
+    With a ``load_policy`` (and ``members`` and their ``loads``): partitions with a live
     owner move by :func:`~eventprocessor._ownership.load_plan.plan_moves` (from busy processors to
     idle ones, damped, every move a handoff request) instead of by counts, each partition
     counted on the owner the ownership records name; unowned ones are still dealt by
@@ -339,7 +338,7 @@ def decide(
             else:
                 take = _random_surplus(plan, owned_by, len(take), rng)
 
-    if balance_by == "load" and strategy is not LoadBalancingStrategy.STATIC and members is not None:
+    if load_policy is not None and strategy is not LoadBalancingStrategy.STATIC and members is not None:
         take = [pid for pid in take if pid not in active]  # live owners' partitions move by load
         if loads is not None and all(member in loads for member in members):
             # Who owns what comes from the ownership records, not from the member records:

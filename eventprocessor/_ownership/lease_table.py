@@ -13,9 +13,9 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import replace
 
 from .._runtime.clock import Clock
-from .._runtime.options import Timing
 from .._runtime.stats import ProcessorStats
 from .._runtime.telemetry import Telemetry
+from .._runtime.timing import Timing
 from ..policies import CloseReason
 from ..stores.records import Ownership, partition_sort_key
 from .lease import Lease, LeaseEnd, LeaseState, Pump, Reconciliation, Snapshot, reconcile

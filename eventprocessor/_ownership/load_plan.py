@@ -1,4 +1,4 @@
-"""The load-aware plan (``balance_by="load"``): move partitions from busy processors to idle
+"""The load-aware plan (``load_policy=LoadPolicy(...)``): move partitions from busy processors to idle
 ones, damped, without herding. Pure: no I/O, no clock, no randomness.
 
 Each processor publishes its measured load in its member record (:class:`MemberLoad`:

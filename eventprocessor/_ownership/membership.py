@@ -39,7 +39,7 @@ class Membership:
     none). ``on_fatal(error)`` is called when the processor cannot run at all (the static
     strategy on a store without member records). Besides the basics the record carries
     the replicas' lags of ``warmup`` (a stateful processor) and, with
-    ``balance_by="load"``, the load measured over the partitions of ``table``.
+    a ``load_policy``, the load measured over the partitions of ``table``.
     """
 
     def __init__(self, *, options: ProcessorOptions, store: OwnershipStore, reporter: Reporter, describe: str,
@@ -55,9 +55,9 @@ class Membership:
         self.member: Member | None = None
         self._warmup = warmup
         self._load: LoadMeter | None = None
-        if options.balance_by == "load":
+        if options.load_policy is not None:
             self._load = LoadMeter(table=table, clock_now=self._clock.monotonic,
-                                   utilization=options.load_meter or CpuMeter())
+                                   utilization=options.load_policy.meter or CpuMeter())
 
     @property
     def load(self) -> MemberLoad | None:

@@ -6,7 +6,7 @@
   caught up (:meth:`Warmup.ready`). The new owner then starts from the replica and reads
   only the changes since (:meth:`Warmup.take`): the pause of a move does not grow with
   the state.
-* **Standbys** (``num_standbys``): replicas of other processors' partitions, chosen by
+* **Standbys** (``StatePolicy.num_standbys``): replicas of other processors' partitions, chosen by
   :func:`~eventprocessor.state.replica.standby_plan`, followed all the time; their lags
   are published in the member record, and a crashed owner's partition goes to its most
   caught-up live standby (:meth:`Warmup.failover`).
@@ -22,6 +22,7 @@ from collections.abc import Iterable, Mapping
 
 from .._runtime.clock import sleep_or_wake
 from .._runtime.options import ProcessorOptions
+from ..policies import StatePolicy
 from ..state.log import StateLog
 from ..state.replica import LAGS_PROPERTY, WarmReplica, decode_lags, encode_lags, failover_plan, standby_plan
 from ..stores.contract import CheckpointStore
@@ -41,6 +42,7 @@ class Warmup:
 
     def __init__(self, *, options: ProcessorOptions, store: CheckpointStore, describe: str) -> None:
         self._options = options
+        self._policy = options.state_policy or StatePolicy()
         self._store = store
         self._describe = describe
         self._replicas: dict[str, WarmReplica] = {}
@@ -73,8 +75,8 @@ class Warmup:
         ``preferred``)."""
         options = self._options
         live = self._live_owners(listing)
-        if options.num_standbys and members:
-            mine = standby_plan(live, list(members), options.num_standbys).get(options.owner_id, set())
+        if self._policy.num_standbys and members:
+            mine = standby_plan(live, list(members), self._policy.num_standbys).get(options.owner_id, set())
             if mine - set(self._replicas):
                 self._wake.set()
             self._standby = mine - set(owned)
@@ -88,7 +90,7 @@ class Warmup:
             if pid not in claimable:
                 del self._claimable_since[pid]
         fresh = [pid for pid in claimable if now - self._claimable_since.setdefault(pid, now) <= grace]
-        return failover_plan(fresh, lags, options.acceptable_recovery_lag)
+        return failover_plan(fresh, lags, self._policy.acceptable_recovery_lag)
 
     def _live_owners(self, listing: OwnershipListing) -> dict[str, str]:
         expiration = self._options.timing.expiration
@@ -101,7 +103,7 @@ class Warmup:
         """Is the replica of ``partition_id`` loaded and within
         ``acceptable_recovery_lag`` events of the owner's last checkpoint?"""
         lag = self._lags.get(partition_id)
-        return lag is not None and lag <= self._options.acceptable_recovery_lag
+        return lag is not None and lag <= self._policy.acceptable_recovery_lag
 
     def lags(self) -> dict[str, int]:
         return dict(self._lags)
@@ -155,4 +157,4 @@ class Warmup:
                 self._lags.pop(pid, None)
                 continue
             # A replica's lag is what it had to catch up this round: 0 once it follows.
-            self._lags[pid] = behind if behind is not None else (self._options.acceptable_recovery_lag + 1)
+            self._lags[pid] = behind if behind is not None else (self._policy.acceptable_recovery_lag + 1)
