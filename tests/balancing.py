@@ -8,7 +8,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 
-from eventprocessor._ownership.balancer import BalanceDecision, decide, fair_share
+from eventprocessor._ownership.balancer import BalanceDecision, decide
+from eventprocessor._ownership.strategies import fair_share
 from eventprocessor.policies import LoadBalancingStrategy
 from eventprocessor.stores import InMemoryCheckpointStore
 from eventprocessor.stores.records import Ownership

@@ -6,7 +6,8 @@ from datetime import datetime, timezone
 
 import pytest
 
-from eventprocessor._ownership.balancer import decide, fair_share
+from eventprocessor._ownership.balancer import decide
+from eventprocessor._ownership.strategies import fair_share
 from eventprocessor.policies import LoadBalancingStrategy
 from eventprocessor.stores.records import Ownership, OwnershipListing
 from tests.balancing import CG, EXPIRATION, HUB, INTERVAL, NS, Cluster, steal_is_allowed
@@ -167,7 +168,7 @@ def _load_decision(owner_id, loads, owners):
     """decide() balancing by load over live records of ``owners`` (pid -> owner)."""
     from datetime import timedelta
 
-    from eventprocessor._ownership.balancer import HANDOFF_PROPERTY
+    from eventprocessor._ownership.strategies import HANDOFF_PROPERTY
     from eventprocessor.policies import LoadPolicy
 
     now = datetime(2026, 1, 1, 12, 0, tzinfo=timezone.utc)

@@ -11,7 +11,7 @@ from collections import Counter
 import pytest
 
 from eventprocessor import CloseReason, EventProcessor, PartitionProcessor
-from eventprocessor._ownership.balancer import static_assignment
+from eventprocessor._ownership.strategies import static_assignment
 from eventprocessor.testing import Cluster, run_virtual
 
 OPTIONS = dict(load_balancing_interval=1.0, partition_ownership_expiration_interval=12.0)

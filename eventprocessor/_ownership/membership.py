@@ -19,10 +19,10 @@ from ..errors import ConfigurationError
 from ..policies import LoadBalancingStrategy
 from ..stores.contract import OwnershipStore
 from ..stores.records import Member, MemberListing
-from .balancer import HANDOFF_PROPERTY, ORDINAL_PROPERTY
 from .lease_table import LeaseTable
 from .load_meter import CpuMeter, LoadMeter
 from .load_plan import LOAD_PROPERTY, MemberLoad, encode_load
+from .strategies import HANDOFF_PROPERTY, ORDINAL_PROPERTY
 
 if TYPE_CHECKING:  # pragma: no cover
     from .warmup import Warmup

@@ -33,7 +33,7 @@ from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from eventprocessor._ownership.balancer import HANDOFF_PROPERTY, ORDINAL_PROPERTY
+from eventprocessor._ownership.strategies import HANDOFF_PROPERTY, ORDINAL_PROPERTY
 from eventprocessor.errors import ConfigurationError, EventProcessorError
 from eventprocessor.sources import EventSource, PartitionProperties
 from eventprocessor.stores.contract import CheckpointStore
