@@ -65,7 +65,7 @@ RATE = 20.0  # events per virtual second, round robin over the partitions that e
 MAX_BATCH = 100
 FAULT_WINDOW = 40.0  # faults start in [0, FAULT_WINDOW) after the cluster settled
 CALL_TIMEOUT = 10.0  # how long a call sent into the black hole takes to fail (EventHubSource's operation_timeout)
-PUMP_MAX_BACKOFF = 5.0  # the partition pump's reconnect backoff cap (eventprocessor/pump.py)
+PUMP_MAX_BACKOFF = 5.0  # the partition pump's reconnect backoff cap (eventprocessor/_delivery/receiving.py)
 RESET_EVERY = 2.0
 SEEDS = int(os.environ.get("SOURCE_FAULT_SEEDS", "100"))
 

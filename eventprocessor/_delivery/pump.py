@@ -5,14 +5,12 @@ All user code of a claim runs on the pump's own task: the factory, ``initialize`
 ever runs on the balancing or renewal tasks, so a slow or hung handler delays nothing but
 its own partition.
 
-The pump receives batches with the claim's owner level, checks before every delivery
-(first deliveries, redeliveries, empty ``max_wait_time`` batches) that the claim may
-still dispatch, and stops when it may not. A batch the handler is working on is
-finished, never interrupted, unless the pump is cancelled (a hung handler at shutdown).
-
-A receiver that fails is reopened right after the last event the pump received in this
-claim (or, before the first, where the claim started, with ``latest`` resolved to a
-sequence number when the claim began), so a reconnect neither loses nor replays events.
+The pump receives batches with the claim's owner level (:mod:`~eventprocessor._delivery.
+receiving`: a receiver that fails is reopened right after the last event received, so a
+reconnect neither loses nor replays events), checks before every delivery (first
+deliveries, redeliveries, empty ``max_wait_time`` batches) that the claim may still
+dispatch, and stops when it may not. A batch the handler is working on is finished,
+never interrupted, unless the pump is cancelled (a hung handler at shutdown).
 """
 from __future__ import annotations
 
@@ -24,13 +22,14 @@ from operator import attrgetter
 from .._runtime.backoff import Backoff
 from .._runtime.clock import Clock, SystemClock
 from .._runtime.telemetry import Telemetry
-from ..errors import ConfigurationError, EventSourceError, HandlerTimeoutError, OwnershipLostError, PoisonEventsError
+from ..errors import ConfigurationError, HandlerTimeoutError, OwnershipLostError, PoisonEventsError
 from ..events import Event, EventPosition
 from ..partition import PartitionContext, PartitionProcessor, already_logged, claim_of
 from ..policies import CloseReason, FailurePolicy, HandlerExecutor, PoisonPolicy
-from ..sources.base import EventSource, PartitionReceiver
+from ..sources.base import EventSource
 from ..state import StateKeeper, StateUnreadableError
 from ..stores.records import Checkpoint
+from .receiving import ClaimReceiver
 from .retries import DeliveryStopped, Poison, redeliver
 from .usercode import BLOCK_THRESHOLD, UserCode
 
@@ -41,9 +40,6 @@ logger = logging.getLogger(__name__)
 LoopBlocked = Callable[["PartitionPump", str, float, float], None]  # (pump, what, started, ended)
 
 _BODY = attrgetter("body")
-
-RECONNECT_BACKOFF = (0.1, 5.0)
-"""A failed receiver is reopened after 0.1 s, doubling up to 5 s (reset by the next event)."""
 
 
 class PartitionPump:
@@ -77,18 +73,12 @@ class PartitionPump:
         self.processor: PartitionProcessor | None = None
         self._processor: PartitionProcessor = PartitionProcessor()  # the made one, once the factory ran
         self._factory = factory
-        self._source = source
-        self._claim_start = starting_position
-        self._max_batch_size = max_batch_size
-        self._max_wait_time = max_wait_time
-        self._prefetch = prefetch
         self._clock = clock
         self._handler_timeout = handler_timeout
         self._retry_policy = failure_policy.retry_policy
         self._on_poison = failure_policy.on_poison
         self._dead_letter = failure_policy.dead_letter
         self._on_user_code_error = on_user_code_error
-        self._track_last_enqueued = track_last_enqueued_event_properties
         self._telemetry = telemetry
         self._on_loop_blocked = on_loop_blocked
         self._keeper = state
@@ -97,13 +87,14 @@ class PartitionPump:
         self._user = UserCode(monotonic=clock.monotonic, on_block=self._blocked, executor=handler_executor,
                               threshold=block_threshold, name=f"handler-{context.partition_id}")
         self._process_events_name = "process_events"
-        self._last_received: Event | None = None
-        """The newest event received in this claim: a reopened receiver starts after it."""
+        self._receiving = ClaimReceiver(
+            context=context, claim=self.claim, source=source, starting_position=starting_position,
+            max_batch_size=max_batch_size, max_wait_time=max_wait_time, prefetch=prefetch,
+            track_last_enqueued=track_last_enqueued_event_properties, clock=clock, report=self._report)
         self.parked: PoisonEventsError | None = None
         """Set when the partition was parked on a poison event (``on_poison=PARK``)."""
         self._stop_reason: CloseReason | None = None
         self._dispatching = False
-        self._receiver: PartitionReceiver | None = None
         self._error_tasks: set[asyncio.Task] = set()
         self._early_errors: list[Exception] = []
         self.batches_dispatched = 0
@@ -168,10 +159,6 @@ class PartitionPump:
         self._error_tasks.add(task)
         task.add_done_callback(self._error_tasks.discard)
 
-    def _receiver_options(self) -> dict:
-        # Asked only when wanted, so that sources written before the option still work.
-        return {"track_last_enqueued_event_properties": True} if self._track_last_enqueued else {}
-
     def _blocked(self, what: str, started: float, ended: float) -> None:
         if self._on_loop_blocked is not None:
             self._on_loop_blocked(self, what, started, ended)
@@ -181,30 +168,6 @@ class PartitionPump:
 
     def _what(self, method: str) -> str:
         return f"{type(self._processor).__name__}.{method}"
-
-    def _resume_position(self) -> EventPosition:
-        """Where a receiver reopened within this claim starts: right after the last event
-        received, else where the claim started (never behind what was delivered)."""
-        last = self._last_received
-        if last is not None:
-            return EventPosition.from_sequence_number(last.sequence_number)
-        return self._claim_start
-
-    async def _resolve_latest(self) -> None:
-        """``latest`` means "events enqueued from now on": pin it to a sequence number
-        when the claim begins, so that a receiver reopened before the first event (a
-        detached link) starts at the same place instead of skipping what arrived
-        meanwhile. A source that cannot say keeps ``latest`` (and says so once)."""
-        if self._claim_start.kind != "latest":
-            return
-        try:
-            properties = await self._source.get_partition_properties(self.context.partition_id)
-        except NotImplementedError:
-            logger.debug("partition %s: %r cannot report partition properties; starting at latest unpinned: events "
-                         "that arrive while the receiver reconnects before its first event are not delivered",
-                         self.context.partition_id, self._source)
-            return
-        self._claim_start = EventPosition.from_sequence_number(properties.last_enqueued_sequence_number)
 
     async def _report(self, error: Exception) -> None:
         if self.processor is None:
@@ -222,14 +185,6 @@ class PartitionPump:
         else:
             logger.warning("%s raised for partition %s of %s/%s: %r", where, self.context.partition_id,
                            self.context.eventhub_name, self.context.consumer_group, failure)
-
-    async def _close_receiver(self) -> None:
-        receiver, self._receiver = self._receiver, None
-        if receiver is not None:
-            try:
-                await receiver.close()
-            except Exception:
-                logger.debug("closing receiver of partition %s failed", self.context.partition_id, exc_info=True)
 
     def _make_processor(self) -> PartitionProcessor:
         processor = self._factory()
@@ -355,34 +310,6 @@ class PartitionPump:
                 await self._clock.sleep(delay)
         return False
 
-    async def _check_position(self, refusal: Exception) -> None:
-        """The hub refused the position to resume from: if the partition now ends before
-        the events this claim already received, the hub lost them (it was recreated, or
-        an emulator restarted empty) and will never reach that position again. Say so and
-        resume from the beginning of what it holds, rather than waiting forever for
-        sequence numbers it already gave out."""
-        last, ctx = self._last_received, self.context
-        if last is None:
-            return
-        try:
-            properties = await self._source.get_partition_properties(ctx.partition_id)
-        except Exception:
-            return
-        if properties.last_enqueued_sequence_number >= last.sequence_number:
-            return
-        lost = EventSourceError(
-            f"partition {ctx.partition_id} of {ctx.eventhub_name}: the hub's newest event is sequence number "
-            f"{properties.last_enqueued_sequence_number}, below the {last.sequence_number} this claim already "
-            f"received ({refusal}): the hub lost its events (recreated, or an emulator restarted empty). Resuming "
-            "from the beginning of what it holds; events it lost cannot be delivered",
-            fully_qualified_namespace=ctx.fully_qualified_namespace, eventhub_name=ctx.eventhub_name,
-            reason="refused")
-        logger.error("%s", lost)
-        already_logged(lost)
-        await self._report(lost)
-        self._last_received = None
-        self._claim_start = EventPosition.earliest()
-
     async def _poisoned(self, poison: Poison) -> bool:
         """An event failed every attempt: report it, then skip it (True) or park (False)."""
         ctx = self.context
@@ -423,119 +350,104 @@ class PartitionPump:
 
     async def _wait_parked(self) -> None:
         """A parked partition keeps its claim and waits, idle, to be stopped."""
-        await self._close_receiver()
+        await self._receiving.close()
         while self._stop_reason is None:
             self._dispatching = False
             await self._clock.sleep(3600)
 
     async def _run(self) -> None:
-        ctx = self.context
         self.claim.home_loop = loop = asyncio.get_running_loop()
         if type(self._clock) is SystemClock:  # the same clock, read without asking for the loop each time
             self._user.use_clock(loop.time)
             self._now = loop.time
         reason = CloseReason.SHUTDOWN
-        retry = Backoff(RECONNECT_BACKOFF[0], cap=RECONNECT_BACKOFF[1])
         try:
-            try:
-                self.processor = self._make_processor()
-            except Exception as error:
-                self.failure = error  # the processor reports it (once per kind) when the pump ends
-                return
-            processor = self._processor = self.processor
-            self._process_events_name = self._what("process_events")
-            for early in self._early_errors:
-                self.report_error(early)
-            self._early_errors.clear()
-            if self._keeper is not None and not await self._restore_state():
-                reason = self._stop_reason or CloseReason.OWNERSHIP_LOST
-                return
-            try:
-                await self._user.call(self._what("initialize"), processor.initialize, ctx)
-            except Exception as error:
-                await self._report(error)
-            resolved = False
-            while True:
-                if self._stop_reason is not None:
-                    reason = self._stop_reason
-                    break
-                try:
-                    if self._receiver is None:
-                        if not ctx.is_owned:
-                            reason = CloseReason.OWNERSHIP_LOST
-                            break
-                        if not resolved:
-                            await self._resolve_latest()
-                            resolved = True
-                        self._receiver = await self._source.open_receiver(
-                            ctx.partition_id, consumer_group=ctx.consumer_group,
-                            starting_position=self._resume_position(), owner_level=ctx.epoch,
-                            prefetch=self._prefetch, **self._receiver_options())
-                    events = await self._receiver.receive(self._max_batch_size, self._max_wait_time)
-                    if self._track_last_enqueued:
-                        self.claim.received(self._receiver.last_enqueued_event_properties)
-                except OwnershipLostError as error:
-                    self.failure = error
-                    self.claim.fence_lost()
-                    logger.info("partition %s of %s/%s: receiver taken over (%s); owner %s stops",
-                                ctx.partition_id, ctx.eventhub_name, ctx.consumer_group, error, ctx.owner_id)
-                    await self._report(error)
-                    reason = CloseReason.OWNERSHIP_LOST
-                    break
-                except Exception as error:
-                    delay = retry.next()
-                    retry_after = getattr(error, "retry_after", None)
-                    if isinstance(retry_after, (int, float)) and retry_after > delay:
-                        delay = float(retry_after)  # the hub asked to be left alone this long (server busy)
-                    if getattr(error, "reason", None) == "refused":
-                        await self._check_position(error)
-                    logger.warning("partition %s of %s/%s: receive failed: %r; reopening after %g s at %s",
-                                   ctx.partition_id, ctx.eventhub_name, ctx.consumer_group, error, delay,
-                                   self._resume_position())
-                    await self._report(error)
-                    await self._close_receiver()
-                    await self._clock.sleep(delay)
-                    continue
-                if events:
-                    self._last_received = events[-1]
-                    retry.reset()
-                elif self._max_wait_time is None:
-                    continue
-                self._dispatching = True
-                try:
-                    await self._deliver(events)
-                except DeliveryStopped:
-                    # The claim ended before this batch could be handed over (or the handler
-                    # found it lost): never dispatch then.
-                    reason = self._stop_reason or CloseReason.OWNERSHIP_LOST
-                    if self._stop_reason is not None:
-                        continue
-                    break
-                except Exception as failure:
-                    if await self._recover(events, failure):
-                        reason = self._stop_reason or CloseReason.SHUTDOWN
-                        await self._wait_parked()
-                        reason = self._stop_reason or reason
-                        break
-                finally:
-                    self._dispatching = False
+            ended = await self._begin()
+            reason = ended if ended is not None else await self._pump_batches()
         except asyncio.CancelledError:
             reason = self._stop_reason or CloseReason.SHUTDOWN
             if self._stop_reason is None:
                 raise
         finally:
             self.close_reason = reason
-            await self._close_receiver()
-            if self.processor is not None:
-                try:
-                    await self._user.call(self._what("close"), self.processor.close, reason, ctx)
-                except Exception as failure:
-                    self._user_code_failed("close", failure)
-                if reason in (CloseReason.SHUTDOWN, CloseReason.HANDOFF):
-                    await self._checkpoint_on_release(self.processor)
-            if self._keeper is not None:
-                await self._keeper.close(wait=reason in (CloseReason.SHUTDOWN, CloseReason.HANDOFF))
-            self._user.close()
+            await self._end(reason)
+
+    async def _begin(self) -> CloseReason | None:
+        """Make the handler, restore the claim's state and call ``initialize``: None when
+        the claim goes on, else the reason it ends with."""
+        try:
+            self.processor = self._make_processor()
+        except Exception as error:
+            self.failure = error  # the processor reports it (once per kind) when the pump ends
+            return CloseReason.SHUTDOWN
+        processor = self._processor = self.processor
+        self._process_events_name = self._what("process_events")
+        for early in self._early_errors:
+            self.report_error(early)
+        self._early_errors.clear()
+        if self._keeper is not None and not await self._restore_state():
+            return self._stop_reason or CloseReason.OWNERSHIP_LOST
+        try:
+            await self._user.call(self._what("initialize"), processor.initialize, self.context)
+        except Exception as error:
+            await self._report(error)
+        return None
+
+    async def _pump_batches(self) -> CloseReason:
+        """Receive and deliver until the claim ends; return why it ended."""
+        ctx, receiving = self.context, self._receiving
+        while True:
+            if self._stop_reason is not None:
+                return self._stop_reason
+            if not receiving.open and not ctx.is_owned:
+                return CloseReason.OWNERSHIP_LOST
+            try:
+                events = await receiving.next_batch()
+            except OwnershipLostError as error:
+                await self._taken_over(error)
+                return CloseReason.OWNERSHIP_LOST
+            if events is None:
+                continue
+            self._dispatching = True
+            try:
+                await self._deliver(events)
+            except DeliveryStopped:
+                # The claim ended before this batch could be handed over (or the handler
+                # found it lost): never dispatch then.
+                if self._stop_reason is None:
+                    return CloseReason.OWNERSHIP_LOST
+            except Exception as failure:
+                if await self._recover(events, failure):
+                    reason = self._stop_reason or CloseReason.SHUTDOWN
+                    await self._wait_parked()
+                    return self._stop_reason or reason
+            finally:
+                self._dispatching = False
+
+    async def _taken_over(self, error: OwnershipLostError) -> None:
+        """A newer claim's receiver took the partition over: this claim ends now."""
+        ctx = self.context
+        self.failure = error
+        self.claim.fence_lost()
+        logger.info("partition %s of %s/%s: receiver taken over (%s); owner %s stops",
+                    ctx.partition_id, ctx.eventhub_name, ctx.consumer_group, error, ctx.owner_id)
+        await self._report(error)
+
+    async def _end(self, reason: CloseReason) -> None:
+        """Close the receiver and the handler (``close``), checkpoint a graceful end, and
+        let the claim's state and worker thread go."""
+        ctx = self.context
+        await self._receiving.close()
+        if self.processor is not None:
+            try:
+                await self._user.call(self._what("close"), self.processor.close, reason, ctx)
+            except Exception as failure:
+                self._user_code_failed("close", failure)
+            if reason in (CloseReason.SHUTDOWN, CloseReason.HANDOFF):
+                await self._checkpoint_on_release(self.processor)
+        if self._keeper is not None:
+            await self._keeper.close(wait=reason in (CloseReason.SHUTDOWN, CloseReason.HANDOFF))
+        self._user.close()
 
     async def _checkpoint_on_release(self, processor: PartitionProcessor) -> None:
         """A graceful end: checkpoint what ``process_events`` completed, so the next owner
