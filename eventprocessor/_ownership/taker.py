@@ -2,11 +2,13 @@
 
 A tick (:meth:`Taker.tick`): read the partition ids, list ownership and members in one
 store call, check the store's history, reconcile the lease table with the listing, ask
-the pure balancer (:func:`~eventprocessor._ownership.balancer.decide`) what to claim, ask owners
-for handoffs, write the claims (``BATCH`` per call), fence each won partition's
-checkpoint and report each won claim (``on_won``: the dispatcher starts its pump). The loop (:meth:`Taker.run`) ticks
-every ``load_balancing_interval``, jittered, sooner while waiting on a handoff, and
-backs off while store calls time out (:mod:`eventprocessor._runtime.backoff`).
+the pure balancer (:func:`~eventprocessor._ownership.balancer.decide`) what to claim,
+ask owners for handoffs, then let the :class:`~eventprocessor._ownership.claimer.Claimer`
+write the claims (``BATCH`` per call), fence each won partition's checkpoint and report
+each won claim (``on_won``: the dispatcher starts its pump). The loop
+(:meth:`Taker.run`) ticks every ``load_balancing_interval``, jittered, sooner while
+waiting on a handoff, and backs off while store calls time out
+(:mod:`eventprocessor._runtime.backoff`).
 """
 from __future__ import annotations
 
@@ -22,9 +24,10 @@ from .._runtime.options import ProcessorOptions
 from .._runtime.reporting import Reporter
 from .._runtime.stats import ProcessorStats
 from .._runtime.telemetry import Telemetry
-from ..errors import EventSourceError, OwnershipLostError, StaleEpochError, StoreDataLostError
-from ..stores.records import MAX_EPOCH, Checkpoint, Ownership, OwnershipListing
-from .balancer import decide
+from ..errors import EventSourceError, StoreDataLostError
+from ..stores.records import Checkpoint, MemberListing, Ownership, OwnershipListing
+from .balancer import BalanceDecision, decide
+from .claimer import Claimer
 from .lease import Lease, LeaseState, Reconciliation, Snapshot
 from .lease_table import LeaseTable, sorted_ids
 from .load_plan import LOAD_PROPERTY, MemberLoad, decode_load
@@ -83,7 +86,6 @@ class Taker:
         self._table = table
         self._history = history
         self._membership = membership
-        self._on_won = on_won
         self._last_stall = last_stall
         self._reporter = reporter
         self._stats = stats
@@ -102,6 +104,9 @@ class Taker:
         self._source_busy_until = float("-inf")  # a throttled hub's retry-after, on the local clock
         self.requests_made: dict = {}
         """Partition -> local time this processor asked its owner for it (a handoff)."""
+        self._claimer = Claimer(options=options, store=store, writer=writer, table=table, history=history,
+                                reporter=reporter, clock=self._clock, describe=describe, on_won=on_won,
+                                store_lost=self.store_lost)
         store.observers.append(self._note_prompt_answer)
 
     def wake(self) -> None:
@@ -240,49 +245,77 @@ class Taker:
             cause)
 
     async def _tick(self) -> BalanceReport:
-        options, table = self._options, self._table
-        source = options.source
+        table = self._table
         owned_before = table.owned()
+        partition_ids = await self._read_partition_ids()
+        if isinstance(partition_ids, Exception):
+            return self._empty_report(error=partition_ids)
+        listed = await self._list()
+        if isinstance(listed, Exception):
+            return self._empty_report(error=listed)
+        listing, member_listing, snapshot, seen_before = listed
+        self._check_store_history(listing, seen_before)
+        reconciliation = table.reconcile(snapshot)
+        lost = owned_before - table.owned()
+        decision = self._decide(listing, member_listing, partition_ids)
+        await self._ask_for_handoffs(decision)
+        claims, adoptions = self._claims_to_write(decision, reconciliation, snapshot, partition_ids)
+        won, failed, claim_error = await self._claimer.take(claims, adoptions)
+        claimed, stolen = self._say_won(won, {r.partition_id for r in adoptions}, decision)
+        requests = {"list_ownership": 1, "claim_ownership": len(claims) + len(adoptions)}
+        return BalanceReport(owned=table.owned(), claimed=claimed, renewed=frozenset(), stolen=stolen,
+                             lost=frozenset(lost), failed_claims=frozenset(failed), requests=requests,
+                             error=claim_error)
+
+    async def _read_partition_ids(self) -> list[str] | EventSourceError:
+        """The source's partition ids (while a throttled hub asked to be left alone, the
+        ones it last gave), or the error that reading them raised, reported."""
+        source = self._options.source
         if self._clock.monotonic() < self._source_busy_until and self._partition_ids is not None:
-            partition_ids = self._partition_ids  # the hub asked to be left alone (server busy): the ids it gave
-        else:
-            try:
-                partition_ids = await source.get_partition_ids()
-            except Exception as error:
-                failure = error if isinstance(error, EventSourceError) else EventSourceError(
-                    f"reading the partition ids of {source.fully_qualified_namespace}/{source.eventhub_name} "
-                    f"failed: {error!r}", fully_qualified_namespace=source.fully_qualified_namespace,
-                    eventhub_name=source.eventhub_name)
-                if failure.retry_after:
-                    self._source_busy_until = self._clock.monotonic() + failure.retry_after
-                self._reporter.tick_failed("source", failure)
-                return self._empty_report(error=failure)
-            self._partition_ids = list(partition_ids)
-            self._reporter.tick_recovered("source")
+            return self._partition_ids  # the hub asked to be left alone (server busy): the ids it gave
+        try:
+            partition_ids = await source.get_partition_ids()
+        except Exception as error:
+            failure = error if isinstance(error, EventSourceError) else EventSourceError(
+                f"reading the partition ids of {source.fully_qualified_namespace}/{source.eventhub_name} "
+                f"failed: {error!r}", fully_qualified_namespace=source.fully_qualified_namespace,
+                eventhub_name=source.eventhub_name)
+            if failure.retry_after:
+                self._source_busy_until = self._clock.monotonic() + failure.retry_after
+            self._reporter.tick_failed("source", failure)
+            return failure
+        self._partition_ids = list(partition_ids)
+        self._reporter.tick_recovered("source")
+        return partition_ids
+
+    async def _list(self) -> tuple[OwnershipListing, MemberListing | None, Snapshot, dict[str, int]] | Exception:
+        """List ownership and members in one store call: the listings, the snapshot the
+        lease table is reconciled with, and the epochs known when the listing was sent.
+        Or the error the listing raised, reported."""
         listed_at = self._clock.monotonic()
         # A slow listing shows the store as it was when it was sent: compare it with the
         # epochs known then, not with what this processor wrote meanwhile (a handoff).
         seen_before = self._history.epochs()
         self._listing_seconds = None
         try:
-            listing, member_listing = await self._store.list_ownership_and_members(*options.scope)
+            listing, member_listing = await self._store.list_ownership_and_members(*self._options.scope)
         except Exception as error:
             self._reporter.tick_failed("store", error)
-            return self._empty_report(error=error)
+            return error
         self._listing_seconds = self._clock.monotonic() - listed_at
         self._reporter.tick_recovered("store")
-
         snapshot = Snapshot(records={r.partition_id: r for r in listing.ownerships}, server_time=listing.server_time,
                             sent_at=listed_at, unreadable=frozenset(u.partition_id for u in listing.unreadable))
-        self._check_store_history(listing, seen_before)
-        reconciliation = table.reconcile(snapshot)
-        lost = owned_before - table.owned()
+        return listing, member_listing, snapshot, seen_before
 
+    def _decide(self, listing: OwnershipListing, member_listing: MemberListing | None,
+                partition_ids: list[str]) -> BalanceDecision:
+        """Ask the pure balancer what to claim and whom to ask for a handoff."""
+        options, source, warmup = self._options, self._options.source, self._warmup
         now = self._clock.monotonic()
         members = self._membership.live(member_listing)
-        warmup = self._warmup
-        preferred = warmup.plan(listing, members, table.held()) if warmup is not None else None
-        decision = decide(
+        preferred = warmup.plan(listing, members, self._table.held()) if warmup is not None else None
+        return decide(
             listing, partition_ids, options.owner_id,
             fully_qualified_namespace=source.fully_qualified_namespace, eventhub_name=source.eventhub_name,
             consumer_group=options.consumer_group, strategy=options.strategy,
@@ -293,23 +326,27 @@ class Taker:
             requests_made={pid: now - at for pid, at in self.requests_made.items()},
             replica_count=options.replica_count,
         )
-        asks = list(decision.handoff_requests)
-        if warmup is not None:
-            # A stateful partition is asked for only once its state is warm here (KIP-441).
-            warmup.want({r.partition_id for r in asks} | set(decision.awaiting_handoff))
-            asks = [r for r in asks if warmup.ready(r.partition_id)]
-        await self._ask_for_handoffs(asks, decision.awaiting_handoff)
-        held = table.held()
+
+    def _claims_to_write(self, decision: BalanceDecision, reconciliation: Reconciliation, snapshot: Snapshot,
+                         partition_ids: list[str]) -> tuple[list[Ownership], list[Ownership]]:
+        """The claims (above every epoch seen, one batch while backing off, plus reclaims
+        after a store lost data) and the adoptions of records that name this processor."""
+        held = self._table.held()
         claims = [self._history.above_seen(c) for c in decision.claims if c.partition_id not in held]
         if self._backoff.backing_off:
             claims = claims[:BATCH]  # one batch at a time while the store drains
         claims += self._reclaims_after_store_loss(reconciliation, snapshot, held | {c.partition_id for c in claims},
                                                   partition_ids)
         adoptions = [r for r in reconciliation.adopt if r.partition_id not in held]
-        if warmup is not None:
-            warmup.claiming({r.partition_id for r in claims + adoptions})
-        won, failed, claim_error = await self._take(claims, adoptions)
-        adopted = {r.partition_id for r in adoptions}
+        if self._warmup is not None:
+            self._warmup.claiming({r.partition_id for r in claims + adoptions})
+        return claims, adoptions
+
+    def _say_won(self, won: list[str], adopted: set[str], decision: BalanceDecision
+                 ) -> tuple[frozenset[str], dict[str, str]]:
+        """One ownership-change line per partition won, saying how; returns the partitions
+        claimed (not adopted) and those stolen, from whom."""
+        table = self._table
         claimed = frozenset(won) - adopted
         self._stats.adopted += len(set(won) & adopted)
         stolen = {pid: owner for pid, owner in decision.stolen_from.items() if pid in claimed}
@@ -326,10 +363,7 @@ class Taker:
                 table.changed("expired", pid, epoch, "its previous owner's record had expired")
             else:
                 table.changed("claimed", pid, epoch, "it had no owner")
-        requests = {"list_ownership": 1, "claim_ownership": len(claims) + len(adoptions)}
-        return BalanceReport(owned=table.owned(), claimed=claimed, renewed=frozenset(), stolen=stolen,
-                             lost=frozenset(lost), failed_claims=frozenset(failed), requests=requests,
-                             error=claim_error)
+        return claimed, stolen
 
     def _empty_report(self, *, error: Exception) -> BalanceReport:
         return BalanceReport(self._table.owned(), frozenset(), frozenset(), {}, frozenset(), frozenset(),
@@ -374,10 +408,15 @@ class Taker:
                 and pid not in snapshot.unreadable and self._history.known_checkpoint(pid) is not None]
 
     # ----------------------------------------------------------------- handoffs
-    async def _ask_for_handoffs(self, requests: Iterable[Ownership], awaiting: Iterable[str]) -> None:
+    async def _ask_for_handoffs(self, decision: BalanceDecision) -> None:
         """Mark records as requested by this processor (their owners hand them over), and
-        remember when, to steal only if an owner does not answer within handoff_timeout."""
-        pending = set(awaiting)
+        remember when, to steal only if an owner does not answer within handoff_timeout.
+        A stateful partition is asked for only once its state is warm here (KIP-441)."""
+        requests: Iterable[Ownership] = decision.handoff_requests
+        if self._warmup is not None:
+            self._warmup.want({r.partition_id for r in requests} | set(decision.awaiting_handoff))
+            requests = [r for r in requests if self._warmup.ready(r.partition_id)]
+        pending = set(decision.awaiting_handoff)
         for pid in list(self.requests_made):
             if pid not in pending:
                 del self.requests_made[pid]
@@ -396,117 +435,3 @@ class Taker:
         if written.won:
             logger.info("processor %s asked for partitions %s (owners: %s)", self._describe,
                         sorted_ids(r.partition_id for r in written.won), sorted({r.owner_id for r in written.won}))
-
-    # ----------------------------------------------------------------- claiming
-    async def _take(self, claims: list[Ownership], adoptions: list[Ownership]
-                    ) -> tuple[list[str], list[str], Exception | None]:
-        """Write ``claims`` (new owners) and ``adoptions`` (records naming us, rewritten as
-        they are), fence each won partition's checkpoint and start its pump. Returns the
-        partitions now dispatched, those whose claim was not won, and a store error."""
-        records = claims + adoptions
-        error: Exception | None = None
-        not_written: set[str] = set()
-        failed: list[str] = []
-        started: list[str | None] = []
-        # BATCH at a time (see bounded_store.BATCH): claimed in one call, then fenced
-        # together, before the next batch is claimed. A lease runs from its claim, so a
-        # claim never waits long for its fence, and each call's deadline covers its own
-        # requests only.
-        for first in range(0, len(records), BATCH):
-            batch = records[first:first + BATCH]
-            sent_at = self._clock.monotonic()
-            leases = {r.partition_id: self._table.claiming(r) for r in batch}
-            written = await self._writer.write(batch)
-            if written.error is not None:
-                error = written.error
-                not_written |= set(written.failed) if written.answered else \
-                    {r.partition_id for r in records[first:]}
-            answered_at = self._clock.monotonic()
-            won_by_pid = written.by_partition()
-            fences = []
-            for pid, lease in leases.items():
-                record = won_by_pid.get(pid)
-                if record is None or lease.state is not LeaseState.CLAIMING:
-                    failed.append(pid)
-                    self._table.drop(lease)
-                    continue
-                self._history.saw(pid, record.epoch)
-                self._table.confirm(lease, record, sent_at=sent_at, answered_at=answered_at)
-                fences.append(self._fence_and_start(lease))
-            started += await asyncio.gather(*fences)
-            if not written.answered:  # the store did not answer: the rest waits for the next tick
-                failed += [r.partition_id for r in records[first + BATCH:]]
-                break
-        if error is not None:
-            logger.warning("processor %s: claiming partitions %s failed: %r", self._describe,
-                           sorted_ids(not_written or (r.partition_id for r in records)), error)
-            self._reporter.report(error, [])
-        return [pid for pid in started if pid is not None], failed, error
-
-    async def _fence_and_start(self, lease: Lease) -> str | None:
-        """Fence the checkpoint of a won claim and start its pump. On a stale epoch (the
-        record had lost its epoch), claim once more above the stored one."""
-        pid = lease.partition_id
-        for attempt in (1, 2):
-            try:
-                checkpoint = await self._store.fence_checkpoint(lease.record)
-                break
-            except StaleEpochError as stale:
-                if attempt == 2 or stale.stored_epoch >= MAX_EPOCH:
-                    logger.error("processor %s: partition %s: %s", self._describe, pid, stale)
-                    self._reporter.report(stale, [])
-                    self._table.drop(lease)
-                    return None
-                logger.warning("processor %s: partition %s: the checkpoint carries epoch %d, not below the claim's "
-                               "%d (the ownership record lost its epoch); claiming again above it", self._describe,
-                               pid, stale.stored_epoch, lease.epoch)
-                sent_at = self._clock.monotonic()
-                written = await self._writer.write([replace(lease.record, epoch=stale.stored_epoch + 1)])
-                if written.error is not None:
-                    self._reporter.report(written.error, [])
-                if not written.won or lease.state is not LeaseState.CLAIMING:
-                    self._table.drop(lease)
-                    return None
-                self._table.confirm(lease, written.won[0], sent_at=sent_at, answered_at=self._clock.monotonic())
-                self._history.saw(pid, written.won[0].epoch)
-            except OwnershipLostError as error:
-                logger.info("processor %s: partition %s was taken before its checkpoint was fenced: %s",
-                            self._describe, pid, error)
-                self._table.drop(lease)
-                return None
-            except Exception as error:
-                # The claim is won but the checkpoint could not be fenced: do not dispatch.
-                # The record names us, so the next tick adopts it and tries again.
-                logger.warning("processor %s: fencing the checkpoint of partition %s failed: %r", self._describe,
-                               pid, error)
-                self._reporter.report(error, [])
-                self._table.drop(lease)
-                return None
-        if lease.state is not LeaseState.CLAIMING:
-            return None
-        known = self._history.checkpoint_went_back(pid, checkpoint)
-        if known is not None:
-            found = "none" if checkpoint is None else \
-                f"sequence number {checkpoint.sequence_number} (epoch {checkpoint.epoch})"
-            if self._options.refuse_rewind:
-                checkpoint = await self._restore_checkpoint(lease, known)
-            self._on_won(lease, checkpoint)
-            self.store_lost(f"the checkpoint of partition {pid} was at sequence number {known.sequence_number} "
-                            f"(epoch {known.epoch}) and is now {found}", [pid])
-            return pid
-        self._on_won(lease, checkpoint)
-        return pid
-
-    async def _restore_checkpoint(self, lease: Lease, known: Checkpoint) -> Checkpoint:
-        """refuse_checkpoint_rewind: resume from the checkpoint this processor knew and
-        write it back, so that later owners do not rewind either."""
-        owner_id = self._options.owner_id
-        restored = replace(known, owner_id=owner_id, epoch=lease.epoch)
-        try:
-            await self._store.update_checkpoint(restored, owner_id=owner_id, epoch=lease.epoch)
-            logger.warning("processor %s: restored the checkpoint of partition %s at sequence number %d",
-                           self._describe, lease.partition_id, known.sequence_number)
-        except Exception as error:
-            logger.error("processor %s: could not write back the checkpoint of partition %s (%r); resuming from "
-                         "it all the same", self._describe, lease.partition_id, error)
-        return restored
