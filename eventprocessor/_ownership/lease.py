@@ -257,6 +257,49 @@ def _judge_against_store(lease: LeaseView, snapshot: Snapshot, owner_id: str) ->
     return None
 
 
+def _ended_by_itself(lease: LeaseView, now: float) -> Transition | None:
+    """An ``OWNED`` or ``HANDING_OFF`` lease that ends whatever the store says: its pump or
+    a checkpoint learned the partition is lost, its pump is gone, or its time ran out."""
+    pid = lease.partition_id
+    if lease.lost:
+        return Transition(pid, LeaseState.RELEASING, LeaseEnd.LOST, "its receiver or a checkpoint found another owner")
+    if lease.state is LeaseState.HANDING_OFF and not lease.pump_alive:
+        return Transition(pid, LeaseState.RELEASING, LeaseEnd.HANDOFF, "its pump finished",
+                          release_to=lease.release_to)
+    if not lease.pump_alive:
+        return Transition(pid, LeaseState.RELEASING, LeaseEnd.PUMP_ENDED, "its pump ended",
+                          release_to="" if now < lease.deadline else None)
+    if now >= lease.deadline:
+        return Transition(pid, LeaseState.RELEASING, LeaseEnd.EXPIRED, "the lease ran out before a renewal succeeded")
+    return None
+
+
+def _paced(verdict: Transition | None, handoffs: int | None) -> tuple[Transition | None, int | None]:
+    """A handoff request is answered only while the pace allows (``handoffs`` left, None:
+    any); one over it waits for a later snapshot. Returns the verdict and what is left."""
+    if verdict is None or verdict.to is not LeaseState.HANDING_OFF or handoffs is None:
+        return verdict, handoffs
+    if handoffs <= 0:
+        return None, handoffs
+    return verdict, handoffs - 1
+
+
+def _adoptions(snapshot: Snapshot, held: Mapping[str, LeaseView], owner_id: str, expiration: float) -> list[Ownership]:
+    """Live records that name ``owner_id`` but that it holds no lease for (or only a
+    released one)."""
+    adopt: list[Ownership] = []
+    for pid, record in snapshot.records.items():
+        holding = held.get(pid)
+        if record.owner_id != owner_id or (holding is not None and holding.state is not LeaseState.RELEASED):
+            continue
+        if record.last_modified_time is None:
+            continue
+        if (snapshot.server_time - record.last_modified_time).total_seconds() > expiration:
+            continue  # expired: the balancer claims it like any other
+        adopt.append(record)
+    return adopt
+
+
 def reconcile(leases: Iterable[LeaseView], *, now: float, owner_id: str, snapshot: Snapshot | None = None,
               expiration: float = float("inf"), handoffs: int | None = None) -> Reconciliation:
     """Compare the local leases with the clock and (optionally) a store snapshot.
@@ -292,30 +335,13 @@ def reconcile(leases: Iterable[LeaseView], *, now: float, owner_id: str, snapsho
             continue
         if lease.state not in (LeaseState.OWNED, LeaseState.HANDING_OFF):
             continue
-        if lease.lost:
-            transitions.append(Transition(pid, LeaseState.RELEASING, LeaseEnd.LOST,
-                                          "its receiver or a checkpoint found another owner"))
-            continue
-        if lease.state is LeaseState.HANDING_OFF and not lease.pump_alive:
-            transitions.append(Transition(pid, LeaseState.RELEASING, LeaseEnd.HANDOFF, "its pump finished",
-                                          release_to=lease.release_to))
-            continue
-        if not lease.pump_alive:
-            transitions.append(Transition(pid, LeaseState.RELEASING, LeaseEnd.PUMP_ENDED, "its pump ended",
-                                          release_to="" if now < lease.deadline else None))
-            continue
-        if now >= lease.deadline:
-            transitions.append(Transition(pid, LeaseState.RELEASING, LeaseEnd.EXPIRED,
-                                          "the lease ran out before a renewal succeeded"))
+        ended = _ended_by_itself(lease, now)
+        if ended is not None:
+            transitions.append(ended)
             continue
         if snapshot is None or lease.confirmed_at > snapshot.sent_at:
             continue  # the listing may predate our last write: it cannot judge this lease
-        verdict = _judge_against_store(lease, snapshot, owner_id)
-        if verdict is not None and verdict.to is LeaseState.HANDING_OFF:
-            if handoffs is not None and handoffs <= 0:
-                verdict = None  # paced: the request waits for a later snapshot
-            elif handoffs is not None:
-                handoffs -= 1
+        verdict, handoffs = _paced(_judge_against_store(lease, snapshot, owner_id), handoffs)
         if verdict is not None:
             transitions.append(verdict)
             if verdict.end is LeaseEnd.STORE_LOST:
@@ -324,18 +350,7 @@ def reconcile(leases: Iterable[LeaseView], *, now: float, owner_id: str, snapsho
         if (verdict is None or verdict.to is LeaseState.HANDING_OFF) and record is not None \
                 and record.etag != lease.record.etag:
             refresh.append(record)
-
-    adopt: list[Ownership] = []
-    if snapshot is not None:
-        for pid, record in snapshot.records.items():
-            holding = held.get(pid)
-            if record.owner_id != owner_id or (holding is not None and holding.state is not LeaseState.RELEASED):
-                continue
-            if record.last_modified_time is None:
-                continue
-            if (snapshot.server_time - record.last_modified_time).total_seconds() > expiration:
-                continue  # expired: the balancer claims it like any other
-            adopt.append(record)
+    adopt = _adoptions(snapshot, held, owner_id, expiration) if snapshot is not None else []
     return Reconciliation(
         transitions=tuple(transitions),
         refresh=tuple(refresh),
