@@ -28,13 +28,10 @@ import enum
 import math
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from .errors import ConfigurationError
 from .events import Event
-
-if TYPE_CHECKING:  # pragma: no cover
-    from .partition import PartitionContext
 
 __all__ = ["LoadBalancingStrategy", "CloseReason", "PoisonPolicy", "RetryPolicy", "FailurePolicy", "LoadPolicy",
            "StatePolicy", "HandlerExecutor", "DeadLetter", "positive_seconds", "int_at_least"]
@@ -101,8 +98,10 @@ HandlerExecutor = None | str | concurrent.futures.Executor
 """``None`` (run handlers on the event loop), ``"thread"`` (one worker thread per owned
 partition) or a :class:`concurrent.futures.Executor` whose threads run them."""
 
-DeadLetter = Callable[[list[Event], Exception, "PartitionContext"], Awaitable[None]]
-"""The hook a skipped poison event is handed to: ``await dead_letter(events, error, context)``."""
+DeadLetter = Callable[[list[Event], Exception, Any], Awaitable[None]]
+"""The hook a skipped poison event is handed to: ``await dead_letter(events, error, context)``,
+``context`` being the partition's :class:`~eventprocessor.PartitionContext` (typed loosely
+here: the handler's context is built on these policies, not the other way round)."""
 
 
 @dataclass(frozen=True)
