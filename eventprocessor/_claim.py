@@ -46,16 +46,12 @@ class Claim:
             raise OwnershipLostError(f"partition {claim.partition_id}: the claim ended", ...)
     """
 
-    __slots__ = ("fully_qualified_namespace", "eventhub_name", "consumer_group", "partition_id", "owner_id", "epoch",
-                 "_may_dispatch", "_may_checkpoint", "_on_fence_lost", "_on_checkpoint", "home_loop", "last_enqueued")
+    __slots__ = ("partition_id", "owner_id", "epoch", "_may_dispatch", "_may_checkpoint", "_on_fence_lost",
+                 "_on_checkpoint", "home_loop", "last_enqueued")
 
-    def __init__(self, *, fully_qualified_namespace: str, eventhub_name: str, consumer_group: str, partition_id: str,
-                 owner_id: str, epoch: int, may_dispatch: Callable[[], bool],
+    def __init__(self, *, partition_id: str, owner_id: str, epoch: int, may_dispatch: Callable[[], bool],
                  may_checkpoint: Callable[[], bool] | None = None, on_fence_lost: Callable[[], None] | None = None,
                  on_checkpoint: Callable[[Checkpoint], None] | None = None) -> None:
-        self.fully_qualified_namespace = fully_qualified_namespace
-        self.eventhub_name = eventhub_name
-        self.consumer_group = consumer_group
         self.partition_id = partition_id
         self.owner_id = owner_id
         self.epoch = epoch

@@ -74,10 +74,8 @@ class PartitionContext:
         self.last_event: Event | None = None
         self.last_checkpoint: Checkpoint | None = None
         self._store = checkpoint_store
-        self._claim = Claim(fully_qualified_namespace=fully_qualified_namespace, eventhub_name=eventhub_name,
-                            consumer_group=consumer_group, partition_id=partition_id, owner_id=owner_id, epoch=epoch,
-                            may_dispatch=is_owned, may_checkpoint=may_checkpoint, on_fence_lost=on_ownership_lost,
-                            on_checkpoint=on_checkpoint)
+        self._claim = Claim(partition_id=partition_id, owner_id=owner_id, epoch=epoch, may_dispatch=is_owned,
+                            may_checkpoint=may_checkpoint, on_fence_lost=on_ownership_lost, on_checkpoint=on_checkpoint)
         self._state = state
 
     def __repr__(self) -> str:
@@ -231,13 +229,18 @@ class PartitionProcessor:
 
     Example::
 
-        class Printer(PartitionProcessor):
+        class Totals(PartitionProcessor):
+            async def initialize(self, context):
+                self.total = 0
+
             async def process_events(self, events, context):
-                for event in events:
-                    print(context.partition_id, event.body_as_str())
+                self.total += sum(len(event.body) for event in events)
                 await context.update_checkpoint()
 
-        EventProcessor(source, store, Printer)
+            async def close(self, reason, context):
+                print(f"partition {context.partition_id}: {self.total} bytes, closed for {reason.value}")
+
+        EventProcessor(source, store, Totals)
 
     ``process_events`` is awaited for each batch, one batch at a time per partition.
     If it raises, ``process_error`` gets the exception and the batch is delivered again

@@ -68,7 +68,7 @@ def describe_error(error: BaseException) -> str:
     status = getattr(error, "status_code", None)
     if status is not None:
         parts.append(f"HTTP {status}")
-    code = _error_code(error)
+    code = error_code(error)
     if code:
         parts.append(code)
     text = " ".join(parts)
@@ -81,7 +81,8 @@ def describe_error(error: BaseException) -> str:
     return text
 
 
-def _error_code(error: BaseException) -> str:
+def error_code(error: BaseException) -> str:
+    """The service's error code of an Azure error (``""`` when it has none)."""
     code = getattr(error, "error_code", None)
     return str(getattr(code, "value", code) or "")
 
@@ -129,7 +130,7 @@ def likely_cause(error: BaseException) -> str | None:
         # 'Azurite refuses the storage API version of the installed azure-storage SDK: start it
         #  with --skipApiVersionCheck (`eventprocessor azurite` does), or use a newer Azurite'
     """
-    code = _error_code(error)
+    code = error_code(error)
     status = getattr(error, "status_code", None)
     said = service_message(error).lower()
     if code in ("InvalidHeaderValue", "InvalidApiVersion", "UnsupportedHeader") and \
