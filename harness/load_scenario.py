@@ -1,4 +1,4 @@
-"""The skewed-load scenario with real processes (issue 27): one hot partition, then a
+"""The skewed-load scenario with real processes: one hot partition, then a
 processor slowed down, for count-based balancing, load-aware balancing and the official
 processor.
 

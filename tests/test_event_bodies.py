@@ -1,4 +1,4 @@
-"""Event bodies arrive exactly as sent, whatever their AMQP body type (issue 21, item 6).
+"""Event bodies arrive exactly as sent, whatever their AMQP body type.
 
 AMQP gives a message one of three bodies: one or more data sections, one or more
 amqp-sequence sections, or one amqp-value. azure-eventhub sends each with

@@ -1,4 +1,4 @@
-"""Blocking handlers run off the event loop (issue 21, item 4), in real time.
+"""Blocking handlers run off the event loop, in real time.
 
 A handler that blocks (``time.sleep``, CPU-bound code, a synchronous HTTP call) held the
 processor's event loop: no lease was renewed, so the lease ran out and the partition

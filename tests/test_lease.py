@@ -1,7 +1,7 @@
 """Properties of the claim life cycle and of :func:`eventprocessor._ownership.lease.reconcile`.
 
 ``reconcile`` is the one pure function that lines the local leases up with the clock and
-a store snapshot (issue 11, item 2). A hypothesis state machine drives real
+a store snapshot. A hypothesis state machine drives real
 :class:`~eventprocessor._ownership.lease.Lease` objects through random histories (claims, renewals,
 pumps that end, leases that run out, listings that are stale or fresh, records taken,
 requested, vanished, gone back or unreadable) and applies what ``reconcile`` says the way

@@ -1,4 +1,4 @@
-"""What a processor measures for the load-aware plan (issue 27): the CPU it may use (its
+"""What a processor measures for the load-aware plan: the CPU it may use (its
 cgroup's quota), its utilisation of it.
 
 The cgroup trees here are directories laid out as the kernel lays out ``/sys/fs/cgroup``

@@ -1,4 +1,4 @@
-"""The load-aware plan is pure (issue 27): deterministic for a snapshot, within its move
+"""The load-aware plan is pure: deterministic for a snapshot, within its move
 budget, convergent on any steady load, and quiet under noise (hypothesis)."""
 from __future__ import annotations
 

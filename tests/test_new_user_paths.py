@@ -1,4 +1,4 @@
-"""The first hour of a new user (issue 22): each row of the issue's table, as a test.
+"""The first hour of a new user: each path that failed a new user, as a test.
 
 A user follows the docs (README.md and docs/) from a fresh clone. Each test here walks
 one of the paths that failed them, as they walked it (the command line in a subprocess,
@@ -441,11 +441,6 @@ def test_the_migration_sample_checks_its_packages_before_starting_anything():
 # --------------------------------------------------------------------------- install hints
 
 
-# Being rewritten for issue 22 item 6 (the drop-in client, another change): its hint is to
-# come from eventprocessor.extras.install_command there. Remove this when it does.
-NOT_YET: set = set()
-
-
 def _install_hints() -> list[str]:
     """Every ``pip install ...`` a user is told, in the README and every page of the
     docs, the samples and the program sources, as written (up to the end of its code
@@ -453,8 +448,7 @@ def _install_hints() -> list[str]:
     texts = [docs_pages.text(page) for page in docs_pages.pages()]
     folders = ("eventprocessor", "harness", "samples", "docs", "benchmarks")
     texts += [path.read_text(encoding="utf-8") for folder in folders
-              for path in sorted((ROOT / folder).rglob("*.py"))
-              if str(path.relative_to(ROOT)) not in NOT_YET]
+              for path in sorted((ROOT / folder).rglob("*.py"))]
     hints = []
     for text in texts:
         for match in re.finditer(r"pip install[^`\n\"]*", text):

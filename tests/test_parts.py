@@ -1,4 +1,4 @@
-"""Each part of the processor on its own (issue 23): the task scope, the ownership
+"""Each part of the processor on its own: the task scope, the ownership
 writer, the lease table, the store history, the releaser, membership, the dispatcher's
 drain at stop, the watchdog's arithmetic, the reporter's throttle, the taker's halt and
 the assembly that wires them. The processor tests cover them together; these

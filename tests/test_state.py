@@ -1,4 +1,4 @@
-"""Stateful partitions (issue 26): ``context.state`` moves with ownership, exactly once.
+"""Stateful partitions: ``context.state`` moves with ownership, exactly once.
 
 Virtual time, the in-memory store and source. The invariant every test checks is the
 issue's: after any crash, move or fault, the restored state is exactly the state after

@@ -1,4 +1,4 @@
-"""The fault harness for stateful partitions (issue 26): a per-key counter in
+"""The fault harness for stateful partitions: a per-key counter in
 ``context.state`` ends equal to the events produced per key, on many seeds.
 
 Real stateful EventProcessors on virtual time over the in-memory store, each behind its

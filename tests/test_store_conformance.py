@@ -947,7 +947,7 @@ async def test_a_real_conflict_is_still_a_lost_race(backend: Backend) -> None:
 
 
 async def test_a_checkpoint_carries_its_state_reference_and_the_fence_keeps_it(backend: Backend) -> None:
-    """Stateful partitions (issue 26): the checkpoint names the head of its state log;
+    """Stateful partitions: the checkpoint names the head of its state log;
     a new owner's fence keeps the position and the state that goes with it, and the
     state log's entries are in the same store."""
     from eventprocessor.state import StateLog

@@ -1,4 +1,4 @@
-"""Validation at the door (issue 12): every bad argument is refused when it is given,
+"""Validation at the door: every bad argument is refused when it is given,
 with a ConfigurationError that names the argument, shows the value and says what would
 be valid. One table, one case per row."""
 from __future__ import annotations

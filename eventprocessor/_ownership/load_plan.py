@@ -230,7 +230,7 @@ def encode_load(load: MemberLoad) -> str:
 
 def decode_load(text: str | None) -> MemberLoad | None:
     """The load a member published, or None if it published none (or garbled). A record
-    of an earlier version, without the lag's growth, reads with a growth of 0."""
+    with four fields per partition (no lag growth) reads with a growth of 0."""
     if not text or not text.startswith("u="):
         return None
     head, _, rest = text.partition(";")

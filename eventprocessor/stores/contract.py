@@ -60,7 +60,7 @@ import contextvars
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import replace
 from types import TracebackType
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from .records import Checkpoint, Member, MemberListing, Ownership, OwnershipListing
 
@@ -232,12 +232,6 @@ class StoreWrapper(CheckpointStore):
                 self.calls[operation] += 1
                 return await call()
     """
-
-    def __init_subclass__(cls, **kwargs: Any) -> None:
-        super().__init_subclass__(**kwargs)
-        if "_forward" in vars(cls):  # the hook's name before it was public: it would never be called
-            raise TypeError(f"{cls.__name__} overrides StoreWrapper._forward, which is now called forward: "
-                            "rename the method")
 
     def __init__(self, inner: CheckpointStore) -> None:
         self.inner = inner
