@@ -7,7 +7,7 @@ Example::
 
     import asyncio
     from eventprocessor import EventProcessor, PartitionProcessor
-    from eventprocessor.sources import MemoryEventSource
+    from eventprocessor.sources import InMemoryEventSource
     from eventprocessor.stores import InMemoryCheckpointStore
 
     class Printer(PartitionProcessor):
@@ -17,7 +17,7 @@ Example::
             await context.update_checkpoint()
 
     async def main():
-        source = MemoryEventSource(4)
+        source = InMemoryEventSource(4)
         for i in range(10):
             await source.send(f"event {i}")
         async with EventProcessor(source, InMemoryCheckpointStore(), Printer,

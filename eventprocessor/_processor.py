@@ -65,7 +65,7 @@ class EventProcessor:
                     print(context.partition_id, event.sequence_number, event.body_as_str())
                 await context.update_checkpoint()
 
-        source = MemoryEventSource(8)
+        source = InMemoryEventSource(8)
         async with EventProcessor(source, InMemoryCheckpointStore(), Printer):
             await asyncio.sleep(30)
 

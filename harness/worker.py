@@ -25,7 +25,7 @@ would by hand without the feature: the dict is one JSON blob per partition in th
 checkpoint container, read in ``initialize`` and written before each checkpoint and in
 ``close``.
 
-``--source memory`` (ours only) reads a ``MemoryEventSource`` in this process instead,
+``--source memory`` (ours only) reads a ``InMemoryEventSource`` in this process instead,
 with ``InMemoryCheckpointStore``, fed by a producer task in this process that keeps
 ``--backlog`` events ahead of the handler on every partition until ``--produce``
 events were sent; the source retains ``--retention`` events per partition.
@@ -104,7 +104,7 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--hub", required=True)
     parser.add_argument("--container", help="blob container of the checkpoint store (not with --source memory)")
     parser.add_argument("--source", choices=["eventhub", "memory"], default="eventhub",
-                        help="memory: an in-process MemoryEventSource fed by an in-process producer (ours only)")
+                        help="memory: an in-process InMemoryEventSource fed by an in-process producer (ours only)")
     parser.add_argument("--partitions", type=int, default=8, help="--source memory: partition count")
     parser.add_argument("--produce", type=int, default=0, help="--source memory: events to send in all")
     parser.add_argument("--backlog", type=int, default=1000,
@@ -377,10 +377,10 @@ async def _ours(args: argparse.Namespace, tally: Tally, stop: asyncio.Event, cos
 
     producer: asyncio.Task[None] | None = None
     if args.source == "memory":
-        from eventprocessor.sources import MemoryEventSource
+        from eventprocessor.sources import InMemoryEventSource
         from eventprocessor.stores import InMemoryCheckpointStore
 
-        memory = MemoryEventSource(args.partitions, eventhub_name=args.hub,
+        memory = InMemoryEventSource(args.partitions, eventhub_name=args.hub,
                                    max_events_per_partition=args.retention or 4 * args.backlog)
         source: Any = memory
         store: Any = InMemoryCheckpointStore()

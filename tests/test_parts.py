@@ -33,7 +33,7 @@ from eventprocessor._runtime.telemetry import Telemetry
 from eventprocessor._runtime.timing import Timing
 from eventprocessor.errors import CheckpointStoreError, ConfigurationError
 from eventprocessor.partition import PartitionProcessor
-from eventprocessor.sources import MemoryEventSource
+from eventprocessor.sources import InMemoryEventSource
 from eventprocessor.stores import InMemoryCheckpointStore
 from eventprocessor.stores.records import Checkpoint, Member, MemberListing, Ownership, OwnershipListing
 from eventprocessor.testing import VIRTUAL_EPOCH, FaultyStore, run_virtual, virtual_utc_clock
@@ -295,7 +295,7 @@ def test_a_release_is_written_once_and_a_handoff_with_the_next_epoch():
 
 def _options(store, *, source=None, factory=PartitionProcessor, **overrides) -> ProcessorOptions:
     return ProcessorOptions.validate(
-        source or MemoryEventSource(2), store, factory, consumer_group="$default", owner_id="me",
+        source or InMemoryEventSource(2), store, factory, consumer_group="$default", owner_id="me",
         load_balancing_strategy="greedy", load_balancing_interval=1.0, partition_ownership_expiration_interval=12.0,
         ownership_renewal_age=None, store_timeout=None, shutdown_timeout=5.0, handler_timeout=None,
         handler_executor=None, initial_event_position=EventPosition.earliest(), max_batch_size=10,
@@ -419,7 +419,7 @@ def test_the_dispatcher_drains_pumps_at_stop_and_leaves_the_records_of_hung_ones
 
     async def scenario():
         memory = InMemoryCheckpointStore(clock=virtual_utc_clock())
-        source = MemoryEventSource(2)
+        source = InMemoryEventSource(2)
         for pid in ("0", "1"):
             await source.send("event", partition_id=pid)
         leases = table()

@@ -22,7 +22,7 @@ from eventprocessor import (
     PartitionProcessor,
     PoisonEventsError,
 )
-from eventprocessor.sources import MemoryEventSource
+from eventprocessor.sources import InMemoryEventSource
 from eventprocessor.stores import InMemoryCheckpointStore
 from eventprocessor.testing import run_virtual, virtual_utc_clock
 
@@ -44,8 +44,8 @@ def new_store() -> InMemoryCheckpointStore:
     return InMemoryCheckpointStore(clock=virtual_utc_clock())
 
 
-def new_source(partitions: int) -> MemoryEventSource:
-    return MemoryEventSource(partitions, clock=virtual_utc_clock())
+def new_source(partitions: int) -> InMemoryEventSource:
+    return InMemoryEventSource(partitions, clock=virtual_utc_clock())
 
 
 class AuditedStore(InMemoryCheckpointStore):

@@ -30,7 +30,7 @@ from eventprocessor import (
 )
 from eventprocessor.errors import EventSourceError
 from eventprocessor.policies import RetryPolicy
-from eventprocessor.sources import MemoryEventSource
+from eventprocessor.sources import InMemoryEventSource
 from eventprocessor.sources.base import EventSource, PartitionReceiver
 from eventprocessor.stores import InMemoryCheckpointStore
 from eventprocessor.testing import DeliveryRecorder, recording_handler, run_virtual, virtual_utc_clock
@@ -75,7 +75,7 @@ class DetachableSource(EventSource):
     """The in-memory source, whose open receivers fail once when ``detach`` is set (a
     detached link), as a waiting Event Hubs receiver does."""
 
-    def __init__(self, inner: MemoryEventSource) -> None:
+    def __init__(self, inner: InMemoryEventSource) -> None:
         self.inner = inner
         self.fully_qualified_namespace = inner.fully_qualified_namespace
         self.eventhub_name = inner.eventhub_name
@@ -95,7 +95,7 @@ class DetachableSource(EventSource):
 
 
 def _world(partitions: int = 1):
-    memory = MemoryEventSource(partitions, clock=virtual_utc_clock())
+    memory = InMemoryEventSource(partitions, clock=virtual_utc_clock())
     return memory, DetachableSource(memory), InMemoryCheckpointStore(clock=virtual_utc_clock())
 
 
@@ -478,7 +478,7 @@ def test_a_throttled_hub_is_left_alone_for_the_time_it_asked():
     recorder = DeliveryRecorder()
 
     async def scenario():
-        memory = MemoryEventSource(2, clock=virtual_utc_clock())
+        memory = InMemoryEventSource(2, clock=virtual_utc_clock())
         source = FaultySource(memory)
         store = InMemoryCheckpointStore(clock=virtual_utc_clock())
         async with EventProcessor(source, store, recording_handler(recorder), **FAST) as processor:
@@ -503,7 +503,7 @@ def test_a_recreated_hub_is_reported_and_read_from_its_beginning_instead_of_wait
     recorder = DeliveryRecorder()
 
     async def scenario():
-        memory = MemoryEventSource(1, clock=virtual_utc_clock())
+        memory = InMemoryEventSource(1, clock=virtual_utc_clock())
         store = InMemoryCheckpointStore(clock=virtual_utc_clock())
         for i in range(5):
             await memory.send(f"old {i}")

@@ -307,10 +307,10 @@ async def run_scenario(seed: int, partitions: int, processors: int, position: st
 # ----------------------------------------------------------------------------- FaultySource itself
 
 def _faulty(partitions: int = 2) -> FaultySource:
-    from eventprocessor.sources import MemoryEventSource
+    from eventprocessor.sources import InMemoryEventSource
     from eventprocessor.testing import virtual_utc_clock
 
-    return FaultySource(MemoryEventSource(partitions, clock=virtual_utc_clock()))
+    return FaultySource(InMemoryEventSource(partitions, clock=virtual_utc_clock()))
 
 
 async def _open(source: FaultySource, pid: str = "0", position: EventPosition = EventPosition.earliest()):

@@ -8,7 +8,7 @@ import asyncio
 import pytest
 
 from eventprocessor import EventProcessor
-from eventprocessor.sources import MemoryEventSource
+from eventprocessor.sources import InMemoryEventSource
 from eventprocessor.stores import InMemoryCheckpointStore
 from eventprocessor.stores.contract import StoreWrapper
 from eventprocessor.testing import (
@@ -116,7 +116,7 @@ def test_a_ledger_store_sees_claims_fences_heartbeats_a_handoff_and_the_releases
     async def main() -> OwnershipLedger:
         ledger = OwnershipLedger(expiration=20.0)
         memory = InMemoryCheckpointStore(clock=virtual_utc_clock())
-        source = MemoryEventSource(4, clock=virtual_utc_clock())
+        source = InMemoryEventSource(4, clock=virtual_utc_clock())
         handler = recording_handler(DeliveryRecorder())
         options = dict(load_balancing_interval=2.0, partition_ownership_expiration_interval=20.0,
                        load_balancing_strategy="greedy")

@@ -19,14 +19,14 @@ from eventprocessor import (
     PartitionProcessor,
     StatePolicy,
 )
-from eventprocessor.sources import MemoryEventSource
+from eventprocessor.sources import InMemoryEventSource
 from eventprocessor.stores import InMemoryCheckpointStore
 
 NAN, INF = math.nan, math.inf
 
 
 def processor(**kwargs: Any) -> EventProcessor:
-    args: dict[str, Any] = dict(source=MemoryEventSource(2), checkpoint_store=InMemoryCheckpointStore(),
+    args: dict[str, Any] = dict(source=InMemoryEventSource(2), checkpoint_store=InMemoryCheckpointStore(),
                                 partition_processor=PartitionProcessor)
     for name in ("source", "checkpoint_store", "partition_processor"):
         if name in kwargs:
@@ -85,7 +85,7 @@ CASES = [
      ["partition_processor", "dict"]),
     ("processor neither class nor callable", lambda: processor(partition_processor=42),
      ["partition_processor", "int"]),
-    ("no source", lambda: processor(source=None), ["source", "NoneType", "MemoryEventSource"]),
+    ("no source", lambda: processor(source=None), ["source", "NoneType", "InMemoryEventSource"]),
     ("no store", lambda: processor(checkpoint_store=None), ["checkpoint_store", "NoneType"]),
     ("error handler not callable", lambda: processor(error_handler="print"), ["error_handler", "str"]),
     ("dead letter not callable", lambda: FailurePolicy(dead_letter=5), ["dead_letter", "int"]),
@@ -104,9 +104,9 @@ CASES = [
      ["acceptable_recovery_lag", "1.5"]),
     ("clock without sleep", lambda: processor(clock=object()), ["clock", "monotonic", "object"]),
     ("rng as a seed", lambda: processor(rng=42), ["rng", "random.Random", "int"]),
-    ("source with no partitions", lambda: MemoryEventSource(0), ["partition_count", "0"]),
-    ("source partition count as text", lambda: MemoryEventSource("4"), ["partition_count", "'4'"]),
-    ("source with empty hub name", lambda: MemoryEventSource(2, eventhub_name=""), ["eventhub_name"]),
+    ("source with no partitions", lambda: InMemoryEventSource(0), ["partition_count", "0"]),
+    ("source partition count as text", lambda: InMemoryEventSource("4"), ["partition_count", "'4'"]),
+    ("source with empty hub name", lambda: InMemoryEventSource(2, eventhub_name=""), ["eventhub_name"]),
     ("position of an unknown kind", lambda: EventPosition("first"), ["kind", "'first'"]),
     ("position at a text sequence number", lambda: EventPosition.from_sequence_number("abc"),
      ["sequence_number", "'abc'"]),

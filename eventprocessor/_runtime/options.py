@@ -71,7 +71,7 @@ def _what_and_where(source: Any, checkpoint_store: Any, partition_processor: Any
         raise ConfigurationError("partition_processor must be a PartitionProcessor subclass or a factory "
                                  f"returning one, got {type(partition_processor).__name__}")
     if not isinstance(source, EventSource):
-        raise ConfigurationError(f"source must be an EventSource (for example MemoryEventSource or "
+        raise ConfigurationError(f"source must be an EventSource (for example InMemoryEventSource or "
                                  f"EventHubSource), got {type(source).__name__}")
     if not isinstance(checkpoint_store, CheckpointStore):
         raise ConfigurationError(f"checkpoint_store must be a CheckpointStore (for example "

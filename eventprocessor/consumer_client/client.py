@@ -92,7 +92,7 @@ class EventHubConsumerClient:
     @classmethod
     def from_source(cls, source: EventSource, consumer_group: str = "$default", **kwargs: Any
                     ) -> EventHubConsumerClient:
-        """Over any event source (``MemoryEventSource`` in tests, an ``EventHubSource``
+        """Over any event source (``InMemoryEventSource`` in tests, an ``EventHubSource``
         you configured yourself). The source is not closed by :meth:`close`."""
         _require_azure_eventhub()
         if not isinstance(source, EventSource):
