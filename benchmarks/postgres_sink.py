@@ -15,7 +15,7 @@ table of the same server, the paths taking turns going first, ``--rounds`` round
 * **floor**: a bare asyncpg loop per partition, all partitions at once on a pool: the
   batch's rows made from the events and one COPY (autocommit: one commit per batch),
   nothing else: no source, no processor, no fencing;
-* **processor, COPY only**: an ``EventProcessor`` over a ``MemoryEventSource`` whose handler
+* **processor, COPY only**: an ``EventProcessor`` over a ``InMemoryEventSource`` whose handler
   COPYs each delivered batch and never checkpoints (what the processor and the source
   cost, for reference);
 * **insert then checkpoint**: the handler a user writes without the sink: the COPY, then
@@ -115,9 +115,9 @@ async def _count(dsn: str, table: str) -> Counter:
 
 
 def _source(partitions: int, events: int, body_size: int) -> Any:
-    from eventprocessor.sources import MemoryEventSource
+    from eventprocessor.sources import InMemoryEventSource
 
-    source = MemoryEventSource(partitions)
+    source = InMemoryEventSource(partitions)
     for i in range(events):
         for p in range(partitions):
             source.append(f"{p}:{i}".encode().ljust(body_size, b"."), partition_id=str(p))

@@ -6,7 +6,7 @@ move under load. Each returns what the table holds (:class:`~harness.postgres_pr
 A *zombie* here is a processor whose sink is frozen inside a batch (the step hook awaits)
 while its checkpoint store is cut off, so its lease runs out and a second processor takes
 the partition, as a SIGSTOPped process's would; then it is let go. The processors share an
-in-memory checkpoint store and one ``MemoryEventSource``; the sink writes to the real
+in-memory checkpoint store and one ``InMemoryEventSource``; the sink writes to the real
 server. ``seed`` varies which transaction is hit and the timings.
 
 Example::
@@ -26,7 +26,7 @@ import asyncpg
 
 from eventprocessor import EventProcessor
 from eventprocessor.postgres import PostgresSink
-from eventprocessor.sources import MemoryEventSource
+from eventprocessor.sources import InMemoryEventSource
 from eventprocessor.stores import InMemoryCheckpointStore
 from eventprocessor.testing import FaultyStore
 
@@ -45,7 +45,7 @@ class Scene:
         suffix = uuid.uuid4().hex[:10]
         self.dsn, self.partitions, self.events = dsn, partitions, events
         self.table, self.positions_table = f"rows_{suffix}", f"pos_{suffix}"
-        self.source = MemoryEventSource(partitions)
+        self.source = InMemoryEventSource(partitions)
         self.store = InMemoryCheckpointStore()
         self.processors: list[EventProcessor] = []
         self.sinks: list[PostgresSink] = []

@@ -143,7 +143,7 @@ async def _amain(args: argparse.Namespace) -> int:
 
     from eventprocessor import EventProcessor
     from eventprocessor.postgres import PostgresSink
-    from eventprocessor.sources import MemoryEventSource
+    from eventprocessor.sources import InMemoryEventSource
     from eventprocessor.stores import PostgresCheckpointStore
 
     dsn = os.environ.get(DSN_ENV)
@@ -152,7 +152,7 @@ async def _amain(args: argparse.Namespace) -> int:
         return 2
     stop = asyncio.Event()
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
-    source = MemoryEventSource(args.partitions)
+    source = InMemoryEventSource(args.partitions)
     producer = None
     if args.rate > 0:
         producer = asyncio.create_task(_produce(source, args))

@@ -14,10 +14,10 @@ import asyncpg
 import pytest
 
 from eventprocessor import EventProcessor
-from eventprocessor.delivery import RetryPolicy
 from eventprocessor.errors import ConfigurationError
+from eventprocessor.policies import RetryPolicy
 from eventprocessor.postgres import PositionBehindError, PostgresSink
-from eventprocessor.sources import MemoryEventSource
+from eventprocessor.sources import InMemoryEventSource
 from eventprocessor.stores import InMemoryCheckpointStore
 from harness.postgres_scenarios import cut_connection, lost_commit, move_under_load, restart, zombie
 from tests.postgres_helpers import copy_into, create_events_table, drop_tables, expected_events, tally, wait_for
@@ -32,8 +32,8 @@ def _processor(source, store, sink, owner_id: str = "a") -> EventProcessor:
                           partition_ownership_expiration_interval=1.0, max_batch_size=50)
 
 
-def _filled(partitions: int, events: int) -> MemoryEventSource:
-    source = MemoryEventSource(partitions)
+def _filled(partitions: int, events: int) -> InMemoryEventSource:
+    source = InMemoryEventSource(partitions)
     for i in range(events):
         for p in range(partitions):
             source.append(f"{p}:{i}", partition_id=str(p))

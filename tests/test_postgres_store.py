@@ -14,8 +14,8 @@ import pytest
 from eventprocessor.emulators.fault_proxy import TcpFaultProxy
 from eventprocessor.emulators.ports import free_ports
 from eventprocessor.errors import CheckpointStoreError, ConfigurationError
-from eventprocessor.records import Ownership
 from eventprocessor.stores import PostgresCheckpointStore
+from eventprocessor.stores.records import Ownership
 
 pytestmark = [pytest.mark.postgres]
 

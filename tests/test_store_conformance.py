@@ -1,6 +1,6 @@
 """One contract, four stores: the same tests against InMemory, Blob-on-Azurite,
-Table-on-Azurite and PostgreSQL (``eventprocessor/checkpoint_store.py`` states the
-contract, ``eventprocessor/stores/protocol.py`` the protocol all four run).
+Table-on-Azurite and PostgreSQL (``eventprocessor/stores/contract.py`` states the contract,
+``eventprocessor/stores/protocol.py`` and the modules it names the protocol all four run).
 
 Every test gets a fresh container / table and a fresh consumer group. Races are real:
 the two contenders are two store clients with their own fence caches (on Azurite, with
@@ -25,8 +25,7 @@ from typing import Any
 
 import pytest
 
-from eventprocessor.balancer import LoadBalancingStrategy, decide
-from eventprocessor.checkpoint_store import CheckpointStore
+from eventprocessor._ownership.balancer import decide
 from eventprocessor.errors import (
     CheckpointStoreError,
     ClaimOwnershipError,
@@ -34,9 +33,11 @@ from eventprocessor.errors import (
     OwnershipLostError,
     StaleEpochError,
 )
-from eventprocessor.records import MAX_ENTRY_BYTES, MAX_EPOCH, Checkpoint, Member, Ownership
+from eventprocessor.policies import LoadBalancingStrategy
 from eventprocessor.stores import InMemoryCheckpointStore
-from eventprocessor.stores.protocol import CHECKPOINT, EtagMismatch, Kind, RecordExists
+from eventprocessor.stores.backend import CHECKPOINT, EtagMismatch, Kind, RecordExists
+from eventprocessor.stores.contract import CheckpointStore
+from eventprocessor.stores.records import MAX_ENTRY_BYTES, MAX_EPOCH, Checkpoint, Member, Ownership
 
 NAMESPACE = "conformance.servicebus.windows.net"
 HUB = "hub"
@@ -1019,11 +1020,11 @@ async def test_a_real_conflict_is_still_a_lost_race(backend: Backend) -> None:
 
 
 async def test_a_checkpoint_carries_its_state_reference_and_the_fence_keeps_it(backend: Backend) -> None:
-    """Stateful partitions (issue 26): the checkpoint names the head of its state log;
+    """Stateful partitions: the checkpoint names the head of its state log;
     a new owner's fence keeps the position and the state that goes with it, and the
     state log's entries are in the same store."""
-    from eventprocessor.records import StateRef
     from eventprocessor.state import StateLog
+    from eventprocessor.stores.records import StateRef
 
     old = await backend.claim(backend.store, "0", "old")
     await backend.store.fence_checkpoint(old)

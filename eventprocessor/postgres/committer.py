@@ -23,11 +23,11 @@ import random
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from ..backoff import Backoff
-from ..delivery import RetryPolicy
+from .._runtime.backoff import Backoff
 from ..errors import PoisonEventsError
 from ..events import Event
-from ._connection import SERIALIZATION_STATES, describe, transient
+from ..policies import RetryPolicy
+from ..stores._postgres import SERIALIZATION_STATES, describe, transient
 from .claims import Claim, SinkStats
 from .positions import Positions
 from .transaction import CommitOutcomeUnknown, StaleClaim, StepHook, WriteFunction, settle_commit, write_batch

@@ -32,7 +32,7 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
-from ._connection import quoted_name
+from ..stores._postgres import quoted_name
 
 __all__ = ["Positions", "Position", "Holder", "AdvanceStatement", "DEFAULT_POSITIONS_TABLE", "NOT_HELD"]
 

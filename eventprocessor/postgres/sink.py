@@ -10,12 +10,12 @@ from collections.abc import Mapping
 from types import TracebackType
 from typing import Any
 
-from ..backoff import Backoff
-from ..delivery import RetryPolicy
+from .._runtime.backoff import Backoff
 from ..errors import ConfigurationError, EventProcessorError, OwnershipLostError
 from ..events import Event
-from ..partition import CloseReason, PartitionContext, PartitionProcessor
-from ._connection import check_dsn, describe, require_asyncpg, safe_dsn
+from ..partition import PartitionContext, PartitionProcessor, claim_of
+from ..policies import CloseReason, RetryPolicy
+from ..stores._postgres import check_dsn, describe, require_asyncpg, safe_dsn
 from .claims import Claim, ClaimState, SinkStats
 from .committer import Committer, Outcome
 from .positions import DEFAULT_POSITIONS_TABLE, Position, Positions
@@ -415,7 +415,7 @@ class PostgresSink:
             logger.info("sink: dropping %d buffered events of partition %s (epoch %s): the claim ended", dropped,
                         claim.partition_id, claim.context.epoch)
         if fenced_out:
-            claim.context._ownership_lost()
+            claim_of(claim.context).fence_lost()
 
     def _park(self, claim: Claim, error: BaseException) -> None:
         """Nothing more of the claim is written or checkpointed until the processor

@@ -21,7 +21,7 @@ from typing import Any
 from ..errors import ConfigurationError
 from ..events import Event
 from ..partition import PartitionContext
-from ._connection import describe, outcome_unknown, transient
+from ..stores._postgres import describe, outcome_unknown, transient
 from .positions import NOT_HELD, AdvanceStatement, Holder, Key, Position, Positions
 
 __all__ = ["StaleClaim", "WriteAborted", "CommitOutcomeUnknown", "write_batch", "settle_commit", "StepHook",

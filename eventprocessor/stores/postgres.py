@@ -55,24 +55,15 @@ from datetime import datetime
 from typing import Any, TypeVar
 
 from eventprocessor.errors import ConfigurationError
-from eventprocessor.postgres._connection import (
-    check_dsn,
-    describe,
-    outcome_unknown,
-    quoted_name,
-    require_asyncpg,
-    safe_dsn,
-)
 
-# The record protocol's backend interface, imported here and nowhere else in this module.
-from .protocol import (
+from ._postgres import check_dsn, describe, outcome_unknown, quoted_name, require_asyncpg, safe_dsn
+from .backend import (
     MEMBER,
     OWNERSHIP,
     BackendFailure,
     EtagMismatch,
     Fields,
     Kind,
-    ProtocolStore,
     RecordBackend,
     RecordExists,
     RecordListing,
@@ -80,6 +71,7 @@ from .protocol import (
     Scope,
     StoredRecord,
 )
+from .protocol import ProtocolStore
 
 __all__ = ["PostgresCheckpointStore", "PostgresRecords", "DEFAULT_TABLE"]
 
