@@ -106,7 +106,10 @@ class Scene:
                 rows = await connection.fetch(f'SELECT partition_id, sequence_number FROM "{self.positions_table}"')
             finally:
                 connection.terminate()
-        except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError):  # restarting, or no table yet
+        # Restarting, or no table yet. A server that shuts down between the handshake and
+        # the query leaves asyncpg's protocol consuming its FATAL: the query then raises
+        # InternalClientError ("cannot switch to state 12; another operation (2) is in progress").
+        except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError, asyncpg.exceptions._base.InternalClientError):
             return {}
         return {row[0]: row[1] for row in rows}
 
