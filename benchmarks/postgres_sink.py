@@ -363,9 +363,10 @@ def _markdown(rounds: list[Round], kills: dict[str, list[tuple[int, int]]], chec
         found = kills.get(path)
         dup = "n/a" if not found else ", ".join(f"{d}" + (f" ({m} missing)" if m else "") for d, m in found)
         lines.append(f"| {path} | {_span([r.rows_per_second[path] for r in rounds])} | {dup} |")
-    verdict = "meets" if ratios and min(ratios) >= TARGET else "misses"
-    lines += ["", f"Exactly once / floor, per round: {_span(ratios, 2)} ({verdict} the target of {TARGET} in every "
-                  "round)." if ratios else "", ""]
+    below = sum(1 for ratio in ratios if ratio < TARGET)
+    verdict = f"meets the target of {TARGET} in every round" if not below else \
+        f"below the target of {TARGET} in {below} of {len(ratios)} round(s)"
+    lines += ["", f"Exactly once / floor, per round: {_span(ratios, 2)} ({verdict})." if ratios else "", ""]
     if checkpoints:
         lines += ["| checkpoint store (32 partitions, 16 at once) | checkpoints/s, median (range) |", "|---|---|"]
         lines += [f"| {name} | {_span(rates)} |" for name, rates in checkpoints.items()]

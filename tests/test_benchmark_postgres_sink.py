@@ -30,3 +30,22 @@ def test_a_quick_run_measures_every_path_and_both_postgres_stores_and_records_no
     refused = subprocess.run([sys.executable, "-m", "benchmarks.postgres_sink", "--quick", "--record"], cwd=ROOT,
                              env=env, capture_output=True, text=True, timeout=120)
     assert refused.returncode != 0 and "cannot --record" in refused.stderr
+
+
+def test_the_verdict_counts_the_rounds_below_the_target_and_never_claims_more():
+    """A run with one round under 0.8x the floor says so, as one of three; it neither says
+    every round missed nor that the target was met."""
+    import argparse
+
+    from benchmarks.postgres_sink import Round, _markdown
+
+    args = argparse.Namespace(partitions=4, events=5000, body_size=100, batch=1000)
+
+    def verdict(*exactly_once: float) -> str:
+        rounds = [Round({"floor": 100.0, "processor, COPY only": 90.0, "insert then checkpoint": 80.0,
+                         "exactly once": rate}) for rate in exactly_once]
+        return next(line for line in _markdown(rounds, {}, {}, args, "cmd", "here").splitlines()
+                    if line.startswith("Exactly once / floor"))
+
+    assert verdict(77.0, 112.0, 90.0).endswith("(below the target of 0.8 in 1 of 3 round(s)).")
+    assert verdict(87.0, 112.0, 90.0).endswith("(meets the target of 0.8 in every round).")
