@@ -21,6 +21,7 @@ import time
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime
 
 import asyncpg
 
@@ -232,21 +233,53 @@ async def zombie(dsn: str, log_dir: str, *, step: str, mode: str = "sink", parti
         await tables.drop(dsn)
 
 
-async def _ownership(dsn: str, tables: Tables, expiry: float) -> dict[str, str]:
-    """Live owners by partition, judged on the store's (the server's) clock."""
+async def _records(dsn: str, tables: Tables) -> tuple[dict[str, tuple[str, datetime]], datetime]:
+    """Every owned record's owner and last write, and the server's time, on the store's
+    (the server's) clock."""
     from eventprocessor.stores import PostgresCheckpointStore
 
     async with PostgresCheckpointStore(dsn=dsn, table=tables.records) as store:
         listing = await store.list_ownership("memory.local", "hub", "$default")
-    return {o.partition_id: o.owner_id for o in listing.ownerships if o.owner_id and o.last_modified_time
-            and (listing.server_time - o.last_modified_time).total_seconds() < expiry}
+    return {o.partition_id: (o.owner_id, o.last_modified_time) for o in listing.ownerships
+            if o.owner_id and o.last_modified_time}, listing.server_time
+
+
+def _live(records: dict[str, tuple[str, datetime]], now: datetime, expiry: float) -> dict[str, str]:
+    return {p: owner for p, (owner, stamp) in records.items() if (now - stamp).total_seconds() < expiry}
+
+
+class _Failover:
+    """What the store's records show of a killed worker's partitions, on the server's
+    clock: the dead worker's last write of each, and the first record of its taker seen."""
+
+    def __init__(self, victim: str, records: dict[str, tuple[str, datetime]]) -> None:
+        self.victim = victim
+        self.partitions = {p for p, (owner, _stamp) in records.items() if owner == victim}
+        self.last_write: datetime | None = None
+        self.taken: dict[str, datetime] = {}
+        self.see(records)
+
+    def see(self, records: dict[str, tuple[str, datetime]]) -> None:
+        for partition, (owner, stamp) in records.items():
+            if owner == self.victim:
+                self.last_write = stamp if self.last_write is None else max(self.last_write, stamp)
+            elif partition in self.partitions:
+                self.taken.setdefault(partition, stamp)
+
+    def earliest_lease_age(self) -> float:
+        """Seconds from the dead worker's last write to the earliest takeover seen (a poll
+        may see a takeover late, never early)."""
+        assert self.last_write is not None and self.taken, "no takeover seen"
+        return min((stamp - self.last_write).total_seconds() for stamp in self.taken.values())
 
 
 async def group(dsn: str, log_dir: str, *, partitions: int = 12, events: int = 300, rate: float = 50.0,
                 timeout: float = 60.0) -> Outcome:
     """Two workers balance a stream (6/6), a third joins and partitions are handed over
     to it while events flow (4/4/4), then one is SIGKILLed and the two others take its
-    partitions once its leases expire; the group runs on PostgreSQL alone."""
+    partitions once its leases expire; the group runs on PostgreSQL alone. The notes say,
+    from the store's records on the server's clock, whether the survivors kept what they
+    owned and how long after the dead worker's last write its first partition was taken."""
     expiry = 2.0
     tables = await Tables.create(dsn)
     start = time.time() + 3.0
@@ -257,8 +290,11 @@ async def group(dsn: str, log_dir: str, *, partitions: int = 12, events: int = 3
     def split(owners: dict[str, str]) -> list[int]:
         return sorted(sum(1 for owner in owners.values() if owner == w.owner_id) for w in workers if w.alive)
 
-    async def balanced(shares: list[int]) -> bool:
-        owners = await _ownership(dsn, tables, expiry)
+    async def balanced(shares: list[int], failover: _Failover | None = None) -> bool:
+        records, now = await _records(dsn, tables)
+        if failover is not None:
+            failover.see(records)
+        owners = _live(records, now, expiry)
         return len(owners) == partitions and split(owners) == shares and all(
             set(w.owned) == {p for p, o in owners.items() if o == w.owner_id} for w in workers if w.alive)
 
@@ -273,10 +309,17 @@ async def group(dsn: str, log_dir: str, *, partitions: int = 12, events: int = 3
         third = partitions // 3
         notes["handed_over_s"] = await _until(lambda: balanced([third] * 3), timeout, "three workers balanced",
                                               workers)
+        before, _now = await _records(dsn, tables)
+        failover = _Failover(workers[0].owner_id, before)
         workers[0].kill()
         await workers[0].process.wait()
-        notes["failed_over_s"] = await _until(lambda: balanced([half, half]), timeout,
+        notes["failed_over_s"] = await _until(lambda: balanced([half, half], failover), timeout,
                                               "the survivors took the killed worker's partitions", workers)
+        after, _now = await _records(dsn, tables)
+        notes["survivors_kept_their_partitions"] = float(all(
+            after[p][0] == owner for p, (owner, _stamp) in before.items() if owner != failover.victim))
+        notes["earliest_takeover_lease_age_s"] = failover.earliest_lease_age()
+        notes["expiry_s"] = expiry
         expected = _expected(partitions, events)
         await _until(_complete(dsn, tables, expected), timeout, "every event written", workers)
         outcome = await _finish(dsn, tables, expected, workers)

@@ -51,4 +51,8 @@ async def test_a_group_on_postgresql_alone_balances_hands_over_and_fails_over_ex
     SIGKILLed and the two others take its partitions; every event is in the table once."""
     outcome = await group(postgres.dsn, str(tmp_path))
     assert outcome.exactly_once() is None, outcome.exactly_once()
+    # As the Blob group: the survivors kept what they owned, and on the server's clock no
+    # partition of the killed worker was taken before its lease ran out.
+    assert outcome.notes["survivors_kept_their_partitions"] == 1.0, outcome.notes
+    assert outcome.notes["earliest_takeover_lease_age_s"] >= outcome.notes["expiry_s"], outcome.notes
     print(f"\npostgres group: {outcome.notes}")
