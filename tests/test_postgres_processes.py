@@ -45,6 +45,15 @@ async def test_a_zombie_resumed_after_its_lease_commits_nothing(postgres, tmp_pa
     assert outcome.exactly_once() is None, outcome.exactly_once()
 
 
+async def test_the_insert_then_checkpoint_handler_resumed_after_its_lease_duplicates(postgres, tmp_path):
+    """The control: the zombie is real. The handler a user writes without the sink, frozen
+    before its insert past its lease and resumed after the new owner wrote the batch,
+    inserts it again (its checkpoint is refused, its rows are not)."""
+    outcome = await zombie(postgres.dsn, str(tmp_path), step="before_write", mode="naive", idle_timeout=3.0)
+    assert outcome.missing == 0
+    assert outcome.duplicates > 0, "the resumed insert-then-checkpoint handler was expected to duplicate its batch"
+
+
 async def test_a_group_on_postgresql_alone_balances_hands_over_and_fails_over_exactly_once(postgres, tmp_path):
     """No Azure storage: ownership, checkpoints and rows in one PostgreSQL. Two processes
     balance 6/6, a third takes its share by handoff while events flow (4/4/4), one is
