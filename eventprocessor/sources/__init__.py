@@ -4,11 +4,11 @@
 """
 from typing import Any
 
-from .base import EventSource, LastEnqueuedEventProperties, PartitionProperties, PartitionReceiver
+from .base import EventHubProperties, EventSource, LastEnqueuedEventProperties, PartitionProperties, PartitionReceiver
 from .memory import MemoryEventSource, MemoryPartitionReceiver
 
 __all__ = ["EventSource", "PartitionReceiver", "LastEnqueuedEventProperties", "PartitionProperties",
-           "MemoryEventSource", "MemoryPartitionReceiver", "EventHubSource"]
+           "EventHubProperties", "MemoryEventSource", "MemoryPartitionReceiver", "EventHubSource"]
 
 
 def __getattr__(name: str) -> Any:
