@@ -1,7 +1,7 @@
 """A checkpoint store written to azure-eventhub's public ``CheckpointStore`` interface
 (``azure.eventhub.aio.CheckpointStore``: ``list_ownership``, ``claim_ownership``,
 ``update_checkpoint``, ``list_checkpoints``), run as this SDK's
-:class:`~eventprocessor.checkpoint_store.CheckpointStore`.
+:class:`~eventprocessor.stores.contract.CheckpointStore`.
 
 What that interface allows is kept: ownership claims conditional on the record's etag
 (as far as the store implements them), expiry of silent owners, checkpoints written and
@@ -29,9 +29,9 @@ from collections.abc import Callable, Iterable
 from datetime import datetime, timezone
 from typing import Any
 
-from ..checkpoint_store import CheckpointStore
 from ..errors import OwnershipLostError
-from ..records import Checkpoint, Member, MemberListing, Ownership, OwnershipListing, UnreadableOwnership
+from ..stores.contract import CheckpointStore
+from ..stores.records import Checkpoint, Member, MemberListing, Ownership, OwnershipListing, UnreadableOwnership
 
 __all__ = ["OfficialInterfaceStore", "is_official_interface_store"]
 

@@ -6,10 +6,10 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from ..checkpoint_store import CheckpointStore
+from .._processor import EventProcessor
 from ..errors import ConfigurationError
-from ..processor import EventProcessor
 from ..sources.base import EventSource
+from ..stores.contract import CheckpointStore
 from .callbacks import OnError, OnPartitionClose, OnPartitionInitialize, _CallbackProcessor, _Callbacks
 from .options import _memory_store, starting_positions
 from .views import _OnePartitionStore, _ReceiveSource

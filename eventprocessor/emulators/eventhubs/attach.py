@@ -25,7 +25,7 @@ from .links import InboundLink, OutboundLink, Session
 from .positions import parse_selector
 
 if TYPE_CHECKING:  # pragma: no cover
-    from .connection import Connection
+    from .peer import ConnectionView
 
 __all__ = ["attach", "entity_path", "check_authorized", "SENDER_CREDIT"]
 
@@ -47,7 +47,7 @@ def entity_path(address: str | None) -> list[str]:
     return [segment for segment in address.strip("/").split("/") if segment]
 
 
-def attach(connection: Connection, session: Session, frame: F.Performative) -> None:
+def attach(connection: ConnectionView, session: Session, frame: F.Performative) -> None:
     """Answer the client's attach on ``session``: attach our end, or refuse."""
     fields, raw = frame.fields, frame.raw
     name, remote_handle, role = fields[0], fields[1], fields[2]
@@ -77,7 +77,7 @@ def attach(connection: Connection, session: Session, frame: F.Performative) -> N
         session.refuse(fields, raw, role, handle, F.error(refused.condition, refused.description))
 
 
-def _attach_outbound(connection: Connection, session: Session, frame: F.Performative, handle: int,
+def _attach_outbound(connection: ConnectionView, session: Session, frame: F.Performative, handle: int,
                      source: list[Any] | None) -> None:
     fields, raw = frame.fields, frame.raw
     name = fields[0]
@@ -102,7 +102,7 @@ def _attach_outbound(connection: Connection, session: Session, frame: F.Performa
                      link.cursor, link.owner_level)
 
 
-def _outbound(connection: Connection, session: Session, name: str, remote_handle: int, handle: int,
+def _outbound(connection: ConnectionView, session: Session, name: str, remote_handle: int, handle: int,
               source: list[Any] | None, properties: dict[Any, Any], desired: list[Any]) -> OutboundLink:
     address = source[0] if source else None
     path = entity_path(address)
@@ -143,7 +143,7 @@ def _selector(source: list[Any] | None) -> str | None:
     return expression
 
 
-def _inbound(connection: Connection, session: Session, name: str, remote_handle: int, handle: int,
+def _inbound(connection: ConnectionView, session: Session, name: str, remote_handle: int, handle: int,
              address: str | None) -> InboundLink:
     path = entity_path(address)
     if path in (["$cbs"], ["$management"]):
@@ -161,7 +161,7 @@ def _inbound(connection: Connection, session: Session, name: str, remote_handle:
                                         "is <hub> or <hub>/Partitions/<id>.")
 
 
-def check_authorized(connection: Connection, hub: EventHub) -> None:
+def check_authorized(connection: ConnectionView, hub: EventHub) -> None:
     """With token checking on, a hub is reached only after a valid token was put for it
     (or for the whole namespace) on this connection."""
     if connection.server.sas_key is None:

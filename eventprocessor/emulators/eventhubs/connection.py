@@ -37,7 +37,7 @@ from .links import InboundLink, OutboundLink, Session
 from .management import answer
 
 if TYPE_CHECKING:  # pragma: no cover
-    from .server import AMQPServer
+    from .peer import ServerView
 
 __all__ = ["Connection", "MAX_FRAME_SIZE"]
 
@@ -51,7 +51,7 @@ _SESSION_WINDOW = 5000
 class Connection(asyncio.Protocol):
     """One client connection."""
 
-    def __init__(self, server: AMQPServer) -> None:
+    def __init__(self, server: ServerView) -> None:
         self.server = server
         self.namespace = server.namespace
         self.loop = asyncio.get_running_loop() if server.loop is None else server.loop

@@ -18,7 +18,7 @@ from .broker import EventHub, Partition
 from .codec import Described, Symbol, Timestamp, encode
 
 if TYPE_CHECKING:  # pragma: no cover
-    from .connection import Connection
+    from .peer import ConnectionView
 
 __all__ = ["Link", "InboundLink", "OutboundLink", "Session"]
 
@@ -193,7 +193,7 @@ class OutboundLink(Link):
 
 
 class Session:
-    def __init__(self, connection: Connection, channel: int, remote_channel: int, next_incoming_id: int,
+    def __init__(self, connection: ConnectionView, channel: int, remote_channel: int, next_incoming_id: int,
                  remote_incoming_window: int) -> None:
         self.connection = connection
         self.channel = channel

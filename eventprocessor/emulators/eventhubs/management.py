@@ -30,14 +30,14 @@ from .errors import BrokerError
 from .links import InboundLink, OutboundLink
 
 if TYPE_CHECKING:  # pragma: no cover
-    from .connection import Connection
+    from .peer import ConnectionView
 
 __all__ = ["answer", "check_sas_token"]
 
 logger = logging.getLogger(__name__)
 
 
-def answer(connection: Connection, link: InboundLink, message: bytes) -> None:
+def answer(connection: ConnectionView, link: InboundLink, message: bytes) -> None:
     """Handle one request that arrived on a ``$cbs`` or ``$management`` link."""
     if link.kind == "cbs":
         _put_token(connection, link, message)
@@ -103,7 +103,7 @@ def _respond(link: InboundLink, properties: list[Any], status: int, description:
         value))
 
 
-def _put_token(connection: Connection, link: InboundLink, message: bytes) -> None:
+def _put_token(connection: ConnectionView, link: InboundLink, message: bytes) -> None:
     properties, application, body = _request(message)
     operation = application.get("operation")
     audience = application.get("name")
@@ -130,7 +130,7 @@ def _put_token(connection: Connection, link: InboundLink, message: bytes) -> Non
     _respond(link, properties, 202, "Accepted", None)
 
 
-def _read(connection: Connection, link: InboundLink, message: bytes) -> None:
+def _read(connection: ConnectionView, link: InboundLink, message: bytes) -> None:
     properties, application, _body = _request(message)
     operation = application.get("operation")
     if operation != "READ":
@@ -146,7 +146,7 @@ def _read(connection: Connection, link: InboundLink, message: bytes) -> None:
     _respond(link, properties, 200, "OK", value)
 
 
-def _read_value(connection: Connection, application: dict[Any, Any]) -> dict[Any, Any]:
+def _read_value(connection: ConnectionView, application: dict[Any, Any]) -> dict[Any, Any]:
     kind, name = application.get("type"), application.get("name")
     if not isinstance(name, str):
         raise BrokerError("amqp:invalid-field", "a READ request needs the application property 'name'")

@@ -24,7 +24,7 @@ from collections import deque
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # pragma: no cover
-    from .server import AMQPServer
+    from .peer import ServerView
 
 __all__ = ["WebSocketEndpoint", "PATH", "SUBPROTOCOL"]
 
@@ -40,7 +40,7 @@ class WebSocketEndpoint:
     """The WebSocket endpoint of one emulator: :meth:`protocol` makes the protocol for a
     connection that starts with an HTTP request."""
 
-    def __init__(self, server: AMQPServer) -> None:
+    def __init__(self, server: ServerView) -> None:
         self._server = server
         try:
             from aiohttp import web
