@@ -557,6 +557,18 @@ def test_arguments_it_cannot_honour_are_refused_by_name(kwargs, needles):
     assert "secret-key" not in str(raised.value)
 
 
+def test_retry_backoff_is_taken_as_azure_eventhub_takes_it_with_a_warning(caplog):
+    """azure-eventhub ignores ``retry_backoff`` (its option is ``retry_backoff_factor``), and
+    its own tests pass it: the drop-in takes it too, changes nothing with it, and says so."""
+    with caplog.at_level(logging.WARNING, logger="eventprocessor.consumer_client"):
+        client = EventHubConsumerClient.from_connection_string(
+            "Endpoint=sb://127.0.0.1:1;SharedAccessKeyName=k;SharedAccessKey=secret-key;UseDevelopmentEmulator=true",
+            "$default", eventhub_name="hub", retry_total=1, retry_backoff=0.02)
+    assert "retry_backoff" not in client.processor_options and "failure_policy" not in client.processor_options
+    said = [r.getMessage() for r in caplog.records if "retry_backoff" in r.getMessage()]
+    assert len(said) == 1 and "retry_backoff_factor" in said[0] and "FailurePolicy(retry_backoff" in said[0]
+
+
 def test_the_official_blob_store_runs_as_ours_on_the_same_container(caplog):
     official = pytest.importorskip("azure.eventhub.extensions.checkpointstoreblobaio")
 

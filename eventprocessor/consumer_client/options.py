@@ -115,6 +115,12 @@ def _split_options(options: Mapping[str, Any], *, with_client: bool) -> tuple[di
                 raise ConfigurationError("uamqp_transport=True is not supported: the uAMQP transport is deprecated "
                                          "by azure-eventhub, and EventHubSource reads through its pure-Python "
                                          "transport; remove the argument")
+        elif name == "retry_backoff":
+            # Not an azure-eventhub option (its is retry_backoff_factor), but its own tests pass
+            # it and its client ignores it: programs that pass it keep running, and are told.
+            logger.warning("retry_backoff=%r has no effect, as in azure-eventhub: the Event Hubs client's backoff "
+                           "is retry_backoff_factor, the backoff between deliveries of a failing batch "
+                           "failure_policy=FailurePolicy(retry_backoff=...)", value)
         elif name in CLIENT_OPTIONS and with_client:
             client[name] = value
         elif name in SOURCE_OPTIONS and with_client:
