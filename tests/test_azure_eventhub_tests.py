@@ -199,3 +199,13 @@ def test_the_tests_left_out_for_the_drop_in_read_the_official_client_s_private_a
         module, function = name.split("::")
         reads = _private_reads(TESTS / "livetest" / "asynctests" / module, function)
         assert any(read.endswith(attribute.split(".", 1)[1]) for read in reads), (name, reads)
+
+
+def test_the_migration_page_lists_every_test_left_out_for_the_drop_in_and_what_it_reads() -> None:
+    page = (ROOT / "docs" / "howto" / "migrating.md").read_text()
+    rows = {line.split("|")[1].strip().split()[0].strip("`"): line for line in page.splitlines()
+            if line.startswith("| `test_")}
+    for name, attribute in LEFT_OUT.items():
+        function = name.split("::")[1]
+        assert function in rows, f"{function} is left out for the drop-in but not listed on the migration page"
+        assert f"`{attribute.split('(')[0]}" in rows[function], (function, attribute, rows[function])
