@@ -45,9 +45,9 @@ class Event:
 
     ``message_id``, ``content_type`` and ``correlation_id`` are the fields of the AMQP
     message's properties section that ``azure.eventhub.EventData`` exposes as attributes;
-    the sources fill them from what the producer sent. The section's other fields
-    (``subject``, ``reply_to``, ``to``, ``user_id``, ``content_encoding``, ``group_id``...)
-    are not carried.
+    the sources fill them from what the producer sent. The whole message as received
+    (every section: the header, delivery and message annotations, all of the properties
+    section, the footer) is ``amqp_message`` for the sources that have one.
 
     The body. Most events have one data section, its bytes are ``body`` (and
     ``amqp_body`` is None). AMQP also lets a producer send several data sections, a
@@ -107,6 +107,12 @@ class Event:
     value; None for the usual single data section (its bytes are ``body``). What
     ``list(EventData.raw_amqp_message.body)`` gives for several data sections or a
     sequence, and ``EventData.raw_amqp_message.body`` for a value."""
+    amqp_message: Any = field(default=None, compare=False, repr=False)
+    """The AMQP message the event was read from, as the source received it
+    (azure-eventhub's, for :class:`~eventprocessor.sources.eventhub.EventHubSource`), or
+    None (the in-memory source has none). The azure-eventhub drop-in builds its
+    ``EventData`` from it, so that ``raw_amqp_message`` holds every section as the
+    official client gives it. Not compared, not shown."""
 
     def body_as_str(self, encoding: str = "UTF-8") -> str:
         """The body as text: a data body's bytes (several sections joined) or a text or
@@ -159,7 +165,7 @@ _new = object.__new__
 def received_event(body: bytes, sequence_number: int, offset: str, enqueued_time: datetime,
                    partition_key: str | None, properties: dict[str, Any], partition_id: str | None,
                    message_id: MessageId | None, content_type: str | None, correlation_id: MessageId | None,
-                   body_type: BodyType = BodyType.DATA, amqp_body: Any = None) -> Event:
+                   body_type: BodyType = BodyType.DATA, amqp_body: Any = None, amqp_message: Any = None) -> Event:
     """``Event(...)`` with every field given, for a source's per-event path: the same
     event, built in about half the time of the frozen dataclass's ``__init__`` (which
     sets each field through ``object.__setattr__``; ``benchmarks/decode.py`` measures
@@ -186,6 +192,7 @@ def received_event(body: bytes, sequence_number: int, offset: str, enqueued_time
     fields["correlation_id"] = correlation_id
     fields["body_type"] = body_type
     fields["amqp_body"] = amqp_body
+    fields["amqp_message"] = amqp_message
     return event
 
 

@@ -8,12 +8,23 @@ treats bytes that are not AMQP. This peer speaks just enough AMQP for those.
 from __future__ import annotations
 
 import asyncio
+import base64
+import hashlib
+import hmac
+import time
 from typing import Any
+from urllib.parse import quote_plus
 
 from eventprocessor.emulators.eventhubs import frames as F
-from eventprocessor.emulators.eventhubs.codec import Described, Symbol
+from eventprocessor.emulators.eventhubs.codec import Described, Symbol, encode
 
-__all__ = ["RawPeer"]
+__all__ = ["RawPeer", "key_of"]
+
+
+def key_of(connection_string: str) -> tuple[str, str]:
+    """(key name, key) of an emulator's connection string."""
+    fields = dict(part.split("=", 1) for part in connection_string.split(";") if "=" in part)
+    return fields["SharedAccessKeyName"], fields["SharedAccessKey"]
 
 
 class RawPeer:
@@ -25,7 +36,18 @@ class RawPeer:
         self.next_handle = 0
 
     @classmethod
-    async def connect(cls, port: int, *, sasl: bool = True, open_session: bool = True) -> RawPeer:
+    async def connect(cls, port: int, *, sasl: bool = True, open_session: bool = True,
+                      key: tuple[str, str] | None = None) -> RawPeer:
+        """Connect; with ``key`` (key name, key) put a SAS token for the whole namespace
+        signed with it first, as a client does before it attaches (the session's emulator
+        checks tokens)."""
+        peer = await cls._connect(port, sasl=sasl, open_session=open_session)
+        if key is not None:
+            await peer.put_token("sb://127.0.0.1/", *key)
+        return peer
+
+    @classmethod
+    async def _connect(cls, port: int, *, sasl: bool, open_session: bool) -> RawPeer:
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
         peer = cls(reader, writer)
         if sasl:
@@ -64,6 +86,31 @@ class RawPeer:
                 frames.append((await self.frame(timeout=quiet))[1])
             except (asyncio.TimeoutError, asyncio.IncompleteReadError):
                 return frames
+
+    async def put_token(self, audience: str, key_name: str, key: str) -> None:
+        """Put a SAS token for ``audience`` on ``$cbs`` and wait for its 202."""
+        expiry = int(time.time()) + 3600
+        signature = base64.b64encode(hmac.new(key.encode(), f"{quote_plus(audience)}\n{expiry}".encode(),
+                                              hashlib.sha256).digest()).decode()
+        token = (f"SharedAccessSignature sr={quote_plus(audience)}&sig={quote_plus(signature)}&se={expiry}"
+                 f"&skn={key_name}")
+        sender, receiver = self.next_handle, self.next_handle + 1
+        self.next_handle += 2
+        for handle, role in ((sender, False), (receiver, True)):
+            self.writer.write(F.attach_frame(
+                0, name=f"cbs-{handle}", handle=handle, role=role, snd_settle_mode=0, rcv_settle_mode=0,
+                source=F.source("$cbs"), target=F.target("$cbs"), initial_delivery_count=0 if not role else None,
+                max_message_size=None))
+        self.flow(receiver, delivery_count=0, link_credit=1)
+        message = (F.section(0x73, [b"put-token-1"]) + b"\x00\x53\x74"
+                   + encode({"operation": "put-token", "type": "servicebus.windows.net:sastoken", "name": audience})
+                   + b"\x00\x53\x77" + encode(token))
+        self.writer.write(F.transfer_frame(0, sender, 0, message))
+        while True:
+            frame = (await self.frame())[1]
+            if frame.name == "transfer":
+                assert b"\xa1\x08Accepted" in frame.payload, frame.payload
+                return
 
     def attach_receiver(self, address: str, *, selector: str | None = None,
                         owner_level: int | None = None) -> int:

@@ -205,8 +205,14 @@ def postgres() -> Iterator[PostgresServer]:
 # ----------------------------------------------------------------------------- Event Hubs emulator
 
 # Hubs of the session emulator, handed out one per test so tests never see each other's
-# events: "pool4-N" have 4 partitions, "pool8-N" 8; all have consumer groups cg1 and cg2.
-HUB_POOLS = {4: 120, 8: 24}
+# events: "pool4-N" have 4 partitions, "pool8-N" 8, "pool2-N" 2 (azure-eventhub's own
+# tests, tests/test_azure_eventhub_tests.py, take one each); all have consumer groups cg1
+# and cg2.
+HUB_POOLS = {4: 120, 8: 24, 2: 200}
+# The session emulator checks SAS tokens, with the key of the connection string it prints
+# (the documented placeholder of Microsoft's emulator): a client that signs with another
+# key, or names another key, is refused, as by the service.
+SESSION_SAS_KEY = "SAS_KEY_VALUE"
 
 
 @dataclass
@@ -264,7 +270,8 @@ def eventhubs_emulator(tmp_path_factory) -> Iterator[SessionEmulator]:
         directory = tmp_path_factory.mktemp("eventhubs")
         config = _session_config(directory / "Config.json")
         try:
-            process = start_emulator_process(["--config", str(config), "--max-events-per-partition", "200000"],
+            process = start_emulator_process(["--config", str(config), "--max-events-per-partition", "200000",
+                                              "--sas-key", SESSION_SAS_KEY],
                                              stderr=(directory / "emulator.log").open("wb"))
         except EmulatorUnavailable as error:
             unavailable(f"the Event Hubs emulator could not start: {error}")
@@ -282,8 +289,8 @@ def eventhubs_emulator(tmp_path_factory) -> Iterator[SessionEmulator]:
     config = _session_config(directory / "Config.json")
     log = (directory / "emulator.log").open("wb")
     try:
-        process = start_emulator_process(["--config", str(config), "--max-events-per-partition", "200000"],
-                                         stderr=log)
+        process = start_emulator_process(["--config", str(config), "--max-events-per-partition", "200000",
+                                          "--sas-key", SESSION_SAS_KEY], stderr=log)
     except EmulatorUnavailable as error:
         log.close()
         unavailable(f"the Event Hubs emulator could not start: {error}")

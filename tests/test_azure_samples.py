@@ -31,6 +31,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.dropin_imports import migrated
+
 pytestmark = [pytest.mark.azurite, pytest.mark.eventhubs]
 
 pytest.importorskip("azure.eventhub.extensions.checkpointstoreblobaio")
@@ -44,31 +46,6 @@ DEADLINE = 120.0  # seconds for a sample to print what it must; each needs 2-20
 RECEIVED = re.compile(r"^Received events? from partition: (\d+)\.$")
 INITIALIZED = re.compile(r"^Partition: (\d+) has been initialized\.$")
 CLOSED = re.compile(r"^Partition: (\d+) has been closed, reason for closing: (.+)\.$")
-
-_IMPORT = re.compile(r"^from azure\.eventhub\.aio import (.+)$")
-
-
-def migrated(text: str) -> str:
-    """``text`` with ``EventHubConsumerClient`` imported from eventprocessor instead of
-    azure.eventhub.aio; the rest of that import line stays. Refuses a sample where that is
-    not exactly one line."""
-    lines = text.splitlines(keepends=True)
-    out: list[str] = []
-    changed = 0
-    for line in lines:
-        match = _IMPORT.match(line.rstrip("\n"))
-        names = [name.strip() for name in match.group(1).split(",")] if match else []
-        if "EventHubConsumerClient" not in names:
-            out.append(line)
-            continue
-        changed += 1
-        others = [name for name in names if name != "EventHubConsumerClient"]
-        if others:
-            out.append(f"from azure.eventhub.aio import {', '.join(others)}\n")
-        out.append("from eventprocessor import EventHubConsumerClient\n")
-    assert changed == 1, f"expected one import of EventHubConsumerClient, found {changed}"
-    return "".join(out)
-
 
 def test_the_migration_changes_the_consumer_import_and_nothing_else() -> None:
     import difflib

@@ -543,7 +543,8 @@ def test_a_second_receive_on_the_same_client_and_group_is_refused():
     (dict(uamqp_transport=True), ["uamqp_transport"]),
     (dict(loop=object()), ["loop"]),
     (dict(prefetch_count=10, owner_levl=1), ["owner_levl", "prefetch_count"]),
-    (dict(checkpoint_store=object()), ["checkpoint_store must be", "stores.BlobCheckpointStore", "object"]),
+    (dict(checkpoint_store=object()), ["checkpoint_store must be", "BlobCheckpointStore", "CheckpointStore interface",
+                                       "object"]),
 ])
 def test_arguments_it_cannot_honour_are_refused_by_name(kwargs, needles):
     options = {"checkpoint_store": InMemoryCheckpointStore(), **kwargs}
@@ -556,9 +557,20 @@ def test_arguments_it_cannot_honour_are_refused_by_name(kwargs, needles):
     assert "secret-key" not in str(raised.value)
 
 
-def test_the_official_blob_store_runs_as_ours_on_the_same_container_and_other_official_stores_are_refused(caplog):
+def test_retry_backoff_is_taken_as_azure_eventhub_takes_it_with_a_warning(caplog):
+    """azure-eventhub ignores ``retry_backoff`` (its option is ``retry_backoff_factor``), and
+    its own tests pass it: the drop-in takes it too, changes nothing with it, and says so."""
+    with caplog.at_level(logging.WARNING, logger="eventprocessor.consumer_client"):
+        client = EventHubConsumerClient.from_connection_string(
+            "Endpoint=sb://127.0.0.1:1;SharedAccessKeyName=k;SharedAccessKey=secret-key;UseDevelopmentEmulator=true",
+            "$default", eventhub_name="hub", retry_total=1, retry_backoff=0.02)
+    assert "retry_backoff" not in client.processor_options and "failure_policy" not in client.processor_options
+    said = [r.getMessage() for r in caplog.records if "retry_backoff" in r.getMessage()]
+    assert len(said) == 1 and "retry_backoff_factor" in said[0] and "FailurePolicy(retry_backoff" in said[0]
+
+
+def test_the_official_blob_store_runs_as_ours_on_the_same_container(caplog):
     official = pytest.importorskip("azure.eventhub.extensions.checkpointstoreblobaio")
-    from azure.eventhub.aio import CheckpointStore as OfficialCheckpointStore
 
     from eventprocessor.stores import BlobCheckpointStore
 
@@ -573,16 +585,47 @@ def test_the_official_blob_store_runs_as_ours_on_the_same_container_and_other_of
     said = [r.getMessage() for r in caplog.records if "azure-eventhub's BlobCheckpointStore" in r.getMessage()]
     assert len(said) == 1 and "checkpoints" in said[0] and "c2VjcmV0LWtleQ==" not in caplog.text
 
-    class CustomOfficialStore(OfficialCheckpointStore):  # a user's own store for the official client
-        async def list_ownership(self, *args, **kwargs): return []
-        async def claim_ownership(self, *args, **kwargs): return []
-        async def update_checkpoint(self, *args, **kwargs): pass
-        async def list_checkpoints(self, *args, **kwargs): return []
 
-    CustomOfficialStore.__module__ = "azure.eventhub.extensions.checkpointstoretable"
-    with pytest.raises(ConfigurationError, match="only BlobCheckpointStore is taken") as raised:
-        EventHubConsumerClient.from_source(InMemoryEventSource(1), checkpoint_store=CustomOfficialStore())
-    assert "stores.TableCheckpointStore" in str(raised.value)
+def test_a_store_written_to_the_official_interface_balances_and_keeps_checkpoints(caplog):
+    """azure-eventhub's own in-memory store (a store written to its public interface,
+    handing out its live dicts): two clients share the partitions through it, and the
+    checkpoints are in it."""
+    from azure.eventhub.aio._eventprocessor.in_memory_checkpoint_store import InMemoryCheckpointStore as Official
+
+    from eventprocessor.consumer_client.official_store import OfficialInterfaceStore
+
+    official = Official()
+
+    async def scenario():
+        source = InMemoryEventSource(4, clock=virtual_utc_clock())
+        for i in range(40):
+            await source.send(f"e{i}", partition_id=str(i % 4))
+        first, second = Recorder(), Recorder()
+        one = EventHubConsumerClient.from_source(source, checkpoint_store=official, owner_id="one", **OPTIONS)
+        two = EventHubConsumerClient.from_source(source, checkpoint_store=official, owner_id="two", **OPTIONS)
+        assert isinstance(one.checkpoint_store, OfficialInterfaceStore)
+        tasks = [asyncio.create_task(one.receive_batch(first.on_event_batch, starting_position="-1",
+                                                       **first.callbacks()))]
+        await _until(lambda: first.total() == 40)
+        tasks.append(asyncio.create_task(two.receive_batch(second.on_event_batch, starting_position="-1",
+                                                           **second.callbacks())))
+        await _until(lambda: len(second.initialized) == 2)
+        for i in range(40):
+            await source.send(f"f{i}", partition_id=str(i % 4))
+        await _until(lambda: first.total() + second.total() >= 80)
+        await one.close()
+        await two.close()
+        await asyncio.gather(*tasks)
+        listed = await official.list_checkpoints("memory.local", "hub", "$default")
+        return first, second, {c["partition_id"]: c["sequence_number"] for c in listed}
+
+    with caplog.at_level(logging.INFO, logger="eventprocessor.consumer_client"):
+        first, second, checkpoints = run_virtual(scenario())
+    assert sorted(second.initialized) == sorted(set(second.initialized)) and len(second.initialized) == 2
+    delivered = {(p, s) for r in (first, second) for p, seqs in r.events.items() for s in seqs}
+    assert delivered == {(str(p), s) for p in range(4) for s in range(20)}  # nothing lost
+    assert checkpoints == {str(p): 19 for p in range(4)}
+    assert any("CheckpointStore interface" in r.getMessage() for r in caplog.records)
 
 
 def _count_per_partition(recorder: Recorder) -> dict[str, list[int]]:

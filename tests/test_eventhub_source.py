@@ -14,6 +14,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 import pytest
+from azure.eventhub.exceptions import AuthenticationError, ConnectError, ConnectionLostError, OperationTimeoutError
 
 from eventprocessor import (
     ConfigurationError,
@@ -468,6 +469,7 @@ async def test_a_higher_owner_level_takes_the_partition_from_a_receiver(eventhub
         with pytest.raises(ReceiverDisconnectedError) as info:
             await asyncio.wait_for(old.receive(10, None), 10)
         assert info.value.partition_id == "1"
+        assert isinstance(info.value, ConnectionLostError)  # what azure-eventhub reports for a stolen link
         stale = await source.open_receiver("1", consumer_group="$default", starting_position=EventPosition.earliest(),
                                            owner_level=1, prefetch=10)
         with pytest.raises(ReceiverDisconnectedError):
@@ -523,6 +525,7 @@ async def test_an_unreachable_hub_fails_fast_naming_namespace_and_hub_never_the_
     await source.close()
     error = info.value
     assert error.reason == "unreachable" and elapsed < 5.0
+    assert isinstance(error, ConnectError)  # azure-eventhub's class for it too
     assert error.eventhub_name == "hub" and error.fully_qualified_namespace.startswith("127.0.0.1:")
     assert "'hub'" in str(error) and "127.0.0.1" in str(error) and SECRET not in str(error)
 
@@ -554,6 +557,7 @@ async def test_a_host_that_never_answers_times_out_within_the_operation_timeout(
         await source.close()
         server.close()
     assert info.value.reason == "timeout" and 1.4 < time.monotonic() - started < 4.0
+    assert isinstance(info.value, OperationTimeoutError)
 
 
 @pytest.mark.eventhubs
@@ -564,6 +568,8 @@ async def test_unknown_hub_and_consumer_group_are_not_found_errors(eventhubs_emu
         await missing.get_partition_ids()
     await missing.close()
     assert info.value.reason == "not-found" and "'no-such-hub'" in str(info.value)
+    # The service refuses the token for a hub that does not exist: the client's AuthenticationError.
+    assert isinstance(info.value, AuthenticationError) and "could not be found" in str(info.value)
     source = EventHubSource.from_connection_string(conn, eventhub_name=hub)
     receiver = await source.open_receiver("0", consumer_group="no-such-group",
                                           starting_position=EventPosition.earliest(), owner_level=1, prefetch=10)
@@ -572,6 +578,7 @@ async def test_unknown_hub_and_consumer_group_are_not_found_errors(eventhubs_emu
     await receiver.close()
     await source.close()
     assert info.value.reason == "not-found" and "'no-such-group'" in str(info.value)
+    assert isinstance(info.value, ConnectionLostError)  # as the client maps amqp:not-found on a link
 
 
 @pytest.mark.eventhubs
@@ -585,6 +592,7 @@ async def test_a_position_past_the_end_is_refused(eventhubs_emulator, hub):
     await receiver.close()
     await source.close()
     assert info.value.reason == "refused" and "partition '3'" in str(info.value)
+    assert isinstance(info.value, ConnectError)  # a vendor condition on a link: the client's ConnectError
 
 
 async def test_a_rejected_credential_is_an_unauthorized_error_without_the_key(caplog):

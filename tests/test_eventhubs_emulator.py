@@ -22,7 +22,7 @@ from azure.eventhub.aio import EventHubConsumerClient, EventHubProducerClient
 from azure.eventhub.exceptions import AuthenticationError, ConnectError, ConnectionLostError, EventHubError
 
 from eventprocessor.emulators.eventhubs import EventHubsEmulator
-from tests.amqp_peer import RawPeer
+from tests.amqp_peer import RawPeer, key_of
 
 pytestmark = pytest.mark.eventhubs
 
@@ -308,7 +308,7 @@ async def test_unknown_hub_and_partition_are_errors_the_client_maps(eventhubs_em
 
 async def test_refusals_on_the_wire_unknown_group_partition_and_positions(eventhubs_emulator, hub):
     """The service's refusal: an attach with a null source, then a detach with the error."""
-    peer = await RawPeer.connect(eventhubs_emulator.port)
+    peer = await RawPeer.connect(eventhubs_emulator.port, key=key_of(eventhubs_emulator.connection_string))
     try:
         cases = [
             (f"{hub}/ConsumerGroups/no-such-group/Partitions/0", None, "amqp:not-found"),
@@ -337,7 +337,7 @@ async def test_refusals_on_the_wire_unknown_group_partition_and_positions(eventh
 async def test_credit_bounds_what_the_emulator_sends(eventhubs_emulator, hub):
     conn = eventhubs_emulator.connection_string
     await _send(conn, hub, [f"e{i}" for i in range(30)], partition_id="2")
-    peer = await RawPeer.connect(eventhubs_emulator.port)
+    peer = await RawPeer.connect(eventhubs_emulator.port, key=key_of(eventhubs_emulator.connection_string))
     try:
         handle = peer.attach_receiver(f"{hub}/ConsumerGroups/$default/Partitions/2",
                                       selector="amqp.annotation.x-opt-offset > '-1'")
@@ -347,9 +347,10 @@ async def test_credit_bounds_what_the_emulator_sends(eventhubs_emulator, hub):
         peer.flow(handle, delivery_count=0, link_credit=7)
         first = await peer.frames_until_quiet()
         assert [f.name for f in first] == ["transfer"] * 7
-        assert [f.fields[1] for f in first] == list(range(7))  # delivery ids
+        ids = [f.fields[1] for f in first]  # delivery ids: consecutive (the token's reply took one before)
+        assert ids == list(range(ids[0], ids[0] + 7))
         assert all(f.fields[4] is True for f in first)  # pre-settled
-        peer.flow(handle, delivery_count=7, link_credit=100, next_incoming_id=7)
+        peer.flow(handle, delivery_count=7, link_credit=100, next_incoming_id=ids[-1] + 1)
         rest = await peer.frames_until_quiet()
         assert len(rest) == 23
     finally:
@@ -359,14 +360,17 @@ async def test_credit_bounds_what_the_emulator_sends(eventhubs_emulator, hub):
 async def test_garbage_closes_only_that_connection(eventhubs_emulator, hub):
     conn = eventhubs_emulator.connection_string
     bad_frames = [
-        b"GET / HTTP/1.1\r\nHost: x\r\n\r\n",  # not AMQP at all
-        b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03",  # a TLS ClientHello
+        # HTTP, but not the WebSocket endpoint: an HTTP error, then closed.
+        (b"GET / HTTP/1.1\r\nHost: x\r\n\r\n", b"HTTP/1.1 404"),
+        (b"GET /$servicebus/websocket HTTP/1.1\r\nHost: x\r\n\r\n", b"HTTP/1.1 400"),  # no upgrade
+        (b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03", b"AMQP"),  # a TLS ClientHello: its header, then closed
+        (b"PUT / HTTP/1.1\r\n\r\n", b"AMQP"),  # neither: AMQP's header, then closed
     ]
-    for garbage in bad_frames:
+    for garbage, expected in bad_frames:
         reader, writer = await asyncio.open_connection("127.0.0.1", eventhubs_emulator.port)
         writer.write(garbage)
-        answer = await asyncio.wait_for(reader.read(), 5)  # the server answers its header and closes
-        assert answer.startswith(b"AMQP")
+        answer = await asyncio.wait_for(reader.read(), 5)
+        assert answer.startswith(expected), (garbage, answer)
         writer.close()
     # A malformed frame after open: closed with amqp:decode-error, not a crash.
     peer = await RawPeer.connect(eventhubs_emulator.port)

@@ -16,13 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from eventprocessor.emulators.eventhubs import frames as F
-from eventprocessor.emulators.eventhubs.broker import (
-    BrokerError,
-    Namespace,
-    StartPosition,
-    parse_selector,
-    split_message,
-)
+from eventprocessor.emulators.eventhubs.broker import BrokerError, Namespace
 from eventprocessor.emulators.eventhubs.codec import (
     AMQPDecodeError,
     Described,
@@ -36,6 +30,8 @@ from eventprocessor.emulators.eventhubs.codec import (
     skip,
 )
 from eventprocessor.emulators.eventhubs.config import EmulatorConfig, EmulatorConfigError
+from eventprocessor.emulators.eventhubs.messages import SplitMessage, split_message
+from eventprocessor.emulators.eventhubs.positions import StartPosition, parse_selector
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -127,10 +123,15 @@ def test_sender_annotations_are_kept_but_the_service_ones_cannot_be_forged():
     annotations = {Symbol("x-opt-sequence-number"): 999, Symbol("x-opt-partition-key"): "k", Symbol("custom"): 5}
     message = b"\x00\x53\x70" + enc([True]) + b"\x00\x53\x71" + enc({Symbol("hop"): 1}) \
         + b"\x00\x53\x72" + enc(annotations) + b"\x00\x53\x75" + enc(b"body")
-    header, entries, count, rest, key = split_message(message)
-    assert header == b"\x00\x53\x70" + enc([True]) and key == "k" and count == 2
-    assert decode(b"\xc1" + bytes((len(entries) + 1, count)) + entries)[0] == {Symbol("custom"): 5}
-    assert rest == b"\x00\x53\x75" + enc(b"body")  # delivery annotations are hop-by-hop: dropped
+    split = split_message(message)
+    assert split.header == b"\x00\x53\x70" + enc([True]) and split.partition_key == "k"
+    assert split.annotation_count == 2
+    entries = split.annotations
+    assert decode(b"\xc1" + bytes((len(entries) + 1, 2)) + entries)[0] == {Symbol("custom"): 5}
+    # Delivery annotations are kept for the consumers, as the service keeps them.
+    delivery = split.delivery
+    assert decode(b"\xc1" + bytes((len(delivery) + 1, split.delivery_count)) + delivery)[0] == {Symbol("hop"): 1}
+    assert split.rest == b"\x00\x53\x75" + enc(b"body")
 
 
 def test_the_properties_and_application_properties_sections_are_stored_as_sent():
@@ -142,8 +143,8 @@ def test_the_properties_and_application_properties_sections_are_stored_as_sent()
     application = b"\x00\x53\x74" + enc({"kind": "reading"})
     message = b"\x00\x53\x72" + enc({Symbol("x-opt-offset"): "1"}) + properties + application \
         + b"\x00\x53\x75" + enc(b"body")
-    _header, _entries, count, rest, _key = split_message(message)
-    assert count == 0 and rest == properties + application + b"\x00\x53\x75" + enc(b"body")
+    split = split_message(message)
+    assert split.annotation_count == 0 and split.rest == properties + application + b"\x00\x53\x75" + enc(b"body")
 
 
 def test_selectors_parse_like_the_client_writes_them():
@@ -152,7 +153,7 @@ def test_selectors_parse_like_the_client_writes_them():
     assert parse_selector("amqp.annotation.x-opt-sequence-number >= '42'") == StartPosition("sequence_number", 42, True)
     assert parse_selector("amqp.annotation.x-opt-enqueued-time > '1700000000000'") == \
         StartPosition("enqueued_time", 1_700_000_000_000, False)
-    assert parse_selector(None) == StartPosition("latest")
+    assert parse_selector(None) == StartPosition("start")  # no filter: the service starts at the beginning
     for bad in ("amqp.annotation.x-opt-offset = '1'", "x > '1'", "amqp.annotation.x-opt-offset > 1",
                 "amqp.annotation.x-opt-sequence-number > 'one'"):
         with pytest.raises(BrokerError) as info:
@@ -161,7 +162,8 @@ def test_selectors_parse_like_the_client_writes_them():
 
 
 def _messages(count):
-    return [(b"", b"", 0, b"\x00\x53\x75\xa0\x01" + bytes((65 + i % 26,))) for i in range(count)]
+    return [SplitMessage(b"", b"", 0, b"", 0, b"\x00\x53\x75\xa0\x01" + bytes((65 + i % 26,)), None)
+            for i in range(count)]
 
 
 def test_positions_resolve_on_a_partition_and_past_the_end_is_refused():
@@ -304,7 +306,11 @@ def test_symbol_arrays_and_unique_ids_encode():
     {"sequence_body": [[1, 2], [b"x", None]]},
     {"value_body": {b"key": [-123, b"data", False]}, "header": {"priority": 10}},
     {"value_body": "text"},
-], ids=["three-data-sections", "sequence-and-footer", "two-sequence-sections", "map-value-and-header", "text-value"])
+    {"data_body": [b"x"], "header": {"priority": 10}, "delivery_annotations": {"delann_key": "delann_value"},
+     "annotations": {"ann_key": "ann_value"}, "properties": {"subject": "s", "group_id": "g"},
+     "application_properties": {"a": 1}, "footer": {"f": b"v"}},
+], ids=["three-data-sections", "sequence-and-footer", "two-sequence-sections", "map-value-and-header", "text-value",
+        "every-section"])
 def test_every_body_type_is_stored_and_returned_as_sent(body):
     """The emulator copies body sections without decoding them: what azure-eventhub's
     producer encodes (several data sections, amqp-sequence sections, an amqp-value, a
@@ -316,10 +322,20 @@ def test_every_body_type_is_stored_and_returned_as_sent(body):
 
     encoded = encode_payload(bytearray(), PyamqpTransport.to_outgoing_amqp_message(AmqpAnnotatedMessage(**body)))
     sent = decode_payload(memoryview(encoded))  # what a consumer reading the producer's own bytes would get
-    header, entries, count, rest, key = split_message(encoded)
+    split = split_message(encoded)
     partition = Namespace().add_hub("h", 1).partition("0")
-    partition.append([(header, entries, count, rest)], key)
+    partition.append([split], None)
     received = decode_payload(memoryview(partition.event(0)[0]))
-    assert (received.data, received.sequence, received.value, received.footer, received.header) == (
-        sent.data, sent.sequence, sent.value, sent.footer, sent.header)
+    assert (received.data, received.sequence, received.value, received.footer, received.header, received.properties,
+            received.application_properties, received.delivery_annotations) == (
+        sent.data, sent.sequence, sent.value, sent.footer, sent.header, sent.properties, sent.application_properties,
+        sent.delivery_annotations)
+    assert {key: value for key, value in received.message_annotations.items()
+            if not key.startswith(b"x-opt-")} == (sent.message_annotations or {})
     assert (received.data or received.sequence or received.value) is not None
+    # A receiver asking for runtime metrics gets them beside the producer's delivery annotations.
+    runtime = encode(Symbol("last_enqueued_sequence_number")) + encode(0)
+    merged = decode_payload(memoryview(partition.with_delivery_annotations(0, runtime, 2)))
+    assert merged.delivery_annotations == {b"last_enqueued_sequence_number": 0, **(sent.delivery_annotations or {})}
+    assert (merged.data, merged.value, merged.footer, merged.properties) == (
+        sent.data, sent.value, sent.footer, sent.properties)

@@ -24,8 +24,10 @@ azure-eventhub's ``BlobCheckpointStore`` is replaced by ``stores.BlobCheckpointS
 the same container and credential (:meth:`stores.BlobCheckpointStore.from_azure_eventhub`),
 which reads and writes the official blobs with fenced claims and checkpoints, so the
 checkpoints carry over in both directions; ``stores.BlobCheckpointStore`` can be passed
-directly too. Without a checkpoint store, as in azure-eventhub, each receive call reads
-every partition with checkpoints in memory. This module is a thin adapter: one
+directly too. Any other store written to azure-eventhub's ``CheckpointStore`` interface
+runs through that interface, with the guarantees it allows
+(:mod:`.official_store`). Without a checkpoint store, as in azure-eventhub, each receive
+call reads every partition with checkpoints in memory. This module is a thin adapter: one
 :class:`~eventprocessor.EventProcessor` per ``receive``/``receive_batch`` call, whose
 :class:`~eventprocessor.PartitionProcessor` calls the callbacks. What stays, what changes
 and what is better is in docs/howto/migrating.md.
@@ -37,8 +39,11 @@ Callbacks get ``azure.eventhub.EventData`` events (the ``[eventhub]`` extra) and
 when the partition moved to another processor (a graceful handoff included) or its lease
 ran out.
 
-Arguments of the official client this adapter cannot honour raise
-:class:`~eventprocessor.errors.ConfigurationError` naming them; none is ignored.
+What reaches ``on_error`` and what the client raises are azure-eventhub's exceptions
+(``ConnectError``, ``AuthenticationError``, ``ConnectionLostError``...), which are this
+SDK's errors too (:mod:`.official_errors`). Arguments of the official client this
+adapter cannot honour raise :class:`~eventprocessor.errors.ConfigurationError` naming
+them; none is ignored.
 """
 from .client import EventHubConsumerClient
 from .context import ConsumerPartitionContext

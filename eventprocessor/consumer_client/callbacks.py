@@ -16,6 +16,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
 from .context import ConsumerPartitionContext
 from .events import to_event_data
+from .official_errors import official_error
 
 logger = logging.getLogger(__name__)
 
@@ -57,7 +58,7 @@ class _Callbacks:
                                context.eventhub_name, context.consumer_group, error)
             return
         try:
-            await self.on_error(context, error)
+            await self.on_error(context, official_error(error))
         except Exception as again:
             logger.warning("on_error raised %r while handling %r", again, error)
 

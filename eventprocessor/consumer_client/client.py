@@ -4,7 +4,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import weakref
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Callable, Mapping
 from types import MappingProxyType
 from typing import Any
 
@@ -13,26 +13,17 @@ from ..errors import ConfigurationError
 from ..events import Event
 from ..sources.base import EventSource
 from ..stores.contract import CheckpointStore
-from .callbacks import (
-    OnError,
-    OnEvent,
-    OnEventBatch,
-    OnPartitionClose,
-    OnPartitionInitialize,
-    _CallbackProcessor,
-    _Callbacks,
-)
+from .callbacks import OnError, OnEvent, OnEventBatch, OnPartitionClose, OnPartitionInitialize
+from .official_errors import official_error
 from .options import (
     _ALL_PARTITIONS,
     _SINGLE_EVENT_BATCH,
     StartingPosition,
-    _memory_store,
     _require_azure_eventhub,
     _resolve_store,
     _split_options,
-    starting_positions,
 )
-from .views import _OnePartitionStore, _ReceiveSource
+from .receive_call import ReceiveCall
 
 logger = logging.getLogger(__name__)
 
@@ -230,14 +221,10 @@ class EventHubConsumerClient:
         says: ``max_delivery_attempts``, then ``on_poison``). Raises :class:`ConfigurationError` for an invalid
         argument, before anything runs.
         """
-        if isinstance(max_batch_size, bool) or not isinstance(max_batch_size, int) or max_batch_size < 1:
-            raise ConfigurationError(f"max_batch_size must be an int of at least 1, got {max_batch_size!r}")
-        await self._receive(on_event_batch, batch=True, max_batch_size=max_batch_size, max_wait_time=max_wait_time,
-                            partition_id=partition_id, owner_level=owner_level, prefetch=prefetch,
-                            track_last_enqueued_event_properties=track_last_enqueued_event_properties,
-                            starting_position=starting_position,
-                            starting_position_inclusive=starting_position_inclusive, on_error=on_error,
-                            on_partition_initialize=on_partition_initialize, on_partition_close=on_partition_close)
+        await self._receive(ReceiveCall(
+            on_event_batch, True, max_batch_size, max_wait_time, partition_id, owner_level, prefetch,
+            track_last_enqueued_event_properties, starting_position, starting_position_inclusive, on_error,
+            on_partition_initialize, on_partition_close))
 
     async def receive(
         self,
@@ -259,58 +246,24 @@ class EventHubConsumerClient:
         handed over one by one; when ``on_event`` raises, the events it already returned
         from are not delivered again."""
         batch = max(1, min(_SINGLE_EVENT_BATCH, prefetch)) if isinstance(prefetch, int) else _SINGLE_EVENT_BATCH
-        await self._receive(on_event, batch=False, max_batch_size=batch, max_wait_time=max_wait_time,
-                            partition_id=partition_id, owner_level=owner_level, prefetch=prefetch,
-                            track_last_enqueued_event_properties=track_last_enqueued_event_properties,
-                            starting_position=starting_position,
-                            starting_position_inclusive=starting_position_inclusive, on_error=on_error,
-                            on_partition_initialize=on_partition_initialize, on_partition_close=on_partition_close)
+        await self._receive(ReceiveCall(
+            on_event, False, batch, max_wait_time, partition_id, owner_level, prefetch,
+            track_last_enqueued_event_properties, starting_position, starting_position_inclusive, on_error,
+            on_partition_initialize, on_partition_close))
 
-    def _processor(self, callback: Callable[..., Awaitable[None]], *, batch: bool, max_batch_size: int,
-                   max_wait_time: float | None, partition_id: str | None, owner_level: int | None,
-                   prefetch: int, track_last_enqueued_event_properties: bool, starting_position: Any,
-                   starting_position_inclusive: Any, on_error: OnError | None,
-                   on_partition_initialize: OnPartitionInitialize | None,
-                   on_partition_close: OnPartitionClose | None) -> EventProcessor:
-        """The EventProcessor for one receive call (every argument checked)."""
-        if partition_id is not None and (not isinstance(partition_id, str) or not partition_id):
-            raise ConfigurationError(f"partition_id must be a partition id string, got {partition_id!r}")
-        if owner_level is not None and (isinstance(owner_level, bool) or not isinstance(owner_level, int)
-                                        or owner_level < 0):
-            raise ConfigurationError(f"owner_level must be a non-negative int, got {owner_level!r}")
-        if max_wait_time is not None and not isinstance(max_wait_time, bool) and max_wait_time == 0:
-            max_wait_time = None  # azure-eventhub: None or 0, no empty batches
-        callbacks = _Callbacks(on_event=callback, batch=batch, on_error=on_error,
-                               on_partition_initialize=on_partition_initialize,
-                               on_partition_close=on_partition_close,
-                               checkpoint_on_release=self._checkpoint_on_release, events=self._events)
-        initial, default = starting_positions(starting_position, starting_position_inclusive)
-        # Without a checkpoint store, as in azure-eventhub: a fresh in-memory store for this
-        # call, and receivers exclusive only at an owner_level the caller gave.
-        exclusive = self._store is not None
-        store = self._store if self._store is not None else _memory_store(self._options.get("clock"))
-        source = _ReceiveSource(self._source, partition_id, owner_level, exclusive=exclusive)
-        store = store if partition_id is None else _OnePartitionStore(store, partition_id)
-        return EventProcessor(
-            source, store, lambda: _CallbackProcessor(callbacks), consumer_group=self._consumer_group,
-            initial_event_position=initial, default_event_position=default, max_batch_size=max_batch_size,
-            max_wait_time=max_wait_time, prefetch=prefetch,
-            track_last_enqueued_event_properties=track_last_enqueued_event_properties,
-            error_handler=callbacks.processor_error, **self._options)
-
-    async def _receive(self, callback: Callable[..., Awaitable[None]], **arguments: Any) -> None:
-        partition_id = arguments["partition_id"]
-        key = _ALL_PARTITIONS if partition_id is None else partition_id
+    async def _receive(self, call: ReceiveCall) -> None:
+        key = _ALL_PARTITIONS if call.partition_id is None else call.partition_id
         busy = None
         if _ALL_PARTITIONS in self._runs:
             busy = f"from all partitions for consumer group {self._consumer_group}"
-        elif partition_id is None and self._runs:
+        elif call.partition_id is None and self._runs:
             busy = f"for consumer group {self._consumer_group}"
         elif key in self._runs:
-            busy = f"from partition {partition_id} for consumer group {self._consumer_group}"
+            busy = f"from partition {call.partition_id} for consumer group {self._consumer_group}"
         if busy:
             raise ConfigurationError(f"this consumer client is already receiving events {busy}")
-        processor = self._processor(callback, **arguments)
+        processor = call.processor(self._source, self._store, self._consumer_group, options=self._options,
+                                   checkpoint_on_release=self._checkpoint_on_release, events=self._events)
         runner: asyncio.Future[None] = asyncio.ensure_future(processor.run())
         self._runs[key] = runner
         self._processors[key] = processor
@@ -324,18 +277,33 @@ class EventHubConsumerClient:
             if self._runs.get(key) is runner:
                 del self._runs[key]
                 self._processors.pop(key, None)
-        if not runner.cancelled() and runner.exception() is not None:
-            raise runner.exception()  # type: ignore[misc]
+        failure = None if runner.cancelled() else runner.exception()
+        if failure is not None:
+            raise official_error(failure)
+
+    async def get_eventhub_properties(self) -> dict[str, Any]:
+        """As azure-eventhub's: ``eventhub_name``, ``created_at`` (a UTC datetime; None
+        from a source that does not know it) and ``partition_ids``, asked of the hub now.
+        Raises azure-eventhub's exceptions (``ConnectError``, ``AuthenticationError``, ...)."""
+        try:
+            properties = await self._source.get_eventhub_properties()
+        except Exception as error:
+            raise official_error(error) from None
+        return {"eventhub_name": properties.eventhub_name, "created_at": properties.created_at,
+                "partition_ids": list(properties.partition_ids)}
 
     async def get_partition_ids(self) -> list[str]:
-        """The event hub's partition ids."""
-        return await self._source.get_partition_ids()
+        """The event hub's partition ids, asked of the hub now (as azure-eventhub's)."""
+        return (await self.get_eventhub_properties())["partition_ids"]
 
     async def get_partition_properties(self, partition_id: str) -> dict[str, Any]:
         """As azure-eventhub's: ``eventhub_name``, ``id``, ``beginning_sequence_number``,
         ``last_enqueued_sequence_number``, ``last_enqueued_offset``,
         ``last_enqueued_time_utc`` and ``is_empty``."""
-        properties = await self._source.get_partition_properties(partition_id)
+        try:
+            properties = await self._source.get_partition_properties(partition_id)
+        except Exception as error:
+            raise official_error(error) from None
         return {"eventhub_name": self._source.eventhub_name, "id": properties.partition_id,
                 "beginning_sequence_number": properties.beginning_sequence_number,
                 "last_enqueued_sequence_number": properties.last_enqueued_sequence_number,

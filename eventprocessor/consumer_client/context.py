@@ -11,6 +11,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from azure.eventhub import EventData
 
 from .events import _from_event_data
+from .official_errors import official_error
 
 
 class ConsumerPartitionContext:
@@ -94,4 +95,8 @@ class ConsumerPartitionContext:
                 target = _from_event_data(event)
         if target is None:
             return
-        await self._context.update_checkpoint(target, allow_rewind=allow_rewind)
+        try:
+            await self._context.update_checkpoint(target, allow_rewind=allow_rewind)
+        except Exception as error:
+            official_error(error)  # azure-eventhub's class too, in place (an OwnershipLostError, ...)
+            raise

@@ -16,7 +16,11 @@ _UTC = timezone.utc
 
 
 def to_event_data(event: Event) -> EventData:
-    """An ``azure.eventhub.EventData`` that reads like one the official client received:
+    """An ``azure.eventhub.EventData`` as the official client gives it. From a source that
+    keeps the AMQP message (``Event.amqp_message``: ``EventHubSource``) it is built from
+    that message, as the official client builds it: ``raw_amqp_message`` has the header,
+    delivery and message annotations, every properties field and the footer. Otherwise
+    it reads like one the official client received:
     ``body``, ``body_type``, ``body_as_str()``, ``body_as_json()``, ``sequence_number``,
     ``offset``, ``enqueued_time``, ``partition_key`` (bytes), ``properties`` (bytes keys,
     as AMQP delivers them), ``message_id``, ``content_type``, ``correlation_id``,
@@ -27,6 +31,10 @@ def to_event_data(event: Event) -> EventData:
     from azure.eventhub import EventData
     from azure.eventhub.amqp import AmqpMessageProperties
 
+    if event.amqp_message is not None:
+        # The message the official client would build its EventData from: the same object
+        # it hands its callbacks, every section included.
+        return EventData._from_message(event.amqp_message)
     if event.body_type == BodyType.DATA:
         data = EventData(event.body if event.amqp_body is None else list(event.amqp_body))
     else:

@@ -57,11 +57,15 @@ def _resolve_store(checkpoint_store: Any) -> tuple[CheckpointStore | None,
                                                   Callable[[], CheckpointStore] | None]:
     """``(store, build)``: the store to run on (``None``: azure-eventhub's in-memory mode)
     and, when this client built it from azure-eventhub's store, how to build it again:
-    the client closes it in ``close()`` and runs a new one if it receives again."""
+    the client closes it in ``close()`` and runs a new one if it receives again.
+
+    This SDK's stores run as they are; azure-eventhub's ``BlobCheckpointStore`` runs as
+    ``stores.BlobCheckpointStore`` on its container (every guarantee, the same blobs);
+    any other store written to azure-eventhub's ``CheckpointStore`` interface runs
+    through that interface (:class:`.official_store.OfficialInterfaceStore`)."""
     if checkpoint_store is None or isinstance(checkpoint_store, CheckpointStore):
         return checkpoint_store, None
-    module = type(checkpoint_store).__module__
-    if module.startswith("azure.eventhub"):
+    if type(checkpoint_store).__module__.startswith("azure.eventhub"):
         from eventprocessor.stores.blob import BlobCheckpointStore, is_azure_eventhub_blob_store
 
         if is_azure_eventhub_blob_store(checkpoint_store):
@@ -72,14 +76,19 @@ def _resolve_store(checkpoint_store: Any) -> tuple[CheckpointStore | None,
             logger.info("checkpoint_store is azure-eventhub's BlobCheckpointStore: running on %r, the same container "
                         "and blobs, with fenced claims and checkpoints", store)
             return store, build
-        raise ConfigurationError(
-            f"checkpoint_store is azure-eventhub's {type(checkpoint_store).__name__} ({module}); of the official "
-            "stores only BlobCheckpointStore is taken as it is. Use stores.BlobCheckpointStore or "
-            "stores.TableCheckpointStore (they keep the official layout), or pass no checkpoint_store to read every "
-            "partition with checkpoints in memory")
-    raise ConfigurationError(f"checkpoint_store must be an eventprocessor CheckpointStore (stores.BlobCheckpointStore, "
-                             f"stores.TableCheckpointStore, stores.InMemoryCheckpointStore) or azure-eventhub's "
-                             f"BlobCheckpointStore, got {type(checkpoint_store).__name__}")
+    from .official_store import OfficialInterfaceStore, is_official_interface_store
+
+    if is_official_interface_store(checkpoint_store):
+        logger.info("checkpoint_store %s is written to azure-eventhub's CheckpointStore interface: claims and "
+                    "checkpoints go through its methods, without epochs, fenced checkpoints or graceful handoffs "
+                    "(stores.BlobCheckpointStore and stores.TableCheckpointStore keep them)",
+                    type(checkpoint_store).__name__)
+        return OfficialInterfaceStore(checkpoint_store), None
+    raise ConfigurationError(f"checkpoint_store must be a checkpoint store: one of eventprocessor.stores "
+                             f"(BlobCheckpointStore, TableCheckpointStore, InMemoryCheckpointStore), azure-eventhub's "
+                             f"BlobCheckpointStore, or a store written to azure-eventhub's CheckpointStore interface "
+                             f"(async list_ownership, claim_ownership, update_checkpoint and list_checkpoints); got "
+                             f"{type(checkpoint_store).__name__}")
 
 
 def _memory_store(clock: Any) -> CheckpointStore:
@@ -106,6 +115,12 @@ def _split_options(options: Mapping[str, Any], *, with_client: bool) -> tuple[di
                 raise ConfigurationError("uamqp_transport=True is not supported: the uAMQP transport is deprecated "
                                          "by azure-eventhub, and EventHubSource reads through its pure-Python "
                                          "transport; remove the argument")
+        elif name == "retry_backoff":
+            # Not an azure-eventhub option (its is retry_backoff_factor), but its own tests pass
+            # it and its client ignores it: programs that pass it keep running, and are told.
+            logger.warning("retry_backoff=%r has no effect, as in azure-eventhub: the Event Hubs client's backoff "
+                           "is retry_backoff_factor, the backoff between deliveries of a failing batch "
+                           "failure_policy=FailurePolicy(retry_backoff=...)", value)
         elif name in CLIENT_OPTIONS and with_client:
             client[name] = value
         elif name in SOURCE_OPTIONS and with_client:

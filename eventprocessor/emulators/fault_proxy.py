@@ -47,12 +47,17 @@ runs, for an emulator restarted elsewhere::
     async with TcpFaultProxy("127.0.0.1", emulator.port) as proxy:
         source = EventHubSource.from_connection_string(connection_string("127.0.0.1", proxy.port), ...)
         proxy.reset_all()
+
+With ``ssl=`` (a server-side ``ssl.SSLContext``) it terminates TLS: clients speak TLS to
+it, the upstream gets the plain bytes. That puts the TLS path of a client (``amqps``,
+``wss``) in front of a service that speaks only plain AMQP, such as the local emulator.
 """
 from __future__ import annotations
 
 import asyncio
 import logging
 import socket
+import ssl as _ssl
 import struct
 import threading
 from collections.abc import Callable
@@ -360,10 +365,12 @@ class _Pipe:
 class TcpFaultProxy(_Relay):
     """A byte relay with connection faults, for protocols other than HTTP (see the module
     docstring). Binds 127.0.0.1 only. ``accepted`` counts client connections,
-    ``resets`` connections it reset, ``swallowed`` connections a black hole caught."""
+    ``resets`` connections it reset, ``swallowed`` connections a black hole caught.
+    ``ssl``: a server context, to terminate TLS (see the module docstring)."""
 
-    def __init__(self, upstream_host: str, upstream_port: int) -> None:
+    def __init__(self, upstream_host: str, upstream_port: int, *, ssl: _ssl.SSLContext | None = None) -> None:
         super().__init__(upstream_host, upstream_port)
+        self.ssl = ssl
         self.accepted = 0
         self.resets = 0
         self.swallowed = 0
@@ -405,7 +412,7 @@ class TcpFaultProxy(_Relay):
         return len(pipes)
 
     async def start(self) -> TcpFaultProxy:
-        self._server = await asyncio.start_server(self._accept, "127.0.0.1", self.port)
+        self._server = await asyncio.start_server(self._accept, "127.0.0.1", self.port, ssl=self.ssl)
         self.port = self._server.sockets[0].getsockname()[1]
         return self
 

@@ -4,11 +4,11 @@
 """
 from typing import Any
 
-from .base import EventSource, LastEnqueuedEventProperties, PartitionProperties, PartitionReceiver
+from .base import EventHubProperties, EventSource, LastEnqueuedEventProperties, PartitionProperties, PartitionReceiver
 from .memory import InMemoryEventSource, InMemoryPartitionReceiver
 
 __all__ = ["EventSource", "PartitionReceiver", "LastEnqueuedEventProperties", "PartitionProperties",
-           "InMemoryEventSource", "InMemoryPartitionReceiver", "EventHubSource"]
+           "EventHubProperties", "InMemoryEventSource", "InMemoryPartitionReceiver", "EventHubSource"]
 
 
 def __getattr__(name: str) -> Any:

@@ -11,7 +11,18 @@ from datetime import datetime
 
 from ..events import Event, EventPosition
 
-__all__ = ["EventSource", "PartitionReceiver", "LastEnqueuedEventProperties", "PartitionProperties"]
+__all__ = ["EventSource", "PartitionReceiver", "LastEnqueuedEventProperties", "PartitionProperties",
+           "EventHubProperties"]
+
+
+@dataclass(frozen=True)
+class EventHubProperties:
+    """What the source says about the whole event hub now (Event Hubs' hub properties)."""
+
+    eventhub_name: str
+    created_at: datetime | None
+    """When the hub was created (UTC), or None when the source does not know."""
+    partition_ids: tuple[str, ...]
 
 
 @dataclass(frozen=True)
@@ -85,6 +96,11 @@ class EventSource(abc.ABC):
         """Open a receiver. ``owner_level`` is the exclusive-receiver epoch;
         ``track_last_enqueued_event_properties`` asks the source to report the partition's
         newest event with every receive (for lag)."""
+
+    async def get_eventhub_properties(self) -> EventHubProperties:
+        """The hub's name, creation time and partition ids, asked now (not cached). The
+        default asks :meth:`get_partition_ids` and knows no creation time."""
+        return EventHubProperties(self.eventhub_name, None, tuple(await self.get_partition_ids()))
 
     async def get_partition_properties(self, partition_id: str) -> PartitionProperties:
         """The partition's newest event and bounds, for lag (``eventprocessor status``)."""

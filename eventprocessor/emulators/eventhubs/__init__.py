@@ -1,12 +1,16 @@
 """A local Event Hubs emulator that the official ``azure-eventhub`` clients talk to unchanged.
 
-It speaks AMQP 1.0 on loopback (plain AMQP, no TLS) and serves event hubs kept in
-memory: SASL and CBS ``put-token``, the ``$management`` READ operations behind
-``get_eventhub_properties`` / ``get_partition_ids`` / ``get_partition_properties``,
-sends (single, batched, to a partition, by partition key, round robin), receives from
-any starting position with credit-based flow control, owner levels (epochs) with the
-service's stealing rules, and the service's error conditions. Point a client at it with
-the connection string it prints (``UseDevelopmentEmulator=true``).
+It speaks AMQP 1.0 on loopback (plain AMQP, no TLS), and AMQP over WebSockets on the
+same port, and serves event hubs kept in memory: SASL and CBS ``put-token``, the
+``$management`` READ operations behind ``get_eventhub_properties`` /
+``get_partition_ids`` / ``get_partition_properties``, sends (single, batched, to a
+partition, by partition key, round robin, to a partition with a key), receives from
+any starting position with credit-based flow control, every message section kept
+(header, delivery and message annotations, properties, footer), owner levels (epochs)
+with the service's stealing rules, and the service's error conditions. Point a client
+at it with the connection string it prints (``UseDevelopmentEmulator=true``); over
+WebSockets, add ``transport_type=TransportType.AmqpOverWebsocket`` and
+``custom_endpoint_address=emulator.custom_endpoint_address``.
 
 Codec. The AMQP codec is this package's own (:mod:`.codec`, :mod:`.frames`), not the
 client's private ``azure.eventhub._pyamqp``: the emulator needs no Azure package, no
@@ -129,6 +133,13 @@ class EventHubsEmulator:
     def connection_string_for(self, eventhub_name: str) -> str:
         """A connection string with ``EntityPath`` set to ``eventhub_name``."""
         return connection_string(self.host, self.port, eventhub_name=eventhub_name, key=self._sas_key or DEFAULT_KEY)
+
+    @property
+    def custom_endpoint_address(self) -> str:
+        """``sb://host:port``: what a client over WebSockets
+        (``transport_type=TransportType.AmqpOverWebsocket``) passes as
+        ``custom_endpoint_address`` to reach this port instead of 443."""
+        return f"sb://{self.host}:{self.port}"
 
     @property
     def connections(self) -> int:

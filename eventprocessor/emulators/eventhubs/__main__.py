@@ -29,6 +29,10 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
                         help="events kept per partition, oldest dropped first (default 100000)")
     parser.add_argument("--retention", type=float, default=3600.0, metavar="SECONDS",
                         help="events older than this are dropped (default 3600)")
+    parser.add_argument("--sas-key", metavar="KEY",
+                        help="check tokens: only SAS tokens signed with KEY (key name RootManageSharedAccessKey) "
+                             "are accepted, and the printed connection string carries KEY (default: any token, "
+                             "as Microsoft's emulator)")
     parser.add_argument("-v", "--verbose", action="count", default=0, help="log more (-v info, -vv debug)")
     return parser.parse_args(argv)
 
@@ -37,7 +41,8 @@ def build(args: argparse.Namespace) -> EventHubsEmulator:
     limits = {"max_events_per_partition": args.max_events_per_partition, "retention_seconds": args.retention}
     config = EmulatorConfig.from_file(args.config, **limits) if args.config else EmulatorConfig(**limits)
     return EventHubsEmulator(config, eventhubs=args.eventhub, partitions=args.partitions,
-                             consumer_groups=args.consumer_group, host=args.host, port=args.port)
+                             consumer_groups=args.consumer_group, host=args.host, port=args.port,
+                             sas_key=args.sas_key)
 
 
 def main(argv: list[str] | None = None) -> int:

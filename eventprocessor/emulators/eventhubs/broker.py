@@ -5,47 +5,43 @@ positions; receivers register here so that the owner-level (epoch) rules are app
 in one place.
 
 Storage. Each partition keeps its events in memory, oldest first, as ready-to-send
-message bytes (the sender's sections with the service annotations added). A
-partition keeps at most ``max_events_per_partition`` events and none older than
-``retention_seconds``; older ones are dropped, as retention drops them on the service.
-Sequence numbers start at 0 and never repeat; offsets are the byte position of the
-event in the partition (the service's offsets are byte positions too), as strings.
+message bytes (the producer's sections with the service annotations added: see
+:mod:`.messages`). A partition keeps at most ``max_events_per_partition`` events and
+none older than ``retention_seconds``; older ones are dropped, as retention drops them
+on the service. Sequence numbers start at 0 and never repeat; offsets are the byte
+position of the event in the partition (the service's offsets are byte positions too),
+as strings.
 """
 from __future__ import annotations
 
 import bisect
-import functools
 import struct
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from .codec import AMQPDecodeError, decode, skip
-from .frames import split_sections
+from .errors import BrokerError
+from .keys import partition_for_key
+from .messages import (
+    BATCH_FORMAT,
+    DELIVERY_ANNOTATIONS,
+    MESSAGE_ANNOTATIONS,
+    SplitMessage,
+    map_section,
+    split_batch,
+    split_message,
+)
+from .positions import StartPosition
 
-__all__ = [
-    "Namespace", "EventHub", "Partition", "StartPosition", "BrokerError", "ReceiverHandle", "partition_for_key",
-    "parse_selector", "ANNOTATION_KEYS",
-]
+__all__ = ["Namespace", "EventHub", "Partition", "BrokerError", "ReceiverHandle"]
 
 # The service annotations, as encoded symbol keys.
 _SEQ_KEY = b"\xa3\x15x-opt-sequence-number"
 _OFFSET_KEY = b"\xa3\x0cx-opt-offset"
 _TIME_KEY = b"\xa3\x13x-opt-enqueued-time"
 _PKEY_KEY = b"\xa3\x13x-opt-partition-key"
-ANNOTATION_KEYS = {b"x-opt-sequence-number", b"x-opt-offset", b"x-opt-enqueued-time", b"x-opt-partition-key"}
 _ANNOTATIONS = struct.Struct(">Bq")
 _TIMESTAMP = struct.Struct(">Bq")
-
-
-class BrokerError(Exception):
-    """A request the service would refuse: ``condition`` is the AMQP error condition."""
-
-    def __init__(self, condition: str, description: str) -> None:
-        super().__init__(description)
-        self.condition = condition
-        self.description = description
 
 
 class ReceiverHandle(Protocol):
@@ -60,114 +56,18 @@ class ReceiverHandle(Protocol):
     def disconnect(self, condition: str, description: str) -> None: ...
 
 
-# ----------------------------------------------------------------------------- partition keys
-
-def _rot(x: int, k: int) -> int:
-    return ((x << k) | (x >> (32 - k))) & 0xFFFFFFFF
-
-
-def _lookup3(data: bytes) -> tuple[int, int]:
-    """Bob Jenkins' lookup3 ``hashlittle2`` with zero seeds: returns (c, b)."""
-    length = len(data)
-    a = b = c = (0xDEADBEEF + length) & 0xFFFFFFFF
-    pos = 0
-    while length > 12:
-        a = (a + int.from_bytes(data[pos:pos + 4], "little")) & 0xFFFFFFFF
-        b = (b + int.from_bytes(data[pos + 4:pos + 8], "little")) & 0xFFFFFFFF
-        c = (c + int.from_bytes(data[pos + 8:pos + 12], "little")) & 0xFFFFFFFF
-        a = (a - c) & 0xFFFFFFFF; a ^= _rot(c, 4); c = (c + b) & 0xFFFFFFFF  # noqa: E702
-        b = (b - a) & 0xFFFFFFFF; b ^= _rot(a, 6); a = (a + c) & 0xFFFFFFFF  # noqa: E702
-        c = (c - b) & 0xFFFFFFFF; c ^= _rot(b, 8); b = (b + a) & 0xFFFFFFFF  # noqa: E702
-        a = (a - c) & 0xFFFFFFFF; a ^= _rot(c, 16); c = (c + b) & 0xFFFFFFFF  # noqa: E702
-        b = (b - a) & 0xFFFFFFFF; b ^= _rot(a, 19); a = (a + c) & 0xFFFFFFFF  # noqa: E702
-        c = (c - b) & 0xFFFFFFFF; c ^= _rot(b, 4); b = (b + a) & 0xFFFFFFFF  # noqa: E702
-        pos += 12
-        length -= 12
-    if length == 0:
-        return c, b
-    tail = data[pos:] + b"\x00" * (12 - length)
-    a = (a + int.from_bytes(tail[0:4], "little")) & 0xFFFFFFFF
-    b = (b + int.from_bytes(tail[4:8], "little")) & 0xFFFFFFFF
-    c = (c + int.from_bytes(tail[8:12], "little")) & 0xFFFFFFFF
-    c ^= b; c = (c - _rot(b, 14)) & 0xFFFFFFFF  # noqa: E702
-    a ^= c; a = (a - _rot(c, 11)) & 0xFFFFFFFF  # noqa: E702
-    b ^= a; b = (b - _rot(a, 25)) & 0xFFFFFFFF  # noqa: E702
-    c ^= b; c = (c - _rot(b, 16)) & 0xFFFFFFFF  # noqa: E702
-    a ^= c; a = (a - _rot(c, 4)) & 0xFFFFFFFF  # noqa: E702
-    b ^= a; b = (b - _rot(a, 14)) & 0xFFFFFFFF  # noqa: E702
-    c ^= b; c = (c - _rot(b, 24)) & 0xFFFFFFFF  # noqa: E702
-    return c, b
-
-
-@functools.lru_cache(maxsize=65536)
-def partition_for_key(partition_key: str, partition_count: int) -> int:
-    """The partition index of a key: stable across runs and processes.
-
-    The same mapping as azure-eventhub's buffered producer (lookup3 over the key's
-    UTF-8 bytes, folded to a signed 16-bit value, modulo the partition count). Whether
-    the service maps keys the same way is not published; what matters here is that a
-    key always lands in the same partition.
-    """
-    if not partition_key:
-        return 0
-    c, b = _lookup3(partition_key.encode("utf-8"))
-    folded = (c ^ b) & 0xFFFF
-    signed = folded - 0x10000 if folded >= 0x8000 else folded
-    return abs(signed % partition_count)
-
-
-# ----------------------------------------------------------------------------- positions
-
-@dataclass(frozen=True)
-class StartPosition:
-    """A receiver's starting point, parsed from its selector filter."""
-
-    kind: str  # "offset", "sequence_number", "enqueued_time", "start", "latest"
-    value: int = 0
-    inclusive: bool = False
-
-
-def parse_selector(expression: str | None) -> StartPosition:
-    """Parse ``amqp.annotation.x-opt-offset > '123'`` and its siblings.
-
-    Raises :class:`BrokerError` (``amqp:invalid-field``) for anything else.
-    """
-    if expression is None:
-        return StartPosition("latest")
-    text = expression.strip()
-    for name, kind in (("amqp.annotation.x-opt-offset", "offset"),  # noqa: B007 (kind is read after the loop)
-                       ("amqp.annotation.x-opt-sequence-number", "sequence_number"),
-                       ("amqp.annotation.x-opt-enqueued-time", "enqueued_time")):
-        if text.lower().startswith(name):
-            rest = text[len(name):].strip()
-            break
-    else:
-        raise BrokerError("amqp:invalid-field", f"unsupported selector filter {expression!r}")
-    if rest.startswith(">="):
-        inclusive, rest = True, rest[2:].strip()
-    elif rest.startswith(">"):
-        inclusive, rest = False, rest[1:].strip()
-    else:
-        raise BrokerError("amqp:invalid-field", f"unsupported comparison in selector filter {expression!r}")
-    if len(rest) < 2 or rest[0] != "'" or rest[-1] != "'":
-        raise BrokerError("amqp:invalid-field", f"the value in selector filter {expression!r} must be quoted")
-    value = rest[1:-1]
-    if kind == "offset" and value == "@latest":
-        return StartPosition("latest")
-    if kind == "offset" and value == "-1":
-        return StartPosition("start")
-    try:
-        number = int(value)
-    except ValueError:
-        raise BrokerError("amqp:invalid-field", f"the value in selector filter {expression!r} is not a number") \
-            from None
-    return StartPosition(kind, number, inclusive)
-
-
 # ----------------------------------------------------------------------------- storage
 
 def _now_ms() -> int:
     return int(time.time() * 1000)
+
+
+def _key_entry(key: bytes | None) -> bytes:
+    """The ``x-opt-partition-key`` annotation entry (key and value, encoded), or nothing."""
+    if key is None:
+        return b""
+    return _PKEY_KEY + (b"\xa1" + bytes((len(key),)) + key if len(key) <= 255
+                        else b"\xb1" + len(key).to_bytes(4, "big") + key)
 
 
 class Partition:
@@ -180,6 +80,9 @@ class Partition:
         # and where each payload's header section ends (delivery annotations go after it).
         self._payloads: list[bytes] = []
         self._header_ends: list[int] = []
+        # The producer's delivery annotations, for the few events that have them, by
+        # sequence number: (their section's length, its entries, their item count).
+        self._delivery: dict[int, tuple[int, bytes, int]] = {}
         self._offsets: list[int] = []
         self._times: list[int] = []
         self._head = 0
@@ -214,6 +117,15 @@ class Partition:
     def payload_slice(self, first: int, count: int) -> list[bytes]:
         index = self._head + first - self.begin_sequence_number
         return self._payloads[index:index + count]
+
+    def with_delivery_annotations(self, sequence_number: int, entries: bytes, count: int) -> bytes:
+        """A retained event with ``entries`` (``count`` items, encoded) in its delivery
+        annotations, beside the producer's: what a receiver that asked for runtime
+        metrics gets."""
+        payload, header_end, _offset, _time = self.event(sequence_number)
+        length, own, own_count = self._delivery.get(sequence_number, (0, b"", 0))
+        return (payload[:header_end] + map_section(DELIVERY_ANNOTATIONS, entries + own, count + own_count)
+                + payload[header_end + length:])
 
     def resolve(self, position: StartPosition) -> int:
         """The sequence number of the first event a receiver at ``position`` gets.
@@ -257,35 +169,30 @@ class Partition:
         raise BrokerError("amqp:invalid-field", f"unknown position kind {position.kind!r}")
 
     # -- writing
-    def append(self, messages: list[tuple[bytes, bytes, int, bytes]], partition_key: bytes | None) -> None:
-        """Store messages, each given as (header section, the sender's message-annotation
-        entries, their item count, the other sections), stamping the service annotations."""
+    def append(self, messages: list[SplitMessage], partition_key: bytes | None) -> None:
+        """Store producer messages, stamping the service annotations (see :mod:`.messages`).
+        Each keeps its own partition key; ``partition_key`` is for those without one (a
+        batch's key)."""
         now = max(_now_ms(), self.last_enqueued_time)
-        key_entry = b""
-        key_pairs = 0
-        if partition_key is not None:
-            key_entry = _PKEY_KEY + (b"\xa1" + bytes((len(partition_key),)) + partition_key
-                                     if len(partition_key) <= 255
-                                     else b"\xb1" + len(partition_key).to_bytes(4, "big") + partition_key)
-            key_pairs = 2
         time_entry = _TIME_KEY + _TIMESTAMP.pack(0x83, now)
         payloads, header_ends, offsets, times = self._payloads, self._header_ends, self._offsets, self._times
         sequence = self.next_sequence_number
         offset = self.next_offset
-        for header, extra_entries, extra_count, rest in messages:
+        for message in messages:
+            key = partition_key if message.partition_key is None else message.partition_key.encode("utf-8")
             offset_text = str(offset).encode()
-            body = (_SEQ_KEY + _ANNOTATIONS.pack(0x81, sequence)
-                    + _OFFSET_KEY + b"\xa1" + bytes((len(offset_text),)) + offset_text
-                    + time_entry + key_entry + extra_entries)
-            count = 6 + key_pairs + extra_count
-            if len(body) + 1 <= 255:
-                annotations = b"\x00\x53\x72\xc1" + bytes((len(body) + 1, count)) + body
-            else:
-                annotations = (b"\x00\x53\x72\xd1" + (len(body) + 4).to_bytes(4, "big")
-                               + count.to_bytes(4, "big") + body)
-            payload = header + annotations + rest
+            service = (_SEQ_KEY + _ANNOTATIONS.pack(0x81, sequence)
+                       + _OFFSET_KEY + b"\xa1" + bytes((len(offset_text),)) + offset_text + time_entry
+                       + _key_entry(key))
+            annotations = map_section(MESSAGE_ANNOTATIONS, service + message.annotations,
+                                      (6 if key is None else 8) + message.annotation_count)
+            delivery = b""
+            if message.delivery_count:
+                delivery = map_section(DELIVERY_ANNOTATIONS, message.delivery, message.delivery_count)
+                self._delivery[sequence] = (len(delivery), message.delivery, message.delivery_count)
+            payload = message.header + delivery + annotations + message.rest
             payloads.append(payload)
-            header_ends.append(len(header))
+            header_ends.append(len(message.header))
             offsets.append(offset)
             times.append(now)
             offset += len(payload)
@@ -309,6 +216,9 @@ class Partition:
             head += 1
         if head == self._head:
             return
+        if self._delivery:
+            for sequence in range(self.begin_sequence_number, self.begin_sequence_number + head - self._head):
+                self._delivery.pop(sequence, None)
         self.begin_sequence_number += head - self._head
         self._head = head
         if head > 1024 and head * 2 > len(times):
@@ -410,6 +320,20 @@ class EventHub:
                 f"The messaging entity '{self.namespace.host}:eventhub:{self.name}~consumergroups/{consumer_group}' "
                 "could not be found.")
 
+    def ingest(self, message: Any, message_format: int, partition: Partition | None) -> None:
+        """Store a producer's transfer: one message, or a batch (``BATCH_FORMAT``), sent to
+        ``partition`` or (None) routed by its partition key. A partition key on a send to a
+        partition is kept with the events, as the service keeps it (azure-eventhub's
+        buffered producer maps keys to partitions itself and sends so)."""
+        if message_format == BATCH_FORMAT:
+            messages, key = split_batch(message)
+        else:
+            single = split_message(message)
+            messages, key = [single], single.partition_key
+        if messages:
+            target = partition if partition is not None else self.route(key)
+            target.append(messages, key.encode("utf-8") if key is not None else None)
+
     def route(self, partition_key: str | None) -> Partition:
         """Where a send without a partition id goes: by key hash, else round robin."""
         if partition_key is not None:
@@ -468,66 +392,3 @@ class Namespace:
         except KeyError:
             raise BrokerError("amqp:not-found",
                               f"The messaging entity 'sb://{self.host}/{name}' could not be found.") from None
-
-
-# ----------------------------------------------------------------------------- message parsing
-
-def split_message(message: Any) -> tuple[bytes, bytes, int, bytes, str | None]:
-    """Split a sender's message into (header section, its message-annotation entries
-    minus the service's own keys, their item count, the other sections, its partition key).
-
-    Delivery annotations are dropped (they are hop-by-hop); the service stamps its own
-    sequence number, offset and enqueued time, so a sender cannot forge them.
-    """
-    header = b""
-    entries = b""
-    entry_count = 0
-    rest = bytearray()
-    partition_key: str | None = None
-    for code, start, value_start, end in split_sections(message):
-        if code == 0x70:
-            header = bytes(message[start:end])
-        elif code == 0x71:
-            continue
-        elif code == 0x72:
-            kept, kept_count, partition_key = _filter_annotations(message, value_start, end)
-            entries += kept
-            entry_count += kept_count
-        else:
-            rest += message[start:end]
-    return header, entries, entry_count, bytes(rest), partition_key
-
-
-def _filter_annotations(message: Any, value_start: int, end: int) -> tuple[bytes, int, str | None]:
-    constructor = message[value_start]
-    if constructor == 0xC1:
-        pos, count = value_start + 3, message[value_start + 2]
-    elif constructor == 0xD1:
-        pos, count = value_start + 9, int.from_bytes(message[value_start + 5:value_start + 9], "big")
-    elif constructor == 0x40:
-        return b"", 0, None
-    else:
-        raise AMQPDecodeError("message annotations are not a map")
-    kept = bytearray()
-    kept_count = 0
-    partition_key: str | None = None
-    for _ in range(count // 2):
-        key_end = skip(message, pos)
-        value_end = skip(message, key_end)
-        key, _ = decode(message, pos)
-        name = key.encode() if isinstance(key, str) else key
-        if name == b"x-opt-partition-key":
-            value, _ = decode(message, key_end)
-            if value is not None:
-                partition_key = value.decode("utf-8") if isinstance(value, bytes) else str(value)
-        elif name not in ANNOTATION_KEYS:
-            kept += message[pos:value_end]
-            kept_count += 2
-        pos = value_end
-    if pos > end:
-        raise AMQPDecodeError("message annotations run past their section")
-    return bytes(kept), kept_count, partition_key
-
-
-WakeCallback = Callable[[], None]
-AnyMessage = Any

@@ -96,6 +96,7 @@ def to_event(event_data: Any, partition_id: str | None = None) -> Event:
         correlation_id=_amqp_value(event_data.correlation_id),
         body_type=body_type,
         amqp_body=amqp_body,
+        amqp_message=getattr(event_data, "_message", None),  # what EventData was built from, when it has one
     )
 
 
@@ -160,4 +161,5 @@ def message_to_event(message: Any, partition_id: str | None = None) -> Event:
         correlation_id,
         body_type,
         amqp_body,
+        message,
     )

@@ -3,6 +3,14 @@ classified under (``unreachable``, ``timeout``, ``not-found``, ``unauthorized``,
 ``refused``, ``server-busy``, ``disconnected``), a message that names the namespace and
 the hub, and never a secret.
 
+Each error is also the exception azure-eventhub raises for the same failure: an
+:class:`~eventprocessor.errors.EventSourceError` of the class
+``EventSourceError[ConnectError]`` is an ``azure.eventhub.exceptions.ConnectError``
+too, so code written against the official client (``except ConnectError``,
+``isinstance(error, EventHubError)`` in an ``on_error``) keeps working. The official
+class is the one the client itself maps the underlying failure to
+(:func:`official_type`).
+
 Example::
 
     errors = ErrorContext("ns.servicebus.windows.net", "telemetry", secret=key)
@@ -12,10 +20,11 @@ from __future__ import annotations
 
 import asyncio
 import re
+from typing import Any, TypeVar
 
 from ...errors import EventSourceError
 
-__all__ = ["ErrorContext", "taken_over"]
+__all__ = ["ErrorContext", "taken_over", "official_type", "with_official_type", "official_class"]
 
 # Markers of the errors Event Hubs returns when a receiver with a higher epoch took the
 # partition (link stolen / epoch receiver conflict).
@@ -38,7 +47,79 @@ _UNREACHABLE_MARKERS = ("failed to initiate the connection", "connect call faile
 _SECRET_PATTERNS = ((re.compile(r"SharedAccessSignature\s+\S+", re.I), "SharedAccessSignature ***"),
                     (re.compile(r"\b(sig|SharedAccessKey|SharedAccessSignature)=[^;&\s]+", re.I), r"\1=***"))
 
-# Frames the lean receiver asks the client to read per call, and how long it keeps
+_E = TypeVar("_E", bound=BaseException)
+
+# The official exception of a failure that has no client exception behind it, by reason.
+_OFFICIAL_BY_REASON = {"unreachable": "ConnectError", "timeout": "OperationTimeoutError", "not-found": "ConnectError",
+                       "unauthorized": "AuthenticationError", "refused": "ConnectError", "server-busy": "ConnectError",
+                       "disconnected": "ConnectionLostError"}
+
+
+def official_type(reason: str, cause: BaseException | None = None) -> type[BaseException]:
+    """azure-eventhub's exception class for a failure classified under ``reason``: the
+    class the client raises for ``cause`` (an exception of the client, or of its AMQP
+    layer, which the client maps the way it maps it for its own callers), else the one
+    of the reason (``EventHubError`` when there is none)."""
+    from azure.eventhub import exceptions as official
+
+    if isinstance(cause, official.EventHubError):
+        return type(cause)
+    if isinstance(cause, FileNotFoundError):
+        # A connection_verify path that does not exist: the official consumer's on_error gets it as is.
+        return FileNotFoundError
+    mapped = _client_mapping(cause)
+    if mapped is not None:
+        return mapped
+    return getattr(official, _OFFICIAL_BY_REASON.get(reason, "EventHubError"))
+
+
+def _client_mapping(cause: BaseException | None) -> type[BaseException] | None:
+    """The class azure-eventhub's transport maps an exception of its AMQP layer to, or
+    None for anything else (or when this azure-eventhub maps differently)."""
+    try:
+        from azure.eventhub._pyamqp.error import AMQPException
+        from azure.eventhub._transport._pyamqp_transport import PyamqpTransport
+    except ImportError:  # pragma: no cover - another azure-eventhub
+        return None
+    if not isinstance(cause, AMQPException):
+        return None
+    try:
+        mapped = PyamqpTransport._create_eventhub_exception(cause, is_consumer=True)
+    except Exception:  # pragma: no cover - another azure-eventhub
+        return None
+    return type(mapped) if isinstance(mapped, BaseException) else None
+
+
+_CLASSES: dict[tuple[type, type], type] = {}
+
+
+def official_class(ours: type[_E], official: type[BaseException]) -> type[_E]:
+    """The class of errors that are both ``ours`` and azure-eventhub's ``official``
+    (named ``Ours[Official]``), made once per pair."""
+    if issubclass(ours, official):
+        return ours
+    made = _CLASSES.get((ours, official))
+    if made is None:
+        made = _CLASSES[ours, official] = type(f"{ours.__name__}[{official.__name__}]", (ours, official), {
+            "__module__": ours.__module__,
+            "__doc__": f"{ours.__name__} that is also azure-eventhub's {official.__name__}."})
+    return made
+
+
+def with_official_type(error: Any, official: type[BaseException]) -> Any:
+    """``error`` (this SDK's) made an instance of azure-eventhub's ``official`` class too,
+    in place; returned for convenience. ``official`` must add no instance layout of its
+    own (every ``azure.eventhub.exceptions`` class; not ``OSError``'s)."""
+    from azure.eventhub.exceptions import EventHubError
+
+    if isinstance(error, official):
+        return error
+    error.__class__ = official_class(type(error), official)
+    if isinstance(error, EventHubError):  # the attributes its __init__ sets
+        for name, value in (("message", str(error)), ("error", None), ("details", None)):
+            setattr(error, name, value)
+    return error
+
 
 class ErrorContext:
     """What a source error names: the namespace, the hub, and the secret to scrub."""
@@ -59,9 +140,13 @@ class ErrorContext:
               retry_after: float | None = None) -> EventSourceError:
         detail = ""
         if cause is not None:
-            first = str(cause).strip().splitlines()[0] if str(cause).strip() else ""
-            detail = f": {type(cause).__name__}" + (f": {self.scrub(first)[:300]}" if first else "")
-        return EventSourceError(
+            # The client's text, its lines joined (its AuthenticationError for a missing hub says
+            # "could not be found" on the third line), never a secret.
+            text = " ".join(line.strip() for line in str(cause).strip().splitlines() if line.strip())
+            detail = f": {type(cause).__name__}" + (f": {self.scrub(text)[:400]}" if text else "")
+        # Built as the official class directly: FileNotFoundError has a layout of its own.
+        error_class = official_class(EventSourceError, official_type(reason, cause))
+        return error_class(
             f"event hub {self.eventhub_name!r} in namespace {self.namespace!r}: {what}{detail}",
             fully_qualified_namespace=self.namespace, eventhub_name=self.eventhub_name, reason=reason,
             retry_after=retry_after)

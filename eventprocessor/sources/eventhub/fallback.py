@@ -55,7 +55,7 @@ class _BatchReceiver(PartitionReceiverBase):
         if getter not in done:
             getter.cancel()
             error = task.exception() if not task.cancelled() else None
-            raise self._translate(error) if error else self._source._errors.error(
+            raise self._translate(error) if error else self._link.errors.error(
                 "disconnected", f"receiving from partition {self.partition_id} stopped")
         item = getter.result()
         if isinstance(item, BaseException):

@@ -72,7 +72,7 @@ class _LeanReceiver(PartitionReceiverBase):
 
     async def _open(self) -> None:
         # Throttled (server-busy): wait out the hub's retry-after instead of asking again.
-        await self._source._wait_if_busy()
+        await self._link.throttle.wait()
         # Reopened after a failure (the link dropped its buffer with the consumer): go on
         # right after the last event handed out, neither replaying nor skipping any.
         position = self._position if self._last_sequence_number is None else \
@@ -93,7 +93,7 @@ class _LeanReceiver(PartitionReceiverBase):
         # unretrieved it would be logged as "Task exception was never retrieved".
         opening.add_done_callback(_outcome_retrieved)
         try:
-            await asyncio.wait_for(opening, self._source.operation_timeout)
+            await asyncio.wait_for(opening, self._link.operation_timeout)
         except asyncio.CancelledError:
             raise
         except BaseException as error:
@@ -105,10 +105,10 @@ class _LeanReceiver(PartitionReceiverBase):
             # This azure-eventhub opens consumers differently: use the public path from
             # the next receiver on (the pump reopens after this error).
             await self._drop_consumer()
-            self._source._lean = False
+            self._link.use_public_receive()
             logger.warning("the installed azure-eventhub's consumer lacks the handler or buffer EventHubSource drives; "
                            "receiving through its public receive_batch from now on (slower)")
-            raise self._source._errors.error(
+            raise self._link.errors.error(
                 "disconnected", f"the receiver of partition {self.partition_id} is reopened on the public receive path")
         self._handler = handler
         self._buffer = buffer
@@ -195,7 +195,7 @@ class _LeanReceiver(PartitionReceiverBase):
                 raise self._translate(error, "receiving") from None
             if alive is False:
                 await self._drop_consumer()
-                raise self._source._errors.error(
+                raise self._link.errors.error(
                     "disconnected", f"the receiver of partition {self.partition_id} (consumer group "
                                     f"{self.consumer_group!r}) was closed by the client")
             count = len(buffer)

@@ -4,17 +4,18 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from types import MappingProxyType
 from typing import Any
 
-from ...errors import ConfigurationError, EventSourceError
+from ...errors import ConfigurationError
 from ...events import EventPosition
 from ...extras import install_command
-from ..base import EventSource, PartitionProperties, PartitionReceiver
+from ..base import EventHubProperties, EventSource, PartitionProperties, PartitionReceiver
 from .failures import ErrorContext
 from .fallback import _BatchReceiver
 from .lean import _LeanReceiver, lean_receive_supported
+from .receiver import SourceLink, Throttle
 
 __all__ = ["EventHubSource"]
 
@@ -93,7 +94,8 @@ class EventHubSource(EventSource):
         self._errors = ErrorContext(fully_qualified_namespace, eventhub_name, None)
         self._lean: bool | None = None if lean_receive else False  # None: not checked yet
         self.clock: Callable[[], float] = time.monotonic
-        self._busy_until = float("-inf")  # clock() until which the hub asked us to wait (server-busy)
+        # The hub's server-busy answers, shared with every receiver (read through self.clock).
+        self._throttle = Throttle(lambda: repr(self), clock=lambda: self.clock())
 
     @classmethod
     def from_connection_string(cls, conn_str: str, *, eventhub_name: str | None = None,
@@ -225,21 +227,8 @@ class EventHubSource(EventSource):
                                "receiving through its public receive_batch instead (slower)")
         return self._lean
 
-    def _note(self, error: EventSourceError) -> EventSourceError:
-        """Remember a server-busy answer's retry-after (for every receiver of this source:
-        Event Hubs throttles a namespace, not a link)."""
-        if error.reason == "server-busy" and error.retry_after:
-            now = self.clock()
-            if self._busy_until <= now:  # once per throttling episode, not per partition
-                logger.warning("%r: the hub is throttling (server busy); no receiver is opened for %.1f s", self,
-                               error.retry_after)
-            self._busy_until = max(self._busy_until, now + error.retry_after)
-        return error
-
-    async def _wait_if_busy(self) -> None:
-        delay = self._busy_until - self.clock()
-        if delay > 0:
-            await asyncio.sleep(delay)
+    def _use_public_receive(self) -> None:
+        self._lean = False
 
     async def get_partition_ids(self) -> list[str]:
         """The hub's partition ids, reused for ``partition_ids_ttl`` seconds.
@@ -250,7 +239,7 @@ class EventHubSource(EventSource):
         now = self.clock()
         if self._partition_ids is not None and now - self._partition_ids_at < self.partition_ids_ttl:
             return list(self._partition_ids)
-        wait = self._busy_until - now
+        wait = self._throttle.remaining()
         if wait > 0:
             raise self._errors.error("server-busy", f"reading the partition ids: the hub is throttling; retry after "
                                                     f"{wait:.1f} s", retry_after=wait)
@@ -273,7 +262,7 @@ class EventHubSource(EventSource):
             except asyncio.CancelledError:
                 raise
             except BaseException as error:
-                failure = self._note(self._errors.classify(error, "reading the partition ids"))
+                failure = self._throttle.note(self._errors.classify(error, "reading the partition ids"))
                 # One quick second attempt for a hub that may be restarting; a missing
                 # hub or a rejected credential will not change in half a second.
                 if attempt >= 2 or failure.reason not in ("unreachable", "disconnected") \
@@ -287,22 +276,25 @@ class EventHubSource(EventSource):
                             track_last_enqueued_event_properties: bool = False) -> PartitionReceiver:
         client = self._client(consumer_group)
         kind = _LeanReceiver if self.uses_lean_receive else _BatchReceiver
-        return kind(self, client, partition_id, consumer_group, starting_position, owner_level, prefetch,
+        link = SourceLink(self.eventhub_name, self.operation_timeout, self._errors, self._throttle,
+                          self._use_public_receive)
+        return kind(link, client, partition_id, consumer_group, starting_position, owner_level, prefetch,
                     track_last_enqueued_event_properties)
+
+    async def get_eventhub_properties(self) -> EventHubProperties:
+        """The hub's name, creation time and partition ids, asked now (the partition ids
+        :meth:`get_partition_ids` reuses are not touched), within ``operation_timeout``
+        seconds; raises :class:`EventSourceError` if the hub cannot say."""
+        raw = await self._ask(lambda client: client.get_eventhub_properties(), "reading the event hub's properties")
+        return EventHubProperties(eventhub_name=str(raw.get("eventhub_name", self.eventhub_name)),
+                                  created_at=raw.get("created_at"),
+                                  partition_ids=tuple(str(pid) for pid in raw.get("partition_ids", ())))
 
     async def get_partition_properties(self, partition_id: str) -> PartitionProperties:
         """The partition's bounds and newest event, within ``operation_timeout`` seconds;
         raises :class:`EventSourceError` if the hub cannot say."""
-        if self._management is None:
-            self._management = self._new_client("$default", retry_total=0)
-        try:
-            raw = await asyncio.wait_for(self._management.get_partition_properties(partition_id),
-                                         self.operation_timeout)
-        except asyncio.CancelledError:
-            raise
-        except BaseException as error:
-            raise self._errors.classify(error, f"reading the properties of partition {partition_id}",
-                                        partition_id=partition_id) from None
+        raw = await self._ask(lambda client: client.get_partition_properties(partition_id),
+                              f"reading the properties of partition {partition_id}", partition_id=partition_id)
         return PartitionProperties(
             partition_id=str(raw.get("id", partition_id)),
             beginning_sequence_number=int(raw.get("beginning_sequence_number", 0)),
@@ -311,6 +303,19 @@ class EventHubSource(EventSource):
             last_enqueued_time_utc=raw.get("last_enqueued_time_utc"),
             is_empty=bool(raw.get("is_empty", False)),
         )
+
+    async def _ask(self, call: Callable[[Any], Awaitable[dict[str, Any]]], doing: str, *,
+                   partition_id: str | None = None) -> dict[str, Any]:
+        """One management request through this source's management client, within
+        ``operation_timeout``; a failure raised as a classified :class:`EventSourceError`."""
+        if self._management is None:
+            self._management = self._new_client("$default", retry_total=0)
+        try:
+            return await asyncio.wait_for(call(self._management), self.operation_timeout)
+        except asyncio.CancelledError:
+            raise
+        except BaseException as error:
+            raise self._throttle.note(self._errors.classify(error, doing, partition_id=partition_id)) from None
 
     async def close(self) -> None:
         clients = list(self._clients.values()) + ([self._management] if self._management is not None else [])
