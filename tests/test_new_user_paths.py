@@ -363,7 +363,7 @@ def test_eventprocessor_azurite_serves_the_default_ports_and_stops_on_sigterm(tm
         assert process.stdout is not None
         line = process.stdout.readline().strip()
         assert line.startswith("DefaultEndpointsProtocol=http;") and "BlobEndpoint=http://127.0.0.1:10000/" in line
-        code = ("import asyncio, sys\nfrom stores import BlobCheckpointStore\n"
+        code = ("import asyncio, sys\nfrom eventprocessor.stores import BlobCheckpointStore\n"
                 "async def main():\n"
                 "    async with BlobCheckpointStore.from_connection_string('UseDevelopmentStorage=true', 'cli') as s:\n"
                 "        await s.check()\n"
@@ -375,8 +375,12 @@ def test_eventprocessor_azurite_serves_the_default_ports_and_stops_on_sigterm(tm
         assert process.wait(timeout=30) == 0, process.stderr.read() if process.stderr else ""
     finally:
         if process.poll() is None:
-            process.kill()
-    assert_nothing_left(marker)
+            process.send_signal(signal.SIGTERM)  # it stops the Azurite it started; a SIGKILL would orphan it
+            try:
+                process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                process.kill()
+        assert_nothing_left(marker)
     assert not _port_in_use(10000)
 
 
@@ -510,12 +514,31 @@ def test_the_install_hint_of_a_wheel_names_the_wheel(monkeypatch, tmp_path):
 
 def test_importing_a_store_without_its_extra_says_the_install_command(tmp_path):
     program = tmp_path / "import_store.py"
-    program.write_text("import eventprocessor.stores\ntry:\n    stores.BlobCheckpointStore\n"
+    program.write_text("from eventprocessor import stores\ntry:\n    stores.BlobCheckpointStore\n"
                        "except ModuleNotFoundError as error:\n    print(error)\n")
     out = run_without(["azure", "aiohttp"], [str(program)], env=environment())
     assert out.returncode == 0, out.stderr
     assert "BlobCheckpointStore needs the [blob] extra" in out.stdout, out.stdout
     assert f"pip install -e {shlex.quote(f'{ROOT}[blob]')}" in out.stdout, out.stdout
+
+
+
+@pytest.mark.parametrize("statement, needs", [
+    ("from eventprocessor.spark import EventHubsDataSource", "eventprocessor.spark needs the [spark] extra"),
+    ("from eventprocessor.spark import SparkSink", "eventprocessor.spark needs the [spark] extra"),
+])
+def test_importing_spark_without_its_extra_is_one_line_with_the_install_command(tmp_path, statement, needs):
+    """``from eventprocessor.spark import EventHubsDataSource`` in a core-only install:
+    a bare ``ModuleNotFoundError: No module named 'pyarrow'``."""
+    program = tmp_path / "import_spark.py"
+    program.write_text(statement + "\n")
+    out = run_without(SPARK_MODULES, [str(program)], env=environment())
+    assert out.returncode == 1
+    last = out.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"ModuleNotFoundError: {needs} ("), out.stderr
+    assert last.endswith(f"is not installed): pip install -e {shlex.quote(f'{ROOT}[spark]')}"), out.stderr
+    errors = [line for line in out.stderr.splitlines() if line.startswith("ModuleNotFoundError:")]
+    assert errors == [last], out.stderr  # the hint, not the bare error above it
 
 
 # --------------------------------------------------------------------------- samples check first
