@@ -410,6 +410,34 @@ def test_docs_shell_block(block: ShellBlock, tmp_path):
             f"{block.where} exited {out.returncode}:\n{out.stdout[-3000:]}\n{out.stderr[-3000:]}"
 
 
+def _azurite_commands() -> list[tuple[str, list[str]]]:
+    """Every command of the docs' shell blocks that starts Azurite by hand, as words."""
+    found = []
+    for block in SHELL:
+        for command in _commands(block.body):
+            words = shlex.split(command)
+            if words[:1] == ["npx"]:
+                words = words[1:]
+            if words and Path(words[0]).name == "azurite":
+                found.append((block.where, words))
+    return found
+
+
+def test_every_azurite_command_of_the_docs_has_the_flags_eventprocessor_azurite_passes():
+    """The by-hand command printed an ApplicationInsights ``getaddrinfo ENOTFOUND`` block
+    despite ``--silent``: it lacked ``--disableTelemetry``, which ``eventprocessor azurite``
+    passes. Every Azurite the docs start gets the same flags, bound to 127.0.0.1."""
+    from eventprocessor.emulators.azurite import AZURITE_FLAGS
+
+    commands = _azurite_commands()
+    assert commands, "the docs show how to start Azurite by hand"
+    wanted = [*AZURITE_FLAGS, *(f"--{service}Host 127.0.0.1" for service in ("blob", "queue", "table"))]
+    for where, words in commands:
+        line = " ".join(words)
+        missing = [flag for flag in wanted if not re.search(rf"(?<![\w-]){re.escape(flag)}(?![\w-])", line)]
+        assert not missing, f"{where}: `{line}` lacks {missing}, which `eventprocessor azurite` passes"
+
+
 def test_every_fenced_block_names_its_language():
     unlabeled = [f"{page}:{line}" for page, found in PAGES.items() for line in found.unlabeled]
     assert not unlabeled, f"fenced blocks without a language (```text for plain text): {unlabeled}"
