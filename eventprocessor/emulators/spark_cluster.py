@@ -379,10 +379,13 @@ def start_spark_cluster(*, connect: bool = True, worker_cores: int = 3, worker_m
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m eventprocessor.emulators.spark_cluster", description=__doc__.split("\n")[0])
-    parser.add_argument("--no-connect", action="store_true", help="no Spark Connect server")
-    parser.add_argument("--worker-cores", type=int, default=3)
-    parser.add_argument("--worker-memory", default="2g")
+        prog="python -m eventprocessor.emulators.spark_cluster",
+        description=" ".join(__doc__.split("\n\n")[0].split()).replace("``", "`") + " It prints their URLs and "
+                    "runs until Ctrl-C or SIGTERM, which stop the whole cluster.")
+    parser.add_argument("--no-connect", action="store_true", help="Start no Spark Connect server.")
+    parser.add_argument("--worker-cores", type=int, default=3,
+                        help="Cores the worker offers (slots, not CPUs). [default: %(default)s]")
+    parser.add_argument("--worker-memory", default="2g", help="Memory the worker offers. [default: %(default)s]")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     try:
