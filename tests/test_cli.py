@@ -251,11 +251,12 @@ class _SilentServer:
 async def test_demo_refuses_a_service_on_the_azurite_ports_that_does_not_answer(monkeypatch):
     needs_extra("azure.storage.blob")
     from eventprocessor.cli import demo
+    from eventprocessor.cli.demo import store
 
     servers = [_SilentServer() for _ in range(3)]
     try:
-        monkeypatch.setattr(demo, "AZURITE_PORTS", tuple(s.port for s in servers))
-        monkeypatch.setattr(demo, "STORE_PROBE_TIMEOUT", 2.0)
+        monkeypatch.setattr(store, "AZURITE_PORTS", tuple(s.port for s in servers))
+        monkeypatch.setattr(store, "STORE_PROBE_TIMEOUT", 2.0)
         with pytest.raises(CommandError, match=f"127.0.0.1:{servers[0].port} does not answer as Azurite"):
             await demo.run_demo(demo.DemoConfig(store="azurite", partitions=2, processors=1))
     finally:

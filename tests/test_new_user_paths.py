@@ -265,7 +265,8 @@ async def test_demo_on_an_azurite_without_the_flag_says_the_flag(strict_azurite,
     from eventprocessor.cli import demo
     from eventprocessor.cli.user_errors import CommandError
 
-    monkeypatch.setattr(demo, "AZURITE_PORTS", (strict_azurite.blob_port, _free_port(), strict_azurite.table_port))
+    monkeypatch.setattr(demo.store, "AZURITE_PORTS",
+                        (strict_azurite.blob_port, _free_port(), strict_azurite.table_port))
     with pytest.raises(CommandError) as raised:
         await demo.run_demo(demo.DemoConfig(store="azurite", partitions=2, processors=1))
     message = str(raised.value)
