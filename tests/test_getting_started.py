@@ -9,7 +9,7 @@ of mkdocs.yml's nav), every text read from the clone:
 3. the Python examples of every page that need nothing more (run, and their claimed
    output checked), with ``pip install -e '.[otel]'`` as the Metrics section of
    docs/howto/operating.md says before its example;
-4. ``eventprocessor demo --store azurite`` before ``[blob]`` is installed: the one-line
+4. ``eventprocessor demo --store blob`` before ``[blob]`` is installed: the one-line
    error names an install command, which is run exactly as printed;
 5. ``npm ci`` and Azurite started as the ``azurite`` block of docs/getting-started.md says;
 6. the local Event Hubs block of docs/howto/eventhubs.md line by line (``[eventhub,blob]``,
@@ -251,7 +251,7 @@ def _walk(walk: Walk, docs: ClonedDocs, tmp_path: Path) -> None:
             assert_claimed_output(example.expected, output)
 
     # 4. A command that needs [blob] says what to run; what it says works as printed.
-    said = walk.run("eventprocessor demo --store azurite", expect=1)
+    said = walk.run("eventprocessor demo --store blob", expect=1)
     hint = re.search(r"run `(pip install [^`]+)`", said)
     assert hint, said
     assert hint.group(1) == f"pip install -e {shlex.quote(str(walk.clone) + '[blob]')}", said

@@ -268,7 +268,7 @@ async def test_demo_on_an_azurite_without_the_flag_says_the_flag(strict_azurite,
     monkeypatch.setattr(demo.store, "AZURITE_PORTS",
                         (strict_azurite.blob_port, _free_port(), strict_azurite.table_port))
     with pytest.raises(CommandError) as raised:
-        await demo.run_demo(demo.DemoConfig(store="azurite", partitions=2, processors=1))
+        await demo.run_demo(demo.DemoConfig(store="blob", partitions=2, processors=1))
     message = str(raised.value)
     assert AZURITE_SAYS in message and THE_FLAG in message and "does not answer" not in message, message
 
@@ -394,7 +394,7 @@ def test_demo_without_the_eventhub_extra_says_so_and_starts_nothing():
     if _port_in_use(10000):
         unavailable("something listens on 127.0.0.1:10000; the demo would use it instead of starting Azurite")
     marker = uuid.uuid4().hex
-    out = run_without(["azure.eventhub"], ["-m", "eventprocessor.cli", "demo", "--store", "azurite", "--source",
+    out = run_without(["azure.eventhub"], ["-m", "eventprocessor.cli", "demo", "--store", "blob", "--source",
                                            "emulator"], env=environment(marker))
     assert_one_line_error(out, "[eventhub]", f"pip install -e {shlex.quote(f'{ROOT}[eventhub]')}")
     assert "Unclosed" not in out.stderr
@@ -408,7 +408,7 @@ def test_a_demo_stopped_by_a_signal_stops_the_azurite_it_started(signum, code):
     if _port_in_use(10000):
         unavailable("something listens on 127.0.0.1:10000; the demo would use it instead of starting Azurite")
     marker = uuid.uuid4().hex
-    process = subprocess.Popen([sys.executable, "-m", "eventprocessor.cli", "demo", "--store", "azurite"],
+    process = subprocess.Popen([sys.executable, "-m", "eventprocessor.cli", "demo", "--store", "blob"],
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=environment(marker),
                                cwd=ROOT)
     try:
@@ -645,7 +645,7 @@ def test_the_demo_prints_the_status_command_that_watches_it_and_warns_about_noth
     or the hub; ``--namespace demo.local`` found nothing."""
     _needs_azurite_binary()
     marker = uuid.uuid4().hex
-    demo = subprocess.Popen([sys.executable, "-m", "eventprocessor.cli", "demo", "--store", "azurite"],
+    demo = subprocess.Popen([sys.executable, "-m", "eventprocessor.cli", "demo", "--store", "blob"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=environment(marker),
                             cwd=ROOT)
     try:
@@ -661,7 +661,7 @@ def test_the_demo_prints_the_status_command_that_watches_it_and_warns_about_noth
         while time.monotonic() < deadline:
             # Run exactly as printed (the shell sets the variable), for two refreshes.
             path = f"{Path(sys.executable).parent}:{os.environ['PATH']}"
-            out = subprocess.run(["bash", "-c", f"{command} --count 2 --interval 1"], capture_output=True, text=True,
+            out = subprocess.run(["bash", "-c", f"{command} --watch-count 2 --watch-interval 1"], capture_output=True, text=True,
                                  timeout=60, env=environment(PATH=path), cwd=tmp_path)
             assert out.returncode == 0, out.stderr
             shown = out.stdout

@@ -103,18 +103,19 @@ def main(ctx: click.Context, verbose: int, debug: bool) -> None:
 @click.option("--processors", default=4, show_default=True, type=click.IntRange(1, 256),
               help="Processors in this process.")
 @click.option("--strategy", type=click.Choice(["greedy", "balanced"]), default="greedy",
-              show_default=True, help="greedy: the fair share at once; balanced: one new partition per tick.")
+              show_default=True, help="Greedy takes the fair share at once, balanced one new partition per tick.")
 @click.option("--interval", type=click.FloatRange(min=0.01),
-              help="Load-balancing interval in seconds.  [default: 0.5; 2 with --store azurite]")
+              help="Load-balancing interval in seconds.  [default: 0.5; 2 with --store blob or table]")
 @click.option("--expiration", type=click.FloatRange(min=0.05),
               help="Ownership expiration in seconds (failover waits this long after a crash).  "
-                   "[default: 4; 12 with --store azurite]")
+                   "[default: 4; 12 with --store blob or table]")
 @click.option("--rate", default=400.0, show_default=True, type=click.FloatRange(min=0),
               help="Events per second the producer sends (0 = as fast as it can).")
-@click.option("--store", type=click.Choice(["memory", "azurite"]), default="memory", show_default=True,
-              help="memory: in-process; azurite: Blob storage on a local Azurite (started if none runs).")
+@click.option("--store", type=click.Choice(["memory", "blob", "table"]), default="memory", show_default=True,
+              help="The checkpoint store: in this process, or Blob or Table storage on a local Azurite (the one on "
+                   "its default ports, else one started for the demo).")
 @click.option("--source", type=click.Choice(["memory", "emulator"]), default="memory", show_default=True,
-              help="memory: in-process log; emulator: the real AMQP path (EventHubSource on a local Event Hubs "
+              help="The events: an in-process log, or the real AMQP path (EventHubSource on a local Event Hubs "
                    "emulator, fed by azure-eventhub's producer).")
 @click.option("--timeout", default=60.0, show_default=True, type=click.FloatRange(min=0, min_open=True),
               help="Give up on a phase after this many seconds.")
@@ -123,8 +124,8 @@ def demo(partitions: int, processors: int, strategy: str, interval: float | None
     """Producer and processors in one process: convergence, scale-in, crash, failover.
 
     Ends with a summary of events produced, processed, lost (must be 0) and
-    duplicated. Exits 1 if any event was lost. With --store azurite it prints the
-    `eventprocessor status` command that watches it from another terminal.
+    duplicated. Exits 1 if any event was lost. With --store blob or table it prints
+    the `eventprocessor status` command that watches it from another terminal.
     """
     from rich.console import Console
 
@@ -289,9 +290,9 @@ They are never printed.
               help="Give up on the store or the event hub after this many seconds.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON (one document per refresh with --watch).")
 @click.option("--watch", is_flag=True, help="Refresh in place until Ctrl-C.")
-@click.option("--interval", default=2.0, show_default=True, type=click.FloatRange(min=0.1),
+@click.option("--watch-interval", default=2.0, show_default=True, type=click.FloatRange(min=0.1),
               help="Seconds between refreshes with --watch.")
-@click.option("--count", type=click.IntRange(min=1), help="With --watch: stop after this many refreshes.")
+@click.option("--watch-count", type=click.IntRange(min=1), help="With --watch: stop after this many refreshes.")
 def status(**options: Any) -> None:
     """Show a live consumer group: who owns what, checkpoints, lag.
 

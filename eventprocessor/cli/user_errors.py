@@ -46,9 +46,9 @@ class MissingRequirementError(CommandError, ImportError):
     Example::
 
         try:
-            require(extras=["blob"], purpose="--store azurite")
+            require(extras=["blob"], purpose="--store blob")
         except MissingRequirementError as error:
-            print(error)   # --store azurite needs ...: run `pip install -e '/src/eventprocessor[blob]'`
+            print(error)   # --store blob needs ...: run `pip install -e '/src/eventprocessor[blob]'`
     """
 
 

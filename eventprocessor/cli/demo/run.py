@@ -30,7 +30,7 @@ __all__ = ["DemoConfig", "DemoResult", "Ledger", "check_prerequisites", "default
 # a second: with the in-memory 4 s expiration the derived store_timeout is 0.33 s, and
 # every start logged timeouts and back-offs. 12 s gives 1.33 s; a 2 s interval leaves
 # room for the ticks of four processors sharing one event loop with the SDK's XML parsing.
-DEMO_TIMING = {"memory": (0.5, 4.0), "azurite": (2.0, 12.0)}
+DEMO_TIMING = {"memory": (0.5, 4.0), "blob": (2.0, 12.0), "table": (2.0, 12.0)}
 
 
 def default_timing(store: str) -> tuple[float, float]:
@@ -113,12 +113,13 @@ def _balanced(live: list[EventProcessor], partitions: int) -> bool:
 def check_prerequisites(config: DemoConfig) -> None:
     """Everything the demo needs that is not there, said before anything starts
     (:class:`~eventprocessor.cli.user_errors.MissingRequirementError`, one line)."""
-    if config.store not in ("memory", "azurite"):
-        raise ValueError(f"unknown store {config.store!r}; use 'memory' or 'azurite'")
+    if config.store not in DEMO_TIMING:
+        raise ValueError(f"unknown store {config.store!r}; use one of {sorted(DEMO_TIMING)}")
     if config.source not in ("memory", "emulator"):
         raise ValueError(f"unknown source {config.source!r}; use 'memory' or 'emulator'")
-    extras = (["blob"] if config.store == "azurite" else []) + (["eventhub"] if config.source == "emulator" else [])
-    options = " ".join(option for option, wanted in (("--store azurite", config.store == "azurite"),
+    azure = config.store != "memory"
+    extras = ([config.store] if azure else []) + (["eventhub"] if config.source == "emulator" else [])
+    options = " ".join(option for option, wanted in ((f"--store {config.store}", azure),
                                                      ("--source emulator", config.source == "emulator")) if wanted)
     require(purpose=f"`eventprocessor demo {options}`", extras=extras)
 
@@ -173,7 +174,7 @@ class _Demo:
         watch = status_command(self.source, store, emulator, config,
                                self.feed.connection_string if self.feed is not None else None)
         say(self.console, f"Watch it from another terminal: {watch}" if watch else
-            "To watch the demo with `eventprocessor status` from another terminal, run it with --store azurite "
+            "To watch the demo with `eventprocessor status` from another terminal, run it with --store blob "
             "(the in-memory store lives in this process only)")
         handler = _handler(self.ledger)
         # Each processor reaches the store through a link of its own, so that a crash can

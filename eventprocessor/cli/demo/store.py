@@ -1,5 +1,5 @@
-"""The demo's checkpoint store: in memory, or Blob storage on a local Azurite (the one
-running on its default ports, else one started for the demo and stopped with it)."""
+"""The demo's checkpoint store: in memory, or Blob or Table storage on a local Azurite (the
+one running on its default ports, else one started for the demo and stopped with it)."""
 from __future__ import annotations
 
 import asyncio
@@ -36,7 +36,7 @@ async def open_store(config: DemoConfig, console: Console,
         from eventprocessor.stores import InMemoryCheckpointStore
 
         return InMemoryCheckpointStore(), "in-memory store", None
-    purpose = "`eventprocessor demo --store azurite`"
+    purpose = f"`eventprocessor demo --store {config.store}`"
     from eventprocessor.emulators.azurite import Azurite, port_open, start_azurite
 
     if port_open(AZURITE_PORTS[0]) and port_open(AZURITE_PORTS[2]):
@@ -47,40 +47,47 @@ async def open_store(config: DemoConfig, console: Console,
         emulator = start_azurite()
         stack.callback(emulator.stop)
         started = True
-    store, location = await _blob_store(emulator)
+    store, location = await _azure_store(config.store, emulator)
     stack.push_async_callback(store.close)
     if started:
         pid = emulator.process.pid if emulator.process is not None else "?"
         say(console, f"Store: no Azurite was running; started one (pid {pid}) at 127.0.0.1:{emulator.blob_port} "
                      f"(blob), 127.0.0.1:{emulator.table_port} (table); it stops when the demo ends")
     else:
-        say(console, f"Store: using the Azurite already running at 127.0.0.1:{emulator.blob_port} (blob)")
+        say(console, f"Store: using the Azurite already running at 127.0.0.1:{emulator.blob_port} (blob), "
+                     f"127.0.0.1:{emulator.table_port} (table)")
     return store, location, emulator
 
 
-async def _blob_store(emulator: Azurite) -> tuple[CheckpointStore, str]:
-    """A Blob store on ``emulator``, after a check shows that it can be used."""
-    from eventprocessor.stores import BlobCheckpointStore
+async def _azure_store(kind: str, emulator: Azurite) -> tuple[CheckpointStore, str]:
+    """A Blob or Table store (``kind``) on ``emulator``, after a check shows that it can be used."""
+    if kind == "blob":
+        from eventprocessor.stores import BlobCheckpointStore
 
-    container = f"demo-{uuid.uuid4().hex[:12]}"
-    store = BlobCheckpointStore.from_connection_string(emulator.connection_string, container)
+        name, port = f"demo-{uuid.uuid4().hex[:12]}", emulator.blob_port
+        store: CheckpointStore = BlobCheckpointStore.from_connection_string(emulator.connection_string, name)
+    else:
+        from eventprocessor.stores import TableCheckpointStore
+
+        name, port = f"demo{uuid.uuid4().hex[:12]}", emulator.table_port  # table names: letters and digits
+        store = TableCheckpointStore.from_connection_string(emulator.connection_string, name)
     try:
         await asyncio.wait_for(store.check(), STORE_PROBE_TIMEOUT)
     except Exception as error:
         await store.close()
         problem = " ".join(str(error).split()) or type(error).__name__
-        where = f"127.0.0.1:{emulator.blob_port}"
+        where = f"127.0.0.1:{port}"
         if emulator.started_here:
             raise CommandError(f"the Azurite started at {where} cannot be used ({problem}); run again with --debug "
                                "for details") from error
         if isinstance(error, (asyncio.TimeoutError, StoreTimeoutError)):
             raise CommandError(
-                f"the service on {where} does not answer as Azurite Blob storage ({problem}): stop it, or free ports "
-                f"{AZURITE_PORTS[0]}-{AZURITE_PORTS[2]} so that the demo starts its own Azurite") from error
+                f"the service on {where} does not answer as Azurite {kind.title()} storage ({problem}): stop it, or "
+                f"free ports {AZURITE_PORTS[0]}-{AZURITE_PORTS[2]} so that the demo starts its own Azurite") from error
         raise CommandError(
             f"the Azurite already running at {where} cannot be used: {problem}. Restart it as `eventprocessor "
             f"azurite` does, or stop it so that the demo starts its own") from error
-    return store, f"blob {container} @ 127.0.0.1:{emulator.blob_port}"
+    return store, f"{kind} {name} @ 127.0.0.1:{port}"
 
 
 def status_command(source: EventSource, store: CheckpointStore, emulator: Azurite | None,
@@ -89,17 +96,19 @@ def status_command(source: EventSource, store: CheckpointStore, emulator: Azurit
     another terminal, or None for the in-memory store (it lives in this process only)."""
     if emulator is None:
         return None
-    container = getattr(store, "container_name", None)
+    if config.store == "blob":
+        where = ["--container", shlex.quote(str(getattr(store, "container_name", None)))]
+    else:
+        where = ["--store", "table", "--table", shlex.quote(str(getattr(store, "table_name", None)))]
     # Azurite's well-known development key, not a secret; on its default ports, the short form.
-    account = "UseDevelopmentStorage=true" if emulator.blob_port == AZURITE_PORTS[0] else (
-        f"DefaultEndpointsProtocol=http;AccountName=devstoreaccount1;AccountKey={emulator.account_key};"
-        f"BlobEndpoint={emulator.blob_endpoint}")
+    default_ports = (emulator.blob_port, emulator.table_port) == (AZURITE_PORTS[0], AZURITE_PORTS[2])
+    account = "UseDevelopmentStorage=true" if default_ports else emulator.connection_string
     words = [f"EVENTPROCESSOR_STORE_CONNECTION_STRING={shlex.quote(account)}"]
     if eventhub_connection_string:
         words.append(f"EVENTPROCESSOR_EVENTHUB_CONNECTION_STRING={shlex.quote(eventhub_connection_string)}")
     words += ["eventprocessor", "status", "--namespace", shlex.quote(source.fully_qualified_namespace),
-              "--eventhub", shlex.quote(source.eventhub_name), "--container", shlex.quote(str(container)),
-              "--expiration", f"{config.expiration:g}", "--watch"]
+              "--eventhub", shlex.quote(source.eventhub_name), *where, "--expiration", f"{config.expiration:g}",
+              "--watch"]
     return " ".join(words)
 
 

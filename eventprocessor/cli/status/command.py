@@ -59,8 +59,8 @@ class StatusOptions:
     timeout: float = 10.0
     as_json: bool = False
     watch: bool = False
-    interval: float = 2.0
-    count: int | None = None
+    watch_interval: float = 2.0
+    watch_count: int | None = None
 
     def __repr__(self) -> str:  # the dataclass default would show the secrets
         return (f"StatusOptions(namespace={self.namespace!r}, eventhub={self.eventhub!r}, "
@@ -181,7 +181,7 @@ async def _watch(options: StatusOptions, read: Any, console: Console) -> None:
     live: Live | None = None
     last: GroupStatus | None = None
     try:
-        while options.count is None or refreshes < options.count:
+        while options.watch_count is None or refreshes < options.watch_count:
             started = time.monotonic()
             stamp = time.strftime("%H:%M:%S")
             try:
@@ -197,7 +197,7 @@ async def _watch(options: StatusOptions, read: Any, console: Console) -> None:
                 print(json.dumps({**document, "refreshed": stamp, "refresh_error": problem}), flush=True)
             else:
                 assert last is not None
-                view = render(last, refreshed=f"refreshed {stamp}, every {options.interval:g} s, Ctrl-C to stop")
+                view = render(last, refreshed=f"refreshed {stamp}, every {options.watch_interval:g} s, Ctrl-C to stop")
                 if problem:
                     from rich.console import Group
 
@@ -210,9 +210,9 @@ async def _watch(options: StatusOptions, read: Any, console: Console) -> None:
                 else:
                     console.print(Rule(f"refresh {refreshes} at {stamp}"))
                     console.print(view)
-            if options.count is not None and refreshes >= options.count:
+            if options.watch_count is not None and refreshes >= options.watch_count:
                 break
-            await asyncio.sleep(max(0.0, options.interval - (time.monotonic() - started)))
+            await asyncio.sleep(max(0.0, options.watch_interval - (time.monotonic() - started)))
     finally:
         if live is not None:
             live.stop()
@@ -220,7 +220,7 @@ async def _watch(options: StatusOptions, read: Any, console: Console) -> None:
 
 def run_status(options: StatusOptions) -> None:
     """Run ``eventprocessor status`` with ``options``: print the status once, or refresh
-    it every ``interval`` seconds with ``watch``. User errors raise ``CommandError``.
+    it every ``watch_interval`` seconds with ``watch``. User errors raise ``CommandError``.
 
     Example::
 
