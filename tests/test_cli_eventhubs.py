@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import os
+import select
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -68,6 +70,38 @@ async def test_emulator_prints_a_connection_string_the_official_clients_use_unch
         code = await asyncio.wait_for(process.wait(), 20)
     assert code == 0
 
+
+
+def test_emulator_prints_a_connection_string_per_hub_with_its_entity_path():
+    """``eventprocessor emulator`` printed only the namespace's string, without EntityPath,
+    which the Spark source and ``eventprocessor status`` need."""
+    from azure.eventhub import parse_connection_string
+
+    from eventprocessor.emulators.eventhubs import connection_string
+
+    process = subprocess.Popen(
+        [sys.executable, "-m", "eventprocessor.cli", "emulator", "--port", "0", "--eventhub", "telemetry",
+         "--eventhub", "orders"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL, cwd=ROOT)
+    try:
+        assert process.stdout is not None
+        fd, out = process.stdout.fileno(), b""
+        deadline = time.monotonic() + 30
+        while out.count(b"\n") < 3 and select.select([fd], [], [], max(0.0, deadline - time.monotonic()))[0]:
+            chunk = os.read(fd, 4096)
+            if not chunk:
+                break
+            out += chunk
+    finally:
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=30) == 0
+    lines = out.decode().split()
+    assert [parse_connection_string(line).eventhub_name for line in lines] == [None, "telemetry", "orders"], lines
+    port = int(lines[0].split(";")[0].rsplit(":", 1)[1])
+    hubs = [connection_string("127.0.0.1", port, eventhub_name=hub) for hub in ("telemetry", "orders")]
+    assert lines == [connection_string("127.0.0.1", port), *hubs], lines
+    out = subprocess.run([sys.executable, "-m", "eventprocessor.cli", "emulator", "--help"], capture_output=True,
+                         text=True, timeout=60, cwd=ROOT)
+    assert "one per event hub, with its EntityPath" in " ".join(out.stdout.split()), out.stdout
 
 def test_demo_over_the_emulator_loses_nothing():
     out = subprocess.run(

@@ -661,8 +661,8 @@ def test_the_demo_prints_the_status_command_that_watches_it_and_warns_about_noth
         while time.monotonic() < deadline:
             # Run exactly as printed (the shell sets the variable), for two refreshes.
             path = f"{Path(sys.executable).parent}:{os.environ['PATH']}"
-            out = subprocess.run(["bash", "-c", f"{command} --watch-count 2 --watch-interval 1"], capture_output=True, text=True,
-                                 timeout=60, env=environment(PATH=path), cwd=tmp_path)
+            out = subprocess.run(["bash", "-c", f"{command} --watch-count 2 --watch-interval 1"], capture_output=True,
+                                 text=True, timeout=60, env=environment(PATH=path), cwd=tmp_path)
             assert out.returncode == 0, out.stderr
             shown = out.stdout
             if re.search(r"16 partitions \(seen in the store\): 16 owned", shown):

@@ -469,7 +469,8 @@ async def test_status_of_a_live_group_matches_the_store_row_by_row(azurite, tmp_
             members = table_rows(view, "member")
             assert {m: cells[1:3] for m, cells in members.items()} == {w: ["live", "2"] for w in workers}
             assert document["summary_line"] in view and "lag: unknown (no Event Hubs connection given" in view
-        out = run_cli("status", *scope, "--watch", "--json", "--watch-count", "2", "--watch-interval", "0.5", env=env, timeout=60)
+        out = run_cli("status", *scope, "--watch", "--json", "--watch-count", "2", "--watch-interval", "0.5", env=env,
+                      timeout=60)
         assert out.returncode == 0, out.stderr
         views = [json.loads(line) for line in out.stdout.splitlines()]
         print(f"three status commands took {time.monotonic() - mark:.1f} s")

@@ -171,10 +171,11 @@ def emulator(host: str, port: int, eventhubs: tuple[str, ...], partitions: int, 
              config_path: str | None, max_events_per_partition: int, retention: float) -> None:
     """A local Event Hubs emulator the official azure-eventhub clients use unchanged.
 
-    Prints one line, the connection string, once it accepts connections; stops on
-    SIGINT or SIGTERM. Without --eventhub or --config it serves the hub the docs'
-    examples and the samples read, telemetry, with --partitions partitions and
-    consumer group cg1.
+    Once it accepts connections it prints connection strings, a line each: the
+    namespace's, then one per event hub, with its EntityPath (what the Spark source
+    and `eventprocessor status` take). Stops on SIGINT or SIGTERM. Without --eventhub
+    or --config it serves the hub the docs' examples and the samples read, telemetry,
+    with --partitions partitions and consumer group cg1.
     """
     from eventprocessor.emulators.eventhubs import EmulatorConfig, EmulatorConfigError, EventHubsEmulator, serve
 
