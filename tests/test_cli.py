@@ -97,6 +97,7 @@ def test_every_help_works_without_any_extra():
 
 @pytest.mark.parametrize("args, install", [
     (["demo", "--store", "blob"], f"pip install -e '{ROOT}[blob]'"),
+    (["send"], f"pip install -e '{ROOT}[eventhub]'"),
     (["bench", "convergence", "--quick"], f"pip install -e '{ROOT}[eventhub]'"),
     (["bench", "store-bench"], f"pip install -e '{ROOT}[blob,table]' azure-eventhub-checkpointstoreblob-aio"),
     (["bench", "store_bench", "--stores", "ours-table"], f"pip install -e '{ROOT}[table]'"),
