@@ -104,10 +104,23 @@ def _requirements(pages: list[tuple[str, str]]) -> list[str]:
     for _, text in pages:  # what the pages install besides this project
         for block in fenced_blocks(text, ""):
             for command in _commands(block.body) if block.marker("shell") == "run" else []:
-                words = shlex.split(_without_comment(command))
-                if words[:2] == ["pip", "install"]:
-                    lines += [word for word in words[2:] if not word.startswith(("-", "."))]
+                lines += _installed_packages(command)
     return sorted({line.strip() for line in lines if line.strip()})
+
+
+def _installed_packages(command: str) -> list[str]:
+    """What the ``pip install`` commands of a command line install besides this project."""
+    lexer = shlex.shlex(_without_comment(command), posix=True, punctuation_chars=True)
+    lexer.whitespace_split = True
+    found, words = [], []
+    for token in [*lexer, "&&"]:
+        if token in ("&&", "||", ";", "|", "&"):
+            if words[:2] == ["pip", "install"]:
+                found += [word for word in words[2:] if not word.startswith(("-", "."))]
+            words = []
+        else:
+            words.append(token)
+    return found
 
 
 def _wheelhouse(pages: list[tuple[str, str]]) -> Path:
