@@ -64,9 +64,6 @@ ROOT = docs_pages.ROOT
 MODES = ("run", "compile")
 SHELL_MODES = ("run", "walked", "check")
 SHELL_LANGUAGES = ("bash", "sh", "shell", "console")
-_MARKER = re.compile(r"<!--\s*example:\s*([a-z-]+)\s*(?::\s*(.*?))?\s*-->")
-_SHELL_MARKER = re.compile(r"<!--\s*shell:\s*([a-z-]+)\s*(?::\s*(.*?))?\s*-->")
-_NAME_MARKER = re.compile(r"<!--\s*getting-started:\s*([\w-]+)\s*-->")
 
 
 @dataclass
@@ -110,62 +107,28 @@ class Blocks:
     unlabeled: list[int] = field(default_factory=list)
 
 
-def _comments_above(lines: list[str], start: int) -> list[str]:
-    """The HTML comments on the lines right above line ``start`` (there may be several)."""
-    found = []
-    for j in range(start - 1, -1, -1):
-        above = lines[j].strip()
-        if not above:
-            continue
-        if not above.startswith("<!--"):
-            break
-        found.append(above)
-    return found
+def _split(marker: str | None) -> tuple[str | None, str]:
+    """``"walked: tests/x.py why"`` -> ``("walked", "tests/x.py why")``."""
+    if marker is None:
+        return None, ""
+    mode, _, why = marker.partition(":")
+    return mode.strip(), why.strip()
 
 
 def blocks(text: str, page: str = "README.md") -> Blocks:
     """The fenced blocks of a page: python examples (with their mode and claimed
     output), shell blocks (with their mode), and the lines of blocks with no language."""
     found = Blocks()
-    heading = ""
-    lines = text.splitlines()
-    waiting_for_output: Example | None = None
-    i = 0
-    while i < len(lines):
-        line = lines[i]
-        fence = re.match(r"^(```+|~~~+)\s*([\w+-]*)", line)
-        if not fence:
-            if line.startswith("#"):
-                heading = line.lstrip("#").strip()
-                waiting_for_output = None
-            i += 1
-            continue
-        start = i
-        end = next((j for j in range(i + 1, len(lines)) if lines[j].startswith(fence.group(1))), len(lines))
-        body = lines[start + 1:end]
-        language = fence.group(2).lower()
-        comments = _comments_above(lines, start)
-        if language == "python":
-            marker = next((m for m in map(_MARKER.search, comments) if m), None)
-            example = Example(start + 1, heading, "\n".join(body) + "\n", marker.group(1) if marker else "run",
-                              page=page)
-            found.examples.append(example)
-            waiting_for_output = example
-        elif language == "text" and waiting_for_output is not None:
-            waiting_for_output.expected = [row.rstrip() for row in body if row.strip()]
-            waiting_for_output = None
-        else:
-            waiting_for_output = None
-            if language in SHELL_LANGUAGES:
-                marker = next((m for m in map(_SHELL_MARKER.search, comments) if m), None)
-                named = next((m for m in map(_NAME_MARKER.search, comments) if m), None)
-                found.shell.append(ShellBlock(page, start + 1, language, "\n".join(body) + "\n",
-                                              marker.group(1) if marker else None,
-                                              (marker.group(2) or "") if marker else "",
-                                              named.group(1) if named else None))
-            elif not language:
-                found.unlabeled.append(start + 1)
-        i = end + 1
+    for block in docs_pages.fenced_blocks(text, page):
+        if block.language == "python":
+            mode, _ = _split(block.marker("example"))
+            found.examples.append(Example(block.line, block.heading, block.body, mode or "run", block.output, page))
+        elif block.language in SHELL_LANGUAGES:
+            mode, why = _split(block.marker("shell"))
+            found.shell.append(ShellBlock(page, block.line, block.language, block.body, mode, why,
+                                          block.marker("getting-started")))
+        elif not block.language:
+            found.unlabeled.append(block.line)
     return found
 
 
