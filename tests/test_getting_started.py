@@ -221,12 +221,17 @@ def _ports_free() -> None:
 
 
 def _environment(marker: str, wheels: Path) -> dict[str, str]:
+    """A new user's shell: none of this test run's variables, and not its environment's
+    Python on PATH. pip refuses to install outside a virtual environment, as Debian's and
+    Ubuntu's system Python do (``externally-managed-environment``)."""
     env = {key: value for key, value in os.environ.items()
            if not key.startswith(("PYTHON", "VIRTUAL_ENV", "PIP_", "EVENTHUB_", "STORAGE_", "EVENTPROCESSOR_",
                                   "AZURITE_", "PYSPARK_", "SPARK_REMOTE", "OUTPUT", "RUN_SECONDS"))}
+    ours = {str(Path(sys.prefix) / "bin"), str(Path(sys.executable).parent)}
+    env["PATH"] = os.pathsep.join(d for d in env.get("PATH", "").split(os.pathsep) if d not in ours)
     env.update({"PIP_NO_INDEX": "1", "PIP_FIND_LINKS": str(wheels), "PIP_DISABLE_PIP_VERSION_CHECK": "1",
-                "COLUMNS": "200", MARKER: marker})  # COLUMNS: as wide as a terminal, for status's table
-    return env
+                "PIP_REQUIRE_VIRTUALENV": "1", "COLUMNS": "200", MARKER: marker})
+    return env  # COLUMNS: as wide as a terminal, for status's table
 
 
 @pytest.mark.slow
