@@ -62,6 +62,7 @@ class ShellSession:
         self.logs = logs
         self.jobs: list[Job] = []
         self.transcript: list[str] = []
+        self.seconds: list[tuple[float, str]] = []  # how long each command took, for the cost of the walk
         self.process = subprocess.Popen(["bash", "--norc", "--noprofile"], stdin=subprocess.PIPE,
                                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=cwd,
                                         env=env, start_new_session=True)
@@ -99,9 +100,11 @@ class ShellSession:
         """Run ``command`` as typed (stdin from /dev/null); its exit status and its output
         (stdout and stderr)."""
         token = f"__walk_{uuid.uuid4().hex}"
+        started = time.monotonic()
         # A group runs in this shell, so what it sets (activate, export, cd) stays set.
         self._send(f"{{ {command}\n}} </dev/null\nprintf '\\n{token} %s\\n' \"$?\"\n")
         code, output = self._until(token, timeout, command)
+        self.seconds.append((time.monotonic() - started, command))
         output = output[:-1] if output.endswith("\n") else output  # the newline printed before the token
         self.transcript.append(f"$ {command}\n{output}")
         return code, output

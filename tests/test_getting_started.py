@@ -259,6 +259,9 @@ def test_every_page_of_the_docs_runs_from_a_clean_clone(tmp_path):
     except BaseException:
         shell.kill()
         raise
+    slowest = sorted(shell.seconds, reverse=True)[:12]
+    print(f"the walk's commands took {sum(s for s, _ in shell.seconds):.0f} s; the slowest:\n" +
+          "\n".join(f"{seconds:6.1f} s  {command}" for seconds, command in slowest))  # pytest -s shows it
     assert all(code == 0 for code in exits.values()), f"services that did not stop cleanly: {exits}"
     for job in shell.jobs:
         noise = [line for line in job.err.read_text(errors="replace").splitlines()

@@ -35,7 +35,7 @@ a block without a marker fails:
   parsed by the command line's own click parser (a renamed or removed option fails), a
   Python program or module must exist and list every option the line passes in its
   ``--help``, a ``pip install`` must name extras that setup.cfg has (the install hints
-  themselves are ``tests/test_new_user_paths.py``'s), and a ``pytest`` line must name a
+  themselves are ``tests/test_install_hints.py``'s), and a ``pytest`` line must name a
   test file that reads the variables the line sets. A command the check does not know is
   a failure: run it, walk it, or teach this file.
 
