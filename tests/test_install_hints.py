@@ -1,4 +1,4 @@
-"""The first hour of a new user (issue 22), the installs: every install hint a user is
+"""The first hour of a new user, the installs: every install hint a user is
 told is a command that works from anywhere, every extra says in one line what to
 install, and every sample checks what it needs before it starts anything.
 (The other paths are ``tests/test_new_user_paths.py`` and
@@ -27,11 +27,6 @@ ROOT = Path(__file__).resolve().parent.parent
 # --------------------------------------------------------------------------- install hints
 
 
-# Being rewritten for issue 22 item 6 (the drop-in client, another change): its hint is to
-# come from eventprocessor.extras.install_command there. Remove this when it does.
-NOT_YET: set = set()
-
-
 def _install_hints() -> list[str]:
     """Every ``pip install ...`` a user is told, in the README and every page of the
     docs, the samples and the program sources, as written (up to the end of its code
@@ -39,8 +34,7 @@ def _install_hints() -> list[str]:
     texts = [docs_pages.text(page) for page in docs_pages.pages()]
     folders = ("eventprocessor", "harness", "samples", "docs", "benchmarks")
     texts += [path.read_text(encoding="utf-8") for folder in folders
-              for path in sorted((ROOT / folder).rglob("*.py"))
-              if str(path.relative_to(ROOT)) not in NOT_YET]
+              for path in sorted((ROOT / folder).rglob("*.py"))]
     hints = []
     for text in texts:
         for match in re.finditer(r"pip install[^`\n\"]*", text):

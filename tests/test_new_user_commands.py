@@ -1,4 +1,4 @@
-"""The first hour of a new user (issue 22), the commands at their own settings: quiet
+"""The first hour of a new user, the commands at their own settings: quiet
 output, a clean scrollback, numeric options with ranges, the pinned Azurite and Node.js,
 and docs that agree with the code. (The other paths are ``tests/test_new_user_paths.py``
 and ``tests/test_install_hints.py``.)"""
@@ -257,8 +257,8 @@ def test_the_docs_document_the_status_expiration_the_cli_uses():
 
 def test_the_docs_blob_layout_names_the_member_prefix_the_store_writes():
     pytest.importorskip("azure.storage.blob")
+    from eventprocessor.stores.backend import MEMBER
     from eventprocessor.stores.blob import BlobRecords
-    from eventprocessor.stores.protocol import MEMBER
 
     prefix = BlobRecords.prefix(MEMBER, ("{namespace}", "{eventhub}", "{consumer_group}"))
     layout = re.search(r"## Blob layout\n.*?```text\n(.*?)```", docs_pages.text(docs_pages.DOCS / "howto" /

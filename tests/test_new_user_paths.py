@@ -1,4 +1,4 @@
-"""The first hour of a new user (issue 22): each row of the issue's table, as a test.
+"""The first hour of a new user: each path that failed a new user, as a test.
 This module: the services (Azurite with and without its flags, stores that cannot work)
 and nothing left running; ``tests/test_install_hints.py`` the installs and
 ``tests/test_new_user_commands.py`` the commands at their own settings.
@@ -333,7 +333,7 @@ def test_azurite_started_by_hand_as_the_readme_says_serves_the_stores(tmp_path):
         _wait_for_ports([10000, 10002], process)
         code = ("import asyncio\n"
                 "from eventprocessor.stores import BlobCheckpointStore, TableCheckpointStore\n"
-                "from eventprocessor.records import Ownership\n"
+                "from eventprocessor.stores.records import Ownership\n"
                 "async def main():\n"
                 "    for cls, name in ((BlobCheckpointStore, 'byhand'), (TableCheckpointStore, 'byhand')):\n"
                 "        async with cls.from_connection_string('UseDevelopmentStorage=true', name) as store:\n"

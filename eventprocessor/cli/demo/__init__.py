@@ -1,6 +1,6 @@
 """The main job: several processors and a producer in one process, shown live.
 
-``eventprocessor demo`` runs, over a MemoryEventSource and the in-memory store (or Blob or
+``eventprocessor demo`` runs, over an InMemoryEventSource and the in-memory store (or Blob or
 Table storage on a local Azurite with ``--store blob`` or ``--store table``, and the real AMQP path with
 ``--source emulator``: ``EventHubSource`` on the local Event Hubs emulator, fed by the
 official producer): convergence, a graceful scale-in, a crash and its failover, then a

@@ -15,7 +15,7 @@ from rich.table import Table
 from eventprocessor import EventProcessor
 
 if TYPE_CHECKING:  # pragma: no cover
-    from .run import DemoResult, Ledger
+    from .model import DemoResult, Ledger
 
 __all__ = ["Silenced", "logging_above", "processors_table", "say", "silencing", "summary_table"]
 

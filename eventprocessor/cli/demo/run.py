@@ -4,22 +4,21 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections import Counter
 from collections.abc import Callable
 from contextlib import AsyncExitStack
-from dataclasses import dataclass, field
 from typing import Any
 
 from rich.console import Console
 from rich.live import Live
 
-from eventprocessor import EventProcessor, LoadBalancingStrategy, OwnershipLostError, PartitionProcessor
-from eventprocessor.sources import MemoryEventSource
+from eventprocessor import EventProcessor, OwnershipLostError, PartitionProcessor
+from eventprocessor.sources import InMemoryEventSource
 from eventprocessor.testing import FaultyStore
 
 from ..user_errors import require
 from .display import Silenced, logging_above, processors_table, say, silencing
 from .feed import EmulatorFeed
+from .model import DemoConfig, DemoResult, Ledger
 from .store import open_store, status_command
 
 __all__ = ["DemoConfig", "DemoResult", "Ledger", "check_prerequisites", "default_timing", "run_demo"]
@@ -36,44 +35,6 @@ DEMO_TIMING = {"memory": (0.5, 4.0), "blob": (2.0, 12.0), "table": (2.0, 12.0)}
 def default_timing(store: str) -> tuple[float, float]:
     """The demo's default (interval, expiration) on ``store``."""
     return DEMO_TIMING.get(store, DEMO_TIMING["memory"])
-
-
-@dataclass
-class DemoConfig:
-    partitions: int = 16
-    processors: int = 4
-    strategy: LoadBalancingStrategy = LoadBalancingStrategy.GREEDY
-    interval: float = 0.5
-    expiration: float = 4.0
-    rate: float = 400.0
-    store: str = "memory"
-    source: str = "memory"
-    timeout: float = 60.0
-
-
-@dataclass
-class DemoResult:
-    produced: int = 0
-    processed: int = 0
-    deliveries: int = 0
-    lost: int = 0
-    duplicates: int = 0
-    time_to_balance: float | None = None
-    ticks_to_balance: int | None = None
-    scale_in_seconds: float | None = None
-    failover_seconds: float | None = None
-    store_location: str = "in-memory"
-    source_location: str = "in-memory"
-    phases: list[str] = field(default_factory=list)
-
-
-class Ledger:
-    """What the demo's handlers saw, shared by all processors."""
-
-    def __init__(self) -> None:
-        self.seen: set[tuple[str, int]] = set()
-        self.deliveries = 0
-        self.per_owner: Counter = Counter()
 
 
 def _handler(ledger: Ledger) -> type:
@@ -170,7 +131,7 @@ class _Demo:
             self.result.source_location = await self.feed.start(stack)
             self.source = self.feed.source
         else:
-            self.source = MemoryEventSource(config.partitions, eventhub_name="demo-hub")
+            self.source = InMemoryEventSource(config.partitions, eventhub_name="demo-hub")
         watch = status_command(self.source, store, emulator, config,
                                self.feed.connection_string if self.feed is not None else None)
         say(self.console, f"Watch it from another terminal: {watch}" if watch else

@@ -20,7 +20,7 @@ from .display import say
 if TYPE_CHECKING:  # pragma: no cover
     from eventprocessor.emulators.azurite import Azurite
 
-    from .run import DemoConfig
+    from .model import DemoConfig
 
 __all__ = ["AZURITE_PORTS", "open_store", "status_command"]
 

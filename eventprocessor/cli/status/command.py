@@ -12,9 +12,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from eventprocessor.checkpoint_store import CheckpointStore
 from eventprocessor.errors import ConfigurationError
 from eventprocessor.sources import EventSource
+from eventprocessor.stores.contract import CheckpointStore
 
 from ..user_errors import CommandError, require
 from .model import GroupStatus

@@ -12,8 +12,8 @@ from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from typing import Any
 
-from eventprocessor.records import Checkpoint, MemberListing, OwnershipListing, partition_sort_key
 from eventprocessor.sources import PartitionProperties
+from eventprocessor.stores.records import Checkpoint, MemberListing, OwnershipListing, partition_sort_key
 
 __all__ = ["GroupStatus", "MemberStatus", "PartitionStatus", "StatusSummary", "build_status"]
 

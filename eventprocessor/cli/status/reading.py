@@ -7,10 +7,10 @@ import asyncio
 import logging
 from typing import Any
 
-from eventprocessor.checkpoint_store import CheckpointStore
 from eventprocessor.errors import ConfigurationError, EventProcessorError
-from eventprocessor.records import Checkpoint, MemberListing, OwnershipListing
 from eventprocessor.sources import EventSource, PartitionProperties
+from eventprocessor.stores.contract import CheckpointStore
+from eventprocessor.stores.records import Checkpoint, MemberListing, OwnershipListing
 
 from ..user_errors import CommandError
 from .model import GroupStatus, build_status

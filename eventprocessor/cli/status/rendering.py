@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from eventprocessor.balancer import HANDOFF_PROPERTY, ORDINAL_PROPERTY
+from eventprocessor._ownership.strategies import HANDOFF_PROPERTY, ORDINAL_PROPERTY
 
 from .model import EXPIRED, OWNED, RELEASED, UNCLAIMED, UNREADABLE, GroupStatus
 
