@@ -1298,10 +1298,12 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     """
     parser = program.parser("convergence", __doc__, prog)
     parser.add_argument("--quick", action="store_true",
-                        help="small sizes only (seconds, for smoke tests; never recorded)")
-    parser.add_argument("--seed", type=int, default=1)
+                        help="Small sizes only (seconds, for smoke tests; never recorded).")
+    parser.add_argument("--seed", type=int, default=1,
+                        help="Seed of the simulations' random choices (tick jitter, schedules). "
+                             "[default: %(default)s]")
     parser.add_argument("--self-check", nargs="*", metavar="CHECK",
-                        help="run the simulator's self-checks (all, or those named) instead of the benchmark")
+                        help="Run the simulator's self-checks (all, or those named) instead of the benchmark.")
 
     def body(args: argparse.Namespace) -> int:
         if args.record and args.quick:

@@ -192,10 +192,10 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     """Run the fault scenarios and print the table; ``--record`` writes it to RESULTS.md."""
     parser = program.parser("faults", __doc__, prog)
     parser.add_argument("--azurite", action="store_true",
-                        help="also run the scenarios on Azurite through the TCP fault proxy (real time)")
+                        help="Also run the scenarios on Azurite through the TCP fault proxy (real time).")
     parser.add_argument("--emulator", action="store_true",
-                        help="also run the source scenarios on the Event Hubs emulator through the TCP fault proxy "
-                             "(real time)")
+                        help="Also run the source scenarios on the Event Hubs emulator through the TCP fault proxy "
+                             "(real time).")
 
     def body(args: argparse.Namespace) -> int:
         logging.basicConfig(level=logging.CRITICAL)

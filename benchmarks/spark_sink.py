@@ -398,15 +398,18 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     from . import program
 
     parser = program.parser("spark_sink", __doc__, prog)
-    parser.add_argument("--events", type=int, default=200_000, help="events per round (default 200000)")
-    parser.add_argument("--batch", type=int, default=10_000, help="events per micro-batch (default 10000)")
-    parser.add_argument("--partitions", type=int, default=4)
-    parser.add_argument("--rounds", type=int, default=6)
-    parser.add_argument("--body-size", type=int, default=120)
+    parser.add_argument("--events", type=int, default=200_000, help="Events per round. [default: %(default)s]")
+    parser.add_argument("--batch", type=int, default=10_000, help="Events per micro-batch. [default: %(default)s]")
+    parser.add_argument("--partitions", type=int, default=4,
+                        help="Partitions the events are spread over. [default: %(default)s]")
+    parser.add_argument("--rounds", type=int, default=6,
+                        help="Rounds per session; the paths take turns going first. [default: %(default)s]")
+    parser.add_argument("--body-size", type=int, default=120,
+                        help="Bytes per event body, about. [default: %(default)s]")
     where = parser.add_mutually_exclusive_group()
-    where.add_argument("--master", help="a classic session on this master (e.g. spark://host:7077, local[2]) "
-                                        "instead of a local cluster")
-    where.add_argument("--remote", help="a Spark Connect session (sc://host:port) instead of a local cluster")
+    where.add_argument("--master", help="A classic session on this master (e.g. spark://host:7077, local[2]) instead "
+                                        "of a local cluster.")
+    where.add_argument("--remote", help="A Spark Connect session (sc://host:port) instead of a local cluster.")
     parser.add_argument("--json", action="store_true", help=argparse.SUPPRESS)  # one session, a JSON line
 
     def body(args: argparse.Namespace) -> int:

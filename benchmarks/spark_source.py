@@ -475,16 +475,23 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     from . import program
 
     parser = program.parser("spark_source", __doc__, prog)
-    parser.add_argument("--events", type=int, default=100_000, help="events in the hub (default 100000)")
-    parser.add_argument("--partitions", type=int, default=8)
-    parser.add_argument("--batch", type=int, default=25_000, help="maxEventsPerTrigger of the source")
-    parser.add_argument("--prefetch", type=int, default=500)
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--events", type=int, default=100_000, help="Events in the hub. [default: %(default)s]")
+    parser.add_argument("--partitions", type=int, default=8, help="Partitions of the hub. [default: %(default)s]")
+    parser.add_argument("--batch", type=int, default=25_000, help="MaxEventsPerTrigger of the source. "
+                                                                  "[default: %(default)s]")
+    parser.add_argument("--prefetch", type=int, default=500,
+                        help="Eventhubs.prefetchCount of the source, and the prefetch of the other paths. "
+                             "[default: %(default)s]")
+    parser.add_argument("--rounds", type=int, default=3,
+                        help="Rounds; the paths take turns going first. [default: %(default)s]")
     parser.add_argument("--cores", type=lambda text: [int(c) for c in text.split(",")], default=[1, 2, 4],
-                        help="executor core counts (default 1,2,4)")
-    parser.add_argument("--body-size", type=int, default=100)
-    parser.add_argument("--rate", type=float, default=1000.0, help="events/s of the latency phase")
-    parser.add_argument("--latency-seconds", type=float, default=20.0)
+                        help="Executor core counts. [default: 1,2,4]")
+    parser.add_argument("--body-size", type=int, default=100,
+                        help="Bytes per event body (JSON). [default: %(default)s]")
+    parser.add_argument("--rate", type=float, default=1000.0, help="Events/s of the latency phase. "
+                                                                   "[default: %(default)s]")
+    parser.add_argument("--latency-seconds", type=float, default=20.0,
+                        help="Length of the latency phase, in seconds. [default: %(default)s]")
     parser.add_argument("--child", choices=["source", "sink", "latency"], help=argparse.SUPPRESS)
     parser.add_argument("--master", help=argparse.SUPPRESS)
     parser.add_argument("--conn", help=argparse.SUPPRESS)

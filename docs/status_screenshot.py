@@ -211,7 +211,7 @@ def main() -> int:
 
         _wait_for(settled, deadline, "balance among the four workers")
         command = ["eventprocessor", "status", "--namespace", NS, "--eventhub", HUB, "--container", CONTAINER,
-                   "--expiration", f"{EXPIRY:g}", "--watch", "--interval", "0.5"]
+                   "--expiration", f"{EXPIRY:g}", "--watch", "--watch-interval", "0.5"]
         banner = "$ " + " ".join(command[:7]) + " \\\n      " + " ".join(command[7:])
         terminal = Terminal(command, {**env, "TERM": "xterm-256color", "COLORTERM": "truecolor"}, banner)
         terminal.pump(3)

@@ -14,17 +14,68 @@ PEP 610) and gives the one command that adds an extra there, quoted for POSIX sh
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import shlex
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from importlib import metadata
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
-__all__ = ["install_command", "source_checkout"]
+__all__ = ["EXTRA_MODULES", "extra_for_module", "install_command", "source_checkout", "the_extra_it_needs"]
 
 _ROOT = Path(__file__).resolve().parent.parent
 DISTRIBUTION = "eventprocessor"
+
+EXTRA_MODULES: dict[str, tuple[str, ...]] = {
+    "blob": ("azure.storage.blob", "azure.core", "aiohttp"),
+    "table": ("azure.data.tables", "azure.core", "aiohttp"),
+    "eventhub": ("azure.eventhub",),
+    "spark": ("pyspark", "pyarrow", "pandas"),
+    "otel": ("opentelemetry.sdk",),
+    "postgres": ("asyncpg",),
+}
+"""The modules each extra of setup.cfg brings (tests/test_cli.py keeps the two in step)."""
+
+# Which extra brings a module nobody checked for, longest prefix first.
+_MODULE_EXTRA = [
+    ("azure.storage", "blob"), ("azure.data", "table"), ("azure.eventhub", "eventhub"),
+    ("azure.core", "blob"), ("aiohttp", "blob"), ("azure", "all"),
+    ("pyspark", "spark"), ("pyarrow", "spark"), ("pandas", "spark"), ("opentelemetry", "otel"),
+    ("asyncpg", "postgres"),
+]
+
+
+def extra_for_module(name: str) -> str | None:
+    """The extra that installs the module ``name`` (``pyarrow`` -> ``spark``), or None."""
+    for prefix, extra in _MODULE_EXTRA:
+        if name == prefix or name.startswith(prefix + "."):
+            return extra
+    return None
+
+
+@contextlib.contextmanager
+def the_extra_it_needs(what: str) -> Iterator[None]:
+    """Imports in the block that fail for a module an extra brings raise a
+    ``ModuleNotFoundError`` whose one line names ``what``, the extra and the command
+    that installs it; other import errors pass unchanged.
+
+    Example (the first imports of a sub-package that needs ``[spark]``)::
+
+        with the_extra_it_needs("eventprocessor.spark"):
+            import pyarrow
+        # ModuleNotFoundError: eventprocessor.spark needs the [spark] extra ('pyarrow' is not installed):
+        # pip install -e '/src/eventprocessor[spark]'
+    """
+    try:
+        yield
+    except ModuleNotFoundError as error:
+        extra = extra_for_module(error.name or "")
+        if extra is None:
+            raise
+        # The cause says only what this line says: leave it out, so the hint is what shows.
+        raise ModuleNotFoundError(f"{what} needs the [{extra}] extra ({error.name!r} is not installed): "
+                                  f"{install_command([extra])}", name=error.name) from None
 
 
 def source_checkout() -> Path | None:

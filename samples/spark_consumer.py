@@ -4,9 +4,9 @@ Run it from the repository root (needs the ``[spark]`` extra; Java for a classic
 session in this process)::
 
     python samples/spark_consumer.py                                 # local[*], in-memory store
-    python samples/spark_consumer.py --store azurite                 # BlobCheckpointStore on Azurite
-    python samples/spark_consumer.py --store azurite --master spark://127.0.0.1:7077   # a standalone cluster
-    python samples/spark_consumer.py --store azurite --remote sc://127.0.0.1:15002     # Spark Connect
+    python samples/spark_consumer.py --store blob                    # BlobCheckpointStore on Azurite
+    python samples/spark_consumer.py --store blob --master spark://127.0.0.1:7077   # a standalone cluster
+    python samples/spark_consumer.py --store blob --remote sc://127.0.0.1:15002     # Spark Connect
     python samples/spark_consumer.py --output /tmp/table --events 50000 --partitions 8
 
 ``python -m eventprocessor.emulators.spark_cluster`` starts a standalone master, a worker and a Spark
@@ -15,12 +15,12 @@ Connect server on this machine and prints their URLs.
 Events are produced while the processors run; halfway through, one processor stops and
 the other takes its partitions over. Each micro-batch is a Spark DataFrame (the sink's
 schema plus the JSON body decoded into columns) appended to the table, partitioned by
-``partition_id``, exactly once. With ``--store azurite`` the sink's commit log is kept in
+``partition_id``, exactly once. With ``--store blob`` the sink's commit log is kept in
 the Blob store too, so nothing but the table needs a shared disk. The code is the same
 for every kind of session: only ``spark_session(...)`` differs. At the end the sample
 reads the table back and prints the row count of each partition.
 
-With ``--store azurite`` it uses the Azurite already listening on 127.0.0.1:10000,
+With ``--store blob`` it uses the Azurite already listening on 127.0.0.1:10000,
 or starts one (``npm ci`` installs it) and stops it at the end.
 """
 from __future__ import annotations
@@ -150,7 +150,7 @@ async def consume(args: argparse.Namespace, spark: Any, source: InMemoryEventSou
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--store", choices=["memory", "azurite"], default="memory")
+    parser.add_argument("--store", choices=["memory", "blob"], default="memory")
     parser.add_argument("--output", help="an empty directory for the Parquet table (default: a new temp dir)")
     parser.add_argument("--partitions", type=int, default=4)
     parser.add_argument("--events", type=int, default=20_000)
@@ -164,7 +164,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING)
     # Everything it needs, checked before it starts anything: a missing piece is one line naming the
     # fix. Java runs a classic session in this process; over Spark Connect (--remote) the server has it.
-    azurite = args.store == "azurite"
+    azurite = args.store == "blob"
     require_or_exit("samples/spark_consumer.py", extras=["spark"] + (["blob"] if azurite else []),
                     java=args.remote is None, azurite=azurite and not port_open(10000))
     return run_program(run(args))  # Ctrl-C and SIGTERM stop the Azurite it started, too

@@ -9,6 +9,7 @@ the file it includes.
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass, field
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -65,6 +66,64 @@ def eventhubs_example() -> str:
     _, match = find(r"<!-- BEGIN eventhubs-example -->\s*```python\n(.*?)```\s*<!-- END eventhubs-example -->",
                     "the eventhubs-example block")
     return match.group(1)
+
+
+@dataclass
+class Block:
+    """A fenced block of a page, with the HTML comments right above it (its markers,
+    ``<!-- name: value -->``) and, for a block of code, the ``text`` block that follows
+    it before the next heading or block: the output the page claims for it."""
+
+    page: str
+    line: int  # of the opening fence, 1-based
+    language: str
+    body: str
+    heading: str
+    markers: dict[str, str] = field(default_factory=dict)
+    output: list[str] | None = None
+
+    @property
+    def where(self) -> str:
+        return f"{self.page}:{self.line}"
+
+    def marker(self, name: str) -> str | None:
+        return self.markers.get(name)
+
+
+_COMMENT = re.compile(r"<!--\s*([a-z-]+)\s*:\s*(.*?)\s*-->")
+
+
+def fenced_blocks(source: str, page: str) -> list[Block]:
+    """Every fenced block of ``source`` in order, with its markers and claimed output."""
+    found: list[Block] = []
+    lines = source.splitlines()
+    heading, last_code, i = "", None, 0
+    while i < len(lines):
+        fence = re.match(r"^(```+|~~~+)\s*([\w+-]*)", lines[i])
+        if not fence:
+            if lines[i].startswith("#"):
+                heading, last_code = lines[i].lstrip("#").strip(), None
+            i += 1
+            continue
+        end = next((j for j in range(i + 1, len(lines)) if lines[j].startswith(fence.group(1))), len(lines))
+        markers: dict[str, str] = {}
+        for j in range(i - 1, -1, -1):
+            above = lines[j].strip()
+            if not above:
+                continue
+            if not above.startswith("<!--"):
+                break
+            if (match := _COMMENT.match(above)) and match.group(1) not in markers:
+                markers[match.group(1)] = match.group(2)
+        block = Block(page, i + 1, fence.group(2).lower(), "\n".join(lines[i + 1:end]) + "\n", heading, markers)
+        if block.language == "text" and last_code is not None and "file" not in markers:
+            last_code.output = [row.rstrip() for row in block.body.splitlines() if row.strip()]
+            last_code = None
+        else:
+            found.append(block)
+            last_code = block if block.language not in ("text", "") and "file" not in markers else None
+        i = end + 1
+    return found
 
 
 def headings(source: str) -> list[tuple[int, int, str]]:

@@ -96,7 +96,8 @@ def test_every_help_works_without_any_extra():
 
 
 @pytest.mark.parametrize("args, install", [
-    (["demo", "--store", "azurite"], f"pip install -e '{ROOT}[blob]'"),
+    (["demo", "--store", "blob"], f"pip install -e '{ROOT}[blob]'"),
+    (["send"], f"pip install -e '{ROOT}[eventhub]'"),
     (["bench", "convergence", "--quick"], f"pip install -e '{ROOT}[eventhub]'"),
     (["bench", "store-bench"], f"pip install -e '{ROOT}[blob,table]' azure-eventhub-checkpointstoreblob-aio"),
     (["bench", "store_bench", "--stores", "ours-table"], f"pip install -e '{ROOT}[table]'"),
@@ -122,7 +123,7 @@ def test_commands_that_need_no_extra_run_without_them(tmp_path):
 
 
 def test_debug_shows_the_traceback_instead():
-    out = run_cli("--debug", "demo", "--store", "azurite", extras=False)
+    out = run_cli("--debug", "demo", "--store", "blob", extras=False)
     assert out.returncode != 0
     assert "Traceback" in out.stderr and "MissingRequirementError" in out.stderr
     out = run_cli("--debug", "bench", "convergence", "--quick", extras=False)
@@ -148,7 +149,7 @@ def test_demo_on_azurite_without_npm_ci_says_to_run_it():
     needs_extra("azure.storage.blob")
     if _port_in_use(10000):
         pytest.skip("something listens on 127.0.0.1:10000; the demo would use it instead of starting Azurite")
-    out = run_cli("demo", "--store", "azurite", env={"AZURITE_BIN": str(ROOT / "no-such-dir" / "azurite")})
+    out = run_cli("demo", "--store", "blob", env={"AZURITE_BIN": str(ROOT / "no-such-dir" / "azurite")})
     assert_one_line_error(out, f"cd {ROOT} && npm ci")
 
 
@@ -158,7 +159,7 @@ def test_demo_on_azurite_without_node_says_to_install_it(tmp_path):
         pytest.skip("something listens on 127.0.0.1:10000; the demo would use it instead of starting Azurite")
     fake_azurite = tmp_path / "azurite"
     fake_azurite.write_text("#!/usr/bin/env node\n")
-    out = run_cli("demo", "--store", "azurite", env={"AZURITE_BIN": str(fake_azurite), "PATH": str(tmp_path)})
+    out = run_cli("demo", "--store", "blob", env={"AZURITE_BIN": str(fake_azurite), "PATH": str(tmp_path)})
     assert_one_line_error(out, "Node.js", "`node` is not on PATH")
 
 
@@ -251,13 +252,14 @@ class _SilentServer:
 async def test_demo_refuses_a_service_on_the_azurite_ports_that_does_not_answer(monkeypatch):
     needs_extra("azure.storage.blob")
     from eventprocessor.cli import demo
+    from eventprocessor.cli.demo import store
 
     servers = [_SilentServer() for _ in range(3)]
     try:
-        monkeypatch.setattr(demo, "AZURITE_PORTS", tuple(s.port for s in servers))
-        monkeypatch.setattr(demo, "STORE_PROBE_TIMEOUT", 2.0)
+        monkeypatch.setattr(store, "AZURITE_PORTS", tuple(s.port for s in servers))
+        monkeypatch.setattr(store, "STORE_PROBE_TIMEOUT", 2.0)
         with pytest.raises(CommandError, match=f"127.0.0.1:{servers[0].port} does not answer as Azurite"):
-            await demo.run_demo(demo.DemoConfig(store="azurite", partitions=2, processors=1))
+            await demo.run_demo(demo.DemoConfig(store="blob", partitions=2, processors=1))
     finally:
         for server in servers:
             server.close()
@@ -289,7 +291,7 @@ def test_demo_against_azurite_starts_one_and_says_where():
     if find_azurite() is None:
         unavailable("the azurite executable was not found (run `npm ci`)")
     out = subprocess.run(
-        [sys.executable, "-m", "eventprocessor.cli", "demo", "--store", "azurite", "--partitions", "6",
+        [sys.executable, "-m", "eventprocessor.cli", "demo", "--store", "blob", "--partitions", "6",
          "--processors", "3", "--interval", "0.3", "--expiration", "2", "--rate", "200", "--timeout", "60"],
         capture_output=True, text=True, timeout=180)
     assert out.returncode == 0, out.stdout + out.stderr

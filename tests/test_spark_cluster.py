@@ -416,7 +416,7 @@ async def test_two_processor_processes_one_sigkilled_write_each_event_once(mode,
 @pytest.mark.slow
 @pytest.mark.azurite
 async def test_the_sample_runs_unchanged_on_the_cluster_both_ways(spark_cluster, connect_spark, tmp_path):
-    """``samples/spark_consumer.py --store azurite --master spark://...`` and ``--remote
+    """``samples/spark_consumer.py --store blob --master spark://...`` and ``--remote
     sc://...``, side by side; each table, read back by this process's own session, holds
     every produced event exactly once."""
     events = 4000
@@ -427,7 +427,7 @@ async def test_the_sample_runs_unchanged_on_the_cluster_both_ways(spark_cluster,
         assert url is not None
         out = tmp_path / flag.strip("-") / "table"
         process = await asyncio.create_subprocess_exec(
-            sys.executable, str(ROOT / "samples" / "spark_consumer.py"), "--store", "azurite", flag, url,
+            sys.executable, str(ROOT / "samples" / "spark_consumer.py"), "--store", "blob", flag, url,
             "--output", str(out), "--events", str(events), "--max-events", "1000", cwd=str(ROOT), env=env,
             stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
         output, _ = await asyncio.wait_for(process.communicate(), 300)

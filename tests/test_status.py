@@ -454,9 +454,9 @@ async def test_status_of_a_live_group_matches_the_store_row_by_row(azurite, tmp_
         assert document["lag_note"].startswith("lag: unknown (no Event Hubs connection given")
         assert document["store"] == repr(store) and azurite.account_key not in json.dumps(document)
 
-        # The table under --watch (piped: one view per refresh, bounded by --count): a line
+        # The table under --watch (piped: one view per refresh, bounded by --watch-count): a line
         # per partition with its owner and epoch, the notes, the summary.
-        out = run_cli("status", *scope, "--watch", "--count", "2", "--interval", "0.5", env=env, timeout=60)
+        out = run_cli("status", *scope, "--watch", "--watch-count", "2", "--watch-interval", "0.5", env=env, timeout=60)
         assert out.returncode == 0, out.stderr
         views = re.split(r"refresh \d at \d\d:\d\d:\d\d", out.stdout)[1:]
         assert len(views) == 2, out.stdout
@@ -469,7 +469,8 @@ async def test_status_of_a_live_group_matches_the_store_row_by_row(azurite, tmp_
             members = table_rows(view, "member")
             assert {m: cells[1:3] for m, cells in members.items()} == {w: ["live", "2"] for w in workers}
             assert document["summary_line"] in view and "lag: unknown (no Event Hubs connection given" in view
-        out = run_cli("status", *scope, "--watch", "--json", "--count", "2", "--interval", "0.5", env=env, timeout=60)
+        out = run_cli("status", *scope, "--watch", "--json", "--watch-count", "2", "--watch-interval", "0.5", env=env,
+                      timeout=60)
         assert out.returncode == 0, out.stderr
         views = [json.loads(line) for line in out.stdout.splitlines()]
         print(f"three status commands took {time.monotonic() - mark:.1f} s")

@@ -1,5 +1,5 @@
 """The ``eventprocessor`` command line: ``demo``, ``status``, ``emulator``, ``azurite``,
-``postgres`` and ``bench``.
+``postgres``, ``send`` and ``bench``.
 
 One function per command, each registered on :data:`main` (or on the ``bench`` group).
 A command checks what it needs before it starts (extras, tools, services; see
@@ -105,18 +105,19 @@ def main(ctx: click.Context, verbose: int, debug: bool) -> None:
 @click.option("--processors", default=4, show_default=True, type=click.IntRange(1, 256),
               help="Processors in this process.")
 @click.option("--strategy", type=click.Choice(["greedy", "balanced"]), default="greedy",
-              show_default=True, help="greedy: the fair share at once; balanced: one new partition per tick.")
+              show_default=True, help="Greedy takes the fair share at once, balanced one new partition per tick.")
 @click.option("--interval", type=click.FloatRange(min=0.01),
-              help="Load-balancing interval in seconds.  [default: 0.5; 2 with --store azurite]")
+              help="Load-balancing interval in seconds.  [default: 0.5; 2 with --store blob or table]")
 @click.option("--expiration", type=click.FloatRange(min=0.05),
               help="Ownership expiration in seconds (failover waits this long after a crash).  "
-                   "[default: 4; 12 with --store azurite]")
+                   "[default: 4; 12 with --store blob or table]")
 @click.option("--rate", default=400.0, show_default=True, type=click.FloatRange(min=0),
               help="Events per second the producer sends (0 = as fast as it can).")
-@click.option("--store", type=click.Choice(["memory", "azurite"]), default="memory", show_default=True,
-              help="memory: in-process; azurite: Blob storage on a local Azurite (started if none runs).")
+@click.option("--store", type=click.Choice(["memory", "blob", "table"]), default="memory", show_default=True,
+              help="The checkpoint store: in this process, or Blob or Table storage on a local Azurite (the one on "
+                   "its default ports, else one started for the demo).")
 @click.option("--source", type=click.Choice(["memory", "emulator"]), default="memory", show_default=True,
-              help="memory: in-process log; emulator: the real AMQP path (EventHubSource on a local Event Hubs "
+              help="The events: an in-process log, or the real AMQP path (EventHubSource on a local Event Hubs "
                    "emulator, fed by azure-eventhub's producer).")
 @click.option("--timeout", default=60.0, show_default=True, type=click.FloatRange(min=0, min_open=True),
               help="Give up on a phase after this many seconds.")
@@ -125,8 +126,8 @@ def demo(partitions: int, processors: int, strategy: str, interval: float | None
     """Producer and processors in one process: convergence, scale-in, crash, failover.
 
     Ends with a summary of events produced, processed, lost (must be 0) and
-    duplicated. Exits 1 if any event was lost. With --store azurite it prints the
-    `eventprocessor status` command that watches it from another terminal.
+    duplicated. Exits 1 if any event was lost. With --store blob or table it prints
+    the `eventprocessor status` command that watches it from another terminal.
     """
     from rich.console import Console
 
@@ -172,10 +173,11 @@ def emulator(host: str, port: int, eventhubs: tuple[str, ...], partitions: int, 
              config_path: str | None, max_events_per_partition: int, retention: float) -> None:
     """A local Event Hubs emulator the official azure-eventhub clients use unchanged.
 
-    Prints one line, the connection string, once it accepts connections; stops on
-    SIGINT or SIGTERM. Without --eventhub or --config it serves the hub the docs'
-    examples and the samples read, telemetry, with --partitions partitions and
-    consumer group cg1.
+    Once it accepts connections it prints connection strings, a line each: the
+    namespace's, then one per event hub, with its EntityPath (what the Spark source
+    and `eventprocessor status` take). Stops on SIGINT or SIGTERM. Without --eventhub
+    or --config it serves the hub the docs' examples and the samples read, telemetry,
+    with --partitions partitions and consumer group cg1.
     """
     from eventprocessor.emulators.eventhubs import EmulatorConfig, EmulatorConfigError, EventHubsEmulator, serve
 
@@ -285,6 +287,52 @@ def postgres(port: int, location: Path | None, settings: tuple[str, ...]) -> Non
         server.stop()
 
 
+_SEND_EPILOG = """\b
+Examples:
+  eventprocessor send                               # 10 events to telemetry on the local emulator
+  eventprocessor send --count 1000 --rate 100 --partition-key 'device-{i}'
+  eventprocessor send --lines readings.jsonl --partition-key '{device}'
+  EVENTPROCESSOR_EVENTHUB_CONNECTION_STRING='Endpoint=sb://...;EntityPath=orders' eventprocessor send --count 5
+
+\b
+Templates are Python format strings over each event's fields: {i} (its number in this
+run, from 0), {time} (UTC, ISO 8601) and, with --lines, {line} and the top-level
+fields of a line that is a JSON object.
+"""
+
+
+@main.command(epilog=_SEND_EPILOG)
+@click.option("--eventhub-connection-string", envvar="EVENTPROCESSOR_EVENTHUB_CONNECTION_STRING", show_envvar=True,
+              metavar="TEXT", help="Event Hubs connection string. Prefer the variable.  [default: the local "
+                                   "emulator on 127.0.0.1:5672]")
+@click.option("--eventhub", metavar="NAME", help="Event hub name.  [default: the connection string's EntityPath; "
+                                                 "telemetry on the local emulator]")
+@click.option("--count", default=10, show_default=True, type=click.IntRange(min=1),
+              help="Events to send (with --lines: every line instead).")
+@click.option("--rate", default=0.0, show_default=True, type=click.FloatRange(min=0),
+              help="Events per second (0 = as fast as the hub takes them).")
+@click.option("--partition-key", metavar="TEMPLATE",
+              help="Partition key of each event: events with the same key go to the same partition, in order.  "
+                   "[default: none, the hub spreads them]")
+@click.option("--partition-id", metavar="ID", help="Send every event to this partition.")
+@click.option("--body", default="event {i}", show_default=True, metavar="TEMPLATE", help="Body of each event.")
+@click.option("--lines", type=click.File("r"), metavar="FILE",
+              help="Send each line of FILE as an event's body (- reads standard input).")
+def send(eventhub_connection_string: str | None, eventhub: str | None, count: int, rate: float,
+         partition_key: str | None, partition_id: str | None, body: str, lines: Any) -> None:
+    """Send events to an event hub: the local emulator unless told otherwise.
+
+    A producer for trying things out: --count events whose bodies come from the --body
+    template, or one per line of --lines, at --rate events per second or as fast as
+    the hub takes them, through azure-eventhub's own producer (needs [eventhub]).
+    Prints one line at the end: how many events it sent, to which hub.
+    """
+    from .send import SendOptions, run_send
+
+    run_send(SendOptions(connection_string=eventhub_connection_string, eventhub=eventhub, count=count, rate=rate,
+                         partition_key=partition_key, partition_id=partition_id, body=body, lines=lines))
+
+
 _STATUS_EPILOG = """\b
 Examples:
   export EVENTPROCESSOR_STORE_CONNECTION_STRING='DefaultEndpointsProtocol=https;AccountName=...'
@@ -337,9 +385,9 @@ They are never printed.
               help="Give up on the store or the event hub after this many seconds.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON (one document per refresh with --watch).")
 @click.option("--watch", is_flag=True, help="Refresh in place until Ctrl-C.")
-@click.option("--interval", default=2.0, show_default=True, type=click.FloatRange(min=0.1),
+@click.option("--watch-interval", default=2.0, show_default=True, type=click.FloatRange(min=0.1),
               help="Seconds between refreshes with --watch.")
-@click.option("--count", type=click.IntRange(min=1), help="With --watch: stop after this many refreshes.")
+@click.option("--watch-count", type=click.IntRange(min=1), help="With --watch: stop after this many refreshes.")
 def status(**options: Any) -> None:
     """Show a live consumer group: who owns what, checkpoints, lag.
 

@@ -19,8 +19,8 @@ import sys
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
+from eventprocessor.extras import EXTRA_MODULES, extra_for_module, source_checkout
 from eventprocessor.extras import install_command as _install_command
-from eventprocessor.extras import source_checkout
 
 __all__ = [
     "CommandError", "MissingRequirementError", "install_command", "missing_modules", "one_line_message",
@@ -28,24 +28,6 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
-
-# The modules each extra of setup.cfg brings; tests/test_cli.py keeps the two in step.
-EXTRA_MODULES: dict[str, tuple[str, ...]] = {
-    "blob": ("azure.storage.blob", "azure.core", "aiohttp"),
-    "table": ("azure.data.tables", "azure.core", "aiohttp"),
-    "eventhub": ("azure.eventhub",),
-    "spark": ("pyspark", "pyarrow", "pandas"),
-    "otel": ("opentelemetry.sdk",),
-    "postgres": ("asyncpg",),
-}
-
-# Who to blame for a ModuleNotFoundError nobody checked for, longest prefix first.
-_MODULE_EXTRA = [
-    ("azure.storage", "blob"), ("azure.data", "table"), ("azure.eventhub", "eventhub"),
-    ("azure.core", "blob"), ("aiohttp", "blob"), ("azure", "all"),
-    ("pyspark", "spark"), ("pyarrow", "spark"), ("pandas", "spark"), ("opentelemetry", "otel"),
-    ("asyncpg", "postgres"),
-]
 
 
 # The Azurite package.json pins and the Node.js its engines range accepts (README.md,
@@ -64,9 +46,9 @@ class MissingRequirementError(CommandError, ImportError):
     Example::
 
         try:
-            require(extras=["blob"], purpose="--store azurite")
+            require(extras=["blob"], purpose="--store blob")
         except MissingRequirementError as error:
-            print(error)   # --store azurite needs ...: run `pip install -e '/src/eventprocessor[blob]'`
+            print(error)   # --store blob needs ...: run `pip install -e '/src/eventprocessor[blob]'`
     """
 
 
@@ -175,13 +157,6 @@ def require_or_exit(purpose: str, *, extras: Sequence[str] = (), packages: Seque
         raise SystemExit(2) from None
 
 
-def _extra_for_module(name: str) -> str | None:
-    for prefix, extra in _MODULE_EXTRA:
-        if name == prefix or name.startswith(prefix + "."):
-            return extra
-    return None
-
-
 def one_line_message(error: BaseException) -> str | None:
     """One line that says what went wrong and what to do, for failures a user can fix.
 
@@ -194,7 +169,7 @@ def one_line_message(error: BaseException) -> str | None:
     if isinstance(error, CommandError):
         return _flat(error)
     if isinstance(error, ModuleNotFoundError) and error.name:
-        extra = _extra_for_module(error.name)
+        extra = extra_for_module(error.name)
         if extra is not None:
             return (f"the module {error.name!r} is not installed; it comes with the [{extra}] extra: "
                     f"run `{install_command([extra])}`")

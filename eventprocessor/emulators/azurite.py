@@ -1,7 +1,7 @@
 """Start and stop the Azurite storage emulator on loopback.
 
 Used by the test suite, ``eventprocessor azurite``, ``eventprocessor demo --store
-azurite``, the samples and the benchmarks. Azurite is the npm package pinned in
+blob`` (or ``table``), the samples and the benchmarks. Azurite is the npm package pinned in
 ``package.json``; ``npm ci`` (run by tox) puts it in ``node_modules/.bin/azurite``. It
 is started with in-memory persistence (or in a directory) on free ports (or given
 ones) bound to 127.0.0.1 only, with the flags this SDK needs (:data:`AZURITE_FLAGS`),

@@ -334,9 +334,12 @@ def _launch_connect(home: Path, env: Mapping[str, str], workdir: Path, master_ur
 
 def start_spark_cluster(*, connect: bool = True, worker_cores: int = 3, worker_memory: str = "2g",
                         connect_conf: Mapping[str, str] | None = None, timeout: float = 180.0,
-                        directory: Path | None = None, python: str | None = None) -> SparkCluster:
+                        directory: Path | None = None, python: str | None = None, master_port: int = 0,
+                        connect_port: int = 0) -> SparkCluster:
     """Start a master, one worker and (with ``connect``) a Spark Connect server on
-    loopback, and wait until each is ready (see the module docstring).
+    loopback, and wait until each is ready (see the module docstring). The master and
+    the Connect server listen on ``master_port`` and ``connect_port``, or on free ports
+    (0, the default; every other port is a free one).
 
     Raises :class:`SparkClusterUnavailable` when Java or the pyspark package is
     missing, or a piece exits or is not ready within ``timeout`` seconds (whatever
@@ -348,7 +351,9 @@ def start_spark_cluster(*, connect: bool = True, worker_cores: int = 3, worker_m
     owned_directory = directory is None
     workdir = Path(tempfile.mkdtemp(prefix="spark-cluster-")) if directory is None else Path(directory)
     env = _environment(home, workdir, python or sys.executable)
-    master_port, master_ui, worker_port, worker_ui, connect_port = free_ports(5)
+    free = iter(free_ports(5))
+    master_port, master_ui, worker_port, worker_ui, connect_port = (
+        port or next(free) for port in (master_port, 0, 0, 0, connect_port))
     master_url = f"spark://{_HOST}:{master_port}"
     cluster = SparkCluster(master_url=master_url, connect_url=None, directory=workdir, worker_cores=worker_cores,
                            worker_memory=worker_memory, keep_directory=not owned_directory,
@@ -379,15 +384,24 @@ def start_spark_cluster(*, connect: bool = True, worker_cores: int = 3, worker_m
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m eventprocessor.emulators.spark_cluster", description=__doc__.split("\n")[0])
-    parser.add_argument("--no-connect", action="store_true", help="no Spark Connect server")
-    parser.add_argument("--worker-cores", type=int, default=3)
-    parser.add_argument("--worker-memory", default="2g")
+        prog="python -m eventprocessor.emulators.spark_cluster",
+        description=" ".join(__doc__.split("\n\n")[0].split()).replace("``", "`") + " It prints their URLs and "
+                    "runs until Ctrl-C or SIGTERM, which stop the whole cluster.")
+    parser.add_argument("--no-connect", action="store_true", help="Start no Spark Connect server.")
+    parser.add_argument("--worker-cores", type=int, default=3,
+                        help="Cores the worker offers (slots, not CPUs). [default: %(default)s]")
+    parser.add_argument("--worker-memory", default="2g", help="Memory the worker offers. [default: %(default)s]")
+    parser.add_argument("--master-port", type=int, default=7077,
+                        help="The master's port, Spark's usual one; 0 picks a free one. [default: %(default)s]")
+    parser.add_argument("--connect-port", type=int, default=15002,
+                        help="The Spark Connect server's port, Spark's usual one; 0 picks a free one. "
+                             "[default: %(default)s]")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     try:
         cluster = start_spark_cluster(connect=not args.no_connect, worker_cores=args.worker_cores,
-                                      worker_memory=args.worker_memory)
+                                      worker_memory=args.worker_memory, master_port=args.master_port,
+                                      connect_port=args.connect_port)
     except SparkClusterUnavailable as error:
         print(f"error: {error}", file=sys.stderr)
         return 2

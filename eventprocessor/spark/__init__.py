@@ -177,12 +177,15 @@ from Spark itself, with no processor process: see :mod:`eventprocessor.spark.sou
 """
 from typing import TYPE_CHECKING, Any
 
-from .arrow import EVENT_SCHEMA, events_to_table, json_body
-from .attempt import Attempt, AttemptState, MicroBatch
-from .commit_log import BatchRefused, CommitLog, FileLogStorage, PartitionRange, StaleFenceError, StoreLogStorage
-from .output import COMMITS_DIR, METADATA_DIR, STAGING_DIR, OutputLocation
-from .session import is_connect, spark_session
-from .sink import SparkSink
+from ..extras import the_extra_it_needs
+
+with the_extra_it_needs("eventprocessor.spark"):
+    from .arrow import EVENT_SCHEMA, events_to_table, json_body
+    from .attempt import Attempt, AttemptState, MicroBatch
+    from .commit_log import BatchRefused, CommitLog, FileLogStorage, PartitionRange, StaleFenceError, StoreLogStorage
+    from .output import COMMITS_DIR, METADATA_DIR, STAGING_DIR, OutputLocation
+    from .session import is_connect, spark_session
+    from .sink import SparkSink
 
 if TYPE_CHECKING:  # pragma: no cover
     from .source.datasource import EventHubsDataSource
@@ -198,7 +201,8 @@ __all__ = [
 def __getattr__(name: str) -> Any:
     # The data source subclasses pyspark's classes: pyspark is imported only when it is asked for.
     if name == "EventHubsDataSource":
-        from .source.datasource import EventHubsDataSource
+        with the_extra_it_needs("eventprocessor.spark.EventHubsDataSource"):
+            from .source.datasource import EventHubsDataSource
 
         return EventHubsDataSource
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

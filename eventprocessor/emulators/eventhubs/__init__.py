@@ -32,8 +32,8 @@ Example::
             await producer.send_batch([EventData(b"hello")])
 
 Command line: ``python -m eventprocessor.emulators.eventhubs --port 0 --eventhub telemetry --partitions 4``
-(also ``eventprocessor emulator``) prints one line, the connection string, once it accepts
-connections, and stops cleanly on SIGINT or SIGTERM.
+(also ``eventprocessor emulator``) prints the connection string once it accepts connections,
+then one per event hub with its ``EntityPath``, and stops cleanly on SIGINT or SIGTERM.
 
 Limits. Tokens are not checked unless ``sas_key`` is given (any token is accepted, as in
 Microsoft's Docker emulator). Events live in memory only: nothing survives a restart.
@@ -174,14 +174,17 @@ class EventHubsEmulator:
 
 
 async def serve(emulator: EventHubsEmulator, *, out: TextIO = sys.stdout) -> None:
-    """Run ``emulator`` until SIGINT or SIGTERM; print its connection string once it listens."""
+    """Run ``emulator`` until SIGINT or SIGTERM. Once it listens, print its connection
+    string, then one per event hub with its ``EntityPath`` (what the Spark source and
+    ``eventprocessor status`` take), a line each."""
     loop = asyncio.get_running_loop()
     stopping = asyncio.Event()
     for signum in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(signum, stopping.set)
     try:
         await emulator.start()
-        out.write(emulator.connection_string + "\n")
+        hubs = [emulator.connection_string_for(hub.name) for hub in emulator.config.eventhubs]
+        out.write("\n".join([emulator.connection_string, *hubs]) + "\n")
         out.flush()
         await stopping.wait()
     finally:

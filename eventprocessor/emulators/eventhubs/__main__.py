@@ -1,7 +1,8 @@
 """``python -m eventprocessor.emulators.eventhubs``: run the Event Hubs emulator until SIGINT or SIGTERM.
 
-Prints one line on stdout, the connection string, once it accepts connections; logs
-go to stderr. ``eventprocessor emulator`` is the same with the project's CLI.
+Prints the connection string on stdout once it accepts connections, then one per event
+hub with its ``EntityPath``, a line each; logs go to stderr. ``eventprocessor emulator``
+is the same with the project's CLI.
 """
 from __future__ import annotations
 

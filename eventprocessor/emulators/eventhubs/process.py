@@ -1,7 +1,7 @@
 """Run the emulator in its own OS process, for test sessions, benchmarks and demos.
 
 The child is ``python -m eventprocessor.emulators.eventhubs`` on a free loopback port; its first line
-on stdout is the connection string. It is stopped by PID (SIGTERM, then SIGKILL).
+on stdout is the connection string (one per event hub follows). It is stopped by PID (SIGTERM, then SIGKILL).
 
 Example::
 
@@ -93,7 +93,7 @@ def start_emulator_process(args: Sequence[str] = (), *, timeout: float = 30.0,
     deadline = time.monotonic() + timeout
     line = b""
     try:
-        while not line.endswith(b"\n"):
+        while b"\n" not in line:
             remaining = deadline - time.monotonic()
             if remaining <= 0 or process.poll() is not None:
                 break
@@ -104,7 +104,7 @@ def start_emulator_process(args: Sequence[str] = (), *, timeout: float = 30.0,
                 line += chunk
     finally:
         selector.close()
-    text = line.decode(errors="replace").strip()
+    text = line.split(b"\n", 1)[0].decode(errors="replace").strip()
     if not text.startswith("Endpoint=sb://"):
         if process.poll() is None:
             process.kill()

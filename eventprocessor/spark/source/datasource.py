@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import signal
 import threading
 import time
@@ -111,7 +112,15 @@ class EventHubsDataSource(DataSource):
         return "eventhubs"
 
     def schema(self) -> StructType:
-        self._parsed()  # a bad option fails load(), once, naming it
+        try:
+            self._parsed()  # a bad option fails load(), once, naming it
+        except ConfigurationError:
+            # Spark quotes this worker's traceback inside its AnalysisException, so the one
+            # sentence that says what to fix would sit under frames of our own code. Without a
+            # traceback (pyspark reads this at the failure; the worker exits after it) the
+            # error reads "[PYTHON_DATA_SOURCE_ERROR] ...: ConfigurationError: <the fix>".
+            os.environ["SPARK_HIDE_TRACEBACK"] = "1"
+            raise
         return SCHEMA
 
     def _parsed(self) -> SourceOptions:
