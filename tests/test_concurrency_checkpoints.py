@@ -40,7 +40,7 @@ def _runs(draw):
     return start, events, list(order[:finished]), chunk
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=120, deadline=None)
 @given(_runs(), st.booleans())
 def test_the_checkpoint_never_passes_an_event_not_done(run, resumed):
     start, events, finished, chunk = run
@@ -66,7 +66,7 @@ def test_the_checkpoint_never_passes_an_event_not_done(run, resumed):
         assert DoneBeyond.decode(beyond.encode(seq), seq) == beyond
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=80, deadline=None)
 @given(_runs())
 def test_a_new_owner_skips_exactly_what_the_record_names(run):
     start, events, finished, chunk = run
@@ -89,7 +89,7 @@ def test_a_new_owner_skips_exactly_what_the_record_names(run):
     assert redelivered == not_done  # in flight or not reached: those, and nothing else
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=80, deadline=None)
 @given(st.lists(st.tuples(st.integers(1, 5000), st.integers(0, 5000)), max_size=400), st.integers(0, 2**40))
 def test_the_record_fits_one_field_and_leaves_out_only_its_tail(gaps, after):
     ranges, previous = [], after

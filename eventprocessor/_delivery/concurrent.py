@@ -119,8 +119,7 @@ class CallContext(PartitionContext):
                     f"{getattr(event, 'sequence_number', event)!r}, which is not an event of this call: with "
                     "max_concurrency > 1 a call checkpoints only its own events")
             events = [mine for mine in events if mine.sequence_number <= event.sequence_number]
-        self._delivery.progress.finish(events)
-        await self._delivery.checkpoint()
+        await self._delivery.checkpoint(self._delivery.progress.finish(events))
 
 
 class ConcurrentDelivery:
@@ -139,6 +138,7 @@ class ConcurrentDelivery:
         self._tasks: dict[asyncio.Task, float] = {}  # call task -> when it started
         self._lock = asyncio.Lock()
         self._written: Position | None = None
+        self._written_version = -1
         self._stalled = False
         self._reported_call: float | None = None
 
@@ -319,20 +319,24 @@ class ConcurrentDelivery:
             raise
 
     # ------------------------------------------------------------------ checkpoints
-    async def checkpoint(self) -> None:
-        """Write the exact checkpoint, unless it is written already (one write at a time;
-        calls that ask meanwhile are covered by the next). Raises
-        :class:`OwnershipLostError` when the claim ended."""
+    async def checkpoint(self, covering: int | None = None) -> None:
+        """Write the exact checkpoint, unless it is written already, or one written since
+        covers the events finished at version ``covering`` (one write at a time; the calls
+        that ask meanwhile share the next). Raises :class:`OwnershipLostError` when the
+        claim ended."""
         async with self._lock:
+            if covering is not None and self._written_version >= covering:
+                return
+            version = self.progress.version
             position = self.progress.position()
-            if position is None or position == self._written:
-                return
+            if position is None:
+                return  # nothing before the first event not done is known yet: nothing to write
             last = self._pump.context.last_checkpoint
-            if self._written is None and last is not None and last.epoch == self._pump.context.epoch \
-                    and (last.sequence_number, last.offset, last.done_beyond) == position:
-                return
-            await write_checkpoint(self._pump.context, *position)
-            self._written = position
+            if position != self._written and not (
+                    last is not None and last.epoch == self._pump.context.epoch
+                    and (last.sequence_number, last.offset, last.done_beyond) == position):
+                await write_checkpoint(self._pump.context, *position)
+            self._written, self._written_version = position, version
 
     async def _cadence(self, interval: float) -> None:
         clock, ctx = self._pump._clock, self._pump.context

@@ -40,6 +40,9 @@ class Progress:
         self._done: set[int] = set()
         self.skipped = 0
         """Events received that the resumed record said were done: never dispatched."""
+        self.version = 0
+        """Grows with every :meth:`finish`: a checkpoint written at a version covers every
+        event finished before it."""
 
     @property
     def held(self) -> int:
@@ -73,13 +76,15 @@ class Progress:
         self._advance()
         return fresh
 
-    def finish(self, events: Iterable[Event]) -> None:
-        """``events`` are done."""
+    def finish(self, events: Iterable[Event]) -> int:
+        """``events`` are done; returns the version that covers them."""
+        self.version += 1
         base = self._base
         for event in events:
             if base is None or event.sequence_number > base[0]:
                 self._done.add(event.sequence_number)
         self._advance()
+        return self.version
 
     def _advance(self) -> None:
         held, done = self._held, self._done
