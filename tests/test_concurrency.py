@@ -392,3 +392,56 @@ def test_a_new_owner_after_a_crash_delivers_again_only_what_was_not_done():
     log, crashed_at = run_virtual(scenario())
     again = [seq for call in log.calls[crashed_at:] if call["owner"] == "b" for seq in call["seqs"]]
     assert again == [1]  # the slow event, in flight at the crash; nothing done is delivered again
+
+
+# ---------------------------------------------------------------------- the drop-in client
+
+
+@pytest.mark.parametrize("batch", [True, False])
+def test_the_drop_in_client_runs_calls_of_other_keys_at_once_and_keeps_each_keys_order(batch):
+    """``receive_batch``/``receive`` with ``max_concurrency`` and ``ordering="key"``: calls of
+    different keys overlap; a key's events arrive in order; each callback's context
+    checkpoints its own events; a failing event is redelivered without the ones before it."""
+    from eventprocessor import EventHubConsumerClient
+
+    async def scenario():
+        source, store = _world(1)
+        sent = await _send(source, [f"k{i % 8}" for i in range(160)])
+        seen: dict[str, list[int]] = defaultdict(list)
+        running = {"now": 0, "most": 0}
+        failed: set[int] = set()
+        client = EventHubConsumerClient.from_source(source, checkpoint_store=store, **FAST)
+
+        async def work(context, events):
+            running["now"] += 1
+            running["most"] = max(running["most"], running["now"])
+            try:
+                await asyncio.sleep(0.05)
+                if any(data.sequence_number == 40 for data in events) and not failed:
+                    failed.add(40)
+                    raise ValueError("once")  # the whole call is delivered again
+                for data in events:
+                    key = data.partition_key
+                    seen[key.decode() if isinstance(key, bytes) else key].append(data.sequence_number)
+            finally:
+                running["now"] -= 1
+            await context.update_checkpoint()
+
+        async def on_event(context, event):
+            await work(context, [event])
+
+        receiving = asyncio.ensure_future(
+            client.receive_batch(work, max_concurrency=8, ordering="key", starting_position="-1") if batch else
+            client.receive(on_event, max_concurrency=8, ordering="key", starting_position="-1"))
+        await until(lambda: sum(map(len, seen.values())) >= 160, what="every event")
+        await client.close()
+        await receiving
+        [checkpoint] = await store.list_checkpoints(source.fully_qualified_namespace, source.eventhub_name,
+                                                    "$default")
+        return sent, seen, running["most"], checkpoint
+
+    sent, seen, most, checkpoint = run_virtual(scenario())
+    assert most == 8
+    for key, order in seen.items():
+        assert order == [seq for _, seq in sent[key]], key  # in order, each once
+    assert checkpoint.sequence_number == 159

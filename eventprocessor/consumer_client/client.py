@@ -214,6 +214,8 @@ class EventHubConsumerClient:
         on_error: OnError | None = None,
         on_partition_initialize: OnPartitionInitialize | None = None,
         on_partition_close: OnPartitionClose | None = None,
+        max_concurrency: int | None = None,
+        ordering: str | None = None,
     ) -> None:
         """Receive batches from every partition this processor owns (or from
         ``partition_id`` only) until :meth:`close`, as azure-eventhub's ``receive_batch``.
@@ -227,7 +229,11 @@ class EventHubConsumerClient:
         the previous one. Without one, as in azure-eventhub, they open at ``owner_level``
         (default None: not exclusive). A callback that
         raises goes to ``on_error`` and its batch is delivered again (as ``failure_policy``
-        says: ``max_delivery_attempts``, then ``on_poison``). Raises :class:`ConfigurationError` for an invalid
+        says: ``max_delivery_attempts``, then ``on_poison``). ``max_concurrency`` and
+        ``ordering`` (``"key"`` or ``"none"``): up to that many callbacks in flight per
+        partition, each with events of one partition key under ``"key"``, each with a
+        context whose ``update_checkpoint()`` checkpoints its own events (see
+        docs/concepts/concurrency.md). Raises :class:`ConfigurationError` for an invalid
         argument, before anything runs.
         """
         if isinstance(max_batch_size, bool) or not isinstance(max_batch_size, int) or max_batch_size < 1:
@@ -237,7 +243,8 @@ class EventHubConsumerClient:
                             track_last_enqueued_event_properties=track_last_enqueued_event_properties,
                             starting_position=starting_position,
                             starting_position_inclusive=starting_position_inclusive, on_error=on_error,
-                            on_partition_initialize=on_partition_initialize, on_partition_close=on_partition_close)
+                            on_partition_initialize=on_partition_initialize, on_partition_close=on_partition_close,
+                            max_concurrency=max_concurrency, ordering=ordering)
 
     async def receive(
         self,
@@ -253,6 +260,8 @@ class EventHubConsumerClient:
         on_error: OnError | None = None,
         on_partition_initialize: OnPartitionInitialize | None = None,
         on_partition_close: OnPartitionClose | None = None,
+        max_concurrency: int | None = None,
+        ordering: str | None = None,
     ) -> None:
         """As :meth:`receive_batch`, one event per ``on_event(context, event)`` call (``None``
         after ``max_wait_time`` without events). Events are fetched up to 300 at a time and
@@ -264,14 +273,16 @@ class EventHubConsumerClient:
                             track_last_enqueued_event_properties=track_last_enqueued_event_properties,
                             starting_position=starting_position,
                             starting_position_inclusive=starting_position_inclusive, on_error=on_error,
-                            on_partition_initialize=on_partition_initialize, on_partition_close=on_partition_close)
+                            on_partition_initialize=on_partition_initialize, on_partition_close=on_partition_close,
+                            max_concurrency=max_concurrency, ordering=ordering)
 
     def _processor(self, callback: Callable[..., Awaitable[None]], *, batch: bool, max_batch_size: int,
                    max_wait_time: float | None, partition_id: str | None, owner_level: int | None,
                    prefetch: int, track_last_enqueued_event_properties: bool, starting_position: Any,
                    starting_position_inclusive: Any, on_error: OnError | None,
                    on_partition_initialize: OnPartitionInitialize | None,
-                   on_partition_close: OnPartitionClose | None) -> EventProcessor:
+                   on_partition_close: OnPartitionClose | None, max_concurrency: int | None = None,
+                   ordering: str | None = None) -> EventProcessor:
         """The EventProcessor for one receive call (every argument checked)."""
         if partition_id is not None and (not isinstance(partition_id, str) or not partition_id):
             raise ConfigurationError(f"partition_id must be a partition id string, got {partition_id!r}")
@@ -296,7 +307,8 @@ class EventHubConsumerClient:
             initial_event_position=initial, default_event_position=default, max_batch_size=max_batch_size,
             max_wait_time=max_wait_time, prefetch=prefetch,
             track_last_enqueued_event_properties=track_last_enqueued_event_properties,
-            error_handler=callbacks.processor_error, **self._options)
+            error_handler=callbacks.processor_error, max_concurrency=max_concurrency, ordering=ordering,
+            **self._options)
 
     async def _receive(self, callback: Callable[..., Awaitable[None]], **arguments: Any) -> None:
         partition_id = arguments["partition_id"]
