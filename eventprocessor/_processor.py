@@ -218,6 +218,12 @@ class EventProcessor:
         ``track_last_enqueued_event_properties=True``)."""
         return self._parts.dispatcher.lag()
 
+    def in_flight(self) -> dict[str, tuple[int, int, float | None]]:
+        """With ``max_concurrency`` > 1, per owned partition: the calls in flight, the
+        events held beyond its checkpoint, and the enqueued time (Unix seconds) of its
+        oldest event not done (None when none is held). Empty otherwise."""
+        return self._parts.membership.in_flight()
+
     # ----------------------------------------------------------------- life cycle
     async def start(self, *, balancing: bool = True) -> None:
         """Start balancing, renewing and processing in the background. Idempotent.

@@ -445,3 +445,38 @@ def test_the_drop_in_client_runs_calls_of_other_keys_at_once_and_keeps_each_keys
     for key, order in seen.items():
         assert order == [seq for _, seq in sent[key]], key  # in order, each once
     assert checkpoint.sequence_number == 159
+
+
+# ---------------------------------------------------------------------- what status shows
+
+
+def test_status_reports_the_calls_in_flight_and_the_oldest_event_not_done_per_partition():
+    """The processor publishes, per partition, the calls in flight and the enqueued time
+    of the oldest event not done in its member record; ``eventprocessor status`` shows them."""
+    from rich.console import Console
+
+    from eventprocessor.cli.status import read_status, render
+
+    async def scenario():
+        source, store = _world(2)
+        await _send(source, ["slow"] + [f"k{i % 20}" for i in range(200)])
+        log = Log()
+        delays = lambda event: 40.0 if event.partition_key == "slow" else 1.0  # noqa: E731
+        async with EventProcessor(source, store, handler(log, delay=delays), max_concurrency=8, ordering="key",
+                                  **FAST) as processor:
+            await until(lambda: len(log.calls) >= 16, what="calls in flight")
+            await asyncio.sleep(30)  # a heartbeat publishes them
+            mine = processor.in_flight()
+            status = await read_status(store, source.fully_qualified_namespace, source.eventhub_name,
+                                       "$default", source=source)
+            return mine, status, source.partition_for_key("slow")
+
+    mine, status, slow_partition = run_virtual(scenario())
+    assert set(mine) == {"0", "1"} and all(calls <= 8 for calls, _held, _oldest in mine.values())
+    rows = {row.partition_id: row for row in status.partitions}
+    assert rows[slow_partition].in_flight is not None and rows[slow_partition].in_flight >= 1
+    assert rows[slow_partition].oldest_in_flight_age >= 25  # the slow event, since it was enqueued
+    console = Console(width=200, record=True)
+    console.print(render(status))
+    shown = console.export_text()
+    assert "in flight" in shown and "oldest" in shown

@@ -138,6 +138,14 @@ class PartitionPump:
         """True while a batch is in the handler."""
         return self._dispatching
 
+    def in_flight(self) -> tuple[int, int, Event | None] | None:
+        """With many events in flight: (calls in flight, events held beyond the
+        checkpoint, the oldest event not done); None for one batch at a time."""
+        concurrent = self.concurrent
+        if concurrent is None:
+            return None
+        return concurrent.in_flight, concurrent.progress.held, concurrent.progress.first_not_done
+
     def start(self) -> asyncio.Task:
         self.task = asyncio.create_task(self._run(), name=f"pump-{self.context.partition_id}")
         return self.task

@@ -29,10 +29,11 @@ import sys
 import time
 from collections import Counter
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
+from eventprocessor._ownership.membership import IN_FLIGHT_PROPERTY, decode_in_flight
 from eventprocessor._ownership.strategies import HANDOFF_PROPERTY, ORDINAL_PROPERTY
 from eventprocessor.errors import ConfigurationError, EventProcessorError
 from eventprocessor.sources import EventSource, PartitionProperties
@@ -94,6 +95,10 @@ class PartitionStatus:
     lag: int | None = None
     lag_from: str | None = None
     note: str = ""
+    in_flight: int | None = None
+    """Calls in flight now, when its owner runs many per partition (``max_concurrency``)."""
+    oldest_in_flight_age: float | None = None
+    """Seconds since the partition's oldest event not done was enqueued (its owner's last heartbeat)."""
 
 
 @dataclass(frozen=True)
@@ -257,6 +262,7 @@ def build_status(*, fully_qualified_namespace: str, eventhub_name: str, consumer
         rows.append(PartitionStatus(partition_id=pid, state=state, **fields))
 
     member_rows = _members(rows, members, expiration)
+    rows = _with_in_flight(rows, member_rows, now)
     records_note = None
     if not (records or unreadable or by_partition or (members is not None and members.members)):
         # The usual cause is a name that differs from the processors' (blob names are
@@ -282,6 +288,24 @@ def _lag(newest: PartitionProperties, checkpoint: Checkpoint | None) -> dict[str
         return {"lag": newest.last_enqueued_sequence_number - before_first, "lag_from": "start"}
     return {"lag": newest.last_enqueued_sequence_number - max(checkpoint.sequence_number, before_first),
             "lag_from": "checkpoint"}
+
+
+def _with_in_flight(rows: list[PartitionStatus], members: Sequence[MemberStatus],
+                    now: datetime) -> list[PartitionStatus]:
+    """The calls in flight and the oldest event not done, as each owner last published them."""
+    published = {member.owner_id: decode_in_flight(member.properties.get(IN_FLIGHT_PROPERTY)) for member in members
+                 if IN_FLIGHT_PROPERTY in member.properties}
+    if not published:
+        return rows
+    result = []
+    for row in rows:
+        found = published.get(row.owner_id or "", {}).get(row.partition_id) if row.state == OWNED else None
+        if found is not None:
+            calls, _held, oldest = found
+            age = None if oldest is None else max(0.0, now.timestamp() - oldest)
+            row = replace(row, in_flight=calls, oldest_in_flight_age=age)
+        result.append(row)
+    return result
 
 
 def _members(rows: Sequence[PartitionStatus], members: MemberListing | None,
@@ -508,6 +532,8 @@ def render(status: GroupStatus, *, refreshed: str | None = None) -> RenderableTy
                ("lease age", "right"), ("checkpoint", "right"), ("offset", "right")]
     columns += [("checkpointed", "right")] if timed else []
     columns += [("last enqueued", "right"), ("lag", "right")] if lagged else []
+    flying = any(row.in_flight is not None for row in status.partitions)
+    columns += [("in flight", "right"), ("oldest", "right")] if flying else []
     for name, justify in columns:
         partitions.add_column(name, justify=justify)  # type: ignore[arg-type]
     for row in status.partitions:
@@ -523,6 +549,8 @@ def render(status: GroupStatus, *, refreshed: str | None = None) -> RenderableTy
         if lagged:
             from_start = " from start" if row.lag_from == "start" and row.lag is not None else ""
             cells += [_text(row.last_enqueued_sequence_number), _text(row.lag) + from_start]
+        if flying:
+            cells += [_text(row.in_flight), _age(row.oldest_in_flight_age)]
         partitions.add_row(*cells)
 
     members = Table(box=box.SIMPLE_HEAD, show_edge=False)
