@@ -139,7 +139,7 @@ def test_the_options_refuse_what_cannot_work_and_say_why():
     with pytest.raises(ConfigurationError, match="max_pending must be an int of at least 64"):
         ConcurrencyPolicy(max_concurrency=64, ordering="key", max_pending=10)
     policy = ConcurrencyPolicy(max_concurrency=64, ordering="key")
-    assert policy.ordering is Ordering.KEY and policy.max_pending == 2048
+    assert policy.ordering is Ordering.KEY and policy.max_pending == 4096
     EventProcessor(source, store, PartitionProcessor, max_concurrency=1, ordering="key", stateful=False)
 
 
