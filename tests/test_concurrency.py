@@ -480,3 +480,101 @@ def test_status_reports_the_calls_in_flight_and_the_oldest_event_not_done_per_pa
     console.print(render(status))
     shown = console.export_text()
     assert "in flight" in shown and "oldest" in shown
+
+
+# ---------------------------------------------------------------------- claims, fairness, threads
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_no_call_is_handed_to_a_claim_that_has_ended(seed):
+    """The store goes down while calls are in flight: the lease runs out, the claim
+    ends (self-fencing), and no call starts once the claim may no longer dispatch; the
+    calls in flight finish. When the store returns, the partition is taken again and
+    every event is delivered."""
+    async def scenario():
+        rng = random.Random(seed)
+        source, store = _world(2)
+        sent = await _send(source, _skewed_keys(400, 40, rng))
+        link = FaultyStore(store)
+        after_end: list = []
+        log = Log()
+
+        class Watching(handler(log, rng=rng, delay=0.3)):  # type: ignore[misc]
+            async def process_events(self, events, context):
+                if not context.is_owned:
+                    after_end.append(events[0].sequence_number)
+                await super().process_events(events, context)
+
+        async with EventProcessor(source, link, Watching, max_concurrency=16, ordering="key", store_timeout=1.0,
+                                  **FAST) as processor:
+            await until(lambda: len(log.delivered) > 60, what="calls in flight")
+            link.down = True
+            await until(lambda: not processor.owned_partitions, what="the claims to end")
+            await asyncio.sleep(rng.uniform(1, 5))
+            link.down = False
+            total = sum(len(v) for v in sent.values())
+            await until(lambda: len(log.delivered) == total, what="every event", timeout=300)
+        return after_end
+
+    assert run_virtual(scenario()) == []
+
+
+def test_a_hot_key_does_not_starve_the_others():
+    """Half the events share one key: it gets one call at a time like every other key,
+    so the other keys finish long before it does."""
+    async def scenario():
+        source, store = _world(1)
+        keys = [("hot" if i % 2 else f"k{i % 50}") for i in range(1000)]
+        await _send(source, keys)
+        log = Log()
+        async with EventProcessor(source, store, handler(log, delay=0.02), max_concurrency=8, ordering="key",
+                                  max_batch_size=10, **FAST):
+            await until(lambda: len(log.delivered) == 1000, what="every event", timeout=600)
+        return log
+
+    log = run_virtual(scenario())
+    ends: dict[str, float] = defaultdict(float)
+    starts: dict[str, float] = {}
+    for call in log.calls:
+        key = next(iter(call["keys"]))
+        ends[key] = max(ends[key], call["end"])
+        starts.setdefault(key, call["start"])
+    others = max(end for key, end in ends.items() if key != "hot")
+    assert others < 0.3 * ends["hot"]  # 500 events of 20 ms in turn: 10 s for the hot key
+    assert starts["hot"] == min(starts.values())
+
+
+def test_blocking_handler_code_runs_off_the_event_loop_with_calls_in_flight():
+    """``handler_executor="thread"`` with ``max_concurrency``: a worker thread per call in
+    flight, so blocking calls of different keys overlap and the loop is never held."""
+    import threading
+    import time as wall
+
+    threads: set[str] = set()
+    overlapping = {"now": 0, "most": 0, "done": 0}
+    lock = threading.Lock()
+
+    class Blocking(PartitionProcessor):
+        def process_events(self, events, context):
+            with lock:
+                threads.add(threading.current_thread().name)
+                overlapping["now"] += 1
+                overlapping["most"] = max(overlapping["most"], overlapping["now"])
+            wall.sleep(0.05)  # blocking I/O
+            with lock:
+                overlapping["now"] -= 1
+                overlapping["done"] += len(events)
+
+    async def scenario():
+        source, store = InMemoryEventSource(1), InMemoryCheckpointStore()
+        await _send(source, [f"k{i % 8}" for i in range(64)])
+        processor = EventProcessor(source, store, Blocking, max_concurrency=4, ordering="key",
+                                   handler_executor="thread", load_balancing_interval=0.2)
+        async with processor:
+            deadline = asyncio.get_running_loop().time() + 60
+            while overlapping["done"] < 64 and asyncio.get_running_loop().time() < deadline:
+                await asyncio.sleep(0.05)
+
+    asyncio.run(scenario())
+    assert overlapping["done"] == 64
+    assert overlapping["most"] >= 2 and len(threads) >= 2 and all(name.startswith("handler-0") for name in threads)

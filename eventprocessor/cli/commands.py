@@ -51,6 +51,7 @@ BENCHMARKS = {
             "azure-eventhub.",
     "state": "Stateful partitions: pause of a planned move at 1, 16, 64 MB of state, warm-up vs naive restore.",
     "soak": "Resident memory of a long-running consumer over millions of events, vs azure-eventhub's consumer.",
+    "concurrency": "Many events in flight per partition vs one at a time and gather per batch, against the limit.",
 }
 
 
