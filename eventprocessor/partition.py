@@ -251,7 +251,8 @@ class PartitionProcessor:
 
         EventProcessor(source, store, Totals)
 
-    ``process_events`` is awaited for each batch, one batch at a time per partition.
+    ``process_events`` is awaited for each batch, one batch at a time per partition
+    (with ``max_concurrency`` > 1, many calls at once: docs/concepts/concurrency.md).
     If it raises, ``process_error`` gets the exception and the batch is delivered again
     (a bounded number of times: see the processor's ``failure_policy``,
     :class:`~eventprocessor.policies.FailurePolicy`), so no event is lost.

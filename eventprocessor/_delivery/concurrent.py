@@ -25,14 +25,14 @@ from collections.abc import Callable, Hashable
 from typing import Protocol
 
 from .._runtime.clock import Clock
-from ..errors import InvalidCheckpointError, OwnershipLostError, PoisonEventsError
+from ..errors import InvalidCheckpointError, OwnershipLostError
 from ..events import Event
 from ..partition import PartitionContext, write_checkpoint
-from ..policies import CloseReason, ConcurrencyPolicy, PoisonPolicy, RetryPolicy
+from ..policies import CloseReason, ConcurrencyPolicy, DeadLetter, PoisonPolicy, RetryPolicy
 from ..stores.records import Checkpoint
 from .progress import CallQueue, Position, Progress
 from .receiving import ClaimReceiver
-from .retries import DeliveryStopped, Poison, redeliver
+from .retries import DeliveryStopped, Poison, dead_letter, redeliver, report_poison
 
 __all__ = ["ConcurrentDelivery", "CallContext", "InFlightLimit"]
 
@@ -55,8 +55,9 @@ class PartitionPump(Protocol):
     def _lost_in_handler(self, lost: OwnershipLostError) -> None: ...
     def _count(self, batch: list[Event]) -> None: ...
     async def _failed(self, error: Exception, batch: list[Event], attempt: int) -> None: ...
-    async def _report_poison(self, poison: Poison) -> PoisonEventsError: ...
-    async def _dead_letter_ok(self, event: Event, error: PoisonEventsError) -> bool: ...
+    _dead_letter: DeadLetter | None
+
+    async def _report(self, error: Exception) -> None: ...
     async def _taken_over(self, error: OwnershipLostError) -> None: ...
 
 
@@ -282,8 +283,9 @@ class ConcurrentDelivery:
     async def _poisoned(self, key: Hashable, poison: Poison) -> bool:
         """An event failed every attempt: skip it (done, dead-lettered) or park its key."""
         pump = self._pump
-        error = await pump._report_poison(poison)
-        if pump._on_poison is PoisonPolicy.SKIP and await pump._dead_letter_ok(poison.event, error):
+        error = await report_poison(pump.context, poison, pump._on_poison, pump._report)
+        if pump._on_poison is PoisonPolicy.SKIP and \
+                await dead_letter(pump.context, poison.event, error, pump._dead_letter, pump._report):
             self.progress.finish([poison.event])
             return True
         ctx = pump.context

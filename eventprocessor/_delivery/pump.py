@@ -350,7 +350,7 @@ class PartitionPump:
     async def _poisoned(self, poison: Poison) -> bool:
         """An event failed every attempt: report it, then skip it (True) or park (False)."""
         ctx = self.context
-        poisoned = await self._report_poison(poison)
+        poisoned = await report_poison(ctx, poison, self._on_poison, self._report)
         if self._on_poison is PoisonPolicy.PARK or not await self._skip(poison.event, poisoned):
             self.parked = poisoned
             logger.error("partition %s of %s/%s is parked: it is not dispatched until the processor restarts",
@@ -358,13 +358,10 @@ class PartitionPump:
             return False
         return True
 
-    async def _report_poison(self, poison: Poison) -> PoisonEventsError:
-        return await report_poison(self.context, poison, self._on_poison, self._report)
-
     async def _skip(self, event: Event, error: PoisonEventsError) -> bool:
         """Dead-letter ``event`` (if a hook is set) and checkpoint past it. False if it
         cannot be skipped safely (the hook failed)."""
-        if not await self._dead_letter_ok(event, error):
+        if not await dead_letter(self.context, event, error, self._dead_letter, self._report):
             return False
         ctx = self.context
         try:
@@ -373,9 +370,6 @@ class PartitionPump:
             logger.warning("partition %s: could not checkpoint past the skipped event %d: %r", ctx.partition_id,
                            event.sequence_number, checkpoint_error)
         return True
-
-    async def _dead_letter_ok(self, event: Event, error: PoisonEventsError) -> bool:
-        return await dead_letter(self.context, event, error, self._dead_letter, self._report)
 
     async def _wait_parked(self) -> None:
         """A parked partition keeps its claim and waits, idle, to be stopped."""
