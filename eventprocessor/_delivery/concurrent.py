@@ -63,7 +63,7 @@ class PartitionPump(Protocol):
 
 class InFlightLimit:
     """The most calls in flight over all partitions of one processor; partitions that
-    found it full are woken, in turn, as calls end."""
+    found it full are woken when a call ends, and try again."""
 
     def __init__(self, limit: int) -> None:
         self.limit = limit
@@ -79,9 +79,10 @@ class InFlightLimit:
 
     def release(self) -> None:
         self.in_flight -= 1
-        if self._waiting:
-            _, wake = self._waiting.popitem()
-            wake.set()
+        if self._waiting:  # every partition that waits tries again (one that ended meanwhile does not)
+            waiting, self._waiting = self._waiting, {}
+            for wake in waiting.values():
+                wake.set()
 
 
 class CallContext(PartitionContext):
