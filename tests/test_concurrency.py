@@ -299,6 +299,8 @@ def test_a_poison_key_does_not_stall_the_other_keys(on_poison):
     else:
         assert not first_ok  # parked: the key's later events wait, never overtake
     assert done_at < 3.0  # the others did not wait for the retries (0.5 + 1 s of backoff)
+    bad_seqs = {seq for _, seq in sent["bad"]}
+    assert all(count == 1 for (_, seq), count in log.delivered.items() if seq not in bad_seqs)  # none redelivered
 
 
 # ---------------------------------------------------------------------- checkpoints and moves
