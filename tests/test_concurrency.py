@@ -580,3 +580,41 @@ def test_blocking_handler_code_runs_off_the_event_loop_with_calls_in_flight():
     asyncio.run(scenario())
     assert overlapping["done"] == 64
     assert overlapping["most"] >= 2 and len(threads) >= 2 and all(name.startswith("handler-0") for name in threads)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_after_failures_and_retries_each_key_is_still_handled_in_order(seed):
+    """Random delays and one event in ten failing once (its call raises, the key's
+    events wait for its redelivery): the order in which each key's events were handled
+    successfully is the order they were sent, and none was handled twice."""
+    async def scenario():
+        rng = random.Random(seed)
+        source, store = _world(2)
+        sent = await _send(source, _skewed_keys(300, 12, rng))
+        failing = set(rng.sample(range(300), 30))
+        handled: dict[str, list[int]] = defaultdict(list)
+        tried: set[tuple[str, int]] = set()
+
+        class Flaky(PartitionProcessor):
+            async def process_events(self, events, context):
+                done = []
+                for event in events:
+                    await asyncio.sleep(rng.uniform(0, 0.05))
+                    key = (context.partition_id, event.sequence_number)
+                    if event.sequence_number in failing and key not in tried:
+                        tried.add(key)
+                        raise ValueError("once")
+                    done.append(event)
+                for event in done:  # the call succeeded: these are handled
+                    handled[event.partition_key].append(event.sequence_number)
+
+        policy = FailurePolicy(max_delivery_attempts=3, retry_backoff=0.1)
+        async with EventProcessor(source, store, Flaky, max_concurrency=8, ordering="key", failure_policy=policy,
+                                  max_batch_size=rng.choice([1, 4, 20]), **FAST):
+            await until(lambda: sum(map(len, handled.values())) >= 300, what="every event handled")
+            await asyncio.sleep(1)
+        return sent, handled
+
+    sent, handled = run_virtual(scenario())
+    for key, order in handled.items():
+        assert order == [seq for _, seq in sent[key]], key

@@ -123,3 +123,44 @@ def test_the_store_keeps_the_record_and_a_fence_keeps_it_with_its_position():
     assert written.done_beyond == done and written.sequence_number == 41
     assert resumed.done_beyond == done and resumed.sequence_number == 41
     assert fenced.done_beyond == done and fenced.sequence_number == 41 and fenced.epoch == 2
+
+
+@st.composite
+def _schedules(draw):
+    """Events over a few keys, and a random interleaving of adding them, taking calls and
+    ending calls."""
+    keys = draw(st.lists(st.sampled_from("abcdef"), min_size=1, max_size=80))
+    steps = draw(st.lists(st.tuples(st.sampled_from(["add", "take", "end"]), st.integers(0, 50)), max_size=200))
+    return keys, steps
+
+
+@settings(max_examples=150, deadline=None)
+@given(_schedules(), st.integers(1, 8))
+def test_calls_of_one_key_come_out_in_order_never_two_at_once_and_none_is_lost(schedule, batch):
+    from eventprocessor._delivery.progress import CallQueue
+    from eventprocessor.policies import Ordering
+
+    keys, steps = schedule
+    events = [Event(b"x", seq, str(seq), WHEN, partition_key=key, partition_id="0") for seq, key in enumerate(keys)]
+    queue = CallQueue(Ordering.KEY, batch)
+    added, running, out = 0, {}, []
+    for action, amount in steps + [("add", len(events))] + [("drain", 0)] * (2 * len(events) + 2):
+        if action == "add":
+            chunk = events[added:added + amount + 1]
+            queue.add(chunk)
+            added += len(chunk)
+        elif action == "take" or action == "drain":
+            taken = queue.take(8)
+            if taken is not None:
+                key, got = taken
+                assert key not in running and len(got) <= batch and {e.partition_key for e in got} == {key}
+                running[key] = got
+                out += got
+        if (action == "end" or action == "drain") and running:
+            key = sorted(running)[amount % len(running)]
+            del running[key]
+            queue.finished(key)
+    assert sorted(e.sequence_number for e in out) == list(range(len(events)))  # none lost, none twice
+    for key in set(keys):
+        mine = [e.sequence_number for e in out if e.partition_key == key]
+        assert mine == sorted(mine)  # each key's events in order
