@@ -45,6 +45,7 @@ class PartitionPump(Protocol):
     context: PartitionContext
     _stop_reason: CloseReason | None
     _dispatching: bool
+    last_completed: Event | None
     _receiving: ClaimReceiver
     _now: Callable[[], float]
     _clock: Clock
@@ -265,6 +266,7 @@ class ConcurrentDelivery:
             raise DeliveryStopped() from lost
         self.progress.finish(events)
         pump._count(events)
+        pump.last_completed = self.progress.last_before  # what the load meter's backlog counts from
 
     async def _recover(self, key: Hashable, events: list[Event], failure: Exception) -> bool:
         """Redeliver a failed call's events one at a time under the failure policy; True

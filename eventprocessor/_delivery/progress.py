@@ -40,6 +40,8 @@ class Progress:
         self._done: set[int] = set()
         self.skipped = 0
         """Events received that the resumed record said were done: never dispatched."""
+        self.last_before: Event | None = None
+        """The last event before the first one not done (received in this claim)."""
         self.version = 0
         """Grows with every :meth:`finish`: a checkpoint written at a version covers every
         event finished before it."""
@@ -92,6 +94,7 @@ class Progress:
             event = held.popleft()
             done.discard(event.sequence_number)
             self._base = (event.sequence_number, event.offset)
+            self.last_before = event
         if self._resumed.ranges and self._base is not None:
             self._resumed = self._resumed.after(self._base[0])
 
