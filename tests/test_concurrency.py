@@ -14,6 +14,7 @@ in-memory source and store, counted from what the handlers received:
 from __future__ import annotations
 
 import asyncio
+import logging
 import random
 from collections import defaultdict
 
@@ -618,3 +619,35 @@ def test_after_failures_and_retries_each_key_is_still_handled_in_order(seed):
     sent, handled = run_virtual(scenario())
     for key, order in handled.items():
         assert order == [seq for _, seq in sent[key]], key
+
+
+def test_a_stop_waits_for_the_calls_in_flight_but_not_for_ever(caplog):
+    """``stop()`` lets the calls in flight finish (a planned move drains them), and a
+    handler that never returns is cancelled after ``shutdown_timeout``, as one batch at a
+    time is: the stop ends within that bound, and so does the partition's task."""
+    async def scenario():
+        source, store = _world(1)
+        await _send(source, [f"k{i}" for i in range(20)])
+        finished: list[int] = []
+
+        class Hanging(PartitionProcessor):
+            async def process_events(self, events, context):
+                if events[0].partition_key == "k0":
+                    await asyncio.Event().wait()  # never returns
+                await asyncio.sleep(1.0)
+                finished.extend(e.sequence_number for e in events)
+
+        processor = EventProcessor(source, store, Hanging, max_concurrency=8, ordering="key", shutdown_timeout=5.0,
+                                   **FAST)
+        await processor.start()
+        await asyncio.sleep(0.5)  # 8 calls in flight, k0's hung
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        await processor.stop()
+        return loop.time() - started, finished
+
+    with caplog.at_level(logging.ERROR, logger="eventprocessor"):
+        took, finished = run_virtual(scenario())
+    assert len(finished) == 7  # the 7 calls in flight besides k0's finished; no new call started
+    assert took < 5.0 + 2.0
+    assert not [r for r in caplog.records if "ignored cancellation" in r.getMessage()]

@@ -178,6 +178,10 @@ class ConcurrentDelivery:
         cadence = asyncio.create_task(self._cadence(interval)) if interval is not None else None
         try:
             return await self._loop()
+        except asyncio.CancelledError:
+            for task in self._tasks:  # the pump is cancelled (a hung handler at shutdown): so are its calls
+                task.cancel()
+            raise
         finally:
             if self._receive is not None:
                 self._receive.cancel()
