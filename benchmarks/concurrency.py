@@ -224,6 +224,16 @@ def _config(path: str, partitions: int) -> str:
     return path
 
 
+def _targets(sleep: dict[str, float], http: dict[str, float], args: argparse.Namespace) -> list[str]:
+    """The issue's targets, each with the figure of this run and whether it holds."""
+    limit = args.partitions * 64 / args.latency
+    checks = [("sleep >= 0.8x the limit", sleep["ours64"] / limit, 0.8),
+              ("aiohttp >= 0.6x the limit", http["ours64"] / limit, 0.6),
+              ("sleep >= 10x gather", sleep["ours64"] / sleep["gather"], 10.0),
+              ("aiohttp >= 10x gather", http["ours64"] / http["gather"], 10.0)]
+    return [f"{name}: {value:.2f} ({'met' if value >= bound else 'not met'})" for name, value, bound in checks]
+
+
 def _top_share(args: argparse.Namespace) -> float:
     return 1 / sum(1 / (k + 1) ** args.skew for k in range(args.keys))
 
@@ -276,6 +286,8 @@ def _run(args: argparse.Namespace, command: str) -> int:
         "",
         f"Ours at 64 in flight / gather: {sleep['ours64'] / sleep['gather']:.1f}x (sleep), "
         f"{http['ours64'] / http['gather']:.1f}x (aiohttp).",
+        "",
+        "Targets at 64 in flight: " + "; ".join(_targets(sleep, http, args)) + ".",
     ]
     if rows is not None:
         lines += [
