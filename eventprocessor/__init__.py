@@ -50,9 +50,11 @@ from .events import BodyType, Event, EventPosition
 from .partition import PartitionContext, PartitionProcessor
 from .policies import (
                      CloseReason,
+                     ConcurrencyPolicy,
                      FailurePolicy,
                      LoadBalancingStrategy,
                      LoadPolicy,
+                     Ordering,
                      PoisonPolicy,
                      RetryPolicy,
                      StatePolicy,
@@ -66,6 +68,7 @@ __all__ = [
     "BodyType", "ProcessorStats", "Timing", "BalanceReport", "Clock",
     # the policies (eventprocessor.policies)
     "LoadBalancingStrategy", "FailurePolicy", "PoisonPolicy", "RetryPolicy", "LoadPolicy", "StatePolicy",
+    "ConcurrencyPolicy", "Ordering",
     # what an ownership-change log record carries
     "OWNERSHIP_LOG_FIELDS", "OWNERSHIP_REASONS",
     # the drop-in for azure-eventhub's EventHubConsumerClient (callbacks)

@@ -45,7 +45,15 @@ from ._runtime.options import ErrorHandler, PartitionProcessorFactory, Processor
 from ._runtime.stats import ProcessorStats
 from ._runtime.timing import Timing
 from .events import EventPosition
-from .policies import FailurePolicy, HandlerExecutor, LoadBalancingStrategy, LoadPolicy, StatePolicy
+from .policies import (
+    ConcurrencyPolicy,
+    FailurePolicy,
+    HandlerExecutor,
+    LoadBalancingStrategy,
+    LoadPolicy,
+    Ordering,
+    StatePolicy,
+)
 from .sources.base import EventSource
 from .stores.contract import CheckpointStore
 
@@ -104,6 +112,9 @@ class EventProcessor:
         replica_count: int | None = None,
         load_policy: LoadPolicy | None = None,
         stateful: bool | StatePolicy = False,
+        max_concurrency: int | None = None,
+        ordering: Ordering | str | None = None,
+        concurrency: ConcurrencyPolicy | None = None,
         error_handler: ErrorHandler | None = None,
         clock: Clock | None = None,
         rng: random.Random | None = None,
@@ -113,7 +124,9 @@ class EventProcessor:
         """The common options are flat; three groups are policy objects
         (:mod:`eventprocessor.policies`): ``failure_policy`` (retries and poison events),
         ``load_policy`` (balance by measured load; None: by partition counts) and
-        ``stateful`` (True, or a :class:`StatePolicy` with warm standbys)."""
+        ``stateful`` (True, or a :class:`StatePolicy` with warm standbys). Many events in
+        flight per partition: ``max_concurrency`` and ``ordering`` (the common two), or
+        ``concurrency`` (a :class:`ConcurrencyPolicy` with the rest)."""
         options = self._options = ProcessorOptions.validate(
             source, checkpoint_store, partition_processor, consumer_group=consumer_group, owner_id=owner_id,
             load_balancing_strategy=load_balancing_strategy, load_balancing_interval=load_balancing_interval,
@@ -126,7 +139,8 @@ class EventProcessor:
             track_last_enqueued_event_properties=track_last_enqueued_event_properties,
             handler_executor=handler_executor, failure_policy=failure_policy, handoff_timeout=handoff_timeout,
             balance_factor=balance_factor, ordinal=ordinal, replica_count=replica_count, load_policy=load_policy,
-            stateful=stateful, error_handler=error_handler, clock=clock, rng=rng)
+            stateful=stateful, error_handler=error_handler, clock=clock, rng=rng, max_concurrency=max_concurrency,
+            ordering=ordering, concurrency=concurrency)
         self._parts = parts = assemble(options, checkpoint_store, meter_provider=meter_provider,
                                        tracer_provider=tracer_provider)
         self._scope, self._table = parts.scope, parts.table  # the two the façade reads most
@@ -203,6 +217,12 @@ class EventProcessor:
         the last delivered one (None until known; needs
         ``track_last_enqueued_event_properties=True``)."""
         return self._parts.dispatcher.lag()
+
+    def in_flight(self) -> dict[str, tuple[int, int, float | None]]:
+        """With ``max_concurrency`` > 1, per owned partition: the calls in flight, the
+        events held beyond its checkpoint, and the enqueued time (Unix seconds) of its
+        oldest event not done (None when none is held). Empty otherwise."""
+        return self._parts.membership.in_flight()
 
     # ----------------------------------------------------------------- life cycle
     async def start(self, *, balancing: bool = True) -> None:

@@ -12,16 +12,18 @@ from ._claim import Claim
 from .errors import InvalidCheckpointError, OwnershipLostError
 from .events import Event
 from .policies import CloseReason
-from .stores.records import Checkpoint
+from .stores.records import Checkpoint, DoneBeyond
 
 if TYPE_CHECKING:  # pragma: no cover
     from .sources.base import LastEnqueuedEventProperties
     from .state import PartitionState, StateKeeper
     from .stores.contract import CheckpointRecords
 
-__all__ = ["PartitionContext", "PartitionProcessor", "claim_of"]
+__all__ = ["PartitionContext", "PartitionProcessor", "claim_of", "write_checkpoint"]
 
 logger = logging.getLogger(__name__)
+
+NONE_DONE = DoneBeyond()
 
 _LOGGED: weakref.WeakSet[BaseException] = weakref.WeakSet()
 """Errors the SDK already logged (with their traceback): the default ``process_error``
@@ -164,6 +166,12 @@ class PartitionContext:
                 f"update_checkpoint on partition {self.partition_id} would move a stateful partition's checkpoint back "
                 f"from sequence number {last.sequence_number} to {event.sequence_number}: its state cannot move back "
                 "with it")
+        await self._commit(event.sequence_number, event.offset)
+
+    async def _commit(self, sequence_number: int, offset: str | None, done: DoneBeyond = NONE_DONE) -> None:
+        """Write the checkpoint at ``sequence_number`` (with the events ``done`` beyond it),
+        fenced by this claim's epoch, with the state's change when the partition is stateful."""
+        claim, keeper = self._claim, self._state
         if not claim.may_checkpoint():
             raise OwnershipLostError(
                 f"partition {self.partition_id} is no longer owned by {self.owner_id}",
@@ -171,17 +179,18 @@ class PartitionContext:
             )
         # The state's change is written first; the checkpoint names it, fenced by the
         # claim's epoch, so the position and the state are committed together or not at all.
-        state_ref = await keeper.prepare(event.sequence_number) if keeper is not None else None
+        state_ref = await keeper.prepare(sequence_number) if keeper is not None else None
         checkpoint = Checkpoint(
             fully_qualified_namespace=self.fully_qualified_namespace,
             eventhub_name=self.eventhub_name,
             consumer_group=self.consumer_group,
             partition_id=self.partition_id,
-            sequence_number=event.sequence_number,
-            offset=event.offset,
+            sequence_number=sequence_number,
+            offset=offset,
             owner_id=self.owner_id,
             epoch=self.epoch,
             state=state_ref,
+            done_beyond=done,
         )
         try:
             await self._store.update_checkpoint(checkpoint, owner_id=self.owner_id, epoch=self.epoch)
@@ -242,7 +251,8 @@ class PartitionProcessor:
 
         EventProcessor(source, store, Totals)
 
-    ``process_events`` is awaited for each batch, one batch at a time per partition.
+    ``process_events`` is awaited for each batch, one batch at a time per partition
+    (with ``max_concurrency`` > 1, many calls at once: docs/concepts/concurrency.md).
     If it raises, ``process_error`` gets the exception and the batch is delivered again
     (a bounded number of times: see the processor's ``failure_policy``,
     :class:`~eventprocessor.policies.FailurePolicy`), so no event is lost.
@@ -293,3 +303,12 @@ def claim_of(context: PartitionContext) -> Claim:
             ...  # the claim ended in the middle of a batch
     """
     return context._claim
+
+
+async def write_checkpoint(context: PartitionContext, sequence_number: int, offset: str | None,
+                           done: DoneBeyond = NONE_DONE) -> None:
+    """Write the checkpoint of ``context``'s claim at ``sequence_number`` with the events
+    ``done`` beyond it, fenced like every checkpoint of the claim: what the SDK's own
+    code writes for a partition with many events in flight (the handler's
+    ``update_checkpoint`` names one event instead)."""
+    await context._commit(sequence_number, offset, done)

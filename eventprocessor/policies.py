@@ -8,7 +8,9 @@
 * :class:`LoadPolicy`: balance by measured load instead of partition counts, and the
   knobs of that plan;
 * :class:`StatePolicy`: per-partition state that moves with ownership, and its warm
-  replicas.
+  replicas;
+* :class:`ConcurrencyPolicy` (with :class:`Ordering`): many events in flight per
+  partition, in order per partition key, with exact checkpoints.
 
 Each policy is a frozen value that checks itself when it is made: a bad field raises
 :class:`~eventprocessor.errors.ConfigurationError` naming the field, the value and what
@@ -34,7 +36,8 @@ from .errors import ConfigurationError
 from .events import Event
 
 __all__ = ["LoadBalancingStrategy", "CloseReason", "PoisonPolicy", "RetryPolicy", "FailurePolicy", "LoadPolicy",
-           "StatePolicy", "HandlerExecutor", "DeadLetter", "positive_seconds", "int_at_least"]
+           "StatePolicy", "Ordering", "ConcurrencyPolicy", "HandlerExecutor", "DeadLetter", "positive_seconds",
+           "int_at_least"]
 
 
 def positive_seconds(name: str, value: Any, *, allow_none: bool = False) -> float | None:
@@ -210,3 +213,72 @@ class StatePolicy:
     def __post_init__(self) -> None:
         int_at_least("num_standbys", self.num_standbys, 0)
         int_at_least("acceptable_recovery_lag", self.acceptable_recovery_lag, 0, what=" (events)")
+
+
+class Ordering(str, enum.Enum):
+    """What order ``process_events`` calls of one partition keep (docs/concepts/concurrency.md)."""
+
+    PARTITION = "partition"
+    """One call at a time per partition, in the partition's order (the default)."""
+    KEY = "key"
+    """Each call gets events of one partition key, in order; calls of one key never
+    overlap; calls of different keys run at once. Events without a key are one key."""
+    NONE = "none"
+    """Any events may run at once, in any order."""
+
+
+@dataclass(frozen=True)
+class ConcurrencyPolicy:
+    """Many events in flight per partition (docs/concepts/concurrency.md).
+
+    ``max_concurrency``: the most ``process_events`` calls in flight per partition.
+    ``ordering``: see :class:`Ordering`; ``"partition"`` (the default) needs
+    ``max_concurrency=1``. ``max_pending``: the most events one partition holds beyond
+    its checkpoint (in flight, waiting for their key, or done after a slower one); it
+    bounds memory, prefetch and what a crash delivers again (default ``64 *
+    max_concurrency``, at least 1,024: a second of flow at 64 calls of 20 ms, so one slow
+    event does not hold the partition up). ``max_in_flight``: the most calls in flight in
+    the whole processor, over all its partitions. ``checkpoint_interval``: seconds
+    between checkpoints written for handlers that never call ``update_checkpoint``
+    (None: only when they call it, and at a graceful end).
+
+    Example::
+
+        EventProcessor(source, store, Handler, max_concurrency=64, ordering="key")
+        EventProcessor(source, store, Handler,
+                       concurrency=ConcurrencyPolicy(max_concurrency=64, ordering="key", max_in_flight=512))
+    """
+
+    max_concurrency: int = 1
+    ordering: Ordering = Ordering.PARTITION
+    max_pending: int | None = None
+    max_in_flight: int = 1024
+    checkpoint_interval: float | None = 5.0
+
+    def __post_init__(self) -> None:
+        int_at_least("max_concurrency", self.max_concurrency, 1)
+        try:
+            object.__setattr__(self, "ordering", Ordering(self.ordering))
+        except ValueError:
+            raise ConfigurationError(f"unknown ordering {self.ordering!r}; use 'partition', 'key' or 'none'") from None
+        if self.ordering is Ordering.PARTITION and self.max_concurrency > 1:
+            raise ConfigurationError(
+                f"ordering='partition' runs one call at a time per partition, so max_concurrency="
+                f"{self.max_concurrency} cannot apply: use ordering='key' (events of one partition key stay in "
+                "order) or ordering='none' (no order), or max_concurrency=1")
+        if self.max_pending is None:
+            object.__setattr__(self, "max_pending", max(1024, 64 * self.max_concurrency))
+        int_at_least("max_pending", self.max_pending, self.max_concurrency,
+                     what=" (events; at least max_concurrency)")
+        int_at_least("max_in_flight", self.max_in_flight, 1, what=" (calls over all partitions)")
+        object.__setattr__(self, "checkpoint_interval", positive_seconds(
+            "checkpoint_interval", self.checkpoint_interval, allow_none=True))
+
+    @property
+    def concurrent(self) -> bool:
+        """True when events are dispatched continuously (any ordering but ``"partition"``)."""
+        return self.ordering is not Ordering.PARTITION
+
+    @property
+    def pending_bound(self) -> int:
+        return self.max_pending if self.max_pending is not None else max(1024, 64 * self.max_concurrency)

@@ -18,7 +18,7 @@ from eventprocessor import EventProcessor, LoadBalancingStrategy, PartitionProce
 from eventprocessor.errors import OwnershipLostError
 from eventprocessor.sources import InMemoryEventSource
 from eventprocessor.stores import BlobCheckpointStore
-from eventprocessor.stores.records import Checkpoint, Member, Ownership
+from eventprocessor.stores.records import Checkpoint, DoneBeyond, Member, Ownership
 
 pytest.importorskip("azure.eventhub.extensions.checkpointstoreblobaio")
 from azure.eventhub.extensions.checkpointstoreblobaio import (  # noqa: E402
@@ -126,6 +126,25 @@ async def test_records_written_by_ours_are_read_by_the_official_store(stores: An
     with pytest.raises(OwnershipLostError):
         await ours.update_checkpoint(Checkpoint(NS, HUB, cg, "2", 99, "1"), owner_id="owner-0", epoch=3)
     assert {c["partition_id"]: c["sequence_number"] for c in await official.list_checkpoints(NS, HUB, cg)}["2"] == 50
+
+
+async def test_the_official_store_reads_a_checkpoint_with_events_done_beyond_it(stores: Any) -> None:
+    """With many events in flight our checkpoint also records the events done beyond it
+    (one more metadata field). The official store reads the position as ever (it resumes
+    after it and delivers those events again: at least once), and its own checkpoint
+    leaves no stale record of ours behind."""
+    ours, official, cg = stores
+    [won] = await ours.claim_ownership([Ownership(NS, HUB, cg, "0", "owner-a", epoch=1)])
+    await ours.fence_checkpoint(won)
+    done = DoneBeyond(((42, 50), (60, 60)))
+    await ours.update_checkpoint(Checkpoint(NS, HUB, cg, "0", 40, "4000", done_beyond=done), owner_id="owner-a",
+                                 epoch=1)
+    [official_view] = await official.list_checkpoints(NS, HUB, cg)
+    assert (official_view["sequence_number"], official_view["offset"]) == (40, "4000")
+    assert (await ours.list_checkpoints(NS, HUB, cg))[0].done_beyond == done
+    await official.update_checkpoint(_official_checkpoint(cg, "0", 70, "7000"))
+    [after] = await ours.list_checkpoints(NS, HUB, cg)
+    assert after.sequence_number == 70 and not after.done_beyond.ranges
 
 
 async def test_the_official_sdk_still_works_beside_our_new_records(stores: Any) -> None:

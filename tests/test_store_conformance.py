@@ -37,7 +37,15 @@ from eventprocessor.policies import LoadBalancingStrategy
 from eventprocessor.stores import InMemoryCheckpointStore
 from eventprocessor.stores.backend import CHECKPOINT, EtagMismatch, Kind, RecordExists
 from eventprocessor.stores.contract import CheckpointStore
-from eventprocessor.stores.records import MAX_ENTRY_BYTES, MAX_EPOCH, Checkpoint, Member, Ownership
+from eventprocessor.stores.records import (
+    MAX_DONE_TEXT,
+    MAX_ENTRY_BYTES,
+    MAX_EPOCH,
+    Checkpoint,
+    DoneBeyond,
+    Member,
+    Ownership,
+)
 
 NAMESPACE = "conformance.servicebus.windows.net"
 HUB = "hub"
@@ -414,6 +422,32 @@ async def test_fence_returns_the_position_to_resume_from_and_hides_placeholders(
 
     other = await backend.claim(backend.peer, "1", "new")
     assert await backend.peer.fence_checkpoint(other) is None, "a placeholder resumes nowhere"
+
+
+async def test_the_events_done_beyond_a_checkpoint_fit_every_store_and_a_fence_keeps_them(backend: Backend) -> None:
+    """A checkpoint with many events in flight records the events done beyond it in one
+    field: at its largest (1,000 characters) every store keeps it, reads it back as
+    written, and a new owner's fence keeps it with the position it goes with."""
+    old = await _fenced_owner(backend, "0", seq=None)
+    ranges, previous = [], 10
+    for step in range(400):
+        first = previous + 2 + step % 40
+        ranges.append((first, first + step % 7))
+        previous = first + step % 7
+    done = DoneBeyond(tuple(ranges))
+    text = done.encode(10)
+    assert MAX_DONE_TEXT - 10 < len(text) <= MAX_DONE_TEXT
+    kept = DoneBeyond.decode(text, 10)
+    await backend.store.update_checkpoint(replace(backend.checkpoint("0", 10), done_beyond=done), owner_id="old",
+                                          epoch=old.epoch)
+    assert (await backend.checkpoints())["0"].done_beyond == kept
+    new = await backend.claim(backend.peer, "0", "new")
+    resume = await backend.peer.fence_checkpoint(new)
+    assert resume is not None and resume.sequence_number == 10 and resume.done_beyond == kept
+    stored = (await backend.checkpoints())["0"]
+    assert (stored.owner_id, stored.done_beyond) == ("new", kept)
+    await backend.peer.update_checkpoint(backend.checkpoint("0", 12), owner_id="new", epoch=new.epoch)
+    assert not (await backend.checkpoints())["0"].done_beyond.ranges, "a later checkpoint says what it holds"
 
 
 async def test_after_b_claims_and_fences_a_checkpoint_write_fails_and_b_stays(backend: Backend) -> None:

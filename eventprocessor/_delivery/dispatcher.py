@@ -27,6 +27,7 @@ from ..partition import PartitionContext
 from ..state import StateKeeper, StateLog
 from ..stores.contract import CheckpointStore
 from ..stores.records import Checkpoint
+from .concurrent import InFlightLimit
 from .pump import LoopBlocked, PartitionPump
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -65,6 +66,9 @@ class Dispatcher:
         self._on_started = on_started
         self._overridden: set[str] = set()
         self._pumps: weakref.WeakValueDictionary[str, PartitionPump] = weakref.WeakValueDictionary()
+        concurrency = options.concurrency
+        self.in_flight = InFlightLimit(concurrency.max_in_flight) if concurrency.concurrent else None
+        """The processor-wide cap on calls in flight (many events in flight per partition)."""
 
     def starting_position(self, partition_id: str, checkpoint: Checkpoint | None) -> EventPosition:
         """The checkpoint, unless there is none or this processor was told to override
@@ -104,7 +108,7 @@ class Dispatcher:
             on_user_code_error=self._reporter.user_code_failed,
             track_last_enqueued_event_properties=options.track_last_enqueued, telemetry=self._telemetry,
             handler_executor=options.handler_executor, on_loop_blocked=self._on_loop_blocked,
-            state=keeper, checkpoint=checkpoint,
+            state=keeper, checkpoint=checkpoint, concurrency=options.concurrency, in_flight_limit=self.in_flight,
         )
         table.started(lease, pump)
         self._pumps[pid] = pump

@@ -25,12 +25,13 @@ from .._runtime.telemetry import Telemetry
 from ..errors import ConfigurationError, HandlerTimeoutError, OwnershipLostError, PoisonEventsError
 from ..events import Event, EventPosition
 from ..partition import PartitionContext, PartitionProcessor, already_logged, claim_of
-from ..policies import CloseReason, FailurePolicy, HandlerExecutor, PoisonPolicy
+from ..policies import CloseReason, ConcurrencyPolicy, FailurePolicy, HandlerExecutor, PoisonPolicy
 from ..sources.base import EventSource
 from ..state import StateKeeper, StateUnreadableError
 from ..stores.records import Checkpoint
+from .concurrent import ConcurrentDelivery, InFlightLimit
 from .receiving import ClaimReceiver
-from .retries import DeliveryStopped, Poison, redeliver
+from .retries import DeliveryStopped, Poison, dead_letter, redeliver, report_poison
 from .usercode import BLOCK_THRESHOLD, UserCode
 
 __all__ = ["PartitionPump"]
@@ -66,6 +67,8 @@ class PartitionPump:
         block_threshold: float = BLOCK_THRESHOLD,
         state: StateKeeper | None = None,
         checkpoint: Checkpoint | None = None,
+        concurrency: ConcurrencyPolicy | None = None,
+        in_flight_limit: InFlightLimit | None = None,
     ) -> None:
         self.context = context
         self.claim = claim_of(context)
@@ -84,8 +87,10 @@ class PartitionPump:
         self._keeper = state
         self._resumed_from = checkpoint
         self._now: Callable[[], float] = clock.monotonic
+        concurrent = concurrency is not None and concurrency.concurrent
         self._user = UserCode(monotonic=clock.monotonic, on_block=self._blocked, executor=handler_executor,
-                              threshold=block_threshold, name=f"handler-{context.partition_id}")
+                              threshold=block_threshold, name=f"handler-{context.partition_id}",
+                              threads=concurrency.max_concurrency if concurrency is not None and concurrent else 1)
         self._process_events_name = "process_events"
         self._receiving = ClaimReceiver(
             context=context, claim=self.claim, source=source, starting_position=starting_position,
@@ -110,6 +115,11 @@ class PartitionPump:
         """Why the pump ended by itself (factory failed, takeover), if it did."""
         self.close_reason: CloseReason | None = None
         self.task: asyncio.Task | None = None
+        self.concurrent: ConcurrentDelivery | None = None
+        """Many events in flight (``ordering="key"`` or ``"none"``): how they are dispatched."""
+        if concurrent:
+            assert concurrency is not None
+            self.concurrent = ConcurrentDelivery(self, concurrency, in_flight_limit, checkpoint, max_batch_size)
 
     def __repr__(self) -> str:
         return f"PartitionPump(partition_id={self.context.partition_id!r}, epoch={self.context.epoch})"
@@ -128,6 +138,14 @@ class PartitionPump:
         """True while a batch is in the handler."""
         return self._dispatching
 
+    def in_flight(self) -> tuple[int, int, Event | None] | None:
+        """With many events in flight: (calls in flight, events held beyond the
+        checkpoint, the oldest event not done); None for one batch at a time."""
+        concurrent = self.concurrent
+        if concurrent is None:
+            return None
+        return concurrent.in_flight, concurrent.progress.held, concurrent.progress.first_not_done
+
     def start(self) -> asyncio.Task:
         self.task = asyncio.create_task(self._run(), name=f"pump-{self.context.partition_id}")
         return self.task
@@ -137,7 +155,9 @@ class PartitionPump:
         receive is abandoned. ``close(reason)`` is then called once."""
         if self._stop_reason is None:
             self._stop_reason = reason
-        if self.task is not None and not self._dispatching and not self.task.done():
+        if self.concurrent is not None:
+            self.concurrent.stop()  # the calls in flight finish, then the pump ends
+        elif self.task is not None and not self._dispatching and not self.task.done():
             self.task.cancel()
 
     def cancel(self) -> None:
@@ -198,7 +218,11 @@ class PartitionPump:
         running longer than ``handler_timeout``? Returns the error to report, once per
         batch (the handler is not interrupted; other partitions are not held up)."""
         started, limit = self.batch_started, self._handler_timeout
-        if started is None or limit is None or self._batch_reported or now - started < limit:
+        if limit is not None and self.concurrent is not None:
+            started = self.concurrent.overdue_call(now, limit)
+            if started is None:
+                return None
+        elif started is None or limit is None or self._batch_reported or now - started < limit:
             return None
         self._batch_reported = True
         ctx = self.context
@@ -225,20 +249,11 @@ class PartitionPump:
         if keeper is not None:
             keeper.state.begin_batch()
         try:
-            telemetry = self._telemetry
-            if telemetry is not None and telemetry.active:
-                with telemetry.batch(ctx.partition_id, batch):
-                    await self._user.call(self._process_events_name, self._processor.process_events, batch, ctx)
-            else:
-                await self._user.call(self._process_events_name, self._processor.process_events, batch, ctx)
+            await self._handle(batch, ctx)
         except OwnershipLostError as lost:
             if keeper is not None:
                 keeper.state.roll_back_batch()
-            self.failure = lost
-            self.claim.fence_lost()
-            logger.info("partition %s of %s/%s: the handler found the claim lost (%s); owner %s stops without "
-                        "delivering the batch again", ctx.partition_id, ctx.eventhub_name, ctx.consumer_group, lost,
-                        ctx.owner_id)
+            self._lost_in_handler(lost)
             raise DeliveryStopped() from lost
         except BaseException:
             if keeper is not None:  # the batch is delivered again (or not at all): undo what it changed
@@ -248,6 +263,28 @@ class PartitionPump:
             self.batch_started = None
         if keeper is not None:
             keeper.state.end_batch()
+        self._count(batch)
+
+    async def _handle(self, batch: list[Event], context: PartitionContext) -> None:
+        """Run ``process_events`` on ``batch`` (in a span, when OpenTelemetry is on)."""
+        telemetry = self._telemetry
+        if telemetry is not None and telemetry.active:
+            with telemetry.batch(context.partition_id, batch):
+                await self._user.call(self._process_events_name, self._processor.process_events, batch, context)
+        else:
+            await self._user.call(self._process_events_name, self._processor.process_events, batch, context)
+
+    def _lost_in_handler(self, lost: OwnershipLostError) -> None:
+        """The handler found the claim lost (its checkpoint was refused): end the claim."""
+        ctx = self.context
+        self.failure = lost
+        self.claim.fence_lost()
+        logger.info("partition %s of %s/%s: the handler found the claim lost (%s); owner %s stops without "
+                    "delivering the batch again", ctx.partition_id, ctx.eventhub_name, ctx.consumer_group, lost,
+                    ctx.owner_id)
+
+    def _count(self, batch: list[Event]) -> None:
+        """Count a delivered batch (for load and status)."""
         if not self.batches_dispatched & 15 and batch:
             # Every 16th batch, counted for all 16, from the bodies of about 16 of its
             # events spread over it (summing all 300 cost a fifth of this method).
@@ -313,15 +350,7 @@ class PartitionPump:
     async def _poisoned(self, poison: Poison) -> bool:
         """An event failed every attempt: report it, then skip it (True) or park (False)."""
         ctx = self.context
-        poisoned = PoisonEventsError(
-            f"partition {ctx.partition_id} of {ctx.eventhub_name}/{ctx.consumer_group}: the handler failed on "
-            f"the event at sequence number {poison.event.sequence_number} in all {poison.attempts} attempts "
-            f"({poison.error!r}); policy {self._on_poison.value}",
-            events=[poison.event], attempts=poison.attempts, partition_id=ctx.partition_id)
-        poisoned.__cause__ = poison.error
-        logger.error("%s", poisoned)
-        already_logged(poisoned)
-        await self._report(poisoned)
+        poisoned = await report_poison(ctx, poison, self._on_poison, self._report)
         if self._on_poison is PoisonPolicy.PARK or not await self._skip(poison.event, poisoned):
             self.parked = poisoned
             logger.error("partition %s of %s/%s is parked: it is not dispatched until the processor restarts",
@@ -332,15 +361,9 @@ class PartitionPump:
     async def _skip(self, event: Event, error: PoisonEventsError) -> bool:
         """Dead-letter ``event`` (if a hook is set) and checkpoint past it. False if it
         cannot be skipped safely (the hook failed)."""
+        if not await dead_letter(self.context, event, error, self._dead_letter, self._report):
+            return False
         ctx = self.context
-        if self._dead_letter is not None:
-            try:
-                await self._dead_letter([event], error, ctx)
-            except Exception as hook_error:
-                logger.error("partition %s: the dead_letter hook failed (%r); parking instead of skipping",
-                             ctx.partition_id, hook_error)
-                await self._report(hook_error)
-                return False
         try:
             await ctx.update_checkpoint(event)
         except Exception as checkpoint_error:
@@ -363,7 +386,12 @@ class PartitionPump:
         reason = CloseReason.SHUTDOWN
         try:
             ended = await self._begin()
-            reason = ended if ended is not None else await self._pump_batches()
+            if ended is not None:
+                reason = ended
+            elif self.concurrent is not None:
+                reason = await self.concurrent.run()
+            else:
+                reason = await self._pump_batches()
         except asyncio.CancelledError:
             reason = self._stop_reason or CloseReason.SHUTDOWN
             if self._stop_reason is None:
@@ -444,7 +472,10 @@ class PartitionPump:
             except Exception as failure:
                 self._user_code_failed("close", failure)
             if reason in (CloseReason.SHUTDOWN, CloseReason.HANDOFF):
-                await self._checkpoint_on_release(self.processor)
+                if self.concurrent is None:
+                    await self._checkpoint_on_release(self.processor)
+                elif getattr(self.processor, "checkpoint_on_release", True):
+                    await self.concurrent.checkpoint_on_release()
         if self._keeper is not None:
             await self._keeper.close(wait=reason in (CloseReason.SHUTDOWN, CloseReason.HANDOFF))
         self._user.close()

@@ -58,10 +58,11 @@ class ClaimReceiver:
     def open(self) -> bool:
         return self._receiver is not None
 
-    async def next_batch(self) -> list[Event] | None:
+    async def next_batch(self, most: int | None = None) -> list[Event] | None:
         """The next batch to deliver (empty only with ``max_wait_time``), or None: nothing
         to deliver this turn (a failure, reported, and the receiver reopened after a
-        pause). Raises ``OwnershipLostError`` when a newer claim took the receiver over."""
+        pause). Raises ``OwnershipLostError`` when a newer claim took the receiver over.
+        ``most``: receive at most this many (fewer than ``max_batch_size``)."""
         try:
             if self._receiver is None:
                 if not self._resolved:
@@ -71,7 +72,8 @@ class ClaimReceiver:
                     self._context.partition_id, consumer_group=self._context.consumer_group,
                     starting_position=self.resume_position(), owner_level=self._context.epoch,
                     prefetch=self._prefetch, **self._receiver_options())
-            events = await self._receiver.receive(self._max_batch_size, self._max_wait_time)
+            size = self._max_batch_size if most is None else max(1, min(most, self._max_batch_size))
+            events = await self._receiver.receive(size, self._max_wait_time)
             if self._track_last_enqueued:
                 self._claim.received(self._receiver.last_enqueued_event_properties)
         except OwnershipLostError:

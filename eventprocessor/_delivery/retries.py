@@ -33,12 +33,15 @@ from __future__ import annotations
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from .._runtime.clock import Clock
+from ..errors import PoisonEventsError
 from ..events import Event
-from ..policies import RetryPolicy
+from ..partition import already_logged
+from ..policies import DeadLetter, PoisonPolicy, RetryPolicy
 
-__all__ = ["Poison", "Outcome", "DeliveryStopped", "redeliver"]
+__all__ = ["Poison", "Outcome", "DeliveryStopped", "redeliver", "report_poison", "dead_letter"]
 
 logger = logging.getLogger(__name__)
 
@@ -104,3 +107,34 @@ async def redeliver(handle: Handle, events: Sequence[Event], *, policy: RetryPol
     except DeliveryStopped:
         return Outcome(abandoned=True)
     return Outcome()
+
+
+async def report_poison(ctx: Any, poison: Poison, on_poison: PoisonPolicy,
+                        report: Callable[[Exception], Awaitable[None]]) -> PoisonEventsError:
+    """Log and report (to ``process_error``) an event of ``ctx``'s partition that failed
+    every attempt; return the error."""
+    poisoned = PoisonEventsError(
+        f"partition {ctx.partition_id} of {ctx.eventhub_name}/{ctx.consumer_group}: the handler failed on "
+        f"the event at sequence number {poison.event.sequence_number} in all {poison.attempts} attempts "
+        f"({poison.error!r}); policy {on_poison.value}",
+        events=[poison.event], attempts=poison.attempts, partition_id=ctx.partition_id)
+    poisoned.__cause__ = poison.error
+    logger.error("%s", poisoned)
+    already_logged(poisoned)
+    await report(poisoned)
+    return poisoned
+
+
+async def dead_letter(ctx: Any, event: Event, error: PoisonEventsError, hook: DeadLetter | None,
+                      report: Callable[[Exception], Awaitable[None]]) -> bool:
+    """Hand a skipped poison ``event`` to the ``dead_letter`` hook, if one is set; False
+    if the hook failed (the event must then not be skipped)."""
+    if hook is not None:
+        try:
+            await hook([event], error, ctx)
+        except Exception as hook_error:
+            logger.error("partition %s: the dead_letter hook failed (%r); parking instead of skipping",
+                         ctx.partition_id, hook_error)
+            await report(hook_error)
+            return False
+    return True

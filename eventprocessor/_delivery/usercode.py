@@ -110,19 +110,20 @@ def _close_thread_loop() -> None:
 class UserCode:
     """Runs the methods of one claim's handler, the way the processor was told to.
 
-    ``executor``: None (on the event loop, timed), ``"thread"`` (a worker thread of this
-    claim's own, ended with it) or an executor whose threads run the calls.
+    ``executor``: None (on the event loop, timed), ``"thread"`` (``threads`` worker
+    threads of this claim's own, one per call in flight, ended with it) or an executor
+    whose threads run the calls.
     """
 
     def __init__(self, *, monotonic: Callable[[], float], on_block: OnBlock, executor: HandlerExecutor = None,
-                 threshold: float = BLOCK_THRESHOLD, name: str = "handler") -> None:
+                 threshold: float = BLOCK_THRESHOLD, name: str = "handler", threads: int = 1) -> None:
         self._monotonic = monotonic
         self._on_block = on_block
         self._threshold = threshold
         self._own_thread = executor == "thread"
         self._executor: concurrent.futures.Executor | None = None
         if self._own_thread:
-            self._executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix=name)
+            self._executor = concurrent.futures.ThreadPoolExecutor(threads, thread_name_prefix=name)
         elif isinstance(executor, concurrent.futures.Executor):
             self._executor = executor
 

@@ -27,7 +27,29 @@ from .strategies import HANDOFF_PROPERTY, ORDINAL_PROPERTY
 if TYPE_CHECKING:  # pragma: no cover
     from .warmup import Warmup
 
-__all__ = ["Membership"]
+__all__ = ["Membership", "IN_FLIGHT_PROPERTY", "encode_in_flight", "decode_in_flight"]
+
+IN_FLIGHT_PROPERTY = "inflight"
+"""The member-record property a processor with many events in flight per partition
+publishes them in: ``pid=calls/held/oldest,...``, ``oldest`` the enqueued time (whole
+Unix seconds, -1: none) of the partition's oldest event not done."""
+
+
+def encode_in_flight(partitions: Mapping[str, tuple[int, int, float | None]]) -> str:
+    return ",".join(f"{pid}={calls}/{held}/{-1 if oldest is None else int(oldest)}"
+                    for pid, (calls, held, oldest) in sorted(partitions.items()))
+
+
+def decode_in_flight(text: str | None) -> dict[str, tuple[int, int, float | None]]:
+    """What :func:`encode_in_flight` wrote (items that do not read are left out)."""
+    found: dict[str, tuple[int, int, float | None]] = {}
+    for item in filter(None, (text or "").split(",")):
+        pid, _, fields = item.partition("=")
+        parts = fields.split("/")
+        if len(parts) == 3 and all(part.lstrip("-").isdigit() for part in parts):
+            oldest = int(parts[2])
+            found[pid] = (int(parts[0]), int(parts[1]), None if oldest < 0 else float(oldest))
+    return found
 
 logger = logging.getLogger(__name__)
 
@@ -54,6 +76,7 @@ class Membership:
         self.state: bool | None = None
         self.member: Member | None = None
         self._warmup = warmup
+        self._table = table
         self._load: LoadMeter | None = None
         if options.load_policy is not None:
             self._load = LoadMeter(table=table, clock_now=self._clock.monotonic,
@@ -65,6 +88,17 @@ class Membership:
         the first sample)."""
         return self._load.current if self._load is not None else None
 
+    def in_flight(self) -> dict[str, tuple[int, int, float | None]]:
+        """Per owned partition with many events in flight: calls in flight, events held,
+        the enqueued time (Unix seconds) of the oldest not done."""
+        found: dict[str, tuple[int, int, float | None]] = {}
+        for lease in self._table:
+            reported = lease.pump.in_flight() if lease.pump is not None else None
+            if reported is not None:
+                calls, held, oldest = reported
+                found[lease.partition_id] = (calls, held, oldest.enqueued_time.timestamp() if oldest else None)
+        return found
+
     def record(self) -> Member:
         options = self._options
         properties = {"strategy": options.strategy.value, HANDOFF_PROPERTY: "1" if options.handoff_timeout else "0"}
@@ -74,6 +108,8 @@ class Membership:
             properties.update(self._warmup.member_properties())
         if self._load is not None:
             properties[LOAD_PROPERTY] = encode_load(self._load.sample())
+        if options.concurrency.concurrent:
+            properties[IN_FLIGHT_PROPERTY] = encode_in_flight(self.in_flight())
         return Member(*options.scope, options.owner_id, properties=properties)
 
     async def join(self) -> None:

@@ -21,10 +21,12 @@ from ..errors import ConfigurationError
 from ..events import EventPosition
 from ..partition import PartitionContext, PartitionProcessor
 from ..policies import (
+    ConcurrencyPolicy,
     FailurePolicy,
     HandlerExecutor,
     LoadBalancingStrategy,
     LoadPolicy,
+    Ordering,
     StatePolicy,
     int_at_least,
     positive_seconds,
@@ -156,6 +158,25 @@ def _state(stateful: Any) -> StatePolicy | None:
     return StatePolicy() if stateful else None
 
 
+def _concurrency(concurrency: Any, max_concurrency: Any, ordering: Any, stateful: Any) -> ConcurrencyPolicy:
+    """``concurrency`` (a :class:`ConcurrencyPolicy`) or its two common fields given flat."""
+    if concurrency is None:
+        concurrency = ConcurrencyPolicy(max_concurrency=max_concurrency if max_concurrency is not None else 1,
+                                        ordering=ordering if ordering is not None else Ordering.PARTITION)
+    else:
+        _policy("concurrency", concurrency, ConcurrencyPolicy)
+        if max_concurrency is not None or ordering is not None:
+            raise ConfigurationError("give max_concurrency and ordering either flat or in concurrency="
+                                     "ConcurrencyPolicy(...), not both")
+    if concurrency.concurrent and stateful is not False:
+        raise ConfigurationError(
+            f"stateful partitions commit one state with the partition's position, and roll a call's changes back "
+            f"when it fails; with ordering={concurrency.ordering.value!r} calls of different keys run at once, so "
+            "one call's rollback would undo another's changes. Use max_concurrency=1 with ordering='partition' for "
+            "stateful=True, or keep per-key state in your own store, keyed by partition key")
+    return concurrency
+
+
 def _policy(name: str, value: Any, kind: type) -> None:
     if not isinstance(value, kind):
         raise ConfigurationError(f"{name} must be an eventprocessor.{kind.__name__}, got {type(value).__name__}")
@@ -192,6 +213,7 @@ class ProcessorOptions:
     error_handler: ErrorHandler | None
     state_policy: StatePolicy | None = None
     load_policy: LoadPolicy | None = None
+    concurrency: ConcurrencyPolicy = ConcurrencyPolicy()
 
     @property
     def scope(self) -> tuple[str, str, str]:
@@ -225,7 +247,8 @@ class ProcessorOptions:
                  prefetch: Any, track_last_enqueued_event_properties: Any, failure_policy: Any,
                  refuse_checkpoint_rewind: Any, handoff_timeout: Any, balance_factor: Any, ordinal: Any,
                  replica_count: Any, load_policy: Any, stateful: Any, error_handler: Any, clock: Any,
-                 rng: Any) -> ProcessorOptions:
+                 rng: Any, max_concurrency: Any = None, ordering: Any = None,
+                 concurrency: Any = None) -> ProcessorOptions:
         """Check every argument, group by group; raise a ConfigurationError naming the
         first bad one, the value and what would be valid."""
         timing = timing_from_arguments(load_balancing_interval, partition_ownership_expiration_interval,
@@ -236,6 +259,7 @@ class ProcessorOptions:
         strategy, handoff = _balancing(load_balancing_strategy, balance_factor, handoff_timeout, ordinal,
                                        replica_count, load_policy)
         _hooks(error_handler, clock, rng)
+        concurrent = _concurrency(concurrency, max_concurrency, ordering, stateful)
         return ProcessorOptions(
             source=source, checkpoint_store=checkpoint_store, factory=partition_processor,
             consumer_group=consumer_group, owner_id=owner, strategy=strategy, timing=timing,
@@ -245,4 +269,4 @@ class ProcessorOptions:
             failure_policy=failure_policy, refuse_rewind=bool(refuse_checkpoint_rewind), handoff_timeout=handoff,
             balance_factor=balance_factor, ordinal=ordinal, replica_count=replica_count or 0,
             clock=clock or SystemClock(), rng=rng or random.Random(), error_handler=error_handler,
-            state_policy=_state(stateful), load_policy=load_policy)
+            state_policy=_state(stateful), load_policy=load_policy, concurrency=concurrent)

@@ -53,6 +53,7 @@ BENCHMARKS = {
     "soak": "Resident memory of a long-running consumer over millions of events, vs azure-eventhub's consumer.",
     "postgres_sink": ("Rows/s into PostgreSQL exactly once vs a bare COPY loop and insert-then-checkpoint, "
                       "duplicates after SIGKILL; PostgreSQL vs Blob store checkpoints/s."),
+    "concurrency": "Many events in flight per partition vs one at a time and gather per batch, against the limit.",
 }
 
 

@@ -86,11 +86,14 @@ class _CallbackProcessor(PartitionProcessor):
         self._callbacks = callbacks
         self._context: ConsumerPartitionContext | None = None
         self._handled: int | None = None  # receive(): the last event on_event returned from, this claim
+        self._returned: set[int] = set()  # receive() with many calls in flight: returned from, before a failure
         self.checkpoint_on_release = callbacks.checkpoint_on_release
 
     def _wrap(self, context: PartitionContext) -> ConsumerPartitionContext:
         if self._context is None:
             self._context = ConsumerPartitionContext(context, self._callbacks.events)
+        if self._context._context is not context:  # one call of many in flight: a context of its own
+            return ConsumerPartitionContext(context, self._callbacks.events)
         return self._context
 
     async def initialize(self, context: PartitionContext) -> None:
@@ -119,6 +122,8 @@ class _CallbackProcessor(PartitionProcessor):
         if not events:
             await callbacks.on_event(wrapped, None)  # max_wait_time passed without an event
             return
+        if wrapped is not self._context:
+            return await self._each_in_flight(events, context, wrapped)
         for event in events:
             if self._handled is not None and event.sequence_number <= self._handled:
                 continue  # redelivered after a later event failed: on_event already returned from this one
@@ -132,6 +137,28 @@ class _CallbackProcessor(PartitionProcessor):
             wrapped._current = event
             await callbacks.on_event(wrapped, data)
             self._handled = event.sequence_number
+
+    async def _each_in_flight(self, events: list[Event], context: PartitionContext,
+                              wrapped: ConsumerPartitionContext) -> None:
+        """``receive()`` with many calls in flight: ``on_event`` for each event of this call;
+        when it raises, the events it returned from are remembered (until redelivered) so
+        that they are not handed over again."""
+        returned = self._returned
+        for event in events:
+            if event.sequence_number in returned:
+                returned.discard(event.sequence_number)
+                continue
+            if not claim_of(context).may_checkpoint():
+                raise OwnershipLostError(f"partition {context.partition_id}: the claim ended in the middle of a batch",
+                                         partition_id=context.partition_id)
+            data = to_event_data(event)
+            self._callbacks.events[data] = event
+            wrapped._current = event
+            try:
+                await self._callbacks.on_event(wrapped, data)
+            except BaseException:
+                returned.update(e.sequence_number for e in events[:events.index(event)])
+                raise
 
     async def process_error(self, error: Exception, context: PartitionContext) -> None:
         await self._callbacks.error(self._wrap(context), error)

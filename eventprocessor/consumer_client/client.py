@@ -205,6 +205,8 @@ class EventHubConsumerClient:
         on_error: OnError | None = None,
         on_partition_initialize: OnPartitionInitialize | None = None,
         on_partition_close: OnPartitionClose | None = None,
+        max_concurrency: int | None = None,
+        ordering: str | None = None,
     ) -> None:
         """Receive batches from every partition this processor owns (or from
         ``partition_id`` only) until :meth:`close`, as azure-eventhub's ``receive_batch``.
@@ -218,13 +220,17 @@ class EventHubConsumerClient:
         the previous one. Without one, as in azure-eventhub, they open at ``owner_level``
         (default None: not exclusive). A callback that
         raises goes to ``on_error`` and its batch is delivered again (as ``failure_policy``
-        says: ``max_delivery_attempts``, then ``on_poison``). Raises :class:`ConfigurationError` for an invalid
+        says: ``max_delivery_attempts``, then ``on_poison``). ``max_concurrency`` and
+        ``ordering`` (``"key"`` or ``"none"``): up to that many callbacks in flight per
+        partition, each with events of one partition key under ``"key"``, each with a
+        context whose ``update_checkpoint()`` checkpoints its own events (see
+        docs/concepts/concurrency.md). Raises :class:`ConfigurationError` for an invalid
         argument, before anything runs.
         """
         await self._receive(ReceiveCall(
             on_event_batch, True, max_batch_size, max_wait_time, partition_id, owner_level, prefetch,
             track_last_enqueued_event_properties, starting_position, starting_position_inclusive, on_error,
-            on_partition_initialize, on_partition_close))
+            on_partition_initialize, on_partition_close, max_concurrency, ordering))
 
     async def receive(
         self,
@@ -240,6 +246,8 @@ class EventHubConsumerClient:
         on_error: OnError | None = None,
         on_partition_initialize: OnPartitionInitialize | None = None,
         on_partition_close: OnPartitionClose | None = None,
+        max_concurrency: int | None = None,
+        ordering: str | None = None,
     ) -> None:
         """As :meth:`receive_batch`, one event per ``on_event(context, event)`` call (``None``
         after ``max_wait_time`` without events). Events are fetched up to 300 at a time and
@@ -249,7 +257,7 @@ class EventHubConsumerClient:
         await self._receive(ReceiveCall(
             on_event, False, batch, max_wait_time, partition_id, owner_level, prefetch,
             track_last_enqueued_event_properties, starting_position, starting_position_inclusive, on_error,
-            on_partition_initialize, on_partition_close))
+            on_partition_initialize, on_partition_close, max_concurrency, ordering))
 
     async def _receive(self, call: ReceiveCall) -> None:
         key = _ALL_PARTITIONS if call.partition_id is None else call.partition_id

@@ -35,6 +35,8 @@ class ReceiveCall:
     on_error: OnError | None
     on_partition_initialize: OnPartitionInitialize | None
     on_partition_close: OnPartitionClose | None
+    max_concurrency: int | None = None
+    ordering: str | None = None
 
     def check(self) -> None:
         """Raise :class:`ConfigurationError` for an argument the official client would refuse."""
@@ -71,4 +73,5 @@ class ReceiveCall:
             initial_event_position=initial, default_event_position=default, max_batch_size=self.max_batch_size,
             max_wait_time=max_wait_time, prefetch=self.prefetch,
             track_last_enqueued_event_properties=self.track_last_enqueued_event_properties,
-            error_handler=callbacks.processor_error, **options)
+            error_handler=callbacks.processor_error, max_concurrency=self.max_concurrency,
+            ordering=self.ordering, **options)

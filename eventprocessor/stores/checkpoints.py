@@ -40,6 +40,7 @@ from .codec import (
     check_epoch,
     check_int,
     check_text,
+    done_fields,
     later_than,
     parse_checkpoint,
     parse_ownership,
@@ -160,6 +161,8 @@ class CheckpointProtocol(ProtocolCalls):
             }
             if stored is not None and stored.state is not None:
                 fields["state"] = str(stored.state)  # the state goes with the position it keeps
+            if stored is not None:
+                fields.update(done_fields(stored))  # and so do the events done beyond it
             try:
                 record = await self._write(CHECKPOINT, scope, pid, fields, None if current is None else current.etag)
             except RecordConflict as conflict:
@@ -205,6 +208,7 @@ class CheckpointProtocol(ProtocolCalls):
         }
         if checkpoint.state is not None:
             fields["state"] = str(checkpoint.state)
+        fields.update(done_fields(checkpoint))
         await self._bounded(f"checkpoint of partition {pid}", self._update(scope, pid, fields, owner_id, epoch))
         logger.debug("processor %s checkpointed partition %s (hub %s, consumer group %s) at sequence number %s",
                      owner_id, pid, scope[1], scope[2], checkpoint.sequence_number)

@@ -17,12 +17,15 @@ from typing import Any
 from urllib.parse import unquote
 
 from ..errors import ConfigurationError
-from .backend import Scope, StoredRecord
-from .records import MAX_EPOCH, MAX_SEQUENCE_NUMBER, Checkpoint, Ownership, StateRef
+from .backend import Fields, Scope, StoredRecord
+from .records import MAX_EPOCH, MAX_SEQUENCE_NUMBER, Checkpoint, DoneBeyond, Ownership, StateRef
 
 __all__ = ["encode_name", "decode_name", "check_name_part", "check_scope", "check_encoded", "check_text", "check_int",
            "check_epoch", "parse_int", "parse_ownership", "parse_checkpoint", "later_than", "WarnOnce",
-           "WRITE_TOKEN", "NO_CHECKPOINT", "NO_OFFSET"]
+           "WRITE_TOKEN", "NO_CHECKPOINT", "NO_OFFSET", "DONE_FIELD", "done_fields"]
+
+DONE_FIELD = "donebeyond"
+"""The field holding a checkpoint's events done beyond it; other SDKs ignore it."""
 
 WRITE_TOKEN = "writetoken"
 """The field holding a write's random token; the official SDK ignores it."""
@@ -201,12 +204,25 @@ def parse_checkpoint(record: StoredRecord, scope: Scope) -> Checkpoint | str:
             state = StateRef.parse(str(fields["state"]))
         except ValueError as error:
             return f"its state reference is unreadable ({error})"
+    done = DoneBeyond()
+    if fields.get(DONE_FIELD) and sequence_number != NO_CHECKPOINT:
+        try:
+            done = DoneBeyond.decode(str(fields[DONE_FIELD]), sequence_number)
+        except ValueError as error:
+            return f"its record of the events done beyond it is unreadable ({error})"
     return Checkpoint(
         *scope, record.key, sequence_number,
         offset=str(offset) if offset not in (None, "", NO_OFFSET) else None,
         owner_id=owner if isinstance(owner, str) and owner else None,
-        epoch=epoch, state=state,
+        epoch=epoch, state=state, done_beyond=done,
     )
+
+
+def done_fields(checkpoint: Checkpoint) -> Fields:
+    """The field that records ``checkpoint``'s events done beyond it (none when there are none)."""
+    if not checkpoint.done_beyond.ranges or checkpoint.sequence_number == NO_CHECKPOINT:
+        return {}
+    return {DONE_FIELD: checkpoint.done_beyond.encode(checkpoint.sequence_number)}
 
 
 def later_than(stored: Checkpoint, owner_id: str, epoch: int) -> bool:

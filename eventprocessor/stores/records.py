@@ -5,11 +5,13 @@ behind the store's back ("copies in and out" comes for free).
 """
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 
-__all__ = ["Ownership", "Checkpoint", "StateRef", "OwnershipListing", "UnreadableOwnership", "Member", "MemberListing",
+__all__ = ["Ownership", "Checkpoint", "StateRef", "DoneBeyond", "MAX_DONE_TEXT",
+           "OwnershipListing", "UnreadableOwnership", "Member", "MemberListing",
            "MAX_EPOCH", "MAX_SEQUENCE_NUMBER", "MAX_ENTRY_BYTES", "partition_sort_key"]
 
 MAX_EPOCH = 2**63 - 1
@@ -79,6 +81,93 @@ class StateRef:
         return StateRef(int(version), int(epoch))
 
 
+MAX_DONE_TEXT = 1000
+"""The most characters a checkpoint's record of the events done beyond it takes (one
+record field: within the 1,024 printable characters every store keeps per field, and far
+inside blob metadata's 8 KiB)."""
+
+
+_DIGITS = re.compile(r"[0-9a-z]{1,13}")
+
+
+def _base36(number: int) -> str:
+    digits = "0123456789abcdefghijklmnopqrstuvwxyz"
+    text = ""
+    while True:
+        number, digit = divmod(number, 36)
+        text = digits[digit] + text
+        if not number:
+            return text
+
+
+@dataclass(frozen=True)
+class DoneBeyond:
+    """The events done beyond a checkpoint (many events in flight per partition): the
+    ranges of sequence numbers, inclusive, sorted, apart, all above the checkpoint's.
+
+    Stored as one field of the checkpoint record, relative to the checkpoint's sequence
+    number: for each range, the gap after the previous one (or after the checkpoint) and
+    its length minus one, in base 36, joined by ``.``: ``"1.0.3.4"`` after 40 is 42 and
+    47-51. :meth:`encode` keeps at most :data:`MAX_DONE_TEXT` characters by leaving the
+    last ranges out: those events are then delivered again after a crash, never lost.
+    A reader that ignores the field (azure-eventhub, an older SDK) resumes after the
+    checkpoint and redelivers them all: at least once, still in order.
+    """
+
+    ranges: tuple[tuple[int, int], ...] = ()
+
+    def __contains__(self, sequence_number: object) -> bool:
+        ranges = self.ranges
+        if not ranges or not isinstance(sequence_number, int):
+            return False
+        low, high = 0, len(ranges)
+        while low < high:  # the last range starting at or before the number
+            middle = (low + high) // 2
+            if ranges[middle][0] <= sequence_number:
+                low = middle + 1
+            else:
+                high = middle
+        return low > 0 and sequence_number <= ranges[low - 1][1]
+
+    def __len__(self) -> int:
+        return sum(last - first + 1 for first, last in self.ranges)
+
+    def after(self, sequence_number: int) -> DoneBeyond:
+        """The ranges above ``sequence_number`` (a later checkpoint's share)."""
+        kept = tuple((max(first, sequence_number + 1), last) for first, last in self.ranges
+                     if last > sequence_number)
+        return DoneBeyond(kept) if len(kept) != len(self.ranges) or kept != self.ranges else self
+
+    def encode(self, after: int, limit: int = MAX_DONE_TEXT) -> str:
+        """The field's text, relative to the checkpoint at ``after`` (at most ``limit`` characters)."""
+        parts: list[str] = []
+        size, previous = -1, after
+        for first, last in self.ranges:
+            pair = f"{_base36(first - previous - 1)}.{_base36(last - first)}"
+            if size + 1 + len(pair) > limit:
+                break
+            parts.append(pair)
+            size += 1 + len(pair)
+            previous = last
+        return ".".join(parts)
+
+    @staticmethod
+    def decode(text: str, after: int) -> DoneBeyond:
+        """The inverse of :meth:`encode`; ``ValueError`` for text it cannot have made."""
+        if not text:
+            return DoneBeyond()
+        parts = text.split(".")
+        if len(parts) % 2 or not all(_DIGITS.fullmatch(part) for part in parts):
+            raise ValueError(f"a done-beyond record is pairs of base-36 numbers joined by '.', got {text[:40]!r}")
+        ranges, previous = [], after
+        for index in range(0, len(parts), 2):
+            first = previous + 1 + int(parts[index], 36)
+            last = first + int(parts[index + 1], 36)
+            ranges.append((first, last))
+            previous = last
+        return DoneBeyond(tuple(ranges))
+
+
 @dataclass(frozen=True)
 class Checkpoint:
     """The position of the last processed event of a partition.
@@ -87,7 +176,9 @@ class Checkpoint:
     who wrote it (``None`` when written by another SDK, such as the official store).
     ``last_modified_time`` is when the store last wrote it (set by stores on listing).
     ``state`` is the version of the partition's state that goes with this position
-    (stateful processors only; ``None`` otherwise).
+    (stateful processors only; ``None`` otherwise). ``done_beyond`` lists the events
+    done after it while earlier ones were still in flight (``max_concurrency > 1``):
+    a new owner skips them (see :class:`DoneBeyond`).
     """
 
     fully_qualified_namespace: str
@@ -100,6 +191,7 @@ class Checkpoint:
     epoch: int | None = None
     last_modified_time: datetime | None = None
     state: StateRef | None = None
+    done_beyond: DoneBeyond = DoneBeyond()
 
 
 @dataclass(frozen=True)

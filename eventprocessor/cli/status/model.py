@@ -8,10 +8,11 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime
 from typing import Any
 
+from eventprocessor._ownership.membership import IN_FLIGHT_PROPERTY, decode_in_flight
 from eventprocessor.sources import PartitionProperties
 from eventprocessor.stores.records import Checkpoint, MemberListing, OwnershipListing, partition_sort_key
 
@@ -50,6 +51,10 @@ class PartitionStatus:
     lag: int | None = None
     lag_from: str | None = None
     note: str = ""
+    in_flight: int | None = None
+    """Calls in flight now, when its owner runs many per partition (``max_concurrency``)."""
+    oldest_in_flight_age: float | None = None
+    """Seconds since the partition's oldest event not done was enqueued (its owner's last heartbeat)."""
 
 
 @dataclass(frozen=True)
@@ -213,6 +218,7 @@ def build_status(*, fully_qualified_namespace: str, eventhub_name: str, consumer
         rows.append(PartitionStatus(partition_id=pid, state=state, **fields))
 
     member_rows = _members(rows, members, expiration)
+    rows = _with_in_flight(rows, member_rows, now)
     records_note = None
     if not (records or unreadable or by_partition or (members is not None and members.members)):
         # The usual cause is a name that differs from the processors' (blob names are
@@ -226,6 +232,24 @@ def build_status(*, fully_qualified_namespace: str, eventhub_name: str, consumer
         partitions=tuple(rows), members=member_rows,
         summary=_summary(rows, member_rows, "eventhub" if partition_ids is not None else "store"),
         members_note=members_note, lag_note=lag_note, records_note=records_note)
+
+
+def _with_in_flight(rows: list[PartitionStatus], members: Sequence[MemberStatus],
+                    now: datetime) -> list[PartitionStatus]:
+    """The calls in flight and the oldest event not done, as each owner last published them."""
+    published = {member.owner_id: decode_in_flight(member.properties.get(IN_FLIGHT_PROPERTY)) for member in members
+                 if IN_FLIGHT_PROPERTY in member.properties}
+    if not published:
+        return rows
+    result = []
+    for row in rows:
+        found = published.get(row.owner_id or "", {}).get(row.partition_id) if row.state == OWNED else None
+        if found is not None:
+            calls, _held, oldest = found
+            age = None if oldest is None else max(0.0, now.timestamp() - oldest)
+            row = replace(row, in_flight=calls, oldest_in_flight_age=age)
+        result.append(row)
+    return result
 
 
 def _lag(newest: PartitionProperties, checkpoint: Checkpoint | None) -> dict[str, Any]:

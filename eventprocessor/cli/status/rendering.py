@@ -63,6 +63,8 @@ def render(status: GroupStatus, *, refreshed: str | None = None) -> RenderableTy
                ("lease age", "right"), ("checkpoint", "right"), ("offset", "right")]
     columns += [("checkpointed", "right")] if timed else []
     columns += [("last enqueued", "right"), ("lag", "right")] if lagged else []
+    flying = any(row.in_flight is not None for row in status.partitions)
+    columns += [("in flight", "right"), ("oldest", "right")] if flying else []
     for name, justify in columns:
         partitions.add_column(name, justify=justify)  # type: ignore[arg-type]
     for row in status.partitions:
@@ -78,6 +80,8 @@ def render(status: GroupStatus, *, refreshed: str | None = None) -> RenderableTy
         if lagged:
             from_start = " from start" if row.lag_from == "start" and row.lag is not None else ""
             cells += [_text(row.last_enqueued_sequence_number), _text(row.lag) + from_start]
+        if flying:
+            cells += [_text(row.in_flight), _age(row.oldest_in_flight_age)]
         partitions.add_row(*cells)
 
     members = Table(box=box.SIMPLE_HEAD, show_edge=False)
