@@ -163,7 +163,7 @@ def test_bad_configuration_is_named():
 
 
 def test_importing_eventprocessor_does_not_import_pyspark():
-    code = "import sys, eventprocessor, stores; assert 'pyspark' not in sys.modules; print('ok')"
+    code = "import sys, eventprocessor, eventprocessor.stores; assert 'pyspark' not in sys.modules; print('ok')"
     result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert result.stdout.strip() == "ok", result.stderr
 

@@ -30,7 +30,7 @@ import asyncio
 import enum
 import logging
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -44,9 +44,13 @@ from .session import create_dataframe
 if TYPE_CHECKING:  # pragma: no cover
     from .claims import Claim
 
-__all__ = ["AttemptState", "Attempt", "MicroBatch", "BatchSteps"]
+__all__ = ["AttemptState", "Attempt", "MicroBatch", "BatchSteps", "Offload"]
 
 logger = logging.getLogger(__name__)
+
+Offload = Callable[..., Awaitable[Any]]
+"""Runs a blocking call away from the event loop: ``await offload(function, *args)``
+(``asyncio.to_thread`` by default; a virtual-time test passes one that takes virtual time)."""
 
 
 class AttemptState(enum.Enum):
@@ -148,18 +152,19 @@ class BatchSteps:
     """The steps that move an :class:`Attempt` between states (see the module docstring).
 
     ``spark`` is a function returning the session (made lazily, in a worker thread).
-    Spark calls and file operations run in worker threads; the event loop only awaits
-    them, so ownership renewals never wait for Spark.
+    Spark calls and file operations go through ``offload`` (worker threads by default);
+    the event loop only awaits them, so ownership renewals never wait for Spark.
     """
 
     def __init__(self, log: CommitLog, writer: Writer, spark: Callable[[], Any], decode: Decoder | None,
-                 partition_by: list[str], step_hook: StepHook) -> None:
+                 partition_by: list[str], step_hook: StepHook, offload: Offload = asyncio.to_thread) -> None:
         self.log = log
         self.writer = writer
         self._spark = spark
         self.decode = decode
         self.partition_by = partition_by
         self.hook = step_hook
+        self.offload = offload
 
     async def plan(self, attempt: Attempt) -> None:
         """cut -> planned. Raises :class:`BatchRefused` for partitions fenced by a newer claim."""
@@ -186,7 +191,7 @@ class BatchSteps:
         """Build the planned batch's DataFrame ahead of its write (in a worker thread).
         A failure is left for :meth:`write`, which builds it again and reports it."""
         try:
-            attempt.df = await asyncio.to_thread(self._dataframe, attempt)
+            attempt.df = await self.offload(self._dataframe, attempt)
         except Exception as error:
             logger.debug("sink: preparing batch %s failed; the write retries it: %r", attempt.batch_id, error)
             attempt.df = None
@@ -210,7 +215,7 @@ class BatchSteps:
         :class:`BatchRefused`."""
         assert attempt.batch_id is not None
         try:
-            attempt.manifest = await asyncio.to_thread(self._write_blocking, attempt)
+            attempt.manifest = await self.offload(self._write_blocking, attempt)
         except Exception as error:
             attempt.df = None
             await self.log.refresh()
@@ -243,14 +248,14 @@ class BatchSteps:
         moved = 0
         if attempt.publication is not None:
             publications = self.log.unpublished(through=attempt.publication)
-            published, moved = await asyncio.to_thread(self.writer.publish, publications)
+            published, moved = await self.offload(self.writer.publish, publications)
             self.log.mark_published(attempt.publication)
             others = [batch_id for batch_id in published if batch_id != attempt.batch_id]
             if others:
                 logger.info("sink: rolled committed batch(es) %s of other writers forward before publishing batch %s",
                             others, attempt.batch_id)
         elif attempt.skipped and attempt.batch_id is not None:
-            await asyncio.to_thread(self.writer.discard, attempt.batch_id)
+            await self.offload(self.writer.discard, attempt.batch_id)
         attempt.move(AttemptState.PUBLISHED)
         attempt.timed("publish", started)
         self.hook("after_publish")
@@ -286,6 +291,6 @@ class BatchSteps:
                 attempt.publication = self.log.publication_of(attempt.batch_id)
                 attempt.move(AttemptState.COMMITTED)
                 return
-            await asyncio.to_thread(self.writer.discard, attempt.batch_id)
+            await self.offload(self.writer.discard, attempt.batch_id)
         attempt.df = None
         attempt.move(AttemptState.ABORTED)
