@@ -99,10 +99,12 @@ class MicroBatch:
 @dataclass
 class Attempt:
     """One micro-batch and where it stands. ``events`` holds, per claim, the events cut
-    for it (each a prefix of what the claim had buffered, in order)."""
+    for it (each a prefix of what the claim had buffered, in order); ``after``, per
+    claim, the sequence number they continue (see :class:`PartitionRange`)."""
 
     events: dict[Claim, list[Event]]
     byte_count: int
+    after: dict[Claim, int] = field(default_factory=dict)
     state: AttemptState = AttemptState.CUT
     batch_id: int | None = None
     batch: MicroBatch | None = None
@@ -134,7 +136,7 @@ class Attempt:
         return [PartitionRange(partition_id=claim.partition_id, first_sequence_number=events[0].sequence_number,
                                last_sequence_number=events[-1].sequence_number, last_offset=events[-1].offset,
                                count=len(events), owner_id=claim.context.owner_id, epoch=claim.context.epoch,
-                               claim_token=claim.token)
+                               claim_token=claim.token, after=self.after.get(claim))
                 for claim, events in self.events.items()]
 
     def without(self, partition_ids: Iterable[str]) -> Attempt:
@@ -142,7 +144,7 @@ class Attempt:
         gone = set(partition_ids)
         events = {c: e for c, e in self.events.items() if c.partition_id not in gone}
         nbytes = sum(len(e.body) for batch in events.values() for e in batch)
-        return Attempt(events=events, byte_count=nbytes)
+        return Attempt(events=events, byte_count=nbytes, after={c: a for c, a in self.after.items() if c in events})
 
     def timed(self, step: str, started: float) -> None:
         self.timings[step] = self.timings.get(step, 0.0) + time.perf_counter() - started

@@ -35,8 +35,10 @@ version ``v`` decided with the whole history below ``v``:
   data is written. Its version is the ``batch_id``. Accepted only when, for each of its
   partitions, the latest fence is the range's claim.
 * ``commit`` (``batch_id``, the files of the batch): the commit point. Accepted only
-  when the batch is still planned (not aborted by a fence or given up) and every
-  partition's latest fence is still the batch's claim. Commits that carry files get a
+  when the batch is still planned (not aborted by a fence or given up), every
+  partition's latest fence is still the batch's claim, and every partition's committed
+  high-water mark is the one its range continues (its ``after``): a batch never commits
+  past an earlier batch of its claim that did not commit. Commits that carry files get a
   dense *publication number* (0, 1, 2, ...: the order of their commit entries), under
   which the Parquet writer publishes them in Spark's ``_spark_metadata`` log.
 * ``abort`` (``batch_id``): the writer gives a planned batch up.
@@ -406,10 +408,19 @@ class CommitLog:
             if outcome == COMMITTED:
                 raise _AlreadyDone(None)
             if outcome == PLANNED:
-                lost = self._state.lost(self._state.planned[batch_id])
+                planned = self._state.planned[batch_id]
+                lost = self._state.lost(planned)
                 if lost:
                     raise BatchRefused(f"batch {batch_id}: partitions {sorted(lost)} were fenced by a newer claim",
                                        lost)
+                gaps = self._state.discontinuous(planned)
+                if gaps:
+                    marks = ", ".join(f"{pid}: {hwm} committed, the batch continues "
+                                      f"{next(r.after for r in planned if r.partition_id == pid)}"
+                                      for pid, hwm in sorted(gaps.items()))
+                    raise BatchRefused(f"batch {batch_id}: partitions {sorted(gaps)} do not continue their committed "
+                                       f"high-water marks ({marks}): an earlier batch of the claim was not committed",
+                                       gaps)
                 return
             if outcome == ABORTED:
                 lost = self._state.lost(ranges) or [r.partition_id for r in ranges]

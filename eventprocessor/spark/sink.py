@@ -373,6 +373,7 @@ class SparkSink:
                 continue
             claim.committed_high_water_mark = result.high_water_mark
             claim.last_sequence_number = -1 if result.high_water_mark is None else result.high_water_mark
+            claim.cut_through = claim.last_sequence_number
             claim.state = ClaimState.ACTIVE
             logger.info("sink: owner %s starts partition %s of %s/%s (epoch %s) after committed sequence number %s",
                         ctx.owner_id, ctx.partition_id, ctx.eventhub_name, ctx.consumer_group, ctx.epoch,
