@@ -260,6 +260,16 @@ def test_rows_carry_the_connectors_columns_and_json_property_values():
     assert json_value(datetime(2026, 1, 2, 3, 4, 5, 678900, tzinfo=timezone.utc)) == '"2026-01-02T03:04:05.678Z"'
 
 
+def test_property_values_repeated_across_rows_render_by_their_own_type():
+    """Each distinct value is rendered once per record batch; 1, True and 1.0 compare
+    equal in Python but are different JSON, and unhashable values still render."""
+    when = datetime(2026, 5, 1, tzinfo=timezone.utc)
+    values = [1, True, 1.0, b"on", "on", [1, 2], 1, True]
+    events = [Event(b"", i, str(i), when, properties={"v": value}) for i, value in enumerate(values)]
+    rendered = [dict(row["properties"])["v"] for row in events_to_record_batch("0", events).to_pylist()]
+    assert rendered == ["1", "true", "1.0", '"on"', '"on"', "[1,2]", "1", "true"]
+
+
 # ----------------------------------------------------------------------------- the checkpoint store
 
 
