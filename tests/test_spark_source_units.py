@@ -22,6 +22,7 @@ from eventprocessor.spark.source.offsets import (
     PartitionPosition,
     ReadRange,
     data_loss,
+    group_ranges,
     plan_latest,
     plan_ranges,
     rate_limit,
@@ -228,6 +229,21 @@ def test_min_partitions_splits_a_hot_partition_in_proportion():
     planned = plan_ranges(start, end, 10)
     assert [(r.partition_id, r.count) for r in planned] == [("0", 100)] * 9 + [("1", 100)]
     assert planned[3] == ReadRange("0", 300, 400, 3, 9)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.integers(1, 5000), min_size=1, max_size=32), st.integers(1, 4096))
+def test_small_ranges_share_tasks_and_every_range_is_read_once(sizes, min_events):
+    ranges = [ReadRange(str(i), 0, size) for i, size in enumerate(sizes)]
+    tasks = group_ranges(ranges, min_events)
+    assert sorted(r.partition_id for task in tasks for r in task) == sorted(r.partition_id for r in ranges)
+    for task in tasks[:-1]:
+        assert len(task) == 1 or sum(r.count for r in task) >= min_events
+        assert len(task) == 1 or all(r.count < min_events for r in task), "a large range has a task of its own"
+    assert group_ranges([ReadRange("0", 0, 3125)] * 8) == [[ReadRange("0", 0, 3125)]] * 8, \
+        "a batch of 25,000 over 8 partitions keeps one task per partition"
+    quiet = group_ranges([ReadRange(str(p), 0, 80) for p in range(8)])
+    assert len(quiet) == 1, "a quiet stream's batch (640 events) is one task"
 
 
 # ----------------------------------------------------------------------------- rows

@@ -24,7 +24,7 @@ import asyncio
 import logging
 import threading
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from typing import Any, TypeVar
 
 import pyarrow as pa
@@ -33,7 +33,7 @@ from .offsets import ReadRange
 from .options import SourceOptions
 from .readahead import PartitionReader
 
-__all__ = ["read_range", "ReaderPool", "WorkerReaders", "reader_key"]
+__all__ = ["read_range", "read_ranges", "ReaderPool", "WorkerReaders", "reader_key"]
 
 logger = logging.getLogger(__name__)
 
@@ -130,16 +130,29 @@ class ReaderPool:
                     if now - reader.used_at > idle:
                         self._forget(key, reader)
 
-    async def read(self, options: SourceOptions, read: ReadRange) -> AsyncIterator[pa.RecordBatch]:
-        """One task's range, from a kept reader or a new one; the reader is kept for the
-        range that starts where this one ends (not when the task stopped early)."""
+    def _reader_for(self, options: SourceOptions, read: ReadRange) -> PartitionReader:
         self.note_batch(read.planned_at)
-        key = reader_key(options, read.partition_id)
-        reader = self.take(key, read.from_sequence_number)
+        reader = self.take(reader_key(options, read.partition_id), read.from_sequence_number)
         if reader is None:
             reader = PartitionReader(options, read.partition_id, read.from_sequence_number,
                                      ahead=max(read.count, options.prefetch_count), clock=self._clock)
             self.opened += 1
+        return reader
+
+    def prepare(self, options: SourceOptions, read: ReadRange) -> None:
+        """A task will read ``read`` after its other ranges: have its reader receive it
+        meanwhile (a task reading several partitions' ranges waits for none but the
+        first)."""
+        reader = self._reader_for(options, read)
+        reader.ahead = max(reader.ahead, read.until_sequence_number - reader.position)
+        reader.read_ahead()
+        self.keep(reader_key(options, read.partition_id), reader)
+
+    async def read(self, options: SourceOptions, read: ReadRange) -> AsyncIterator[pa.RecordBatch]:
+        """One task's range, from a kept reader or a new one; the reader is kept for the
+        range that starts where this one ends (not when the task stopped early)."""
+        key = reader_key(options, read.partition_id)
+        reader = self._reader_for(options, read)
         clean = False
         try:
             async for batch in reader.read(read.from_sequence_number, read.until_sequence_number, read):
@@ -190,6 +203,13 @@ class WorkerReaders:
                 self._pool = ReaderPool(**self._pool_options)
             return self._loop
 
+    def prepare(self, options: SourceOptions, reads: Sequence[ReadRange]) -> None:
+        async def prepare_all() -> None:
+            for read in reads:
+                self.pool.prepare(options, read)
+
+        self.run(prepare_all())
+
     def read_range(self, options: SourceOptions, read: ReadRange) -> Iterator[pa.RecordBatch]:
         if read.count <= 0:
             return
@@ -226,3 +246,22 @@ def read_range(options: SourceOptions, read: ReadRange, *,
     if not service_available():
         return WORKER_READERS.read_range(options, read)
     return service_read_range(options, read)
+
+
+def read_ranges(options: SourceOptions, reads: Sequence[ReadRange], *,
+                readers: WorkerReaders | None = None) -> Iterator[pa.RecordBatch]:
+    """The ranges of one task, one after the other; the readers of all but the first
+    receive theirs meanwhile."""
+    reads = [r for r in reads if r.count > 0]
+    if len(reads) > 1:
+        if readers is None:
+            from .reader_service import service_available, service_prepare
+
+            if service_available():
+                service_prepare(options, reads[1:])
+            else:
+                WORKER_READERS.prepare(options, reads[1:])
+        else:
+            readers.prepare(options, reads[1:])
+    for read in reads:
+        yield from read_range(options, read, readers=readers)

@@ -54,7 +54,8 @@ from .offsets import DataLossError, ReadRange
 from .options import SourceOptions
 from .rows import ARROW_SCHEMA
 
-__all__ = ["service_available", "service_read_range", "service_call", "socket_path", "main", "IDLE_EXIT"]
+__all__ = ["service_available", "service_read_range", "service_prepare", "service_call", "socket_path", "main",
+           "IDLE_EXIT"]
 
 logger = logging.getLogger(__name__)
 
@@ -149,10 +150,26 @@ def _read_exactly(stream: Any, size: int) -> bytes:
     return data
 
 
+def _options_fields(options: SourceOptions) -> dict[str, Any]:
+    return {name: getattr(options, name) for name in _REQUEST_FIELDS}
+
+
+def service_prepare(options: SourceOptions, reads: list[ReadRange]) -> None:
+    """Have the reader processes of ``reads`` receive them ahead of the task's reads
+    (started if needed; each answers at once)."""
+    by_path: dict[Path, list[ReadRange]] = {}
+    for read in reads:
+        by_path.setdefault(socket_path(options, read.partition_id), []).append(read)
+    for path, mine in by_path.items():
+        with _connect_or_start(path) as connection, connection.makefile("rb") as stream:
+            request = {"options": _options_fields(options), "prepare": [asdict(r) for r in mine]}
+            connection.sendall(json.dumps(request).encode() + b"\n")
+            _read_exactly(stream, _HEADER.size)
+
+
 def service_read_range(options: SourceOptions, read: ReadRange) -> Iterator[pa.RecordBatch]:
     """One task's range from its partition's reader process (started if needed)."""
-    request = {"options": {name: getattr(options, name) for name in _REQUEST_FIELDS},
-               "read": asdict(read)}
+    request = {"options": _options_fields(options), "read": asdict(read)}
     connection = _connect_or_start(socket_path(options, read.partition_id))
     with connection, connection.makefile("rb") as stream:
         connection.sendall(json.dumps(request).encode() + b"\n")
@@ -216,6 +233,12 @@ class _Service:
                 await self._answer(request, writer)
                 return
             options = self.options(request["options"])
+            if "prepare" in request:
+                for read in request["prepare"]:
+                    self.pool.prepare(options, ReadRange(**read))
+                writer.write(_HEADER.pack(b"D", 0))
+                await writer.drain()
+                return
             read = ReadRange(**request["read"])
             try:
                 async for batch in self.pool.read(options, read):
