@@ -256,14 +256,7 @@ async def run_handoff(spark: Any, root: Path, *, seed: int, virtual: bool, offlo
     log = CommitLog.in_store(store, LOG_NAME, fully_qualified_namespace=source.fully_qualified_namespace,
                              eventhub_name=source.eventhub_name, consumer_group="$default")
     want = {pid: source.last_sequence_number(pid) for pid in map(str, range(partitions)) if source.events(pid)}
-    deadline = loop.time() + timeout
-    problems: list[str] = []
-    while await log.high_water_marks() != want:
-        if loop.time() > deadline:
-            problems.append(f"not every event was committed within {timeout:g} s: high-water marks "
-                            f"{log.known_high_water_marks()}, produced up to {want}")
-            break
-        await asyncio.sleep(0.25)
+    problems = await _until_committed(log, want, timeout)
     for slot in slots:
         stop(slot, release=True)
     await asyncio.gather(*stopping)
@@ -275,6 +268,18 @@ async def run_handoff(spark: Any, root: Path, *, seed: int, virtual: bool, offlo
                           missing=len(audit.missing(produced)), duplicates=audit.duplicates(),
                           extra=len(audit.extra(produced)), batches=audit.batches, seconds=loop.time() - began,
                           actions=actions, problems=problems)
+
+
+async def _until_committed(log: CommitLog, want: dict[str, int], timeout: float) -> list[str]:
+    """Wait until the commit log's high-water marks are ``want``; the problem if not."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while await log.high_water_marks() != want:
+        if loop.time() > deadline:
+            return [f"not every event was committed within {timeout:g} s: high-water marks "
+                    f"{log.known_high_water_marks()}, produced up to {want}"]
+        await asyncio.sleep(0.25)
+    return []
 
 
 # ----------------------------------------------------------------------------- the command
