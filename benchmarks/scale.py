@@ -204,7 +204,7 @@ def choose_timing(listing_cpu: float, processors: int, cores: float, *, budget: 
       every claim and its checkpoint fence) fits in the store timeout,
       ``T ≈ 0.67·I ≥ B``, that is ``I ≥ ⌈1.5·B⌉``. A store that gets more than it can
       do queues the rest, every call times out, and the processors back off (see
-      ``eventprocessor.backoff``); these terms keep the benchmark out of that regime.
+      ``eventprocessor._runtime.backoff``); these terms keep the benchmark out of that regime.
     * ``E = 5·I``: the ratio of this SDK's defaults (15 s / 75 s); the official
       processor, which rewrites its records at every tick, has four ticks to spare.
     * ``R = E/2`` (ours): the lease minus R, ``0.4·E = 2·I``, is how long a processor may
@@ -221,7 +221,7 @@ def choose_timing(listing_cpu: float, processors: int, cores: float, *, budget: 
         >>> (s.interval, s.expiration, s.renewal_age, round(s.store_timeout, 2))
         (8.0, 40.0, 20.0, 5.33)
     """
-    from eventprocessor.processor import Timing
+    from eventprocessor import Timing
     from eventprocessor.stores import DEFAULT_OPERATION_TIMEOUT
 
     if listing_cpu <= 0 or processors < 1 or cores <= 0 or not 0 < budget <= 1:
@@ -250,8 +250,8 @@ async def calibrate(connection_string: str, partitions: int, listings: int, azur
                     idle_sample: float = 5.0) -> Calibration:
     """Write ``partitions`` ownership records to a scratch container and time listing them."""
     from eventprocessor.errors import CheckpointStoreError
-    from eventprocessor.records import Ownership
     from eventprocessor.stores.blob import BlobCheckpointStore
+    from eventprocessor.stores.records import Ownership
 
     container = f"scale-calibration-{partitions}-{uuid.uuid4().hex[:6]}"
     hub = "calibration"
@@ -814,7 +814,7 @@ def render(results: list[SizeResult], args: argparse.Namespace, command: str, se
         *busy_flag(readings, "the figures of the flagged sides"),
         f"One Azurite per size (in-memory, 127.0.0.1), started fresh by the benchmark. Each processor is its own OS "
         f"process (`benchmarks/scale_worker.py`); all of a side start together after their imports. *ours*: "
-        f"`EventProcessor` + our `BlobCheckpointStore`, reading an empty `MemoryEventSource`. *official*: "
+        f"`EventProcessor` + our `BlobCheckpointStore`, reading an empty `InMemoryEventSource`. *official*: "
         f"azure-eventhub {_official_version()}'s own `EventProcessor` class (its `OwnershipManager` and "
         f"load-balancing loop) + `azure-eventhub-checkpointstoreblob-aio`, with a stand-in client that gives the "
         f"same partition ids and idle consumers instead of AMQP links. Only ownership is measured: no events on "

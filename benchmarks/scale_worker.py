@@ -1,7 +1,7 @@
 """One processor of the scale benchmark, in its own OS process: this SDK's or the official one.
 
 ``--impl ours``: an ``EventProcessor`` with this SDK's ``BlobCheckpointStore`` and a
-``MemoryEventSource`` of ``--partitions`` partitions (no events: only ownership is
+``InMemoryEventSource`` of ``--partitions`` partitions (no events: only ownership is
 measured). ``--impl official``: azure-eventhub's own ``EventProcessor`` class
 (``azure.eventhub.aio._eventprocessor.event_processor``, the one ``EventHubConsumerClient``
 runs: its ``OwnershipManager``, its load-balancing loop, its per-partition tasks) with
@@ -148,7 +148,7 @@ class RenewalWatch:
 async def _ours(args: argparse.Namespace, transport: Any, go: asyncio.Event, stop: asyncio.Event,
                 side: _Side) -> None:
     from eventprocessor import EventProcessor, PartitionProcessor
-    from eventprocessor.sources.memory import MemoryEventSource
+    from eventprocessor.sources.memory import InMemoryEventSource
     from eventprocessor.stores.blob import BlobCheckpointStore
 
     class Idle(PartitionProcessor):
@@ -157,7 +157,7 @@ async def _ours(args: argparse.Namespace, transport: Any, go: asyncio.Event, sto
 
     warnings = _OverrunWarnings()
     logging.getLogger("eventprocessor").addHandler(warnings)
-    source = MemoryEventSource(args.partitions, eventhub_name=args.hub, fully_qualified_namespace=NAMESPACE)
+    source = InMemoryEventSource(args.partitions, eventhub_name=args.hub, fully_qualified_namespace=NAMESPACE)
     options: dict[str, Any] = {} if args.operation_timeout is None else {"operation_timeout": args.operation_timeout}
     store = BlobCheckpointStore.from_connection_string(os.environ[STORAGE_ENV], args.container, transport=transport,
                                                        **options)

@@ -2,7 +2,7 @@
 virtual time, and records what every handler was given.
 
 Two kinds of instance run side by side over stores with the same semantics and the same
-request accounting, reading one :class:`~eventprocessor.sources.MemoryEventSource`:
+request accounting, reading one :class:`~eventprocessor.sources.InMemoryEventSource`:
 
 * :class:`OursInstance` wraps this SDK's :class:`~eventprocessor.EventProcessor`: its
   renewer, lease keeper, member heartbeat and partition pumps run on their own on the
@@ -69,8 +69,8 @@ from typing import (
 )
 
 from eventprocessor import CheckpointStore, CheckpointStoreError, EventPosition, OwnershipLostError
-from eventprocessor.records import Member, Ownership
-from eventprocessor.sources import MemoryEventSource
+from eventprocessor.sources import InMemoryEventSource
+from eventprocessor.stores.records import Member, Ownership
 from eventprocessor.testing import LedgerStore, OwnershipLedger, VirtualTimeLoop
 
 _T = TypeVar("_T")
@@ -203,7 +203,7 @@ class Instants:
 
 
 class InstanceClock:
-    """The :class:`~eventprocessor.clock.Clock` of an instance whose local clock is
+    """The :class:`~eventprocessor._runtime.clock.Clock` of an instance whose local clock is
     ``skew`` seconds ahead: the loop's time plus the skew (``time()`` is the wall clock
     the official balancer reads)."""
 
@@ -544,7 +544,7 @@ class Deliveries:
             result[pid] = longest
         return result
 
-    def undelivered(self, source: MemoryEventSource, partition_ids: Iterable[str], enqueued_before: datetime) -> int:
+    def undelivered(self, source: InMemoryEventSource, partition_ids: Iterable[str], enqueued_before: datetime) -> int:
         """Events enqueued before ``enqueued_before`` that no handler was ever given."""
         missing = 0
         for pid in partition_ids:
@@ -723,7 +723,7 @@ class OfficialInstance(_Instance):
 
     def __init__(self, owner_id: str, store: OfficialSimStore, partition_ids: Callable[[], list[str]],
                  strategy: Any, expiration: float, clock: InstanceClock, rng: random.Random, *,
-                 source: MemoryEventSource | None = None, deliveries: Deliveries | None = None,
+                 source: InMemoryEventSource | None = None, deliveries: Deliveries | None = None,
                  work: float = 0.0, max_batch_size: int = 300) -> None:
         from azure.eventhub.aio._eventprocessor._ownership_manager import OwnershipManager
 
@@ -978,7 +978,7 @@ class Simulation:
         self._dirty = True
         self._seen_version = -1
         self._waiters: list[Callable[[], None]] = []
-        self.source = MemoryEventSource(partitions, eventhub_name=EVENTHUB, fully_qualified_namespace=NAMESPACE,
+        self.source = InMemoryEventSource(partitions, eventhub_name=EVENTHUB, fully_qualified_namespace=NAMESPACE,
                                         clock=self.server_time)
         if implementation == "ours":
             from eventprocessor.stores import InMemoryCheckpointStore

@@ -56,7 +56,7 @@ from dataclasses import dataclass, field
 from itertools import pairwise
 from typing import Any
 
-from eventprocessor.options import Timing
+from eventprocessor import Timing
 from harness.group import CHECKPOINT_EVERY, EXPIRY, INTERVAL, PERIOD, Group, Outcome
 from harness.state_scenarios import hub_bodies, restore_mismatches, standby_replicas
 
@@ -234,11 +234,11 @@ def _change(state: Any, keys: list[str], change: int, seq: int) -> None:
 async def _cost(mode: str, state_mb: float, change: int, storage_conn: str, name: str) -> Cost:
     from azure.storage.blob.aio import ContainerClient
 
-    from eventprocessor.bounded_store import BoundedStore
-    from eventprocessor.clock import SystemClock
-    from eventprocessor.records import Checkpoint, Ownership
+    from eventprocessor._runtime.bounded_store import BoundedStore
+    from eventprocessor._runtime.clock import SystemClock
     from eventprocessor.state import StateKeeper, StateLog
     from eventprocessor.stores.blob import BlobCheckpointStore
+    from eventprocessor.stores.records import Checkpoint, Ownership
 
     cost = Cost(mode, state_mb, change)
     wire = Wire()

@@ -56,7 +56,7 @@ except ImportError:  # no [blob] extra: --help and the in-memory dry run still w
     AioHttpTransport = object  # type: ignore[misc,assignment]
 
 from eventprocessor.cli.user_errors import require, require_azurite
-from eventprocessor.records import Checkpoint, Ownership
+from eventprocessor.stores.records import Checkpoint, Ownership
 
 from . import program
 from .machine_load import LoadReading, LoadWindow, busy_flag

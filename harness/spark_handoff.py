@@ -45,7 +45,7 @@ from pathlib import Path
 from typing import Any
 
 from eventprocessor import EventProcessor
-from eventprocessor.sources import MemoryEventSource
+from eventprocessor.sources import InMemoryEventSource
 from eventprocessor.spark import CommitLog, SparkSink
 from eventprocessor.stores import InMemoryCheckpointStore
 from eventprocessor.testing import virtual_utc_clock
@@ -206,7 +206,7 @@ async def run_handoff(spark: Any, root: Path, *, seed: int, virtual: bool, offlo
     loop = asyncio.get_running_loop()
     began = loop.time()
     clock = virtual_utc_clock() if virtual else None
-    source = MemoryEventSource(partitions, clock=clock) if clock else MemoryEventSource(partitions)
+    source = InMemoryEventSource(partitions, clock=clock) if clock else InMemoryEventSource(partitions)
     store = InMemoryCheckpointStore(clock=clock) if clock else InMemoryCheckpointStore()
     slots = [_Slot(f"p{i}") for i in range(SLOTS)]
     sinks: list[SparkSink] = []

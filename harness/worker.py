@@ -17,7 +17,7 @@ processor does that by itself: ``PartitionProcessor.checkpoint_on_release``).
 ``--stateful`` (ours only): the handler counts events per key in ``context.state``
 (``EventProcessor(..., stateful=True)``; the key is the event's body as text), so the
 counts move with the partition and are committed with each checkpoint;
-``--standbys N`` keeps N warm replicas of every partition (``num_standbys``);
+``--standbys N`` keeps N warm replicas of every partition (``StatePolicy(num_standbys=N)``);
 ``--state-bytes B`` pads each partition's state to about B bytes at its first claim (keys
 ``~pad/NNNNNN`` of 1,000-character strings: a large state for benchmarks). ``--naive``
 (ours only, not with ``--stateful``) counts the same way in a plain dict, as a user
@@ -25,7 +25,7 @@ would by hand without the feature: the dict is one JSON blob per partition in th
 checkpoint container, read in ``initialize`` and written before each checkpoint and in
 ``close``.
 
-``--source memory`` (ours only) reads a ``MemoryEventSource`` in this process instead,
+``--source memory`` (ours only) reads a ``InMemoryEventSource`` in this process instead,
 with ``InMemoryCheckpointStore``, fed by a producer task in this process that keeps
 ``--backlog`` events ahead of the handler on every partition until ``--produce``
 events were sent; the source retains ``--retention`` events per partition.
@@ -36,7 +36,7 @@ is the same however busy the machine is), in a thread of its own, off the event 
 a competent user runs CPU-bound work (both sides). ``--slow-factor F`` multiplies that cost by F
 when the process gets SIGUSR1 (a processor slowed down: a heavier handler, a noisy
 neighbour). ``--balance-by load`` (ours only) balances by measured load
-(``EventProcessor(balance_by="load")``) with the ``LoadPolicy`` the ``--load-*`` options
+(``EventProcessor(load_policy=LoadPolicy(...))``) with the knobs the ``--load-*`` options
 give.
 
 Connection strings come from the environment (``EVENTPROCESSOR_E2E_HUB`` for the hub,
@@ -104,7 +104,7 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--hub", required=True)
     parser.add_argument("--container", help="blob container of the checkpoint store (not with --source memory)")
     parser.add_argument("--source", choices=["eventhub", "memory"], default="eventhub",
-                        help="memory: an in-process MemoryEventSource fed by an in-process producer (ours only)")
+                        help="memory: an in-process InMemoryEventSource fed by an in-process producer (ours only)")
     parser.add_argument("--partitions", type=int, default=8, help="--source memory: partition count")
     parser.add_argument("--produce", type=int, default=0, help="--source memory: events to send in all")
     parser.add_argument("--backlog", type=int, default=1000,
@@ -261,7 +261,14 @@ def _counts(state: Any) -> dict[str, Any]:
 
 
 async def _ours(args: argparse.Namespace, tally: Tally, stop: asyncio.Event, cost: _CpuCost) -> None:
-    from eventprocessor import CloseReason, EventProcessor, LoadPolicy, OwnershipLostError, PartitionProcessor
+    from eventprocessor import (
+        CloseReason,
+        EventProcessor,
+        LoadPolicy,
+        OwnershipLostError,
+        PartitionProcessor,
+        StatePolicy,
+    )
     from eventprocessor.errors import StoreTimeoutError
 
     class Handler(PartitionProcessor):
@@ -360,18 +367,20 @@ async def _ours(args: argparse.Namespace, tally: Tally, stop: asyncio.Event, cos
 
         naive_blobs = ContainerClient.from_connection_string(os.environ[STORAGE_ENV], args.container)
     handler = Counting if args.stateful else Naive if args.naive else Handler
-    state_options: dict[str, Any] = {}
+    stateful: bool | StatePolicy = False
     if args.stateful:
-        state_options = {"stateful": True, "num_standbys": args.standbys}
-        if args.recovery_lag is not None:
-            state_options["acceptable_recovery_lag"] = args.recovery_lag
+        stateful = StatePolicy(num_standbys=args.standbys, **(
+            {"acceptable_recovery_lag": args.recovery_lag} if args.recovery_lag is not None else {}))
+    load_policy = None
+    if args.balance_by == "load":
+        load_policy = LoadPolicy(**{name: value for name, value in _policy_options(args).items() if value is not None})
 
     producer: asyncio.Task[None] | None = None
     if args.source == "memory":
-        from eventprocessor.sources import MemoryEventSource
+        from eventprocessor.sources import InMemoryEventSource
         from eventprocessor.stores import InMemoryCheckpointStore
 
-        memory = MemoryEventSource(args.partitions, eventhub_name=args.hub,
+        memory = InMemoryEventSource(args.partitions, eventhub_name=args.hub,
                                    max_events_per_partition=args.retention or 4 * args.backlog)
         source: Any = memory
         store: Any = InMemoryCheckpointStore()
@@ -385,9 +394,7 @@ async def _ours(args: argparse.Namespace, tally: Tally, stop: asyncio.Event, cos
     processor = EventProcessor(source, store, handler, owner_id=args.owner_id, consumer_group=args.consumer_group,
                                load_balancing_strategy=args.strategy, load_balancing_interval=args.interval,
                                partition_ownership_expiration_interval=args.expiry, max_batch_size=args.batch,
-                               prefetch=args.prefetch, balance_by=args.balance_by,
-                               load_policy=LoadPolicy(**{name: value for name, value in _policy_options(args).items()
-                                                         if value is not None}), **state_options)
+                               prefetch=args.prefetch, load_policy=load_policy, stateful=stateful)
     emit({"event": "started", "owner": args.owner_id, "pid": os.getpid(), "impl": "ours",
            "namespace": source.fully_qualified_namespace, "eventhub": source.eventhub_name})
     try:

@@ -1,6 +1,6 @@
 """One EventProcessor in its own OS process, for ``tests/test_multiprocess.py``.
 
-Runs an ``EventProcessor`` over its own ``MemoryEventSource`` (events do not matter: the
+Runs an ``EventProcessor`` over its own ``InMemoryEventSource`` (events do not matter: the
 test is about ownership) with our ``BlobCheckpointStore`` on the Azurite the test
 started, and prints one JSON line to stdout whenever the set of partitions it
 dispatches changes, plus a heartbeat every second. SIGTERM stops it gracefully; the
@@ -44,7 +44,7 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
 
 async def _amain(args: argparse.Namespace) -> int:
     from eventprocessor import EventProcessor, PartitionProcessor
-    from eventprocessor.sources import MemoryEventSource
+    from eventprocessor.sources import InMemoryEventSource
     from eventprocessor.stores.blob import BlobCheckpointStore
 
     connection_string = os.environ.get(CONNECTION_STRING_ENV)
@@ -60,7 +60,7 @@ async def _amain(args: argparse.Namespace) -> int:
     loop.add_signal_handler(signal.SIGTERM, stop.set)
 
     store = BlobCheckpointStore.from_connection_string(connection_string, args.container)
-    source = MemoryEventSource(args.partitions)
+    source = InMemoryEventSource(args.partitions)
     processor = EventProcessor(
         source,
         store,

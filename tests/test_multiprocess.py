@@ -1,7 +1,7 @@
 """Three OS processes share 12 partitions through BlobCheckpointStore on Azurite.
 
 Each process (``tests/mp_worker.py``) runs an ``EventProcessor`` with its own
-``MemoryEventSource(12)``; they coordinate only through the ownership blobs. The test
+``InMemoryEventSource(12)``; they coordinate only through the ownership blobs. The test
 checks that they settle at 4/4/4 with every partition owned by a live worker, then
 SIGKILLs one and checks that the other two (GREEDY) take all of its partitions within
 one tick of its records expiring, without touching each other's partitions and without taking any of

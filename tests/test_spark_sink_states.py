@@ -22,11 +22,11 @@ from pathlib import Path
 import pytest
 
 from eventprocessor import CloseReason, PartitionContext
-from eventprocessor.records import Ownership
-from eventprocessor.sources import MemoryEventSource
+from eventprocessor.sources import InMemoryEventSource
 from eventprocessor.spark import CommitLog, SparkSink
 from eventprocessor.spark.claims import Buffers, Limits
 from eventprocessor.stores import InMemoryCheckpointStore
+from eventprocessor.stores.records import Ownership
 from eventprocessor.testing import run_virtual
 from harness.spark_files import audit_table
 from harness.spark_handoff import ArrowSession, VirtualOffload, run_handoff
@@ -52,7 +52,7 @@ def test_a_batch_due_within_a_rounding_error_is_cut_now():
     cutter would wait so for ever."""
     async def main() -> float | None:
         buffers = Buffers(Limits(max_events=100, max_bytes=1 << 20, max_interval=0.3))
-        source = MemoryEventSource(1)
+        source = InMemoryEventSource(1)
         claim = type("C", (), {"events": [], "nbytes": 0})()
         buffers.add(claim, [source.append("x", partition_id="0")])  # type: ignore[arg-type]
         await asyncio.sleep(0.8)
@@ -62,7 +62,7 @@ def test_a_batch_due_within_a_rounding_error_is_cut_now():
     assert run_virtual(main(), start=1.1) == 0.0
 
 
-async def _claim(sink: SparkSink, store: InMemoryCheckpointStore, source: MemoryEventSource,
+async def _claim(sink: SparkSink, store: InMemoryCheckpointStore, source: InMemoryEventSource,
                  pid: str) -> tuple[object, PartitionContext]:
     [record] = await store.claim_ownership([Ownership(source.fully_qualified_namespace, source.eventhub_name,
                                                       "$default", pid, "a", epoch=1)])
@@ -87,7 +87,7 @@ def test_a_close_cancelled_mid_flush_leaves_no_batch_behind(table_dir):
     partitions must never commit past it, which would move the high-water mark and the
     checkpoints over events the table does not hold."""
     async def main() -> None:
-        source = MemoryEventSource(2)
+        source = InMemoryEventSource(2)
         for i in range(20):
             for pid in "01":
                 source.append(f'{{"p": {pid}, "i": {i}}}', partition_id=pid)

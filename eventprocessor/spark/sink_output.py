@@ -23,9 +23,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..checkpoint_store import CheckpointStore
 from ..errors import ConfigurationError
 from ..partition import PartitionContext
+from ..stores.contract import CheckpointStore
 from .commit_log import CommitLog, FileLogStorage, StoreLogStorage
 from .output import COMMITS_DIR, ForeachBatch, ForeachBatchWriter, OutputLocation, ParquetWriter, StepHook, Writer
 
