@@ -35,7 +35,7 @@ SHARED = "EVENTPROCESSOR_TEST_SERVICES"
 # Modules whose tests must not run beside each other on two workers.
 FIXED_PORTS = ("test_getting_started", "test_new_user_paths", "test_new_user_commands", "test_install_hints",
                "test_cli", "test_readme_examples", "test_readme_eventhubs", "test_samples", "test_cli_eventhubs")
-SPARK_CLUSTER = ("test_spark_cluster",)
+SPARK_CLUSTER = ("test_spark_cluster", "test_readme_spark_source", "test_spark_handoff")
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -286,15 +286,21 @@ def test_spark_source_quick_run_reads_every_event_on_every_path_and_writes_nothi
                 "--batch", "1000", "--rate", "200", "--latency-seconds", "3", results_path=results_file, timeout=900)
     out = run.stdout
     assert run.returncode == 0, out + run.stderr[-3000:]
-    for path in ("ceiling", "receive", "source-1", "sink"):
+    for path in ("ceiling", "receive", "floor-1", "source-1", "sink"):
         assert f"round 1 {path}: " in out
-    rows = [line for line in out.splitlines() if line.startswith("| ") and not line.startswith("| path")]
+    table = out[out.index("| path | rows/s"):out.index("Median milliseconds")]
+    rows = [line for line in table.splitlines() if line.startswith("| ") and not line.startswith("| path")]
     assert [row.split(" | ")[0] for row in rows] == [
         "| ceiling: azure-eventhub's consumer alone (1 process, no Spark)",
-        "| floor of the read: `EventHubSource` receivers alone (1 process, no Spark)",
+        "| the read alone: `EventHubSource` receivers (1 process, no Spark)",
+        "| floor: a trivial Python source, 1 executor core(s)",
         "| **source, 1 executor core(s)**",
         "| sink path: `EventProcessor` + `SparkSink` into Parquet (2 executor cores)"]
-    assert rows[0].split(" | ")[3] == "**1.00**"  # the ratio column is to the ceiling
+    assert rows[0].split(" | ")[4].startswith("**1.00**")  # the ceiling's ratio to itself
+    assert rows[3].split(" | ")[3].startswith("**") and rows[3].split(" | ")[4].startswith("**")
+    steps = out[out.index("| path | `latestOffset`"):]
+    assert "| floor: a trivial Python source, 1 executor core(s) | " in steps
+    assert "| **source, 1 executor core(s)** | " in steps
     assert "2,000 events of ~100 bytes" in out and "at the start of each round: " in out
     assert "600 events in " in out, "the latency phase measured every event of the steady stream"
     assert not results_file.exists()

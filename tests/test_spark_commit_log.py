@@ -156,6 +156,30 @@ async def test_a_plan_overlapping_committed_data_is_a_bug_and_refused(storage_fa
         await log.begin([rng("0", 5, 12, "a", 1)])
 
 
+async def test_a_batch_commits_only_where_its_claims_last_commit_ended(storage_factory):
+    """Each range names the high-water mark it continues (``after``). A batch whose
+    predecessor of the same claim never committed (planned, then left behind) is refused
+    for that partition, naming it; the other partition of the batch is unaffected, and
+    the left-behind batch still commits in its turn."""
+    from dataclasses import replace
+
+    log = opener(storage_factory)()
+    for pid in "01":
+        await log.fence(pid, owner_id="a", epoch=1)
+    left_behind = await log.begin([replace(rng("0", 0, 9, "a", 1), after=-1)])
+    later = await log.begin([replace(rng("0", 10, 19, "a", 1), after=9), replace(rng("1", 0, 9, "a", 1), after=-1)])
+    with pytest.raises(BatchRefused, match=r"partitions \['0'\] do not continue their committed high-water marks "
+                                           r"\(0: -1 committed, the batch continues 9\)") as refused:
+        await log.commit(later)
+    assert refused.value.lost == {"0"}
+    assert await log.high_water_marks() == {}
+    await log.commit(left_behind)
+    await log.commit(later)
+    assert await log.high_water_marks() == {"0": 19, "1": 9}
+    reread = await opener(storage_factory)().batches()
+    assert [r.after for _b, _o, ranges in reread for r in ranges] == [-1, 9, -1]
+
+
 async def test_commits_with_files_get_dense_publication_numbers(storage_factory):
     open_log = opener(storage_factory)
     a, b = open_log(), open_log()

@@ -600,8 +600,12 @@ def test_the_drivers_management_link_answers_as_the_public_calls_and_reopens_aft
             driver.run(proxy.stop)
 
 
-def test_a_worker_keeps_its_receivers_for_the_next_range_and_skips_forward(eventhubs_emulator):
-    from eventprocessor.spark.source.executor import WorkerReceivers, read_range
+def test_readers_are_kept_for_the_next_range_read_ahead_and_skip_forward(eventhubs_emulator):
+    """A reader kept after a range goes on receiving past it: the next range of its
+    partition is already received and decoded when its task starts. A range further on
+    (another worker read the ones between) drops what is below it; a range behind every
+    kept reader gets a new one; a task that stops early does not leave its reader."""
+    from eventprocessor.spark.source.executor import WorkerReaders, read_range
     from eventprocessor.spark.source.offsets import ReadRange
     from eventprocessor.spark.source.options import SourceOptions
 
@@ -609,25 +613,72 @@ def test_a_worker_keeps_its_receivers_for_the_next_range_and_skips_forward(event
     conn = hub_connection(eventhubs_emulator, hub)
     sent = asyncio.run(send(conn, {"0": 300, "1": 10}, {}))
     options = SourceOptions.parse({"eventhubs.connectionString": conn})
-    pool = WorkerReceivers(idle=30.0)
+    readers = WorkerReaders(idle=30.0)
+    pool = readers.pool
 
     def read(pid: str, begin: int, until: int) -> list[tuple[int, bytes]]:
-        rows = [row for batch in read_range(options, ReadRange(pid, begin, until), rows_per_batch=64, receivers=pool)
+        rows = [row for batch in read_range(options, ReadRange(pid, begin, until), readers=readers)
                 for row in batch.to_pylist()]
         assert all(row["partition"] == pid for row in rows)
         return [(row["sequenceNumber"], row["body"]) for row in rows]
 
+    def buffered(pid: str) -> int:
+        return sum(r.buffered for (_c, _g, p, *_rest), rs in pool._kept.items() if p == pid for r in rs)
+
     assert read("0", 0, 100) == [(s, sent[("0", s)]) for s in range(100)]
+    deadline = time.monotonic() + 30
+    while buffered("0") < 200 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert buffered("0") == 200, "the rest of the partition was received ahead (up to the prefetch, 500)"
     assert read("0", 100, 150) == [(s, sent[("0", s)]) for s in range(100, 150)]
     assert read("0", 200, 300) == [(s, sent[("0", s)]) for s in range(200, 300)], "skipping what another worker read"
     assert (pool.opened, pool.reused) == (1, 2)
-    assert read("0", 10, 20) == [(s, sent[("0", s)]) for s in range(10, 20)], "behind the kept receiver: a new one"
+    assert read("0", 10, 20) == [(s, sent[("0", s)]) for s in range(10, 20)], "behind the kept reader: a new one"
     assert read("1", 0, 10) == [(s, sent[("1", s)]) for s in range(10)]
-    assert (pool.opened, pool.kept()) == (3, 2)
-    partial = read_range(options, ReadRange("1", 0, 10), rows_per_batch=4, receivers=pool)
+    assert (pool.opened, pool.kept()) == (3, 3)
+    partial = read_range(options, ReadRange("1", 0, 10), readers=readers)
     next(partial)
-    partial.close()  # a task that stops early: its receiver is not kept
-    assert pool.kept() == 1
+    partial.close()  # a task that stops early: its reader is not kept
+    assert (pool.opened, pool.kept()) == (4, 3)
+
+
+def test_any_worker_gets_its_range_from_the_partitions_reader_process_received_ahead(eventhubs_emulator):
+    """Spark runs a partition's next task in whichever Python worker is free. The
+    partition's receiver lives in the executor's reader process for it, not in a worker:
+    a range read here and the next one read by another process (another worker) are
+    served by one receiver, and the second was received while nobody asked."""
+    from eventprocessor.spark.source.executor import read_range
+    from eventprocessor.spark.source.offsets import ReadRange
+    from eventprocessor.spark.source.options import SourceOptions
+    from eventprocessor.spark.source.reader_service import service_call
+
+    hub = eventhubs_emulator.fresh_hub(4)
+    conn = hub_connection(eventhubs_emulator, hub)
+    sent = asyncio.run(send(conn, {"0": 400}, {}))
+    options = SourceOptions.parse({"eventhubs.connectionString": conn})
+    other_worker = ("import json, sys; from eventprocessor.spark.source.executor import read_range; "
+                    "from eventprocessor.spark.source.offsets import ReadRange; "
+                    "from eventprocessor.spark.source.options import SourceOptions; "
+                    "o = SourceOptions.parse({'eventhubs.connectionString': sys.argv[1]}); "
+                    "print(json.dumps([r['sequenceNumber'] for b in read_range(o, ReadRange('0', 200, 400)) "
+                    "for r in b.to_pylist()]))")
+    try:
+        first = [(r["sequenceNumber"], r["body"]) for b in read_range(options, ReadRange("0", 0, 200))
+                 for r in b.to_pylist()]
+        assert first == [(s, sent[("0", s)]) for s in range(200)]
+        deadline = time.monotonic() + 30
+        while (service_call(options, "0", "stats") or {}).get("received", 0) < 400 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert service_call(options, "0", "stats") == {"opened": 1, "reused": 0, "kept": 1, "received": 400,
+                                                       "dropped": 0}, "the next 200 were received ahead"
+        out = subprocess.run([sys.executable, "-c", other_worker, conn], capture_output=True, text=True,
+                             timeout=120, cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)))
+        assert out.returncode == 0, out.stderr[-2000:]
+        assert json.loads(out.stdout) == list(range(200, 400))
+        assert service_call(options, "0", "stats") == {"opened": 1, "reused": 1, "kept": 1, "received": 400,
+                                                       "dropped": 0}
+    finally:
+        service_call(options, "0", "stop")
 
 
 async def test_a_partition_added_to_the_hub_is_read_from_its_first_event_at_the_next_batch():
@@ -670,7 +721,7 @@ async def test_a_task_refused_for_the_partitions_reader_limit_waits_for_a_free_s
     for one to close, up to eventhubs.receiverTimeout, and then fails naming the limit."""
     from eventprocessor.events import EventPosition
     from eventprocessor.sources.eventhub import EventHubSource
-    from eventprocessor.spark.source.executor import WorkerReceivers, read_range
+    from eventprocessor.spark.source.executor import WorkerReaders, read_range
     from eventprocessor.spark.source.offsets import ReadRange
     from eventprocessor.spark.source.options import SourceOptions
 
@@ -688,7 +739,7 @@ async def test_a_task_refused_for_the_partitions_reader_limit_waits_for_a_free_s
 
     def read() -> list[tuple[int, bytes]]:
         return [(r["sequenceNumber"], r["body"]) for b in read_range(options, ReadRange("0", 0, 20),
-                                                                     receivers=WorkerReceivers())
+                                                                     readers=WorkerReaders())
                 for r in b.to_pylist()]
 
     try:

@@ -4,6 +4,7 @@ and its part in a checkpoint store (on the in-memory store). The same source on 
 cluster and emulator: ``tests/test_spark_source.py``."""
 from __future__ import annotations
 
+import asyncio
 import json
 from datetime import datetime, timedelta, timezone
 
@@ -20,6 +21,7 @@ from eventprocessor.spark.source.offsets import (
     PartitionPosition,
     ReadRange,
     data_loss,
+    group_ranges,
     plan_latest,
     plan_ranges,
     rate_limit,
@@ -229,6 +231,21 @@ def test_min_partitions_splits_a_hot_partition_in_proportion():
     assert planned[3] == ReadRange("0", 300, 400, 3, 9)
 
 
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.integers(1, 5000), min_size=1, max_size=32), st.integers(1, 4096))
+def test_small_ranges_share_tasks_and_every_range_is_read_once(sizes, min_events):
+    ranges = [ReadRange(str(i), 0, size) for i, size in enumerate(sizes)]
+    tasks = group_ranges(ranges, min_events)
+    assert sorted(r.partition_id for task in tasks for r in task) == sorted(r.partition_id for r in ranges)
+    for task in tasks[:-1]:
+        assert len(task) == 1 or sum(r.count for r in task) >= min_events
+        assert len(task) == 1 or all(r.count < min_events for r in task), "a large range has a task of its own"
+    assert group_ranges([ReadRange("0", 0, 3125)] * 8) == [[ReadRange("0", 0, 3125)]] * 8, \
+        "a batch of 25,000 over 8 partitions keeps one task per partition"
+    quiet = group_ranges([ReadRange(str(p), 0, 80) for p in range(8)])
+    assert len(quiet) == 1, "a quiet stream's batch (640 events) is one task"
+
+
 # ----------------------------------------------------------------------------- rows
 
 
@@ -258,6 +275,16 @@ def test_rows_carry_the_connectors_columns_and_json_property_values():
                                                  "correlation-id": '"corr-1"', "content-type": '"application/json"'}
     assert rows[1]["properties"] == [] and rows[1]["systemProperties"] == [] and rows[1]["partitionKey"] is None
     assert json_value(datetime(2026, 1, 2, 3, 4, 5, 678900, tzinfo=timezone.utc)) == '"2026-01-02T03:04:05.678Z"'
+
+
+def test_property_values_repeated_across_rows_render_by_their_own_type():
+    """Each distinct value is rendered once per record batch; 1, True and 1.0 compare
+    equal in Python but are different JSON, and unhashable values still render."""
+    when = datetime(2026, 5, 1, tzinfo=timezone.utc)
+    values = [1, True, 1.0, b"on", "on", [1, 2], 1, True]
+    events = [Event(b"", i, str(i), when, properties={"v": value}) for i, value in enumerate(values)]
+    rendered = [dict(row["properties"])["v"] for row in events_to_record_batch("0", events).to_pylist()]
+    assert rendered == ["1", "true", "1.0", '"on"', '"on"', "[1,2]", "1", "true"]
 
 
 # ----------------------------------------------------------------------------- the checkpoint store
@@ -356,47 +383,41 @@ async def test_the_query_starts_after_the_stores_checkpoints():
     assert await writer.starting_positions() == {"1": PartitionPosition(42, "4100")}
 
 
-# ----------------------------------------------------------------------------- kept receivers
+# ----------------------------------------------------------------------------- kept readers
 
 
-class _Receiver:
-    """Stands in for an open receiver: records that it was closed."""
-
-    def __init__(self) -> None:
-        self.closed = False
-
-    async def close(self) -> None:
-        self.closed = True
-
-
-def test_kept_receivers_are_closed_after_two_and_a_half_batch_intervals_learnt_from_the_plans():
-    """A batch adds at most one receiver per partition, so closing a kept one after 2.5
+def test_kept_readers_are_closed_after_two_and_a_half_batch_intervals_learnt_from_the_plans():
+    """A batch adds at most one reader per partition, so closing a kept one after 2.5
     batch intervals bounds a partition's receivers below Event Hubs' 5 readers, whatever
-    the pace: the interval comes from the planning times the tasks carry."""
-    import time as real_time
+    the pace: the interval comes from the planning times the tasks carry. A reader
+    serves a range at most ``max_skip`` events after its position, never one behind it."""
+    from eventprocessor.spark.source.executor import ReaderPool
+    from eventprocessor.spark.source.readahead import PartitionReader
+    from eventprocessor.testing import run_virtual
 
-    from eventprocessor.spark.source.executor import OpenReceiver, WorkerReceivers
+    options = SourceOptions.parse({"eventhubs.connectionString": CONN})
 
-    now = [100.0]
-    pool = WorkerReceivers(idle=5.0, clock=lambda: now[0])
-    assert pool.idle == 5.0, "no batch seen yet: the default"
-    for planned in (1000.0, 1008.0, 1016.0):
-        pool.note_batch(planned)
-    assert pool.idle == 20.0
-    pool.note_batch(1012.0)  # a batch whose tasks all ran elsewhere shows up later: the interval is 4 s
-    assert pool.idle == 10.0
-    kept = OpenReceiver(_Receiver(), _Receiver(), 50)  # type: ignore[arg-type]
-    pool.keep(("p", "0"), kept)
-    now[0] += 9.0
-    assert pool.take(("p", "0"), 80) is kept, "within 2.5 intervals: reused, skipping 30 events"
-    pool.keep(("p", "0"), kept)
-    now[0] += 11.0
-    assert pool.take(("p", "0"), 80) is None, "older: closed"
-    for _ in range(50):
-        if kept.receiver.closed:
-            break
-        real_time.sleep(0.01)
-    assert kept.receiver.closed and kept.source.closed
-    for planned in (2000.0, 2000.2):
-        pool.note_batch(planned)
-    assert pool.idle == 2.0, "never below 2 s"
+    async def main() -> None:
+        now = asyncio.get_running_loop().time
+        pool = ReaderPool(idle=5.0, max_skip=100, clock=now)
+        assert pool.idle == 5.0, "no batch seen yet: the default"
+        for planned in (1000.0, 1008.0, 1016.0):
+            pool.note_batch(planned)
+        assert pool.idle == 20.0
+        pool.note_batch(1012.0)  # a batch whose tasks all ran elsewhere shows up later: the interval is 4 s
+        assert pool.idle == 10.0
+        kept = PartitionReader(options, "0", 50, ahead=10, clock=now)
+        pool.keep(("p", "0"), kept)
+        await asyncio.sleep(9.0)
+        assert pool.take(("p", "0"), 40) is None, "behind the reader: never"
+        assert pool.take(("p", "0"), 200) is None, "too far ahead"
+        assert pool.take(("p", "0"), 80) is kept, "within 2.5 intervals: reused, skipping 30 events"
+        kept.used_at = now()
+        pool.keep(("p", "0"), kept)
+        await asyncio.sleep(12.0)
+        assert pool.kept() == 0 and pool.take(("p", "0"), 80) is None, "unused for longer: closed"
+        for planned in (2000.0, 2000.2):
+            pool.note_batch(planned)
+        assert pool.idle == 2.0, "never below 2 s"
+
+    run_virtual(main())

@@ -398,6 +398,13 @@ def main(argv: Sequence[str] | None = None) -> int:
                              "[default: %(default)s]")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
+
+    def interrupt(_signum: int, _frame: object) -> None:
+        raise KeyboardInterrupt  # start_spark_cluster stops what it started on the way out
+
+    # Python dies of a SIGTERM without unwinding: while the cluster starts, the signal
+    # becomes an exception, so the pieces already started do not outlive the command.
+    signal.signal(signal.SIGTERM, interrupt)
     try:
         cluster = start_spark_cluster(connect=not args.no_connect, worker_cores=args.worker_cores,
                                       worker_memory=args.worker_memory, master_port=args.master_port,
@@ -405,6 +412,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SparkClusterUnavailable as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        return 130
     print(f"master  {cluster.master_url}")
     if cluster.connect_url:
         print(f"connect {cluster.connect_url}")

@@ -30,7 +30,7 @@ import asyncio
 import enum
 import logging
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -44,9 +44,13 @@ from .session import create_dataframe
 if TYPE_CHECKING:  # pragma: no cover
     from .claims import Claim
 
-__all__ = ["AttemptState", "Attempt", "MicroBatch", "BatchSteps"]
+__all__ = ["AttemptState", "Attempt", "MicroBatch", "BatchSteps", "Offload"]
 
 logger = logging.getLogger(__name__)
+
+Offload = Callable[..., Awaitable[Any]]
+"""Runs a blocking call away from the event loop: ``await offload(function, *args)``
+(``asyncio.to_thread`` by default; a virtual-time test passes one that takes virtual time)."""
 
 
 class AttemptState(enum.Enum):
@@ -95,10 +99,12 @@ class MicroBatch:
 @dataclass
 class Attempt:
     """One micro-batch and where it stands. ``events`` holds, per claim, the events cut
-    for it (each a prefix of what the claim had buffered, in order)."""
+    for it (each a prefix of what the claim had buffered, in order); ``after``, per
+    claim, the sequence number they continue (see :class:`PartitionRange`)."""
 
     events: dict[Claim, list[Event]]
     byte_count: int
+    after: dict[Claim, int] = field(default_factory=dict)
     state: AttemptState = AttemptState.CUT
     batch_id: int | None = None
     batch: MicroBatch | None = None
@@ -130,7 +136,7 @@ class Attempt:
         return [PartitionRange(partition_id=claim.partition_id, first_sequence_number=events[0].sequence_number,
                                last_sequence_number=events[-1].sequence_number, last_offset=events[-1].offset,
                                count=len(events), owner_id=claim.context.owner_id, epoch=claim.context.epoch,
-                               claim_token=claim.token)
+                               claim_token=claim.token, after=self.after.get(claim))
                 for claim, events in self.events.items()]
 
     def without(self, partition_ids: Iterable[str]) -> Attempt:
@@ -138,7 +144,7 @@ class Attempt:
         gone = set(partition_ids)
         events = {c: e for c, e in self.events.items() if c.partition_id not in gone}
         nbytes = sum(len(e.body) for batch in events.values() for e in batch)
-        return Attempt(events=events, byte_count=nbytes)
+        return Attempt(events=events, byte_count=nbytes, after={c: a for c, a in self.after.items() if c in events})
 
     def timed(self, step: str, started: float) -> None:
         self.timings[step] = self.timings.get(step, 0.0) + time.perf_counter() - started
@@ -148,18 +154,19 @@ class BatchSteps:
     """The steps that move an :class:`Attempt` between states (see the module docstring).
 
     ``spark`` is a function returning the session (made lazily, in a worker thread).
-    Spark calls and file operations run in worker threads; the event loop only awaits
-    them, so ownership renewals never wait for Spark.
+    Spark calls and file operations go through ``offload`` (worker threads by default);
+    the event loop only awaits them, so ownership renewals never wait for Spark.
     """
 
     def __init__(self, log: CommitLog, writer: Writer, spark: Callable[[], Any], decode: Decoder | None,
-                 partition_by: list[str], step_hook: StepHook) -> None:
+                 partition_by: list[str], step_hook: StepHook, offload: Offload = asyncio.to_thread) -> None:
         self.log = log
         self.writer = writer
         self._spark = spark
         self.decode = decode
         self.partition_by = partition_by
         self.hook = step_hook
+        self.offload = offload
 
     async def plan(self, attempt: Attempt) -> None:
         """cut -> planned. Raises :class:`BatchRefused` for partitions fenced by a newer claim."""
@@ -186,7 +193,7 @@ class BatchSteps:
         """Build the planned batch's DataFrame ahead of its write (in a worker thread).
         A failure is left for :meth:`write`, which builds it again and reports it."""
         try:
-            attempt.df = await asyncio.to_thread(self._dataframe, attempt)
+            attempt.df = await self.offload(self._dataframe, attempt)
         except Exception as error:
             logger.debug("sink: preparing batch %s failed; the write retries it: %r", attempt.batch_id, error)
             attempt.df = None
@@ -210,7 +217,7 @@ class BatchSteps:
         :class:`BatchRefused`."""
         assert attempt.batch_id is not None
         try:
-            attempt.manifest = await asyncio.to_thread(self._write_blocking, attempt)
+            attempt.manifest = await self.offload(self._write_blocking, attempt)
         except Exception as error:
             attempt.df = None
             await self.log.refresh()
@@ -243,14 +250,14 @@ class BatchSteps:
         moved = 0
         if attempt.publication is not None:
             publications = self.log.unpublished(through=attempt.publication)
-            published, moved = await asyncio.to_thread(self.writer.publish, publications)
+            published, moved = await self.offload(self.writer.publish, publications)
             self.log.mark_published(attempt.publication)
             others = [batch_id for batch_id in published if batch_id != attempt.batch_id]
             if others:
                 logger.info("sink: rolled committed batch(es) %s of other writers forward before publishing batch %s",
                             others, attempt.batch_id)
         elif attempt.skipped and attempt.batch_id is not None:
-            await asyncio.to_thread(self.writer.discard, attempt.batch_id)
+            await self.offload(self.writer.discard, attempt.batch_id)
         attempt.move(AttemptState.PUBLISHED)
         attempt.timed("publish", started)
         self.hook("after_publish")
@@ -286,6 +293,6 @@ class BatchSteps:
                 attempt.publication = self.log.publication_of(attempt.batch_id)
                 attempt.move(AttemptState.COMMITTED)
                 return
-            await asyncio.to_thread(self.writer.discard, attempt.batch_id)
+            await self.offload(self.writer.discard, attempt.batch_id)
         attempt.df = None
         attempt.move(AttemptState.ABORTED)

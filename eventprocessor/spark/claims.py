@@ -47,6 +47,7 @@ class Claim:
         self.state = ClaimState.FENCING
         self.last_sequence_number = -1  # highest sequence number accepted (committed or buffered)
         self.committed_high_water_mark: int | None = None  # from the commit log, at the fence
+        self.cut_through = -1  # the last sequence number cut into a batch (at the fence: the high-water mark)
         self.events: list[Event] = []
         self.nbytes = 0
 
@@ -125,11 +126,15 @@ class Buffers:
             return 0.0
         if not self.events:
             return None
-        return max(0.0, self.first_at + self.limits.max_interval - asyncio.get_running_loop().time())
+        left = self.first_at + self.limits.max_interval - asyncio.get_running_loop().time()
+        # Due within a microsecond is due: a wait of a rounding error would end at the same
+        # instant (on virtual time, for ever), not later.
+        return left if left > 1e-6 else 0.0
 
-    def cut(self) -> tuple[dict[Claim, list[Event]], int]:
+    def cut(self) -> tuple[dict[Claim, list[Event]], dict[Claim, int], int]:
         """Take a batch off the buffers (see the module docstring): each claim's events,
-        and their bytes."""
+        the sequence number each claim's events continue (its previous cut's last, or
+        the high-water mark of its fence), and their bytes."""
         limits = self.limits
         claims = [c for c in self.claims.values() if c.events]
         if claims:
@@ -179,4 +184,7 @@ class Buffers:
         if self.events:
             self.first_at = asyncio.get_running_loop().time()
         self.space.set()
-        return cut, nbytes
+        after = {}
+        for claim, events in cut.items():
+            after[claim], claim.cut_through = claim.cut_through, events[-1].sequence_number
+        return cut, after, nbytes

@@ -35,8 +35,10 @@ version ``v`` decided with the whole history below ``v``:
   data is written. Its version is the ``batch_id``. Accepted only when, for each of its
   partitions, the latest fence is the range's claim.
 * ``commit`` (``batch_id``, the files of the batch): the commit point. Accepted only
-  when the batch is still planned (not aborted by a fence or given up) and every
-  partition's latest fence is still the batch's claim. Commits that carry files get a
+  when the batch is still planned (not aborted by a fence or given up), every
+  partition's latest fence is still the batch's claim, and every partition's committed
+  high-water mark is the one its range continues (its ``after``): a batch never commits
+  past an earlier batch of its claim that did not commit. Commits that carry files get a
   dense *publication number* (0, 1, 2, ...: the order of their commit entries), under
   which the Parquet writer publishes them in Spark's ``_spark_metadata`` log.
 * ``abort`` (``batch_id``): the writer gives a planned batch up.
@@ -78,7 +80,6 @@ from .log_records import (
     COMMITTED,
     FORMAT,
     PLANNED,
-    SNAPSHOT_PREFIX,
     BatchRefused,
     FenceResult,
     Manifest,
@@ -87,6 +88,7 @@ from .log_records import (
     StagedFile,
     StaleFenceError,
 )
+from .log_snapshots import LogSnapshots, snapshot_name
 from .log_state import LogState
 from .log_storage import FileLogStorage, LogStorage, StoreLogStorage, fsync_directory
 
@@ -111,10 +113,6 @@ class _AlreadyDone(Exception):
 
 def _entry_name(version: int) -> str:
     return f"{version:0{_DIGITS}d}"
-
-
-def _snapshot_name(version: int) -> str:
-    return f"{SNAPSHOT_PREFIX}{version:0{_DIGITS}d}"
 
 
 class CommitLog:
@@ -150,10 +148,9 @@ class CommitLog:
         self._state = LogState()
         self._loaded = False
         self._tail_seen_at: float | None = None  # when an entry was last found missing (the end)
-        self._snapshot_version = 0  # the newest snapshot known (0: none)
-        self._snapshots_seen: dict[int, float] = {}
+        self._snapshots = LogSnapshots(storage, scope=self.scope, retention=self.retention,
+                                       compact_every=self.compact_every, clock=self._clock)
         self._lock = asyncio.Lock()
-        self._cleanup: asyncio.Task[None] | None = None
         # The ranges of recently resolved batches, to name a refused batch's partitions.
         self._resolved_ranges: collections.OrderedDict[int, tuple[PartitionRange, ...]] = collections.OrderedDict()
         self.requests = 0
@@ -201,26 +198,13 @@ class CommitLog:
     async def _load_newest_snapshot(self) -> None:
         """Jump to the newest snapshot when it is ahead of what this log has read."""
         self.requests += 1
-        names = await self.storage.list(SNAPSHOT_PREFIX)
-        now = self._clock()
-        versions = []
-        for name in names:
-            try:
-                versions.append(int(name[len(SNAPSHOT_PREFIX):]))
-            except ValueError:
-                continue
-        for version in versions:
-            self._snapshots_seen.setdefault(version, now)
-        if not versions:
+        newest = await self._snapshots.newest()
+        if newest is None or (newest <= self._state.next_version and self._loaded):
             return
-        newest = max(versions)
-        self._snapshot_version = max(self._snapshot_version, newest)
-        if newest <= self._state.next_version and self._loaded:
-            return
-        data = await self._read(_snapshot_name(newest))
+        data = await self._read(snapshot_name(newest))
         if data is None:  # deleted by a newer compaction meanwhile: read the listing again
             return await self._load_newest_snapshot()
-        entry = self._decode(_snapshot_name(newest), data)
+        entry = self._decode(snapshot_name(newest), data)
         state = LogState.from_json(entry["state"])
         if self._loaded and state.next_version <= self._state.next_version:
             return
@@ -325,7 +309,7 @@ class CommitLog:
                     # This append took long enough that version `version` may have been written
                     # and compacted away meanwhile: trust it only if no snapshot covers it.
                     await self._load_newest_snapshot()
-                    if self._snapshot_version > version:
+                    if self._snapshots.version > version:
                         logger.warning("commit log %s: an append at version %d took longer than half the "
                                        "retention and the log was compacted past it; deciding again",
                                        self.storage.description, version)
@@ -336,7 +320,7 @@ class CommitLog:
                     self._state.next_version = version + 1
                     # Version + 1 can only be written after this one: it was free when this create began.
                     self._tail_seen_at = create_started
-                    self._maybe_compact()
+                    self._snapshots.maybe_compact(self._state)
                     return version, result
                 # Lost the race for this version: read it and decide again.
 
@@ -406,10 +390,19 @@ class CommitLog:
             if outcome == COMMITTED:
                 raise _AlreadyDone(None)
             if outcome == PLANNED:
-                lost = self._state.lost(self._state.planned[batch_id])
+                planned = self._state.planned[batch_id]
+                lost = self._state.lost(planned)
                 if lost:
                     raise BatchRefused(f"batch {batch_id}: partitions {sorted(lost)} were fenced by a newer claim",
                                        lost)
+                gaps = self._state.discontinuous(planned)
+                if gaps:
+                    marks = ", ".join(f"{pid}: {hwm} committed, the batch continues "
+                                      f"{next(r.after for r in planned if r.partition_id == pid)}"
+                                      for pid, hwm in sorted(gaps.items()))
+                    raise BatchRefused(f"batch {batch_id}: partitions {sorted(gaps)} do not continue their committed "
+                                       f"high-water marks ({marks}): an earlier batch of the claim was not committed",
+                                       gaps)
                 return
             if outcome == ABORTED:
                 lost = self._state.lost(ranges) or [r.partition_id for r in ranges]
@@ -469,65 +462,11 @@ class CommitLog:
 
     # ------------------------------------------------------------------ compaction
 
-    def _maybe_compact(self) -> None:
-        if self._state.next_version - self._snapshot_version < self.compact_every:
-            return
-        if self._cleanup is not None and not self._cleanup.done():
-            return
-        state = LogState.from_json(self._state.to_json())  # a copy, as of now
-        self._snapshot_version = state.next_version
-        self._cleanup = asyncio.get_running_loop().create_task(self._compact(state),
-                                                               name="spark-commit-log-compaction")
-
-    async def _compact(self, state: LogState) -> None:
-        """Write a snapshot of ``state``, then delete what retention allows."""
-        try:
-            # Outcomes of batches planned before the previous snapshot are not needed any more.
-            previous = max([v for v in self._snapshots_seen if v < state.next_version], default=0)
-            state.outcomes = {b: o for b, o in state.outcomes.items() if b >= previous}
-            snapshot = {"type": "snapshot", "state": state.to_json(), "scope": list(self.scope), "format": FORMAT}
-            name = _snapshot_name(state.next_version)
-            await self.storage.create(name, json.dumps(snapshot, sort_keys=True, separators=(",", ":")).encode())
-            self._snapshots_seen.setdefault(state.next_version, self._clock())
-            logger.debug("commit log %s: snapshot at version %d", self.storage.description, state.next_version)
-            await self.delete_expired()
-        except Exception as error:  # compaction is best effort: the next one tries again
-            logger.warning("commit log %s: compaction failed: %r", self.storage.description, error)
-
     async def delete_expired(self) -> int:
         """Delete entries and snapshots below the newest snapshot this process has known
         for ``retention`` seconds. Returns how many names it deleted."""
-        now = self._clock()
-        old = [v for v, seen in self._snapshots_seen.items() if now - seen >= self.retention]
-        if not old:
-            return 0
-        horizon = max(old)
-        deleted = 0
-        for name in await self.storage.list():
-            if name.startswith(SNAPSHOT_PREFIX):
-                try:
-                    version = int(name[len(SNAPSHOT_PREFIX):])
-                except ValueError:
-                    continue
-            elif name.isdigit():
-                version = int(name)
-            else:
-                continue
-            if version < horizon:
-                await self.storage.delete(name)
-                deleted += 1
-        for version in [v for v in self._snapshots_seen if v < horizon]:
-            del self._snapshots_seen[version]
-        if deleted:
-            logger.info("commit log %s: deleted %d entries below version %d (retention %.0f s)",
-                        self.storage.description, deleted, horizon, self.retention)
-        return deleted
+        return await self._snapshots.delete_expired()
 
     async def aclose(self) -> None:
         """Wait for a compaction in progress."""
-        task, self._cleanup = self._cleanup, None
-        if task is not None:
-            try:
-                await task
-            except asyncio.CancelledError:
-                pass
+        await self._snapshots.aclose()

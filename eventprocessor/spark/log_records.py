@@ -20,7 +20,11 @@ class PartitionRange:
     """The events of one partition in one micro-batch.
 
     ``first_sequence_number`` and ``last_sequence_number`` are inclusive; ``owner_id``,
-    ``epoch`` and ``claim_token`` identify the claim that read them.
+    ``epoch`` and ``claim_token`` identify the claim that read them. ``after`` is the
+    partition's committed high-water mark the range continues (-1: nothing committed):
+    for a claim's first batch, the mark its fence found; then the last sequence number of
+    the claim's batch before. The range commits only while the mark is exactly that, so
+    no batch commits past one of its claim that did not (``None``: not checked).
 
     Example::
 
@@ -36,11 +40,15 @@ class PartitionRange:
     owner_id: str
     epoch: int
     claim_token: str = ""
+    after: int | None = None
 
     def to_json(self) -> dict[str, Any]:
-        return {"partition_id": self.partition_id, "first_sequence_number": self.first_sequence_number,
+        data = {"partition_id": self.partition_id, "first_sequence_number": self.first_sequence_number,
                 "last_sequence_number": self.last_sequence_number, "last_offset": self.last_offset,
                 "count": self.count, "owner_id": self.owner_id, "epoch": self.epoch, "token": self.claim_token}
+        if self.after is not None:
+            data["after"] = self.after
+        return data
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> PartitionRange:
@@ -48,7 +56,8 @@ class PartitionRange:
                    first_sequence_number=int(data["first_sequence_number"]),
                    last_sequence_number=int(data["last_sequence_number"]), last_offset=str(data["last_offset"]),
                    count=int(data["count"]), owner_id=str(data["owner_id"]), epoch=int(data["epoch"]),
-                   claim_token=str(data.get("token", "")))
+                   claim_token=str(data.get("token", "")),
+                   after=None if data.get("after") is None else int(data["after"]))
 
     @property
     def claim(self) -> tuple[str, int, str]:

@@ -152,6 +152,16 @@ class LogState:
                 lost.append(r.partition_id)
         return lost
 
+    def discontinuous(self, ranges: Iterable[PartitionRange]) -> dict[str, int]:
+        """The partitions of ``ranges`` whose committed high-water mark is not the one
+        the range continues (``after``), with the mark."""
+        found = {}
+        for r in ranges:
+            hwm = self.high_water_marks.get(r.partition_id, -1)
+            if r.after is not None and hwm != r.after:
+                found[r.partition_id] = hwm
+        return found
+
     def mark_published(self, through: int) -> None:
         """Every publication up to ``through`` is in place: forget their files."""
         self.published_floor = max(self.published_floor, through)

@@ -69,6 +69,7 @@ class BatchPipeline:
         self.dead_letter = dead_letter
         self.steps: BatchSteps | None = None
         self._cut_lock = asyncio.Lock()
+        self._flushes: list[asyncio.Future[None]] = []  # flush() calls waiting for the cutter
         self._queue: asyncio.Queue[Attempt] = asyncio.Queue(maxsize=1)
         self._published: asyncio.Queue[Attempt] = asyncio.Queue(maxsize=1)
         self._tasks: dict[str, asyncio.Task[None]] = {}
@@ -82,10 +83,19 @@ class BatchPipeline:
                 self._tasks[name] = asyncio.create_task(run(), name=f"spark-sink-{name}")
 
     async def flush(self) -> None:
-        """Cut what is buffered now, and wait until every batch is through."""
-        async with self._cut_lock:
-            while self.buffers.events:
-                await self._cut_and_plan()
+        """Cut what is buffered now, and wait until every batch is through.
+
+        The cutter task cuts, never the caller: a batch it plans is queued for the
+        committer even if the caller is cancelled meanwhile (a processor may cancel a
+        handler's ``close``), so no plan is left behind for a later batch of the same
+        partitions to commit past."""
+        cutter = self._tasks.get("batcher")
+        if self.buffers.events or (cutter is not None and not cutter.done()):
+            self.start()
+            done = asyncio.get_running_loop().create_future()
+            self._flushes.append(done)
+            self.buffers.added.set()  # wakes the cutter
+            await asyncio.shield(done)
         await self._queue.join()
         await self._published.join()
 
@@ -96,6 +106,7 @@ class BatchPipeline:
             async with self._cut_lock:
                 cutter.cancel()  # never between cutting a batch and queueing it
             await asyncio.gather(cutter, return_exceptions=True)
+        self._flushed()
         for name, queue in (("committer", self._queue), ("publisher", self._published)):
             task = self._tasks.pop(name, None)
             if task is not None and not task.done():
@@ -105,27 +116,42 @@ class BatchPipeline:
 
     async def _cut_loop(self) -> None:
         buffers, lock = self.buffers, self._cut_lock
-        assert buffers is not None and lock is not None
-        while True:
-            wait = buffers.seconds_until_due()
-            if wait != 0.0:
-                buffers.added.clear()
-                try:
-                    await asyncio.wait_for(buffers.added.wait(), wait)
-                except asyncio.TimeoutError:
-                    pass
-                continue
-            async with lock:
-                if buffers.events:
-                    await self._cut_and_plan()
+        try:
+            while True:
+                flushes = self._flushes
+                wait = 0.0 if flushes else buffers.seconds_until_due()
+                if wait != 0.0:
+                    buffers.added.clear()
+                    try:
+                        await asyncio.wait_for(buffers.added.wait(), wait)
+                    except asyncio.TimeoutError:
+                        pass
+                    continue
+                self._flushes = []
+                async with lock:
+                    if buffers.events:
+                        await self._cut_and_plan()
+                    while flushes and buffers.events:
+                        await self._cut_and_plan()
+                self._flushed(flushes)
+        finally:
+            self._flushed()
+
+    def _flushed(self, flushes: list[asyncio.Future[None]] | None = None) -> None:
+        """Wake ``flushes`` (default: every waiting flush, when the cutter ends)."""
+        if flushes is None:
+            flushes, self._flushes = self._flushes, []
+        for done in flushes:
+            if not done.done():
+                done.set_result(None)
 
     async def _cut_and_plan(self) -> None:
         """Cut a batch, plan it and build its DataFrame, and queue it for the committer.
         Batches are queued in the order they were cut, so each partition's ranges commit
         in order."""
         assert self.buffers is not None and self._queue is not None
-        events, nbytes = self.buffers.cut()
-        attempt = await self._plan(Attempt(events=events, byte_count=nbytes)) if events else None
+        events, after, nbytes = self.buffers.cut()
+        attempt = await self._plan(Attempt(events=events, byte_count=nbytes, after=after)) if events else None
         if attempt is None:
             return
         assert self.steps is not None
@@ -166,12 +192,13 @@ class BatchPipeline:
         return attempt.without(parked) if parked else attempt
 
     async def _refused(self, attempt: Attempt, refused: BatchRefused) -> Attempt:
-        """A newer claim fenced some of the attempt's partitions: end those claims, give
-        the batch up, and return a new attempt with the other partitions' events."""
+        """Some of the attempt's partitions cannot commit (a newer claim fenced them, or
+        an earlier batch of theirs did not commit): end those claims, give the batch up,
+        and return a new attempt with the other partitions' events (the same ranges)."""
         assert self.steps is not None
         lost = refused.lost or attempt.partition_ids
-        logger.warning("sink: %s; dropping the events of %s (their new owner reads them), going on with the rest",
-                       refused, sorted(lost))
+        logger.warning("sink: %s; dropping the events of %s (the partitions' next claims read them again), going "
+                       "on with the rest", refused, sorted(lost))
         for claim in attempt.events:
             if claim.partition_id in lost:
                 self.claims.end(claim, fenced_out=True)

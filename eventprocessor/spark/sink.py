@@ -4,7 +4,6 @@ See the package docstring (:mod:`eventprocessor.spark`) for the contract."""
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import logging
 import os
 import threading
@@ -20,12 +19,13 @@ from ..partition import PartitionContext, PartitionProcessor, claim_of
 from ..policies import CloseReason, DeadLetter, PoisonPolicy, RetryPolicy
 from ..stores.contract import CheckpointStore
 from .arrow import Decoder
-from .attempt import BatchSteps, MicroBatch
+from .attempt import BatchSteps, MicroBatch, Offload
 from .claims import Buffers, Claim, ClaimState, Limits
-from .commit_log import PLANNED, CommitLog, FileLogStorage, StoreLogStorage
-from .output import COMMITS_DIR, ForeachBatch, ForeachBatchWriter, OutputLocation, ParquetWriter, StepHook, Writer
+from .commit_log import PLANNED, CommitLog
+from .output import ForeachBatch, OutputLocation, StepHook, Writer
 from .pipeline import BatchPipeline, SinkStats
 from .session import spark_session
+from .sink_output import SinkOutput
 
 __all__ = ["SparkSink", "WRITE_RETRY_POLICY"]
 
@@ -117,6 +117,10 @@ class SparkSink:
       file moved into the table); ``after_publish`` (before the store checkpoints);
       ``after_checkpoint``. For fault-injection tests and tracing; it runs on the event
       loop or in the sink's worker threads, so keep it quick.
+    * ``offload``: how the sink runs its blocking calls (Spark, ``decode``,
+      ``foreach_batch``, its file operations): ``await offload(function, *args)``.
+      Default ``asyncio.to_thread``; a test on virtual time passes one that takes
+      virtual time.
 
     One sink serves one event loop and one event hub/consumer group; several processors
     (in one or many processes, on one or many hosts) may write to the same ``path``.
@@ -153,6 +157,7 @@ class SparkSink:
         dead_letter: DeadLetter | None = None,
         log_retention: float = 900.0,
         step_hook: StepHook | None = None,
+        offload: Offload | None = None,
     ) -> None:
         if max_events < 1:
             raise ConfigurationError(f"max_events must be at least 1, got {max_events}")
@@ -174,27 +179,23 @@ class SparkSink:
             raise ConfigurationError("dead_letter must be an async callable (events, error, context)")
         if step_hook is not None and not callable(step_hook):
             raise ConfigurationError("step_hook must be callable with the name of a step")
+        if offload is not None and not callable(offload):
+            raise ConfigurationError("offload must be an async callable: await offload(function, *args)")
         self.partition_by = [partition_by] if isinstance(partition_by, str) else list(partition_by or [])
         self._hook: StepHook = step_hook or (lambda _step: None)
-        self.location: OutputLocation | None = None
-        self._writer: Writer
-        if foreach_batch is not None:
-            if not callable(foreach_batch):
-                raise ConfigurationError("foreach_batch must be callable as foreach_batch(df, batch_id)")
-            if path is not None:
-                raise ConfigurationError("pass either path (the Parquet writer) or foreach_batch, not both")
-            self._writer = ForeachBatchWriter(foreach_batch)
-        else:
-            if path is None:
-                raise ConfigurationError("SparkSink needs a path for the Parquet writer, or foreach_batch")
-            self.location = OutputLocation(path, filesystem)
-            self._writer = ParquetWriter(self.location, self.partition_by, write_options or {}, self._hook)
-        self._log_target = self._commit_log_target(commit_log, log_name, foreach_batch is not None)
+        output = SinkOutput.choose(path=path, foreach_batch=foreach_batch, commit_log=commit_log, log_name=log_name,
+                                   filesystem=filesystem, partition_by=self.partition_by,
+                                   write_options=write_options, step_hook=self._hook)
+        self._output = output
+        self.location: OutputLocation | None = output.location
+        self.log_name: str | None = output.log_name
+        self._writer: Writer = output.writer
         self._limits = Limits(int(max_events), int(max_bytes), float(max_interval))
         self.decode = decode
         self.retry_policy = retry_policy or WRITE_RETRY_POLICY
         self.dead_letter = dead_letter
         self.log_retention = float(log_retention)
+        self._offload: Offload = offload or asyncio.to_thread
         self._spark = spark
         self._master = master
         self._remote = remote
@@ -205,36 +206,6 @@ class SparkSink:
         self._pipeline: BatchPipeline | None = None
         self._open_claims = 0
         self.stats = SinkStats()
-
-    def _commit_log_target(self, commit_log: str | os.PathLike | CheckpointStore | None,
-                           log_name: str | None, foreach: bool) -> str | CheckpointStore:
-        if isinstance(commit_log, CheckpointStore):
-            if log_name is None:
-                if foreach or self.location is None:
-                    raise ConfigurationError("foreach_batch with a commit log in a checkpoint store needs log_name= "
-                                             "(one name per destination)")
-                digest = hashlib.sha256(self.location.spark_root.encode()).hexdigest()[:16]
-                log_name = f"spark-sink-{digest}"
-            self.log_name: str | None = log_name
-            return commit_log
-        self.log_name = None
-        if log_name is not None:
-            raise ConfigurationError("log_name names a commit log kept in a checkpoint store (commit_log=store)")
-        if commit_log is None:
-            if foreach:
-                raise ConfigurationError("foreach_batch needs commit_log=: a checkpoint store (with log_name=) or a "
-                                         "directory all processors share")
-            assert self.location is not None
-            if not self.location.local:
-                raise ConfigurationError(
-                    f"the output {self.location.spark_root} is not a local path: pass commit_log= (the checkpoint "
-                    "store the processors share, or a directory all of them mount)")
-            return str(self.location.local_path(COMMITS_DIR))
-        text = os.fspath(commit_log)
-        if "://" in text and not text.startswith("file:"):
-            raise ConfigurationError(f"commit_log {text.split('://')[0]}://... is not supported: pass a checkpoint "
-                                     "store, or a directory on a POSIX file system all processors share")
-        return text[len("file://"):] if text.startswith("file://") else text
 
     def __repr__(self) -> str:
         target = self.location.spark_root if self.location is not None else "foreach_batch"
@@ -355,18 +326,12 @@ class SparkSink:
         return self._buffers
 
     def _steps_for(self, log: CommitLog) -> BatchSteps:
-        return BatchSteps(log, self._writer, lambda: self.spark, self.decode, self.partition_by, self._hook)
+        return BatchSteps(log, self._writer, lambda: self.spark, self.decode, self.partition_by, self._hook,
+                          self._offload)
 
     async def _log_for(self, ctx: PartitionContext) -> CommitLog:
         if self._log is None:
-            target = self._log_target
-            storage = (StoreLogStorage(target, self.log_name or "",
-                                       fully_qualified_namespace=ctx.fully_qualified_namespace,
-                                       eventhub_name=ctx.eventhub_name, consumer_group=ctx.consumer_group)
-                       if isinstance(target, CheckpointStore) else FileLogStorage(target))
-            self._log = CommitLog(storage, fully_qualified_namespace=ctx.fully_qualified_namespace,
-                                  eventhub_name=ctx.eventhub_name, consumer_group=ctx.consumer_group,
-                                  retention=self.log_retention)
+            self._log = self._output.open_log(ctx, self.log_retention)
             if self._pipeline is not None:
                 self._pipeline.steps = self._steps_for(self._log)
         return self._log
@@ -407,6 +372,7 @@ class SparkSink:
                 continue
             claim.committed_high_water_mark = result.high_water_mark
             claim.last_sequence_number = -1 if result.high_water_mark is None else result.high_water_mark
+            claim.cut_through = claim.last_sequence_number
             claim.state = ClaimState.ACTIVE
             logger.info("sink: owner %s starts partition %s of %s/%s (epoch %s) after committed sequence number %s",
                         ctx.owner_id, ctx.partition_id, ctx.eventhub_name, ctx.consumer_group, ctx.epoch,
@@ -418,19 +384,19 @@ class SparkSink:
         batches that are over. Failures are logged; the next fence tries again."""
         try:
             for batch_id in aborted:
-                await asyncio.to_thread(self._writer.discard, batch_id)
+                await self._offload(self._writer.discard, batch_id)
             publications = log.unpublished()
             if publications:
-                published, moved = await asyncio.to_thread(self._writer.publish, publications)
+                published, moved = await self._offload(self._writer.publish, publications)
                 log.mark_published(publications[-1].number)
                 if published:
                     logger.info("sink: rolled committed batch(es) %s forward into %s (%d files moved)", published,
                                 self.location.spark_root if self.location else "-", moved)
-            for batch_id in await asyncio.to_thread(self._writer.staged_batches):
+            for batch_id in await self._offload(self._writer.staged_batches):
                 if batch_id >= log.next_version or log.outcome(batch_id) == PLANNED:
                     continue  # planned (or newer than what was read): its writer or a later fence decides
                 if log.is_resolved_and_published(batch_id):
-                    await asyncio.to_thread(self._writer.discard, batch_id)
+                    await self._offload(self._writer.discard, batch_id)
                     logger.info("sink: removed the staged files of finished batch %s (%s)", batch_id,
                                 log.outcome(batch_id) or "compacted")
         except Exception as error:

@@ -44,7 +44,7 @@ except ImportError as error:  # pragma: no cover - depends on the installed pysp
 from ...errors import ConfigurationError
 from ...stores.records import partition_sort_key
 from .checkpoints import CheckpointWriter
-from .executor import read_range
+from .executor import read_ranges
 from .hub import DriverHub
 from .offsets import (
     DataLossError,
@@ -53,6 +53,7 @@ from .offsets import (
     ReadRange,
     data_loss,
     end_position,
+    group_ranges,
     plan_latest,
     plan_ranges,
 )
@@ -84,11 +85,12 @@ _STOP_SECONDS = 10.0  # what stop() may spend releasing the query's partitions
 
 
 class EventHubsPartition(InputPartition):
-    """One Spark task: a :class:`~eventprocessor.spark.source.offsets.ReadRange`."""
+    """One Spark task: one or more :class:`~eventprocessor.spark.source.offsets.ReadRange`
+    (small ranges of several partitions share a task: see ``group_ranges``)."""
 
-    def __init__(self, read: ReadRange) -> None:
-        super().__init__(read)
-        self.read = read
+    def __init__(self, reads: Sequence[ReadRange]) -> None:
+        super().__init__(tuple(reads))
+        self.reads = tuple(reads)
 
 
 class EventHubsDataSource(DataSource):
@@ -315,12 +317,12 @@ class EventHubsStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
         ranges = plan_ranges(HubOffset.from_json(start, name), HubOffset.from_json(end, name),
                              self._options.min_partitions)
         planned_at = self._clock()
-        return [EventHubsPartition(replace(r, planned_at=planned_at)) for r in ranges]
+        return _tasks([replace(r, planned_at=planned_at) for r in ranges], self._options)
 
     def read(self, partition: InputPartition) -> Iterator[Any]:
         if not isinstance(partition, EventHubsPartition):
             return iter(())  # Spark's stand-in for an empty batch
-        return read_range(self._options, partition.read)
+        return _read_all(self._options, partition.reads)
 
     # ------------------------------------------------------------------ commits
 
@@ -401,9 +403,21 @@ class EventHubsBatchReader(DataSourceReader):
         end = HubOffset(options.eventhub_name, {pid: PartitionPosition(max(ends[pid], begins[pid]))
                                                 for pid in start.partitions})
         begin = HubOffset(options.eventhub_name, {pid: PartitionPosition(seq) for pid, seq in begins.items()})
-        return [EventHubsPartition(r) for r in plan_ranges(begin, end, options.min_partitions)]
+        return _tasks(plan_ranges(begin, end, options.min_partitions), options)
 
     def read(self, partition: InputPartition) -> Iterator[Any]:
         if not isinstance(partition, EventHubsPartition):
             return iter(())
-        return read_range(self._options, partition.read)
+        return _read_all(self._options, partition.reads)
+
+
+def _tasks(ranges: list[ReadRange], options: SourceOptions) -> list[InputPartition]:
+    """Spark input partitions: with ``minPartitions``, one per (split) range, as asked;
+    otherwise small ranges share tasks."""
+    if options.min_partitions:
+        return [EventHubsPartition([r]) for r in ranges]
+    return [EventHubsPartition(group) for group in group_ranges(ranges)]
+
+
+def _read_all(options: SourceOptions, reads: Sequence[ReadRange]) -> Iterator[Any]:
+    return read_ranges(options, reads)

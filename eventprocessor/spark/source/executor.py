@@ -1,11 +1,17 @@
 """The executors' side of the eventhubs source: the events of one sequence range of a
-partition as Arrow record batches (:func:`read_range`, one Spark task), over the
-receivers an executor's Python worker keeps open between tasks
-(:class:`WorkerReceivers`).
+partition as Arrow record batches (:func:`read_range`, one Spark task).
 
-Spark calls a reader synchronously; the receivers live on an event loop in a daemon
-thread of the worker, so their connections are serviced between tasks too. The
-driver's side (partition properties, starting positions) is :mod:`.hub`.
+A task does not receive its events itself. The executor's *reader processes*
+(:mod:`.reader_service`, started by the first task that needs one, one per CPU) keep a
+:class:`~eventprocessor.spark.source.readahead.PartitionReader` per partition, which goes
+on receiving and decoding past each range it served: when the partition's next task
+starts, its events are already there as record batches, whichever of the executor's
+Python workers runs it, and the task only hands them to Spark. Where no reader process
+can run (no Unix sockets), a worker reads in its own process (:class:`WorkerReaders`).
+
+:class:`ReaderPool` is what both keep: the partitions' readers, closed when unused for
+2.5 batch intervals (Event Hubs lets 5 readers without an owner level read a partition
+per consumer group, and kept readers count).
 
 Example::
 
@@ -18,292 +24,244 @@ import asyncio
 import logging
 import threading
 import time
-from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Iterator
-from dataclasses import dataclass
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from typing import Any, TypeVar
 
 import pyarrow as pa
 
-from ...errors import EventSourceError, ReceiverDisconnectedError
-from ...events import Event, EventPosition
-from ...sources.eventhub import EventHubSource
-from .hub import event_hub_source
-from .offsets import DataLossError, ReadRange
+from .offsets import ReadRange
 from .options import SourceOptions
-from .rows import events_to_record_batch
+from .readahead import PartitionReader
 
-__all__ = ["read_range", "RECORD_BATCH_ROWS", "OpenReceiver", "WorkerReceivers", "WORKER_RECEIVERS"]
+__all__ = ["read_range", "read_ranges", "ReaderPool", "WorkerReaders", "reader_key"]
 
 logger = logging.getLogger(__name__)
 
 _T = TypeVar("_T")
 
-RECORD_BATCH_ROWS = 8192
-"""Events per Arrow record batch handed to Spark."""
+ReaderKey = tuple[Any, ...]
 
 
-@dataclass
-class OpenReceiver:
-    """A receiver a worker keeps, with the source that opened it and the sequence number
-    it stands before."""
-
-    source: EventHubSource
-    receiver: Any
-    next_sequence_number: int
-    used_at: float = 0.0
+def reader_key(options: SourceOptions, partition_id: str) -> ReaderKey:
+    """What a kept reader must match to serve a task: the same hub and credentials,
+    consumer group, partition, owner level and prefetch."""
+    return (options.connection_string, options.consumer_group, partition_id, options.exclusive_receiver,
+            options.prefetch_count)
 
 
-class WorkerReceivers:
-    """The receivers one executor Python worker keeps open between tasks.
+class ReaderPool:
+    """The partition readers one process keeps between tasks (on one event loop).
 
-    Spark reuses a Python worker for task after task, and a streaming query reads each
-    partition from where its previous batch ended. Opening a receiver costs a
-    connection, a CBS handshake and an attach (about half a second with azure-eventhub),
-    so a worker keeps the receiver of each range it read, positioned at the range's end,
-    and the next task of that partition on this worker takes it over (its prefetched
-    events included), skipping up to ``max_skip`` events when another worker read the
-    ranges in between (reading and dropping a few thousand events costs far less than
-    a new receiver).
-    The receivers live on an event loop in a daemon thread of the worker, so their
-    connections keep being serviced between tasks; one unused for ``idle`` seconds is
-    closed, and at most ``capacity`` are kept (least recently used closed first). A
-    reused receiver whose connection dropped meanwhile is replaced by a new one.
-
-    Event Hubs lets 5 receivers without an owner level read one partition of a consumer
-    group, and kept receivers count. A batch has one task per partition, so a partition
-    gains at most one new receiver per batch: a kept receiver is closed once it has been
-    unused for ``IDLE_BATCHES`` batch intervals (the interval is learnt from the planning
-    times the tasks carry; ``idle`` seconds until one is known), which keeps about three
-    per partition whatever the cluster's size and the batches' pace. When the hub
-    refuses a receiver all the same (other readers of the group), the task waits for a
-    slot, up to ``eventhubs.receiverTimeout``.
+    A task's range is served by a kept reader of its partition that stands at most
+    ``max_skip`` events before the range (what it read ahead, or what a task elsewhere
+    read, is dropped); otherwise by a new one. A reader unused for ``IDLE_BATCHES``
+    batch intervals is closed: the interval is learnt from the planning times the tasks
+    carry (``idle`` seconds until one is known), which keeps about three readers per
+    partition whatever the cluster's size and the batches' pace. At most ``capacity``
+    are kept (least recently used closed first).
     """
 
     IDLE_BATCHES = 2.5
 
-    def __init__(self, *, idle: float = 5.0, capacity: int = 16, max_skip: int = 10_000,
+    def __init__(self, *, idle: float = 5.0, capacity: int = 64, max_skip: int = 10_000,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.default_idle = idle
         self.capacity = capacity
         self.max_skip = max_skip
         self._clock = clock
-        self._lock = threading.Lock()
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._kept: OrderedDict[tuple[Any, ...], OpenReceiver] = OrderedDict()
+        self._kept: dict[ReaderKey, list[PartitionReader]] = {}
         self._planned: list[float] = []
+        self._sweeping: asyncio.Task[None] | None = None
         self.reused = 0
         self.opened = 0
 
     def note_batch(self, planned_at: float) -> None:
         """Learn the batch interval from the driver's planning time of a task's batch."""
-        if planned_at <= 0:
-            return
-        with self._lock:
-            if planned_at not in self._planned:
-                self._planned = sorted([*self._planned, planned_at])[-5:]
+        if planned_at > 0 and planned_at not in self._planned:
+            self._planned = sorted([*self._planned, planned_at])[-5:]
 
     @property
     def idle(self) -> float:
-        """Seconds a kept receiver may stay unused: ``IDLE_BATCHES`` batch intervals (the
-        shortest gap between the batches this worker saw), from 2 s to 120 s."""
-        with self._lock:
-            gaps = [b - a for a, b in zip(self._planned, self._planned[1:], strict=False) if b > a]
+        """Seconds a kept reader may stay unused: ``IDLE_BATCHES`` batch intervals (the
+        shortest gap between the batches seen), from 2 s to 120 s."""
+        gaps = [b - a for a, b in zip(self._planned, self._planned[1:], strict=False) if b > a]
         if not gaps:
             return self.default_idle
         return min(120.0, max(2.0, self.IDLE_BATCHES * min(gaps)))
 
+    def kept(self) -> int:
+        return sum(len(readers) for readers in self._kept.values())
+
+    def take(self, key: ReaderKey, start: int) -> PartitionReader | None:
+        """The kept reader of ``key`` that can serve a read from ``start`` (the one with
+        the least to skip), out of the pool; None if there is none."""
+        readers = self._kept.get(key, [])
+        usable = [r for r in readers if r.can_serve(start, self.max_skip)]
+        if not usable:
+            return None
+        reader = min(usable, key=lambda r: start - r.position)
+        readers.remove(reader)
+        self.reused += 1
+        return reader
+
+    def keep(self, key: ReaderKey, reader: PartitionReader) -> None:
+        self._kept.setdefault(key, []).append(reader)
+        everyone = sorted((r.used_at, id(r), k, r) for k, rs in self._kept.items() for r in rs)
+        for _used, _id, old_key, old in everyone[:max(0, len(everyone) - self.capacity)]:
+            self._forget(old_key, old)
+        if self._sweeping is None or self._sweeping.done():
+            self._sweeping = asyncio.ensure_future(self._sweep())
+
+    def _forget(self, key: ReaderKey, reader: PartitionReader) -> None:
+        readers = self._kept.get(key, [])
+        if reader in readers:
+            readers.remove(reader)
+        if not readers:
+            self._kept.pop(key, None)
+        asyncio.ensure_future(reader.close())
+
+    async def _sweep(self) -> None:
+        """Close readers unused for ``idle`` seconds, until none is kept."""
+        while self._kept:
+            await asyncio.sleep(min(1.0, self.idle / 4))
+            now, idle = self._clock(), self.idle
+            for key, readers in list(self._kept.items()):
+                for reader in list(readers):
+                    if now - reader.used_at > idle:
+                        self._forget(key, reader)
+
+    def _reader_for(self, options: SourceOptions, read: ReadRange) -> PartitionReader:
+        self.note_batch(read.planned_at)
+        reader = self.take(reader_key(options, read.partition_id), read.from_sequence_number)
+        if reader is None:
+            reader = PartitionReader(options, read.partition_id, read.from_sequence_number,
+                                     ahead=max(read.count, options.prefetch_count), clock=self._clock)
+            self.opened += 1
+        return reader
+
+    def prepare(self, options: SourceOptions, read: ReadRange) -> None:
+        """A task will read ``read`` after its other ranges: have its reader receive it
+        meanwhile (a task reading several partitions' ranges waits for none but the
+        first)."""
+        reader = self._reader_for(options, read)
+        reader.ahead = max(reader.ahead, read.until_sequence_number - reader.position)
+        reader.read_ahead()
+        self.keep(reader_key(options, read.partition_id), reader)
+
+    async def read(self, options: SourceOptions, read: ReadRange) -> AsyncIterator[pa.RecordBatch]:
+        """One task's range, from a kept reader or a new one; the reader is kept for the
+        range that starts where this one ends (not when the task stopped early)."""
+        key = reader_key(options, read.partition_id)
+        reader = self._reader_for(options, read)
+        clean = False
+        try:
+            async for batch in reader.read(read.from_sequence_number, read.until_sequence_number, read):
+                yield batch
+            clean = True
+        finally:
+            if clean:
+                self.keep(key, reader)
+            else:
+                await reader.close()
+
+    async def close(self) -> None:
+        sweeping, self._sweeping = self._sweeping, None
+        if sweeping is not None:
+            sweeping.cancel()
+        readers = [r for rs in self._kept.values() for r in rs]
+        self._kept.clear()
+        await asyncio.gather(*(r.close() for r in readers), return_exceptions=True)
+
+
+class WorkerReaders:
+    """A :class:`ReaderPool` on an event loop in a daemon thread of this process: a
+    Python worker reading in its own process (where no reader process can run), and
+    tests. Spark calls a reader synchronously; :meth:`read_range` is a plain iterator."""
+
+    def __init__(self, **pool_options: Any) -> None:
+        self._pool_options = pool_options
+        self._lock = threading.Lock()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._pool: ReaderPool | None = None
+
+    @property
+    def pool(self) -> ReaderPool:
+        self._running_loop()
+        assert self._pool is not None
+        return self._pool
+
     def run(self, coroutine: Awaitable[_T]) -> _T:
-        """Run a coroutine on the worker's receiver loop and wait for it."""
+        """Run a coroutine on the readers' loop and wait for it."""
         return asyncio.run_coroutine_threadsafe(coroutine, self._running_loop()).result()  # type: ignore[arg-type]
 
     def _running_loop(self) -> asyncio.AbstractEventLoop:
         with self._lock:
             if self._loop is None or self._loop.is_closed():
                 loop = asyncio.new_event_loop()
-                threading.Thread(target=loop.run_forever, name="eventhubs-receivers", daemon=True).start()
+                threading.Thread(target=loop.run_forever, name="eventhubs-readers", daemon=True).start()
                 self._loop = loop
+                self._pool = ReaderPool(**self._pool_options)
             return self._loop
 
-    def take(self, key: tuple[Any, ...], sequence_number: int) -> OpenReceiver | None:
-        """The kept receiver of ``key`` if it stands at most ``max_skip`` events before
-        ``sequence_number`` and was used within ``idle`` seconds."""
-        with self._lock:
-            kept = self._kept.pop(key, None)
-        if kept is None:
-            return None
-        ahead = sequence_number - kept.next_sequence_number
-        if 0 <= ahead <= self.max_skip and self._clock() - kept.used_at <= self.idle:
-            self.reused += 1
-            return kept
-        self.discard(kept)
-        return None
+    def prepare(self, options: SourceOptions, reads: Sequence[ReadRange]) -> None:
+        async def prepare_all() -> None:
+            for read in reads:
+                self.pool.prepare(options, read)
 
-    def keep(self, key: tuple[Any, ...], receiver: OpenReceiver) -> None:
-        receiver.used_at = self._clock()
-        with self._lock:
-            self._kept[key] = receiver
-            self._kept.move_to_end(key)
-            evicted = []
-            while len(self._kept) > self.capacity:
-                evicted.append(self._kept.popitem(last=False)[1])
-        for old in evicted:
-            self.discard(old)
-        loop = self._running_loop()
-        loop.call_soon_threadsafe(loop.call_later, self.idle + 0.5, self._expire, key, receiver)
+        self.run(prepare_all())
 
-    def _expire(self, key: tuple[Any, ...], receiver: OpenReceiver) -> None:
-        idle = self.idle
-        with self._lock:
-            if self._kept.get(key) is not receiver:
-                return
-            left = idle - (self._clock() - receiver.used_at)
-            if left > 0:  # the interval grew meanwhile: look again then
-                asyncio.get_running_loop().call_later(left + 0.5, self._expire, key, receiver)
-                return
-            del self._kept[key]
-        asyncio.ensure_future(_close(receiver))
-
-    def discard(self, receiver: OpenReceiver) -> None:
-        """Close a receiver that will not be used again (in the background)."""
-        asyncio.run_coroutine_threadsafe(_close(receiver), self._running_loop())
-
-    def kept(self) -> int:
-        with self._lock:
-            return len(self._kept)
+    def read_range(self, options: SourceOptions, read: ReadRange) -> Iterator[pa.RecordBatch]:
+        if read.count <= 0:
+            return
+        batches = self.pool.read(options, read)
+        assert isinstance(batches, AsyncGenerator)
+        try:
+            while True:
+                try:
+                    yield self.run(batches.__anext__())
+                except StopAsyncIteration:
+                    return
+        finally:
+            self.run(batches.aclose())
 
 
-async def _close(opened: OpenReceiver) -> None:
-    try:
-        await opened.receiver.close()
-        await opened.source.close()
-    except Exception:
-        logger.debug("closing a kept receiver failed", exc_info=True)
+WORKER_READERS = WorkerReaders()
+"""This Python worker's own readers, where no reader process can run."""
 
 
-WORKER_RECEIVERS = WorkerReceivers()
-"""The receivers of this Python process (an executor's Python worker)."""
-
-
-def read_range(options: SourceOptions, read: ReadRange, *, rows_per_batch: int = RECORD_BATCH_ROWS,
-               receivers: WorkerReceivers | None = None) -> Iterator[pa.RecordBatch]:
+def read_range(options: SourceOptions, read: ReadRange, *,
+               readers: WorkerReaders | None = None) -> Iterator[pa.RecordBatch]:
     """The events ``[from, until)`` of one partition as Arrow record batches (on an
-    executor). Fails if an event the driver saw in the hub does not arrive within
-    ``eventhubs.receiverTimeout``; with ``failOnDataLoss`` it fails if the range starts
-    below the oldest event the hub still holds, else it logs the gap and goes on. The
-    receiver is kept for the range that starts where this one ends
-    (:class:`WorkerReceivers`)."""
+    executor), from the executor's reader process for that partition, or with
+    ``readers`` (a :class:`WorkerReaders`) in this process. Fails if an event the driver
+    saw in the hub does not arrive within ``eventhubs.receiverTimeout``; with
+    ``failOnDataLoss`` it fails if the range starts below the oldest event the hub
+    still holds, else it logs the gap and goes on."""
     if read.count <= 0:
-        return
-    pool = receivers or WORKER_RECEIVERS
-    pool.note_batch(read.planned_at)
-    owner_level = 0 if options.exclusive_receiver else None
-    key = (options.connection_string, options.consumer_group, read.partition_id, owner_level, options.prefetch_count)
-    opened = pool.take(key, read.from_sequence_number)
-    reused = opened is not None
+        return iter(())
+    if readers is not None:
+        return readers.read_range(options, read)
+    from .reader_service import service_available, service_read_range
 
-    async def open_new() -> OpenReceiver:
-        source = event_hub_source(options)
-        receiver = await source.open_receiver(
-            read.partition_id, consumer_group=options.consumer_group,
-            starting_position=EventPosition.from_sequence_number(read.from_sequence_number, inclusive=True),
-            owner_level=owner_level, prefetch=options.prefetch_count)
-        pool.opened += 1
-        return OpenReceiver(source, receiver, read.from_sequence_number)
+    if not service_available():
+        return WORKER_READERS.read_range(options, read)
+    return service_read_range(options, read)
 
-    if opened is None:
-        opened = pool.run(open_new())
-    deadline = time.monotonic() + options.receiver_timeout
-    clean = False
-    try:
-        expected = read.from_sequence_number
-        pending: list[Event] = []
-        while expected < read.until_sequence_number:
-            want = min(read.until_sequence_number - expected, rows_per_batch * 2)
-            try:
-                events = pool.run(opened.receiver.receive(want, options.receiver_timeout))
-            except (EventSourceError, ReceiverDisconnectedError) as error:
-                if expected != read.from_sequence_number:
-                    raise
-                if not reused and not (_receiver_limit(error) and time.monotonic() < deadline):
-                    if _receiver_limit(error):
-                        raise EventSourceError(
-                            f"partition {read.partition_id} of {options.eventhub_name!r}: the hub refused a receiver "
-                            f"for {options.receiver_timeout:g} s (eventhubs.receiverTimeout): consumer group "
-                            f"{options.consumer_group!r} already has the 5 readers without an owner level Event Hubs "
-                            "allows per partition (other queries or consumers, or receivers kept by executor "
-                            "workers); give this query a consumer group of its own",
-                            fully_qualified_namespace=options.fully_qualified_namespace,
-                            eventhub_name=options.eventhub_name, reason="refused") from None
-                    raise
-                if reused:
-                    # A kept receiver whose connection dropped (or was taken over) while it waited.
-                    logger.debug("partition %s: the kept receiver failed (%s); opening a new one", read.partition_id,
-                                 error)
-                else:
-                    # Event Hubs lets 5 receivers without an owner level read a partition per consumer
-                    # group; the others may be receivers other workers keep (closed when idle): wait.
-                    logger.info("partition %s: the hub refused a receiver (%s); trying again", read.partition_id,
-                                str(error)[:200])
-                    time.sleep(0.5)
-                pool.discard(opened)
-                reused = False
-                opened = pool.run(open_new())
-                continue
-            reused = False
-            if not events:
-                raise EventSourceError(
-                    f"partition {read.partition_id} of {options.eventhub_name!r}: no event arrived in "
-                    f"{options.receiver_timeout:g} s (eventhubs.receiverTimeout) although the hub reported events up "
-                    f"to sequence number {read.until_sequence_number - 1}; waiting for {expected}",
-                    fully_qualified_namespace=options.fully_qualified_namespace, eventhub_name=options.eventhub_name,
-                    reason="timeout")
-            first = events[0].sequence_number
-            if first > expected:
-                _gap(options, read, expected, first)
-            for event in events:
-                seq = event.sequence_number
-                if seq < expected:
-                    continue
-                if seq >= read.until_sequence_number:
-                    raise _Overshot()
-                pending.append(event)
-                expected = seq + 1
-            if len(pending) >= rows_per_batch or expected >= read.until_sequence_number:
-                yield events_to_record_batch(read.partition_id, pending)
-                pending = []
-        if pending:
-            yield events_to_record_batch(read.partition_id, pending)
-        clean = True
-    except _Overshot:
-        # Only after a gap (expired events): the receiver went past this range, so it
-        # cannot serve the next one; what it read of this range is complete.
-        if pending:
-            yield events_to_record_batch(read.partition_id, pending)
-    finally:
-        if clean:
-            opened.next_sequence_number = read.until_sequence_number
-            pool.keep(key, opened)
+
+def read_ranges(options: SourceOptions, reads: Sequence[ReadRange], *,
+                readers: WorkerReaders | None = None) -> Iterator[pa.RecordBatch]:
+    """The ranges of one task, one after the other; the readers of all but the first
+    receive theirs meanwhile."""
+    reads = [r for r in reads if r.count > 0]
+    if len(reads) > 1:
+        if readers is None:
+            from .reader_service import service_available, service_prepare
+
+            if service_available():
+                service_prepare(options, reads[1:])
+            else:
+                WORKER_READERS.prepare(options, reads[1:])
         else:
-            pool.discard(opened)
-
-
-class _Overshot(Exception):
-    pass
-
-
-def _receiver_limit(error: BaseException) -> bool:
-    """The hub refused a receiver because the partition has as many readers as it allows."""
-    text = str(error).lower()
-    return "resource-limit" in text or "receivers per partition" in text
-
-
-def _gap(options: SourceOptions, read: ReadRange, expected: int, first: int) -> None:
-    message = (f"partition {read.partition_id} of {options.eventhub_name!r}: the query was to read from sequence "
-               f"number {expected}, but the first event the hub returned is {first}; {first - expected} events "
-               "expired (retention) before they were read")
-    if options.fail_on_data_loss:
-        raise DataLossError(message + ". Set failOnDataLoss=false to go on without them",
-                            fully_qualified_namespace=options.fully_qualified_namespace,
-                            eventhub_name=options.eventhub_name, reason="refused")
-    logger.warning("%s; going on (failOnDataLoss=false)", message)
+            readers.prepare(options, reads[1:])
+    for read in reads:
+        yield from read_range(options, read, readers=readers)

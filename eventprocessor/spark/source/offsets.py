@@ -36,7 +36,7 @@ from ...sources.base import PartitionProperties
 from ...stores.records import partition_sort_key
 
 __all__ = ["PartitionPosition", "HubOffset", "ReadRange", "DataLoss", "DataLossError", "plan_latest", "rate_limit",
-           "plan_ranges", "data_loss", "end_position"]
+           "plan_ranges", "group_ranges", "data_loss", "end_position", "MIN_EVENTS_PER_TASK"]
 
 
 @dataclass(frozen=True)
@@ -267,6 +267,38 @@ def plan_ranges(start: HubOffset, end: HubOffset, min_partitions: int | None = N
             split.append(ReadRange(whole.partition_id, begin, begin + size, part, parts))
             begin += size
     return split
+
+
+MIN_EVENTS_PER_TASK = 1024
+"""A Spark task of a micro-batch reads at least this many events, or one partition's:
+the ranges of partitions with fewer share tasks (see :func:`group_ranges`)."""
+
+
+def group_ranges(ranges: list[ReadRange], min_events: int = MIN_EVENTS_PER_TASK) -> list[list[ReadRange]]:
+    """The Spark tasks of a batch: one per range, except that small ranges share one
+    until it reads ``min_events`` events. Each task costs Spark about the same (its
+    scheduling, a Python worker's round trip, one output file), so a batch of a quiet
+    stream (a few events per partition) runs as one or two tasks instead of one per
+    partition: it ends sooner and writes fewer small files. Each range is in one task.
+
+    Example::
+
+        group_ranges([ReadRange("0", 0, 5000), ReadRange("1", 0, 40), ReadRange("2", 0, 30)])
+        # [[ReadRange("0", 0, 5000)], [ReadRange("1", 0, 40), ReadRange("2", 0, 30)]]
+    """
+    tasks: list[list[ReadRange]] = []
+    small: list[ReadRange] = []
+    for r in ranges:
+        if r.count >= min_events:
+            tasks.append([r])
+            continue
+        small.append(r)
+        if sum(s.count for s in small) >= min_events:
+            tasks.append(small)
+            small = []
+    if small:
+        tasks.append(small)
+    return tasks
 
 
 def starting_offset(eventhub_name: str, positions: Iterable[tuple[str, PartitionPosition]]) -> HubOffset:

@@ -81,6 +81,27 @@ def json_value(value: Any) -> str:
     return json.dumps(str(value), ensure_ascii=False)
 
 
+class _Rendered(dict):
+    """Property values rendered as JSON text, each distinct value once per record
+    batch: the values of a stream repeat (units, kinds, device ids), and rendering one
+    costs several times the rest of its row. The key holds the type, so ``1``,
+    ``True`` and ``1.0`` stay apart."""
+
+    def render(self, value: Any) -> str:
+        key = (value.__class__, value)
+        try:
+            return self[key]
+        except KeyError:
+            text = self[key] = json_value(value)
+            return text
+        except TypeError:  # unhashable (a list or map value)
+            return json_value(value)
+
+
+_SYSTEM = (("partition_key", "x-opt-partition-key"), ("message_id", "message-id"),
+           ("correlation_id", "correlation-id"), ("content_type", "content-type"))
+
+
 def _maps(events: Sequence[Event]) -> tuple[pa.Array, pa.Array]:
     """Both map columns from flat key/value lists and offsets (no per-row pairs)."""
     keys: list[str] = []
@@ -89,25 +110,21 @@ def _maps(events: Sequence[Event]) -> tuple[pa.Array, pa.Array]:
     sys_keys: list[str] = []
     sys_values: list[str] = []
     sys_offsets = [0]
+    render = _Rendered().render
     for event in events:
         properties = event.properties
         if properties:
             for key, value in properties.items():
                 keys.append(key if key.__class__ is str else str(key))
-                values.append(json_value(value))
+                values.append(render(value))
         offsets.append(len(keys))
-        if event.partition_key is not None:
-            sys_keys.append("x-opt-partition-key")
-            sys_values.append(json_value(event.partition_key))
-        if event.message_id is not None:
-            sys_keys.append("message-id")
-            sys_values.append(json_value(event.message_id))
-        if event.correlation_id is not None:
-            sys_keys.append("correlation-id")
-            sys_values.append(json_value(event.correlation_id))
-        if event.content_type is not None:
-            sys_keys.append("content-type")
-            sys_values.append(json_value(event.content_type))
+        if event.partition_key is not None or event.message_id is not None or event.correlation_id is not None \
+                or event.content_type is not None:
+            for attribute, name in _SYSTEM:
+                value = getattr(event, attribute)
+                if value is not None:
+                    sys_keys.append(name)
+                    sys_values.append(render(value))
         sys_offsets.append(len(sys_keys))
     properties_column = pa.MapArray.from_arrays(pa.array(offsets, pa.int32()), pa.array(keys, pa.string()),
                                                 pa.array(values, pa.string()))
