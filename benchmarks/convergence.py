@@ -33,9 +33,9 @@ from eventprocessor import EventProcessor, LoadBalancingStrategy, Timing
 from eventprocessor.cli.user_errors import require
 from eventprocessor.testing import run_virtual
 
-from . import program
-from .results import RESULTS_DIR, machine_line
 from .simulation import PhaseResult, Simulation, Traffic, minimal_moves, simulation
+from .toolkit import program
+from .toolkit.report import plots_dir
 
 __all__ = ["main", "run_all", "Outcome", "Plan", "FULL", "QUICK", "ours_requests_per_hour",
            "official_requests_per_hour"]
@@ -1135,8 +1135,8 @@ def plot(outcomes: Sequence[Outcome], scenario: str, filename: str) -> str | Non
     fig.suptitle(f"{scenario}: partitions per instance (staggered ticks; dashed line: the event; "
                  "lines offset slightly to stay visible)", fontsize=10)
     fig.tight_layout()
-    RESULTS_DIR.mkdir(parents=True, exist_ok=True)
-    path = RESULTS_DIR / filename
+    plots_dir().mkdir(parents=True, exist_ok=True)
+    path = plots_dir() / filename
     fig.savefig(path, dpi=90)
     plt.close(fig)
     return filename
@@ -1200,12 +1200,14 @@ def notes(sections: dict[str, Any]) -> list[str]:
     ]
 
 
-def render(sections: dict[str, Any], command: str, elapsed: float, plots: Sequence[str]) -> str:
+def render(sections: dict[str, Any], head: str, plots: Sequence[str]) -> str:
+    """The section: ``head`` (the line under the title, :meth:`~benchmarks.toolkit.program.Run.header`),
+    the targets, the tables, the notes and the plots."""
     checks = check_targets(sections)
     lines = [
         "## Rebalance convergence: this SDK vs azure-eventhub's processor",
         "",
-        f"Command: `{command}` ({elapsed:.0f} s). {machine_line()}",
+        head,
         "",
         f"Virtual time (`eventprocessor.testing.VirtualTimeLoop`, one fresh loop per run); load-balancing interval "
         f"{INTERVAL:.0f} s and ownership expiration {EXPIRATION:.0f} s for both unless a table says otherwise. "
@@ -1303,7 +1305,7 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     parser.add_argument("--self-check", nargs="*", metavar="CHECK",
                         help="run the simulator's self-checks (all, or those named) instead of the benchmark")
 
-    def body(args: argparse.Namespace) -> int:
+    def body(args: argparse.Namespace, run: program.Run) -> int:
         if args.record and args.quick:
             parser.error("--record needs a full run: --quick results are partial and never recorded")
         if args.self_check is not None:
@@ -1316,17 +1318,15 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
             return self_check(args.self_check)
         require(purpose="the convergence benchmark (it runs azure-eventhub's own load balancer beside this SDK's)",
                 extras=["eventhub"])
-        return _run(args, program.recorded_command("convergence", argv))
+        return _run(args, run)
 
-    return program.run(parser, body, argv)
+    return program.run("convergence", parser, body, argv)
 
 
-def _run(args: argparse.Namespace, command: str) -> int:
+def _run(args: argparse.Namespace, run: program.Run) -> int:
     logging.basicConfig(level=logging.ERROR)
     plan = QUICK if args.quick else FULL
-    started = time.perf_counter()
     sections = run_all(plan, seed=args.seed)
-    elapsed = time.perf_counter() - started
     plots: list[str] = []
     if args.record:
         big_cold = f"cold start P={plan.cold_sizes[-1][0]} N={plan.cold_sizes[-1][1]}"
@@ -1340,8 +1340,8 @@ def _run(args: argparse.Namespace, command: str) -> int:
             made = plot(sections["failover"] + sections["rebalance"], scenario, name)
             if made:
                 plots.append(made)
-    text = render(sections, command, elapsed, plots)
-    program.report("convergence", text, args.record)
+    # Virtual time: the figures do not depend on how busy the machine was.
+    run.report(render(sections, run.header(flag_busy=False), plots))
     missed = [name for name, ok, _e in check_targets(sections) if not ok]
     if missed:
         print(f"\n{len(missed)} target(s) missed (see the table)", file=sys.stderr)

@@ -44,37 +44,33 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import json
 import logging
 import os
-import statistics
 import sys
-import tempfile
 import time
 import uuid
-from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from harness.worker_process import WorkerHandle, create_container, spawn_worker
 
-from . import program
 from .e2e_floor import spawn_floor
-from .machine import CpuMeter, process_cpu_seconds
-from .results import machine_line
+from .toolkit import program, services
+from .toolkit.machine import CpuMeter, process_cpu_seconds
+from .toolkit.report import header, median, number, table, value_range
 
-__all__ = ["main", "services", "Phase", "summarize", "save_run", "load_run"]
+__all__ = ["main", "Phase", "summarize", "save_run", "load_run"]
 
 logger = logging.getLogger(__name__)
 
 SIDES = ("floor", "ours", "official")
 CONSUMERS = ("ours", "official")
 SCALE_OUT_SIDES = ("ours", "official", "official-as-documented")
-TARGET = 0.85  # ours / floor, events/s (issue 24)
-
-_cpu_seconds = process_cpu_seconds  # the name benchmarks/scale.py imports
+SCALE_OUT_LABELS = {"ours": "ours", "official": "official, checkpoint in `on_partition_close`",
+                    "official-as-documented": "official as its samples write it (no checkpoint on close)"}
+TARGET = 0.85  # ours / floor, events/s
 
 
 @dataclass
@@ -365,7 +361,7 @@ class Bench:
                 results.sweep.append(phase)
                 tried[prefetch] = phase.rate
                 print(f"sweep {side} prefetch {prefetch}: {phase.rate:.0f} events/s, {phase.cpu_us:.1f} µs/event, "
-                      f"others {_cores(phase.others_cores)} cores", file=sys.stderr)
+                      f"others {number(phase.others_cores, '.2f')} cores", file=sys.stderr)
             results.prefetch[side] = max(tried, key=lambda p: tried[p])
         for round_ in range(args.rounds):
             order = SIDES[round_ % 3:] + SIDES[:round_ % 3]
@@ -374,7 +370,7 @@ class Bench:
                 phase = await self.read_hub(side, hub, args.events, results.prefetch[side], f"r{round_}")
                 phases[side] = phase
                 print(f"round {round_} {side}: {phase.rate:.0f} events/s, {phase.cpu_us:.1f} µs/event, emulator "
-                      f"{_us(phase.emulator_us)} µs/event, others {_cores(phase.others_cores)} cores, load "
+                      f"{number(phase.emulator_us)} µs/event, others {number(phase.others_cores, '.2f')} cores, load "
                       f"{phase.load:.1f}", file=sys.stderr)
             results.rounds.append(phases)
         for round_ in range(args.failover_rounds):
@@ -408,22 +404,6 @@ def _duplicates_since(workers: list[WorkerHandle], since: float) -> int:
     return duplicates
 
 
-def _median(values: Sequence[float]) -> float:
-    return statistics.median(values) if values else float("nan")
-
-
-def _span(values: Sequence[float], fmt: str) -> str:
-    return f"{format(min(values), fmt)}-{format(max(values), fmt)}" if values else "-"
-
-
-def _us(value: float | None) -> str:
-    return f"{value:.1f}" if value is not None else "n/a"
-
-
-def _cores(value: float | None) -> str:
-    return f"{value:.2f}" if value is not None else "n/a"
-
-
 @dataclass
 class Summary:
     """The throughput rounds in figures: which rounds count, and the ratios over them."""
@@ -444,7 +424,7 @@ def summarize(rounds: list[dict[str, Phase]], busy_cores: float, min_quiet: int)
     Example::
 
         summary = summarize(results.rounds, busy_cores=0.3, min_quiet=3)
-        print(summary.busy, statistics.median(summary.ratios["ours/floor"]))
+        print(summary.busy, summary.ratios["ours/floor"])
     """
     quiet = [i for i, phases in enumerate(rounds) if not any(p.busy(busy_cores) for p in phases.values())]
     busy = len(quiet) < min(min_quiet, len(rounds))
@@ -455,7 +435,8 @@ def summarize(rounds: list[dict[str, Phase]], busy_cores: float, min_quiet: int)
     return Summary(quiet, busy, ratios, cpu_ratios, counted)
 
 
-def render(results: Results, args: argparse.Namespace, command: str, seconds: float) -> str:
+def render(results: Results, args: argparse.Namespace, head: str) -> str:
+    """The section: ``head`` (the line under the title, :func:`~benchmarks.toolkit.report.header`), then the tables."""
     summary = summarize(results.rounds, args.busy_cores, args.min_quiet_rounds)
     fill, prefetch = results.fill, results.prefetch
     counted = [results.rounds[i] for i in summary.counted]
@@ -465,7 +446,7 @@ def render(results: Results, args: argparse.Namespace, command: str, seconds: fl
                 if getattr(phases[side], attribute) is not None]
 
     ours_floor = summary.ratios["ours/floor"]
-    verdict = "met" if _median(ours_floor) >= TARGET else "not met"
+    verdict = "met" if median(ours_floor) >= TARGET else "not met"
     busy_note = (f"**Busy machine: in {len(results.rounds) - len(summary.quiet)} of {len(results.rounds)} rounds other "
                  f"processes used more than {args.busy_cores} cores, so this run is not a result.** The figures below "
                  f"are medians over all rounds, shown for information only.") if summary.busy else (
@@ -475,7 +456,7 @@ def render(results: Results, args: argparse.Namespace, command: str, seconds: fl
     lines = [
         "## End to end over AMQP: this SDK, azure-eventhub, and a bare receive loop (`e2e`)",
         "",
-        f"Command: `{command}` ({seconds:.0f} s). {machine_line()}",
+        head,
         "",
         "One Event Hubs emulator (`eventprocessor.emulators.eventhubs`, its own process) and one Azurite, "
         f"both on 127.0.0.1 and "
@@ -509,44 +490,32 @@ def render(results: Results, args: argparse.Namespace, command: str, seconds: fl
         "",
         busy_note,
         "",
-        "| side | prefetch | events/s (median) | range | CPU µs/event (median) | range | emulator CPU µs/event | "
-        "start-up (s) |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|",
-    ]
-    for side in SIDES:
-        rates, cpu = column(side, "rate"), column(side, "cpu_us")
-        lines.append(f"| {side} | {prefetch.get(side, '-')} | {_median(rates):,.0f} | {_span(rates, ',.0f')} | "
-                     f"{_median(cpu):.1f} | {_span(cpu, '.1f')} | {_us(_median(column(side, 'emulator_us')))} | "
-                     f"{_median(column(side, 'startup')):.1f} |")
-    lines += [
+        table(["side", "prefetch", "events/s (median)", "range", "CPU µs/event (median)", "range",
+               "emulator CPU µs/event", "start-up (s)"],
+              [[side, prefetch.get(side, "-"), number(median(column(side, "rate")), ",.0f"),
+                value_range(column(side, "rate")), number(median(column(side, "cpu_us"))),
+                value_range(column(side, "cpu_us"), ".1f"), number(median(column(side, "emulator_us"))),
+                number(median(column(side, "startup")))] for side in SIDES], align="lrrrrrrr"),
         "",
-        "| ratio (per round) | events/s, median | range | CPU per event, median | range |",
-        "|---|---:|---:|---:|---:|",
-    ]
-    for name in ("ours/floor", "official/floor", "ours/official"):
-        rates, cpu = summary.ratios[name], summary.cpu_ratios[name]
-        lines.append(f"| {name} | **{_median(rates):.2f}** | {_span(rates, '.2f')} | {_median(cpu):.2f} | "
-                     f"{_span(cpu, '.2f')} |")
-    lines += [
+        table(["ratio (per round)", "events/s, median", "range", "CPU per event, median", "range"],
+              [[name, f"**{number(median(summary.ratios[name]), '.2f')}**", value_range(summary.ratios[name], ".2f"),
+                number(median(summary.cpu_ratios[name]), ".2f"), value_range(summary.cpu_ratios[name], ".2f")]
+               for name in ("ours/floor", "official/floor", "ours/official")], align="lrrrr"),
         "",
-        f"Ours at **{_median(ours_floor):.2f}x** of the floor's events/s, median of {len(ours_floor)} rounds (range "
-        f"{_span(ours_floor, '.2f')}; target >= {TARGET}: {verdict}"
+        f"Ours at **{number(median(ours_floor), '.2f')}x** of the floor's events/s, median of {len(ours_floor)} rounds "
+        f"(range {value_range(ours_floor, '.2f')}; target >= {TARGET}: {verdict}"
         f"{', busy machine: not a result' if summary.busy else ''}"
         f"); 1-minute load average at the end of each of those rounds: {loads}.",
         "",
         "Per round (events/s; CPU µs/event; cores used by other processes during the phase; `busy` when above "
         f"{args.busy_cores}):",
         "",
-        "| round | floor | ours | official | ours/floor | official/floor | load |",
-        "|---:|---|---|---|---:|---:|---:|",
-    ]
-    for index, phases in enumerate(results.rounds):
-        cells = [f"{phases[s].rate:,.0f}; {phases[s].cpu_us:.1f}; {_cores(phases[s].others_cores)}"
-                 + (" busy" if phases[s].busy(args.busy_cores) else "") for s in SIDES]
-        lines.append(f"| {index} | " + " | ".join(cells) + f" | {phases['ours'].rate / phases['floor'].rate:.2f} | "
-                     f"{phases['official'].rate / phases['floor'].rate:.2f} | "
-                     f"{max(p.load for p in phases.values()):.1f} |")
-    lines += [
+        table(["round", "floor", "ours", "official", "ours/floor", "official/floor", "load"],
+              [[index, *(f"{phases[s].rate:,.0f}; {phases[s].cpu_us:.1f}; {number(phases[s].others_cores, '.2f')}"
+                         + (" busy" if phases[s].busy(args.busy_cores) else "") for s in SIDES),
+                f"{phases['ours'].rate / phases['floor'].rate:.2f}",
+                f"{phases['official'].rate / phases['floor'].rate:.2f}", f"{max(p.load for p in phases.values()):.1f}"]
+               for index, phases in enumerate(results.rounds)], align="rlllrrr"),
         "",
         "Timed from the moment every partition has delivered a batch (sampled every 0.25 s) to the last expected "
         "event, counting only the events and CPU of that window; CPU is the consumer process's own (user + system, "
@@ -556,7 +525,7 @@ def render(results: Results, args: argparse.Namespace, command: str, seconds: fl
         "is the last column of the first table.",
         "",
         f"Fill: the official producer sent {args.events:,} events at {fill.rate:,.0f}/s, {fill.producer_us:.1f} µs of "
-        f"its CPU per event; the emulator took {_us(fill.emulator_us)} µs per event in.",
+        f"its CPU per event; the emulator took {number(fill.emulator_us)} µs per event in.",
         "",
     ]
     fo = results.failover
@@ -566,13 +535,11 @@ def render(results: Results, args: argparse.Namespace, command: str, seconds: fl
             f"ownership expiration {args.expiry} s, prefetch {args.stream_prefetch}, a checkpoint every "
             f"{args.stream_checkpoint_events} events of a partition; one SIGKILLed)",
             "",
-            "| | seconds from SIGKILL to the last of its partitions delivered again (median) | range | events lost |",
-            "|---|---:|---:|---:|",
-        ]
-        for side in CONSUMERS:
-            lines.append(f"| {side} | {_median(fo[side]):.1f} | {_span(fo[side], '.1f')} | "
-                         f"{results.failover_lost[side]} |")
-        lines += ["", "Both wait for the dead process's ownership to expire, then claim at their next tick and "
+            table(["", "seconds from SIGKILL to the last of its partitions delivered again (median)", "range",
+                   "events lost"],
+                  [[side, number(median(fo[side])), value_range(fo[side], ".1f"), results.failover_lost[side]]
+                   for side in CONSUMERS], align="lrrr"),
+            "", "Both wait for the dead process's ownership to expire, then claim at their next tick and "
                       "open a receiver. Ours judges expiry on the store's clock, whose timestamps have 1-second "
                       "resolution, and keeps a self-fencing margin; the official processor uses the local clock.",
                   ""]
@@ -582,20 +549,13 @@ def render(results: Results, args: argparse.Namespace, command: str, seconds: fl
             f"{args.expiry} s, a checkpoint every {args.stream_checkpoint_events} events of a partition; "
             f"{args.scale_out_rounds} rounds)",
             "",
-            "| | duplicates after the scale-out (median) | per round | events lost | partitions moved | "
-            "seconds to settle (median) |",
-            "|---|---:|---:|---:|---:|---:|",
-        ]
-        labels = {"ours": "ours", "official": "official, checkpoint in `on_partition_close`",
-                  "official-as-documented": "official as its samples write it (no checkpoint on close)"}
-        for side in SCALE_OUT_SIDES:
-            rounds = results.scale_out[side]
-            if rounds:
-                lines.append(
-                    f"| {labels[side]} | {_median([r[0] for r in rounds]):.0f} | "
-                    f"{', '.join(str(r[0]) for r in rounds)} | {sum(r[1] for r in rounds)} | "
-                    f"{', '.join(str(r[2]) for r in rounds)} | {_median([r[3] for r in rounds]):.1f} |")
-        lines += ["", "A duplicate is a delivery, at or after the moment the two new processes start, of an event "
+            table(["", "duplicates after the scale-out (median)", "per round", "events lost", "partitions moved",
+                   "seconds to settle (median)"],
+                  [[SCALE_OUT_LABELS[side], number(median([r[0] for r in rounds]), ".0f"),
+                    ", ".join(str(r[0]) for r in rounds), sum(r[1] for r in rounds),
+                    ", ".join(str(r[2]) for r in rounds), number(median([r[3] for r in rounds]))]
+                   for side, rounds in results.scale_out.items() if rounds], align="lrrrrr"),
+            "", "A duplicate is a delivery, at or after the moment the two new processes start, of an event "
                       "some process had delivered before (a moved partition replays from its last checkpoint). "
                       "Ours hands a moved partition over (its owner finishes the batch, checkpoints and releases "
                       "it); the official new owner claims it over the old one, which still delivers until its next "
@@ -682,7 +642,7 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     """
     parser = _parser(prog)
 
-    def body(args: argparse.Namespace) -> int:
+    def body(args: argparse.Namespace, run: program.Run) -> int:
         if args.quick:
             if args.record:
                 parser.error("--quick runs are partial: they are never recorded")
@@ -700,66 +660,24 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
                 results, command, seconds = load_run(args.from_json)
             except ValueError as error:
                 parser.error(str(error))
-            print(render(results, args, command, seconds))
+            print(render(results, args, header(command, seconds=seconds)))
             return 0
-        return _run(args, program.recorded_command("e2e", argv))
+        return _run(args, run)
 
-    return program.run(parser, body, argv)
-
-
-@contextlib.contextmanager
-def services(*, partitions: int, max_events_per_partition: int, hubs: int = 100) -> Iterator[tuple[Any, Any]]:
-    """An Azurite and an Event Hubs emulator (hubs ``bench-0`` ... ``bench-{hubs-1}``, each
-    with ``partitions`` partitions), both on 127.0.0.1, stopped on exit; yields
-    (emulator, azurite). Raises ``AzuriteUnavailable`` or ``EmulatorUnavailable``.
-
-    Example::
-
-        with services(partitions=8, max_events_per_partition=100_000) as (emulator, azurite):
-            print(emulator.connection_string, azurite.connection_string)
-    """
-    from eventprocessor.emulators.azurite import start_azurite
-    from eventprocessor.emulators.eventhubs.process import start_emulator_process
-
-    names: list[str] = []
-    for index in range(hubs):
-        names += ["--eventhub", f"bench-{index}"]
-    azurite = start_azurite()
-    try:
-        emulator = start_emulator_process([*names, "--partitions", str(partitions),
-                                           "--max-events-per-partition", str(max_events_per_partition)])
-        try:
-            yield emulator, azurite
-        finally:
-            emulator.stop()
-    finally:
-        azurite.stop()
+    return program.run("e2e", parser, body, argv)
 
 
-def _run(args: argparse.Namespace, command: str) -> int:
+def _run(args: argparse.Namespace, run: program.Run) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    from eventprocessor.emulators.azurite import AzuriteUnavailable
-    from eventprocessor.emulators.eventhubs.process import EmulatorUnavailable
-
-    started = time.monotonic()
-    try:
-        with services(partitions=args.partitions, max_events_per_partition=max(100_000, args.events)) as (
-                emulator, azurite), tempfile.TemporaryDirectory(prefix="e2e-bench-") as log_dir:
-            azurite_pid = azurite.process.pid if azurite.process is not None else None
-            bench = Bench(args, emulator.connection_string, emulator.pid, azurite_pid, azurite.connection_string,
-                          log_dir)
-            results = asyncio.run(bench.run())
-    except AzuriteUnavailable as error:
-        print(f"e2e: Azurite could not start: {error}", file=sys.stderr)
-        return 2
-    except EmulatorUnavailable as error:
-        print(f"e2e: {error}", file=sys.stderr)
-        return 2
-    seconds = time.monotonic() - started
+    hubs = {f"bench-{index}": args.partitions for index in range(100)}
+    with services.logs("e2e", None) as log_dir, services.azurite_and_emulator(
+            ["--max-events-per-partition", str(max(100_000, args.events))], hubs=hubs) as (emulator, azurite):
+        azurite_pid = azurite.process.pid if azurite.process is not None else None
+        bench = Bench(args, emulator.connection_string, emulator.pid, azurite_pid, azurite.connection_string, log_dir)
+        results = asyncio.run(bench.run())
     if args.save_json:
-        save_run(args.save_json, results, command, seconds)
-    markdown = render(results, args, command, seconds)
-    program.report("e2e", markdown, args.record)
+        save_run(args.save_json, results, run.command, run.seconds)
+    run.report(render(results, args, run.header(flag_busy=False)))
     return 0
 
 

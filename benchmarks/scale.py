@@ -42,7 +42,7 @@ dispatched more than E after the last accepted write of its ownership record), o
 self-fenced leases, overrun ticks and overrun WARNING lines, HTTP requests per second
 counted at each worker's transport, CPU per processor (``time.process_time`` in the
 worker), Azurite's CPU, the longest event-loop stall of any processor and the CPU other
-processes used on the machine meanwhile (:mod:`benchmarks.machine_load`; a busy run is
+processes used on the machine meanwhile (:mod:`benchmarks.toolkit.machine`; a busy run is
 flagged). At the end, one listing of the store checks that every partition's record
 names exactly one live processor, is not expired, and agrees with what that processor
 dispatches.
@@ -73,10 +73,10 @@ from typing import Any
 
 from harness.worker_process import WorkerHandle
 
-from . import program
-from .machine_load import LoadReading, LoadWindow, busy_flag, process_cpu_seconds
-from .results import machine_line
 from .scale_worker import NAMESPACE, STORAGE_ENV
+from .toolkit import program, services
+from .toolkit.machine import LoadReading, LoadWindow, idle_cores, process_cpu_seconds
+from .toolkit.report import busy_flag, number, package_version, table
 
 __all__ = ["main", "choose_timing", "Calibration", "Sizing", "SideResult"]
 
@@ -90,38 +90,6 @@ EXPIRATION_RATIO = 5.0  # this SDK's defaults: 15 s interval, 75 s expiration
 OFFICIAL_EXPIRATION_RATIO = 6.0  # azure-eventhub's defaults: 30 s interval, 180 s expiration
 CAP_TICKS = 60  # a side that has not balanced after this many ticks of every processor is reported as such
 DEFAULT_BUDGET_MINUTES = 45.0
-
-
-def _cpu_seconds(pid: int | None) -> float | None:
-    """User + system CPU seconds of a process (Linux ``/proc``), or None."""
-    return None if pid is None else process_cpu_seconds(pid)
-
-
-def _cpu_times() -> tuple[float, float] | None:
-    """(idle, total) jiffies of the whole machine from ``/proc/stat``, or None."""
-    try:
-        with open("/proc/stat") as handle:
-            values = [float(v) for v in handle.readline().split()[1:]]
-        return values[3] + values[4], sum(values)
-    except (OSError, IndexError, ValueError):
-        return None
-
-
-async def idle_cores(seconds: float) -> float | None:
-    """How many cores the machine left idle over ``seconds`` (from ``/proc/stat``), or None."""
-    before = _cpu_times()
-    await asyncio.sleep(seconds)
-    after = _cpu_times()
-    if before is None or after is None or after[1] <= before[1]:
-        return None
-    return (os.cpu_count() or 1) * (after[0] - before[0]) / (after[1] - before[1])
-
-
-def _load_average() -> str:
-    try:
-        return "/".join(f"{x:.1f}" for x in os.getloadavg())
-    except OSError:
-        return "n/a"
 
 
 # --------------------------------------------------------------------------- sizing
@@ -277,17 +245,17 @@ async def calibrate(connection_string: str, partitions: int, listings: int, azur
                 if str(index) in current:
                     return
 
-        written0 = _cpu_seconds(azurite_pid)
+        written0 = process_cpu_seconds(azurite_pid)
         await asyncio.gather(*(claim(i) for i in range(partitions)))
-        written1 = _cpu_seconds(azurite_pid)
+        written1 = process_cpu_seconds(azurite_pid)
         write_cpu = None if written0 is None or written1 is None else (written1 - written0) / partitions
         client, server, wall = [], [], []
         for _ in range(listings):
-            cpu0, azurite0, wall0 = time.process_time(), _cpu_seconds(azurite_pid), time.perf_counter()
+            cpu0, azurite0, wall0 = time.process_time(), process_cpu_seconds(azurite_pid), time.perf_counter()
             listing = await store.list_ownership(NAMESPACE, hub, CONSUMER_GROUP)
             wall.append(time.perf_counter() - wall0)
             client.append(time.process_time() - cpu0)
-            azurite1 = _cpu_seconds(azurite_pid)
+            azurite1 = process_cpu_seconds(azurite_pid)
             if azurite0 is not None and azurite1 is not None:
                 server.append(azurite1 - azurite0)
             if len(listing.ownerships) != partitions:
@@ -516,9 +484,9 @@ class Runner:
         if self.azurite_pid is None:
             return 0.0
         while True:
-            before = _cpu_seconds(self.azurite_pid)
+            before = process_cpu_seconds(self.azurite_pid)
             await asyncio.sleep(1.0)
-            after = _cpu_seconds(self.azurite_pid)
+            after = process_cpu_seconds(self.azurite_pid)
             waited = time.monotonic() - started
             if before is None or after is None or after - before < 0.1:
                 return waited
@@ -564,7 +532,7 @@ class Runner:
             await self._until(lambda: all(w.ready for w in workers), args.ready_timeout, workers,
                               f"{impl}: {processors} workers ready")
             result.spawn_seconds = time.monotonic() - spawned
-            azurite0 = _cpu_seconds(self.azurite_pid)
+            azurite0 = process_cpu_seconds(self.azurite_pid)
             for worker in workers:
                 worker.go()
             go_at = time.time()
@@ -573,7 +541,7 @@ class Runner:
             result.ended_by = await self._wait_balanced(workers, partitions, deadline, impl)
             balanced = result.ended_by == "balanced"
             converge_end = time.time()
-            azurite1 = _cpu_seconds(self.azurite_pid)
+            azurite1 = process_cpu_seconds(self.azurite_pid)
             result.waited = converge_end - go_at
             ticks = [int(w.last.get("ticks", 0)) for w in workers]
             result.ticks_waited = (min(ticks), max(ticks))
@@ -594,7 +562,7 @@ class Runner:
                                        f"{sorted(len(w.owned_set) for w in workers)}")
                 print(f"{impl} {partitions}x{processors}: {result.problems[-1]}", file=sys.stderr, flush=True)
             end = time.time()
-            azurite2 = _cpu_seconds(self.azurite_pid)
+            azurite2 = process_cpu_seconds(self.azurite_pid)
             await asyncio.sleep(args.report_every * 1.5)  # the reports of the last moment
             try:
                 owners = await asyncio.wait_for(store_owners(self.connection_string, container, hub),
@@ -801,21 +769,21 @@ def _waited(r: SideResult) -> str:
     return f"not balanced after {r.waited:.0f} ({why})"
 
 
-def render(results: list[SizeResult], args: argparse.Namespace, command: str, seconds: float, load: str,
-           whole: LoadReading | None = None) -> str:
+def render(results: list[SizeResult], args: argparse.Namespace, head: str) -> str:
+    """The section: ``head`` (the line under the title, :meth:`~benchmarks.toolkit.program.Run.header`),
+    the sizing table, a table per size, what the machine held."""
     cores = os.cpu_count() or 1
     readings = [side.load for size in results for side in size.sides.values() if side.load is not None]
     lines = [
         "## Scale on Azurite: separate processes, ours vs the official EventProcessor (`scale`)",
         "",
-        f"Command: `{command}` ({seconds:.0f} s). {machine_line()} Load average (1/5/15 min) at start and end: "
-        f"{load}." + (f" Whole run: {whole.describe()}." if whole is not None else ""),
+        head,
         "",
         *busy_flag(readings, "the figures of the flagged sides"),
         f"One Azurite per size (in-memory, 127.0.0.1), started fresh by the benchmark. Each processor is its own OS "
         f"process (`benchmarks/scale_worker.py`); all of a side start together after their imports. *ours*: "
         f"`EventProcessor` + our `BlobCheckpointStore`, reading an empty `MemoryEventSource`. *official*: "
-        f"azure-eventhub {_official_version()}'s own `EventProcessor` class (its `OwnershipManager` and "
+        f"azure-eventhub {package_version('azure-eventhub')}'s own `EventProcessor` class (its `OwnershipManager` and "
         f"load-balancing loop) + `azure-eventhub-checkpointstoreblob-aio`, with a stand-in client that gives the "
         f"same partition ids and idle consumers instead of AMQP links. Only ownership is measured: no events on "
         f"either side. Same strategy ({args.strategy.upper()}) and interval I for both, each side with its own "
@@ -851,24 +819,22 @@ def render(results: list[SizeResult], args: argparse.Namespace, command: str, se
         f"for Azurite to go idle, and each side's container is deleted after it. A side is held "
         f"R + E/10 once balanced (every lease of ours renewed once).",
         "",
-        "| P x N | client ms/record | Azurite ms/record | c (s) | listing wall (s) | idle cores | C | I (s) | "
-        "E ours / official (s) | listing load (cores) | herd N·c/C (s) | Azurite w (ms/record written) | "
-        "store load N·s/I | burst B (s) | I bound by | ours: R / T / store operation_timeout (s) | "
-        "ours: lease − R (s) | cap: 60 ticks at I (min) |".replace("60", f"{args.cap_ticks:g}"),
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|",
+        table(["P x N", "client ms/record", "Azurite ms/record", "c (s)", "listing wall (s)", "idle cores", "C",
+               "I (s)", "E ours / official (s)", "listing load (cores)", "herd N·c/C (s)",
+               "Azurite w (ms/record written)", "store load N·s/I", "burst B (s)", "I bound by",
+               "ours: R / T / store operation_timeout (s)", "ours: lease − R (s)",
+               f"cap: {args.cap_ticks:g} ticks at I (min)"],
+              [[f"{size.partitions} x {size.processors}", f"{cal.client_ms_per_record:.3f}",
+                number(cal.server_ms_per_record, ".3f"), f"{cal.cpu:.2f}", f"{cal.wall:.2f}",
+                number(cal.idle_cores), f"{s.cores:g}", f"{s.interval:g}",
+                f"{s.expiration:g} / {s.official_expiration:g}", f"{s.listing_load:.2f}", f"{s.herd:.1f}",
+                number(None if cal.server_write_cpu is None else 1000 * cal.server_write_cpu, ".2f"),
+                number(s.store_load, ".2f"), number(s.burst), s.bound_by,
+                f"{s.renewal_age:g} / {s.store_timeout:.1f} / {s.operation_timeout:g}", f"{s.stall_room:.1f}",
+                f"{cap_seconds(args, s) / 60:.1f}"]
+               for size in results for cal, s in [(size.calibration, size.sizing)]],
+              align="lrrrrrrrrrrrrrlrrr"),
     ]
-    for size in results:
-        cal, s = size.calibration, size.sizing
-        server = "n/a" if cal.server_ms_per_record is None else f"{cal.server_ms_per_record:.3f}"
-        idle = "n/a" if cal.idle_cores is None else f"{cal.idle_cores:.1f}"
-        lines.append(f"| {size.partitions} x {size.processors} | {cal.client_ms_per_record:.3f} | {server} | "
-                     f"{cal.cpu:.2f} | {cal.wall:.2f} | {idle} | {s.cores:g} | {s.interval:g} | "
-                     f"{s.expiration:g} / {s.official_expiration:g} | {s.listing_load:.2f} | {s.herd:.1f} | "
-                     f"{'n/a' if cal.server_write_cpu is None else f'{1000 * cal.server_write_cpu:.2f}'} | "
-                     f"{'n/a' if s.store_load is None else f'{s.store_load:.2f}'} | "
-                     f"{'n/a' if s.burst is None else f'{s.burst:.1f}'} | {s.bound_by} | "
-                     f"{s.renewal_age:g} / {s.store_timeout:.1f} / "
-                     f"{s.operation_timeout:g} | {s.stall_room:.1f} | {cap_seconds(args, s) / 60:.1f} |")
     for size in results:
         lines += ["", f"### {size.partitions} partitions x {size.processors} processors "
                       f"(I = {size.sizing.interval:g} s; E = {size.sizing.expiration:g} s ours, "
@@ -881,10 +847,10 @@ def render(results: list[SizeResult], args: argparse.Namespace, command: str, se
         for impl, why in size.skipped.items():
             lines += [f"**{impl} not run**: {why}.", ""]
         sides = [size.sides.get(impl) for impl in IMPLS]
-        lines += ["| | ours | official |", "|---|---:|---:|"]
+        rows: list[list[str]] = []
 
-        def row(label: str, value: Any, lines: list[str] = lines, sides: list[Any] = sides) -> None:
-            lines.append(f"| {label} | " + " | ".join("-" if side is None else value(side) for side in sides) + " |")
+        def row(label: str, value: Any, rows: list[list[str]] = rows, sides: list[Any] = sides) -> None:
+            rows.append([label, *("-" if side is None else value(side) for side in sides)])
 
         row("seconds to balanced (from the common start)", _waited)
         row("ticks to balanced (busiest processor)",
@@ -926,23 +892,13 @@ def render(results: list[SizeResult], args: argparse.Namespace, command: str, se
         row("start-up imports of all workers (s, not measured above)", lambda r: f"{r.spawn_seconds:.1f}")
         row("other processes on the machine meanwhile (cores) / 1-min load average",
             lambda r: "n/a" if r.load is None else
-            f"{'n/a' if r.load.other_cores is None else f'{r.load.other_cores:.2f}'} / "
-            f"{'n/a' if r.load.load_start is None else f'{r.load.load_start:.1f}'}-"
-            f"{'n/a' if r.load.load_end is None else f'{r.load.load_end:.1f}'}")
+            f"{number(r.load.other_cores, '.2f')} / {number(r.load.load_start)}/{number(r.load.load_end)}")
+        lines.append(table(["", "ours", "official"], rows, align="lrr"))
         problems = [f"{side.impl}: {p}" for side in sides if side is not None for p in side.problems]
         if problems:
             lines += ["", "Problems found: " + "; ".join(problems)]
     lines += ["", *_verdict(results, args)]
     return "\n".join(lines) + "\n"
-
-
-def _official_version() -> str:
-    try:
-        from importlib.metadata import version
-
-        return version("azure-eventhub")
-    except Exception:  # pragma: no cover - not installed
-        return "?"
 
 
 def _verdict(results: list[SizeResult], args: argparse.Namespace) -> list[str]:
@@ -1065,7 +1021,7 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     """
     parser = _parser(prog)
 
-    def body(args: argparse.Namespace) -> int:
+    def body(args: argparse.Namespace, run: program.Run) -> int:
         if args.size_for is not None:
             return _size_for(parser, args.size_for)
         if args.quick and args.record:
@@ -1087,62 +1043,49 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
             parser.error("--cap-ticks must be at least 1")
         args.impls = [i.strip() for i in args.impls.split(",") if i.strip()]
         args.unmeasured = []
-        return _run(args, program.recorded_command("scale", argv))
+        return _run(args, run)
 
-    return program.run(parser, body, argv)
+    return program.run("scale", parser, body, argv)
 
 
 def _interrupt(_signum: int, _frame: Any) -> None:
     raise KeyboardInterrupt("SIGTERM")
 
 
-def _run(args: argparse.Namespace, command: str) -> int:
+def _run(args: argparse.Namespace, run: program.Run) -> int:
     from eventprocessor.cli.user_errors import require, require_azurite
 
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     require(purpose="the scale benchmark", extras=["blob", "eventhub"],
             packages=[("azure.eventhub.extensions.checkpointstoreblobaio", "azure-eventhub-checkpointstoreblob-aio")])
-    started = time.monotonic()
-    whole = LoadWindow()
-    load_start = _load_average()
     # A storage of the user's own (never on the command line: a connection string holds a key).
     given = os.environ.get(STORAGE_ENV)
-    azurite = None
     if not given:
         require_azurite("the scale benchmark")
-        from eventprocessor.emulators.azurite import start_azurite
-
-        azurite = start_azurite()
     previous = None
     if threading.current_thread() is threading.main_thread():
         # SIGTERM unwinds like Ctrl-C, so that every worker and Azurite are stopped.
         previous = signal.signal(signal.SIGTERM, _interrupt)
     results: list[SizeResult] = []
     try:
-        if azurite is not None:
+        if given:
+            results = asyncio.run(run_sizes(args, given, args.store_pid, started=run.started))
+        else:
             # One Azurite per size, started fresh: a size does not inherit the records,
             # memory and queued requests of the one before (Azurite keeps everything in
             # one in-memory database served by one thread).
             for index, size in enumerate(args.sizes):
-                if index:
-                    azurite.stop()
-                    azurite = start_azurite()
-                pid = azurite.process.pid if azurite.process is not None else None
-                results += asyncio.run(run_sizes(args, azurite.connection_string, pid, sizes=[size],
-                                                 started=started, first_index=index))
-        else:
-            results = asyncio.run(run_sizes(args, given or "", args.store_pid, started=started))
+                with services.azurite() as azurite:
+                    pid = azurite.process.pid if azurite.process is not None else None
+                    results += asyncio.run(run_sizes(args, azurite.connection_string, pid, sizes=[size],
+                                                     started=run.started, first_index=index))
     except KeyboardInterrupt:
         print(f"{program.command_name('scale')}: interrupted; every worker was stopped", file=sys.stderr)
         return 130
     finally:
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
-        if azurite is not None:
-            azurite.stop()
-    markdown = render(results, args, command, time.monotonic() - started, f"{load_start} / {_load_average()}",
-                      whole.reading())
-    program.report("scale", markdown, args.record)
+    run.report(render(results, args, run.header(flag_busy=False)))
     # 1 when ours missed a check in a size that ran (the official side's results are findings)
     failed = any(size.error or (ours is not None and (not ours.every_partition_owned_once
                                                       or ours.counters.get("missed_renewals", 0)))

@@ -297,7 +297,7 @@ async def _amain(args: argparse.Namespace) -> int:
     if not os.environ.get(STORAGE_ENV):
         print(f"scale_worker: {STORAGE_ENV} is not set", file=sys.stderr)
         return 2
-    from .store_bench import CountingTransport
+    from harness.counting_transport import CountingTransport
 
     loop = asyncio.get_running_loop()
     go, stop = asyncio.Event(), asyncio.Event()

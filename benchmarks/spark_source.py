@@ -47,13 +47,16 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 from harness.spark_files import batch_files
+
+from .toolkit import program
+from .toolkit.machine import load_average
+from .toolkit.report import number, value_range
 
 __all__ = ["main", "Measure"]
 
@@ -327,14 +330,14 @@ def _child(kind: str, args: argparse.Namespace, *, conn: str, cores: int, out: P
 
 
 def _load() -> str:
-    return "/".join(f"{x:.1f}" for x in os.getloadavg())
+    return number(load_average())
 
 
 def measure_all(args: argparse.Namespace) -> tuple[list[list[Measure]], dict[str, Any], dict[str, Any]]:
     from eventprocessor.emulators.eventhubs.process import start_emulator_process
     from eventprocessor.emulators.spark_cluster import start_spark_cluster
 
-    info: dict[str, Any] = {"load_start": _load()}
+    info: dict[str, Any] = {}
     emulator_args = ["--eventhub", HUB, "--eventhub", LIVE, "--partitions", str(args.partitions),
                      "--max-events-per-partition", str(args.events + args.latency_events + 1000)]
     for group in GROUPS:
@@ -374,7 +377,6 @@ def measure_all(args: argparse.Namespace) -> tuple[list[list[Measure]], dict[str
             rounds.append(sorted(measured, key=lambda m: paths.index(m.path)))
         latency = _child("latency", args, conn=live, cores=2, out=workdir / "latency",
                          on_ready=lambda: asyncio.run(_steady(live, args.rate, args.latency_seconds)))
-        info["load_end"] = _load()
         return rounds, info, latency
     finally:
         if cluster is not None:
@@ -405,14 +407,8 @@ async def _steady(conn: str, rate: float, seconds: float) -> None:
 # ----------------------------------------------------------------------------- report
 
 
-def _range(values: Sequence[float]) -> str:
-    return f"{min(values):,.0f}–{max(values):,.0f}"
-
-
 def markdown(rounds: list[list[Measure]], info: dict[str, Any], latency: dict[str, Any], args: argparse.Namespace,
-             command: str) -> str:
-    from benchmarks.results import machine_line
-
+             head: str) -> str:
     by_path: dict[str, list[Measure]] = {}
     for measured in rounds:
         for m in measured:
@@ -428,15 +424,14 @@ def markdown(rounds: list[list[Measure]], info: dict[str, Any], latency: dict[st
         label = labels.get(path) or f"**source, {path.split('-')[1]} executor core(s)**" + (
             " (4 task slots on 2 CPUs)" if path == "source-4" and (os.cpu_count() or 0) < 4 else "")
         whole = [m.whole_run_rows_per_s for m in measures if m.whole_run_rows_per_s]
-        rows.append(f"| {label} | {median:,.0f} | {_range(rates)} | **{median / ceiling_median:.2f}** | "
+        rows.append(f"| {label} | {median:,.0f} | {value_range(rates)} | **{median / ceiling_median:.2f}** | "
                     + (f"{statistics.median(whole):,.0f}" if whole else "") + " |")
     batch_rows = [f"{statistics.median(ms for m in by_path[p] for _r, ms in m.batches[1:]):,.0f}"
                   for p in by_path if p.startswith("source") and any(m.batches[1:] for m in by_path[p])]
     return "\n".join([
         "## Spark source: rows/s from Event Hubs into Parquet (`spark_source`)",
         "",
-        f"Command: `{command}`. {machine_line()} Load average (1/5/15 min) at start {info['load_start']}, at end "
-        f"{info.get('load_end', '?')}; at the start of each round: {', '.join(info.get('round_loads', []))}.",
+        f"{head} 1-minute load average at the start of each round: {', '.join(info.get('round_loads', []))}.",
         "",
         f"The Event Hubs emulator (its own process) and a standalone Spark cluster (a master and one worker offering "
         f"{max(2, *args.cores)} cores), both started by the benchmark on 127.0.0.1. {args.events:,} events of ~"
@@ -472,8 +467,6 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
 
         python -m benchmarks.spark_source --events 50000 --rounds 2
     """
-    from . import program
-
     parser = program.parser("spark_source", __doc__, prog)
     parser.add_argument("--events", type=int, default=100_000, help="events in the hub (default 100000)")
     parser.add_argument("--partitions", type=int, default=8)
@@ -490,12 +483,12 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     parser.add_argument("--conn", help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
 
-    def body(args: argparse.Namespace) -> int:
+    def body(args: argparse.Namespace, run: program.Run) -> int:
         logging.basicConfig(level=logging.WARNING)
         if args.child:
-            run = {"source": child_source, "sink": child_sink, "latency": child_latency}[args.child]
+            child = {"source": child_source, "sink": child_sink, "latency": child_latency}[args.child]
             args.cores = args.cores if isinstance(args.cores, int) else args.cores[0]
-            print("RESULT " + json.dumps(run(args)), flush=True)
+            print("RESULT " + json.dumps(child(args)), flush=True)
             return 0
         from eventprocessor.cli.user_errors import require, require_java
 
@@ -503,11 +496,10 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
         require_java("the spark-source benchmark")
         args.latency_events = int(args.rate * args.latency_seconds) // 50 * 50
         rounds, info, latency = measure_all(args)
-        program.report("spark_source", markdown(rounds, info, latency, args,
-                                                program.recorded_command("spark_source", argv)), args.record)
+        run.report(markdown(rounds, info, latency, args, run.header()))
         return 0
 
-    return program.run(parser, body, argv)
+    return program.run("spark_source", parser, body, argv)
 
 
 if __name__ == "__main__":

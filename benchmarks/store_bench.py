@@ -32,12 +32,13 @@ median and the range of the per-round ratios: ours against the official store on
 backend (Blob: what fencing costs), each store against its backend's floor, and our Table
 store against our Blob store, labelled as a backend comparison (the official store has no
 Table backend). The machine's load is measured beside every round
-(:mod:`benchmarks.machine_load`); a run on a busy machine is flagged as such.
+(:mod:`benchmarks.toolkit.machine`); a run on a busy machine is flagged as such.
 """
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import logging
 import math
@@ -50,19 +51,15 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-try:
-    from azure.core.pipeline.transport import AioHttpTransport
-except ImportError:  # no [blob] extra: --help and the in-memory dry run still work; main() says what to install
-    AioHttpTransport = object  # type: ignore[misc,assignment]
-
 from eventprocessor.cli.user_errors import require, require_azurite
 from eventprocessor.records import Checkpoint, Ownership
+from harness.counting_transport import CountingTransport
 
-from . import program
-from .machine_load import LoadReading, LoadWindow, busy_flag
-from .results import machine_line
+from .toolkit import program, services
+from .toolkit.machine import LoadReading, LoadWindow
+from .toolkit.report import busy_flag, median_range, number, package_version, table
 
-__all__ = ["main", "measure", "CountingTransport", "StoreResult", "Summary"]
+__all__ = ["main", "measure", "StoreResult", "Summary"]
 
 logger = logging.getLogger(__name__)
 
@@ -70,6 +67,8 @@ NAMESPACE = "bench.servicebus.windows.net"
 EVENTHUB = "hub"
 CONSUMER_GROUP = "$default"
 OWNER = "bench-owner"
+OFFICIAL_STORE = "azure-eventhub-checkpointstoreblob-aio"
+PHASES = ("create", "reclaim", "fence", "checkpoint")
 
 DEFAULT_PARTITIONS = (32, 1024)
 DEFAULT_CONCURRENCY = 16
@@ -87,26 +86,6 @@ COMPARISONS = (
     ("ours-table", "bare-table", "our Table store vs its floor, a bare conditional Table update"),
     ("ours-table", "ours-blob", "backend comparison, not a peer: our Table store vs our Blob store"),
 )
-
-
-class CountingTransport(AioHttpTransport):
-    """An aiohttp transport that counts the HTTP requests it sends, by method.
-
-    Passed as ``transport=`` to the Azure clients, so every attempt (retries included)
-    is counted the same way for every store, without touching their code.
-    """
-
-    def __init__(self, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        self.requests: Counter = Counter()
-
-    async def send(self, request: Any, **kwargs: Any) -> Any:  # type: ignore[override]
-        self.requests[request.method] += 1
-        return await super().send(request, **kwargs)
-
-    @property
-    def total(self) -> int:
-        return sum(self.requests.values())
 
 
 # --------------------------------------------------------------------------- adapters
@@ -424,16 +403,6 @@ class StoreResult:
                 "round": self.round, **phases, "list_ms": self.list_ms, "list_requests": self.list_requests}
 
 
-def _span(values: Sequence[float], digits: int = 0, unit: str = "") -> str:
-    """``median (min-max)`` of per-round values; the median alone for one round."""
-    if not values:
-        return "n/a"
-    median = f"{statistics.median(values):,.{digits}f}{unit}"
-    if len(values) < 2:
-        return median
-    return f"{median} ({min(values):,.{digits}f}-{max(values):,.{digits}f})"
-
-
 @dataclass
 class Summary:
     """One store at one partition count over all rounds: medians and ranges of the
@@ -460,7 +429,7 @@ class Summary:
 
     def rates(self, phase: str) -> str:
         """Median (min-max) operations/s over rounds."""
-        return _span([p.per_second for p in self._phases(phase)]) if self.has(phase) else "n/a"
+        return median_range(p.per_second for p in self._phases(phase))
 
     def ops(self, phase: str) -> str:
         counts = sorted({p.ops for p in self._phases(phase)})
@@ -471,7 +440,7 @@ class Summary:
 
     def cpu_ms(self, phase: str) -> str:
         """Client CPU per operation (ms), median (min-max) over rounds."""
-        return _span([p.cpu_ms_per_op for p in self._phases(phase)], 3)
+        return median_range((p.cpu_ms_per_op for p in self._phases(phase)), ",.3f")
 
     def methods(self, phase: str) -> str:
         """Requests per operation by HTTP method, e.g. ``HEAD 1.00 + PUT 1.00``, summed over rounds."""
@@ -691,19 +660,6 @@ def _make(kind: str, connection_string: str | None, partitions: int) -> StoreUnd
 # --------------------------------------------------------------------------- report
 
 
-def _fmt(value: float | None, digits: int = 1) -> str:
-    return "n/a" if value is None else f"{value:.{digits}f}"
-
-
-def _official_version() -> str:
-    try:
-        from importlib.metadata import version
-
-        return version("azure-eventhub-checkpointstoreblob-aio")
-    except Exception:  # not installed: the dry run
-        return "?"
-
-
 # The headline's comparisons, in the order the sentence states them.
 _HEADLINE = (
     ("ours-blob", "official-blob", "the official Blob store (azure-eventhub-checkpointstoreblob-aio {version} at "
@@ -726,9 +682,9 @@ def _verdict(comparisons: Sequence[Comparison], loads: Sequence[LoadReading]) ->
             if c is None or not c.throughput:
                 continue
             store = "our fenced Blob store" if kind == "ours-blob" else "our fenced Table store"
-            cpu = f" with {_span(c.cpu, 2, 'x')} its client CPU per checkpoint" if c.cpu else ""
-            parts.append(f"{store} at {_span(c.throughput, 2, 'x')} the checkpoints/s of "
-                         f"{what.format(version=_official_version())}{cpu}")
+            cpu = f" with {median_range(c.cpu, '.2f', 'x')} its client CPU per checkpoint" if c.cpu else ""
+            parts.append(f"{store} at {median_range(c.throughput, '.2f', 'x')} the checkpoints/s of "
+                         f"{what.format(version=package_version(OFFICIAL_STORE))}{cpu}")
         if parts:
             sentences.append(f"At {partitions} partitions: " + "; ".join(parts) + ".")
     if not sentences:
@@ -740,17 +696,15 @@ def _verdict(comparisons: Sequence[Comparison], loads: Sequence[LoadReading]) ->
 
 
 def render(
-    results: list[StoreResult], *, command: str, concurrency: int, checkpoint_ops: int, phase_ops: int,
-    list_repeats: int, rounds: int, loads: Sequence[LoadReading], whole: LoadReading | None = None,
+    results: list[StoreResult], *, header: str, concurrency: int, checkpoint_ops: int, phase_ops: int,
+    list_repeats: int, rounds: int, loads: Sequence[LoadReading],
 ) -> str:
     """The section: a busy-machine flag when there is one, the stores, the comparisons."""
     summaries = summarize(results)
     lines = [
         "## Checkpoint stores on Azurite (`store_bench`)",
         "",
-        f"Command: `{command}`",
-        "",
-        machine_line() + (f" Load over the whole run: {whole.describe()}." if whole is not None else ""),
+        header,
         "",
         *busy_flag(loads, "these figures"),
         *_verdict(compare(summaries), loads),
@@ -766,26 +720,21 @@ def render(
         f"process's CPU time over the phase per operation (Azurite's is not in it). Listing: {list_repeats} "
         f"sequential listings of all N records per round, pooled. Requests: HTTP requests counted at the "
         f"transport (retries included), per operation. *official*: azure-eventhub-checkpointstoreblob-aio "
-        f"{_official_version()} with its defaults (one unconditional `set_blob_metadata` per checkpoint). "
+        f"{package_version(OFFICIAL_STORE)} with its defaults (one unconditional `set_blob_metadata` per checkpoint). "
         f"*floor*: the request a fenced checkpoint cannot do without, sent with the bare Azure SDK and nothing "
         f"else: a conditional write If-Match the etag of the previous one, the same four fields.",
         "",
-        "| Store | Partitions | timed ops per round: create / re-claim / fence / checkpoint | create claims/s | "
-        "req/create | re-claims/s | req/re-claim | fences/s | req/fence | checkpoints/s | req/checkpoint | "
-        "client CPU ms/checkpoint | list median ms | list p95 ms | req/list |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        table(["Store", "Partitions", "timed ops per round: create / re-claim / fence / checkpoint",
+               "create claims/s", "req/create", "re-claims/s", "req/re-claim", "fences/s", "req/fence",
+               "checkpoints/s", "req/checkpoint", "client CPU ms/checkpoint", "list median ms", "list p95 ms",
+               "req/list"],
+              [[g.store, g.partitions, " / ".join(g.ops(phase) for phase in PHASES),
+                g.rates("create"), number(g.requests("create"), ".2f"), g.rates("reclaim"),
+                number(g.requests("reclaim"), ".2f"), g.rates("fence"), number(g.requests("fence"), ".2f"),
+                g.rates("checkpoint"), number(g.requests("checkpoint"), ".2f"), g.cpu_ms("checkpoint"),
+                number(g.list_median), number(g.list_p95), number(g.list_requests, ".1f")] for g in summaries],
+              align="lrrrrrrrrrrrrrr"),
     ]
-
-    for g in summaries:
-        lines.append(
-            f"| {g.store} | {g.partitions} | "
-            f"{g.ops('create')} / {g.ops('reclaim')} / {g.ops('fence')} / {g.ops('checkpoint')} | "
-            f"{g.rates('create')} | {_fmt(g.requests('create'), 2)} | "
-            f"{g.rates('reclaim')} | {_fmt(g.requests('reclaim'), 2)} | "
-            f"{g.rates('fence')} | {_fmt(g.requests('fence'), 2)} | "
-            f"{g.rates('checkpoint')} | {_fmt(g.requests('checkpoint'), 2)} | {g.cpu_ms('checkpoint')} | "
-            f"{_fmt(g.list_median)} | {_fmt(g.list_p95)} | {_fmt(g.list_requests, 1)} |"
-        )
     lost = [g for g in summaries if g.failures("create") or g.failures("reclaim")]
     if lost:
         lines += ["", "Lost claims (should be 0 with a single owner): " + ", ".join(
@@ -805,24 +754,23 @@ def render(
             "our Table store is compared with its own floor and, as a comparison of backends and not of "
             "implementations, with our Blob store.",
             "",
-            "| Comparison | Partitions | rounds | checkpoints/s ratio, median (range) | client CPU per checkpoint "
-            "ratio, median (range) | client CPU ms/checkpoint, store vs reference | requests per checkpoint by "
-            "method, store vs reference |",
-            "|---|---:|---:|---:|---:|---|---|",
+            table(["Comparison", "Partitions", "rounds", "checkpoints/s ratio, median (range)",
+                   "client CPU per checkpoint ratio, median (range)", "client CPU ms/checkpoint, store vs reference",
+                   "requests per checkpoint by method, store vs reference"],
+                  [[c.meaning, c.store.partitions, len(c.throughput), median_range(c.throughput, ".2f", "x"),
+                    median_range(c.cpu, ".2f", "x"),
+                    f"{c.store.cpu_ms('checkpoint')} vs {c.reference.cpu_ms('checkpoint')}",
+                    f"{c.store.methods('checkpoint')} vs {c.reference.methods('checkpoint')}"] for c in comparisons],
+                  align="lrrrr"),
         ]
-        for c in comparisons:
-            lines.append(
-                f"| {c.meaning} | {c.store.partitions} | {len(c.throughput)} | {_span(c.throughput, 2, 'x')} | "
-                f"{_span(c.cpu, 2, 'x')} | {c.store.cpu_ms('checkpoint')} vs {c.reference.cpu_ms('checkpoint')} | "
-                f"{c.store.methods('checkpoint')} vs {c.reference.methods('checkpoint')} |")
     fenced = [g for g in summaries if g.fenced and g.has("fence")]
     if fenced:
         lines += ["", "A fence is paid once per won claim: " + "; ".join(
             f"{g.store} @ {g.partitions}: {g.methods('fence')}" for g in fenced) + "."]
     if loads:
         lines += ["", "Load per round (all partition counts): " + "; ".join(
-            f"round {i + 1}: other processes {_fmt(r.other_cores, 2)} cores, load average "
-            f"{_fmt(r.load_start)}-{_fmt(r.load_end)}" for i, r in enumerate(loads)) + "."]
+            f"round {i + 1}: other processes {number(r.other_cores, '.2f')} cores, 1-minute load average "
+            f"{number(r.load_start)}/{number(r.load_end)} at start/end" for i, r in enumerate(loads)) + "."]
     return "\n".join(lines) + "\n"
 
 
@@ -933,44 +881,33 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     """
     parser = _parser(prog)
 
-    def body(args: argparse.Namespace) -> int:
-        return _run_and_report(_check(parser, args), program.recorded_command("store_bench", argv))
+    def body(args: argparse.Namespace, run: program.Run) -> int:
+        return _run_and_report(_check(parser, args), run)
 
-    return program.run(parser, body, argv)
+    return program.run("store_bench", parser, body, argv, unrecorded=("--raw",))
 
 
-def _run_and_report(args: argparse.Namespace, command: str) -> int:
+def _run_and_report(args: argparse.Namespace, run: program.Run) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     require(purpose=f"store-bench with --stores {','.join(args.stores)}",
             extras=sorted({extra for kind in args.stores for extra in _NEEDS[kind][0]}),
             packages=[package for kind in args.stores for package in _NEEDS[kind][1]])
-    azurite = None
-    connection_string = None
-    if any(kind != "memory" for kind in args.stores):
-        require_azurite("store-bench")
-        from eventprocessor.emulators.azurite import start_azurite
-
-        azurite = start_azurite()
-        connection_string = azurite.connection_string
-    whole = LoadWindow()
-    try:
+    with contextlib.ExitStack() as stack:
+        connection_string = None
+        if any(kind != "memory" for kind in args.stores):
+            require_azurite("store-bench")
+            connection_string = stack.enter_context(services.azurite()).connection_string
         results, loads = asyncio.run(_run(args, connection_string))
-    finally:
-        if azurite is not None:
-            azurite.stop()
     if not results:
         print("store_bench: no store could be measured", file=sys.stderr)
         return 1
     if args.raw:
         with open(args.raw, "w") as handle:
-            json.dump({"command": command, "rounds": [r.to_dict() for r in results],
+            json.dump({"command": run.command, "rounds": [r.to_dict() for r in results],
                        "load": [vars(r) for r in loads]}, handle, indent=1)
-    markdown = render(
-        results, command=command, concurrency=args.concurrency, checkpoint_ops=args.checkpoint_ops,
-        phase_ops=args.phase_ops, list_repeats=args.list_repeats, rounds=args.rounds, loads=loads,
-        whole=whole.reading(),
-    )
-    program.report("store_bench", markdown, args.record)
+    run.report(render(results, header=run.header(flag_busy=False), concurrency=args.concurrency,
+                      checkpoint_ops=args.checkpoint_ops, phase_ops=args.phase_ops, list_repeats=args.list_repeats,
+                      rounds=args.rounds, loads=loads))
     return 0
 
 
