@@ -3,7 +3,7 @@ processor, under one virtual clock, with events flowing.
 
 Every scenario runs four ways (this SDK and the official processor, each in BALANCED and
 GREEDY mode) with the same seed, the same store semantics, the same request accounting
-and the same traffic (:mod:`benchmarks.simulation`). Duplicates, overlaps, pauses and
+and the same traffic (:mod:`harness.simulation`). Duplicates, overlaps, pauses and
 failover times are measured from the batches the handlers were actually given. Results
 go to stdout and, with ``--record``, to this benchmark's section of
 ``benchmarks/RESULTS.md`` and, as PNG plots, to ``benchmarks/results/``.
@@ -12,9 +12,9 @@ Run::
 
     python -m benchmarks.convergence --record   # full run (a few minutes), written to RESULTS.md
     python -m benchmarks.convergence --quick    # small sizes only, seconds; printed, never recorded
-    python -m benchmarks.convergence --self-check   # the simulator's own checks (benchmarks/simulation_checks.py)
 
-(or ``eventprocessor bench convergence ...`` from any directory).
+(or ``eventprocessor bench convergence ...`` from any directory). The simulator's own
+checks are ``tests/test_convergence_sim.py``.
 """
 from __future__ import annotations
 
@@ -32,13 +32,26 @@ from typing import Any
 from eventprocessor import EventProcessor, LoadBalancingStrategy, Timing
 from eventprocessor.cli.user_errors import require
 from eventprocessor.testing import run_virtual
+from harness.simulation import (
+    EXPIRATION_MULTIPLES,
+    RENEWAL_RULES,
+    PhaseResult,
+    Simulation,
+    Traffic,
+    minimal_moves,
+    official_requests_per_hour,
+    one_per_tick_limit,
+    ours_requests_per_hour,
+    renewal_for,
+    shared_candidates,
+    shortest_within,
+    simulation,
+)
 
-from .simulation import PhaseResult, Simulation, Traffic, minimal_moves, simulation
 from .toolkit import program
 from .toolkit.report import plots_dir
 
-__all__ = ["main", "run_all", "Outcome", "Plan", "FULL", "QUICK", "ours_requests_per_hour",
-           "official_requests_per_hour"]
+__all__ = ["main", "run_all", "Outcome", "Plan", "FULL", "QUICK"]
 
 logger = logging.getLogger(__name__)
 
@@ -74,44 +87,12 @@ class Outcome:
 # --------------------------------------------------------------------------- helpers
 
 
-def one_per_tick_limit(before: dict[str, str | None], live: Sequence[str], partition_ids: Sequence[str]) -> int:
-    """Fewest ticks to a balanced state when each owner gains at most one partition per
-    tick: the largest gain any owner needs under the stickiest balanced targets."""
-    if not live:
-        return 0
-    live_set, pids = set(live), set(partition_ids)
-    counts = {owner: 0 for owner in live}
-    for pid, owner in before.items():
-        if pid in pids and owner in live_set:
-            counts[owner] += 1
-    floor, extra = divmod(len(partition_ids), len(live))
-    ordered = sorted(live, key=lambda o: -counts[o])
-    return max(max(0, floor + (1 if i < extra else 0) - counts[o]) for i, o in enumerate(ordered))
-
-
-def ours_requests_per_hour(partitions: int, instances: int, interval: float, expiration: float,
-                           renewal_age: float | None = None) -> float:
-    """This SDK's steady-state storage requests per hour: each processor lists ownership
-    and members in one request per tick (``N / I``), rewrites each owned record once per
-    renewal age (``P / R``, by default ``R = max(E/2, lease - 15 s)``,
-    :meth:`Timing.default_renewal_age`) and its member record every quarter of the
-    expiration (``4N / E``)."""
-    renewal = Timing.default_renewal_age(expiration) if renewal_age is None else renewal_age
-    return 3600.0 * (instances / interval + partitions / renewal + 4 * instances / expiration)
-
-
 def processor_defaults() -> tuple[float, float]:
     """``EventProcessor``'s default load-balancing interval and expiration, read from its
     signature (the benchmark's "defaults" row is whatever the SDK ships)."""
     parameters = inspect.signature(EventProcessor.__init__).parameters
     return (float(parameters["load_balancing_interval"].default),
             float(parameters["partition_ownership_expiration_interval"].default))
-
-
-def official_requests_per_hour(partitions: int, instances: int, interval: float, jitter: float = 0.2) -> float:
-    """The official processor's: each tick lists ownership once and rewrites every owned
-    record (``(N + P) / tick``); its loop sleeps ``interval x (1 + U(0, jitter))``."""
-    return 3600.0 * (instances + partitions) / (interval * (1 + jitter / 2))
 
 
 def _max_ticks(partitions: int, instances: int) -> int:
@@ -475,65 +456,10 @@ async def failover_at(setting: Setting, seed: int, partitions: int, instances: i
         return resumed - crash_time, sim.result(mark).duplicates
 
 
-RENEWAL_RULES = ("default", "half")
-"""How the equal-cost candidates set the renewal age: the SDK's default rule
-(:meth:`Timing.default_renewal_age`), or at half the expiration (the previous default)."""
-
-
-def renewal_for(rule: str, expiration: float) -> float | None:
-    """The ``ownership_renewal_age`` a candidate passes (None: the SDK's default)."""
-    return None if rule == "default" else expiration / 2
-
-
-def equal_cost_candidates(target_per_hour: float, partitions: int, instances: int, intervals: Sequence[float],
-                          rule: str = "default") -> list[tuple[float, float]]:
-    """For each interval, the shortest whole-second expiration whose formula cost (this
-    SDK's) is at most ``target_per_hour``, with the renewal age set by ``rule``."""
-    found = []
-    for interval in intervals:
-        expiration = math.floor(interval) + 1
-        while expiration <= 3600:
-            cost = ours_requests_per_hour(partitions, instances, interval, expiration,
-                                          renewal_for(rule, expiration))
-            if cost <= target_per_hour:
-                found.append((interval, float(expiration)))
-                break
-            expiration += 1
-    return found
-
-
-EXPIRATION_MULTIPLES = (2, 3, 6)
-"""Expirations every side may pick, in load-balancing intervals (the official default is
-6; below 2 a single late tick lets a live record expire)."""
 WITHIN_BUDGET = 1.03
 """A setting's measured cost may exceed the budget by this much (noise: the official's own
 defaults measure within a few tenths of a percent of their formula, candidates whose
 formula cost is just under the budget measure up to 1-2 % over it)."""
-
-
-def shared_candidates(budget: float, partitions: int, instances: int, intervals: Sequence[float],
-                      rules: Sequence[str]) -> dict[float, list[float]]:
-    """The (interval -> expirations) both sides choose from: for each interval, this SDK's
-    shortest whole-second expiration within ``budget`` under each renewal rule, and
-    :data:`EXPIRATION_MULTIPLES` intervals."""
-    pairs: dict[float, set] = {interval: {float(k * interval) for k in EXPIRATION_MULTIPLES} for interval in intervals}
-    for rule in rules:
-        for interval, expiration in equal_cost_candidates(budget, partitions, instances, intervals, rule):
-            pairs[interval].add(expiration)
-    return {interval: sorted(expirations) for interval, expirations in pairs.items()}
-
-
-def shortest_within(cost: Callable[[float, float], float], budget: float,
-                    candidates: dict[float, list[float]]) -> list[tuple[float, float]]:
-    """For each interval, the shortest candidate expiration whose formula ``cost(interval,
-    expiration)`` is within ``budget``: at one interval and within the budget a longer
-    expiration cannot fail over sooner (orphans are claimable once their records expired)."""
-    chosen = []
-    for interval, expirations in candidates.items():
-        fitting = [e for e in expirations if cost(interval, e) <= budget * (1 + 1e-9)]
-        if fitting:
-            chosen.append((interval, fitting[0]))
-    return chosen
 
 
 def equal_cost(plan: Plan, seed: int, say: Callable[[str], None]) -> dict[str, Any]:
@@ -1302,20 +1228,10 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     parser.add_argument("--quick", action="store_true",
                         help="small sizes only (seconds, for smoke tests; never recorded)")
     parser.add_argument("--seed", type=int, default=1)
-    parser.add_argument("--self-check", nargs="*", metavar="CHECK",
-                        help="run the simulator's self-checks (all, or those named) instead of the benchmark")
 
     def body(args: argparse.Namespace, run: program.Run) -> int:
         if args.record and args.quick:
             parser.error("--record needs a full run: --quick results are partial and never recorded")
-        if args.self_check is not None:
-            if args.record or args.quick:
-                parser.error("--self-check runs no benchmark: it takes neither --record nor --quick")
-            require(purpose="the simulator's self-checks (they run azure-eventhub's own load balancer)",
-                    extras=["eventhub"])
-            from .simulation_checks import main as self_check
-
-            return self_check(args.self_check)
         require(purpose="the convergence benchmark (it runs azure-eventhub's own load balancer beside this SDK's)",
                 extras=["eventhub"])
         return _run(args, run)

@@ -6,8 +6,12 @@ group of them on one hub and the planned-move and stateful scenarios they run
 (:mod:`harness.group`, :mod:`harness.move_scenarios`, :mod:`harness.state_scenarios`),
 the load scenario and its cgroup CPU quotas (:mod:`harness.load_scenario`,
 :mod:`harness.cpu_quota`), store faults on Azurite and source faults on the Event Hubs
-emulator (:mod:`harness.azurite_faults`, :mod:`harness.source_faults`), and the files
-each micro-batch of a Spark file sink wrote (:mod:`harness.spark_files`).
+emulator (:mod:`harness.azurite_faults`, :mod:`harness.source_faults`), the files
+each micro-batch of a Spark file sink wrote (:mod:`harness.spark_files`), the
+convergence simulator that runs this SDK's processor beside azure-eventhub's on virtual
+time (:mod:`harness.simulation`), a stand-in for the client azure-eventhub's processor
+needs (:mod:`harness.standin_client`) and an HTTP transport that counts requests
+(:mod:`harness.counting_transport`).
 
 The SDK's public testing tools (virtual time, fault-injecting store and source, the
 delivery recorder, the ownership ledger) are :mod:`eventprocessor.testing`, which this
