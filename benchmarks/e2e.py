@@ -5,7 +5,7 @@ own Event Hubs emulator (``eventprocessor.emulators.eventhubs``) and its own Azu
 loopback, and uses them for every side:
 
 * **floor**: a bare receive loop on azure-eventhub's own AMQP client
-  (``benchmarks/e2e_floor.py``): it receives and decodes the messages, reads their
+  (``python -m harness.worker --impl floor``): it receives and decodes the messages, reads their
   sequence numbers and counts them; nothing else. No consumer can do less;
 * **ours**: ``EventProcessor`` + ``EventHubSource`` + this SDK's ``BlobCheckpointStore``;
 * **official**: ``azure.eventhub.aio.EventHubConsumerClient.receive_batch`` + the
@@ -54,9 +54,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from harness.worker_process import WorkerHandle, create_container, spawn_worker
+from harness.worker import WorkerHandle, create_container, spawn_worker
 
-from .e2e_floor import spawn_floor
 from .toolkit import program, services
 from .toolkit.machine import CpuMeter, process_cpu_seconds
 from .toolkit.report import header, median, number, table, value_range
@@ -173,8 +172,9 @@ class Bench:
         owner = f"{side}-{tag}"
         spawned = time.time()
         if side == "floor":
-            worker = await spawn_floor(owner, hub=hub, hub_connection_string=self.hub_conn, log_dir=self.log_dir,
-                                       extra=["--prefetch", str(prefetch), "--expect", str(total)])
+            worker = await spawn_worker(owner, hub=hub, container=None, hub_connection_string=self.hub_conn,
+                                        storage_connection_string=None, log_dir=self.log_dir,
+                                        extra=["--impl", "floor", "--prefetch", str(prefetch), "--expect", str(total)])
         else:
             worker = await self.spawn(side, owner, hub, f"tp-{side}-{uuid.uuid4().hex[:8]}",
                                       [*self.options(10.0, 60.0, prefetch=prefetch,
@@ -461,7 +461,8 @@ def render(results: Results, args: argparse.Namespace, head: str) -> str:
         "One Event Hubs emulator (`eventprocessor.emulators.eventhubs`, its own process) and one Azurite, "
         f"both on 127.0.0.1 and "
         f"started by the benchmark; every consumer is a separate OS process. *floor*: a bare receive loop on "
-        f"azure-eventhub's own AMQP client (`benchmarks/e2e_floor.py`: receive, decode, read each sequence number, "
+        f"azure-eventhub's own AMQP client (`python -m harness.worker --impl floor`: receive, decode, read each "
+        f"sequence number, "
         f"count; no `EventData`, no processor, no checkpoint). *ours*: `EventProcessor` + `EventHubSource` + our "
         f"`BlobCheckpointStore`. *official*: `EventHubConsumerClient.receive_batch` + "
         f"`azure-eventhub-checkpointstoreblob-aio` at its defaults. Both consumers: batches of at most {args.batch} "

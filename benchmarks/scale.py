@@ -20,7 +20,7 @@ names that Azurite's process, for its CPU):
    ``5·I`` as 15 s / 75 s, the official ``6·I`` as 30 s / 180 s); for ours ``R = E/2``
    and the Blob store's ``operation_timeout`` at least the store timeout derived from them.
 3. **Runs each side** with that I and the same strategy (GREEDY by default), as N
-   separate OS processes (``benchmarks/scale_worker.py``) started together once all have
+   separate OS processes (``python -m harness.worker --source none``) started together once all have
    imported: *ours* is ``EventProcessor`` + this SDK's ``BlobCheckpointStore``; *official*
    is azure-eventhub's own ``EventProcessor`` class with
    ``azure-eventhub-checkpointstoreblob-aio``'s ``BlobCheckpointStore``, given a stand-in
@@ -37,7 +37,7 @@ names that Azurite's process, for its CPU):
 Measured per side: seconds and ticks from the common start to balanced (every partition
 dispatched by exactly one processor, shares differing by at most one), or to the cap,
 then held for ``R + E/10`` (every lease of ours renewed at least once); missed renewals
-(must be 0), by one rule for both SDKs (``scale_worker.RenewalWatch``: a partition still
+(must be 0), by one rule for both SDKs (``harness.worker.report.RenewalWatch``: a partition still
 dispatched more than E after the last accepted write of its ownership record), ours'
 self-fenced leases, overrun ticks and overrun WARNING lines, HTTP requests per second
 counted at each worker's transport, CPU per processor (``time.process_time`` in the
@@ -71,9 +71,9 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
 
-from harness.worker_process import WorkerHandle
+from harness.worker import STANDIN_NAMESPACE as NAMESPACE
+from harness.worker import WorkerHandle, spawn_worker
 
-from .scale_worker import NAMESPACE, STORAGE_ENV
 from .toolkit import program, services
 from .toolkit.machine import LoadReading, LoadWindow, idle_cores, process_cpu_seconds
 from .toolkit.report import busy_flag, number, package_version, table
@@ -88,6 +88,9 @@ QUICK_SIZES = "8x2"
 CONSUMER_GROUP = "$default"
 EXPIRATION_RATIO = 5.0  # this SDK's defaults: 15 s interval, 75 s expiration
 OFFICIAL_EXPIRATION_RATIO = 6.0  # azure-eventhub's defaults: 30 s interval, 180 s expiration
+STORAGE_ENV = "EVENTPROCESSOR_SCALE_STORAGE"
+"""Names the storage to measure instead of an Azurite of the benchmark's own (its connection
+string: never on the command line, where a process listing shows it)."""
 CAP_TICKS = 60  # a side that has not balanced after this many ticks of every processor is reported as such
 DEFAULT_BUDGET_MINUTES = 45.0
 
@@ -268,76 +271,19 @@ async def calibrate(connection_string: str, partitions: int, listings: int, azur
 # --------------------------------------------------------------------------- workers
 
 
-class Worker(WorkerHandle):
-    """One worker process seen from the parent (stopping, killing and diagnostics are
-    :class:`~benchmarks.e2e_worker.WorkerHandle`'s): its reports, in order."""
-
-    def __init__(self, owner_id: str, process: asyncio.subprocess.Process, stderr_path: str) -> None:
-        super().__init__(owner_id, process, stderr_path)
-        self.ready = False
-        self.owned_set: set[str] = set()
-        self.owned_since = 0.0  # the report time at which ``owned_set`` became what it is
-        self.states: list[dict[str, Any]] = []
-        self.stopped = False
-
-    @property
-    def last(self) -> dict[str, Any]:
-        return self.states[-1] if self.states else {}
-
-    def at(self, t: float) -> dict[str, Any]:
-        """The last report made at or before ``t`` (or the first one)."""
-        found = self.states[0] if self.states else {}
-        for state in self.states:
-            if state["t"] > t:
-                break
-            found = state
-        return found
-
-    async def read(self) -> None:
-        assert self.process.stdout is not None
-        async for raw in self.process.stdout:
-            try:
-                record = json.loads(raw)
-            except ValueError:
-                self.lines = (self.lines + [raw.decode(errors="replace").strip()])[-20:]
-                continue
-            kind = record.get("event")
-            if kind == "state":
-                if "owned" in record:
-                    self.owned_set = set(record.pop("owned"))
-                    self.owned_since = record["t"]
-                self.states.append(record)
-            elif kind == "ready":
-                self.ready = True
-            elif kind == "stopped":
-                self.stopped = True
-
-    def go(self) -> None:
-        assert self.process.stdin is not None
-        self.process.stdin.write(b"go\n")
-
-
 async def spawn(impl: str, owner_id: str, *, container: str, hub: str, partitions: int, sizing: Sizing,
-                strategy: str, connection_string: str, log_dir: str, lifetime: float, report_every: float) -> Worker:
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    env = dict(os.environ)
-    env[STORAGE_ENV] = connection_string
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH", "")) if p)
-    env["PYTHONUNBUFFERED"] = "1"
-    stderr_path = os.path.join(log_dir, f"{owner_id}.stderr")
-    with open(stderr_path, "wb") as stderr:
-        process = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "benchmarks.scale_worker", "--impl", impl, "--container", container, "--hub", hub,
-            "--owner-id", owner_id, "--partitions", str(partitions), "--interval", f"{sizing.interval:g}",
-            "--expiry", f"{sizing.expiration_of(impl):g}", "--strategy", strategy, "--lifetime", f"{lifetime:.0f}",
-            "--report-every", f"{report_every:g}",
-            *(["--renewal-age", f"{sizing.renewal_age:g}", "--operation-timeout", f"{sizing.operation_timeout:g}"]
-              if impl == "ours" else []),
-            stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=stderr, cwd=root, env=env,
-            limit=1 << 20)
-    worker = Worker(owner_id, process, stderr_path)
-    worker.reader = asyncio.create_task(worker.read())
-    return worker
+                strategy: str, connection_string: str, log_dir: str, lifetime: float,
+                report_every: float) -> WorkerHandle:
+    """One processor of a side: the worker program on partitions without events
+    (``--source none``), reporting state lines, started by :meth:`WorkerHandle.go`."""
+    ours = ["--renewal-age", f"{sizing.renewal_age:g}", "--operation-timeout", f"{sizing.operation_timeout:g}"]
+    options = ["--impl", impl, "--source", "none", "--partitions", str(partitions), "--interval",
+               f"{sizing.interval:g}", "--expiry", f"{sizing.expiration_of(impl):g}", "--strategy", strategy,
+               "--lifetime", f"{lifetime:.0f}", "--state-every", f"{report_every:g}", "--stats-interval", "0",
+               "--no-ownership-lines", *(ours if impl == "ours" else [])]
+    return await spawn_worker(owner_id, hub=hub, container=container, hub_connection_string=None,
+                              storage_connection_string=connection_string, log_dir=log_dir, extra=options,
+                              wait_for_go=True)
 
 
 # --------------------------------------------------------------------------- one side
@@ -398,7 +344,7 @@ class SideResult:
         return self.final_owned == self.partitions and not self.problems
 
 
-def _balanced(workers: list[Worker], partitions: int) -> bool:
+def _balanced(workers: list[WorkerHandle], partitions: int) -> bool:
     counts = [len(w.owned_set) for w in workers]
     if not all(w.alive for w in workers) or sum(counts) != partitions:
         return False
@@ -419,7 +365,7 @@ async def store_owners(connection_string: str, container: str, hub: str) -> dict
     return owners
 
 
-def check_final(owners: dict[str, tuple[str, datetime]], workers: list[Worker], partitions: int,
+def check_final(owners: dict[str, tuple[str, datetime]], workers: list[WorkerHandle], partitions: int,
                 expiration: float) -> tuple[int, list[str]]:
     """Count partitions whose record names one live processor that dispatches it, within the
     expiration; list every problem found."""
@@ -520,7 +466,7 @@ class Runner:
         # Long enough for every lease of ours to be renewed once after the last claim.
         hold = args.hold if args.hold is not None else sizing.hold
         lifetime = args.ready_timeout + max(0.0, deadline - time.monotonic()) + hold + 120.0
-        workers: list[Worker] = []
+        workers: list[WorkerHandle] = []
         try:
             spawned = time.monotonic()
             workers = list(await asyncio.gather(*(
@@ -580,7 +526,7 @@ class Runner:
             await asyncio.gather(*(w.stop(args.stop_timeout) for w in workers), return_exceptions=True)
         return result
 
-    def _phases(self, result: SideResult, workers: list[Worker], go_at: float, converge_end: float, end: float,
+    def _phases(self, result: SideResult, workers: list[WorkerHandle], go_at: float, converge_end: float, end: float,
                 azurite: tuple[float | None, ...]) -> None:
         def phase(start: float, stop: float, cpu0: float | None, cpu1: float | None) -> Phase:
             first = [w.at(start) if start > go_at else {"cpu": 0.0, "requests": 0, "t": go_at} for w in workers]
@@ -609,7 +555,7 @@ class Runner:
             result.moved_while_held = sum(int(w.at(end).get("claims", 0)) - int(w.at(converge_end).get("claims", 0))
                                           for w in workers)
 
-    async def _until(self, condition: Any, timeout: float, workers: list[Worker], what: str) -> None:
+    async def _until(self, condition: Any, timeout: float, workers: list[WorkerHandle], what: str) -> None:
         deadline = time.monotonic() + timeout
         while not condition():
             dead = [w for w in workers if not w.alive]
@@ -619,7 +565,7 @@ class Runner:
                 raise RuntimeError(f"{what} did not happen within {timeout:.0f} s\n" + workers[0].diagnostics())
             await asyncio.sleep(0.1)
 
-    async def _wait_balanced(self, workers: list[Worker], partitions: int, deadline: float, impl: str) -> str:
+    async def _wait_balanced(self, workers: list[WorkerHandle], partitions: int, deadline: float, impl: str) -> str:
         """Wait until balanced (``"balanced"``), until every processor has made the cap's
         ticks (``"cap"``) or until ``deadline`` (``"budget"``)."""
         reported = time.monotonic()
@@ -640,7 +586,7 @@ class Runner:
             await asyncio.sleep(0.1)
         return "budget"
 
-    async def _hold(self, workers: list[Worker], seconds: float) -> None:
+    async def _hold(self, workers: list[WorkerHandle], seconds: float) -> None:
         deadline = time.monotonic() + seconds
         while time.monotonic() < deadline:
             dead = [w for w in workers if not w.alive]
@@ -781,7 +727,8 @@ def render(results: list[SizeResult], args: argparse.Namespace, head: str) -> st
         "",
         *busy_flag(readings, "the figures of the flagged sides"),
         f"One Azurite per size (in-memory, 127.0.0.1), started fresh by the benchmark. Each processor is its own OS "
-        f"process (`benchmarks/scale_worker.py`); all of a side start together after their imports. *ours*: "
+        f"process (`python -m harness.worker --source none`); all of a side start together after their imports. "
+        f"*ours*: "
         f"`EventProcessor` + our `BlobCheckpointStore`, reading an empty `MemoryEventSource`. *official*: "
         f"azure-eventhub {package_version('azure-eventhub')}'s own `EventProcessor` class (its `OwnershipManager` and "
         f"load-balancing loop) + `azure-eventhub-checkpointstoreblob-aio`, with a stand-in client that gives the "

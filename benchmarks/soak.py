@@ -44,7 +44,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from harness.worker_process import WorkerHandle, create_container, spawn_worker
+from harness.worker import WorkerHandle, create_container, spawn_worker
 
 from .toolkit import program, services
 from .toolkit.report import median_range, table

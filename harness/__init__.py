@@ -1,7 +1,7 @@
 """The scenario harness the project's tests and benchmarks share; not packaged.
 
 Consumer processes that report every delivered batch (:mod:`harness.worker`, run as
-``python -m harness.worker``, and :mod:`harness.worker_process`, the parent's side), a
+``python -m harness.worker``, and :mod:`harness.worker.process`, the parent's side), a
 group of them on one hub and the planned-move and stateful scenarios they run
 (:mod:`harness.group`, :mod:`harness.move_scenarios`, :mod:`harness.state_scenarios`),
 the load scenario and its cgroup CPU quotas (:mod:`harness.load_scenario`,

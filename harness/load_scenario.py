@@ -1,4 +1,4 @@
-"""The skewed-load scenario with real processes (issue 27): one hot partition, then a
+"""The skewed-load scenario with real processes: one hot partition, then a
 processor slowed down, for count-based balancing, load-aware balancing and the official
 processor.
 
@@ -53,7 +53,7 @@ from eventprocessor.testing.recorder import most_within
 
 from .cpu_quota import CpuQuotas
 from .group import fair_shares
-from .worker_process import WorkerHandle, create_container, spawn_worker
+from .worker.process import WorkerHandle, create_container, spawn_worker
 
 __all__ = ["LAG_EVERY", "SIDES", "LoadGroup", "LoadOutcome", "Phase", "Skew", "run_skewed"]
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-STORAGE_ENV = "EVENTPROCESSOR_SCALE_STORAGE"  # benchmarks/scale_worker.py: a storage of the user's own
+STORAGE_ENV = "EVENTPROCESSOR_SCALE_STORAGE"  # benchmarks/scale.py: a storage of the user's own
 
 
 def _scale(*args: str, env: dict = None, timeout: float = 300) -> subprocess.CompletedProcess:

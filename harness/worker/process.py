@@ -1,9 +1,9 @@
 """Worker processes seen from their parent: start one, read what it reports, stop or kill it.
 
-:func:`spawn_worker` starts ``python -m harness.worker`` (this SDK's
-processor or azure-eventhub's, one OS process each) and returns a
-:class:`WorkerHandle` that reads what it reports: every delivered batch, the partitions
-it dispatches, its ownership changes with their reasons, CPU and memory.
+:func:`spawn_worker` starts ``python -m harness.worker`` (this SDK's processor,
+azure-eventhub's or the floor, one OS process each) and returns a :class:`WorkerHandle`
+that reads what it reports: every delivered batch, the partitions it dispatches, its
+ownership changes with their reasons, CPU and memory, its state lines.
 
 Example::
 
@@ -24,7 +24,7 @@ import signal
 import sys
 from typing import Any
 
-from .worker import HUB_ENV, STORAGE_ENV
+from .names import HUB_ENV, STORAGE_ENV
 
 __all__ = ["WorkerHandle", "spawn_worker", "create_container"]
 
@@ -37,7 +37,9 @@ class WorkerHandle:
     last); ``ownership`` every change of the dispatched set as (wall time, partitions);
     ``changes`` every ownership change the processor logged, with its reason;
     ``published`` the utilisation it published (``--balance-by load``); ``ticks`` the
-    processor's load-balancing ticks as of its last ``owned`` line.
+    processor's load-balancing ticks as of its last ``owned`` line; ``states`` its state
+    lines (``--state-every``), with ``owned_set`` the partitions the last one that named
+    them dispatched, since ``owned_since``.
 
     It reads any process that prints the worker's JSON lines (another worker program of
     a test may print just ``started`` and ``owned``): build it over that process and
@@ -67,12 +69,36 @@ class WorkerHandle:
         self.done: dict[str, Any] | None = None
         self.restores: list[dict[str, Any]] = []  # --stateful, --naive: each claim's restored state, in order
         self.checkpoints: list[tuple] = []  # --stateful, --naive: (wall time, partition, sequence number, ms)
+        self.states: list[dict[str, Any]] = []  # --state-every: the state lines, "owned" taken out
+        self.owned_set: set[str] = set()
+        self.owned_since = 0.0  # the state line's time at which ``owned_set`` became what it is
+        self.ready = False  # --wait-for-go: set up, waiting for go()
+        self.stopped = False
         self.lines: list[str] = []
         self.reader: asyncio.Task[None] | None = None
 
     @property
     def alive(self) -> bool:
         return self.process.returncode is None
+
+    @property
+    def last(self) -> dict[str, Any]:
+        """The last state line (empty before the first)."""
+        return self.states[-1] if self.states else {}
+
+    def at(self, t: float) -> dict[str, Any]:
+        """The last state line made at or before ``t`` (or the first one)."""
+        found = self.states[0] if self.states else {}
+        for state in self.states:
+            if state["t"] > t:
+                break
+            found = state
+        return found
+
+    def go(self) -> None:
+        """Start a worker spawned with ``wait_for_go=True`` (it said ``ready``)."""
+        assert self.process.stdin is not None
+        self.process.stdin.write(b"go\n")
 
     async def read(self) -> None:
         assert self.process.stdout is not None
@@ -117,6 +143,15 @@ class WorkerHandle:
                 self.restores.append(record)
             elif kind == "checkpoint":
                 self.checkpoints.append((record["t"], record["p"], record["seq"], record["ms"]))
+            elif kind == "state":
+                if "owned" in record:
+                    self.owned_set = set(record.pop("owned"))
+                    self.owned_since = record["t"]
+                self.states.append(record)
+            elif kind == "ready":
+                self.ready = True
+            elif kind == "stopped":
+                self.stopped = True
             elif kind == "started":
                 self.started = record
             elif kind == "first":
@@ -170,10 +205,12 @@ async def create_container(storage_connection_string: str, name: str) -> None:
 
 async def spawn_worker(owner_id: str, *, hub: str, container: str | None, hub_connection_string: str | None,
                        storage_connection_string: str | None, log_dir: str,
-                       extra: list[str] | None = None) -> WorkerHandle:
+                       extra: list[str] | None = None, wait_for_go: bool = False) -> WorkerHandle:
     """Start ``python -m harness.worker`` with the connection strings in its
     environment (none for ``--source memory``), so that they never show in a process
     listing; ``extra`` are more of its options. Its stderr goes to a file in ``log_dir``.
+    ``wait_for_go``: it starts its processor only at :meth:`WorkerHandle.go` (once
+    :attr:`~WorkerHandle.ready`), and stops should this process go away.
 
     Example::
 
@@ -201,7 +238,9 @@ async def spawn_worker(owner_id: str, *, hub: str, container: str | None, hub_co
         process = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "harness.worker", "--hub", hub,
             *(["--container", container] if container else []), "--owner-id", owner_id, *(extra or []),
-            stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE, stderr=stderr, env=env)
+            *(["--wait-for-go"] if wait_for_go else []),
+            stdin=asyncio.subprocess.PIPE if wait_for_go else asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE, stderr=stderr, env=env, limit=1 << 20)  # state lines name partitions
     handle = WorkerHandle(owner_id, process, stderr_path)
     handle.reader = asyncio.create_task(handle.read())
     return handle

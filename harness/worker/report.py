@@ -3,8 +3,9 @@
 :func:`emit` writes a line; :class:`Tally` counts deliveries and writes the ``first``,
 ``done`` and ``batch`` lines; :class:`OwnershipLines` turns this SDK's ownership log
 records into ``ownership`` lines; :func:`trace_allocations` writes ``tracemalloc``
-lines; :func:`resident_bytes` is the memory a ``stats`` line reports. The parent side
-is :class:`harness.worker_process.WorkerHandle`.
+lines; :func:`resident_bytes` is the memory a ``stats`` line reports;
+:class:`RenewalWatch` counts the renewals a ``state`` line reports, by one rule for both
+SDKs. The parent side is :class:`harness.worker.process.WorkerHandle`.
 
 Example::
 
@@ -18,9 +19,10 @@ import logging
 import os
 import sys
 import time
+from collections.abc import Callable
 from typing import Any
 
-__all__ = ["emit", "resident_bytes", "Tally", "OwnershipLines", "trace_allocations"]
+__all__ = ["OwnershipLines", "RenewalWatch", "Tally", "emit", "resident_bytes", "trace_allocations"]
 
 
 def emit(record: dict[str, Any]) -> None:
@@ -105,3 +107,57 @@ class OwnershipLines(logging.Handler):
         if reason is not None:
             emit({"event": "ownership", "reason": reason, "p": getattr(record, "eventprocessor.partition_id", None),
                    "epoch": getattr(record, "eventprocessor.epoch", None), "t": record.created})
+
+
+class RenewalWatch:
+    """Renewals and missed renewals of one processor, by the same rule for both SDKs.
+
+    :meth:`wrap` goes around the store's ``claim_ownership`` (the one call through which
+    both write ownership records): the time a write of one of this processor's records
+    was sent is kept when the store accepts it. :meth:`watch` samples what the processor
+    dispatches every 0.1 s and counts a partition as one missed renewal when it is still
+    dispatched more than ``expiry`` after that time: past that point another processor
+    may claim it. The time is when the write was sent, so the count errs toward missed.
+    """
+
+    def __init__(self, owner_id: str, expiry: float, owned: Callable[[], set[str]],
+                 field: Callable[[Any, str], Any]) -> None:
+        self.owner_id = owner_id
+        self.expiry = expiry
+        self.owned = owned
+        self.field = field  # how to read a record's field (dicts for the official, Ownership for ours)
+        self.written: dict[str, float] = {}  # partition -> monotonic send time of its last accepted write
+        self.lapsed: set[str] = set()
+        self.missed = self.renewals = self.failed_renewals = 0
+
+    def wrap(self, claim: Callable[..., Any]) -> Callable[..., Any]:
+        async def counted_claim(ownerships: Any, **kwargs: Any) -> Any:
+            records = list(ownerships)
+            sent_at = time.monotonic()
+            wanted = {self.field(r, "partition_id") for r in records if self.field(r, "owner_id") == self.owner_id}
+            had = {pid for pid in wanted if pid in self.written}
+            won = list(await claim(records, **kwargs))
+            mine = {self.field(r, "partition_id") for r in won if self.field(r, "owner_id") == self.owner_id}
+            for pid in mine:
+                self.written[pid] = sent_at
+            self.renewals += len(had & mine)
+            self.failed_renewals += len(had - mine)
+            return won
+
+        return counted_claim
+
+    async def watch(self) -> None:
+        while True:
+            now = time.monotonic()
+            for pid in self.owned():
+                last = self.written.get(pid)
+                if last is not None and now - last > self.expiry:
+                    if pid not in self.lapsed:
+                        self.lapsed.add(pid)
+                        self.missed += 1
+                else:
+                    self.lapsed.discard(pid)
+            await asyncio.sleep(0.1)
+
+    def counters(self) -> dict[str, int]:
+        return {"missed_renewals": self.missed, "renewals": self.renewals, "failed_renewals": self.failed_renewals}
