@@ -87,47 +87,39 @@ async def _run(fault: str, inject: Callable[[Cluster, list[EventProcessor]], Awa
                note=note)
 
 
-async def slow_store(cluster: Cluster, processors: list[EventProcessor]) -> str:
+async def _store_fault(processors: list[EventProcessor], seconds: float, **fault: object) -> None:
+    """Set ``fault`` (FaultyStore's knobs) on each processor's store link for ``seconds``, then clear it."""
     for p in processors:
-        p.store_calls.inner.latency = 1.5
-    await asyncio.sleep(20)
+        for knob, value in fault.items():
+            setattr(p.store_calls.inner, knob, value)
+    await asyncio.sleep(seconds)
     for p in processors:
         p.store_calls.inner.clear()
+
+
+async def slow_store(cluster: Cluster, processors: list[EventProcessor]) -> str:
+    await _store_fault(processors, 20, latency=1.5)
     return "every call +1.5 s for 20 s"
 
 
 async def black_hole(cluster: Cluster, processors: list[EventProcessor]) -> str:
-    for p in processors:
-        p.store_calls.inner.hang = True
-    await asyncio.sleep(30)
-    for p in processors:
-        p.store_calls.inner.clear()
+    await _store_fault(processors, 30, hang=True)
     fenced = sum(p.stats.self_fenced for p in processors)
     return f"no answer for 30 s; {fenced} leases self-fenced"
 
 
 async def outage(cluster: Cluster, processors: list[EventProcessor]) -> str:
-    for p in processors:
-        p.store_calls.inner.down = True
-    await asyncio.sleep(30)
-    for p in processors:
-        p.store_calls.inner.clear()
+    await _store_fault(processors, 30, down=True)
     return "every call fails for 30 s"
 
 
 async def partitioned(cluster: Cluster, processors: list[EventProcessor]) -> str:
-    processors[0].store_calls.inner.hang = True  # one processor cannot reach the store
-    await asyncio.sleep(40)
-    processors[0].store_calls.inner.clear()
+    await _store_fault(processors[:1], 40, hang=True)  # one processor cannot reach the store
     return "one processor's link black-holed for 40 s; the other takes over"
 
 
 async def lost_answers(cluster: Cluster, processors: list[EventProcessor]) -> str:
-    for p in processors:
-        p.store_calls.inner.lost_answer_rate = 0.5
-    await asyncio.sleep(20)
-    for p in processors:
-        p.store_calls.inner.clear()
+    await _store_fault(processors, 20, lost_answer_rate=0.5)
     return "half of all writes applied but unanswered for 20 s"
 
 

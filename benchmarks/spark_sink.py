@@ -27,7 +27,7 @@ In one run, per session, the same batches through four paths:
   each batch is appended to Parquet partitioned by ``partition_id`` with the committer
   settings the sink uses (algorithm 2, no ``_SUCCESS``), one ``write`` per batch. It
   does everything the sink must do to get the events into the table, and nothing else.
-* **Spark serial** (for reference, the previous baseline): the batches converted to
+* **Spark serial** (for reference): the batches converted to
   Arrow before the clock; in the clock, one after the other, ``createDataFrame`` and a
   ``write`` with Spark's defaults.
 * **write only** (for reference): the same with the DataFrames made before the clock.
