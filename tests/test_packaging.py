@@ -8,6 +8,8 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -332,8 +334,9 @@ def _module_imports(package: str) -> dict[str, set[str]]:
                      if name in modules and name != module} for module, path in modules.items()}
 
 
-def test_no_import_cycles():
-    graph = _module_imports("eventprocessor")
+@pytest.mark.parametrize("package", ["eventprocessor", "harness", "benchmarks"])
+def test_no_import_cycles(package):
+    graph = _module_imports(package)
     cycles = []
     done: set[str] = set()
 
