@@ -25,7 +25,7 @@ import math
 import statistics
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -153,23 +153,32 @@ async def cold_start(impl: str, strategy: LoadBalancingStrategy, schedule: str, 
                         event_tick=0.0, extra=extra)
 
 
+async def _rebalance(sim: Simulation, name: str, event: Callable[[], Awaitable[Any]], max_ticks: int) -> Outcome:
+    """The rebalance after ``event``: ticks to balanced against the one-per-tick limit
+    (BALANCED; 1 tick for GREEDY), moves against the fewest possible."""
+    before = sim.owner_map()
+    event_tick = sim.now / INTERVAL
+    mark = sim.mark()
+    await event()
+    live = [i.owner_id for i in sim.alive]
+    phase = await sim.run_until_balanced(max_ticks, mark=mark)
+    limit = one_per_tick_limit(before, live, sim.partition_ids) if sim.strategy is BALANCED else 1
+    return _outcome(sim, name, phase, limit_ticks=limit, min_moves=minimal_moves(before, live, sim.partition_ids),
+                    event_tick=event_tick)
+
+
 async def scale_out(impl: str, strategy: LoadBalancingStrategy, schedule: str, seed: int,
                     partitions: int, instances: int, added: int, *, work: float = WORK) -> Outcome:
+    async def add() -> None:
+        for _ in range(added):
+            sim.add_instance()
+
     async with _sim(impl, strategy, partitions, schedule, seed, work=work) as sim:
         await _warm(sim, instances)
         await _traffic_on(sim)
-        before = sim.owner_map()
-        event_tick = sim.now / INTERVAL
-        mark = sim.mark()
-        for _ in range(added):
-            sim.add_instance()
-        live = [i.owner_id for i in sim.alive]
-        phase = await sim.run_until_balanced(_max_ticks(partitions, instances + added), mark=mark)
-        limit = one_per_tick_limit(before, live, sim.partition_ids) if strategy is BALANCED else 1
         busy = "" if work == WORK else f", busy handlers ({work * 1000:.0f} ms per batch)"
-        return _outcome(sim, f"scale out P={partitions} N={instances}->{instances + added}{busy}", phase,
-                        limit_ticks=limit, min_moves=minimal_moves(before, live, sim.partition_ids),
-                        event_tick=event_tick)
+        return await _rebalance(sim, f"scale out P={partitions} N={instances}->{instances + added}{busy}", add,
+                                _max_ticks(partitions, instances + added))
 
 
 async def scale_in(impl: str, strategy: LoadBalancingStrategy, schedule: str, seed: int,
@@ -178,16 +187,8 @@ async def scale_in(impl: str, strategy: LoadBalancingStrategy, schedule: str, se
         await _warm(sim, instances)
         await _traffic_on(sim)
         await sim.run_to_mid_batch()
-        before = sim.owner_map()
-        event_tick = sim.now / INTERVAL
-        mark = sim.mark()
-        await sim.stop(*sim.alive[:removed])
-        live = [i.owner_id for i in sim.alive]
-        phase = await sim.run_until_balanced(_max_ticks(partitions, instances), mark=mark)
-        limit = one_per_tick_limit(before, live, sim.partition_ids) if strategy is BALANCED else 1
-        return _outcome(sim, f"graceful scale in P={partitions} N={instances}->{instances - removed}", phase,
-                        limit_ticks=limit, min_moves=minimal_moves(before, live, sim.partition_ids),
-                        event_tick=event_tick)
+        return await _rebalance(sim, f"graceful scale in P={partitions} N={instances}->{instances - removed}",
+                                lambda: sim.stop(*sim.alive[:removed]), _max_ticks(partitions, instances))
 
 
 async def crash(impl: str, strategy: LoadBalancingStrategy, schedule: str, seed: int,
@@ -226,19 +227,14 @@ async def crash(impl: str, strategy: LoadBalancingStrategy, schedule: str, seed:
 
 async def growth(impl: str, strategy: LoadBalancingStrategy, schedule: str, seed: int,
                  partitions: int, instances: int, added: int) -> Outcome:
+    async def grow() -> None:
+        sim.add_partitions(added)
+
     async with _sim(impl, strategy, partitions, schedule, seed) as sim:
         await _warm(sim, instances)
         await _traffic_on(sim)
-        before = sim.owner_map()
-        event_tick = sim.now / INTERVAL
-        mark = sim.mark()
-        sim.add_partitions(added)
-        live = [i.owner_id for i in sim.alive]
-        phase = await sim.run_until_balanced(_max_ticks(partitions + added, instances), mark=mark)
-        limit = one_per_tick_limit(before, live, sim.partition_ids) if strategy is BALANCED else 1
-        return _outcome(sim, f"partition growth {partitions}->{partitions + added}, N={instances}", phase,
-                        limit_ticks=limit, min_moves=minimal_moves(before, live, sim.partition_ids),
-                        event_tick=event_tick)
+        return await _rebalance(sim, f"partition growth {partitions}->{partitions + added}, N={instances}", grow,
+                                _max_ticks(partitions + added, instances))
 
 
 async def rolling_restart(impl: str, strategy: LoadBalancingStrategy, schedule: str, seed: int,

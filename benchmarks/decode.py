@@ -122,15 +122,9 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
         python -m benchmarks.decode --rounds 5
     """
     parser = program.parser("decode", __doc__, prog)
-    parser.add_argument("--events", type=int, default=50_000, help="messages per pass (default 50000)")
-    parser.add_argument("--rounds", type=int, default=15)
-
-    def body(args: argparse.Namespace, run: program.Run) -> int:
-        if args.events < 1 or args.rounds < 1:
-            parser.error("--events and --rounds must be at least 1")
-        return _run(args, run)
-
-    return program.run("decode", parser, body, argv)
+    parser.add_argument("--events", type=program.at_least_one, default=50_000, help="messages per pass (default 50000)")
+    parser.add_argument("--rounds", type=program.at_least_one, default=15)
+    return program.run("decode", parser, _run, argv)
 
 
 def check_inputs(count: int = 3) -> str:

@@ -44,12 +44,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import logging
 import os
 import sys
 import time
 import uuid
+from collections.abc import AsyncIterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -108,6 +110,33 @@ class Results:
     # per side, per round: duplicates after the scale-out, lost, partitions moved, seconds to settle
     scale_out: dict[str, list[tuple[int, int, int, float]]] = field(
         default_factory=lambda: {i: [] for i in SCALE_OUT_SIDES})
+
+
+class _Streaming:
+    """Worker processes of one side sharing a hub while the benchmark streams events to it."""
+
+    def __init__(self, bench: Bench, hub: str, container: str, impl: str, extra: list[str], names: str) -> None:
+        self.bench, self.hub, self.container, self.impl, self.extra, self.names = \
+            bench, hub, container, impl, extra, names
+        self.workers: list[WorkerHandle] = []
+        self.stop = asyncio.Event()
+        self.producer: asyncio.Task[None] | None = None
+
+    async def spawn(self, index: int) -> WorkerHandle:
+        return await self.bench.spawn(self.impl, f"{self.names}-{index}", self.hub, self.container, self.extra)
+
+    def delivered(self) -> set[tuple[str, int]]:
+        return set().union(*(set(w.deliveries) for w in self.workers))
+
+    async def drained(self, what: str) -> int:
+        """Stop the stream, wait until every event the hub holds was delivered; the events lost."""
+        self.stop.set()
+        if self.producer is not None:
+            await self.producer
+        counts = await self.bench._counts(self.hub)
+        expected = {(p, s) for p, n in counts.items() for s in range(n)}
+        await self.bench._until(lambda: expected <= self.delivered(), what, self.workers)
+        return len(expected - self.delivered())
 
 
 class Bench:
@@ -263,14 +292,6 @@ class Bench:
         shares = [sum(1 for o in owners.values() if w.owner_id in o) for w in workers]
         return max(shares) - min(shares) <= 1
 
-    @staticmethod
-    async def _wind_down(stop: asyncio.Event, stream: asyncio.Task[None], workers: list[WorkerHandle]) -> None:
-        stop.set()
-        if not stream.done():
-            stream.cancel()
-        for worker in workers:
-            await worker.stop()
-
     def _stream_options(self, side: str) -> tuple[str, list[str]]:
         impl = "official" if side.startswith("official") else side
         extra = self.options(self.args.interval, self.args.expiry, prefetch=self.args.stream_prefetch,
@@ -279,17 +300,32 @@ class Bench:
             extra.append("--checkpoint-on-close")
         return impl, extra
 
+    @contextlib.asynccontextmanager
+    async def _streaming(self, side: str, tag: str, round_: int) -> AsyncIterator[_Streaming]:
+        """Two processes of ``side`` sharing a fresh hub under a steady stream, until the
+        end of the block (then the stream and every process are stopped)."""
+        hub = next(self.hubs)
+        impl, extra = self._stream_options(side)
+        streaming = _Streaming(self, hub, f"{tag}-{side[:8]}-{round_}-{uuid.uuid4().hex[:6]}", impl, extra,
+                               f"{side}-{tag}-{round_}")
+        streaming.workers = [await streaming.spawn(i) for i in range(2)]
+        producer = asyncio.create_task(self._stream(hub, streaming.stop, self.args.rate, [0]))
+        streaming.producer = producer
+        try:
+            await self._until(lambda: self._settled(streaming.workers), f"{side}: two processes sharing the hub",
+                              streaming.workers)
+            yield streaming
+        finally:
+            streaming.stop.set()
+            if not producer.done():
+                producer.cancel()
+            for worker in streaming.workers:
+                await worker.stop()
+
     # ------------------------------------------------------------------ 4. failover
     async def failover(self, side: str, round_: int) -> tuple[float, int]:
-        hub = next(self.hubs)
-        container = f"fo-{side}-{round_}-{uuid.uuid4().hex[:6]}"
-        impl, extra = self._stream_options(side)
-        stop, counter = asyncio.Event(), [0]
-        workers = [await self.spawn(impl, f"{side}-fo-{round_}-{i}", hub, container, extra) for i in range(2)]
-        stream = asyncio.create_task(self._stream(hub, stop, self.args.rate, counter))
-        try:
-            await self._until(lambda: self._settled(workers), f"{side}: two processes sharing the hub", workers)
-            victim, survivor = workers
+        async with self._streaming(side, "fo", round_) as streaming:
+            victim, survivor = streaming.workers
             victim_partitions = self._recent(victim, time.time() - 2.0)
             victim.kill()
             killed_at = time.time()
@@ -298,47 +334,23 @@ class Bench:
                               f"{side}: the survivor taking over", [survivor], timeout=self.args.expiry * 4 + 30)
             seconds = max(min(t for (t, p, _f, _l) in survivor.batches if p == partition and t > killed_at)
                           - killed_at for partition in victim_partitions)
-            stop.set()
-            await stream
-            counts = await self._counts(hub)
-            expected = {(p, s) for p, n in counts.items() for s in range(n)}
-            await self._until(lambda: expected <= set(survivor.deliveries) | set(victim.deliveries),
-                              f"{side}: draining after the failover", workers)
-            lost = len(expected - (set(survivor.deliveries) | set(victim.deliveries)))
-        finally:
-            await self._wind_down(stop, stream, workers)
+            lost = await streaming.drained(f"{side}: draining after the failover")
         return seconds, lost
 
     # ------------------------------------------------------------------ 5. scale-out
     async def scale_out(self, side: str, round_: int) -> tuple[int, int, int, float]:
-        hub = next(self.hubs)
-        container = f"so-{side[:8]}-{round_}-{uuid.uuid4().hex[:6]}"
-        impl, extra = self._stream_options(side)
-        stop, counter = asyncio.Event(), [0]
-        workers = [await self.spawn(impl, f"{side}-so-{round_}-{i}", hub, container, extra) for i in range(2)]
-        stream = asyncio.create_task(self._stream(hub, stop, self.args.rate, counter))
-        try:
-            await self._until(lambda: self._settled(workers), f"{side}: two processes sharing the hub", workers)
+        async with self._streaming(side, "so", round_) as streaming:
+            workers = streaming.workers
             before = {p: w.owner_id for w in workers for p in self._recent(w, time.time() - 2.0)}
             scaled_at = time.time()
-            workers += [await self.spawn(impl, f"{side}-so-{round_}-{i}", hub, container, extra) for i in (2, 3)]
+            workers += [await streaming.spawn(i) for i in (2, 3)]
             settle = await self._until(lambda: self._settled(workers), f"{side}: four processes sharing the hub",
                                        workers)
             after = {p: w.owner_id for w in workers for p in self._recent(w, time.time() - 2.0)}
             await asyncio.sleep(2.0)
-            stop.set()
-            await stream
-            counts = await self._counts(hub)
-            expected = {(p, s) for p, n in counts.items() for s in range(n)}
-
-            def delivered() -> set[tuple[str, int]]:
-                return set().union(*(set(w.deliveries) for w in workers))
-
-            await self._until(lambda: expected <= delivered(), f"{side}: draining after the scale-out", workers)
-        finally:
-            await self._wind_down(stop, stream, workers)
+            lost = await streaming.drained(f"{side}: draining after the scale-out")
         moved = sum(1 for p, owner in after.items() if before.get(p) != owner)
-        return _duplicates_since(workers, scaled_at), len(expected - delivered()), moved, settle
+        return _duplicates_since(workers, scaled_at), lost, moved, settle
 
     # ------------------------------------------------------------------ the run
     async def run(self) -> Results:
@@ -611,7 +623,8 @@ def _parser(prog: str | None) -> argparse.ArgumentParser:
     parser.add_argument("--sweep", type=_prefetches, default=[100, 300, 1000, 3000],
                         help="prefetch values each side is tried with (one value: no sweep)")
     parser.add_argument("--sweep-events", type=int, default=None, help="events per sweep phase (default: --events/2)")
-    parser.add_argument("--rounds", type=int, default=5, help="throughput rounds (each side once per round)")
+    parser.add_argument("--rounds", type=program.at_least_one, default=5,
+                        help="throughput rounds (each side once per round)")
     parser.add_argument("--busy-cores", type=float, default=0.3,
                         help="a phase is busy when other processes used more than this many cores meanwhile")
     parser.add_argument("--min-quiet-rounds", type=int, default=3,

@@ -83,11 +83,9 @@ def _for(seconds: float, on: Callable[[FaultySource], None], off: Callable[[Faul
 
 def _resets(every: float, seconds: float) -> Inject:
     async def inject(source: FaultySource) -> str:
-        loop = asyncio.get_running_loop()
-        end, count = loop.time() + seconds, 0
-        while loop.time() < end:
-            count += source.detach_all()
-            await asyncio.sleep(every)
+        from harness.source_faults import repeatedly
+
+        count = await repeatedly(source.detach_all, every=every, seconds=seconds)
         return f"every link detached every {every:g} s for {seconds:g} s ({count} detaches)"
     return inject
 

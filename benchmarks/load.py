@@ -235,7 +235,7 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
         python -m benchmarks.load --record
     """
     parser = program.parser("load", __doc__, prog)
-    parser.add_argument("--rounds", type=int, default=1, help="rounds of the scenario per side")
+    parser.add_argument("--rounds", type=program.at_least_one, default=1, help="rounds of the scenario per side")
     parser.add_argument("--sides", nargs="+", choices=SIDES, default=list(SIDES),
                         help="the sides to run (default: all; a subset is never recorded)")
     parser.add_argument("--skew-seconds", type=float, help="length of the skew phase (a shorter run is never "

@@ -181,7 +181,7 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
         python -m benchmarks.moves --rounds 2 --record
     """
     parser = program.parser("moves", __doc__, prog)
-    parser.add_argument("--rounds", type=int, default=2, help="rounds of every scenario per side")
+    parser.add_argument("--rounds", type=program.at_least_one, default=2, help="rounds of every scenario per side")
     parser.add_argument("--scenarios", nargs="+", choices=sorted(SCENARIOS), default=list(SCENARIOS))
     parser.add_argument("--ours-only", action="store_true", help="skip the official processor (never recorded)")
     parser.add_argument("--impls", nargs="+", choices=IMPLS, default=list(IMPLS),

@@ -314,21 +314,21 @@ def render(runs: list[Run], args: argparse.Namespace, head: str) -> str:
 
 def _parser(prog: str | None) -> argparse.ArgumentParser:
     parser = program.parser("soak", __doc__, prog)
-    parser.add_argument("--memory-events", type=int, default=5_000_000,
+    parser.add_argument("--memory-events", type=program.at_least_one, default=5_000_000,
                         help="events through the subject over MemoryEventSource")
-    parser.add_argument("--emulator-events", type=int, default=1_000_000,
+    parser.add_argument("--emulator-events", type=program.at_least_one, default=1_000_000,
                         help="events through each subject over the Event Hubs emulator (the same for both)")
     parser.add_argument("--budget-seconds", type=float, default=540.0,
                         help="bound on all subjects' runs together (start-up aside); a subject still running when "
                              "its share is spent is stopped and reported as cut short")
-    parser.add_argument("--rounds", type=int, default=1)
+    parser.add_argument("--rounds", type=program.at_least_one, default=1)
     parser.add_argument("--subjects", default=",".join(SUBJECTS),
                         help=f"comma-separated, from {', '.join(SUBJECTS)}")
-    parser.add_argument("--partitions", type=int, default=8)
+    parser.add_argument("--partitions", type=program.at_least_one, default=8)
     parser.add_argument("--body", type=int, default=32, help="event size in bytes")
-    parser.add_argument("--batch", type=int, default=300)
+    parser.add_argument("--batch", type=program.at_least_one, default=300)
     parser.add_argument("--prefetch", type=int, default=300)
-    parser.add_argument("--checkpoint-events", type=int, default=1000,
+    parser.add_argument("--checkpoint-events", type=program.at_least_one, default=1000,
                         help="each partition is checkpointed once this many of its events were delivered")
     parser.add_argument("--backlog", type=int, default=24_000, help="events the producer keeps ahead, in all")
     parser.add_argument("--interval", type=float, default=1.0, help="load-balancing interval, seconds")
@@ -368,9 +368,6 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
             args.sample_interval, args.backlog, args.budget_seconds = 0.2, 8_000, 60.0
         if args.tracemalloc and args.record:
             parser.error("--tracemalloc slows the subjects down many times: its runs are never recorded")
-        for name in ("memory_events", "emulator_events", "rounds", "partitions", "batch", "checkpoint_events"):
-            if getattr(args, name) < 1:
-                parser.error(f"--{name.replace('_', '-')} must be at least 1")
         if args.backlog < args.partitions or args.budget_seconds <= 0 or args.sample_interval <= 0:
             parser.error("--backlog must be at least --partitions; --budget-seconds and --sample-interval positive")
         if not 0 < args.warmup < 1:

@@ -441,14 +441,14 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     parser = program.parser("state", __doc__, prog)
     parser.add_argument("--sizes", nargs="+", type=float, default=[1.0, 16.0, 64.0],
                         help="state per partition, MB (default: 1 16 64)")
-    parser.add_argument("--rounds", type=int, default=2, help="rounds of every size per side")
+    parser.add_argument("--rounds", type=program.at_least_one, default=2, help="rounds of every size per side")
     parser.add_argument("--log-dir", help="keep every worker's log here (default: a temporary directory, removed)")
     parser.add_argument("--quick", action="store_true",
                         help="a smoke run: --sizes 0.05 --rounds 1 (never recorded)")
 
     def body(args: argparse.Namespace, run: program.Run) -> int:
-        if args.rounds < 1 or any(mb <= 0 for mb in args.sizes):
-            parser.error("--rounds must be at least 1 and every --sizes value above 0 MB")
+        if any(mb <= 0 for mb in args.sizes):
+            parser.error("every --sizes value above 0 MB, please: a state of nothing measures nothing")
         if args.quick:
             if args.record:
                 parser.error("partial runs (--quick) are never recorded")

@@ -39,6 +39,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import importlib
 import json
 import logging
 import math
@@ -266,85 +267,107 @@ class OfficialBlobStore(StoreUnderTest):
         return len(list(await self._store.list_ownership(NAMESPACE, EVENTHUB, CONSUMER_GROUP)))
 
 
-class BareBlobWrites(StoreUnderTest):
+class BareWrites(StoreUnderTest):
+    """A floor: the conditional write a fenced checkpoint cannot do without, If-Match the etag
+    of the previous write, with the bare Azure SDK and nothing else (no verification, no
+    write token, no record parsing). The same four fields our stores write."""
+
+    fenced = False
+    checkpoint_only = True
+
+    def __init__(self, client: Any, transport: CountingTransport) -> None:
+        self._client = client
+        self.transport = transport
+        self._etags: dict[str, str] = {}
+
+    async def close(self) -> None:
+        await self._client.close()
+
+    def request_counts(self) -> Counter | None:
+        return Counter(self.transport.requests)
+
+    async def checkpoint(self, partition_id: str, sequence_number: int) -> None:
+        etag = self._etags.get(partition_id)
+        if etag is None:  # the untimed first write of each partition creates its record
+            response = await self._create(partition_id, sequence_number)
+        else:
+            response = await self._replace(partition_id, sequence_number, etag)
+        self._etags[partition_id] = response["etag"]
+
+    async def _create(self, partition_id: str, sequence_number: int) -> Any:
+        raise NotImplementedError
+
+    async def _replace(self, partition_id: str, sequence_number: int, etag: str) -> Any:
+        raise NotImplementedError
+
+
+class BareBlobWrites(BareWrites):
     """The floor of a fenced Blob checkpoint: ``set_blob_metadata`` If-Match the etag of the
-    previous write, with the azure-storage-blob SDK and nothing else (no verification,
-    no write token, no record parsing). The same four fields our store writes."""
+    previous write, with the azure-storage-blob SDK."""
 
     name = "floor: bare conditional Blob write"
     kind = "bare-blob"
-    fenced = False
-    checkpoint_only = True
 
     def __init__(self, connection_string: str, container: str) -> None:
         from azure.storage.blob.aio import ContainerClient
 
-        self.transport = CountingTransport()
-        self._client = ContainerClient.from_connection_string(connection_string, container, transport=self.transport)
-        self._etags: dict[str, str] = {}
+        transport = CountingTransport()
+        super().__init__(ContainerClient.from_connection_string(connection_string, container, transport=transport),
+                         transport)
 
     async def open(self) -> None:
         await self._client.create_container()
 
-    async def close(self) -> None:
-        await self._client.close()
-
-    def request_counts(self) -> Counter | None:
-        return Counter(self.transport.requests)
-
-    async def checkpoint(self, partition_id: str, sequence_number: int) -> None:
-        from azure.core import MatchConditions
-
+    def _blob(self, partition_id: str, sequence_number: int) -> tuple[Any, dict[str, str]]:
         metadata = {"sequencenumber": str(sequence_number), "offset": str(sequence_number), "ownerid": OWNER,
                     "epoch": "1"}
-        blob = self._client.get_blob_client(f"{NAMESPACE}/{EVENTHUB}/{CONSUMER_GROUP}/checkpoint/{partition_id}")
-        etag = self._etags.get(partition_id)
-        if etag is None:  # the untimed first write of each partition creates its blob
-            response = await blob.upload_blob(b"", metadata=metadata, overwrite=True)
-        else:
-            response = await blob.set_blob_metadata(metadata, etag=etag, match_condition=MatchConditions.IfNotModified)
-        self._etags[partition_id] = response["etag"]
+        return self._client.get_blob_client(f"{NAMESPACE}/{EVENTHUB}/{CONSUMER_GROUP}/checkpoint/{partition_id}"), \
+            metadata
+
+    async def _create(self, partition_id: str, sequence_number: int) -> Any:
+        blob, metadata = self._blob(partition_id, sequence_number)
+        return await blob.upload_blob(b"", metadata=metadata, overwrite=True)
+
+    async def _replace(self, partition_id: str, sequence_number: int, etag: str) -> Any:
+        from azure.core import MatchConditions
+
+        blob, metadata = self._blob(partition_id, sequence_number)
+        return await blob.set_blob_metadata(metadata, etag=etag, match_condition=MatchConditions.IfNotModified)
 
 
-class BareTableWrites(StoreUnderTest):
+class BareTableWrites(BareWrites):
     """The floor of a fenced Table checkpoint: ``update_entity`` (replace) If-Match the etag
-    of the previous write, with the azure-data-tables SDK and nothing else."""
+    of the previous write, with the azure-data-tables SDK."""
 
     name = "floor: bare conditional Table update"
     kind = "bare-table"
-    fenced = False
-    checkpoint_only = True
 
     def __init__(self, connection_string: str, table: str) -> None:
         from azure.data.tables.aio import TableClient
 
-        self.transport = CountingTransport()
-        self._client = TableClient.from_connection_string(connection_string, table, transport=self.transport)
-        self._etags: dict[str, str] = {}
+        transport = CountingTransport()
+        super().__init__(TableClient.from_connection_string(connection_string, table, transport=transport), transport)
 
     async def open(self) -> None:
         await self._client.create_table()
 
-    async def close(self) -> None:
-        await self._client.close()
+    @staticmethod
+    def _entity(partition_id: str, sequence_number: int) -> dict[str, Any]:
+        from azure.data.tables import EdmType, EntityProperty
 
-    def request_counts(self) -> Counter | None:
-        return Counter(self.transport.requests)
+        return {"PartitionKey": f"{NAMESPACE} {EVENTHUB} {CONSUMER_GROUP} Checkpoint", "RowKey": partition_id,
+                "sequencenumber": str(sequence_number), "offset": str(sequence_number), "ownerid": OWNER,
+                "epoch": EntityProperty(1, EdmType.INT64)}
 
-    async def checkpoint(self, partition_id: str, sequence_number: int) -> None:
+    async def _create(self, partition_id: str, sequence_number: int) -> Any:
+        return await self._client.create_entity(self._entity(partition_id, sequence_number))
+
+    async def _replace(self, partition_id: str, sequence_number: int, etag: str) -> Any:
         from azure.core import MatchConditions
-        from azure.data.tables import EdmType, EntityProperty, UpdateMode
+        from azure.data.tables import UpdateMode
 
-        entity = {"PartitionKey": f"{NAMESPACE} {EVENTHUB} {CONSUMER_GROUP} Checkpoint", "RowKey": partition_id,
-                  "sequencenumber": str(sequence_number), "offset": str(sequence_number), "ownerid": OWNER,
-                  "epoch": EntityProperty(1, EdmType.INT64)}
-        etag = self._etags.get(partition_id)
-        if etag is None:  # the untimed first write of each partition creates its entity
-            response = await self._client.create_entity(entity)
-        else:
-            response = await self._client.update_entity(entity, mode=UpdateMode.REPLACE, etag=etag,
-                                                        match_condition=MatchConditions.IfNotModified)
-        self._etags[partition_id] = response["etag"]
+        return await self._client.update_entity(self._entity(partition_id, sequence_number), mode=UpdateMode.REPLACE,
+                                                etag=etag, match_condition=MatchConditions.IfNotModified)
 
 
 # --------------------------------------------------------------------------- measuring
@@ -606,28 +629,21 @@ async def measure(
 # --------------------------------------------------------------------------- stores
 
 
-def _contract_blob(connection_string: str, container: str) -> StoreUnderTest | None:
-    try:
-        from eventprocessor.stores.blob import BlobCheckpointStore
-    except ImportError as error:
-        logger.warning("our BlobCheckpointStore is not available: %s", error)
-        return None
-    transport = CountingTransport()
-    store = BlobCheckpointStore.from_connection_string(connection_string, container, transport=transport)
-    return ContractStore("ours blob (fenced)", store, kind="ours-blob",
-                         request_counts=lambda: Counter(transport.requests))
+_OURS = {"ours-blob": ("ours blob (fenced)", "eventprocessor.stores.blob", "BlobCheckpointStore"),
+         "ours-table": ("ours table (fenced)", "eventprocessor.stores.table", "TableCheckpointStore")}
 
 
-def _contract_table(connection_string: str, table: str) -> StoreUnderTest | None:
+def _ours(kind: str, connection_string: str, where: str) -> StoreUnderTest | None:
+    """One of our Azure stores on ``where`` (a container or a table), its requests counted."""
+    label, module, name = _OURS[kind]
     try:
-        from eventprocessor.stores.table import TableCheckpointStore
+        store_class = getattr(importlib.import_module(module), name)
     except ImportError as error:
-        logger.warning("our TableCheckpointStore is not available: %s", error)
+        logger.warning("our %s is not available: %s", name, error)
         return None
     transport = CountingTransport()
-    store = TableCheckpointStore.from_connection_string(connection_string, table, transport=transport)
-    return ContractStore("ours table (fenced)", store, kind="ours-table",
-                         request_counts=lambda: Counter(transport.requests))
+    store = store_class.from_connection_string(connection_string, where, transport=transport)
+    return ContractStore(label, store, kind=kind, request_counts=lambda: Counter(transport.requests))
 
 
 def _memory() -> StoreUnderTest:
@@ -645,11 +661,11 @@ def _make(kind: str, connection_string: str | None, partitions: int) -> StoreUnd
         return _memory()
     assert connection_string is not None
     if kind == "ours-blob":
-        return _contract_blob(connection_string, f"bench-ours-{suffix}")
+        return _ours(kind, connection_string, f"bench-ours-{suffix}")
     if kind == "official-blob":
         return OfficialBlobStore(connection_string, f"bench-official-{suffix}")
     if kind == "ours-table":
-        return _contract_table(connection_string, f"benchours{suffix}")
+        return _ours(kind, connection_string, f"benchours{suffix}")
     if kind == "bare-blob":
         return BareBlobWrites(connection_string, f"bench-bare-{suffix}")
     if kind == "bare-table":
@@ -783,18 +799,19 @@ def _parser(prog: str | None) -> argparse.ArgumentParser:
         "--partitions", default=",".join(map(str, DEFAULT_PARTITIONS)),
         help="comma-separated partition counts (default: %(default)s)",
     )
-    parser.add_argument("--concurrency", type=int, default=DEFAULT_CONCURRENCY, help="workers (default: %(default)s)")
+    parser.add_argument("--concurrency", type=program.at_least_one, default=DEFAULT_CONCURRENCY,
+                        help="workers (default: %(default)s)")
     parser.add_argument(
-        "--checkpoint-ops", type=int, default=DEFAULT_CHECKPOINT_OPS,
+        "--checkpoint-ops", type=program.at_least_one, default=DEFAULT_CHECKPOINT_OPS,
         help="timed checkpoint writes per store, partition count and round (default: %(default)s)",
     )
     parser.add_argument(
-        "--phase-ops", type=int, default=DEFAULT_PHASE_OPS,
+        "--phase-ops", type=program.at_least_one, default=DEFAULT_PHASE_OPS,
         help="at least this many timed re-claims and fences per store, partition count and round "
              "(default: %(default)s)",
     )
     parser.add_argument(
-        "--list-repeats", type=int, default=DEFAULT_LIST_REPEATS,
+        "--list-repeats", type=program.at_least_one, default=DEFAULT_LIST_REPEATS,
         help="listings per store, partition count and round (default: %(default)s)",
     )
     parser.add_argument(
@@ -803,7 +820,7 @@ def _parser(prog: str | None) -> argparse.ArgumentParser:
              "(default: %(default)s)",
     )
     parser.add_argument(
-        "--rounds", type=int, default=DEFAULT_ROUNDS,
+        "--rounds", type=program.at_least_one, default=DEFAULT_ROUNDS,
         help="rounds over all stores, order rotated each round; medians and ranges reported (default: %(default)s)",
     )
     parser.add_argument("--raw", metavar="PATH", default=None,
@@ -820,9 +837,6 @@ def _check(parser: argparse.ArgumentParser, args: argparse.Namespace) -> argpars
     unknown = set(args.stores) - set(ALL_STORES) - {"memory"}
     if unknown:
         parser.error(f"unknown store(s): {', '.join(sorted(unknown))} (known: {', '.join(ALL_STORES)}, memory)")
-    for name in ("concurrency", "checkpoint_ops", "phase_ops", "list_repeats", "rounds"):
-        if getattr(args, name) < 1:
-            parser.error(f"--{name.replace('_', '-')} must be at least 1")
     if any(p < 1 for p in args.partitions):
         parser.error("--partitions must be positive")
     return args

@@ -148,15 +148,9 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
         python -m benchmarks.throughput --rounds 3
     """
     parser = program.parser("throughput", __doc__, prog)
-    parser.add_argument("--events-per-partition", type=int, default=30_000)
-    parser.add_argument("--rounds", type=int, default=15)
-
-    def body(args: argparse.Namespace, run: program.Run) -> int:
-        if args.events_per_partition < 1 or args.rounds < 1:
-            parser.error("--events-per-partition and --rounds must be at least 1")
-        return _run(args, run)
-
-    return program.run("throughput", parser, body, argv)
+    parser.add_argument("--events-per-partition", type=program.at_least_one, default=30_000)
+    parser.add_argument("--rounds", type=program.at_least_one, default=15)
+    return program.run("throughput", parser, _run, argv)
 
 
 def check_counts(processor: list[Measurement], bare: list[Measurement], total: int) -> str:

@@ -33,12 +33,24 @@ from eventprocessor.cli.user_errors import CommandError, one_line_message
 from . import report
 from .machine import LoadWindow
 
-__all__ = ["Run", "command_name", "parser", "recorded_command", "run"]
+__all__ = ["Run", "at_least_one", "command_name", "parser", "recorded_command", "run"]
 
 
 def command_name(name: str) -> str:
     """The CLI spelling of a benchmark module's name: ``store_bench`` -> ``store-bench``."""
     return name.replace("_", "-")
+
+
+def at_least_one(text: str) -> int:
+    """An option's type for counts (rounds, events, partitions): a whole number, 1 or more.
+    Example: ``parser.add_argument("--rounds", type=program.at_least_one, default=5)``."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a whole number of at least 1, got {text!r}")
+    return value
 
 
 def parser(name: str, doc: str | None, prog: str | None = None) -> argparse.ArgumentParser:
