@@ -2,7 +2,7 @@
 (``--record``, ``--debug``), one-line errors for what a user can fix, and one run's
 command, clock and machine load.
 
-A benchmark is the module ``benchmarks/<name>.py``. It runs as ``python -m
+A benchmark is ``benchmarks/<name>.py`` (or the package ``benchmarks/<name>/``). It runs as ``python -m
 benchmarks.<name>`` (from the checkout root, or from anywhere with the checkout on
 ``PYTHONPATH``) and as ``eventprocessor bench <name with dashes>`` (from anywhere). Either
 way it prints its results and leaves ``benchmarks/RESULTS.md`` alone unless ``--record``
