@@ -67,19 +67,20 @@ def parser(name: str, doc: str | None, prog: str | None = None) -> argparse.Argu
     return result
 
 
-def recorded_command(name: str, argv: Sequence[str] | None, unrecorded: Sequence[str] = ("--log-dir",)) -> str:
+def recorded_command(name: str, argv: Sequence[str] | None, unrecorded: Sequence[str] = ()) -> str:
     """The command line to write beside recorded results: ``python -m benchmarks.<name> ...``,
-    without ``--debug`` and the options in ``unrecorded`` (with their values): where logs
-    or raw samples went is no part of the result."""
+    without ``--debug``, ``--log-dir`` and the options in ``unrecorded`` (with their values):
+    where logs or raw samples went is no part of the result."""
     given = list(sys.argv[1:] if argv is None else argv)
+    dropped = ("--log-dir", *unrecorded)
     kept: list[str] = []
     skip = False
     for arg in given:
         if skip:
             skip = False
-        elif arg in unrecorded:
+        elif arg in dropped:
             skip = True
-        elif arg != "--debug" and not arg.startswith(tuple(f"{option}=" for option in unrecorded)):
+        elif arg != "--debug" and not arg.startswith(tuple(f"{option}=" for option in dropped)):
             kept.append(arg)
     return " ".join(["python -m benchmarks." + name, *(shlex.quote(arg) for arg in kept)])
 
@@ -118,9 +119,10 @@ class Run:
 
 
 def run(name: str, parser: argparse.ArgumentParser, body: Callable[[argparse.Namespace, Run], int],
-        argv: list[str] | None = None, *, unrecorded: Sequence[str] = ("--log-dir",)) -> int:
+        argv: list[str] | None = None, *, unrecorded: Sequence[str] = ()) -> int:
     """Parse ``argv`` and run ``body(args, run)``. A failure a user can fix (a missing
-    extra, no Azurite, no Java) is printed as one line and returns 2, unless ``--debug``."""
+    extra, no Azurite, no Java) is printed as one line and returns 2, unless ``--debug``.
+    ``unrecorded``: options left out of the recorded command (see :func:`recorded_command`)."""
     args = parser.parse_args(argv)
     try:
         return body(args, Run(name, recorded_command(name, argv, unrecorded), args.record))
