@@ -161,7 +161,7 @@ def _run(args: argparse.Namespace, run: program.Run) -> int:
     lines = [
         "## Received message to Event: per-event cost (`decode`)",
         "",
-        run.header() + " The machine is shared: the per-round ratio is the figure to trust.",
+        run.header("The machine is shared: the per-round ratio is the figure to trust."),
         "",
         f"{args.events:,} messages per pass, encoded and decoded by azure-eventhub's own codec (what the lean "
         f"receive path gets): {BODY_SIZE}-byte body, the service annotations and a partition key, one "

@@ -96,7 +96,7 @@ def render(outcomes: list[Outcome], rounds: int, head: str, prefetch: dict[str, 
     lines = [
         "## Planned moves and crashes with real processes (`moves`)",
         "",
-        head + " Other work on the machine lengthens pauses and takeovers.",
+        head,
         "",
         f"One Event Hubs emulator and one Azurite on 127.0.0.1, started by the benchmark; every processor is an OS "
         f"process (`python -m harness.worker`). *ours*: `EventProcessor` + `EventHubSource` + "
@@ -210,7 +210,8 @@ def _run(args: argparse.Namespace, run: program.Run) -> int:
     with services.logs("moves", args.log_dir) as log_dir, \
             services.azurite_and_emulator(hubs=hubs) as (emulator, azurite):
         outcomes = asyncio.run(_measure(args, emulator.connection_string, azurite.connection_string, log_dir))
-    run.report(render(outcomes, args.rounds, run.header(), args.prefetch))
+    run.report(render(outcomes, args.rounds, run.header("Other work on the machine lengthens pauses and takeovers."),
+                      args.prefetch))
     return 0
 
 

@@ -431,7 +431,7 @@ def markdown(rounds: list[list[Measure]], info: dict[str, Any], latency: dict[st
     return "\n".join([
         "## Spark source: rows/s from Event Hubs into Parquet (`spark_source`)",
         "",
-        f"{head} 1-minute load average at the start of each round: {', '.join(info.get('round_loads', []))}.",
+        head,
         "",
         f"The Event Hubs emulator (its own process) and a standalone Spark cluster (a master and one worker offering "
         f"{max(2, *args.cores)} cores), both started by the benchmark on 127.0.0.1. {args.events:,} events of ~"
@@ -496,7 +496,9 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
         require_java("the spark-source benchmark")
         args.latency_events = int(args.rate * args.latency_seconds) // 50 * 50
         rounds, info, latency = measure_all(args)
-        run.report(markdown(rounds, info, latency, args, run.header()))
+        loads = ", ".join(info.get("round_loads", []))
+        run.report(markdown(rounds, info, latency, args,
+                            run.header(f"1-minute load average at the start of each round: {loads}.")))
         return 0
 
     return program.run("spark_source", parser, body, argv)

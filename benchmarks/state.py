@@ -305,7 +305,7 @@ def render(moves: list[Move], costs: list[Cost], sizes: list[float], rounds: int
     lines = [
         "## Stateful partitions: moves, failovers and checkpoints against the size of the state (`state`)",
         "",
-        head + " Other work on the machine lengthens pauses.",
+        head,
         "",
         (f"One Event Hubs emulator and one Azurite on 127.0.0.1, started by the benchmark; every processor is an OS "
          f"process (`python -m harness.worker`, `EventHubSource` + `BlobCheckpointStore`) whose "
@@ -463,7 +463,7 @@ def _run(args: argparse.Namespace, run: program.Run) -> int:
     with services.logs("state", args.log_dir) as log_dir, \
             services.azurite_and_emulator(hubs=hubs) as (emulator, azurite):
         moves, costs = asyncio.run(_measure(args, emulator.connection_string, azurite.connection_string, log_dir))
-    run.report(render(moves, costs, args.sizes, args.rounds, run.header()))
+    run.report(render(moves, costs, args.sizes, args.rounds, run.header("Other work on the machine lengthens pauses.")))
     return 0
 
 

@@ -179,7 +179,7 @@ def _run(args: argparse.Namespace, run: program.Run) -> int:
     text = "\n".join([
         "## Throughput: EventProcessor vs a bare asyncio loop",
         "",
-        run.header() + " On a shared machine the per-round ratio is the figure to trust.",
+        run.header("On a shared machine the per-round ratio is the figure to trust."),
         "",
         f"MemoryEventSource, {PARTITIONS} partitions x {args.events_per_partition:,} pre-filled events, batch size "
         f"{BATCH}; no-op handler (counts events) vs one task per receiver doing the same count. "

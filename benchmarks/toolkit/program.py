@@ -100,15 +100,16 @@ class Run:
     def seconds(self) -> float:
         return time.monotonic() - self.started
 
-    def header(self, *, timed: bool = True, flag_busy: bool = True) -> str:
+    def header(self, note: str = "", *, timed: bool = True, flag_busy: bool = True) -> str:
         """The line under the section's title (:func:`~benchmarks.toolkit.report.header`):
         the command, the time since the start (unless ``timed`` is false), the machine, its
-        load; then, when other processes were busy over the run (and ``flag_busy``), the
-        paragraph that says the figures are not a result (:func:`~benchmarks.toolkit.report.busy_flag`)."""
+        load, then ``note``; then, when other processes were busy over the run (and
+        ``flag_busy``), the paragraph that says the figures are not a result
+        (:func:`~benchmarks.toolkit.report.busy_flag`)."""
         load = self.load.reading()
         line = report.header(self.command, seconds=self.seconds if timed else None, load=load)
         flag = report.busy_flag([load], "the figures of this run") if flag_busy else []
-        return "\n\n".join([line, *flag[:1]])
+        return "\n\n".join([f"{line} {note}" if note else line, *flag[:1]])
 
     def report(self, markdown: str) -> None:
         """Print the results; with ``--record``, also replace the benchmark's section of RESULTS.md."""
