@@ -2,9 +2,10 @@
 schedule on a fresh simulation (:mod:`harness.simulation`) and returns an :class:`Outcome`."""
 from __future__ import annotations
 
+import contextlib
 import math
 import statistics
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -66,6 +67,17 @@ async def traffic_on(sim: Simulation) -> None:
     await sim.run_until(sim.now + PRE_ROLL)
 
 
+@contextlib.asynccontextmanager
+async def _flowing(impl: str, strategy: LoadBalancingStrategy, partitions: int, schedule: str, seed: int,
+                   instances: int, **kwargs: Any) -> AsyncIterator[Simulation]:
+    """A simulation whose ``instances`` are balanced with events flowing (every partition
+    checkpointed), for a scenario's event."""
+    async with _sim(impl, strategy, partitions, schedule, seed, **kwargs) as sim:
+        await warm(sim, instances)
+        await traffic_on(sim)
+        yield sim
+
+
 def _samples(sim: Simulation) -> list[tuple[float, dict[str, int]]]:
     return [(s.tick, dict(s.counts)) for s in sim.samples]
 
@@ -120,9 +132,7 @@ async def scale_out(impl: str, strategy: LoadBalancingStrategy, schedule: str, s
         for _ in range(added):
             sim.add_instance()
 
-    async with _sim(impl, strategy, partitions, schedule, seed, work=work) as sim:
-        await warm(sim, instances)
-        await traffic_on(sim)
+    async with _flowing(impl, strategy, partitions, schedule, seed, instances, work=work) as sim:
         busy = "" if work == WORK else f", busy handlers ({work * 1000:.0f} ms per batch)"
         return await _rebalance(sim, f"scale out P={partitions} N={instances}->{instances + added}{busy}", add,
                                 max_ticks(partitions, instances + added))
@@ -130,9 +140,7 @@ async def scale_out(impl: str, strategy: LoadBalancingStrategy, schedule: str, s
 
 async def scale_in(impl: str, strategy: LoadBalancingStrategy, schedule: str, seed: int,
                    partitions: int, instances: int, removed: int) -> Outcome:
-    async with _sim(impl, strategy, partitions, schedule, seed) as sim:
-        await warm(sim, instances)
-        await traffic_on(sim)
+    async with _flowing(impl, strategy, partitions, schedule, seed, instances) as sim:
         await sim.run_to_mid_batch()
         return await _rebalance(sim, f"graceful scale in P={partitions} N={instances}->{instances - removed}",
                                 lambda: sim.stop(*sim.alive[:removed]), max_ticks(partitions, instances))
@@ -140,9 +148,7 @@ async def scale_in(impl: str, strategy: LoadBalancingStrategy, schedule: str, se
 
 async def crash(impl: str, strategy: LoadBalancingStrategy, schedule: str, seed: int,
                 partitions: int, instances: int, crashed: int) -> Outcome:
-    async with _sim(impl, strategy, partitions, schedule, seed) as sim:
-        await warm(sim, instances)
-        await traffic_on(sim)
+    async with _flowing(impl, strategy, partitions, schedule, seed, instances) as sim:
         await sim.run_to_mid_batch()
         victims = list(sim.alive[-crashed:])
         before = sim.owner_map()
@@ -177,9 +183,7 @@ async def growth(impl: str, strategy: LoadBalancingStrategy, schedule: str, seed
     async def grow() -> None:
         sim.add_partitions(added)
 
-    async with _sim(impl, strategy, partitions, schedule, seed) as sim:
-        await warm(sim, instances)
-        await traffic_on(sim)
+    async with _flowing(impl, strategy, partitions, schedule, seed, instances) as sim:
         return await _rebalance(sim, f"partition growth {partitions}->{partitions + added}, N={instances}", grow,
                                 max_ticks(partitions + added, instances))
 
@@ -189,9 +193,7 @@ async def rolling_restart(impl: str, strategy: LoadBalancingStrategy, schedule: 
     """Each instance in turn is stopped (while every partition is inside a batch) and
     replaced, ``downtime`` seconds later, by a new one; the next goes once the group is
     balanced again."""
-    async with _sim(impl, strategy, partitions, schedule, seed) as sim:
-        await warm(sim, instances)
-        await traffic_on(sim)
+    async with _flowing(impl, strategy, partitions, schedule, seed, instances) as sim:
         mark = sim.mark()
         originals = list(sim.alive)
         for old in originals:
@@ -211,9 +213,7 @@ async def rolling_restart(impl: str, strategy: LoadBalancingStrategy, schedule: 
 async def standbys(impl: str, strategy: LoadBalancingStrategy, schedule: str, seed: int,
                    partitions: int, instances: int) -> Outcome:
     """More instances than partitions: the extra ones stand by. One owner crashes."""
-    async with _sim(impl, strategy, partitions, schedule, seed) as sim:
-        await warm(sim, instances)
-        await traffic_on(sim)
+    async with _flowing(impl, strategy, partitions, schedule, seed, instances) as sim:
         await sim.run_to_mid_batch()
         counts = sim.counts()
         idle = {owner for owner, count in counts.items() if count == 0}
@@ -282,10 +282,8 @@ async def static_assignment(schedule: str, seed: int, partitions: int, replicas:
 
 async def balance_factor(strategy: LoadBalancingStrategy, schedule: str, seed: int, factor: int, partitions: int,
                          instances: int, added: int) -> Outcome:
-    async with _sim("ours", strategy, partitions, schedule, seed, balance_tolerance=factor,
-                    processor_options={"balance_factor": factor}) as sim:
-        await warm(sim, instances)
-        await traffic_on(sim)
+    async with _flowing("ours", strategy, partitions, schedule, seed, instances, balance_tolerance=factor,
+                        processor_options={"balance_factor": factor}) as sim:
         before = sim.owner_map()
         mark = sim.mark()
         for _ in range(added):
