@@ -90,9 +90,9 @@ def render(outcomes: list[LoadOutcome], rounds: int, head: str, loads: list[Load
         f"and phase *slowed* runs {skew.slow_seconds:g} s. Then the producer stops and each side gets "
         f"{skew.drain_seconds:g} s to deliver everything."),
         "",
-        f"*ours, by count*: `EventProcessor` (GREEDY, `balance_by=\"count\"`, its default) + `EventHubSource` + our "
-        f"`BlobCheckpointStore`. *ours, by load*: the same with `balance_by=\"load\"` and "
-        f"`LoadPolicy(threshold={policy.threshold:g}, damping={policy.damping:g}, max_moves={policy.max_moves}, "
+        f"*ours, by count*: `EventProcessor` (GREEDY, no `load_policy`: by count, its default) + `EventHubSource` "
+        f"+ our `BlobCheckpointStore`. *ours, by load*: the same with `load_policy=LoadPolicy("
+        f"threshold={policy.threshold:g}, damping={policy.damping:g}, max_moves={policy.max_moves}, "
         f"cooldown={policy.cooldown:g}, floor={policy.floor:g})`"
         + (" (its defaults)" if not skew.policy else
            f" (its defaults but {', '.join(f'{k}={v:g}' for k, v in skew.policy)}: the partitions are all claimed "

@@ -6,7 +6,7 @@ which samples its own resident set size (RSS, from ``/proc/self/statm``) at a fi
 cadence, so that nothing else (the producer, the emulator, Azurite, the other subjects)
 counts in what is measured:
 
-* **ours, memory**: ``EventProcessor`` over a ``MemoryEventSource`` in the same process
+* **ours, memory**: ``EventProcessor`` over a ``InMemoryEventSource`` in the same process
   (retention of a few backlogs per partition, so the log itself stays bounded) with
   ``InMemoryCheckpointStore``; its producer is a task of that process, as the source is
   in-process by nature. Millions of events.
@@ -54,7 +54,7 @@ __all__ = ["main", "analyse", "Analysis"]
 logger = logging.getLogger(__name__)
 
 SUBJECTS = ("memory", "ours", "official")
-LABELS = {"memory": "ours, MemoryEventSource", "ours": "ours, emulator", "official": "official, emulator"}
+LABELS = {"memory": "ours, InMemoryEventSource", "ours": "ours, emulator", "official": "official, emulator"}
 MB = 1024 * 1024
 
 
@@ -276,9 +276,9 @@ def render(runs: list[Run], args: argparse.Namespace, head: str) -> str:
         "",
         f"Each subject runs in its own OS process (`python -m harness.worker`) and samples its own resident set "
         f"(`/proc/self/statm`) every {args.sample_interval:g} s; the producer, the Event Hubs emulator and Azurite are "
-        f"other processes (except over `MemoryEventSource`, whose producer is a task of the subject's process: the "
+        f"other processes (except over `InMemoryEventSource`, whose producer is a task of the subject's process: the "
         f"source is in-process, and retains {2 * (args.backlog // args.partitions):,} events per partition). *ours, "
-        f"MemoryEventSource*: `EventProcessor` + `InMemoryCheckpointStore`. *ours, emulator*: `EventProcessor` + "
+        f"InMemoryEventSource*: `EventProcessor` + `InMemoryCheckpointStore`. *ours, emulator*: `EventProcessor` + "
         f"`EventHubSource` + our `BlobCheckpointStore` on Azurite. *official, emulator*: "
         f"`EventHubConsumerClient.receive_batch` + `azure-eventhub-checkpointstoreblob-aio` on Azurite (not its "
         f"in-memory default). The emulator subjects read the same {args.emulator_events:,} events, sent by the "
@@ -315,7 +315,7 @@ def render(runs: list[Run], args: argparse.Namespace, head: str) -> str:
 def _parser(prog: str | None) -> argparse.ArgumentParser:
     parser = program.parser("soak", __doc__, prog)
     parser.add_argument("--memory-events", type=program.at_least_one, default=5_000_000,
-                        help="events through the subject over MemoryEventSource")
+                        help="events through the subject over InMemoryEventSource")
     parser.add_argument("--emulator-events", type=program.at_least_one, default=1_000_000,
                         help="events through each subject over the Event Hubs emulator (the same for both)")
     parser.add_argument("--budget-seconds", type=float, default=540.0,

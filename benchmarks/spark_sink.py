@@ -10,7 +10,7 @@ process of its own: a classic session on ``spark://`` and a Spark Connect sessio
 
 In one run, per session, the same batches through four paths:
 
-* **sink**: the events in a ``MemoryEventSource``, consumed by an ``EventProcessor``
+* **sink**: the events in a ``InMemoryEventSource``, consumed by an ``EventProcessor``
   whose handler is a ``SparkSink`` cutting batches of ``--batch`` events, its commit log
   in the (in-memory) checkpoint store; the clock runs from the moment the first batch is
   planned until every event is committed, published and checkpointed (the processor's
@@ -250,7 +250,7 @@ PATHS = ("pipelined", "direct", "write-only", "sink")
 
 def measure(events: int, batch: int, partitions: int, rounds: int, body_size: int, *, master: str | None,
             remote: str | None, label: str, load_root: int | None = None) -> SessionResult:
-    from eventprocessor.sources import MemoryEventSource
+    from eventprocessor.sources import InMemoryEventSource
 
     spark = _session(master, remote, partitions)
     workdir = Path(tempfile.mkdtemp(prefix="spark-sink-bench-"))
@@ -259,7 +259,7 @@ def measure(events: int, batch: int, partitions: int, rounds: int, body_size: in
     startups: list[float] = []
     try:
         def fresh_source(n: int) -> Any:
-            source = MemoryEventSource(partitions)
+            source = InMemoryEventSource(partitions)
             _fill(source, n, body_size)
             return source
 

@@ -1,6 +1,6 @@
 """Stateful partitions: the pause of a planned move, the failover after a SIGKILL and the
 cost of a checkpoint against the size of the state, with warm-up and standbys
-(``EventProcessor(stateful=True, num_standbys=1)``) and the naive way, side by side.
+(``EventProcessor(stateful=StatePolicy(num_standbys=1))``) and the naive way, side by side.
 
 Run it with ``python -m benchmarks.state`` (or ``eventprocessor bench state``). It starts
 its own Event Hubs emulator and Azurite on loopback. Every processor is an OS process
@@ -54,7 +54,7 @@ from dataclasses import dataclass, field
 from itertools import pairwise
 from typing import Any
 
-from eventprocessor.options import Timing
+from eventprocessor import Timing
 from harness.group import CHECKPOINT_EVERY, EXPIRY, INTERVAL, PERIOD, Group, Outcome
 from harness.state_scenarios import hub_bodies, restore_mismatches, standby_replicas
 
@@ -232,11 +232,11 @@ def _change(state: Any, keys: list[str], change: int, seq: int) -> None:
 async def _cost(mode: str, state_mb: float, change: int, storage_conn: str, name: str) -> Cost:
     from azure.storage.blob.aio import ContainerClient
 
-    from eventprocessor.bounded_store import BoundedStore
-    from eventprocessor.clock import SystemClock
-    from eventprocessor.records import Checkpoint, Ownership
+    from eventprocessor._runtime.bounded_store import BoundedStore
+    from eventprocessor._runtime.clock import SystemClock
     from eventprocessor.state import StateKeeper, StateLog
     from eventprocessor.stores.blob import BlobCheckpointStore
+    from eventprocessor.stores.records import Checkpoint, Ownership
 
     cost = Cost(mode, state_mb, change)
     wire = Wire()
@@ -311,8 +311,8 @@ def render(moves: list[Move], costs: list[Cost], sizes: list[float], rounds: int
          f"process (`python -m harness.worker`, `EventHubSource` + `BlobCheckpointStore`) whose "
          f"handler counts events per key ({KEYS} keys) in a state padded to the size given (keys of 1,000-character "
          f"strings). *warm-up*: `--stateful --standbys 1`, the counts in `context.state` "
-         f"(`EventProcessor(stateful=True, num_standbys=1)`): the new owner loads the state before it asks for the "
-         f"partition, and a standby follows each partition. *naive*: `--naive`, the same counts in a dict kept in "
+         f"(`EventProcessor(stateful=StatePolicy(num_standbys=1))`): the new owner loads the state before it asks for "
+         f"the partition, and a standby follows each partition. *naive*: `--naive`, the same counts in a dict kept in "
          f"one blob per partition, as written by hand without the feature: uploaded before each checkpoint and in "
          f"`close`, downloaded whole in `initialize` by the new owner. Hub of {PARTITIONS} partitions, {PERIOD:g} s "
          f"between events; load-balancing interval {INTERVAL:g} s, ownership expiration {EXPIRY:g} s, a checkpoint "

@@ -1,6 +1,6 @@
 """Dispatch overhead: events/s through an EventProcessor against a bare asyncio loop.
 
-Both read the same pre-filled :class:`~eventprocessor.sources.MemoryEventSource` (32
+Both read the same pre-filled :class:`~eventprocessor.sources.InMemoryEventSource` (32
 partitions, batches of 300) and do the same work per batch (count the events). The
 processor side is a real ``EventProcessor`` with a no-op handler, its store in memory,
 GREEDY so that it owns every partition within two ticks; the bare side opens one
@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 from eventprocessor import EventProcessor, LoadBalancingStrategy, PartitionProcessor
 from eventprocessor.events import EventPosition
-from eventprocessor.sources import MemoryEventSource
+from eventprocessor.sources import InMemoryEventSource
 from eventprocessor.stores import InMemoryCheckpointStore
 
 from .toolkit import program
@@ -53,9 +53,9 @@ class Measurement:
         return self.events / self.seconds if self.seconds > 0 else float("inf")
 
 
-def fill(partitions: int, per_partition: int) -> MemoryEventSource:
+def fill(partitions: int, per_partition: int) -> InMemoryEventSource:
     """A source with ``per_partition`` small events in each partition."""
-    source = MemoryEventSource(partitions)
+    source = InMemoryEventSource(partitions)
     body = b"x" * 64
     for pid in range(partitions):
         for _ in range(per_partition):
@@ -63,7 +63,7 @@ def fill(partitions: int, per_partition: int) -> MemoryEventSource:
     return source
 
 
-async def measure_processor(source: MemoryEventSource, total: int, consumer_group: str) -> Measurement:
+async def measure_processor(source: InMemoryEventSource, total: int, consumer_group: str) -> Measurement:
     """Dispatch rate of the processor's pumps once it owns every partition.
 
     The balancing ticks are driven by hand (``balance_once`` until every partition is
@@ -105,7 +105,7 @@ async def measure_processor(source: MemoryEventSource, total: int, consumer_grou
     return Measurement(seen - seen_before, finished - started, startup=started - setup_started)
 
 
-async def measure_bare(source: MemoryEventSource, total: int, consumer_group: str) -> Measurement:
+async def measure_bare(source: InMemoryEventSource, total: int, consumer_group: str) -> Measurement:
     """The same partitions read by one task per receiver, counting like the handler."""
     seen = 0
     per_partition = {str(p): source.last_sequence_number(str(p)) + 1 for p in range(source.partition_count)}
@@ -181,7 +181,7 @@ def _run(args: argparse.Namespace, run: program.Run) -> int:
         "",
         run.header("On a shared machine the per-round ratio is the figure to trust."),
         "",
-        f"MemoryEventSource, {PARTITIONS} partitions x {args.events_per_partition:,} pre-filled events, batch size "
+        f"InMemoryEventSource, {PARTITIONS} partitions x {args.events_per_partition:,} pre-filled events, batch size "
         f"{BATCH}; no-op handler (counts events) vs one task per receiver doing the same count. "
         f"{args.rounds} alternating rounds. With every event already there, no receive ever waits, so this "
         "is the per-batch CPU cost of the pump (owner checks, handler call, counters) against a bare receive loop.",

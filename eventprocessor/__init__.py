@@ -7,7 +7,7 @@ Example::
 
     import asyncio
     from eventprocessor import EventProcessor, PartitionProcessor
-    from eventprocessor.sources import MemoryEventSource
+    from eventprocessor.sources import InMemoryEventSource
     from eventprocessor.stores import InMemoryCheckpointStore
 
     class Printer(PartitionProcessor):
@@ -17,7 +17,7 @@ Example::
             await context.update_checkpoint()
 
     async def main():
-        source = MemoryEventSource(4)
+        source = InMemoryEventSource(4)
         for i in range(10):
             await source.send(f"event {i}")
         async with EventProcessor(source, InMemoryCheckpointStore(), Printer,
@@ -27,10 +27,10 @@ Example::
 
     asyncio.run(main())
 """
-from .balancer import LoadBalancingStrategy
-from .checkpoint_store import CheckpointStore
+from ._processor import OWNERSHIP_LOG_FIELDS, OWNERSHIP_REASONS, BalanceReport, EventProcessor, ProcessorStats, Timing
+from ._runtime.clock import Clock
+from ._version import __version__
 from .consumer_client import ConsumerPartitionContext, EventHubConsumerClient
-from .delivery import PoisonPolicy
 from .errors import (
                      CheckpointStoreError,
                      ClaimOwnershipError,
@@ -47,17 +47,27 @@ from .errors import (
                      StoreTimeoutError,
 )
 from .events import BodyType, Event, EventPosition
-from .load_plan import LoadPolicy
-from .partition import CloseReason, PartitionContext, PartitionProcessor
-from .processor import BalanceReport, EventProcessor, ProcessorStats, Timing
-from .records import Checkpoint, Member, MemberListing, Ownership, OwnershipListing, UnreadableOwnership
-
-__version__ = "0.1.0"
+from .partition import PartitionContext, PartitionProcessor
+from .policies import (
+                     CloseReason,
+                     FailurePolicy,
+                     LoadBalancingStrategy,
+                     LoadPolicy,
+                     PoisonPolicy,
+                     RetryPolicy,
+                     StatePolicy,
+)
+from .stores.contract import CheckpointStore
+from .stores.records import Checkpoint, Member, MemberListing, Ownership, OwnershipListing, UnreadableOwnership
 
 __all__ = [
     # running a processor
     "EventProcessor", "PartitionProcessor", "PartitionContext", "CloseReason", "EventPosition", "Event",
-    "BodyType", "LoadBalancingStrategy", "PoisonPolicy", "ProcessorStats", "Timing", "BalanceReport", "LoadPolicy",
+    "BodyType", "ProcessorStats", "Timing", "BalanceReport", "Clock",
+    # the policies (eventprocessor.policies)
+    "LoadBalancingStrategy", "FailurePolicy", "PoisonPolicy", "RetryPolicy", "LoadPolicy", "StatePolicy",
+    # what an ownership-change log record carries
+    "OWNERSHIP_LOG_FIELDS", "OWNERSHIP_REASONS",
     # the drop-in for azure-eventhub's EventHubConsumerClient (callbacks)
     "EventHubConsumerClient", "ConsumerPartitionContext",
     # errors

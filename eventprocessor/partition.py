@@ -1,23 +1,25 @@
-"""What user code sees: PartitionProcessor, PartitionContext and CloseReason."""
+"""What user code sees: PartitionProcessor and PartitionContext (CloseReason is in
+:mod:`eventprocessor.policies`), and :func:`claim_of`, the claim behind a context."""
 from __future__ import annotations
 
 import asyncio
-import enum
 import logging
 import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from ._claim import Claim
 from .errors import InvalidCheckpointError, OwnershipLostError
 from .events import Event
-from .records import Checkpoint
+from .policies import CloseReason
+from .stores.records import Checkpoint
 
 if TYPE_CHECKING:  # pragma: no cover
-    from .checkpoint_store import CheckpointRecords
     from .sources.base import LastEnqueuedEventProperties
     from .state import PartitionState, StateKeeper
+    from .stores.contract import CheckpointRecords
 
-__all__ = ["CloseReason", "PartitionContext", "PartitionProcessor"]
+__all__ = ["PartitionContext", "PartitionProcessor", "claim_of"]
 
 logger = logging.getLogger(__name__)
 
@@ -32,20 +34,6 @@ def already_logged(error: BaseException) -> None:
         _LOGGED.add(error)
     except TypeError:  # pragma: no cover - an exception type without weak references
         pass
-
-
-class CloseReason(enum.Enum):
-    """Why a partition stopped being processed here."""
-
-    SHUTDOWN = "shutdown"
-    """``EventProcessor.stop()`` was called; ownership is released."""
-    OWNERSHIP_LOST = "ownership_lost"
-    """Another processor took the partition, a renewal failed, the receiver was
-    disconnected by a higher owner level, or the lease ran out (self-fencing)."""
-    HANDOFF = "handoff"
-    """Another processor asked for the partition (rebalancing, scale-out): this claim
-    finished its batch and hands the partition over. ``update_checkpoint`` still works
-    inside ``close``, and the next owner resumes from the last checkpoint."""
 
 
 class PartitionContext:
@@ -85,13 +73,9 @@ class PartitionContext:
         self.epoch = epoch
         self.last_event: Event | None = None
         self.last_checkpoint: Checkpoint | None = None
-        self._last_enqueued: LastEnqueuedEventProperties | None = None
         self._store = checkpoint_store
-        self._is_owned = is_owned
-        self._may_checkpoint = may_checkpoint or is_owned
-        self._on_ownership_lost = on_ownership_lost
-        self._on_checkpoint = on_checkpoint
-        self._home_loop: asyncio.AbstractEventLoop | None = None  # the processor's, once the pump runs
+        self._claim = Claim(partition_id=partition_id, owner_id=owner_id, epoch=epoch, may_dispatch=is_owned,
+                            may_checkpoint=may_checkpoint, on_fence_lost=on_ownership_lost, on_checkpoint=on_checkpoint)
         self._state = state
 
     def __repr__(self) -> str:
@@ -105,22 +89,18 @@ class PartitionContext:
         """The partition's newest event (sequence number, offset, enqueued time) and when
         the source reported it; set when the processor runs with
         ``track_last_enqueued_event_properties=True``, else None."""
-        return self._last_enqueued
+        return self._claim.last_enqueued
 
     @property
     def lag(self) -> int | None:
         """Events enqueued after the last one delivered here (None while unknown)."""
-        newest, delivered = self._last_enqueued, self.last_event
+        newest, delivered = self._claim.last_enqueued, self.last_event
         if newest is None:
             return None
         if delivered is None:
             base = self.last_checkpoint.sequence_number if self.last_checkpoint is not None else -1
             return max(0, newest.sequence_number - base)
         return max(0, newest.sequence_number - delivered.sequence_number)
-
-    def _received(self, newest: LastEnqueuedEventProperties | None) -> None:
-        if newest is not None:
-            self._last_enqueued = newest
 
     @property
     def state(self) -> PartitionState:
@@ -150,11 +130,7 @@ class PartitionContext:
     @property
     def is_owned(self) -> bool:
         """True while this claim is current and its lease has not run out."""
-        return self._is_owned()
-
-    def _ownership_lost(self) -> None:
-        if self._on_ownership_lost is not None:
-            self._on_ownership_lost()
+        return self._claim.may_dispatch()
 
     async def update_checkpoint(self, event: Event | None = None, *, allow_rewind: bool = False) -> None:
         """Record that processing got as far as ``event`` (default: the last delivered).
@@ -170,7 +146,8 @@ class PartitionContext:
         Called from a handler that runs in a worker thread (``handler_executor``), the
         write is carried out on the processor's event loop and awaited from the thread's.
         """
-        home = self._home_loop
+        claim = self._claim
+        home = claim.home_loop
         if home is not None and home is not asyncio.get_running_loop():
             return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(
                 self.update_checkpoint(event, allow_rewind=allow_rewind), home))
@@ -187,7 +164,7 @@ class PartitionContext:
                 f"update_checkpoint on partition {self.partition_id} would move a stateful partition's checkpoint back "
                 f"from sequence number {last.sequence_number} to {event.sequence_number}: its state cannot move back "
                 "with it")
-        if not self._may_checkpoint():
+        if not claim.may_checkpoint():
             raise OwnershipLostError(
                 f"partition {self.partition_id} is no longer owned by {self.owner_id}",
                 partition_id=self.partition_id,
@@ -213,7 +190,7 @@ class PartitionContext:
             # rather than at the next load-balancing tick.
             if keeper is not None:
                 keeper.failed()
-            self._ownership_lost()
+            claim.fence_lost()
             raise
         except BaseException:
             if keeper is not None:
@@ -222,8 +199,7 @@ class PartitionContext:
         if keeper is not None:
             keeper.committed(state_ref)
         self.last_checkpoint = checkpoint
-        if self._on_checkpoint is not None:
-            self._on_checkpoint(checkpoint)
+        claim.checkpointed(checkpoint)
 
 
     def _check_checkpoint_event(self, event: Event, allow_rewind: bool) -> None:
@@ -253,18 +229,23 @@ class PartitionProcessor:
 
     Example::
 
-        class Printer(PartitionProcessor):
+        class Totals(PartitionProcessor):
+            async def initialize(self, context):
+                self.total = 0
+
             async def process_events(self, events, context):
-                for event in events:
-                    print(context.partition_id, event.body_as_str())
+                self.total += sum(len(event.body) for event in events)
                 await context.update_checkpoint()
 
-        EventProcessor(source, store, Printer)
+            async def close(self, reason, context):
+                print(f"partition {context.partition_id}: {self.total} bytes, closed for {reason.value}")
+
+        EventProcessor(source, store, Totals)
 
     ``process_events`` is awaited for each batch, one batch at a time per partition.
     If it raises, ``process_error`` gets the exception and the batch is delivered again
-    (a bounded number of times: see the processor's ``max_delivery_attempts`` and
-    ``on_poison``), so no event is lost.
+    (a bounded number of times: see the processor's ``failure_policy``,
+    :class:`~eventprocessor.policies.FailurePolicy`), so no event is lost.
     """
 
     checkpoint_on_release: bool = True
@@ -299,3 +280,16 @@ class PartitionProcessor:
 
     async def close(self, reason: CloseReason, context: PartitionContext) -> None:
         """Called once when the claim ends."""
+
+
+def claim_of(context: PartitionContext) -> Claim:
+    """The processor's claim behind ``context`` (see :mod:`eventprocessor._claim`): what the
+    SDK's own code that runs for a claim (the pump, the Spark sink, the drop-in) asks about
+    it, instead of the context's private members.
+
+    Example::
+
+        if not claim_of(context).may_checkpoint():
+            ...  # the claim ended in the middle of a batch
+    """
+    return context._claim

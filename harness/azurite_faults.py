@@ -2,7 +2,7 @@
 (:mod:`eventprocessor.emulators.fault_proxy`), in real time.
 
 :func:`run_fault_scenario` runs real EventProcessors (each with its own store client)
-on one in-process :class:`~eventprocessor.sources.MemoryEventSource` with events
+on one in-process :class:`~eventprocessor.sources.InMemoryEventSource` with events
 flowing, lets them settle, injects one fault between the processors and Azurite
 (:func:`slow_store`, :func:`black_hole`, :func:`resets`, or your own), and measures
 from what the handlers received (:class:`AzuriteRun`). :func:`restarted_empty` restarts
@@ -25,11 +25,10 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
+from eventprocessor import EventProcessor, Timing
 from eventprocessor.emulators.azurite import DEV_ACCOUNT_NAME, Azurite, start_azurite
 from eventprocessor.emulators.fault_proxy import FaultProxy
-from eventprocessor.options import Timing
-from eventprocessor.processor import EventProcessor
-from eventprocessor.sources.memory import MemoryEventSource
+from eventprocessor.sources.memory import InMemoryEventSource
 from eventprocessor.testing.recorder import DeliveryRecorder, recording_handler
 
 __all__ = ["AzuriteRun", "ProcessorGroup", "Inject", "run_fault_scenario", "slow_store", "black_hole", "resets",
@@ -70,7 +69,7 @@ class ProcessorGroup:
                  **options: Any) -> None:
         from eventprocessor.stores import BlobCheckpointStore
 
-        self.source = MemoryEventSource(PARTITIONS)
+        self.source = InMemoryEventSource(PARTITIONS)
         self.ledger = DeliveryRecorder()
         self.handler = recording_handler(self.ledger, work=0.01)
         self.errors: list[Exception] = []

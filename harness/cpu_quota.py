@@ -6,7 +6,7 @@ capped at a quarter of a core each can be, and a processor that needs more than 
 quota falls behind exactly as it would on a small machine. The cap is the kernel's (CFS
 bandwidth control), so everything in the process is capped, its AMQP client included,
 and the processor measures its utilisation against the quota the way it would in a
-container (:func:`eventprocessor.load.available_cores` reads the process's cgroup).
+container (:func:`eventprocessor._ownership.load_meter.available_cores` reads the process's cgroup).
 
 Needs a writable cgroup ``cpu`` controller: cgroup v1 (``/sys/fs/cgroup/cpu``) or v2
 (``/sys/fs/cgroup`` with ``cpu`` among its controllers), usually as root.

@@ -48,7 +48,7 @@ import uuid
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from eventprocessor.load_plan import LoadPolicy
+from eventprocessor import LoadPolicy
 from eventprocessor.testing.recorder import most_within
 
 from .cpu_quota import CpuQuotas
@@ -59,7 +59,7 @@ __all__ = ["LAG_EVERY", "SIDES", "LoadGroup", "LoadOutcome", "Phase", "Skew", "r
 
 SIDES = ("count", "load", "official")
 """*count*: this SDK balancing partition counts (its default); *load*: this SDK with
-``balance_by="load"``; *official*: azure-eventhub's ``EventHubConsumerClient``."""
+``load_policy=LoadPolicy(...)``; *official*: azure-eventhub's ``EventHubConsumerClient``."""
 
 LAG_EVERY = 2.0  # seconds between two readings of the hub's last enqueued sequence numbers
 RECENT = 3.0  # seconds of deliveries that say who delivers a partition now

@@ -29,9 +29,9 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from eventprocessor import EventProcessor
 from eventprocessor.emulators.fault_proxy import TcpFaultProxy
 from eventprocessor.events import EventPosition
-from eventprocessor.processor import EventProcessor
 from eventprocessor.sources.eventhub import EventHubSource
 from eventprocessor.testing.recorder import DeliveryRecorder, recording_handler
 

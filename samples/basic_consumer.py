@@ -1,7 +1,7 @@
 """A minimal consumer: three processors share eight partitions of an in-memory stream.
 
 Run it from the repository root:  python samples/basic_consumer.py
-Swap MemoryEventSource for a real source and InMemoryCheckpointStore for
+Swap InMemoryEventSource for a real source and InMemoryCheckpointStore for
 BlobCheckpointStore/TableCheckpointStore to run the same code across hosts.
 """
 from __future__ import annotations
@@ -11,7 +11,7 @@ import logging
 from collections import Counter
 
 from eventprocessor import CloseReason, EventProcessor, PartitionContext, PartitionProcessor
-from eventprocessor.sources import MemoryEventSource
+from eventprocessor.sources import InMemoryEventSource
 from eventprocessor.stores import InMemoryCheckpointStore
 
 processed: Counter = Counter()
@@ -31,7 +31,7 @@ class CountingProcessor(PartitionProcessor):
 
 async def main() -> None:
     logging.basicConfig(level=logging.WARNING)
-    source = MemoryEventSource(8)
+    source = InMemoryEventSource(8)
     store = InMemoryCheckpointStore()
     processors = [
         EventProcessor(source, store, CountingProcessor, owner_id=f"worker-{i}",

@@ -21,7 +21,7 @@ import asyncio
 from collections import Counter
 
 from eventprocessor import EventProcessor, PartitionContext, PartitionProcessor
-from eventprocessor.sources import MemoryEventSource
+from eventprocessor.sources import InMemoryEventSource
 from eventprocessor.stores import InMemoryCheckpointStore
 
 PARTITIONS = 4
@@ -53,7 +53,7 @@ class Crashing(EveryN):
     checkpoint_on_release = False  # a killed process writes nothing on its way out
 
 
-async def run_until(source: MemoryEventSource, store: InMemoryCheckpointStore, name: str,
+async def run_until(source: InMemoryEventSource, store: InMemoryCheckpointStore, name: str,
                     wanted: set[tuple[str, int]], *, crash: bool) -> None:
     processor = EventProcessor(source, store, Crashing if crash else EveryN, owner_id=name, max_batch_size=10,
                                **OPTIONS)
@@ -74,7 +74,7 @@ async def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--every", type=int, default=25, help="checkpoint every N events")
     args = parser.parse_args(argv)
     EveryN.every = args.every
-    source, store = MemoryEventSource(PARTITIONS), InMemoryCheckpointStore()
+    source, store = InMemoryEventSource(PARTITIONS), InMemoryCheckpointStore()
 
     def produce(start: int, count: int) -> set[tuple[str, int]]:
         for i in range(start, start + count):

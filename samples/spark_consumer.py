@@ -38,11 +38,11 @@ from pathlib import Path
 from typing import Any
 
 from eventprocessor import EventProcessor
-from eventprocessor.checkpoint_store import CheckpointStore
 from eventprocessor.cli.running import run_program
 from eventprocessor.cli.user_errors import require_or_exit
 from eventprocessor.emulators.azurite import port_open
-from eventprocessor.sources import MemoryEventSource
+from eventprocessor.sources import InMemoryEventSource
+from eventprocessor.stores.contract import CheckpointStore
 
 
 async def open_store(kind: str, stack: AsyncExitStack) -> CheckpointStore:
@@ -67,7 +67,7 @@ async def open_store(kind: str, stack: AsyncExitStack) -> CheckpointStore:
     return store
 
 
-async def produce(source: MemoryEventSource, count: int, rate: float) -> None:
+async def produce(source: InMemoryEventSource, count: int, rate: float) -> None:
     for i in range(count):
         body = json.dumps({"device": f"sensor-{i % 40}", "temperature": 20 + (i % 100) / 10})
         await source.send(body, partition_key=f"sensor-{i % 40}", properties={"unit": "C"})
@@ -90,13 +90,13 @@ async def run(args: argparse.Namespace) -> int:
     spark = await asyncio.to_thread(spark_session, args.master, remote=args.remote)
     where = f"Spark Connect {args.remote.split('/;')[0]}" if args.remote else args.master or "local[*]"
     print(f"spark: {where} (Spark {spark.version})")  # a Connect URL's parameters (a token) are not printed
-    source = MemoryEventSource(args.partitions)
+    source = InMemoryEventSource(args.partitions)
     async with AsyncExitStack() as stack:
         store = await open_store(args.store, stack)
         return await consume(args, spark, source, store, output, reading)
 
 
-async def consume(args: argparse.Namespace, spark: Any, source: MemoryEventSource, store: CheckpointStore,
+async def consume(args: argparse.Namespace, spark: Any, source: InMemoryEventSource, store: CheckpointStore,
                   output: Path, reading: Any) -> int:
     from eventprocessor.spark import SparkSink, json_body
 

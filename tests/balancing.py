@@ -8,9 +8,11 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 
-from eventprocessor.balancer import BalanceDecision, LoadBalancingStrategy, decide, fair_share
-from eventprocessor.records import Ownership
+from eventprocessor._ownership.balancer import BalanceDecision, decide
+from eventprocessor._ownership.strategies import fair_share
+from eventprocessor.policies import LoadBalancingStrategy
 from eventprocessor.stores import InMemoryCheckpointStore
+from eventprocessor.stores.records import Ownership
 
 NS, HUB, CG = "ns.example", "hub", "$default"
 EXPIRATION = 60.0

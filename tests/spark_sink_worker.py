@@ -24,7 +24,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from eventprocessor import EventProcessor, LoadBalancingStrategy  # noqa: E402
-from eventprocessor.sources import MemoryEventSource  # noqa: E402
+from eventprocessor.sources import InMemoryEventSource  # noqa: E402
 from eventprocessor.spark import SparkSink, spark_session  # noqa: E402
 from eventprocessor.stores import BlobCheckpointStore  # noqa: E402
 
@@ -46,7 +46,7 @@ def kill_point() -> Callable[[str], None] | None:
 
 
 async def run(path: str, partitions: int, events: int, max_events: int, container: str, deadline: float) -> int:
-    source = MemoryEventSource(partitions)
+    source = InMemoryEventSource(partitions)
     for i in range(events):
         for p in range(partitions):
             source.append(f"{p}:{i}", partition_id=str(p))

@@ -3,7 +3,7 @@ screenshot of ``eventprocessor status --watch``).
 
 Runs an ``EventProcessor`` on a ``BlobCheckpointStore`` (connection string from
 ``EVENTPROCESSOR_STORE_CONNECTION_STRING``, so it never shows in a process listing) over
-its own ``MemoryEventSource``. Every worker fills its source with the same events
+its own ``InMemoryEventSource``. Every worker fills its source with the same events
 (partition ``p`` gets ``events + p`` of them), so the checkpoints any owner writes agree:
 after processing, partition ``p``'s checkpoint is sequence number ``events + p - 1``.
 The handler checkpoints after every batch. One JSON line on stdout whenever the owned
@@ -25,7 +25,7 @@ STORE_ENV = "EVENTPROCESSOR_STORE_CONNECTION_STRING"
 
 async def _amain(args: argparse.Namespace) -> int:
     from eventprocessor import EventProcessor, PartitionProcessor
-    from eventprocessor.sources import MemoryEventSource
+    from eventprocessor.sources import InMemoryEventSource
     from eventprocessor.stores.blob import BlobCheckpointStore
 
     class Checkpointing(PartitionProcessor):
@@ -34,7 +34,7 @@ async def _amain(args: argparse.Namespace) -> int:
                 await asyncio.sleep(args.delay)
             await context.update_checkpoint()
 
-    source = MemoryEventSource(args.partitions, eventhub_name=args.eventhub, fully_qualified_namespace=args.namespace)
+    source = InMemoryEventSource(args.partitions, eventhub_name=args.eventhub, fully_qualified_namespace=args.namespace)
     for partition in range(args.partitions):
         await source.send_batch([f"event {i}" for i in range(args.events + partition)], partition_id=str(partition))
     store = BlobCheckpointStore.from_connection_string(os.environ[STORE_ENV], args.container)

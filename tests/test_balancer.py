@@ -6,8 +6,10 @@ from datetime import datetime, timezone
 
 import pytest
 
-from eventprocessor.balancer import LoadBalancingStrategy, decide, fair_share
-from eventprocessor.records import Ownership, OwnershipListing
+from eventprocessor._ownership.balancer import decide
+from eventprocessor._ownership.strategies import fair_share
+from eventprocessor.policies import LoadBalancingStrategy
+from eventprocessor.stores.records import Ownership, OwnershipListing
 from tests.balancing import CG, EXPIRATION, HUB, INTERVAL, NS, Cluster, steal_is_allowed
 
 BALANCED, GREEDY = LoadBalancingStrategy.BALANCED, LoadBalancingStrategy.GREEDY
@@ -166,8 +168,8 @@ def _load_decision(owner_id, loads, owners):
     """decide() balancing by load over live records of ``owners`` (pid -> owner)."""
     from datetime import timedelta
 
-    from eventprocessor.balancer import HANDOFF_PROPERTY
-    from eventprocessor.load_plan import LoadPolicy
+    from eventprocessor._ownership.strategies import HANDOFF_PROPERTY
+    from eventprocessor.policies import LoadPolicy
 
     now = datetime(2026, 1, 1, 12, 0, tzinfo=timezone.utc)
     records = tuple(Ownership(NS, HUB, CG, pid, owner, now - timedelta(seconds=1), f'"{pid}"', 2)
@@ -175,7 +177,7 @@ def _load_decision(owner_id, loads, owners):
     members = {m: {HANDOFF_PROPERTY: "1"} for m in loads}
     return decide(OwnershipListing(records, now), sorted(owners), owner_id, fully_qualified_namespace=NS,
                   eventhub_name=HUB, consumer_group=CG, strategy=BALANCED, expiration_interval=EXPIRATION,
-                  rng=random.Random(0), members=members, handoff_timeout=10.0, balance_by="load", loads=loads,
+                  rng=random.Random(0), members=members, handoff_timeout=10.0, loads=loads,
                   load_policy=LoadPolicy(threshold=0.25, damping=0.5, max_moves=1, cooldown=30.0))
 
 
@@ -187,7 +189,7 @@ def test_a_partition_moved_since_its_old_owner_published_its_load_does_not_move_
     (recorded by benchmarks.load: 1 partition moved twice within the cool-down, 2 moves
     out of one process in one interval). Planned from the ownership records, "1" counts
     on "b", in its cool-down, and "a" without it is near the mean."""
-    from eventprocessor.load_plan import MemberLoad, PartitionLoad
+    from eventprocessor._ownership.load_plan import MemberLoad, PartitionLoad
 
     old = 1e6
     loads = {"a": MemberLoad(0.9, {"0": PartitionLoad(250, age=old), "1": PartitionLoad(400, age=old),

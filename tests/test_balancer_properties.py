@@ -5,11 +5,15 @@ from __future__ import annotations
 
 import asyncio
 import random
+from datetime import datetime, timedelta, timezone
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from eventprocessor.balancer import LoadBalancingStrategy, decide
+from eventprocessor._ownership.balancer import decide
+from eventprocessor._ownership.strategies import ORDINAL_PROPERTY, STRATEGIES, BalanceView
+from eventprocessor.policies import LoadBalancingStrategy
+from eventprocessor.stores.records import Ownership, OwnershipListing
 from tests.balancing import CG, EXPIRATION, HUB, INTERVAL, NS, Cluster, steal_is_allowed
 
 OWNERS = "ABCDEFGHIJ"
@@ -107,3 +111,38 @@ def test_once_balanced_with_constant_membership_nothing_moves(state):
             assert live[pid] == owner_of[pid]
 
     asyncio.run(scenario())
+
+
+@st.composite
+def snapshots(draw):
+    """One ownership snapshot: live, expired and released records, and some member records."""
+    partitions = draw(st.integers(min_value=1, max_value=24))
+    owners = OWNERS[:draw(st.integers(min_value=1, max_value=6))]
+    now = datetime(2026, 1, 1, tzinfo=timezone.utc)
+    records = []
+    for pid in map(str, range(partitions)):
+        kind = draw(st.sampled_from(["none", "live", "expired", "released"]))
+        if kind == "none":
+            continue
+        age = EXPIRATION + 5 if kind == "expired" else draw(st.floats(0, EXPIRATION))
+        records.append(Ownership(NS, HUB, CG, pid, "" if kind == "released" else draw(st.sampled_from(owners)),
+                                 last_modified_time=now - timedelta(seconds=age), etag=f"e{pid}", epoch=3))
+    members = draw(st.one_of(st.none(), st.just({m: {ORDINAL_PROPERTY: str(i)} for i, m in enumerate(owners)})))
+    return OwnershipListing(tuple(records), now), [str(p) for p in range(partitions)], owners, members
+
+
+@settings(max_examples=200, deadline=None)
+@given(snapshots(), st.sampled_from(list(STRATEGIES)), st.integers(0, 2**16))
+def test_each_strategy_is_a_pure_function_of_the_snapshot_taking_only_what_it_may(snapshot, strategy, seed):
+    listing, partition_ids, owners, members = snapshot
+    for owner in owners:
+        view = BalanceView.of(listing, partition_ids, owner, expiration_interval=EXPIRATION, members=members,
+                              replica_count=len(owners))
+        take = STRATEGIES[strategy](view, random.Random(seed))
+        assert take == STRATEGIES[strategy](view, random.Random(seed))  # the same snapshot, the same answer
+        assert len(set(take)) == len(take) and set(take) <= set(partition_ids) - view.blocked
+        assert not {pid for pid in take if view.active.get(pid) and view.active[pid].owner_id == owner}
+        if strategy is LoadBalancingStrategy.BALANCED:
+            assert len(take) <= 1
+        if strategy is LoadBalancingStrategy.STATIC and members is None:
+            assert take == []  # no ordinals to go by

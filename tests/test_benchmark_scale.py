@@ -116,9 +116,9 @@ def test_bad_sizing_input_names_what_is_missing():
 
 @pytest.mark.azurite
 def test_a_store_that_does_not_go_idle_is_reported_not_crashed_on(azurite):
-    """Before: a saturated Azurite made the benchmark crash on the next side's container
-    (ServiceRequestTimeoutError) and nothing was recorded. Now each side waits for the
-    store to go idle, and one that does not is reported in the table."""
+    """A saturated Azurite must not crash the benchmark on the next side's container
+    (ServiceRequestTimeoutError, nothing recorded): each side waits for the store to go
+    idle, and one that does not is reported in the table."""
     busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])  # stands in for a saturated Azurite
     try:
         run = _scale("--drain-timeout", "2", "--sizes", "8x2", "--idle-sample", "0.5", "--calibration-listings", "2",

@@ -14,7 +14,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 COLUMNS = ("Subject", "events", "events/s", "RSS at warm-up end (MB)", "RSS at end (MB)", "max RSS (MB)",
            "growth after warm-up (MB)", "slope (MB per million events)", "slope (MB per hour)", "verdict")
-SUBJECTS = ("ours, MemoryEventSource", "ours, emulator", "official, emulator")
+SUBJECTS = ("ours, InMemoryEventSource", "ours, emulator", "official, emulator")
 
 
 def _soak(*args: str, timeout: float = 240) -> subprocess.CompletedProcess:
@@ -47,7 +47,7 @@ def test_the_quick_soak_prints_every_column_for_every_subject_and_writes_nothing
         assert all(number.match(cell) for cell in cells[:-1]), (subject, cells)  # one round: plain numbers
         assert re.match(r"^(\*\*flat\*\*|\*\*grows\*\* in 1/1 rounds|too short to fit)$", cells[-1]), cells
     events = {subject: int(rows[subject][0].replace(",", "")) for subject in SUBJECTS}
-    assert events == {"ours, MemoryEventSource": 300_000, "ours, emulator": 40_000, "official, emulator": 40_000}
+    assert events == {"ours, InMemoryEventSource": 300_000, "ours, emulator": 40_000, "official, emulator": 40_000}
     assert re.search(r"Load: other processes [\d.]+ cores on average .* 1-minute load average [\d.]+/[\d.]+ at "
                      r"start/end\.", out), out
     assert "**Flat**: the slope is at most 2 MB per million events" in out

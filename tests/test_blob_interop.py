@@ -16,9 +16,9 @@ from azure.storage.blob.aio import ContainerClient
 
 from eventprocessor import EventProcessor, LoadBalancingStrategy, PartitionProcessor
 from eventprocessor.errors import OwnershipLostError
-from eventprocessor.records import Checkpoint, Member, Ownership
-from eventprocessor.sources import MemoryEventSource
+from eventprocessor.sources import InMemoryEventSource
 from eventprocessor.stores import BlobCheckpointStore
+from eventprocessor.stores.records import Checkpoint, Member, Ownership
 
 pytest.importorskip("azure.eventhub.extensions.checkpointstoreblobaio")
 from azure.eventhub.extensions.checkpointstoreblobaio import (  # noqa: E402
@@ -194,7 +194,7 @@ async def _drain(processor: EventProcessor, seen: dict[str, list[int]], last: in
 
 async def test_switch_over_resumes_from_the_same_checkpoints(stores: Any) -> None:
     ours, official, cg = stores
-    source = MemoryEventSource(4, eventhub_name=HUB, fully_qualified_namespace=NS)
+    source = InMemoryEventSource(4, eventhub_name=HUB, fully_qualified_namespace=NS)
     for i in range(10):
         for pid in range(4):
             await source.send(f"event {i}", partition_id=str(pid))
@@ -350,7 +350,7 @@ async def test_the_drop_in_given_the_official_store_receives_again_after_close(a
 
     container = f"again-{uuid.uuid4().hex[:10]}"
     official = OfficialBlobCheckpointStore.from_connection_string(azurite.connection_string, container_name=container)
-    source = MemoryEventSource(2)
+    source = InMemoryEventSource(2)
     client = EventHubConsumerClient.from_source(source, "$default", checkpoint_store=official,
                                                 load_balancing_interval=1.0)
     received: list[int] = []

@@ -20,10 +20,16 @@ pytest.importorskip("azure.eventhub")
 from azure.eventhub import CloseReason as OfficialCloseReason  # noqa: E402
 from azure.eventhub import EventData  # noqa: E402
 
-from eventprocessor import ConfigurationError, ConsumerPartitionContext, EventHubConsumerClient, InvalidCheckpointError  # noqa: E402
+from eventprocessor import (  # noqa: E402
+    ConfigurationError,
+    ConsumerPartitionContext,
+    EventHubConsumerClient,
+    FailurePolicy,
+    InvalidCheckpointError,
+)
 from eventprocessor.consumer_client import starting_positions, to_event_data, to_event_position  # noqa: E402
 from eventprocessor.events import Event, EventPosition  # noqa: E402
-from eventprocessor.sources import MemoryEventSource  # noqa: E402
+from eventprocessor.sources import InMemoryEventSource  # noqa: E402
 from eventprocessor.stores import InMemoryCheckpointStore  # noqa: E402
 from eventprocessor.testing import FaultyStore, run_virtual, virtual_utc_clock  # noqa: E402
 
@@ -81,7 +87,7 @@ class Recorder:
 
 def _world(partitions: int = 4):
     clock = virtual_utc_clock()
-    return MemoryEventSource(partitions, clock=clock), InMemoryCheckpointStore(clock=clock)
+    return InMemoryEventSource(partitions, clock=clock), InMemoryCheckpointStore(clock=clock)
 
 
 async def _until(condition, timeout: float = 60.0) -> None:
@@ -336,7 +342,8 @@ def test_receive_hands_events_one_by_one_and_does_not_repeat_those_on_event_retu
         async def on_error(context, error):
             errors.append((context.partition_id if context else None, str(error)))
 
-        client = EventHubConsumerClient.from_source(source, checkpoint_store=store, retry_backoff=0.1, **OPTIONS)
+        client = EventHubConsumerClient.from_source(source, checkpoint_store=store,
+                                                    failure_policy=FailurePolicy(retry_backoff=0.1), **OPTIONS)
         task = asyncio.create_task(client.receive(on_event, starting_position="-1", on_error=on_error))
         await _until(lambda: 5 in calls)
         await client.close()
@@ -408,7 +415,7 @@ def test_a_partition_id_receives_that_partition_only_and_two_such_clients_do_not
     assert bad.total() == 0 and any("partition_id '9' does not exist" in str(e) for _p, e in bad.errors)
 
 
-class RecordingSource(MemoryEventSource):
+class RecordingSource(InMemoryEventSource):
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.owner_levels: list[int | None] = []
@@ -559,7 +566,7 @@ def test_the_official_blob_store_runs_as_ours_on_the_same_container_and_other_of
         "DefaultEndpointsProtocol=http;AccountName=devstoreaccount1;AccountKey=c2VjcmV0LWtleQ==;"
         "BlobEndpoint=http://127.0.0.1:1/devstoreaccount1;", container_name="checkpoints")
     with caplog.at_level(logging.INFO, logger="eventprocessor.consumer_client"):
-        client = EventHubConsumerClient.from_source(MemoryEventSource(1), checkpoint_store=store)
+        client = EventHubConsumerClient.from_source(InMemoryEventSource(1), checkpoint_store=store)
     assert isinstance(client.checkpoint_store, BlobCheckpointStore)
     assert client.checkpoint_store.container_name == "checkpoints"
     assert client.checkpoint_store.account_url == "http://127.0.0.1:1/devstoreaccount1"
@@ -574,7 +581,7 @@ def test_the_official_blob_store_runs_as_ours_on_the_same_container_and_other_of
 
     CustomOfficialStore.__module__ = "azure.eventhub.extensions.checkpointstoretable"
     with pytest.raises(ConfigurationError, match="only BlobCheckpointStore is taken") as raised:
-        EventHubConsumerClient.from_source(MemoryEventSource(1), checkpoint_store=CustomOfficialStore())
+        EventHubConsumerClient.from_source(InMemoryEventSource(1), checkpoint_store=CustomOfficialStore())
     assert "stores.TableCheckpointStore" in str(raised.value)
 
 
@@ -586,7 +593,7 @@ def test_without_a_checkpoint_store_each_receive_call_reads_every_partition_in_m
     """azure-eventhub's meaning of no checkpoint store: the receive call reads every
     partition itself, with checkpoints in memory for that call only; said once (INFO)."""
     async def scenario():
-        source = MemoryEventSource(4, clock=virtual_utc_clock())
+        source = InMemoryEventSource(4, clock=virtual_utc_clock())
         for i in range(40):
             await source.send(f"e{i}", partition_id=str(i % 4))
         client = EventHubConsumerClient.from_source(source, "$default")  # the defaults, as the samples use them
@@ -690,7 +697,7 @@ def test_client_options_reach_the_amqp_client_and_bad_values_fail_at_receive(mon
     assert getattr(strategy, "value", strategy) == "greedy"
     assert client.processor_options["partition_ownership_expiration_interval"] == 180  # 6 x 30 s, as azure-eventhub
     with pytest.raises(ConfigurationError, match="from_source"):
-        EventHubConsumerClient.from_source(MemoryEventSource(1), checkpoint_store=InMemoryCheckpointStore(),
+        EventHubConsumerClient.from_source(InMemoryEventSource(1), checkpoint_store=InMemoryCheckpointStore(),
                                            retry_total=1)
 
     async def bad_receive():

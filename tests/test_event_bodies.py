@@ -1,4 +1,4 @@
-"""Event bodies arrive exactly as sent, whatever their AMQP body type (issue 21, item 6).
+"""Event bodies arrive exactly as sent, whatever their AMQP body type.
 
 AMQP gives a message one of three bodies: one or more data sections, one or more
 amqp-sequence sections, or one amqp-value. azure-eventhub sends each with
@@ -28,7 +28,7 @@ import pytest
 
 from eventprocessor import Event, EventPosition
 from eventprocessor.events import BodyType, received_event
-from eventprocessor.sources import MemoryEventSource
+from eventprocessor.sources import InMemoryEventSource
 from eventprocessor.stores import InMemoryCheckpointStore
 
 WHEN = datetime(2026, 1, 1, tzinfo=timezone.utc)
@@ -316,10 +316,10 @@ def test_received_event_builds_the_same_event_as_the_constructor():
         fast.body = b"y"  # type: ignore[misc]
 
 
-# ----------------------------------------------------------------------------- MemoryEventSource
+# ----------------------------------------------------------------------------- InMemoryEventSource
 
 async def test_memory_source_sends_every_body_type_as_amqp_annotated_message_takes_them():
-    source = MemoryEventSource(1)
+    source = InMemoryEventSource(1)
     plain = await source.send("hi")
     sections = await source.send([b"aa", "bb", b"cc"])
     one_sequence = await source.send(sequence_body=[b"message", 123.456, True])
@@ -350,7 +350,7 @@ async def test_memory_source_sends_every_body_type_as_amqp_annotated_message_tak
 ])
 async def test_memory_source_refuses_bodies_it_cannot_send(arguments, error, message):
     with pytest.raises(Exception, match=message) as info:
-        await MemoryEventSource(1).send(**arguments)
+        await InMemoryEventSource(1).send(**arguments)
     assert type(info.value).__name__ == error
 
 

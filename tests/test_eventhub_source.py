@@ -651,7 +651,7 @@ async def test_a_source_failure_is_not_logged_as_a_store_failure(caplog):
         await source.close()
     errors = [r for r in caplog.records if r.levelno >= logging.ERROR and r.name.startswith("eventprocessor")]
     assert errors and all("ownership" not in r.getMessage() for r in caplog.records
-                          if r.name.startswith("eventprocessor.lease_table"))
+                          if r.name.startswith("eventprocessor._ownership.lease_table"))
 
 
 @pytest.mark.eventhubs

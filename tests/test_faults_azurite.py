@@ -1,4 +1,4 @@
-"""Issue 11's rows that were seen on Azurite, on Azurite: real processors on the Blob
+"""The store faults that show on Azurite, on Azurite: real processors on the Blob
 store, through a loopback TCP fault proxy, in real time with generous bounds (the same
 scenarios run on virtual time in ``tests/test_processor_faults.py``; the scenarios are
 :mod:`harness.azurite_faults`, at full length in ``python -m benchmarks.faults

@@ -1,4 +1,4 @@
-"""Blocking handlers run off the event loop (issue 21, item 4), in real time.
+"""Blocking handlers run off the event loop, in real time.
 
 A handler that blocks (``time.sleep``, CPU-bound code, a synchronous HTTP call) held the
 processor's event loop: no lease was renewed, so the lease ran out and the partition
@@ -19,7 +19,7 @@ import time
 import pytest
 
 from eventprocessor import ConfigurationError, EventProcessor, PartitionProcessor
-from eventprocessor.sources import MemoryEventSource
+from eventprocessor.sources import InMemoryEventSource
 from eventprocessor.stores import InMemoryCheckpointStore
 
 SHORT = dict(load_balancing_interval=0.3, partition_ownership_expiration_interval=3.0)
@@ -40,7 +40,7 @@ def blocking_handler(log: list[tuple[str, int, float, str]]) -> type:
 
 async def run(executor) -> tuple[EventProcessor, list[tuple[str, int, float, str]], list]:
     log: list[tuple[str, int, float, str]] = []
-    source, store = MemoryEventSource(2), InMemoryCheckpointStore()
+    source, store = InMemoryEventSource(2), InMemoryCheckpointStore()
     processor = EventProcessor(source, store, blocking_handler(log), handler_executor=executor, **SHORT)
     async with processor:
         deadline = time.monotonic() + 10
@@ -92,4 +92,5 @@ def test_an_executor_of_the_users_runs_the_handlers():
 def test_a_process_pool_or_a_word_is_refused_with_the_choices():
     for wrong in ("threads", concurrent.futures.ProcessPoolExecutor(1), 4):
         with pytest.raises(ConfigurationError, match="handler_executor must be None"):
-            EventProcessor(MemoryEventSource(1), InMemoryCheckpointStore(), PartitionProcessor, handler_executor=wrong)
+            EventProcessor(InMemoryEventSource(1), InMemoryCheckpointStore(), PartitionProcessor,
+                           handler_executor=wrong)

@@ -1,4 +1,4 @@
-"""Planned moves without duplicates (issue 14): graceful handoff, membership, standbys,
+"""Planned moves without duplicates: graceful handoff, membership, standbys,
 static assignment and balance_factor, on virtual time with the real processor and store.
 
 Duplicates and losses are counted from what the handlers actually received.
@@ -11,7 +11,7 @@ from collections import Counter
 import pytest
 
 from eventprocessor import CloseReason, EventProcessor, PartitionProcessor
-from eventprocessor.balancer import static_assignment
+from eventprocessor._ownership.strategies import static_assignment
 from eventprocessor.testing import Cluster, run_virtual
 
 OPTIONS = dict(load_balancing_interval=1.0, partition_ownership_expiration_interval=12.0)
@@ -283,10 +283,10 @@ def test_a_processor_stopped_while_its_claims_are_in_flight_leaves_no_record_nam
 
 
 def test_a_requester_that_stops_before_its_handoff_lands_is_not_handed_the_partition():
-    """b asks a for a partition and stops while a finishes the batch in hand. The
-    partition used to be written over to b, gone by then, and wait for the expiration.
-    Now b withdraws its request as it stops, a releases instead of handing over, and
-    takes the partition back at its next tick."""
+    """b asks a for a partition and stops while a finishes the batch in hand. Written over
+    to b, gone by then, the partition would wait for the expiration: b withdraws its request
+    as it stops, a releases instead of handing over, and takes the partition back at its
+    next tick."""
 
     class Slow(PartitionProcessor):
         async def process_events(self, events, context):

@@ -1,4 +1,4 @@
-"""Planned moves without duplicates (issue 14) with real processes and real storage.
+"""Planned moves without duplicates with real processes and real storage.
 
 Each processor is an OS process (``python -m harness.worker``): an ``EventProcessor`` with
 ``EventHubSource`` reading the session's Event Hubs emulator over AMQP and

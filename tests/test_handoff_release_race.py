@@ -1,13 +1,13 @@
 """A handoff or a release must not be lost to the owner's own renewal in flight.
 
-Found by ``tests/test_handoff_processes.py`` on real processes (interval 0.5 s,
-expiration 3 s): a renewal that had lost to the handoff request was retried 0.19 s later
-with the refreshed etag, just as the pump of the partition being handed over finished.
-The renewal landed first and changed the record's etag; the handoff write, conditional on
-the etag before it, lost, and nothing said so. The record still named the old owner,
-which took the partition back at its next tick (``taken over``) and handed it over a
-second time: a second pause. Had it been stopping, the partition would have waited for
-its record to expire (75 s by default).
+The race, as it shows on real processes (``tests/test_handoff_processes.py``, interval
+0.5 s, expiration 3 s): a renewal that lost to the handoff request is retried with the
+refreshed etag just as the pump of the partition being handed over finishes. The renewal
+lands first and changes the record's etag; the handoff write, conditional on the etag
+before it, loses. Unless the owner writes it once more, the record still names the old
+owner, which takes the partition back at its next tick (``taken over``) and hands it over
+a second time: a second pause. A stopping owner would leave the partition to wait for its
+record to expire (75 s by default).
 
 The store here lets the owner's own renewal land just before its release or handoff
 write, every time, on virtual time.
@@ -19,7 +19,7 @@ from collections import Counter
 from collections.abc import Iterable
 
 from eventprocessor import CloseReason
-from eventprocessor.records import Ownership
+from eventprocessor.stores.records import Ownership
 from eventprocessor.testing import Cluster, FaultyStore, run_virtual
 
 OPTIONS = dict(load_balancing_interval=1.0, partition_ownership_expiration_interval=12.0)

@@ -1,8 +1,8 @@
-"""Properties of the claim life cycle and of :func:`eventprocessor.lease.reconcile`.
+"""Properties of the claim life cycle and of :func:`eventprocessor._ownership.lease.reconcile`.
 
 ``reconcile`` is the one pure function that lines the local leases up with the clock and
-a store snapshot (issue 11, item 2). A hypothesis state machine drives real
-:class:`~eventprocessor.lease.Lease` objects through random histories (claims, renewals,
+a store snapshot. A hypothesis state machine drives real
+:class:`~eventprocessor._ownership.lease.Lease` objects through random histories (claims, renewals,
 pumps that end, leases that run out, listings that are stale or fresh, records taken,
 requested, vanished, gone back or unreadable) and applies what ``reconcile`` says the way
 the processor does. After every step:
@@ -24,8 +24,8 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from eventprocessor.lease import ALLOWED, Lease, LeaseEnd, LeaseState, Snapshot, reconcile
-from eventprocessor.records import Ownership
+from eventprocessor._ownership.lease import ALLOWED, Lease, LeaseEnd, LeaseState, Snapshot, reconcile
+from eventprocessor.stores.records import Ownership
 
 ME = "me"
 OTHERS = ["other-1", "other-2"]

@@ -1,4 +1,4 @@
-"""Load-aware balancing on virtual time (issue 27): real processors, skewed partitions and
+"""Load-aware balancing on virtual time: real processors, skewed partitions and
 unequal processors, count-based and load-aware side by side on the same scenario.
 
 Each processor has one simulated core: its handlers take ``cost`` virtual seconds per
@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import asyncio
 import os
+from dataclasses import replace
 
 import pytest
 
 from eventprocessor import LoadPolicy, OwnershipLostError, PartitionProcessor
-from eventprocessor.load_plan import (
+from eventprocessor._ownership.load_plan import (
     MemberLoad,
     PartitionLoad,
     decode_load,
@@ -108,8 +109,8 @@ def utilisations(cores: dict[str, Core], busy_before: dict[str, float], seconds:
 async def start_fleet(cluster: Cluster, cores: dict[str, Core], balance_by: str) -> list:
     """One processor per core, metered by it; started, and every partition owned."""
     cluster.handler = handler(cluster, cores)
-    processors = [cluster.add(name, balance_by=balance_by, load_policy=POLICY, load_meter=core.utilization)
-                  for name, core in cores.items()]
+    processors = [cluster.add(name, load_policy=(replace(POLICY, meter=core.utilization) if balance_by == "load"
+                                                 else None)) for name, core in cores.items()]
     for p in processors:
         await p.start()
     await cluster.wait_until(lambda: sum(len(p.owned_partitions) for p in processors) == PARTITIONS, timeout=30)
@@ -263,7 +264,7 @@ def test_a_processor_draining_its_backlog_is_weighed_by_what_arrives():
 def test_the_lag_growth_is_published_and_a_record_without_it_still_reads():
     load = MemberLoad(0.5, {"3": PartitionLoad(120.5, 3400, 12, 600, -1.25)})
     assert decode_load(encode_load(load)) == MemberLoad(0.5, {"3": PartitionLoad(120.5, 3400.0, 12, 600.0, -1.25)})
-    older = decode_load("u=0.500;3=120.5/3400/12/600")  # published by an earlier version
+    older = decode_load("u=0.500;3=120.5/3400/12/600")  # four fields: no lag growth
     assert older is not None and older.partitions["3"] == PartitionLoad(120.5, 3400.0, 12, 600.0, 0.0)
     assert decode_load("u=0.500;3=120.5/3400/12/600/nan") is None  # would poison every reader's plan
     assert decode_load("u=0.500;3=1/2/3") is None

@@ -1,4 +1,4 @@
-"""What a processor measures for the load-aware plan (issue 27): the CPU it may use (its
+"""What a processor measures for the load-aware plan: the CPU it may use (its
 cgroup's quota), its utilisation of it.
 
 The cgroup trees here are directories laid out as the kernel lays out ``/sys/fs/cgroup``
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from eventprocessor.load import CpuMeter, available_cores
+from eventprocessor._ownership.load_meter import CpuMeter, available_cores
 from harness.cpu_quota import CpuQuotas, unavailable
 
 AFFINITY = float(len(os.sched_getaffinity(0)))
@@ -94,7 +94,7 @@ def test_a_process_capped_at_a_quarter_core_measures_its_busy_loop_against_the_q
             [sys.executable, "-c", textwrap.dedent("""
                 import sys, time
                 sys.stdin.readline()  # wait until the parent capped this process
-                from eventprocessor.load import CpuMeter, available_cores
+                from eventprocessor._ownership.load_meter import CpuMeter, available_cores
                 meter = CpuMeter()
                 end = time.monotonic() + 1.5
                 while time.monotonic() < end:

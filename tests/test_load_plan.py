@@ -1,4 +1,4 @@
-"""The load-aware plan is pure (issue 27): deterministic for a snapshot, within its move
+"""The load-aware plan is pure: deterministic for a snapshot, within its move
 budget, convergent on any steady load, and quiet under noise (hypothesis)."""
 from __future__ import annotations
 
@@ -7,7 +7,8 @@ import os
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from eventprocessor.load_plan import LoadPolicy, MemberLoad, PartitionLoad, decode_load, encode_load, plan_moves
+from eventprocessor._ownership.load_plan import MemberLoad, PartitionLoad, decode_load, encode_load, plan_moves
+from eventprocessor.policies import LoadPolicy
 
 POLICY = LoadPolicy(threshold=0.25, damping=0.5, max_moves=2, cooldown=60.0, floor=0.05)
 ROUND = 15.0  # seconds between rounds (a balancing interval)

@@ -1,4 +1,4 @@
-"""MemoryEventSource: positions, keys, round-robin, partitions added, owner levels."""
+"""InMemoryEventSource: positions, keys, round-robin, partitions added, owner levels."""
 from __future__ import annotations
 
 import asyncio
@@ -7,7 +7,7 @@ from datetime import datetime, timedelta, timezone
 import pytest
 
 from eventprocessor import ConfigurationError, EventPosition, ReceiverDisconnectedError
-from eventprocessor.sources import MemoryEventSource
+from eventprocessor.sources import InMemoryEventSource
 
 
 class Ticking:
@@ -28,7 +28,7 @@ async def _read_all(source, pid, position, group="$default", level=None):
 
 
 async def test_sequence_numbers_offsets_and_enqueued_times_per_partition():
-    source = MemoryEventSource(2, clock=Ticking())
+    source = InMemoryEventSource(2, clock=Ticking())
     sent = [await source.send(f"event-{i}".encode(), partition_id="1") for i in range(3)]
     assert [e.sequence_number for e in sent] == [0, 1, 2]
     assert [int(e.offset) for e in sent] == sorted(int(e.offset) for e in sent) and len({e.offset for e in sent}) == 3
@@ -39,7 +39,7 @@ async def test_sequence_numbers_offsets_and_enqueued_times_per_partition():
 
 
 async def test_starting_positions():
-    source = MemoryEventSource(1, clock=Ticking())
+    source = InMemoryEventSource(1, clock=Ticking())
     sent = [await source.send(str(i)) for i in range(6)]
     seqs = lambda events: [e.sequence_number for e in events]  # noqa: E731
     assert seqs(await _read_all(source, "0", EventPosition.latest())) == []
@@ -53,7 +53,7 @@ async def test_starting_positions():
 
 
 async def test_latest_sees_only_new_events_and_receive_waits_for_them():
-    source = MemoryEventSource(1)
+    source = InMemoryEventSource(1)
     await source.send("old")
     receiver = await source.open_receiver("0", consumer_group="g", starting_position=EventPosition.latest(),
                                           owner_level=None, prefetch=0)
@@ -67,30 +67,30 @@ async def test_latest_sees_only_new_events_and_receive_waits_for_them():
 
 
 async def test_partition_key_is_stable_and_round_robin_spreads():
-    source = MemoryEventSource(4)
+    source = InMemoryEventSource(4)
     keyed = {(await source.send("x", partition_key="device-7")).sequence_number for _ in range(5)}
     assert keyed == {0, 1, 2, 3, 4}
     assert len(source.events(source.partition_for_key("device-7"))) == 5
-    source2 = MemoryEventSource(4)
+    source2 = InMemoryEventSource(4)
     for i in range(8):
         await source2.send(str(i))
     assert [len(source2.events(p)) for p in await source2.get_partition_ids()] == [2, 2, 2, 2]
 
 
 async def test_add_partitions_and_bad_input():
-    source = MemoryEventSource(2)
+    source = InMemoryEventSource(2)
     assert source.add_partitions(3) == ["2", "3", "4"]
     assert await source.get_partition_ids() == ["0", "1", "2", "3", "4"]
     with pytest.raises(ConfigurationError, match="partition '9' does not exist"):
         await source.send("x", partition_id="9")
     with pytest.raises(ConfigurationError):
-        MemoryEventSource(0)
+        InMemoryEventSource(0)
     with pytest.raises(TypeError):
         await source.send(123)  # type: ignore[arg-type]
 
 
 async def test_higher_owner_level_disconnects_lower_and_lower_cannot_open():
-    source = MemoryEventSource(1)
+    source = InMemoryEventSource(1)
     old = await source.open_receiver("0", consumer_group="g", starting_position=EventPosition.earliest(),
                                      owner_level=1, prefetch=0)
     waiting = asyncio.create_task(old.receive(10, None))
@@ -110,7 +110,7 @@ async def test_higher_owner_level_disconnects_lower_and_lower_cannot_open():
 
 
 async def test_retention_keeps_the_newest_events_of_each_partition():
-    source = MemoryEventSource(2, clock=Ticking(), max_events_per_partition=5)
+    source = InMemoryEventSource(2, clock=Ticking(), max_events_per_partition=5)
     sent = [await source.send(f"e{i}", partition_id="0") for i in range(12)]
     assert [e.sequence_number for e in sent] == list(range(12))
     assert [e.sequence_number for e in source.events("0")] == [7, 8, 9, 10, 11]
@@ -129,7 +129,7 @@ async def test_retention_keeps_the_newest_events_of_each_partition():
 
 
 async def test_a_receiver_that_falls_behind_retention_goes_on_from_the_oldest_retained_event():
-    source = MemoryEventSource(1, max_events_per_partition=4)
+    source = InMemoryEventSource(1, max_events_per_partition=4)
     for i in range(3):
         await source.send(str(i))
     receiver = await source.open_receiver("0", consumer_group="g", starting_position=EventPosition.earliest(),
@@ -148,7 +148,7 @@ async def test_retention_frees_the_events_it_drops():
     import gc
     import weakref
 
-    source = MemoryEventSource(1, max_events_per_partition=10)
+    source = InMemoryEventSource(1, max_events_per_partition=10)
     first = weakref.ref(await source.send("first"))
     for i in range(5000):
         await source.send(str(i))
@@ -160,4 +160,4 @@ async def test_retention_frees_the_events_it_drops():
 def test_retention_must_be_a_positive_count():
     for bad in (0, -1, 2.5, True, "10"):
         with pytest.raises(ConfigurationError, match="max_events_per_partition must be an int of at least 1"):
-            MemoryEventSource(1, max_events_per_partition=bad)
+            InMemoryEventSource(1, max_events_per_partition=bad)

@@ -1,4 +1,4 @@
-"""The first hour of a new user (issue 22): each row of the issue's table, as a test.
+"""The first hour of a new user: each path that failed a new user, as a test.
 
 A user follows the docs (README.md and docs/) from a fresh clone. Each test here walks
 one of the paths that failed them, as they walked it (the command line in a subprocess,
@@ -335,7 +335,7 @@ def test_azurite_started_by_hand_as_the_readme_says_serves_the_stores(tmp_path):
         _wait_for_ports([10000, 10002], process)
         code = ("import asyncio\n"
                 "from eventprocessor.stores import BlobCheckpointStore, TableCheckpointStore\n"
-                "from eventprocessor.records import Ownership\n"
+                "from eventprocessor.stores.records import Ownership\n"
                 "async def main():\n"
                 "    for cls, name in ((BlobCheckpointStore, 'byhand'), (TableCheckpointStore, 'byhand')):\n"
                 "        async with cls.from_connection_string('UseDevelopmentStorage=true', name) as store:\n"
@@ -363,7 +363,7 @@ def test_eventprocessor_azurite_serves_the_default_ports_and_stops_on_sigterm(tm
         assert process.stdout is not None
         line = process.stdout.readline().strip()
         assert line.startswith("DefaultEndpointsProtocol=http;") and "BlobEndpoint=http://127.0.0.1:10000/" in line
-        code = ("import asyncio, sys\nfrom stores import BlobCheckpointStore\n"
+        code = ("import asyncio, sys\nfrom eventprocessor.stores import BlobCheckpointStore\n"
                 "async def main():\n"
                 "    async with BlobCheckpointStore.from_connection_string('UseDevelopmentStorage=true', 'cli') as s:\n"
                 "        await s.check()\n"
@@ -441,11 +441,6 @@ def test_the_migration_sample_checks_its_packages_before_starting_anything():
 # --------------------------------------------------------------------------- install hints
 
 
-# Being rewritten for issue 22 item 6 (the drop-in client, another change): its hint is to
-# come from eventprocessor.extras.install_command there. Remove this when it does.
-NOT_YET: set = set()
-
-
 def _install_hints() -> list[str]:
     """Every ``pip install ...`` a user is told, in the README and every page of the
     docs, the samples and the program sources, as written (up to the end of its code
@@ -453,8 +448,7 @@ def _install_hints() -> list[str]:
     texts = [docs_pages.text(page) for page in docs_pages.pages()]
     folders = ("eventprocessor", "harness", "samples", "docs", "benchmarks")
     texts += [path.read_text(encoding="utf-8") for folder in folders
-              for path in sorted((ROOT / folder).rglob("*.py"))
-              if str(path.relative_to(ROOT)) not in NOT_YET]
+              for path in sorted((ROOT / folder).rglob("*.py"))]
     hints = []
     for text in texts:
         for match in re.finditer(r"pip install[^`\n\"]*", text):
@@ -510,7 +504,7 @@ def test_the_install_hint_of_a_wheel_names_the_wheel(monkeypatch, tmp_path):
 
 def test_importing_a_store_without_its_extra_says_the_install_command(tmp_path):
     program = tmp_path / "import_store.py"
-    program.write_text("import eventprocessor.stores\ntry:\n    stores.BlobCheckpointStore\n"
+    program.write_text("import eventprocessor.stores\ntry:\n    eventprocessor.stores.BlobCheckpointStore\n"
                        "except ModuleNotFoundError as error:\n    print(error)\n")
     out = run_without(["azure", "aiohttp"], [str(program)], env=environment())
     assert out.returncode == 0, out.stderr
@@ -827,8 +821,8 @@ def test_the_docs_document_the_status_expiration_the_cli_uses():
 
 def test_the_docs_blob_layout_names_the_member_prefix_the_store_writes():
     pytest.importorskip("azure.storage.blob")
+    from eventprocessor.stores.backend import MEMBER
     from eventprocessor.stores.blob import BlobRecords
-    from eventprocessor.stores.protocol import MEMBER
 
     prefix = BlobRecords.prefix(MEMBER, ("{namespace}", "{eventhub}", "{consumer_group}"))
     layout = re.search(r"## Blob layout\n.*?```text\n(.*?)```", docs_pages.text(docs_pages.DOCS / "howto" /

@@ -9,11 +9,11 @@ import logging
 
 import pytest
 
-from eventprocessor.processor import OWNERSHIP_LOG_FIELDS, OWNERSHIP_REASONS
+from eventprocessor import OWNERSHIP_LOG_FIELDS, OWNERSHIP_REASONS
 from eventprocessor.testing import Cluster, run_virtual
 
 OPTIONS = dict(load_balancing_interval=1.0, partition_ownership_expiration_interval=8.0)
-LOGGER = "eventprocessor"  # ownership lines come from eventprocessor.lease_table
+LOGGER = "eventprocessor"  # ownership lines come from eventprocessor._ownership.lease_table
 
 
 def _changes(caplog: pytest.LogCaptureFixture) -> list[dict[str, object]]:

@@ -1,4 +1,4 @@
-"""Each part of the processor on its own (issue 23): the task scope, the ownership
+"""Each part of the processor on its own: the task scope, the ownership
 writer, the lease table, the store history, the releaser, membership, the dispatcher's
 drain at stop, the watchdog's arithmetic, the reporter's throttle, the taker's halt and
 the assembly that wires them. The processor tests cover them together; these
@@ -14,28 +14,29 @@ from types import SimpleNamespace
 
 import pytest
 
-from eventprocessor import EventPosition
-from eventprocessor.assembly import assemble
-from eventprocessor.dispatcher import Dispatcher
+from eventprocessor import EventPosition, FailurePolicy, LoadPolicy
+from eventprocessor._assembly import assemble
+from eventprocessor._delivery.dispatcher import Dispatcher
+from eventprocessor._delivery.watchdog import Watchdog
+from eventprocessor._ownership.lease import LeaseEnd, LeaseState, Snapshot
+from eventprocessor._ownership.lease_table import LeaseTable
+from eventprocessor._ownership.load_plan import LOAD_PROPERTY, decode_load
+from eventprocessor._ownership.membership import Membership
+from eventprocessor._ownership.releaser import Releaser
+from eventprocessor._ownership.store_history import StoreHistory, went_back
+from eventprocessor._ownership.writer import OwnershipWriter
+from eventprocessor._runtime.options import ProcessorOptions
+from eventprocessor._runtime.reporting import Reporter, Throttle
+from eventprocessor._runtime.stats import ProcessorStats
+from eventprocessor._runtime.tasks import TaskScope
+from eventprocessor._runtime.telemetry import Telemetry
+from eventprocessor._runtime.timing import Timing
 from eventprocessor.errors import CheckpointStoreError, ConfigurationError
-from eventprocessor.lease import LeaseEnd, LeaseState, Snapshot
-from eventprocessor.lease_table import LeaseTable
-from eventprocessor.load_plan import LOAD_PROPERTY, decode_load
-from eventprocessor.membership import Membership
-from eventprocessor.options import ProcessorOptions, Timing
 from eventprocessor.partition import PartitionProcessor
-from eventprocessor.records import Checkpoint, Member, MemberListing, Ownership, OwnershipListing
-from eventprocessor.releaser import Releaser
-from eventprocessor.reporting import Reporter, Throttle
-from eventprocessor.sources import MemoryEventSource
-from eventprocessor.stats import ProcessorStats
-from eventprocessor.store_history import StoreHistory, went_back
+from eventprocessor.sources import InMemoryEventSource
 from eventprocessor.stores import InMemoryCheckpointStore
-from eventprocessor.tasks import TaskScope
-from eventprocessor.telemetry import Telemetry
+from eventprocessor.stores.records import Checkpoint, Member, MemberListing, Ownership, OwnershipListing
 from eventprocessor.testing import VIRTUAL_EPOCH, FaultyStore, run_virtual, virtual_utc_clock
-from eventprocessor.watchdog import Watchdog
-from eventprocessor.writer import OwnershipWriter
 
 SCOPE = ("memory.local", "hub", "$default")
 TIMING = Timing.derive(interval=1.0, expiration=12.0, renewal_age=None, store_timeout=None, shutdown_timeout=5.0,
@@ -292,17 +293,17 @@ def test_a_release_is_written_once_and_a_handoff_with_the_next_epoch():
     assert (stats.released, stats.handed_off) == (1, 1)
 
 
-def _options(store, **overrides) -> ProcessorOptions:
+def _options(store, *, source=None, factory=PartitionProcessor, **overrides) -> ProcessorOptions:
     return ProcessorOptions.validate(
-        MemoryEventSource(2), store, PartitionProcessor, consumer_group="$default", owner_id="me",
+        source or InMemoryEventSource(2), store, factory, consumer_group="$default", owner_id="me",
         load_balancing_strategy="greedy", load_balancing_interval=1.0, partition_ownership_expiration_interval=12.0,
         ownership_renewal_age=None, store_timeout=None, shutdown_timeout=5.0, handler_timeout=None,
         handler_executor=None, initial_event_position=EventPosition.earliest(), max_batch_size=10,
         max_wait_time=None, prefetch=10, track_last_enqueued_event_properties=False,
         default_event_position=EventPosition.earliest(), override_checkpoints=False,
-        max_delivery_attempts=5, retry_backoff=0.5, on_poison="skip", dead_letter=None,
-        refuse_checkpoint_rewind=False, handoff_timeout=30.0, balance_factor=1, ordinal=None, replica_count=None,
-        clock=LoopClock(), rng=random.Random(0), **{"error_handler": None, **overrides})
+        failure_policy=FailurePolicy(), refuse_checkpoint_rewind=False, handoff_timeout=30.0, balance_factor=1,
+        ordinal=None, replica_count=None, clock=LoopClock(), rng=random.Random(0),
+        **{"error_handler": None, "load_policy": None, "stateful": False, **overrides})
 
 
 # ----------------------------------------------------------------------------- Membership
@@ -333,7 +334,7 @@ def test_the_watchdog_names_the_leases_a_stall_ran_out_and_those_it_delayed():
         leases = table()
         reporter = Reporter(describe="me", clock=LoopClock(), period=30, error_handler=None, table=leases,
                             scope=TaskScope("t"))
-        watchdog = Watchdog(table=leases, clock=LoopClock(), timing=TIMING, reporter=reporter,
+        watchdog = Watchdog(table=leases, pumps=lambda: [], clock=LoopClock(), timing=TIMING, reporter=reporter,
                             telemetry=Telemetry(eventhub_name="hub", consumer_group="$default", owner_id="me"),
                             describe="me")
 
@@ -403,7 +404,7 @@ def test_a_member_record_carries_the_measured_load_when_balancing_by_load():
             return Membership(options=_options(memory, **overrides), store=memory, reporter=reporter, describe="me",
                               on_fatal=lambda error: None, table=table()).record().properties
 
-        return member(), member(balance_by="load", load_meter=lambda: 0.25)
+        return member(), member(load_policy=LoadPolicy(meter=lambda: 0.25))
 
     by_count, by_load = run_virtual(scenario())
     assert LOAD_PROPERTY not in by_count
@@ -411,39 +412,33 @@ def test_a_member_record_carries_the_measured_load_when_balancing_by_load():
 
 
 def test_the_dispatcher_drains_pumps_at_stop_and_leaves_the_records_of_hung_ones_to_expire(caplog):
+    class HangsOnPartitionOne(PartitionProcessor):  # a handler that never returns on one partition
+        async def process_events(self, events, context):
+            if context.partition_id == "1":
+                await asyncio.sleep(1e9)
+
     async def scenario():
         memory = InMemoryCheckpointStore(clock=virtual_utc_clock())
+        source = InMemoryEventSource(2)
+        for pid in ("0", "1"):
+            await source.send("event", partition_id=pid)
         leases = table()
         reporter = Reporter(describe="me", clock=LoopClock(), period=30, error_handler=None, table=leases,
                             scope=TaskScope("t"))
         dispatcher = Dispatcher(
-            options=_options(memory), store=memory, table=leases, history=StoreHistory(), reporter=reporter,
+            options=_options(memory, source=source, factory=HangsOnPartitionOne), store=memory, table=leases,
+            history=StoreHistory(), reporter=reporter,
             telemetry=Telemetry(eventhub_name="hub", consumer_group="$default", owner_id="me"), describe="me",
             on_loop_blocked=lambda *args: None, on_pump_ended=lambda: None, on_fatal=lambda error: None,
             on_started=lambda: None)
-
-        class Pump:  # what the table and the dispatcher need of a pump: a task that ends on stop, or not
-            def __init__(self, pid: str, seconds: float) -> None:
-                self.context = SimpleNamespace(partition_id=pid)
-                self.task = asyncio.ensure_future(asyncio.sleep(seconds))
-
-            @property
-            def alive(self) -> bool:
-                return not self.task.done()
-
-            def stop(self, reason) -> None:
-                pass
-
-            def cancel(self) -> None:
-                self.task.cancel()
-
-        pumps = {}
-        for pid, seconds in (("0", 1.0), ("1", 1e9)):
+        for pid in ("0", "1"):
             lease = leases.claiming(record(pid))
             now = asyncio.get_running_loop().time()
             leases.confirm(lease, record(pid), sent_at=now, answered_at=now)
-            pumps[pid] = Pump(pid, seconds)
-            leases.started(lease, pumps[pid])
+            dispatcher.start(lease, None)
+        await asyncio.sleep(1.0)  # partition 1's handler is in its batch
+        pumps = {pid: dispatcher.pump(pid) for pid in ("0", "1")}
+        assert pumps["1"].dispatching and not pumps["0"].dispatching
         leases.end_all(release=True)
         started = asyncio.get_running_loop().time()
         left = await dispatcher.drain(5.0)
@@ -452,7 +447,7 @@ def test_the_dispatcher_drains_pumps_at_stop_and_leaves_the_records_of_hung_ones
     with caplog.at_level(logging.ERROR, logger="eventprocessor"):
         left, waited, leases, pumps = run_virtual(scenario())
     assert left == {"1"} and waited == pytest.approx(5.0)
-    assert pumps["1"].task.cancelled() and not pumps["0"].task.cancelled()
+    assert not pumps["0"].alive and not pumps["1"].alive
     assert leases.get("0").release_to == "" and leases.get("1").release_to is None  # "1" is left to expire
     assert "['1'] did not finish within shutdown_timeout=5 s" in caplog.text
 

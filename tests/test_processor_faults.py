@@ -1,4 +1,4 @@
-"""Issue 11's rows, each as a test on virtual time with real processors, the real
+"""Store and handler faults, each as a test on virtual time with real processors, the real
 in-memory store and real faults injected around it (``tests/faults.py``).
 
 The same scenarios run against Azurite through a TCP fault proxy in
@@ -12,7 +12,7 @@ import logging
 import pytest
 
 from eventprocessor import CloseReason, EventProcessor, PartitionProcessor, StoreDataLostError
-from eventprocessor.lease import LeaseState
+from eventprocessor._ownership.lease import LeaseState
 from eventprocessor.stores import InMemoryCheckpointStore
 from eventprocessor.testing import Cluster, run_virtual
 
@@ -20,8 +20,8 @@ QUICK = dict(load_balancing_interval=1.0, partition_ownership_expiration_interva
 
 
 def test_slow_store_for_20_s_then_normal_leaves_no_partition_owned_without_a_live_pump():
-    """Row 1: every store call delayed 1.5 s for 20 s. Before: a lease whose pump had
-    ended was renewed by the tick forever and its events were never processed."""
+    """Every store call delayed 1.5 s for 20 s: a lease whose pump has ended must not be
+    renewed, or its events are never processed."""
 
     async def scenario():
         cluster = Cluster(8, seed=11, work=0.05, **QUICK)
@@ -47,7 +47,7 @@ def test_slow_store_for_20_s_then_normal_leaves_no_partition_owned_without_a_liv
 
 
 def test_a_pump_that_ends_on_its_own_releases_its_lease_and_is_never_renewed():
-    """Row 1's root cause, pinned: after a pump ends, the lease is released (not renewed)
+    """After a pump ends, the lease is released (not renewed)
     and the partition is dispatched again at once."""
 
     async def scenario():
@@ -73,7 +73,7 @@ def test_a_pump_that_ends_on_its_own_releases_its_lease_and_is_never_renewed():
 
 
 def test_listing_slower_than_the_interval_is_logged_and_never_costs_a_lease(caplog):
-    """Row 2: ticks overran the renewal window and nothing was logged. Now renewals run
+    """Ticks overran the renewal window and nothing was logged. Now renewals run
     apart from ticks, and an overrun is a WARNING naming duration, interval, expiration."""
 
     async def scenario():
@@ -105,7 +105,7 @@ def test_listing_slower_than_the_interval_is_logged_and_never_costs_a_lease(capl
 
 
 def test_stop_returns_within_shutdown_timeout_when_a_handler_never_returns():
-    """Row 3: ``process_events`` that never returns for one partition made ``stop()``
+    """``process_events`` that never returns for one partition made ``stop()``
     hang forever."""
 
     closes = []
@@ -173,7 +173,7 @@ def test_a_handler_slower_than_handler_timeout_is_reported_without_stalling_othe
 
 
 def test_a_black_holed_store_self_fences_before_the_records_could_expire():
-    """Row 4: a store that accepts connections and never answers. Every call now ends
+    """A store that accepts connections and never answers. Every call now ends
     after store_timeout; dispatch stops before any other processor could see the
     record expired, and the processor takes the partitions again once the store answers."""
 
@@ -202,7 +202,7 @@ def test_a_black_holed_store_self_fences_before_the_records_could_expire():
 
 
 def test_store_wiped_mid_run_is_reported_loudly_and_can_refuse_to_rewind(caplog):
-    """Row 5: Azurite restarted empty mid-run: events processed again, no warning. Now an
+    """Azurite restarted empty mid-run: events processed again, no warning. Now an
     ERROR and StoreDataLostError; with refuse_checkpoint_rewind=True nothing is redone."""
 
     def run(refuse: bool):
@@ -240,7 +240,7 @@ def test_store_wiped_mid_run_is_reported_loudly_and_can_refuse_to_rewind(caplog)
 
 
 def test_slow_initialize_and_close_delay_no_renewal_and_no_other_partition():
-    """Row 6: a slow initialize/close was awaited inside the balancing tick."""
+    """A slow initialize/close was awaited inside the balancing tick."""
 
     class SlowStart(PartitionProcessor):
         async def initialize(self, context):
@@ -276,7 +276,7 @@ def test_slow_initialize_and_close_delay_no_renewal_and_no_other_partition():
 
 
 def test_a_claim_whose_answer_was_lost_is_adopted_not_left_to_expire():
-    """Row 8 at the processor: a claim applied by the store whose answer never came back.
+    """At the processor: a claim applied by the store whose answer never came back.
     The next listing shows the record naming this processor: it is taken at once."""
 
     async def scenario():
@@ -333,11 +333,10 @@ def test_leases_move_only_along_the_life_cycle():
                                     {"ownerid": "someone", "epoch": str(2**63)}],
                          ids=["corrupted", "foreign", "epoch 2**63"])
 def test_an_unreadable_ownership_record_is_claimed_over_once_it_has_expired(fields, caplog):
-    """Rows 7 and 9: a corrupted, foreign or out-of-range record. Before: its partition
-    could never be claimed again (a warning every tick, forever), and an epoch of 2**63
-    overflowed. Now the partition waits for the record to expire, like a crashed owner's,
-    then is claimed over (a write conditional on the bad record's etag) at an epoch in
-    range, and the warning is logged once."""
+    """A corrupted, foreign or out-of-range record (an epoch of 2**63): its partition
+    waits for the record to expire, like a crashed owner's, then is claimed over (a write
+    conditional on the bad record's etag) at an epoch in range, and the warning is logged
+    once, not every tick."""
 
     async def scenario():
         cluster = Cluster(4, **QUICK)
@@ -372,12 +371,12 @@ def test_an_unreadable_ownership_record_is_claimed_over_once_it_has_expired(fiel
 def test_the_renewer_sleeps_while_it_has_nothing_to_renew():
     """With no renewable lease the renewer waited ``renewal_age`` and looked again, and a
     renewal age near 0 made it spin on the event loop. It now waits to be woken."""
-    from eventprocessor.lease_table import LeaseTable
-    from eventprocessor.options import Timing
-    from eventprocessor.renewer import LeaseRenewer
-    from eventprocessor.stats import ProcessorStats
-    from eventprocessor.telemetry import Telemetry
-    from eventprocessor.writer import OwnershipWriter
+    from eventprocessor._ownership.lease_table import LeaseTable
+    from eventprocessor._ownership.renewer import LeaseRenewer
+    from eventprocessor._ownership.writer import OwnershipWriter
+    from eventprocessor._runtime.stats import ProcessorStats
+    from eventprocessor._runtime.telemetry import Telemetry
+    from eventprocessor._runtime.timing import Timing
 
     class Counting(LeaseTable):
         rounds = 0
@@ -408,7 +407,7 @@ def test_the_renewer_sleeps_while_it_has_nothing_to_renew():
 
 
 def test_backoff_doubles_to_its_cap_and_starts_over_after_a_success():
-    from eventprocessor.backoff import Backoff
+    from eventprocessor._runtime.backoff import Backoff
 
     retry = Backoff(0.1, cap=0.5)
     assert [retry.next() for _ in range(5)] == [0.1, 0.2, 0.4, 0.5, 0.5]

@@ -1,4 +1,4 @@
-"""What the pump hands to user code when the source or the handler fails (issue 21).
+"""What the pump hands to user code when the source or the handler fails.
 
 Each test is a row of the issue's table, on virtual time over the in-memory source and
 store, counted from what the handler received:
@@ -23,13 +23,14 @@ from eventprocessor import (
     CloseReason,
     EventPosition,
     EventProcessor,
+    FailurePolicy,
     OwnershipLostError,
     PartitionProcessor,
     PoisonEventsError,
 )
-from eventprocessor.delivery import RetryPolicy
 from eventprocessor.errors import EventSourceError
-from eventprocessor.sources import MemoryEventSource
+from eventprocessor.policies import RetryPolicy
+from eventprocessor.sources import InMemoryEventSource
 from eventprocessor.sources.base import EventSource, PartitionReceiver
 from eventprocessor.stores import InMemoryCheckpointStore
 from eventprocessor.testing import DeliveryRecorder, recording_handler, run_virtual, virtual_utc_clock
@@ -74,7 +75,7 @@ class DetachableSource(EventSource):
     """The in-memory source, whose open receivers fail once when ``detach`` is set (a
     detached link), as a waiting Event Hubs receiver does."""
 
-    def __init__(self, inner: MemoryEventSource) -> None:
+    def __init__(self, inner: InMemoryEventSource) -> None:
         self.inner = inner
         self.fully_qualified_namespace = inner.fully_qualified_namespace
         self.eventhub_name = inner.eventhub_name
@@ -94,13 +95,13 @@ class DetachableSource(EventSource):
 
 
 def _world(partitions: int = 1):
-    memory = MemoryEventSource(partitions, clock=virtual_utc_clock())
+    memory = InMemoryEventSource(partitions, clock=virtual_utc_clock())
     return memory, DetachableSource(memory), InMemoryCheckpointStore(clock=virtual_utc_clock())
 
 
 @pytest.mark.parametrize("events_before", [0, 3])
 def test_with_latest_and_no_checkpoint_events_sent_while_the_link_is_down_are_delivered(events_before):
-    """Row 1: ``EventPosition.latest()`` (the drop-in's default), no checkpoint yet; the
+    """``EventPosition.latest()`` (the drop-in's default), no checkpoint yet; the
     receiver fails once while 5 events arrive: those 5 were never delivered."""
     recorder = DeliveryRecorder()
     produced: list[tuple] = []
@@ -129,7 +130,7 @@ def test_with_latest_and_no_checkpoint_events_sent_while_the_link_is_down_are_de
 
 
 def test_with_earliest_and_no_checkpoint_a_reconnect_does_not_replay_the_partition():
-    """Row 2: the same with ``earliest``: the whole partition was delivered again."""
+    """The same with ``earliest``: the whole partition was delivered again."""
     recorder = DeliveryRecorder()
 
     async def scenario():
@@ -182,7 +183,7 @@ def test_a_reconnect_before_anything_arrived_keeps_the_claims_position():
 
 
 def test_a_handler_that_blocks_past_its_lease_is_not_handed_the_batch_again():
-    """Row 4: a handler blocks the event loop past the lease (CPU-bound code, a sync HTTP
+    """A handler blocks the event loop past the lease (CPU-bound code, a sync HTTP
     call): its ``update_checkpoint`` raises ``OwnershipLostError``; the pump then handed
     the same batch to the handler again while the partition was no longer owned."""
     deliveries: list[tuple] = []
@@ -219,7 +220,7 @@ def test_a_handler_that_blocks_past_its_lease_is_not_handed_the_batch_again():
 
 
 def test_a_blocked_event_loop_is_reported_once_naming_the_partition_handler_and_leases_at_risk(caplog):
-    """Row 4, the report: one WARNING names the partition and the handler that held the
+    """One WARNING names the partition and the handler that held the
     loop, and the leases it put at risk (here: both partitions' leases ran out); the
     tick-overrun warning no longer says that no lease was at risk."""
     blocked_once: list[str] = []
@@ -255,7 +256,7 @@ def test_a_blocked_event_loop_is_reported_once_naming_the_partition_handler_and_
 
 
 def test_a_failing_event_in_a_batch_of_six_costs_at_most_one_more_delivery_of_the_others(caplog):
-    """Row 5: a handler raises on one event in a batch of 6: 15 s of stall (5 attempts
+    """A handler raises on one event in a batch of 6: 15 s of stall (5 attempts
     on the batch, then 5 on the single event), the 5 good events before it delivered 6
     times, and log lines without a traceback."""
     seen: Counter = Counter()
@@ -351,7 +352,8 @@ def test_a_claim_that_ends_during_retries_gets_no_further_delivery():
     async def scenario():
         memory, source, store = _world()
         await memory.send("event")
-        processor = EventProcessor(source, store, Failing, retry_backoff=1.0, max_delivery_attempts=10, **FAST)
+        processor = EventProcessor(source, store, Failing,
+                                   failure_policy=FailurePolicy(retry_backoff=1.0, max_delivery_attempts=10), **FAST)
         async with processor:
             await asyncio.sleep(20)
 
@@ -405,7 +407,7 @@ def test_a_lost_claim_ends_the_pump_instead_of_retrying():
 
 
 def test_the_drop_in_client_at_its_default_latest_loses_nothing_across_a_reconnect():
-    """Row 1 through the drop-in ``EventHubConsumerClient`` (default start ``@latest``, as
+    """Through the drop-in ``EventHubConsumerClient`` (default start ``@latest``, as
     azure-eventhub's): events sent while the link is down are received after it."""
     pytest.importorskip("azure.eventhub", reason="the drop-in needs the [eventhub] extra")
     from eventprocessor.consumer_client import EventHubConsumerClient
@@ -476,7 +478,7 @@ def test_a_throttled_hub_is_left_alone_for_the_time_it_asked():
     recorder = DeliveryRecorder()
 
     async def scenario():
-        memory = MemoryEventSource(2, clock=virtual_utc_clock())
+        memory = InMemoryEventSource(2, clock=virtual_utc_clock())
         source = FaultySource(memory)
         store = InMemoryCheckpointStore(clock=virtual_utc_clock())
         async with EventProcessor(source, store, recording_handler(recorder), **FAST) as processor:
@@ -501,7 +503,7 @@ def test_a_recreated_hub_is_reported_and_read_from_its_beginning_instead_of_wait
     recorder = DeliveryRecorder()
 
     async def scenario():
-        memory = MemoryEventSource(1, clock=virtual_utc_clock())
+        memory = InMemoryEventSource(1, clock=virtual_utc_clock())
         store = InMemoryCheckpointStore(clock=virtual_utc_clock())
         for i in range(5):
             await memory.send(f"old {i}")

@@ -15,7 +15,7 @@ from dataclasses import replace
 import pytest
 
 from eventprocessor import EventPosition, EventProcessor, PartitionProcessor
-from eventprocessor.sources import MemoryEventSource
+from eventprocessor.sources import InMemoryEventSource
 from eventprocessor.stores import InMemoryCheckpointStore
 from eventprocessor.testing import run_virtual, virtual_utc_clock
 
@@ -44,7 +44,7 @@ def _delivered(batches=None) -> dict[str, list[int]]:
 
 def _world(partitions: int, per_partition: int):
     clock = virtual_utc_clock()
-    source = MemoryEventSource(partitions, clock=clock)
+    source = InMemoryEventSource(partitions, clock=clock)
     for i in range(partitions * per_partition):
         source.append(f"e{i}", partition_id=str(i % partitions))
     return source, InMemoryCheckpointStore(clock=clock)
@@ -144,7 +144,7 @@ def test_max_wait_time_delivers_an_empty_batch_on_the_timer_and_none_without_it(
     assert [seqs for _t, _pid, seqs in Recording.batches] == [[0]]
 
 
-class PrefetchRecording(MemoryEventSource):
+class PrefetchRecording(InMemoryEventSource):
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.opened: list[tuple[str, int, bool]] = []

@@ -65,7 +65,7 @@ RATE = 20.0  # events per virtual second, round robin over the partitions that e
 MAX_BATCH = 100
 FAULT_WINDOW = 40.0  # faults start in [0, FAULT_WINDOW) after the cluster settled
 CALL_TIMEOUT = 10.0  # how long a call sent into the black hole takes to fail (EventHubSource's operation_timeout)
-PUMP_MAX_BACKOFF = 5.0  # the partition pump's reconnect backoff cap (eventprocessor/pump.py)
+PUMP_MAX_BACKOFF = 5.0  # the partition pump's reconnect backoff cap (eventprocessor/_delivery/receiving.py)
 RESET_EVERY = 2.0
 SEEDS = int(os.environ.get("SOURCE_FAULT_SEEDS", "100"))
 
@@ -307,10 +307,10 @@ async def run_scenario(seed: int, partitions: int, processors: int, position: st
 # ----------------------------------------------------------------------------- FaultySource itself
 
 def _faulty(partitions: int = 2) -> FaultySource:
-    from eventprocessor.sources import MemoryEventSource
+    from eventprocessor.sources import InMemoryEventSource
     from eventprocessor.testing import virtual_utc_clock
 
-    return FaultySource(MemoryEventSource(partitions, clock=virtual_utc_clock()))
+    return FaultySource(InMemoryEventSource(partitions, clock=virtual_utc_clock()))
 
 
 async def _open(source: FaultySource, pid: str = "0", position: EventPosition = EventPosition.earliest()):

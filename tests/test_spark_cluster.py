@@ -32,10 +32,10 @@ from typing import Any
 import pytest
 
 from eventprocessor import CloseReason, EventProcessor, PartitionContext
-from eventprocessor.records import Ownership
-from eventprocessor.sources import MemoryEventSource
+from eventprocessor.sources import InMemoryEventSource
 from eventprocessor.spark import METADATA_DIR, STAGING_DIR, MicroBatch, SparkSink
 from eventprocessor.stores import InMemoryCheckpointStore
+from eventprocessor.stores.records import Ownership
 
 ROOT = Path(__file__).resolve().parent.parent
 WORKER = Path(__file__).resolve().parent / "spark_cluster_worker.py"
@@ -74,7 +74,7 @@ def assert_exactly_once(rows: list[tuple[str, int, bytes]], expected: dict[tuple
         assert body == expected[(pid, seq)]
 
 
-def fill(source: MemoryEventSource, per_partition: int, start: int = 0) -> dict[tuple[str, int], bytes]:
+def fill(source: InMemoryEventSource, per_partition: int, start: int = 0) -> dict[tuple[str, int], bytes]:
     expected = {}
     for i in range(start, start + per_partition):
         for p in range(source.partition_count):
@@ -90,7 +90,7 @@ async def test_both_writers_run_unchanged_over_spark_connect(connect_spark, tmp_
     """The default Parquet writer and foreach_batch on a Spark Connect session (which
     raises on any use of ``_jvm`` or ``sparkContext``), the commit log in the checkpoint
     store. ``spark.read.parquet`` honours the published ``_spark_metadata`` log."""
-    source = MemoryEventSource(4)
+    source = InMemoryEventSource(4)
     expected = fill(source, 100)
     store = InMemoryCheckpointStore()
     out = tmp_path / "table"
@@ -113,7 +113,7 @@ async def test_both_writers_run_unchanged_over_spark_connect(connect_spark, tmp_
         seen.append((batch_id, df.count(), batch))
         df.write.mode("overwrite").parquet(str(tmp_path / "by-batch" / f"batch_id={batch_id}"))
 
-    source2 = MemoryEventSource(2)
+    source2 = InMemoryEventSource(2)
     fill(source2, 60)
     store2 = InMemoryCheckpointStore()
     sink2 = SparkSink(foreach_batch=foreach_batch, commit_log=store2, log_name="by-batch", spark=connect_spark,
@@ -133,7 +133,7 @@ async def test_a_spark_call_longer_than_the_lease_costs_no_lease(connect_spark, 
     """The first batch's foreach_batch takes three times the ownership expiration (a
     first Spark Connect query, a busy cluster). The processor keeps renewing meanwhile:
     it never loses or self-fences the partition, and the batch commits once."""
-    source = MemoryEventSource(1)
+    source = InMemoryEventSource(1)
     expected = fill(source, 200)
     store = InMemoryCheckpointStore()
     expiration = 3.0
@@ -165,7 +165,7 @@ async def test_a_batch_whose_lease_lapsed_during_spark_still_commits_when_nobody
     """The sink does not second-guess the commit log with its lease clock: a batch whose
     claim's lease lapsed during a slow Spark call commits if no other owner fenced the
     partition (its checkpoint is then refused, harmlessly), and a new owner skips it."""
-    source = MemoryEventSource(1)
+    source = InMemoryEventSource(1)
     expected = fill(source, 50)
     store = InMemoryCheckpointStore()
     [record] = await store.claim_ownership([Ownership(source.fully_qualified_namespace, source.eventhub_name,
@@ -225,7 +225,7 @@ async def test_a_stale_claim_ends_at_once_and_the_new_owner_goes_on(connect_spar
     commit). Each gives its attempt up and ends its claim at once (the processor is told
     the partition is lost, instead of dispatching events to a dead handler until its
     lease runs out); nothing waits on them; the new owner writes every event once."""
-    source = MemoryEventSource(1)
+    source = InMemoryEventSource(1)
     expected = fill(source, 120)
     store = InMemoryCheckpointStore()
     out = tmp_path / "table"

@@ -19,7 +19,7 @@ import pyarrow as pa
 import pytest
 
 from eventprocessor import CloseReason, EventProcessor, LoadBalancingStrategy
-from eventprocessor.sources import MemoryEventSource
+from eventprocessor.sources import InMemoryEventSource
 from eventprocessor.spark import EVENT_SCHEMA, STAGING_DIR, MicroBatch, SparkSink, events_to_table, json_body
 from eventprocessor.stores import InMemoryCheckpointStore
 from eventprocessor.testing import ManualClock
@@ -82,7 +82,7 @@ def assert_exactly_once(rows, expected: dict[tuple[str, int], bytes]) -> None:
         assert body == expected[(pid, seq)]
 
 
-def fill(source: MemoryEventSource, per_partition: int, start: int = 0) -> dict[tuple[str, int], bytes]:
+def fill(source: InMemoryEventSource, per_partition: int, start: int = 0) -> dict[tuple[str, int], bytes]:
     expected = {}
     for i in range(start, start + per_partition):
         for p in range(source.partition_count):
@@ -95,7 +95,7 @@ def fill(source: MemoryEventSource, per_partition: int, start: int = 0) -> dict[
 
 
 def test_events_become_arrow_columns_with_the_documented_schema():
-    source = MemoryEventSource(2)
+    source = InMemoryEventSource(2)
     a = source.append(b"\x00\x01", partition_id="0", properties={"n": 1, "b": b"x", "s": "y"})
     b = source.append("hi", partition_key="device-7")
     table = events_to_table([("0", [a]), (source.partition_for_key("device-7"), [b])])
@@ -112,7 +112,7 @@ def test_bodies_with_bytes_fill_the_body_column_and_the_others_are_refused_by_na
     """Several data sections are joined (as ``Event.body``), a binary or text AMQP value
     is its bytes; a sequence body or another value has no bytes form: a TypeError naming
     the event, never an empty or made-up body."""
-    source = MemoryEventSource(1)
+    source = InMemoryEventSource(1)
     events = [source.append([b"aa", b"bb"]), source.append(value_body=b"bin"), source.append(value_body="text"),
               source.append(value_body=None)]
     assert events_to_table([("0", events)])["body"].to_pylist() == [b"aabb", b"bin", b"text", b""]
@@ -126,7 +126,7 @@ def test_bodies_with_bytes_fill_the_body_column_and_the_others_are_refused_by_na
 
 
 def test_json_body_decodes_columns_or_a_struct_in_one_pass():
-    source = MemoryEventSource(1)
+    source = InMemoryEventSource(1)
     events = [source.append(json.dumps({"user": f"u{i}", "amount": i / 2}, indent=2)) for i in range(3)]
     table = events_to_table([("0", events)])
     schema = pa.schema([("user", pa.string()), ("amount", pa.float64()), ("absent", pa.int64())])
@@ -163,7 +163,7 @@ def test_bad_configuration_is_named():
 
 
 def test_importing_eventprocessor_does_not_import_pyspark():
-    code = "import sys, eventprocessor, stores; assert 'pyspark' not in sys.modules; print('ok')"
+    code = "import sys, eventprocessor, eventprocessor.stores; assert 'pyspark' not in sys.modules; print('ok')"
     result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert result.stdout.strip() == "ok", result.stderr
 
@@ -172,7 +172,7 @@ def test_importing_eventprocessor_does_not_import_pyspark():
 
 
 async def test_four_partitions_into_parquet_every_event_exactly_once(spark, tmp_path):
-    source = MemoryEventSource(4)
+    source = InMemoryEventSource(4)
     expected = fill(source, 150)
     out = tmp_path / "table"
     sink = SparkSink(out, spark=spark, max_events=250, max_interval=0.3,
@@ -206,7 +206,7 @@ async def test_four_partitions_into_parquet_every_event_exactly_once(spark, tmp_
 
 
 async def test_foreach_batch_gets_batches_cut_by_events_bytes_and_interval(spark, tmp_path):
-    source = MemoryEventSource(1)
+    source = InMemoryEventSource(1)
     for _i in range(250):
         source.append(b"x" * 100, partition_id="0")
     seen: list[tuple[int, int, MicroBatch]] = []
@@ -238,7 +238,7 @@ async def test_foreach_batch_gets_batches_cut_by_events_bytes_and_interval(spark
 
 
 async def test_two_processors_with_one_stopped_mid_stream_write_each_event_once(spark, tmp_path):
-    source = MemoryEventSource(4)
+    source = InMemoryEventSource(4)
     expected = fill(source, 100)
     out = tmp_path / "table"
     store = InMemoryCheckpointStore()
@@ -285,7 +285,7 @@ async def test_an_owner_that_lost_its_partition_mid_batch_writes_none_of_it(spar
     """The zombie: its own clock says it still owns the partition (no self-fencing
     yet), but another processor has claimed it. Its batch is blocked in the middle
     until the new owner has fenced and written; then it must not commit."""
-    source = MemoryEventSource(1)
+    source = InMemoryEventSource(1)
     expected = fill(source, 100)
     out = tmp_path / "table"
     store = InMemoryCheckpointStore()
@@ -325,9 +325,9 @@ async def test_a_zombie_whose_foreach_batch_ran_cannot_commit_after_the_new_owne
     ``is_owned`` stays true). Its foreach_batch returns after the successor has fenced
     the partition and written it; the commit log refuses the zombie's commit."""
     from eventprocessor import PartitionContext
-    from eventprocessor.records import Ownership
+    from eventprocessor.stores.records import Ownership
 
-    source = MemoryEventSource(1)
+    source = InMemoryEventSource(1)
     fill(source, 50)
     store = InMemoryCheckpointStore()
     log_dir = tmp_path / "log"
@@ -387,7 +387,7 @@ async def test_a_reader_sees_whole_batches_only_across_compactions(spark, tmp_pa
     ``spark.read.parquet`` still sees exactly the batches before it: Spark reads what
     ``_spark_metadata`` lists, and a batch is listed only once all its files are in place.
     21 batches: the metadata log is compacted twice on the way."""
-    source = MemoryEventSource(2)
+    source = InMemoryEventSource(2)
     expected = fill(source, 420)
     out = tmp_path / "table"
     seen_mid_publish: list[tuple[int, int]] = []
@@ -416,10 +416,10 @@ async def test_a_failing_foreach_batch_is_retried_a_bounded_number_of_times_then
     time, exponential backoff, ``max_delivery_attempts`` in all; then (PARK, the sink's
     default) the batch is given up and its partition parked: nothing is checkpointed past
     it, nothing after it is written, and nothing waits forever."""
-    from eventprocessor.delivery import RetryPolicy
     from eventprocessor.errors import PoisonEventsError
+    from eventprocessor.policies import RetryPolicy
 
-    source = MemoryEventSource(2)
+    source = InMemoryEventSource(2)
     fill(source, 30)
     store = InMemoryCheckpointStore()
     calls: list[tuple[int, str]] = []
@@ -452,9 +452,9 @@ async def test_a_failing_foreach_batch_is_retried_a_bounded_number_of_times_then
 
 
 async def test_a_poison_batch_is_skipped_through_dead_letter_when_the_policy_says_so(spark, tmp_path):
-    from eventprocessor.delivery import RetryPolicy
+    from eventprocessor.policies import RetryPolicy
 
-    source = MemoryEventSource(1)
+    source = InMemoryEventSource(1)
     fill(source, 20)
     store = InMemoryCheckpointStore()
     written: list[int] = []
@@ -488,9 +488,9 @@ async def test_a_batch_with_a_value_body_fails_by_name_and_the_poison_policy_set
     """Nothing of a body without bytes reaches the table: its batch fails with the
     TypeError, is retried, then goes to dead_letter (on_poison="skip"); the batches
     around it are written."""
-    from eventprocessor.delivery import RetryPolicy
+    from eventprocessor.policies import RetryPolicy
 
-    source = MemoryEventSource(1)
+    source = InMemoryEventSource(1)
     for i in range(25):
         if i == 13:
             source.append(value_body={b"key": [-123, b"data", False]}, partition_id="0")
@@ -523,9 +523,9 @@ async def test_a_batch_with_a_value_body_fails_by_name_and_the_poison_policy_set
 
 
 async def test_a_transient_write_failure_is_retried_with_the_same_batch_id(spark, tmp_path):
-    from eventprocessor.delivery import RetryPolicy
+    from eventprocessor.policies import RetryPolicy
 
-    source = MemoryEventSource(1)
+    source = InMemoryEventSource(1)
     fill(source, 10)
     calls: list[int] = []
 
@@ -554,9 +554,9 @@ async def test_a_claim_adopted_again_with_the_same_epoch_does_not_write_twice(sp
     still in Spark, must not commit next to the second claim's (found on the cluster:
     200 events written twice)."""
     from eventprocessor import PartitionContext
-    from eventprocessor.records import Ownership
+    from eventprocessor.stores.records import Ownership
 
-    source = MemoryEventSource(1)
+    source = InMemoryEventSource(1)
     expected = fill(source, 80)
     store = InMemoryCheckpointStore()
     [record] = await store.claim_ownership([Ownership(source.fully_qualified_namespace, source.eventhub_name,
@@ -618,7 +618,7 @@ class FlakyLogStore(InMemoryCheckpointStore):
 
 
 async def test_a_commit_log_outage_is_ridden_out_and_each_batch_committed_once(spark, tmp_path):
-    source = MemoryEventSource(2)
+    source = InMemoryEventSource(2)
     expected = fill(source, 60)
     store = FlakyLogStore(failures=4)
     out = tmp_path / "table"

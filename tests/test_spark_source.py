@@ -450,9 +450,9 @@ async def test_one_consumer_group_two_engines_checkpoints_carry_over_both_ways(m
     """EventProcessor -> query -> azure-eventhub's consumer and EventProcessor, each
     resuming exactly after the other's checkpoints (Blob store on Azurite); a partition
     a live owner holds is left alone and no checkpoint ever moves back."""
-    from eventprocessor.records import Ownership
     from eventprocessor.spark.source.options import SourceOptions
     from eventprocessor.stores import BlobCheckpointStore
+    from eventprocessor.stores.records import Ownership
 
     hub = eventhubs_emulator.fresh_hub(4)
     conn = hub_connection(eventhubs_emulator, hub)

@@ -13,7 +13,6 @@ from hypothesis import strategies as st
 
 from eventprocessor.errors import ConfigurationError
 from eventprocessor.events import Event
-from eventprocessor.records import Checkpoint, Ownership
 from eventprocessor.sources.base import PartitionProperties
 from eventprocessor.spark.source.checkpoints import CheckpointWriter, plan_claims
 from eventprocessor.spark.source.offsets import (
@@ -28,6 +27,7 @@ from eventprocessor.spark.source.offsets import (
 from eventprocessor.spark.source.options import Position, SourceOptions, StoreOptions
 from eventprocessor.spark.source.rows import ARROW_SCHEMA, events_to_record_batch, json_value
 from eventprocessor.stores import InMemoryCheckpointStore
+from eventprocessor.stores.records import Checkpoint, Ownership
 from eventprocessor.testing import FaultyStore
 
 KEY = "c2VjcmV0LWtleS12YWx1ZQ=="

@@ -1,4 +1,4 @@
-"""Stateful partitions (issue 26): ``context.state`` moves with ownership, exactly once.
+"""Stateful partitions: ``context.state`` moves with ownership, exactly once.
 
 Virtual time, the in-memory store and source. The invariant every test checks is the
 issue's: after any crash, move or fault, the restored state is exactly the state after
@@ -12,16 +12,16 @@ from collections import Counter
 
 import pytest
 
-from eventprocessor import ConfigurationError, EventProcessor, PartitionProcessor
-from eventprocessor.bounded_store import MIN_BANDWIDTH, BoundedStore
-from eventprocessor.clock import SystemClock
+from eventprocessor import ConfigurationError, EventProcessor, PartitionProcessor, StatePolicy
+from eventprocessor._runtime.bounded_store import MIN_BANDWIDTH, BoundedStore
+from eventprocessor._runtime.clock import SystemClock
 from eventprocessor.errors import InvalidCheckpointError, OwnershipLostError, StoreTimeoutError
-from eventprocessor.records import MAX_ENTRY_BYTES, Checkpoint, StateRef
-from eventprocessor.sources import MemoryEventSource
+from eventprocessor.sources import InMemoryEventSource
 from eventprocessor.state import PartitionState, StateKeeper, StateLog
 from eventprocessor.state.log import IN_FLIGHT
 from eventprocessor.state.replica import WarmReplica
 from eventprocessor.stores import InMemoryCheckpointStore
+from eventprocessor.stores.records import MAX_ENTRY_BYTES, Checkpoint, StateRef
 from eventprocessor.testing import FaultyStore, run_virtual, virtual_utc_clock
 
 FAST = dict(load_balancing_interval=0.5, partition_ownership_expiration_interval=6.0)
@@ -71,14 +71,14 @@ async def final_state(store, partitions: int) -> dict[str, dict[str, int]]:
     return out
 
 
-def expected(source: MemoryEventSource, partitions: int) -> dict[str, dict[str, int]]:
+def expected(source: InMemoryEventSource, partitions: int) -> dict[str, dict[str, int]]:
     return {pid: dict(Counter(e.body_as_str().split(":")[0] for e in source.events(pid)))
             for pid in map(str, range(partitions))}
 
 
 def test_a_counter_moves_with_the_partition_through_handoffs_and_a_crash_exactly_once():
     async def scenario():
-        source = MemoryEventSource(4, clock=virtual_utc_clock())
+        source = InMemoryEventSource(4, clock=virtual_utc_clock())
         store = InMemoryCheckpointStore(clock=virtual_utc_clock())
         handler = counting()
         a = EventProcessor(source, store, handler, owner_id="a", stateful=True, **FAST)
@@ -120,7 +120,7 @@ def test_a_batch_whose_handler_raises_is_rolled_back_before_it_is_delivered_agai
             await context.update_checkpoint()
 
     async def scenario():
-        source = MemoryEventSource(1, clock=virtual_utc_clock())
+        source = InMemoryEventSource(1, clock=virtual_utc_clock())
         store = InMemoryCheckpointStore(clock=virtual_utc_clock())
         for i in range(6):
             await source.send(f"e{i}")
@@ -137,7 +137,7 @@ def test_a_batch_whose_handler_raises_is_rolled_back_before_it_is_delivered_agai
 def test_a_zombie_cannot_overwrite_the_state_even_while_its_own_clock_says_it_owns_the_partition():
     async def scenario():
         store = InMemoryCheckpointStore(clock=virtual_utc_clock())
-        source = MemoryEventSource(1, clock=virtual_utc_clock())
+        source = InMemoryEventSource(1, clock=virtual_utc_clock())
         for i in range(3):
             await source.send(f"e{i}")
         zombie_ctx = []
@@ -179,7 +179,7 @@ def test_a_state_that_cannot_be_read_is_not_dispatched_and_says_so(caplog):
 
     async def scenario():
         store = InMemoryCheckpointStore(clock=virtual_utc_clock())
-        source = MemoryEventSource(1, clock=virtual_utc_clock())
+        source = InMemoryEventSource(1, clock=virtual_utc_clock())
         for i in range(3):
             await source.send(f"e{i}")
         async with EventProcessor(source, store, Counts, owner_id="a", stateful=True, **FAST):
@@ -227,7 +227,7 @@ def test_bad_values_and_a_rewind_are_clear_errors_and_stateless_processors_have_
 
     async def scenario():
         for handler, stateful in ((Rewinds, True), (Stateless, False)):
-            source = MemoryEventSource(1, clock=virtual_utc_clock())
+            source = InMemoryEventSource(1, clock=virtual_utc_clock())
             await source.send("a")
             await source.send("b")
             async with EventProcessor(source, InMemoryCheckpointStore(clock=virtual_utc_clock()), handler,
@@ -237,7 +237,7 @@ def test_bad_values_and_a_rewind_are_clear_errors_and_stateless_processors_have_
     run_virtual(scenario())
     assert "cannot move back" in str(errors[0]) and "stateful=True" in str(errors[1])
     with pytest.raises(ConfigurationError, match="num_standbys"):
-        EventProcessor(MemoryEventSource(1), InMemoryCheckpointStore(), PartitionProcessor, num_standbys=1)
+        StatePolicy(num_standbys=-1)
 
 
 def test_a_commit_writes_the_change_not_the_state_and_snapshots_keep_restores_short():
@@ -298,7 +298,7 @@ def test_a_planned_move_waits_for_a_warm_replica_and_the_new_owner_reads_only_th
             await context.update_checkpoint()
 
     async def scenario():
-        source = MemoryEventSource(2, clock=virtual_utc_clock())
+        source = InMemoryEventSource(2, clock=virtual_utc_clock())
         store = InMemoryCheckpointStore(clock=virtual_utc_clock())
         a = EventProcessor(source, store, Big, owner_id="a", stateful=True, **FAST)
         await a.start()
@@ -332,9 +332,9 @@ def test_a_crashed_owner_fails_over_to_its_caught_up_standby():
             restores[f"{context.owner_id}/{context.partition_id}/{context.epoch}"] = context.state_restored
 
     async def scenario():
-        source = MemoryEventSource(3, clock=virtual_utc_clock())
+        source = InMemoryEventSource(3, clock=virtual_utc_clock())
         store = InMemoryCheckpointStore(clock=virtual_utc_clock())
-        processors = [EventProcessor(source, store, Recording, owner_id=name, stateful=True, num_standbys=1,
+        processors = [EventProcessor(source, store, Recording, owner_id=name, stateful=StatePolicy(num_standbys=1),
                                      **FAST) for name in ("a", "b", "c")]
         for p in processors:
             await p.start()
@@ -359,7 +359,7 @@ def test_a_crashed_owner_fails_over_to_its_caught_up_standby():
     assert restored == wanted
 
 
-async def _produce(source: MemoryEventSource, partitions: int, *, rate: float) -> None:
+async def _produce(source: InMemoryEventSource, partitions: int, *, rate: float) -> None:
     i = 0
     while True:
         await source.send(f"k{i % 5}:{i}", partition_id=str(i % partitions))
@@ -378,7 +378,7 @@ def test_a_replica_is_handed_over_even_when_the_claim_outlasts_a_refresh():
             restores[f"{context.owner_id}/{context.partition_id}"] = context.state_restored
 
     async def scenario():
-        source = MemoryEventSource(4, clock=virtual_utc_clock())
+        source = InMemoryEventSource(4, clock=virtual_utc_clock())
         store = FaultyStore(InMemoryCheckpointStore(clock=virtual_utc_clock()))
         store.latency, store.only = 0.4, {"claim_ownership", "fence_checkpoint"}  # > interval / 2
         a = EventProcessor(source, store, Recording, owner_id="a", stateful=True, **FAST)
@@ -603,7 +603,7 @@ def test_the_first_commit_of_a_large_state_is_not_failed_by_its_own_deadlines():
             await context.update_checkpoint()
 
     async def scenario():
-        source = MemoryEventSource(1, clock=virtual_utc_clock())
+        source = InMemoryEventSource(1, clock=virtual_utc_clock())
         store = SlowLink(InMemoryCheckpointStore(clock=virtual_utc_clock()), rate=10 * 1024 * 1024)
         for i in range(6):
             await source.send(f"e{i}")

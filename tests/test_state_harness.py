@@ -1,4 +1,4 @@
-"""The fault harness for stateful partitions (issue 26): a per-key counter in
+"""The fault harness for stateful partitions: a per-key counter in
 ``context.state`` ends equal to the events produced per key, on many seeds.
 
 Real stateful EventProcessors on virtual time over the in-memory store, each behind its
@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from eventprocessor import OwnershipLostError, PartitionProcessor
+from eventprocessor import OwnershipLostError, PartitionProcessor, StatePolicy
 from eventprocessor.errors import CheckpointStoreError
 from eventprocessor.state import StateKeeper, StateLog
 from eventprocessor.testing import Cluster, run_virtual
@@ -77,7 +77,7 @@ def test_a_per_key_counter_ends_equal_to_what_was_produced(seed, partitions, pro
 
 async def run_scenario(seed: int, partitions: int, processors: int, standbys: int,
                        schedule: list[Fault]) -> tuple:
-    cluster = Cluster(partitions, seed=seed, stateful=True, num_standbys=standbys, **OPTIONS)
+    cluster = Cluster(partitions, seed=seed, stateful=StatePolicy(num_standbys=standbys), **OPTIONS)
     cluster.handler = counting_handler(random.Random(seed), cluster)
     links = [cluster.link() for _ in range(processors)]
     running = [cluster.add(f"p{i}", store=links[i]) for i in range(processors)]

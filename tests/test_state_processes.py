@@ -1,4 +1,4 @@
-"""Stateful partitions with real processes and real storage (issue 26): a per-key counter in
+"""Stateful partitions with real processes and real storage: a per-key counter in
 ``context.state`` stays exact through planned moves and a SIGKILL.
 
 Each processor is an OS process (``python -m harness.worker --stateful``): an

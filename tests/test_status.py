@@ -2,7 +2,7 @@
 
 * Unit: every partition state (owned, expired, released, unclaimed, unreadable, a pending
   handoff), members with and without heartbeat records, the summary line and lag, built
-  from the in-memory store and ``MemoryEventSource`` on an injected clock.
+  from the in-memory store and ``InMemoryEventSource`` on an injected clock.
 * Faults: a store or a hub that fails or never answers (bounded, one line, no secret).
 * The command as a user runs it: ``--help`` (also without extras), missing extras, bad
   options, an unreachable or silent store, an unreachable event hub.
@@ -42,9 +42,9 @@ from eventprocessor.cli.status import (
 )
 from eventprocessor.cli.user_errors import CommandError
 from eventprocessor.errors import CheckpointStoreError, EventSourceError
-from eventprocessor.records import Checkpoint, Member, Ownership, OwnershipListing, UnreadableOwnership
-from eventprocessor.sources import MemoryEventSource, PartitionProperties
+from eventprocessor.sources import InMemoryEventSource, PartitionProperties
 from eventprocessor.stores import InMemoryCheckpointStore
+from eventprocessor.stores.records import Checkpoint, Member, Ownership, OwnershipListing, UnreadableOwnership
 from tests.test_cli import assert_one_line_error, run_cli
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -71,7 +71,7 @@ async def _group_with_every_state():
     c (standby, heartbeat), ghost (heartbeat expired)."""
     clock = Clock()
     store = InMemoryCheckpointStore(clock=clock)
-    source = MemoryEventSource(6, eventhub_name=HUB, fully_qualified_namespace=NS)
+    source = InMemoryEventSource(6, eventhub_name=HUB, fully_qualified_namespace=NS)
     for pid, count in {"0": 10, "1": 3, "2": 4, "5": 5}.items():
         await source.send_batch([f"e{i}" for i in range(count)], partition_id=pid)
 
@@ -202,23 +202,23 @@ def test_unreadable_records_checkpoint_times_and_retention():
     assert status.summary.lag == 11 and "(1 of 2 partitions known)" in status.summary.line()
 
 
-class _NoProperties(MemoryEventSource):
+class _NoProperties(InMemoryEventSource):
     async def get_partition_properties(self, partition_id: str) -> PartitionProperties:
         raise NotImplementedError
 
 
-class _Silent(MemoryEventSource):
+class _Silent(InMemoryEventSource):
     async def get_partition_ids(self) -> list[str]:
         await asyncio.Event().wait()
         return []
 
 
-class _Leaky(MemoryEventSource):
+class _Leaky(InMemoryEventSource):
     async def get_partition_ids(self) -> list[str]:
         raise RuntimeError(f"connection refused; SharedAccessKey={SECRET}")
 
 
-class _Refused(MemoryEventSource):
+class _Refused(InMemoryEventSource):
     async def get_partition_ids(self) -> list[str]:
         raise EventSourceError("the event hub refused the credential", fully_qualified_namespace=NS,
                                eventhub_name=HUB)

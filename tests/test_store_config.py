@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 
 from eventprocessor.errors import CheckpointStoreError, ConfigurationError, OwnershipLostError
-from eventprocessor.records import Checkpoint, Ownership
 from eventprocessor.stores import BlobCheckpointStore, TableCheckpointStore
+from eventprocessor.stores.records import Checkpoint, Ownership
 
 # Looks like a real key (valid base64, 64 bytes) and is easy to search for.
 FAKE_KEY = base64.b64encode(b"topsecret-key-material-" + b"k" * 41).decode()
@@ -312,7 +312,7 @@ async def test_container_and_table_are_created_on_first_use(azurite: Any, caplog
     from azure.data.tables.aio import TableServiceClient
     from azure.storage.blob.aio import BlobServiceClient
 
-    caplog.set_level(logging.INFO, logger="stores")
+    caplog.set_level(logging.INFO, logger="eventprocessor.stores")
     container, table = f"first-{uuid.uuid4().hex[:10]}", f"first{uuid.uuid4().hex[:10]}"
     async with BlobCheckpointStore.from_connection_string(azurite.connection_string, container) as blob, \
             TableCheckpointStore.from_connection_string(azurite.connection_string, table) as tables:

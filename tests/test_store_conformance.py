@@ -1,6 +1,6 @@
 """One contract, three stores: the same tests against InMemory, Blob-on-Azurite and
-Table-on-Azurite (``eventprocessor/checkpoint_store.py`` states the contract,
-``eventprocessor/stores/protocol.py`` the protocol all three run).
+Table-on-Azurite (``eventprocessor/stores/contract.py`` states the contract,
+``eventprocessor/stores/protocol.py`` and the modules it names the protocol all three run).
 
 Every test gets a fresh container / table and a fresh consumer group. Races are real:
 the two contenders are two store clients with their own fence caches (on Azurite, with
@@ -24,8 +24,7 @@ from typing import Any
 
 import pytest
 
-from eventprocessor.balancer import LoadBalancingStrategy, decide
-from eventprocessor.checkpoint_store import CheckpointStore
+from eventprocessor._ownership.balancer import decide
 from eventprocessor.errors import (
     CheckpointStoreError,
     ClaimOwnershipError,
@@ -33,9 +32,11 @@ from eventprocessor.errors import (
     OwnershipLostError,
     StaleEpochError,
 )
-from eventprocessor.records import MAX_ENTRY_BYTES, MAX_EPOCH, Checkpoint, Member, Ownership
+from eventprocessor.policies import LoadBalancingStrategy
 from eventprocessor.stores import InMemoryCheckpointStore
-from eventprocessor.stores.protocol import CHECKPOINT, EtagMismatch, Kind, RecordExists
+from eventprocessor.stores.backend import CHECKPOINT, EtagMismatch, Kind, RecordExists
+from eventprocessor.stores.contract import CheckpointStore
+from eventprocessor.stores.records import MAX_ENTRY_BYTES, MAX_EPOCH, Checkpoint, Member, Ownership
 
 NAMESPACE = "conformance.servicebus.windows.net"
 HUB = "hub"
@@ -946,11 +947,11 @@ async def test_a_real_conflict_is_still_a_lost_race(backend: Backend) -> None:
 
 
 async def test_a_checkpoint_carries_its_state_reference_and_the_fence_keeps_it(backend: Backend) -> None:
-    """Stateful partitions (issue 26): the checkpoint names the head of its state log;
+    """Stateful partitions: the checkpoint names the head of its state log;
     a new owner's fence keeps the position and the state that goes with it, and the
     state log's entries are in the same store."""
-    from eventprocessor.records import StateRef
     from eventprocessor.state import StateLog
+    from eventprocessor.stores.records import StateRef
 
     old = await backend.claim(backend.store, "0", "old")
     await backend.store.fence_checkpoint(old)

@@ -18,8 +18,8 @@ import pytest
 
 from eventprocessor.emulators.fault_proxy import FaultProxy
 from eventprocessor.errors import CheckpointStoreError, ClaimOwnershipError, OwnershipLostError, StoreTimeoutError
-from eventprocessor.records import Checkpoint, Ownership
 from eventprocessor.stores import BlobCheckpointStore, TableCheckpointStore
+from eventprocessor.stores.records import Checkpoint, Ownership
 
 NS, HUB, CG = "faults.servicebus.windows.net", "hub", "$default"
 
@@ -60,7 +60,7 @@ async def test_a_claim_whose_response_is_lost_is_still_won(setup: Setup, caplog:
     """The first write's response is dropped after Azurite processed it; the transport
     retries (409 on create, 412 on the etag) or gives up (a Table create is a POST): the
     store re-reads, finds its own write token, and reports the claim won."""
-    caplog.set_level(logging.INFO, logger="stores")
+    caplog.set_level(logging.INFO, logger="eventprocessor.stores")
     async with setup.make() as store:
         await store.list_ownership(NS, HUB, CG)  # creates the container / table
         setup.proxy.drop_response(1, method=setup.create_method)
@@ -132,7 +132,8 @@ async def test_a_black_holed_store_fails_within_the_operation_timeout(setup: Set
 
 
 async def test_the_default_bound_is_ten_seconds_not_minutes(azurite: Any) -> None:
-    """With default settings a call against a black hole used to take 123 s."""
+    """With default settings a call against a black hole ends within ten seconds (the
+    Azure SDK's own default would wait 123 s)."""
     async with FaultProxy("127.0.0.1", azurite.blob_port) as proxy:
         url = f"http://127.0.0.1:{proxy.port}/devstoreaccount1"
         async with BlobCheckpointStore(url, f"faults-{uuid.uuid4().hex[:10]}", credential=azurite.account_key) as store:

@@ -16,7 +16,7 @@ import random
 
 import pytest
 
-from eventprocessor.backoff import Congestion, TickBackoff
+from eventprocessor._runtime.backoff import Congestion, TickBackoff
 from eventprocessor.testing import Cluster, run_virtual
 
 PARTITIONS, PROCESSORS = 256, 8
@@ -49,9 +49,10 @@ async def _saturated_group(samples: list, *, until: float, clear_at: float = flo
 
 
 def test_a_saturated_store_drains_and_every_partition_stays_owned(caplog):
-    """Before: the backlog grew without bound (74 s of work queued after 300 s), every
-    call timed out, all 256 leases self-fenced and nothing was owned from t=60 s on.
-    Now the ticks back off until the store keeps up, and the group holds every partition."""
+    """Without backing off the backlog grows without bound (74 s of work queued after
+    300 s), every call times out, all 256 leases self-fence and nothing is owned from
+    t=60 s on. The ticks back off until the store keeps up, and the group holds every
+    partition."""
     caplog.set_level(logging.WARNING, logger="eventprocessor")
     samples: list = []
     cluster = run_virtual(_saturated_group(samples, until=300.0))

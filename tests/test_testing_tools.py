@@ -8,9 +8,9 @@ import asyncio
 import pytest
 
 from eventprocessor import EventProcessor
-from eventprocessor.checkpoint_store import StoreWrapper
-from eventprocessor.sources import MemoryEventSource
+from eventprocessor.sources import InMemoryEventSource
 from eventprocessor.stores import InMemoryCheckpointStore
+from eventprocessor.stores.contract import StoreWrapper
 from eventprocessor.testing import (
     LedgerStore,
     OwnershipLedger,
@@ -45,7 +45,7 @@ def test_idle_callbacks_run_once_per_instant_after_everything_due_then_time_move
     try:
         loop.run_until_complete(main())
         loop.remove_idle_callback(idle)
-        loop.run_until_complete(asyncio.sleep(10))  # removed: not called any more
+        loop.run_until_complete(asyncio.sleep(10))  # removed: not called
     finally:
         loop.close()
     times = [t for t, _ in seen]
@@ -79,8 +79,9 @@ def test_an_idle_callback_that_makes_something_runnable_runs_it_at_the_same_inst
 
 @pytest.mark.parametrize("first, then", [(0.2, 0.9), (0.4, 1.7), (0.6, 1.7)])
 def test_a_timer_runs_at_exactly_its_own_time(first, then):
-    """Before: the loop moved by ``when - now`` and landed a rounding error off (0.4 then
-    1.7 gave 1.7000000000000002), so timers meant for one instant ran apart."""
+    """The loop moves to a timer's own time, not by ``when - now``, which lands a rounding
+    error off (0.4 then 1.7 would give 1.7000000000000002) and runs timers meant for one
+    instant apart."""
 
     async def main() -> float:
         loop = asyncio.get_running_loop()
@@ -115,7 +116,7 @@ def test_a_ledger_store_sees_claims_fences_heartbeats_a_handoff_and_the_releases
     async def main() -> OwnershipLedger:
         ledger = OwnershipLedger(expiration=20.0)
         memory = InMemoryCheckpointStore(clock=virtual_utc_clock())
-        source = MemoryEventSource(4, clock=virtual_utc_clock())
+        source = InMemoryEventSource(4, clock=virtual_utc_clock())
         handler = recording_handler(DeliveryRecorder())
         options = dict(load_balancing_interval=2.0, partition_ownership_expiration_interval=20.0,
                        load_balancing_strategy="greedy")
@@ -144,12 +145,7 @@ def test_a_ledger_store_sees_claims_fences_heartbeats_a_handoff_and_the_releases
     assert ledger.requests["list_ownership"] >= 9  # one listing (ownership and members) per tick
 
 
-def test_a_store_wrapper_still_overriding_the_old_private_hook_is_refused_with_the_new_name():
-    with pytest.raises(TypeError, match="now called forward"):
-        class Old(StoreWrapper):
-            async def _forward(self, operation, call, units=1):
-                return await call()
-
+def test_a_store_wrapper_sees_every_call_through_its_forward_hook():
     class New(StoreWrapper):
         calls: list[str] = []
 
@@ -167,9 +163,8 @@ def test_a_store_wrapper_still_overriding_the_old_private_hook_is_refused_with_t
 
 
 def test_batch_files_takes_each_file_once_at_the_batch_that_wrote_it(tmp_path):
-    """Before (in benchmarks/spark_source.py): the compacted entry (9.compact lists
-    batches 0-9) counted every earlier batch's files again at batch 9 (32,450 latencies
-    for 20,000 events in a recorded run)."""
+    """A compacted entry (9.compact lists batches 0-9) must not count every earlier
+    batch's files again at batch 9 (that would give 32,450 latencies for 20,000 events)."""
     def line(path):
         return f'{{"path":"file:///t/{path}","size":1,"isDir":false,"modificationTime":1,"blockReplication":1,' \
                '"blockSize":1,"action":"add"}'

@@ -6,8 +6,8 @@ import asyncio
 
 import pytest
 
+from eventprocessor._delivery.usercode import UserCode
 from eventprocessor.testing import run_virtual
-from eventprocessor.usercode import UserCode
 
 
 def _user(blocks: list[tuple[str, float, float]]) -> UserCode:

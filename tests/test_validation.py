@@ -1,4 +1,4 @@
-"""Validation at the door (issue 12): every bad argument is refused when it is given,
+"""Validation at the door: every bad argument is refused when it is given,
 with a ConfigurationError that names the argument, shows the value and says what would
 be valid. One table, one case per row."""
 from __future__ import annotations
@@ -10,15 +10,23 @@ from typing import Any
 
 import pytest
 
-from eventprocessor import ConfigurationError, EventPosition, EventProcessor, PartitionProcessor
-from eventprocessor.sources import MemoryEventSource
+from eventprocessor import (
+    ConfigurationError,
+    EventPosition,
+    EventProcessor,
+    FailurePolicy,
+    LoadPolicy,
+    PartitionProcessor,
+    StatePolicy,
+)
+from eventprocessor.sources import InMemoryEventSource
 from eventprocessor.stores import InMemoryCheckpointStore
 
 NAN, INF = math.nan, math.inf
 
 
 def processor(**kwargs: Any) -> EventProcessor:
-    args: dict[str, Any] = dict(source=MemoryEventSource(2), checkpoint_store=InMemoryCheckpointStore(),
+    args: dict[str, Any] = dict(source=InMemoryEventSource(2), checkpoint_store=InMemoryCheckpointStore(),
                                 partition_processor=PartitionProcessor)
     for name in ("source", "checkpoint_store", "partition_processor"):
         if name in kwargs:
@@ -77,20 +85,28 @@ CASES = [
      ["partition_processor", "dict"]),
     ("processor neither class nor callable", lambda: processor(partition_processor=42),
      ["partition_processor", "int"]),
-    ("no source", lambda: processor(source=None), ["source", "NoneType", "MemoryEventSource"]),
+    ("no source", lambda: processor(source=None), ["source", "NoneType", "InMemoryEventSource"]),
     ("no store", lambda: processor(checkpoint_store=None), ["checkpoint_store", "NoneType"]),
     ("error handler not callable", lambda: processor(error_handler="print"), ["error_handler", "str"]),
-    ("dead letter not callable", lambda: processor(dead_letter=5), ["dead_letter", "int"]),
-    ("delivery attempts zero", lambda: processor(max_delivery_attempts=0), ["max_delivery_attempts", "0"]),
-    ("delivery attempts fractional", lambda: processor(max_delivery_attempts=2.0),
+    ("dead letter not callable", lambda: FailurePolicy(dead_letter=5), ["dead_letter", "int"]),
+    ("delivery attempts zero", lambda: FailurePolicy(max_delivery_attempts=0), ["max_delivery_attempts", "0"]),
+    ("delivery attempts fractional", lambda: FailurePolicy(max_delivery_attempts=2.0),
      ["max_delivery_attempts", "2.0"]),
-    ("unknown poison policy", lambda: processor(on_poison="ignore"), ["on_poison", "'ignore'", "'skip' or 'park'"]),
-    ("retry backoff negative", lambda: processor(retry_backoff=-1), ["retry_backoff", "-1"]),
+    ("unknown poison policy", lambda: FailurePolicy(on_poison="ignore"), ["on_poison", "'ignore'", "'skip' or 'park'"]),
+    ("retry backoff negative", lambda: FailurePolicy(retry_backoff=-1), ["retry_backoff", "-1"]),
+    ("failure policy of the wrong kind", lambda: processor(failure_policy={"max_delivery_attempts": 3}),
+     ["failure_policy", "FailurePolicy", "dict"]),
+    ("load policy of the wrong kind", lambda: processor(load_policy="load"), ["load_policy", "LoadPolicy", "str"]),
+    ("load meter not callable", lambda: LoadPolicy(meter=0.5), ["meter", "callable", "float"]),
+    ("stateful neither a bool nor a policy", lambda: processor(stateful="yes"), ["stateful", "StatePolicy", "'yes'"]),
+    ("standbys negative", lambda: StatePolicy(num_standbys=-1), ["num_standbys", "-1"]),
+    ("recovery lag fractional", lambda: StatePolicy(acceptable_recovery_lag=1.5),
+     ["acceptable_recovery_lag", "1.5"]),
     ("clock without sleep", lambda: processor(clock=object()), ["clock", "monotonic", "object"]),
     ("rng as a seed", lambda: processor(rng=42), ["rng", "random.Random", "int"]),
-    ("source with no partitions", lambda: MemoryEventSource(0), ["partition_count", "0"]),
-    ("source partition count as text", lambda: MemoryEventSource("4"), ["partition_count", "'4'"]),
-    ("source with empty hub name", lambda: MemoryEventSource(2, eventhub_name=""), ["eventhub_name"]),
+    ("source with no partitions", lambda: InMemoryEventSource(0), ["partition_count", "0"]),
+    ("source partition count as text", lambda: InMemoryEventSource("4"), ["partition_count", "'4'"]),
+    ("source with empty hub name", lambda: InMemoryEventSource(2, eventhub_name=""), ["eventhub_name"]),
     ("position of an unknown kind", lambda: EventPosition("first"), ["kind", "'first'"]),
     ("position at a text sequence number", lambda: EventPosition.from_sequence_number("abc"),
      ["sequence_number", "'abc'"]),

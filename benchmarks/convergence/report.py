@@ -284,7 +284,7 @@ def render(sections: dict[str, Any], head: str, plots: Sequence[str]) -> str:
         "`EventProcessor` (claim, `get_checkpoints()` for new partitions, one receive task each with owner level "
         "0, cancel what the claim no longer returns, release when a task ends, unfenced checkpoints). Both use a "
         "store with Blob semantics (create-if-absent, If-Match etags, store-side last-modified time). Traffic: "
-        f"{TRAFFIC.per_step} events per partition every {TRAFFIC.step:g} s into one `MemoryEventSource` (same "
+        f"{TRAFFIC.per_step} events per partition every {TRAFFIC.step:g} s into one `InMemoryEventSource` (same "
         f"receiver semantics for both: a new receiver with an equal or higher owner level disconnects the old "
         f"one); each handler spends {WORK * 1000:.0f} ms per batch and then checkpoints it. Traffic starts "
         f"{PRE_ROLL:g} s before each scenario's event (at t=0 for cold starts; cold starts above "

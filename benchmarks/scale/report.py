@@ -40,7 +40,7 @@ def render(results: list[SizeResult], args: argparse.Namespace, head: str) -> st
         f"One Azurite per size (in-memory, 127.0.0.1), started fresh by the benchmark. Each processor is its own OS "
         f"process (`python -m harness.worker --source none`); all of a side start together after their imports. "
         f"*ours*: "
-        f"`EventProcessor` + our `BlobCheckpointStore`, reading an empty `MemoryEventSource`. *official*: "
+        f"`EventProcessor` + our `BlobCheckpointStore`, reading an empty `InMemoryEventSource`. *official*: "
         f"azure-eventhub {package_version('azure-eventhub')}'s own `EventProcessor` class (its `OwnershipManager` and "
         f"load-balancing loop) + `azure-eventhub-checkpointstoreblob-aio`, with a stand-in client that gives the "
         f"same partition ids and idle consumers instead of AMQP links. Only ownership is measured: no events on "

@@ -102,7 +102,7 @@ def choose_timing(listing_cpu: float, processors: int, cores: float, *, budget: 
       every claim and its checkpoint fence) fits in the store timeout,
       ``T ≈ 0.67·I ≥ B``, that is ``I ≥ ⌈1.5·B⌉``. A store that gets more than it can
       do queues the rest, every call times out, and the processors back off (see
-      ``eventprocessor.backoff``); these terms keep the benchmark out of that regime.
+      ``eventprocessor._runtime.backoff``); these terms keep the benchmark out of that regime.
     * ``E = 5·I``: the ratio of this SDK's defaults (15 s / 75 s); the official
       processor, which rewrites its records at every tick, has four ticks to spare.
     * ``R = E/2`` (ours): the lease minus R, ``0.4·E = 2·I``, is how long a processor may
@@ -119,7 +119,7 @@ def choose_timing(listing_cpu: float, processors: int, cores: float, *, budget: 
         >>> (s.interval, s.expiration, s.renewal_age, round(s.store_timeout, 2))
         (8.0, 40.0, 20.0, 5.33)
     """
-    from eventprocessor.processor import Timing
+    from eventprocessor import Timing
     from eventprocessor.stores import DEFAULT_OPERATION_TIMEOUT
 
     if listing_cpu <= 0 or processors < 1 or cores <= 0 or not 0 < budget <= 1:
@@ -148,8 +148,8 @@ async def calibrate(connection_string: str, partitions: int, listings: int, azur
                     idle_sample: float = 5.0) -> Calibration:
     """Write ``partitions`` ownership records to a scratch container and time listing them."""
     from eventprocessor.errors import CheckpointStoreError
-    from eventprocessor.records import Ownership
     from eventprocessor.stores.blob import BlobCheckpointStore
+    from eventprocessor.stores.records import Ownership
 
     container = f"scale-calibration-{partitions}-{uuid.uuid4().hex[:6]}"
     hub = "calibration"

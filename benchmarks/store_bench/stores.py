@@ -10,7 +10,7 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
-from eventprocessor.records import Checkpoint, Ownership
+from eventprocessor.stores.records import Checkpoint, Ownership
 from harness.counting_transport import CountingTransport
 
 __all__ = ["CONSUMER_GROUP", "EVENTHUB", "NAMESPACE", "OFFICIAL_STORE", "OWNER", "BareBlobWrites",

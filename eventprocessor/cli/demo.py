@@ -1,6 +1,6 @@
 """The main job: several processors and a producer in one process, shown live.
 
-``eventprocessor demo`` runs, over a MemoryEventSource and the in-memory store (or Blob
+``eventprocessor demo`` runs, over a InMemoryEventSource and the in-memory store (or Blob
 storage on a local Azurite with ``--store azurite``, and the real AMQP path with
 ``--source emulator``: ``EventHubSource`` on the local Event Hubs emulator, fed by the
 official producer): convergence, a graceful scale-in, a crash and its failover, then a
@@ -33,7 +33,7 @@ from eventprocessor import (
     PartitionProcessor,
 )
 from eventprocessor.errors import StoreTimeoutError
-from eventprocessor.sources import EventSource, MemoryEventSource
+from eventprocessor.sources import EventSource, InMemoryEventSource
 from eventprocessor.testing import FaultyStore
 
 from .user_errors import CommandError, require, require_azurite
@@ -389,7 +389,7 @@ async def _run(config: DemoConfig, console: Console, stack: AsyncExitStack) -> D
         result.source_location = await feed.start(stack)
         source = feed.source
     else:
-        source = MemoryEventSource(config.partitions, eventhub_name="demo-hub")
+        source = InMemoryEventSource(config.partitions, eventhub_name="demo-hub")
     watch = status_command(source, store, emulator, config, feed.connection_string if feed is not None else None)
     _say(console, f"Watch it from another terminal: {watch}" if watch else
          "To watch the demo with `eventprocessor status` from another terminal, run it with --store azurite "

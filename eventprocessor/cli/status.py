@@ -33,11 +33,11 @@ from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from eventprocessor.balancer import HANDOFF_PROPERTY, ORDINAL_PROPERTY
-from eventprocessor.checkpoint_store import CheckpointStore
+from eventprocessor._ownership.strategies import HANDOFF_PROPERTY, ORDINAL_PROPERTY
 from eventprocessor.errors import ConfigurationError, EventProcessorError
-from eventprocessor.records import Checkpoint, MemberListing, OwnershipListing, partition_sort_key
 from eventprocessor.sources import EventSource, PartitionProperties
+from eventprocessor.stores.contract import CheckpointStore
+from eventprocessor.stores.records import Checkpoint, MemberListing, OwnershipListing, partition_sort_key
 
 from .user_errors import CommandError, require
 

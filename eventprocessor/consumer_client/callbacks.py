@@ -8,7 +8,8 @@ from typing import TYPE_CHECKING, Any, Optional
 
 from ..errors import ConfigurationError, OwnershipLostError
 from ..events import Event
-from ..partition import CloseReason, PartitionContext, PartitionProcessor
+from ..partition import PartitionContext, PartitionProcessor, claim_of
+from ..policies import CloseReason
 
 if TYPE_CHECKING:  # pragma: no cover
     from azure.eventhub import EventData
@@ -120,7 +121,7 @@ class _CallbackProcessor(PartitionProcessor):
         for event in events:
             if self._handled is not None and event.sequence_number <= self._handled:
                 continue  # redelivered after a later event failed: on_event already returned from this one
-            if not context._may_checkpoint():
+            if not claim_of(context).may_checkpoint():
                 # The claim ended while on_event worked on an earlier event of this batch (not
                 # gracefully: a graceful stop lets the batch finish): nothing more for it.
                 raise OwnershipLostError(f"partition {context.partition_id}: the claim ended in the middle of a batch",

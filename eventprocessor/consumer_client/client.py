@@ -8,11 +8,11 @@ from collections.abc import Awaitable, Callable, Mapping
 from types import MappingProxyType
 from typing import Any
 
-from ..checkpoint_store import CheckpointStore
+from .._processor import EventProcessor
 from ..errors import ConfigurationError
 from ..events import Event
-from ..processor import EventProcessor
 from ..sources.base import EventSource
+from ..stores.contract import CheckpointStore
 from .callbacks import (
     OnError,
     OnEvent,
@@ -56,7 +56,7 @@ class EventHubConsumerClient:
     (6 x the interval), ``load_balancing_strategy`` (``"greedy"``) and the AMQP client
     options (``transport_type``, ``retry_total``, ``http_proxy``, ...: see
     :data:`CLIENT_OPTIONS`). Also EventProcessor's own options (:data:`PROCESSOR_OPTIONS`,
-    for example ``owner_id``, ``handoff_timeout``, ``max_delivery_attempts``,
+    for example ``owner_id``, ``handoff_timeout``, ``failure_policy``,
     ``meter_provider``) and ``checkpoint_on_release`` (False, as azure-eventhub: only the
     callbacks checkpoint; True checkpoints the last event of the last batch a callback
     returned from when a partition is released or handed over). Anything else raises
@@ -92,7 +92,7 @@ class EventHubConsumerClient:
     @classmethod
     def from_source(cls, source: EventSource, consumer_group: str = "$default", **kwargs: Any
                     ) -> EventHubConsumerClient:
-        """Over any event source (``MemoryEventSource`` in tests, an ``EventHubSource``
+        """Over any event source (``InMemoryEventSource`` in tests, an ``EventHubSource``
         you configured yourself). The source is not closed by :meth:`close`."""
         _require_azure_eventhub()
         if not isinstance(source, EventSource):
@@ -226,8 +226,8 @@ class EventHubConsumerClient:
         ``owner_level`` (default 0) plus the claim's epoch, so each new owner disconnects
         the previous one. Without one, as in azure-eventhub, they open at ``owner_level``
         (default None: not exclusive). A callback that
-        raises goes to ``on_error`` and its batch is delivered again (``max_delivery_attempts``,
-        then the ``on_poison`` policy). Raises :class:`ConfigurationError` for an invalid
+        raises goes to ``on_error`` and its batch is delivered again (as ``failure_policy``
+        says: ``max_delivery_attempts``, then ``on_poison``). Raises :class:`ConfigurationError` for an invalid
         argument, before anything runs.
         """
         if isinstance(max_batch_size, bool) or not isinstance(max_batch_size, int) or max_batch_size < 1:

@@ -7,10 +7,10 @@ from collections.abc import Callable, Mapping
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
-from ..checkpoint_store import CheckpointStore
-from ..clock import SystemClock
+from .._runtime.clock import SystemClock
 from ..errors import ConfigurationError
 from ..events import EventPosition
+from ..stores.contract import CheckpointStore
 
 logger = logging.getLogger(__name__)
 
@@ -33,7 +33,7 @@ SOURCE_OPTIONS = frozenset({"operation_timeout", "partition_ids_ttl"})
 # EventProcessor keywords this client passes through (what azure-eventhub does not have).
 PROCESSOR_OPTIONS = frozenset({
     "owner_id", "ownership_renewal_age", "store_timeout", "shutdown_timeout", "handler_timeout",
-    "max_delivery_attempts", "retry_backoff", "on_poison", "dead_letter", "refuse_checkpoint_rewind",
+    "failure_policy", "refuse_checkpoint_rewind",
     "handoff_timeout", "balance_factor", "ordinal", "replica_count", "override_checkpoints", "meter_provider",
     "tracer_provider", "clock", "rng",
 })

@@ -3,11 +3,11 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from ..checkpoint_store import CheckpointStore, StoreWrapper
 from ..errors import ConfigurationError
 from ..events import EventPosition
-from ..records import Member, MemberListing, OwnershipListing
 from ..sources.base import EventSource, PartitionProperties, PartitionReceiver
+from ..stores.contract import CheckpointStore, StoreWrapper
+from ..stores.records import Member, MemberListing, OwnershipListing
 
 
 class _ReceiveSource(EventSource):

@@ -54,12 +54,14 @@ import socket
 import struct
 import threading
 from types import TracebackType
+from typing import TypeVar
 
 __all__ = ["FaultProxy", "ThreadedFaultProxy", "TcpFaultProxy"]
 
 logger = logging.getLogger(__name__)
 
 _HEAD_LIMIT = 1 << 20
+_R = TypeVar("_R", bound="_Relay")
 
 
 class _Request:
@@ -104,17 +106,58 @@ def _reset(writer: asyncio.StreamWriter) -> None:
     writer.transport.abort()
 
 
-class FaultProxy:
-    """The proxy (see the module docstring). Bind address is always 127.0.0.1."""
+class _Relay:
+    """What both proxies share: the listening server on 127.0.0.1, the tasks handling its
+    connections, ``async with``, and a stop that drops every connection and waits for them."""
 
     def __init__(self, upstream_host: str, upstream_port: int) -> None:
         self.upstream = (upstream_host, upstream_port)
         self.port = 0
+        self._server: asyncio.AbstractServer | None = None
+        self._handlers: set[asyncio.Task] = set()
+
+    async def start(self: _R) -> _R:
+        raise NotImplementedError
+
+    def _drop_connections(self) -> None:
+        raise NotImplementedError
+
+    async def stop(self) -> None:
+        """Stop listening and close every connection."""
+        if self._server is not None:
+            self._server.close()
+        self._drop_connections()  # every handler then sees its connection end and returns
+        if self._handlers:
+            _done, stuck = await asyncio.wait(list(self._handlers), timeout=5)
+            for task in stuck:
+                task.cancel()
+        if self._server is not None:
+            await self._server.wait_closed()
+            self._server = None
+
+    def _handling(self) -> asyncio.Task:
+        """Count the running task among the connection handlers (it discards itself)."""
+        task = asyncio.current_task()
+        assert task is not None
+        self._handlers.add(task)
+        return task
+
+    async def __aenter__(self: _R) -> _R:
+        return await self.start()
+
+    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                        tb: TracebackType | None) -> None:
+        await self.stop()
+
+
+class FaultProxy(_Relay):
+    """The proxy (see the module docstring). Bind address is always 127.0.0.1."""
+
+    def __init__(self, upstream_host: str, upstream_port: int) -> None:
+        super().__init__(upstream_host, upstream_port)
         self.requests: list[tuple[str, str]] = []
         self.dropped: list[tuple[str, str]] = []
-        self._server: asyncio.AbstractServer | None = None
         self._writers: set[asyncio.StreamWriter] = set()
-        self._handlers: set[asyncio.Task] = set()
         self.pass_through()
 
     # ------------------------------------------------------------------ modes
@@ -163,18 +206,8 @@ class FaultProxy:
         self.port = self._server.sockets[0].getsockname()[1]
         return self
 
-    async def stop(self) -> None:
-        """Stop listening and close every connection."""
-        if self._server is not None:
-            self._server.close()
-        self.close_connections()  # every handler then sees its connection end and returns
-        if self._handlers:
-            _done, stuck = await asyncio.wait(list(self._handlers), timeout=5)
-            for task in stuck:
-                task.cancel()
-        if self._server is not None:
-            await self._server.wait_closed()
-            self._server = None
+    def _drop_connections(self) -> None:
+        self.close_connections()
 
     def close_connections(self) -> None:
         """Drop every open connection (both sides), as a restarted middlebox would."""
@@ -182,19 +215,10 @@ class FaultProxy:
             writer.transport.abort()
         self._writers.clear()
 
-    async def __aenter__(self) -> FaultProxy:
-        return await self.start()
-
-    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                        tb: TracebackType | None) -> None:
-        await self.stop()
-
     # ------------------------------------------------------------------ serving
 
     async def _accept(self, client_reader: asyncio.StreamReader, client_writer: asyncio.StreamWriter) -> None:
-        task = asyncio.current_task()
-        assert task is not None
-        self._handlers.add(task)
+        task = self._handling()
         self._writers.add(client_writer)
         upstream: tuple[asyncio.StreamReader, asyncio.StreamWriter] | None = None
         relay: asyncio.Task | None = None
@@ -329,21 +353,18 @@ class _Pipe:
             self.upstream.transport.abort()
 
 
-class TcpFaultProxy:
+class TcpFaultProxy(_Relay):
     """A byte relay with connection faults, for protocols other than HTTP (see the module
     docstring). Binds 127.0.0.1 only. ``accepted`` counts client connections,
     ``resets`` connections it reset, ``swallowed`` connections a black hole caught."""
 
     def __init__(self, upstream_host: str, upstream_port: int) -> None:
-        self.upstream = (upstream_host, upstream_port)
-        self.port = 0
+        super().__init__(upstream_host, upstream_port)
         self.accepted = 0
         self.resets = 0
         self.swallowed = 0
         self._mode = "pass"
         self._pipes: set[_Pipe] = set()
-        self._handlers: set[asyncio.Task] = set()
-        self._server: asyncio.AbstractServer | None = None
 
     @property
     def connections(self) -> int:
@@ -379,30 +400,12 @@ class TcpFaultProxy:
         self.port = self._server.sockets[0].getsockname()[1]
         return self
 
-    async def stop(self) -> None:
-        if self._server is not None:
-            self._server.close()
+    def _drop_connections(self) -> None:
         for pipe in list(self._pipes):
             pipe.reset()
-        if self._handlers:
-            _done, stuck = await asyncio.wait(list(self._handlers), timeout=5)
-            for task in stuck:
-                task.cancel()
-        if self._server is not None:
-            await self._server.wait_closed()
-            self._server = None
-
-    async def __aenter__(self) -> TcpFaultProxy:
-        return await self.start()
-
-    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                        tb: TracebackType | None) -> None:
-        await self.stop()
 
     async def _accept(self, client_reader: asyncio.StreamReader, client_writer: asyncio.StreamWriter) -> None:
-        task = asyncio.current_task()
-        assert task is not None
-        self._handlers.add(task)
+        task = self._handling()
         self.accepted += 1
         pipe = _Pipe(client_writer)
         self._pipes.add(pipe)

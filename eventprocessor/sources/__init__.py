@@ -5,10 +5,10 @@
 from typing import Any
 
 from .base import EventSource, LastEnqueuedEventProperties, PartitionProperties, PartitionReceiver
-from .memory import MemoryEventSource, MemoryPartitionReceiver
+from .memory import InMemoryEventSource, InMemoryPartitionReceiver
 
 __all__ = ["EventSource", "PartitionReceiver", "LastEnqueuedEventProperties", "PartitionProperties",
-           "MemoryEventSource", "MemoryPartitionReceiver", "EventHubSource"]
+           "InMemoryEventSource", "InMemoryPartitionReceiver", "EventHubSource"]
 
 
 def __getattr__(name: str) -> Any:

@@ -1,6 +1,6 @@
 """The event-source interface: what the processor needs from a partitioned log.
 
-Small on purpose. :class:`~eventprocessor.sources.MemoryEventSource` implements it
+Small on purpose. :class:`~eventprocessor.sources.InMemoryEventSource` implements it
 in-process; an adapter over ``azure.eventhub.aio.EventHubConsumerClient`` fits it too.
 """
 from __future__ import annotations

@@ -21,7 +21,7 @@ from ..errors import ConfigurationError, EventSourceError, ReceiverDisconnectedE
 from ..events import BodyType, Event, EventPosition, MessageId, body_fields
 from .base import EventSource, LastEnqueuedEventProperties, PartitionProperties, PartitionReceiver
 
-__all__ = ["MemoryEventSource"]
+__all__ = ["InMemoryEventSource"]
 
 logger = logging.getLogger(__name__)
 
@@ -79,7 +79,7 @@ class _Partition:
         self.next_offset = 0
         self.waiters: list[asyncio.Future] = []
         # consumer group -> receivers currently open on this partition
-        self.receivers: dict[str, list[MemoryPartitionReceiver]] = {}
+        self.receivers: dict[str, list[InMemoryPartitionReceiver]] = {}
 
     @property
     def begin(self) -> int:
@@ -112,10 +112,10 @@ class _Partition:
                 waiter.set_result(None)
 
 
-class MemoryPartitionReceiver(PartitionReceiver):
-    """A receiver on one partition of a :class:`MemoryEventSource`."""
+class InMemoryPartitionReceiver(PartitionReceiver):
+    """A receiver on one partition of a :class:`InMemoryEventSource`."""
 
-    def __init__(self, source: MemoryEventSource, partition_id: str, consumer_group: str,
+    def __init__(self, source: InMemoryEventSource, partition_id: str, consumer_group: str,
                  next_sequence_number: int, owner_level: int | None, track_last_enqueued: bool = False) -> None:
         self._source = source
         self.partition_id = partition_id
@@ -139,7 +139,7 @@ class MemoryPartitionReceiver(PartitionReceiver):
                                                               newest.enqueued_time, self._source._clock())
 
     def __repr__(self) -> str:
-        return (f"MemoryPartitionReceiver(partition_id={self.partition_id!r}, "
+        return (f"InMemoryPartitionReceiver(partition_id={self.partition_id!r}, "
                 f"consumer_group={self.consumer_group!r}, owner_level={self.owner_level})")
 
     def _disconnect(self, by_level: int | None) -> None:
@@ -198,7 +198,7 @@ class MemoryPartitionReceiver(PartitionReceiver):
             group.remove(self)
 
 
-class MemoryEventSource(EventSource):
+class InMemoryEventSource(EventSource):
     """An in-process partitioned log.
 
     Every event is kept unless ``max_events_per_partition`` is given: then each partition
@@ -207,12 +207,12 @@ class MemoryEventSource(EventSource):
 
     Example::
 
-        source = MemoryEventSource(4)
+        source = InMemoryEventSource(4)
         await source.send(b"hello", partition_key="device-7")
         await source.send(b"round robin")
         source.add_partitions(2)
 
-        bounded = MemoryEventSource(4, max_events_per_partition=10_000)
+        bounded = InMemoryEventSource(4, max_events_per_partition=10_000)
     """
 
     def __init__(self, partition_count: int, *, eventhub_name: str = "hub",
@@ -237,7 +237,7 @@ class MemoryEventSource(EventSource):
         self._round_robin = itertools.count()
 
     def __repr__(self) -> str:
-        return (f"MemoryEventSource(partition_count={len(self._partitions)}, eventhub_name={self.eventhub_name!r}, "
+        return (f"InMemoryEventSource(partition_count={len(self._partitions)}, eventhub_name={self.eventhub_name!r}, "
                 f"fully_qualified_namespace={self.fully_qualified_namespace!r})")
 
     @property
@@ -392,7 +392,7 @@ class MemoryEventSource(EventSource):
     async def open_receiver(self, partition_id: str, *, consumer_group: str,
                             starting_position: EventPosition, owner_level: int | None,
                             prefetch: int = 300,
-                            track_last_enqueued_event_properties: bool = False) -> MemoryPartitionReceiver:
+                            track_last_enqueued_event_properties: bool = False) -> InMemoryPartitionReceiver:
         """Open a receiver. Event Hubs' epoch rules: an owner-level receiver disconnects
         the receivers of the consumer group with a lower or equal owner level (and all
         receivers without one); it cannot open while a higher one is open."""
@@ -415,7 +415,7 @@ class MemoryEventSource(EventSource):
             for receiver in list(group):
                 receiver._disconnect(owner_level)
                 group.remove(receiver)
-        receiver = MemoryPartitionReceiver(self, partition_id, consumer_group,
+        receiver = InMemoryPartitionReceiver(self, partition_id, consumer_group,
                                            self._start(partition, starting_position), owner_level,
                                            track_last_enqueued_event_properties)
         group.append(receiver)

@@ -70,7 +70,7 @@ import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from ..clock import SystemClock
+from .._runtime.clock import SystemClock
 from ..errors import ConfigurationError
 from .log_records import (
     _DIGITS,
@@ -91,7 +91,7 @@ from .log_state import LogState
 from .log_storage import FileLogStorage, LogStorage, StoreLogStorage, fsync_directory
 
 if TYPE_CHECKING:  # pragma: no cover
-    from ..checkpoint_store import CheckpointStore
+    from ..stores.contract import CheckpointStore
 
 __all__ = ["CommitLog", "LogStorage", "FileLogStorage", "StoreLogStorage", "PartitionRange", "StagedFile",
            "FenceResult", "Publication", "BatchRefused", "StaleFenceError", "COMMITTED", "ABORTED", "PLANNED",

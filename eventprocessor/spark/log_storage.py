@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # pragma: no cover
-    from ..checkpoint_store import CheckpointStore
+    from ..stores.contract import CheckpointStore
 
 
 class LogStorage(abc.ABC):

@@ -20,10 +20,9 @@ import logging
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from ..backoff import Backoff
-from ..delivery import PoisonPolicy, RetryPolicy
+from .._runtime.backoff import Backoff
 from ..errors import PoisonEventsError
-from ..pump import DeadLetter
+from ..policies import DeadLetter, PoisonPolicy, RetryPolicy
 from .attempt import Attempt, AttemptState, BatchSteps, MicroBatch
 from .claims import Buffers, Claim, ClaimState
 from .commit_log import BatchRefused

@@ -13,13 +13,12 @@ from collections.abc import Mapping, Sequence
 from types import TracebackType
 from typing import Any
 
-from ..backoff import Backoff
-from ..checkpoint_store import CheckpointStore
-from ..delivery import PoisonPolicy, RetryPolicy
+from .._runtime.backoff import Backoff
 from ..errors import ConfigurationError, OwnershipLostError, PoisonEventsError
 from ..events import Event
-from ..partition import CloseReason, PartitionContext, PartitionProcessor
-from ..pump import DeadLetter
+from ..partition import PartitionContext, PartitionProcessor, claim_of
+from ..policies import CloseReason, DeadLetter, PoisonPolicy, RetryPolicy
+from ..stores.contract import CheckpointStore
 from .arrow import Decoder
 from .attempt import BatchSteps, MicroBatch
 from .claims import Buffers, Claim, ClaimState, Limits
@@ -489,7 +488,7 @@ class SparkSink:
             logger.info("sink: dropping %d buffered events of partition %s (epoch %s): the claim ended", dropped,
                         claim.partition_id, claim.context.epoch)
         if fenced_out:
-            claim.context._ownership_lost()
+            claim_of(claim.context).fence_lost()
 
     def park(self, claim: Claim, error: PoisonEventsError) -> None:
         """The poison policy gave the claim's batch up: nothing more of it is written or

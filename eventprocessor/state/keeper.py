@@ -19,7 +19,7 @@ import asyncio
 import logging
 
 from ..errors import OwnershipLostError
-from ..records import MAX_ENTRY_BYTES, Checkpoint, StateRef
+from ..stores.records import MAX_ENTRY_BYTES, Checkpoint, StateRef
 from .log import Restored, StateLog, StateUnreadableError
 from .mapping import PartitionState, encode
 

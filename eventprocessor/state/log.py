@@ -3,7 +3,7 @@
 Each commit appends one *change* (the keys set or deleted since the previous commit)
 named by its version and the epoch of the claim that wrote it, and pointing at the
 change before it. The checkpoint record names the head of the chain
-(:class:`~eventprocessor.records.StateRef`), and it is written after the change, fenced
+(:class:`~eventprocessor.stores.records.StateRef`), and it is written after the change, fenced
 by the claim's epoch like every checkpoint. So:
 
 * the state restored for a checkpoint is exactly the chain that ends at its head: a
@@ -28,9 +28,9 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TypeVar
 
-from ..checkpoint_store import EntryLog
 from ..errors import CheckpointStoreError
-from ..records import MAX_ENTRY_BYTES, StateRef
+from ..stores.contract import EntryLog
+from ..stores.records import MAX_ENTRY_BYTES, StateRef
 from .mapping import encode
 
 __all__ = ["StateLog", "StateUnreadableError", "Restored", "CHANGE", "SNAPSHOT"]

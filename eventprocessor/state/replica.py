@@ -17,7 +17,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Iterable, Mapping
 
-from ..records import Checkpoint
+from ..stores.records import Checkpoint
 from .keeper import StateKeeper
 from .log import StateLog
 

@@ -16,6 +16,7 @@ import binascii
 import inspect
 import math
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
@@ -67,7 +68,7 @@ def describe_error(error: BaseException) -> str:
     status = getattr(error, "status_code", None)
     if status is not None:
         parts.append(f"HTTP {status}")
-    code = _error_code(error)
+    code = error_code(error)
     if code:
         parts.append(code)
     text = " ".join(parts)
@@ -80,7 +81,8 @@ def describe_error(error: BaseException) -> str:
     return text
 
 
-def _error_code(error: BaseException) -> str:
+def error_code(error: BaseException) -> str:
+    """The service's error code of an Azure error (``""`` when it has none)."""
     code = getattr(error, "error_code", None)
     return str(getattr(code, "value", code) or "")
 
@@ -128,7 +130,7 @@ def likely_cause(error: BaseException) -> str | None:
         # 'Azurite refuses the storage API version of the installed azure-storage SDK: start it
         #  with --skipApiVersionCheck (`eventprocessor azurite` does), or use a newer Azurite'
     """
-    code = _error_code(error)
+    code = error_code(error)
     status = getattr(error, "status_code", None)
     said = service_message(error).lower()
     if code in ("InvalidHeaderValue", "InvalidApiVersion", "UnsupportedHeader") and \
@@ -196,18 +198,8 @@ def _is_base64(value: str) -> bool:
         return False
 
 
-def parse_connection_string(conn_str: Any, service: str, *, credential_given: bool = False) -> StorageAccount:
-    """Parse an Azure Storage connection string for ``service`` ("blob" or "table").
-
-    Accepts ``UseDevelopmentStorage=true`` (optionally with ``DevelopmentStorageProxyUri``)
-    and explicit strings with ``AccountName``/``AccountKey`` or ``SharedAccessSignature``
-    and either ``BlobEndpoint``/``TableEndpoint`` or ``DefaultEndpointsProtocol`` +
-    ``EndpointSuffix``. With ``credential_given`` (the caller has its own credential, as
-    the Azure SDKs allow) a string with neither key nor SAS is fine; its credential is
-    then ``None``. Errors name the faulty part, never its value.
-    """
-    from azure.core.credentials import AzureNamedKeyCredential, AzureSasCredential
-
+def _settings(conn_str: Any) -> dict[str, str]:
+    """The ``Key=Value`` segments of a connection string, by lower-cased key."""
     if not isinstance(conn_str, str):
         raise ConfigurationError(f"connection string must be a str, got {type(conn_str).__name__}")
     if not conn_str.strip():
@@ -224,24 +216,32 @@ def parse_connection_string(conn_str: Any, service: str, *, credential_given: bo
         if folded in settings:
             raise ConfigurationError(f"connection string is malformed: {key} is given twice")
         settings[folded] = value.strip()
-
     if {"endpoint", "sharedaccesskeyname", "sharedaccesskey", "entitypath"} & settings.keys():
         raise ConfigurationError(
             "this looks like an Event Hubs connection string (it has Endpoint/SharedAccessKeyName); "
             "the checkpoint store needs an Azure Storage account connection string"
         )
+    return settings
 
-    if "usedevelopmentstorage" in settings:
-        if settings["usedevelopmentstorage"].lower() != "true":
-            raise ConfigurationError("UseDevelopmentStorage must be 'true' when given")
-        proxy = settings.get("developmentstorageproxyuri", "http://127.0.0.1")
-        parts = urlsplit(proxy)
-        if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise ConfigurationError("DevelopmentStorageProxyUri must be an http(s) URL")
-        endpoint = f"{parts.scheme}://{parts.hostname}:{_DEV_PORTS[service]}/{DEV_ACCOUNT_NAME}"
-        return StorageAccount(endpoint, DEV_ACCOUNT_NAME, AzureNamedKeyCredential(DEV_ACCOUNT_NAME, DEV_ACCOUNT_KEY))
 
-    account_name = settings.get("accountname") or None
+def _development_storage(settings: Mapping[str, str], service: str) -> StorageAccount:
+    """``UseDevelopmentStorage=true``: the emulator's well-known account on its default ports."""
+    from azure.core.credentials import AzureNamedKeyCredential
+
+    if settings["usedevelopmentstorage"].lower() != "true":
+        raise ConfigurationError("UseDevelopmentStorage must be 'true' when given")
+    proxy = settings.get("developmentstorageproxyuri", "http://127.0.0.1")
+    parts = urlsplit(proxy)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ConfigurationError("DevelopmentStorageProxyUri must be an http(s) URL")
+    endpoint = f"{parts.scheme}://{parts.hostname}:{_DEV_PORTS[service]}/{DEV_ACCOUNT_NAME}"
+    return StorageAccount(endpoint, DEV_ACCOUNT_NAME, AzureNamedKeyCredential(DEV_ACCOUNT_NAME, DEV_ACCOUNT_KEY))
+
+
+def _credential(settings: Mapping[str, str], account_name: str | None, credential_given: bool) -> Any:
+    """The account key or SAS the string carries (None when the caller has its own)."""
+    from azure.core.credentials import AzureNamedKeyCredential, AzureSasCredential
+
     account_key = settings.get("accountkey")
     sas = settings.get("sharedaccesssignature")
     if account_key is not None and sas is not None:
@@ -251,21 +251,24 @@ def parse_connection_string(conn_str: Any, service: str, *, credential_given: bo
             raise ConfigurationError("connection string has an AccountKey but no AccountName")
         if not _is_base64(account_key):
             raise ConfigurationError("connection string AccountKey is not valid base64")
-        credential: Any = AzureNamedKeyCredential(account_name, account_key)
-    elif sas is not None:
+        return AzureNamedKeyCredential(account_name, account_key)
+    if sas is not None:
         if not sas.lstrip("?"):
             raise ConfigurationError("connection string SharedAccessSignature is empty")
         if "sig=" not in sas:
             raise ConfigurationError("connection string SharedAccessSignature has no 'sig=' field")
-        credential = AzureSasCredential(sas.lstrip("?"))
-    elif credential_given:
-        credential = None
-    else:
-        raise ConfigurationError(
-            "connection string has neither AccountKey nor SharedAccessSignature; use one, or "
-            "construct the store with an account URL and a credential"
-        )
+        return AzureSasCredential(sas.lstrip("?"))
+    if credential_given:
+        return None
+    raise ConfigurationError(
+        "connection string has neither AccountKey nor SharedAccessSignature; use one, or "
+        "construct the store with an account URL and a credential"
+    )
 
+
+def _endpoint(settings: Mapping[str, str], service: str, account_name: str | None) -> str:
+    """The service's endpoint: ``BlobEndpoint``/``TableEndpoint``, else built from the
+    account name, ``DefaultEndpointsProtocol`` and ``EndpointSuffix``."""
     endpoint_key = f"{service}endpoint"
     if settings.get(endpoint_key):
         endpoint = settings[endpoint_key].rstrip("/")
@@ -277,18 +280,36 @@ def parse_connection_string(conn_str: Any, service: str, *, credential_given: bo
                 f"connection string {service.capitalize()}Endpoint must not carry a query string; "
                 "put a SAS token in SharedAccessSignature"
             )
-    else:
-        if not account_name:
-            raise ConfigurationError(
-                f"connection string has neither {service.capitalize()}Endpoint nor AccountName"
-            )
-        protocol = settings.get("defaultendpointsprotocol", "https").lower()
-        if protocol not in ("http", "https"):
-            raise ConfigurationError("connection string DefaultEndpointsProtocol must be http or https")
-        suffix = settings.get("endpointsuffix", "core.windows.net").strip(".")
-        if not suffix or "/" in suffix:
-            raise ConfigurationError("connection string EndpointSuffix is not a host suffix")
-        endpoint = f"{protocol}://{account_name}.{service}.{suffix}"
+        return endpoint
+    if not account_name:
+        raise ConfigurationError(
+            f"connection string has neither {service.capitalize()}Endpoint nor AccountName"
+        )
+    protocol = settings.get("defaultendpointsprotocol", "https").lower()
+    if protocol not in ("http", "https"):
+        raise ConfigurationError("connection string DefaultEndpointsProtocol must be http or https")
+    suffix = settings.get("endpointsuffix", "core.windows.net").strip(".")
+    if not suffix or "/" in suffix:
+        raise ConfigurationError("connection string EndpointSuffix is not a host suffix")
+    return f"{protocol}://{account_name}.{service}.{suffix}"
+
+
+def parse_connection_string(conn_str: Any, service: str, *, credential_given: bool = False) -> StorageAccount:
+    """Parse an Azure Storage connection string for ``service`` ("blob" or "table").
+
+    Accepts ``UseDevelopmentStorage=true`` (optionally with ``DevelopmentStorageProxyUri``)
+    and explicit strings with ``AccountName``/``AccountKey`` or ``SharedAccessSignature``
+    and either ``BlobEndpoint``/``TableEndpoint`` or ``DefaultEndpointsProtocol`` +
+    ``EndpointSuffix``. With ``credential_given`` (the caller has its own credential, as
+    the Azure SDKs allow) a string with neither key nor SAS is fine; its credential is
+    then ``None``. Errors name the faulty part, never its value.
+    """
+    settings = _settings(conn_str)
+    if "usedevelopmentstorage" in settings:
+        return _development_storage(settings, service)
+    account_name = settings.get("accountname") or None
+    credential = _credential(settings, account_name, credential_given)
+    endpoint = _endpoint(settings, service, account_name)
     return StorageAccount(endpoint, account_name or account_name_from_url(endpoint), credential)
 
 
@@ -382,7 +403,7 @@ class ClientTimeouts:
     ``read_timeout`` per attempt; an unreachable one costs one ``connection_timeout``.
     With ``RETRY_TOTAL`` retries ``RETRY_BACKOFF`` apart, the attempts would add up to
     a little more than ``operation_timeout``; the store cuts the call at
-    ``operation_timeout`` whatever the transport does (see ``eventprocessor.stores.protocol``).
+    ``operation_timeout`` whatever the transport does (see ``eventprocessor.stores.calls``).
     """
 
     operation_timeout: float | None

@@ -28,21 +28,14 @@ from ._account import (
     account_name_from_url,
     check_account_url,
     describe_error,
+    error_code,
     one_of,
     parse_connection_string,
     resolve_credential,
     safe_url,
 )
-from .protocol import (
-    OWNERSHIP,
-    BackendFailure,
-    EtagMismatch,
-    Kind,
-    ProtocolStore,
-    RecordBackend,
-    RecordExists,
-    RecordMissing,
-)
+from .backend import OWNERSHIP, BackendFailure, EtagMismatch, Kind, RecordBackend, RecordExists, RecordMissing
+from .protocol import ProtocolStore
 
 __all__ = ["AzureRecords", "AzureCheckpointStore", "ServerClock", "server_date"]
 
@@ -80,11 +73,6 @@ class ServerClock:
         when = server_date(getattr(pipeline_response.http_response, "headers", None))
         if when is not None and (self.latest is None or when > self.latest):
             self.latest = when
-
-
-def error_code(error: BaseException) -> str:
-    code = getattr(error, "error_code", None)
-    return str(getattr(code, "value", code) or "")
 
 
 _Client = TypeVar("_Client")

@@ -25,7 +25,7 @@ blob: an ownership blob it wrote reads as epoch 0, a checkpoint as epoch ``None`
 official store lists only ``ownership/`` and ``checkpoint/``, so it never sees members
 or log entries. Member blobs sit beside ``ownership/`` on purpose: one listing of the
 prefix ``.../ownership`` returns both, so a balancing tick costs one request. Owner, log and entry names are encoded by
-:func:`eventprocessor.stores.protocol.encode_name` (``[a-z0-9._-]`` kept, anything else ``%xx``).
+:func:`eventprocessor.stores.codec.encode_name` (``[a-z0-9._-]`` kept, anything else ``%xx``).
 
 A *placeholder* checkpoint (a partition fenced by a new owner before it ever had a
 checkpoint) has ``sequencenumber="-1"`` and ``offset="-1"``. This store lists it as
@@ -70,7 +70,7 @@ from eventprocessor.errors import ConfigurationError
 
 from ._account import DEFAULT_OPERATION_TIMEOUT, RETRY_BACKOFF, RETRY_TOTAL, check_container_name, one_of
 from ._azure_records import AzureCheckpointStore, AzureRecords, ServerClock
-from .protocol import MEMBER, OWNERSHIP, Fields, Kind, RecordListing, RecordMissing, Scope, StoredRecord
+from .backend import MEMBER, OWNERSHIP, Fields, Kind, RecordListing, RecordMissing, Scope, StoredRecord
 
 __all__ = ["BlobCheckpointStore", "BlobRecords", "is_azure_eventhub_blob_store"]
 

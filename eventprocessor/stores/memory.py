@@ -16,13 +16,12 @@ from dataclasses import replace
 from datetime import datetime, timezone
 from typing import Any
 
-from .protocol import (
+from .backend import (
     MEMBER,
     OWNERSHIP,
     EtagMismatch,
     Fields,
     Kind,
-    ProtocolStore,
     RecordBackend,
     RecordExists,
     RecordListing,
@@ -30,6 +29,7 @@ from .protocol import (
     Scope,
     StoredRecord,
 )
+from .protocol import ProtocolStore
 
 __all__ = ["InMemoryCheckpointStore", "InMemoryRecords"]
 

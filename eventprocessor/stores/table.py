@@ -21,7 +21,7 @@ Names are used as given (Table keys are case-sensitive); they may not contain
 ``/ \\ # ?``, control characters or whitespace (the service rejects the first ones,
 whitespace would make the key ambiguous), which is checked before any request with a
 ``ConfigurationError``. Owner, log and entry names are encoded by
-:func:`eventprocessor.stores.protocol.encode_name`. A log entry's data is split across binary
+:func:`eventprocessor.stores.codec.encode_name`. A log entry's data is split across binary
 properties of at most 64 KiB (the property limit); 15 of them keep the entity under the
 service's 1 MiB, so an entry holds at most ``MAX_ENTRY_BYTES`` (983,040 bytes) here as
 on every store.
@@ -55,7 +55,7 @@ from eventprocessor.errors import ConfigurationError
 
 from ._account import DEFAULT_OPERATION_TIMEOUT, RETRY_BACKOFF, RETRY_TOTAL, check_table_name, one_of
 from ._azure_records import AzureCheckpointStore, AzureRecords, ServerClock
-from .protocol import MEMBER, OWNERSHIP, Fields, Kind, RecordListing, RecordMissing, Scope, StoredRecord
+from .backend import MEMBER, OWNERSHIP, Fields, Kind, RecordListing, RecordMissing, Scope, StoredRecord
 
 __all__ = ["TableCheckpointStore", "TableRecords"]
 

@@ -12,7 +12,7 @@
 * :class:`OwnershipLedger` and :class:`LedgerStore`: what the store saw (requests by
   kind; claims, renewals, handoffs, releases, moves and steals), kept on the store's side;
 * :class:`Cluster`: real :class:`~eventprocessor.EventProcessor` s over one in-memory
-  store and one :class:`~eventprocessor.sources.MemoryEventSource`, on the running loop.
+  store and one :class:`~eventprocessor.sources.InMemoryEventSource`, on the running loop.
 
 The scenario harness that the project's own tests and benchmarks share (consumer
 processes, fault rigs on Azurite and the Event Hubs emulator, fleets) is not part of this

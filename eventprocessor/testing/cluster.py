@@ -15,8 +15,8 @@ from typing import Any
 
 from eventprocessor.stores.memory import InMemoryCheckpointStore
 
-from ..processor import EventProcessor
-from ..sources.memory import MemoryEventSource
+from .._processor import EventProcessor
+from ..sources.memory import InMemoryEventSource
 from .loop import virtual_utc_clock
 from .recorder import DeliveryRecorder, recording_handler
 from .source import FaultySource
@@ -27,13 +27,13 @@ __all__ = ["Cluster"]
 
 class Cluster:
     """Processors over one in-memory store (behind a :class:`FaultyStore`) and one
-    :class:`MemoryEventSource`, on the running (virtual) loop. With ``source_faults``
+    :class:`InMemoryEventSource`, on the running (virtual) loop. With ``source_faults``
     the processors read the source through a :class:`FaultySource` (``faulty_source``)."""
 
     def __init__(self, partitions: int, *, seed: int = 0, work: float = 0.0, source_faults: bool = False,
                  **processor_options: Any) -> None:
         self.rng = random.Random(seed)
-        self.source = MemoryEventSource(partitions, clock=virtual_utc_clock())
+        self.source = InMemoryEventSource(partitions, clock=virtual_utc_clock())
         self.faulty_source: FaultySource | None = None
         if source_faults:
             self.faulty_source = FaultySource(self.source, rng=random.Random(self.rng.random()))

@@ -23,8 +23,8 @@ from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from ..checkpoint_store import CheckpointStore, StoreWrapper, release_ownership
-from ..records import Member, Ownership
+from ..stores.contract import CheckpointStore, StoreWrapper, release_ownership
+from ..stores.records import Member, Ownership
 
 __all__ = ["OwnershipLedger", "LedgerStore"]
 

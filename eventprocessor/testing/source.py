@@ -135,7 +135,7 @@ class FaultySource(EventSource):
 
     Example::
 
-        source = FaultySource(MemoryEventSource(4), rng=random.Random(1))
+        source = FaultySource(InMemoryEventSource(4), rng=random.Random(1))
         processor = EventProcessor(source, store, MyProcessor)
         await processor.start()
         source.detach_all()               # every link drops once

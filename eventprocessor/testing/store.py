@@ -8,8 +8,8 @@ from collections import Counter
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
-from ..checkpoint_store import CheckpointStore, StoreWrapper
 from ..errors import CheckpointStoreError
+from ..stores.contract import CheckpointStore, StoreWrapper
 
 __all__ = ["FaultyStore"]
 

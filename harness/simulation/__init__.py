@@ -3,7 +3,7 @@ virtual time, and records what every handler was given: the engine of the conver
 benchmark (``benchmarks/convergence.py``), checked by ``tests/test_convergence_sim.py``.
 
 Two kinds of instance run side by side over stores with the same semantics and the same
-request accounting, reading one :class:`~eventprocessor.sources.MemoryEventSource`:
+request accounting, reading one :class:`~eventprocessor.sources.InMemoryEventSource`:
 
 * :class:`OursInstance` wraps this SDK's :class:`~eventprocessor.EventProcessor`: its
   renewer, lease keeper, member heartbeat and partition pumps run on their own on the

@@ -9,7 +9,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import datetime
 
-from eventprocessor.sources import MemoryEventSource
+from eventprocessor.sources import InMemoryEventSource
 
 __all__ = ["Batch", "Deliveries", "Traffic"]
 
@@ -151,7 +151,7 @@ class Deliveries:
             result[pid] = longest
         return result
 
-    def undelivered(self, source: MemoryEventSource, partition_ids: Iterable[str], enqueued_before: datetime) -> int:
+    def undelivered(self, source: InMemoryEventSource, partition_ids: Iterable[str], enqueued_before: datetime) -> int:
         """Events enqueued before ``enqueued_before`` that no handler was ever given."""
         missing = 0
         for pid in partition_ids:

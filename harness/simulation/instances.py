@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from eventprocessor import CheckpointStoreError, EventPosition, OwnershipLostError
-from eventprocessor.records import partition_sort_key
-from eventprocessor.sources import MemoryEventSource
+from eventprocessor.sources import InMemoryEventSource
+from eventprocessor.stores.records import partition_sort_key
 
 from ..standin_client import StandInClient
 from .deliveries import Deliveries
@@ -178,7 +178,7 @@ class OfficialInstance(_Instance):
 
     def __init__(self, owner_id: str, store: OfficialSimStore, partition_ids: Callable[[], list[str]],
                  strategy: Any, expiration: float, clock: InstanceClock, rng: random.Random, *,
-                 source: MemoryEventSource | None = None, deliveries: Deliveries | None = None,
+                 source: InMemoryEventSource | None = None, deliveries: Deliveries | None = None,
                  work: float = 0.0, max_batch_size: int = 300) -> None:
         from azure.eventhub.aio._eventprocessor._ownership_manager import OwnershipManager
 

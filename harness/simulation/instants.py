@@ -122,7 +122,7 @@ class Instants:
 
 
 class InstanceClock:
-    """The :class:`~eventprocessor.clock.Clock` of an instance whose local clock is
+    """The :class:`~eventprocessor._runtime.clock.Clock` of an instance whose local clock is
     ``skew`` seconds ahead: the loop's time plus the skew (``time()`` is the wall clock
     the official balancer reads)."""
 

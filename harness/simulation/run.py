@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from eventprocessor.sources import MemoryEventSource
+from eventprocessor.sources import InMemoryEventSource
 from eventprocessor.testing import OwnershipLedger
 
 from .deliveries import Deliveries, Traffic
@@ -121,7 +121,7 @@ class Simulation:
         self._dirty = True
         self._seen_version = -1
         self._waiters: list[Callable[[], None]] = []
-        self.source = MemoryEventSource(partitions, eventhub_name=EVENTHUB, fully_qualified_namespace=NAMESPACE,
+        self.source = InMemoryEventSource(partitions, eventhub_name=EVENTHUB, fully_qualified_namespace=NAMESPACE,
                                         clock=self.server_time)
         if implementation == "ours":
             from eventprocessor.stores import InMemoryCheckpointStore

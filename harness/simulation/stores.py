@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from eventprocessor import CheckpointStore, CheckpointStoreError
-from eventprocessor.records import Member, Ownership
+from eventprocessor.stores.records import Member, Ownership
 from eventprocessor.testing import LedgerStore, OwnershipLedger
 
 from .instants import EPOCH_SECONDS, Instants

@@ -22,12 +22,12 @@ delivered since its last checkpoint), with the same batch size and prefetch.
 event in ``on_partition_close``, as a careful user of the official client would (this
 SDK's processor does that by itself: ``PartitionProcessor.checkpoint_on_release``).
 
-``--source memory`` (ours only) reads a ``MemoryEventSource`` in this process instead,
+``--source memory`` (ours only) reads a ``InMemoryEventSource`` in this process instead,
 with ``InMemoryCheckpointStore`` (``--store`` chooses otherwise), fed by a producer task
 that keeps ``--backlog`` events ahead of the handler on every partition until
 ``--produce`` events were sent; the source retains ``--retention`` events per partition.
 ``--source none`` has partitions and no events, for measuring ownership alone (the
-``scale`` benchmark): ours reads an empty ``MemoryEventSource``; the official side runs
+``scale`` benchmark): ours reads an empty ``InMemoryEventSource``; the official side runs
 azure-eventhub's own ``EventProcessor`` class over a stand-in client
 (:class:`harness.standin_client.StandInClient`) whose consumers receive nothing.
 
@@ -47,7 +47,7 @@ the same however busy the machine is), in a thread of its own, off the event loo
 competent user runs CPU-bound work (both sides). ``--slow-factor F`` multiplies that cost
 by F when the process gets SIGUSR1 (a processor slowed down: a heavier handler, a noisy
 neighbour). ``--balance-by load`` (ours only) balances by measured load
-(``EventProcessor(balance_by="load")``) with the ``LoadPolicy`` the ``--load-*`` options
+(``EventProcessor(load_policy=LoadPolicy(...))``) with the knobs the ``--load-*`` options
 give.
 
 Connection strings come from the environment (:data:`HUB_ENV` for the hub,

@@ -18,8 +18,8 @@ def _parser() -> argparse.ArgumentParser:
     what.add_argument("--owner-id", required=True)
     what.add_argument("--consumer-group", default="$default")
     what.add_argument("--source", choices=["eventhub", "memory", "none"], default="eventhub",
-                      help="memory: an in-process MemoryEventSource fed by an in-process producer (ours only); "
-                           "none: partitions without events, only ownership (ours: an empty MemoryEventSource; "
+                      help="memory: an in-process InMemoryEventSource fed by an in-process producer (ours only); "
+                           "none: partitions without events, only ownership (ours: an empty InMemoryEventSource; "
                            "official: its EventProcessor over a stand-in client with idle consumers)")
     what.add_argument("--store", choices=["blob", "memory"],
                       help="the checkpoint store (default: memory with --source memory, else blob)")

@@ -15,7 +15,7 @@ import os
 import time
 from typing import Any
 
-from eventprocessor import CloseReason, EventProcessor, LoadPolicy, OwnershipLostError, PartitionProcessor
+from eventprocessor import CloseReason, EventProcessor, LoadPolicy, OwnershipLostError, PartitionProcessor, StatePolicy
 from eventprocessor.errors import StoreTimeoutError
 
 from .handlers import Cadence, counts, pad
@@ -146,11 +146,11 @@ def _source(worker: Worker) -> Any:
         from eventprocessor.sources.eventhub import EventHubSource
 
         return EventHubSource.from_connection_string(os.environ[HUB_ENV], eventhub_name=args.hub)
-    from eventprocessor.sources import MemoryEventSource
+    from eventprocessor.sources import InMemoryEventSource
 
     if args.source == "none":
-        return MemoryEventSource(args.partitions, eventhub_name=args.hub, fully_qualified_namespace=STANDIN_NAMESPACE)
-    return MemoryEventSource(args.partitions, eventhub_name=args.hub,
+        return InMemoryEventSource(args.partitions, eventhub_name=args.hub, fully_qualified_namespace=STANDIN_NAMESPACE)
+    return InMemoryEventSource(args.partitions, eventhub_name=args.hub,
                              max_events_per_partition=args.retention or 4 * args.backlog)
 
 
@@ -174,16 +174,17 @@ def _processor(worker: Worker, source: Any, store: Any, naive_blobs: Any) -> Eve
         if args.naive else (lambda: Handler(worker))
     options: dict[str, Any] = {}
     if args.stateful:
-        options = {"stateful": True, "num_standbys": args.standbys}
-        if args.recovery_lag is not None:
-            options["acceptable_recovery_lag"] = args.recovery_lag
+        options["stateful"] = StatePolicy(num_standbys=args.standbys, **(
+            {"acceptable_recovery_lag": args.recovery_lag} if args.recovery_lag is not None else {}))
+    if args.balance_by == "load":
+        options["load_policy"] = LoadPolicy(**{name: value for name, value in worker.policy.items()
+                                               if value is not None})
     if args.renewal_age is not None:
         options["ownership_renewal_age"] = args.renewal_age
-    policy = LoadPolicy(**{name: value for name, value in worker.policy.items() if value is not None})
     return EventProcessor(source, store, handler, owner_id=args.owner_id, consumer_group=args.consumer_group,
                           load_balancing_strategy=args.strategy, load_balancing_interval=args.interval,
                           partition_ownership_expiration_interval=args.expiry, max_batch_size=args.batch,
-                          prefetch=args.prefetch, balance_by=args.balance_by, load_policy=policy, **options)
+                          prefetch=args.prefetch, **options)
 
 
 def _probe(worker: Worker, processor: EventProcessor, store: Any) -> RenewalWatch:

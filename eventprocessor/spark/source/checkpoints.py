@@ -47,9 +47,9 @@ import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
-from ...checkpoint_store import CheckpointStore
 from ...errors import CheckpointStoreError, OwnershipLostError
-from ...records import Checkpoint, Ownership, OwnershipListing, partition_sort_key
+from ...stores.contract import CheckpointStore
+from ...stores.records import Checkpoint, Ownership, OwnershipListing, partition_sort_key
 from .offsets import HubOffset, PartitionPosition
 from .options import StoreOptions
 

@@ -41,7 +41,7 @@ except ImportError as error:  # pragma: no cover - depends on the installed pysp
         f"Trigger.AvailableNow for Python data sources); this is pyspark {pyspark.__version__}") from error
 
 from ...errors import ConfigurationError
-from ...records import partition_sort_key
+from ...stores.records import partition_sort_key
 from .checkpoints import CheckpointWriter
 from .executor import read_range
 from .hub import DriverHub

@@ -32,8 +32,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from ...errors import ConfigurationError, EventSourceError
-from ...records import partition_sort_key
 from ...sources.base import PartitionProperties
+from ...stores.records import partition_sort_key
 
 __all__ = ["PartitionPosition", "HubOffset", "ReadRange", "DataLoss", "DataLossError", "plan_latest", "rate_limit",
            "plan_ranges", "data_loss", "end_position"]

@@ -1,0 +1,165 @@
+"""Claimer: writes a tick's claims, fences each won claim's checkpoint and reports it.
+
+Claims are written ``BATCH`` at a time (see :data:`~eventprocessor._runtime.bounded_store.BATCH`):
+claimed in one call, then fenced together, before the next batch is claimed. A lease runs
+from its claim, so a claim never waits long for its fence, and each call's deadline covers
+its own requests only. A won claim whose checkpoint is fenced is reported through
+``on_won(lease, checkpoint)`` (the dispatcher starts its pump); one that cannot be fenced
+is dropped, and the next tick adopts its record and tries again.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from dataclasses import replace
+
+from .._runtime.bounded_store import BATCH, BoundedStore
+from .._runtime.clock import Clock
+from .._runtime.options import ProcessorOptions
+from .._runtime.reporting import Reporter
+from ..errors import OwnershipLostError, StaleEpochError
+from ..stores.records import MAX_EPOCH, Checkpoint, Ownership
+from .lease import Lease, LeaseState
+from .lease_table import LeaseTable, sorted_ids
+from .store_history import StoreHistory
+from .writer import OwnershipWriter
+
+__all__ = ["Claimer"]
+
+logger = logging.getLogger(__name__)
+
+
+class Claimer:
+    """Claims, fences and reports won claims for the taker (see the module docstring).
+
+    ``store_lost(what, partition_ids)`` is told when a fenced checkpoint went back (the
+    store lost data)."""
+
+    def __init__(self, *, options: ProcessorOptions, store: BoundedStore, writer: OwnershipWriter, table: LeaseTable,
+                 history: StoreHistory, reporter: Reporter, clock: Clock, describe: str,
+                 on_won: Callable[[Lease, Checkpoint | None], None],
+                 store_lost: Callable[[str, list[str]], None]) -> None:
+        self._options = options
+        self._store = store
+        self._writer = writer
+        self._table = table
+        self._history = history
+        self._reporter = reporter
+        self._clock = clock
+        self._describe = describe
+        self._on_won = on_won
+        self._store_lost = store_lost
+
+    async def take(self, claims: list[Ownership], adoptions: list[Ownership]
+                    ) -> tuple[list[str], list[str], Exception | None]:
+        """Write ``claims`` (new owners) and ``adoptions`` (records naming us, rewritten as
+        they are), fence each won partition's checkpoint and start its pump. Returns the
+        partitions now dispatched, those whose claim was not won, and a store error."""
+        records = claims + adoptions
+        error: Exception | None = None
+        not_written: set[str] = set()
+        failed: list[str] = []
+        started: list[str | None] = []
+        # BATCH at a time (see bounded_store.BATCH): claimed in one call, then fenced
+        # together, before the next batch is claimed. A lease runs from its claim, so a
+        # claim never waits long for its fence, and each call's deadline covers its own
+        # requests only.
+        for first in range(0, len(records), BATCH):
+            batch = records[first:first + BATCH]
+            sent_at = self._clock.monotonic()
+            leases = {r.partition_id: self._table.claiming(r) for r in batch}
+            written = await self._writer.write(batch)
+            if written.error is not None:
+                error = written.error
+                not_written |= set(written.failed) if written.answered else \
+                    {r.partition_id for r in records[first:]}
+            answered_at = self._clock.monotonic()
+            won_by_pid = written.by_partition()
+            fences = []
+            for pid, lease in leases.items():
+                record = won_by_pid.get(pid)
+                if record is None or lease.state is not LeaseState.CLAIMING:
+                    failed.append(pid)
+                    self._table.drop(lease)
+                    continue
+                self._history.saw(pid, record.epoch)
+                self._table.confirm(lease, record, sent_at=sent_at, answered_at=answered_at)
+                fences.append(self._fence_and_start(lease))
+            started += await asyncio.gather(*fences)
+            if not written.answered:  # the store did not answer: the rest waits for the next tick
+                failed += [r.partition_id for r in records[first + BATCH:]]
+                break
+        if error is not None:
+            logger.warning("processor %s: claiming partitions %s failed: %r", self._describe,
+                           sorted_ids(not_written or (r.partition_id for r in records)), error)
+            self._reporter.report(error, [])
+        return [pid for pid in started if pid is not None], failed, error
+
+    async def _fence_and_start(self, lease: Lease) -> str | None:
+        """Fence the checkpoint of a won claim and start its pump. On a stale epoch (the
+        record had lost its epoch), claim once more above the stored one."""
+        pid = lease.partition_id
+        for attempt in (1, 2):
+            try:
+                checkpoint = await self._store.fence_checkpoint(lease.record)
+                break
+            except StaleEpochError as stale:
+                if attempt == 2 or stale.stored_epoch >= MAX_EPOCH:
+                    logger.error("processor %s: partition %s: %s", self._describe, pid, stale)
+                    self._reporter.report(stale, [])
+                    self._table.drop(lease)
+                    return None
+                logger.warning("processor %s: partition %s: the checkpoint carries epoch %d, not below the claim's "
+                               "%d (the ownership record lost its epoch); claiming again above it", self._describe,
+                               pid, stale.stored_epoch, lease.epoch)
+                sent_at = self._clock.monotonic()
+                written = await self._writer.write([replace(lease.record, epoch=stale.stored_epoch + 1)])
+                if written.error is not None:
+                    self._reporter.report(written.error, [])
+                if not written.won or lease.state is not LeaseState.CLAIMING:
+                    self._table.drop(lease)
+                    return None
+                self._table.confirm(lease, written.won[0], sent_at=sent_at, answered_at=self._clock.monotonic())
+                self._history.saw(pid, written.won[0].epoch)
+            except OwnershipLostError as error:
+                logger.info("processor %s: partition %s was taken before its checkpoint was fenced: %s",
+                            self._describe, pid, error)
+                self._table.drop(lease)
+                return None
+            except Exception as error:
+                # The claim is won but the checkpoint could not be fenced: do not dispatch.
+                # The record names us, so the next tick adopts it and tries again.
+                logger.warning("processor %s: fencing the checkpoint of partition %s failed: %r", self._describe,
+                               pid, error)
+                self._reporter.report(error, [])
+                self._table.drop(lease)
+                return None
+        if lease.state is not LeaseState.CLAIMING:
+            return None
+        known = self._history.checkpoint_went_back(pid, checkpoint)
+        if known is not None:
+            found = "none" if checkpoint is None else \
+                f"sequence number {checkpoint.sequence_number} (epoch {checkpoint.epoch})"
+            if self._options.refuse_rewind:
+                checkpoint = await self._restore_checkpoint(lease, known)
+            self._on_won(lease, checkpoint)
+            self._store_lost(f"the checkpoint of partition {pid} was at sequence number {known.sequence_number} "
+                            f"(epoch {known.epoch}) and is now {found}", [pid])
+            return pid
+        self._on_won(lease, checkpoint)
+        return pid
+
+    async def _restore_checkpoint(self, lease: Lease, known: Checkpoint) -> Checkpoint:
+        """refuse_checkpoint_rewind: resume from the checkpoint this processor knew and
+        write it back, so that later owners do not rewind either."""
+        owner_id = self._options.owner_id
+        restored = replace(known, owner_id=owner_id, epoch=lease.epoch)
+        try:
+            await self._store.update_checkpoint(restored, owner_id=owner_id, epoch=lease.epoch)
+            logger.warning("processor %s: restored the checkpoint of partition %s at sequence number %d",
+                           self._describe, lease.partition_id, known.sequence_number)
+        except Exception as error:
+            logger.error("processor %s: could not write back the checkpoint of partition %s (%r); resuming from "
+                         "it all the same", self._describe, lease.partition_id, error)
+        return restored

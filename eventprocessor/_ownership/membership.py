@@ -1,0 +1,134 @@
+"""Membership: this processor's heartbeat record, and who else is alive.
+
+A member record lets peers count a processor in their plans even while it owns nothing.
+It is rewritten every quarter of the expiration and is judged gone after half of it, so
+a crashed member leaves every plan before its partitions' records expire. A store that
+keeps no member records is fine (except for the static strategy): the processor then
+makes itself visible by claiming one partition first.
+"""
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING
+
+from .._runtime.clock import Clock
+from .._runtime.options import ProcessorOptions
+from .._runtime.reporting import Reporter
+from ..errors import ConfigurationError
+from ..policies import LoadBalancingStrategy
+from ..stores.contract import OwnershipStore
+from ..stores.records import Member, MemberListing
+from .lease_table import LeaseTable
+from .load_meter import CpuMeter, LoadMeter
+from .load_plan import LOAD_PROPERTY, MemberLoad, encode_load
+from .strategies import HANDOFF_PROPERTY, ORDINAL_PROPERTY
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .warmup import Warmup
+
+__all__ = ["Membership"]
+
+logger = logging.getLogger(__name__)
+
+
+class Membership:
+    """Writes, renews and deletes this processor's member record.
+
+    ``state``: None (not known yet), True (the record is kept), False (the store keeps
+    none). ``on_fatal(error)`` is called when the processor cannot run at all (the static
+    strategy on a store without member records). Besides the basics the record carries
+    the replicas' lags of ``warmup`` (a stateful processor) and, with
+    a ``load_policy``, the load measured over the partitions of ``table``.
+    """
+
+    def __init__(self, *, options: ProcessorOptions, store: OwnershipStore, reporter: Reporter, describe: str,
+                 on_fatal: Callable[[Exception], None], table: LeaseTable,
+                 warmup: Warmup | None = None) -> None:
+        self._options = options
+        self._store = store
+        self._reporter = reporter
+        self._describe = describe
+        self._on_fatal = on_fatal
+        self._clock: Clock = options.clock
+        self.state: bool | None = None
+        self.member: Member | None = None
+        self._warmup = warmup
+        self._load: LoadMeter | None = None
+        if options.load_policy is not None:
+            self._load = LoadMeter(table=table, clock_now=self._clock.monotonic,
+                                   utilization=options.load_policy.meter or CpuMeter())
+
+    @property
+    def load(self) -> MemberLoad | None:
+        """The load last measured and published (None when balancing by count or before
+        the first sample)."""
+        return self._load.current if self._load is not None else None
+
+    def record(self) -> Member:
+        options = self._options
+        properties = {"strategy": options.strategy.value, HANDOFF_PROPERTY: "1" if options.handoff_timeout else "0"}
+        if options.ordinal is not None:
+            properties[ORDINAL_PROPERTY] = str(options.ordinal)
+        if self._warmup is not None:
+            properties.update(self._warmup.member_properties())
+        if self._load is not None:
+            properties[LOAD_PROPERTY] = encode_load(self._load.sample())
+        return Member(*options.scope, options.owner_id, properties=properties)
+
+    async def join(self) -> None:
+        """Write the member record (once more each heartbeat)."""
+        if self.state is False:
+            return
+        try:
+            self.member = await self._store.write_member(self.record())
+            if not self.state:
+                logger.debug("processor %s joined (member record written)", self._describe)
+            self.state = True
+        except NotImplementedError:
+            self.state = False
+            if self._options.strategy is LoadBalancingStrategy.STATIC:
+                self._on_fatal(ConfigurationError(
+                    f"the static strategy needs a checkpoint store that keeps member records; "
+                    f"{type(getattr(self._store, 'inner', self._store)).__name__} does not"))
+            else:
+                logger.info("processor %s: %s keeps no member records; a processor that owns nothing claims one "
+                            "partition first to be seen", self._describe,
+                            type(getattr(self._store, "inner", self._store)).__name__)
+        except Exception as error:
+            report, _suppressed = self._reporter.throttle.failed("member")
+            if report:
+                logger.warning("processor %s: writing its member record failed: %r", self._describe, error)
+
+    async def run(self) -> None:
+        """Rewrite the member record every heartbeat, like a lease."""
+        timing = self._options.timing
+        while True:
+            if self.state is False:
+                return
+            await self.join()
+            await self._clock.sleep(timing.heartbeat if self.state else timing.renewal_retry)
+
+    def live(self, listing: MemberListing | None) -> dict[str, Mapping[str, str]] | None:
+        """The live member records (id -> properties), or None when the store keeps none."""
+        if not self.state or listing is None:
+            return None
+        live: dict[str, Mapping[str, str]] = {}
+        limit = self._options.timing.member_expiration
+        for member in listing.members:
+            modified = member.last_modified_time
+            if modified is not None and (listing.server_time - modified).total_seconds() <= limit:
+                live[member.owner_id] = dict(member.properties)
+        return live
+
+    async def leave(self) -> None:
+        """Delete the member record (a graceful stop)."""
+        if self.member is None:
+            return
+        try:
+            await self._store.delete_member(self.member)
+        except Exception as error:
+            logger.warning("processor %s: deleting its member record failed: %r; it expires instead",
+                           self._describe, error)
+        self.member = None
+        self.state = None

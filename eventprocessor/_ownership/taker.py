@@ -1,0 +1,437 @@
+"""Taker: one balancing tick, and the loop that runs it.
+
+A tick (:meth:`Taker.tick`): read the partition ids, list ownership and members in one
+store call, check the store's history, reconcile the lease table with the listing, ask
+the pure balancer (:func:`~eventprocessor._ownership.balancer.decide`) what to claim,
+ask owners for handoffs, then let the :class:`~eventprocessor._ownership.claimer.Claimer`
+write the claims (``BATCH`` per call), fence each won partition's checkpoint and report
+each won claim (``on_won``: the dispatcher starts its pump). The loop
+(:meth:`Taker.run`) ticks every ``load_balancing_interval``, jittered, sooner while
+waiting on a handoff, and backs off while store calls time out
+(:mod:`eventprocessor._runtime.backoff`).
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field, replace
+
+from .._runtime.backoff import Congestion, TickBackoff
+from .._runtime.bounded_store import BATCH, BoundedStore
+from .._runtime.clock import sleep_or_wake
+from .._runtime.options import ProcessorOptions
+from .._runtime.reporting import Reporter
+from .._runtime.stats import ProcessorStats
+from .._runtime.telemetry import Telemetry
+from ..errors import EventSourceError, StoreDataLostError
+from ..stores.records import Checkpoint, MemberListing, Ownership, OwnershipListing
+from .balancer import BalanceDecision, decide
+from .claimer import Claimer
+from .lease import Lease, LeaseState, Reconciliation, Snapshot
+from .lease_table import LeaseTable, sorted_ids
+from .load_plan import LOAD_PROPERTY, MemberLoad, decode_load
+from .membership import Membership
+from .store_history import StoreHistory
+from .warmup import Warmup
+from .writer import OwnershipWriter
+
+__all__ = ["Taker", "BalanceReport"]
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class BalanceReport:
+    """What one balancing tick did. For logs, tests and the convergence benchmark."""
+
+    owned: frozenset[str]
+    claimed: frozenset[str]
+    renewed: frozenset[str]
+    stolen: Mapping[str, str]
+    lost: frozenset[str]
+    failed_claims: frozenset[str]
+    requests: Mapping[str, int] = field(default_factory=dict)
+    error: Exception | None = None
+    duration: float = 0.0
+
+
+def _loads(members: Mapping[str, Mapping[str, str]] | None) -> dict[str, MemberLoad] | None:
+    """The loads live members published (those that published one)."""
+    if members is None:
+        return None
+    loads = {member: decode_load(properties.get(LOAD_PROPERTY)) for member, properties in members.items()}
+    return {member: load for member, load in loads.items() if load is not None}
+
+
+class Taker:
+    """Claims what the balancer says this processor should own.
+
+    ``on_won(lease, checkpoint)`` is called with each claim won and fenced, and the
+    checkpoint it resumes from (the dispatcher starts its pump). ``last_stall()`` says
+    when the event loop was last held by a handler (start, end), if it was: a tick that
+    overran names it as the cause."""
+
+    def __init__(self, *, options: ProcessorOptions, store: BoundedStore, writer: OwnershipWriter,
+                 table: LeaseTable, history: StoreHistory, membership: Membership,
+                 on_won: Callable[[Lease, Checkpoint | None], None],
+                 last_stall: Callable[[], tuple[float, float] | None], reporter: Reporter, stats: ProcessorStats,
+                 telemetry: Telemetry, describe: str, warmup: Warmup | None = None) -> None:
+        self._options = options
+        self._timing = options.timing
+        self._clock = options.clock
+        self._rng = options.rng
+        self._store = store
+        self._writer = writer
+        self._table = table
+        self._history = history
+        self._membership = membership
+        self._last_stall = last_stall
+        self._reporter = reporter
+        self._stats = stats
+        self._telemetry = telemetry
+        self._describe = describe
+        self._warmup = warmup
+        self.fatal: Exception | None = None
+        """The error that halted balancing (see :meth:`halt`), or None."""
+        self._wake = asyncio.Event()
+        self._store_answered = asyncio.Event()  # set by a prompt, successful store call while backing off
+        self._backoff = TickBackoff(interval=self._timing.interval,
+                                    cap=max(self._timing.interval, self._timing.expiration), rng=self._rng)
+        self._timeouts_seen = 0
+        self._listing_seconds: float | None = None  # how long the last tick's listing took (None: no answer)
+        self._partition_ids: list[str] | None = None  # the source's last answer
+        self._source_busy_until = float("-inf")  # a throttled hub's retry-after, on the local clock
+        self.requests_made: dict = {}
+        """Partition -> local time this processor asked its owner for it (a handoff)."""
+        self._claimer = Claimer(options=options, store=store, writer=writer, table=table, history=history,
+                                reporter=reporter, clock=self._clock, describe=describe, on_won=on_won,
+                                store_lost=self.store_lost)
+        store.observers.append(self._note_prompt_answer)
+
+    def wake(self) -> None:
+        """List now (a renewal lost its conditional write)."""
+        self._wake.set()
+
+    def halt(self, error: Exception) -> None:
+        """No claim can ever work (the factory does not make a ``PartitionProcessor``, the
+        static strategy without member records): say so once and stop balancing. The
+        processor's ``run()`` raises ``error``; its ``stop()`` stops the rest."""
+        if self.fatal is not None:
+            return
+        self.fatal = error
+        logger.error("processor %s: %s; stopping", self._describe, error)
+        self._reporter.report(error, [])
+        self.wake()
+
+    # ----------------------------------------------------------------- the loop
+    async def run(self) -> None:
+        """Tick until cancelled (or until the processor halts on a fatal error)."""
+        interval = self._timing.interval
+        if self._membership.state is None:
+            await self._membership.join()
+        while self.fatal is None:
+            self._wake.clear()
+            started = self._clock.monotonic()
+            try:
+                await self.tick()
+            except asyncio.CancelledError:
+                raise
+            except Exception as error:  # never let one bad tick end the loop
+                logger.exception("processor %s: load-balancing tick failed", self._describe)
+                self._reporter.report(error, [])
+            if self.fatal is not None:
+                return
+            elapsed = self._clock.monotonic() - started
+            pause = interval * self._rng.uniform(0.9, 1.1)
+            backed_off = self._back_off_if_store_timed_out()
+            if backed_off is not None:
+                # A saturated store drains only if its callers slow down. But a processor
+                # that owns nothing (its leases ran out in an outage) and sees a store call
+                # answered promptly meanwhile (a heartbeat) ticks within one jittered
+                # interval instead of waiting out the whole pause: the outage is over.
+                # (One that owns partitions keeps them through its renewals, and waits.)
+                self._store_answered.clear()
+                await sleep_or_wake(self._clock, backed_off - elapsed, self._store_answered)
+                if self._store_answered.is_set():
+                    await self._clock.sleep(interval * self._rng.uniform(0.0, 1.0))
+                continue
+            if self.requests_made:
+                # Waiting on a handoff: look again soon, to take the partition as soon as
+                # its owner writes it over (a few extra listings, during moves only).
+                pause = min(pause, interval / 4)
+            await sleep_or_wake(self._clock, pause - elapsed, self._wake)
+
+    def _note_prompt_answer(self, operation: str, seconds: float, error: BaseException | None) -> None:
+        # Runs after every store call: the cheap tests first; only a backing-off loop waits on it.
+        if self._backoff.backing_off and error is None and seconds < self._timing.store_timeout / 4 \
+                and not self._table.owned():
+            self._store_answered.set()
+
+    def _back_off_if_store_timed_out(self) -> float | None:
+        """After a tick: the pause before the next one while the store times out (see
+        :mod:`eventprocessor._runtime.backoff`), or None for the usual interval."""
+        timeouts = sum(self._store.timeouts.values())
+        timed_out = timeouts - self._timeouts_seen
+        self._timeouts_seen = timeouts
+        level = self._backoff.level
+        seen = Congestion.of(timed_out=timed_out > 0, listing_seconds=self._listing_seconds,
+                             store_timeout=self._timing.store_timeout)
+        pause = self._backoff.after_tick(seen)
+        self._stats.backoff_level = self._backoff.level
+        if pause is None:
+            if level:
+                logger.warning("processor %s: the checkpoint store answers in time again; balancing every %g s "
+                               "again", self._describe, self._timing.interval)
+            return None
+        self._stats.backed_off_ticks += 1
+        self._telemetry.backed_off()
+        if self._backoff.level > level:
+            logger.warning(
+                "processor %s: %d checkpoint-store call(s) timed out since the last tick (its listing: %s; "
+                "store_timeout=%g s): the store is saturated or unreachable. Backing off so that it can drain: "
+                "the next tick in %.1f s "
+                "instead of %g s (level %d of %d), claiming at most %d partitions per tick; renewals keep "
+                "their own schedule. If this persists, the store cannot serve this many processors and partitions "
+                "at this interval: raise load_balancing_interval (docs/concepts/timing.md, \"Sizing\").",
+                self._describe, timed_out,
+                "no answer" if self._listing_seconds is None else f"answered in {self._listing_seconds:.1f} s",
+                self._timing.store_timeout, pause, self._timing.interval, self._backoff.level,
+                self._backoff.max_level, BATCH)
+        return pause
+
+    # ----------------------------------------------------------------- one tick
+    async def tick(self) -> BalanceReport:
+        """Run one load-balancing tick: list, reconcile, decide, claim, fence, start pumps.
+
+        Store and source failures are logged (first at once, then at a bounded rate) and
+        reported to ``error_handler``; the processor keeps running, and its leases are
+        kept by the renewer or run out on their own if the store stays unreachable.
+        """
+        stats = self._stats
+        stats.ticks += 1
+        started = self._clock.monotonic()
+        report = await self._tick()
+        duration = self._clock.monotonic() - started
+        stats.last_tick_duration = duration
+        stats.max_tick_duration = max(stats.max_tick_duration, duration)
+        stats.claims_won += len(report.claimed)
+        stats.claims_lost += len(report.failed_claims)
+        stats.steals += len(report.stolen)
+        self._telemetry.tick(duration, duration > self._timing.interval)
+        self._telemetry.claims_lost_race(len(report.failed_claims))
+        if duration > self._timing.interval:
+            self._overran(started, duration)
+        return replace(report, duration=duration)
+
+    def _overran(self, started: float, duration: float) -> None:
+        self._stats.overruns += 1
+        now = self._clock.monotonic()
+        stall = self._last_stall()
+        if stall is not None and stall[1] > started:
+            cause = (f"the event loop was blocked for {stall[1] - stall[0]:.1f} s during it by a handler (see the "
+                     "warning about it)")
+        else:
+            cause = ("the store or this machine's CPU cannot keep up with this many partitions and processors "
+                     "per process; raise the interval or run fewer processors per process")
+        overdue = sorted_ids(lease.partition_id for lease in self._table.in_state(LeaseState.OWNED)
+                             if lease.renew_at < now - self._timing.renewal_retry)
+        leases = (f"the renewals of partitions {overdue} are overdue" if overdue
+                  else "leases are renewed apart from ticks and none is overdue")
+        logger.warning(
+            "processor %s: a load-balancing tick took %.2f s, longer than load_balancing_interval=%g s "
+            "(expiration %g s, %d partitions owned): %s. Balancing is slower than configured: %s.",
+            self._describe, duration, self._timing.interval, self._timing.expiration, len(self._table), leases,
+            cause)
+
+    async def _tick(self) -> BalanceReport:
+        table = self._table
+        owned_before = table.owned()
+        partition_ids = await self._read_partition_ids()
+        if isinstance(partition_ids, Exception):
+            return self._empty_report(error=partition_ids)
+        listed = await self._list()
+        if isinstance(listed, Exception):
+            return self._empty_report(error=listed)
+        listing, member_listing, snapshot, seen_before = listed
+        self._check_store_history(listing, seen_before)
+        reconciliation = table.reconcile(snapshot)
+        lost = owned_before - table.owned()
+        decision = self._decide(listing, member_listing, partition_ids)
+        await self._ask_for_handoffs(decision)
+        claims, adoptions = self._claims_to_write(decision, reconciliation, snapshot, partition_ids)
+        won, failed, claim_error = await self._claimer.take(claims, adoptions)
+        claimed, stolen = self._say_won(won, {r.partition_id for r in adoptions}, decision)
+        requests = {"list_ownership": 1, "claim_ownership": len(claims) + len(adoptions)}
+        return BalanceReport(owned=table.owned(), claimed=claimed, renewed=frozenset(), stolen=stolen,
+                             lost=frozenset(lost), failed_claims=frozenset(failed), requests=requests,
+                             error=claim_error)
+
+    async def _read_partition_ids(self) -> list[str] | EventSourceError:
+        """The source's partition ids (while a throttled hub asked to be left alone, the
+        ones it last gave), or the error that reading them raised, reported."""
+        source = self._options.source
+        if self._clock.monotonic() < self._source_busy_until and self._partition_ids is not None:
+            return self._partition_ids  # the hub asked to be left alone (server busy): the ids it gave
+        try:
+            partition_ids = await source.get_partition_ids()
+        except Exception as error:
+            failure = error if isinstance(error, EventSourceError) else EventSourceError(
+                f"reading the partition ids of {source.fully_qualified_namespace}/{source.eventhub_name} "
+                f"failed: {error!r}", fully_qualified_namespace=source.fully_qualified_namespace,
+                eventhub_name=source.eventhub_name)
+            if failure.retry_after:
+                self._source_busy_until = self._clock.monotonic() + failure.retry_after
+            self._reporter.tick_failed("source", failure)
+            return failure
+        self._partition_ids = list(partition_ids)
+        self._reporter.tick_recovered("source")
+        return partition_ids
+
+    async def _list(self) -> tuple[OwnershipListing, MemberListing | None, Snapshot, dict[str, int]] | Exception:
+        """List ownership and members in one store call: the listings, the snapshot the
+        lease table is reconciled with, and the epochs known when the listing was sent.
+        Or the error the listing raised, reported."""
+        listed_at = self._clock.monotonic()
+        # A slow listing shows the store as it was when it was sent: compare it with the
+        # epochs known then, not with what this processor wrote meanwhile (a handoff).
+        seen_before = self._history.epochs()
+        self._listing_seconds = None
+        try:
+            listing, member_listing = await self._store.list_ownership_and_members(*self._options.scope)
+        except Exception as error:
+            self._reporter.tick_failed("store", error)
+            return error
+        self._listing_seconds = self._clock.monotonic() - listed_at
+        self._reporter.tick_recovered("store")
+        snapshot = Snapshot(records={r.partition_id: r for r in listing.ownerships}, server_time=listing.server_time,
+                            sent_at=listed_at, unreadable=frozenset(u.partition_id for u in listing.unreadable))
+        return listing, member_listing, snapshot, seen_before
+
+    def _decide(self, listing: OwnershipListing, member_listing: MemberListing | None,
+                partition_ids: list[str]) -> BalanceDecision:
+        """Ask the pure balancer what to claim and whom to ask for a handoff."""
+        options, source, warmup = self._options, self._options.source, self._warmup
+        now = self._clock.monotonic()
+        members = self._membership.live(member_listing)
+        preferred = warmup.plan(listing, members, self._table.held()) if warmup is not None else None
+        return decide(
+            listing, partition_ids, options.owner_id,
+            fully_qualified_namespace=source.fully_qualified_namespace, eventhub_name=source.eventhub_name,
+            consumer_group=options.consumer_group, strategy=options.strategy,
+            expiration_interval=self._timing.expiration, rng=self._rng,
+            members=members, balance_factor=options.balance_factor, preferred=preferred,
+            load_policy=options.load_policy, loads=_loads(members) if options.balance_by_load else None,
+            handoff_timeout=options.handoff_timeout,
+            requests_made={pid: now - at for pid, at in self.requests_made.items()},
+            replica_count=options.replica_count,
+        )
+
+    def _claims_to_write(self, decision: BalanceDecision, reconciliation: Reconciliation, snapshot: Snapshot,
+                         partition_ids: list[str]) -> tuple[list[Ownership], list[Ownership]]:
+        """The claims (above every epoch seen, one batch while backing off, plus reclaims
+        after a store lost data) and the adoptions of records that name this processor."""
+        held = self._table.held()
+        claims = [self._history.above_seen(c) for c in decision.claims if c.partition_id not in held]
+        if self._backoff.backing_off:
+            claims = claims[:BATCH]  # one batch at a time while the store drains
+        claims += self._reclaims_after_store_loss(reconciliation, snapshot, held | {c.partition_id for c in claims},
+                                                  partition_ids)
+        adoptions = [r for r in reconciliation.adopt if r.partition_id not in held]
+        if self._warmup is not None:
+            self._warmup.claiming({r.partition_id for r in claims + adoptions})
+        return claims, adoptions
+
+    def _say_won(self, won: list[str], adopted: set[str], decision: BalanceDecision
+                 ) -> tuple[frozenset[str], dict[str, str]]:
+        """One ownership-change line per partition won, saying how; returns the partitions
+        claimed (not adopted) and those stolen, from whom."""
+        table = self._table
+        claimed = frozenset(won) - adopted
+        self._stats.adopted += len(set(won) & adopted)
+        stolen = {pid: owner for pid, owner in decision.stolen_from.items() if pid in claimed}
+        expired = set(decision.expired)
+        for pid in sorted_ids(won):
+            lease = table.get(pid)
+            epoch = lease.epoch if lease is not None else 0
+            if pid in adopted:
+                table.changed("adopted", pid, epoch, "the record names this processor (handed over to it, or a "
+                                                     "claim whose answer was lost)")
+            elif pid in stolen:
+                table.changed("stolen", pid, epoch, f"taken from {stolen[pid]} to balance the load")
+            elif pid in expired:
+                table.changed("expired", pid, epoch, "its previous owner's record had expired")
+            else:
+                table.changed("claimed", pid, epoch, "it had no owner")
+        return claimed, stolen
+
+    def _empty_report(self, *, error: Exception) -> BalanceReport:
+        return BalanceReport(self._table.owned(), frozenset(), frozenset(), {}, frozenset(), frozenset(),
+                             requests={}, error=error)
+
+    # ----------------------------------------------------------------- store history
+    def _check_store_history(self, listing: OwnershipListing, seen_before: Mapping[str, int]) -> None:
+        found = self._history.check(listing, seen_before, held={lease.partition_id for lease in self._table},
+                                    ended_at=self._table.ended_at, now=self._clock.monotonic(),
+                                    expiration=self._timing.expiration)
+        if found is not None:
+            self.store_lost(*found)
+
+    def store_lost(self, what: str, partition_ids: list[str]) -> None:
+        """Report that the store lost data (records or checkpoints seen before)."""
+        options = self._options
+        error = StoreDataLostError(
+            f"checkpoint store data loss on {options.source.eventhub_name}/{options.consumer_group}: {what}. The "
+            "store was restored, wiped or restarted empty; partitions whose checkpoints are gone restart from "
+            + ("the last checkpoint this processor knew (refuse_checkpoint_rewind=True)" if options.refuse_rewind
+               else "initial_event_position, so their events are processed again"),
+            partition_ids=tuple(partition_ids))
+        logger.error("processor %s: %s", self._describe, error)
+        self._stats.store_data_lost += 1
+        affected = [lease for lease in (self._table.get(pid) for pid in partition_ids) if lease is not None]
+        self._reporter.report(error, affected, to_every_handler=not affected)
+
+    def _reclaims_after_store_loss(self, reconciliation: Reconciliation, snapshot: Snapshot, taken: set[str],
+                                   partition_ids: Iterable[str]) -> list[Ownership]:
+        """With ``refuse_checkpoint_rewind``, a partition whose record vanished from under
+        this processor's lease is claimed back by it at once (it notices first, through
+        its failing renewal), so that the checkpoint it knew is the one restored; the
+        balance is restored later by handoffs."""
+        if not self._options.refuse_rewind:
+            return []
+        existing = set(partition_ids)
+        mine = self._history.take_lost_mine(reconciliation.store_lost)
+        scope = self._options.scope
+        return [self._history.above_seen(Ownership(*scope, pid, self._options.owner_id, epoch=1))
+                for pid in sorted_ids(mine)
+                if pid not in taken and pid in existing and pid not in snapshot.records
+                and pid not in snapshot.unreadable and self._history.known_checkpoint(pid) is not None]
+
+    # ----------------------------------------------------------------- handoffs
+    async def _ask_for_handoffs(self, decision: BalanceDecision) -> None:
+        """Mark records as requested by this processor (their owners hand them over), and
+        remember when, to steal only if an owner does not answer within handoff_timeout.
+        A stateful partition is asked for only once its state is warm here (KIP-441)."""
+        requests: Iterable[Ownership] = decision.handoff_requests
+        if self._warmup is not None:
+            self._warmup.want({r.partition_id for r in requests} | set(decision.awaiting_handoff))
+            requests = [r for r in requests if self._warmup.ready(r.partition_id)]
+        pending = set(decision.awaiting_handoff)
+        for pid in list(self.requests_made):
+            if pid not in pending:
+                del self.requests_made[pid]
+        asks = list(requests)
+        if not asks:
+            return
+        now = self._clock.monotonic()
+        written = await self._writer.write(asks)
+        if not written.answered:
+            logger.warning("processor %s: asking for partitions %s failed: %r", self._describe,
+                           sorted_ids(r.partition_id for r in asks), written.error)
+            return
+        for record in written.won:
+            self.requests_made.setdefault(record.partition_id, now)
+            self._stats.handoffs_requested += 1
+        if written.won:
+            logger.info("processor %s asked for partitions %s (owners: %s)", self._describe,
+                        sorted_ids(r.partition_id for r in written.won), sorted({r.owner_id for r in written.won}))

@@ -1,0 +1,73 @@
+"""OwnershipWriter: the one place ownership records are written.
+
+Claims, adoptions, renewals, handoff requests, releases and the sweep at stop are all
+conditional writes of ownership records (``claim_ownership``). Each write has three
+possible outcomes per record, and every caller needs them told apart the same way:
+
+* **won**: the store accepted it (the record as stored, with its new etag);
+* **lost**: the condition failed (409/412): someone else wrote the record first;
+* **failed**: the store did not say (an error, a time-out): whether the write landed
+  is unknown, which every caller treats as "not won".
+"""
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from ..errors import ClaimOwnershipError
+from ..stores.contract import OwnershipStore
+from ..stores.records import Ownership
+
+__all__ = ["OwnershipWriter", "Written"]
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class Written:
+    """The outcome of one write of several ownership records."""
+
+    won: list[Ownership] = field(default_factory=list)
+    lost: set[str] = field(default_factory=set)
+    failed: dict[str, Exception] = field(default_factory=dict)
+    error: Exception | None = None
+    """The call's error, when the store raised (``failed`` then names the records)."""
+    answered: bool = True
+    """False when the store did not answer at all (nothing is known of any record)."""
+
+    @property
+    def won_ids(self) -> set[str]:
+        return {record.partition_id for record in self.won}
+
+    def by_partition(self) -> dict[str, Ownership]:
+        return {record.partition_id: record for record in self.won}
+
+
+class OwnershipWriter:
+    """Writes ownership records through ``store`` and sorts the outcome.
+
+    Example::
+
+        written = await OwnershipWriter(store).write([claim])
+        if claim.partition_id in written.won_ids: ...
+    """
+
+    def __init__(self, store: OwnershipStore) -> None:
+        self._store = store
+
+    async def write(self, records: Iterable[Ownership]) -> Written:
+        batch = list(records)
+        if not batch:
+            return Written()
+        try:
+            won = await self._store.claim_ownership(batch)
+        except ClaimOwnershipError as error:
+            won_ids = {record.partition_id for record in error.claimed}
+            failed = {pid: failure for pid, failure in error.failures.items()}
+            lost = {r.partition_id for r in batch if r.partition_id not in won_ids and r.partition_id not in failed}
+            return Written(list(error.claimed), lost, failed, error)
+        except Exception as error:
+            return Written([], set(), {record.partition_id: error for record in batch}, error, answered=False)
+        won_ids = {record.partition_id for record in won}
+        return Written(list(won), {r.partition_id for r in batch if r.partition_id not in won_ids})

@@ -1,0 +1,290 @@
+"""EventProcessor: balances partitions with its peers and runs one pump per partition.
+
+A small façade over parts with one job each, built and wired by
+:func:`~eventprocessor._assembly.assemble`, all started and stopped by one task scope
+(:class:`~eventprocessor._runtime.tasks.TaskScope`):
+
+* :class:`~eventprocessor._ownership.taker.Taker`: one balancing tick every
+  ``load_balancing_interval`` (list, reconcile, decide, claim, fence);
+* :class:`~eventprocessor._ownership.lease_table.LeaseTable`: the leases, and the only code that
+  changes one;
+* :class:`~eventprocessor._delivery.dispatcher.Dispatcher`: one
+  :class:`~eventprocessor._delivery.pump.PartitionPump` per owned claim, where all user code runs;
+* :class:`~eventprocessor._ownership.renewer.LeaseRenewer`: rewrites each owned record once it is
+  ``ownership_renewal_age`` old, on its own schedule;
+* :class:`~eventprocessor._ownership.releaser.Releaser`: writes ended claims' records over (release
+  or handoff) and sweeps up at stop;
+* :class:`~eventprocessor._ownership.membership.Membership`: the heartbeat record;
+* :class:`~eventprocessor._delivery.watchdog.Watchdog`: ends leases on time, watches handlers and
+  the event loop.
+
+Every store call is bounded by ``store_timeout`` (:class:`~eventprocessor._runtime.bounded_store.
+BoundedStore`). Leases are measured on the local monotonic clock from the moment the
+write the store accepted was *sent*, and end ``expiration - safety margin`` later, before
+any other processor could judge the record expired on the store's clock (self-fencing).
+The timing model and how to size it are in docs/concepts/timing.md.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+from collections.abc import Iterable, Mapping
+from types import TracebackType
+from typing import Any
+
+from ._assembly import assemble
+from ._delivery.pump import PartitionPump
+from ._ownership.lease import LeaseState
+from ._ownership.lease_table import OWNERSHIP_LOG_FIELDS, OWNERSHIP_REASONS
+from ._ownership.load_plan import MemberLoad
+from ._ownership.taker import BalanceReport
+from ._runtime.bounded_store import BoundedStore
+from ._runtime.clock import Clock
+from ._runtime.options import ErrorHandler, PartitionProcessorFactory, ProcessorOptions
+from ._runtime.stats import ProcessorStats
+from ._runtime.timing import Timing
+from .events import EventPosition
+from .policies import FailurePolicy, HandlerExecutor, LoadBalancingStrategy, LoadPolicy, StatePolicy
+from .sources.base import EventSource
+from .stores.contract import CheckpointStore
+
+__all__ = ["EventProcessor", "BalanceReport", "Timing", "ProcessorStats", "OWNERSHIP_LOG_FIELDS", "OWNERSHIP_REASONS"]
+
+logger = logging.getLogger(__name__)
+
+
+class EventProcessor:
+    """Consumes the partitions this process owns, balancing ownership with its peers.
+
+    Example::
+
+        class Printer(PartitionProcessor):
+            async def process_events(self, events, context):
+                for event in events:
+                    print(context.partition_id, event.sequence_number, event.body_as_str())
+                await context.update_checkpoint()
+
+        source = InMemoryEventSource(8)
+        async with EventProcessor(source, InMemoryCheckpointStore(), Printer):
+            await asyncio.sleep(30)
+
+    The timing arguments and how to size them are described in docs/concepts/timing.md and
+    in :class:`Timing`, which :attr:`timing` returns.
+    """
+
+    def __init__(
+        self,
+        source: EventSource,
+        checkpoint_store: CheckpointStore,
+        partition_processor: PartitionProcessorFactory,
+        *,
+        consumer_group: str = "$default",
+        owner_id: str | None = None,
+        load_balancing_strategy: LoadBalancingStrategy | str = LoadBalancingStrategy.GREEDY,
+        load_balancing_interval: float = 15.0,
+        partition_ownership_expiration_interval: float = 75.0,
+        ownership_renewal_age: float | None = None,
+        store_timeout: float | None = None,
+        shutdown_timeout: float = 30.0,
+        handler_timeout: float | None = 60.0,
+        initial_event_position: EventPosition | Mapping[str, EventPosition] = EventPosition.earliest(),
+        default_event_position: EventPosition = EventPosition.earliest(),
+        override_checkpoints: bool | Iterable[str] = False,
+        refuse_checkpoint_rewind: bool = False,
+        max_batch_size: int = 300,
+        max_wait_time: float | None = None,
+        prefetch: int = 300,
+        track_last_enqueued_event_properties: bool = False,
+        handler_executor: HandlerExecutor = None,
+        failure_policy: FailurePolicy = FailurePolicy(),
+        handoff_timeout: float | None = 30.0,
+        balance_factor: int = 1,
+        ordinal: int | None = None,
+        replica_count: int | None = None,
+        load_policy: LoadPolicy | None = None,
+        stateful: bool | StatePolicy = False,
+        error_handler: ErrorHandler | None = None,
+        clock: Clock | None = None,
+        rng: random.Random | None = None,
+        meter_provider: Any = None,
+        tracer_provider: Any = None,
+    ) -> None:
+        """The common options are flat; three groups are policy objects
+        (:mod:`eventprocessor.policies`): ``failure_policy`` (retries and poison events),
+        ``load_policy`` (balance by measured load; None: by partition counts) and
+        ``stateful`` (True, or a :class:`StatePolicy` with warm standbys)."""
+        options = self._options = ProcessorOptions.validate(
+            source, checkpoint_store, partition_processor, consumer_group=consumer_group, owner_id=owner_id,
+            load_balancing_strategy=load_balancing_strategy, load_balancing_interval=load_balancing_interval,
+            partition_ownership_expiration_interval=partition_ownership_expiration_interval,
+            ownership_renewal_age=ownership_renewal_age, store_timeout=store_timeout,
+            shutdown_timeout=shutdown_timeout, handler_timeout=handler_timeout,
+            initial_event_position=initial_event_position, default_event_position=default_event_position,
+            override_checkpoints=override_checkpoints, refuse_checkpoint_rewind=refuse_checkpoint_rewind,
+            max_batch_size=max_batch_size, max_wait_time=max_wait_time, prefetch=prefetch,
+            track_last_enqueued_event_properties=track_last_enqueued_event_properties,
+            handler_executor=handler_executor, failure_policy=failure_policy, handoff_timeout=handoff_timeout,
+            balance_factor=balance_factor, ordinal=ordinal, replica_count=replica_count, load_policy=load_policy,
+            stateful=stateful, error_handler=error_handler, clock=clock, rng=rng)
+        self._parts = parts = assemble(options, checkpoint_store, meter_provider=meter_provider,
+                                       tracer_provider=tracer_provider)
+        self._scope, self._table = parts.scope, parts.table  # the two the façade reads most
+
+    def __repr__(self) -> str:
+        return (f"EventProcessor(owner_id={self.owner_id!r}, eventhub_name={self._options.source.eventhub_name!r}, "
+                f"consumer_group={self._options.consumer_group!r}, strategy={self._options.strategy.value})")
+
+    # ----------------------------------------------------------------- reading
+    @property
+    def owner_id(self) -> str:
+        return self._options.owner_id
+
+    @property
+    def timing(self) -> Timing:
+        """The timing model in effect (see :class:`Timing`)."""
+        return self._options.timing
+
+    @property
+    def owned_partitions(self) -> frozenset[str]:
+        """The partitions this processor may dispatch right now (claim owned, lease valid)."""
+        return self._table.owned()
+
+    @property
+    def leases(self) -> Mapping[str, LeaseState]:
+        """The state of every lease this processor holds, by partition."""
+        return self._table.states()
+
+    @property
+    def ticks(self) -> int:
+        return self._parts.stats.ticks
+
+    @property
+    def overruns(self) -> int:
+        return self._parts.stats.overruns
+
+    @property
+    def stats(self) -> ProcessorStats:
+        """Counters: ticks and overruns, claims, renewals, self-fenced leases, ..."""
+        stats, renewer = self._parts.stats, self._parts.renewer
+        stats.renewals, stats.failed_renewals = renewer.renewals, renewer.failed_renewals
+        return stats
+
+    @property
+    def is_running(self) -> bool:
+        return self._scope.running("taker")
+
+    @property
+    def store_calls(self) -> BoundedStore:
+        """The bounded store wrapper: call counts, failures, time-outs and latency."""
+        return self._parts.store
+
+    @property
+    def membership(self) -> bool | None:
+        """Whether the store keeps this processor's member record (None: not known yet)."""
+        return self._parts.membership.state
+
+    @property
+    def load(self) -> MemberLoad | None:
+        """The load this processor last measured and published in its member record
+        (with a ``load_policy``; None before the first sample, or when balancing by count).
+
+        Example::
+
+            processor.load   # MemberLoad(utilization=0.42, partitions={"3": PartitionLoad(120.5, ...)})
+        """
+        return self._parts.membership.load
+
+    def pump(self, partition_id: str) -> PartitionPump | None:
+        return self._parts.dispatcher.pump(partition_id)
+
+    def lag(self) -> dict[str, int | None]:
+        """Events behind per owned partition: the newest enqueued sequence number minus
+        the last delivered one (None until known; needs
+        ``track_last_enqueued_event_properties=True``)."""
+        return self._parts.dispatcher.lag()
+
+    # ----------------------------------------------------------------- life cycle
+    async def start(self, *, balancing: bool = True) -> None:
+        """Start balancing, renewing and processing in the background. Idempotent.
+
+        ``balancing=False`` starts everything but the balancing loop, for a driver that
+        ticks :meth:`balance_once` itself (a test or a simulation that counts ticks);
+        call :meth:`join` first."""
+        if self.is_running or self._scope.running("renewer"):
+            return
+        parts, scope = self._parts, self._scope
+        if balancing:
+            scope.start_loop("taker", parts.taker.run())
+        scope.start_loop("renewer", parts.renewer.run())
+        scope.start_loop("leases", parts.watchdog.run_leases())
+        scope.start_loop("stall-probe", parts.watchdog.run_stall_probe())
+        scope.start_loop("heartbeat", parts.membership.run())
+        if parts.warmup is not None:
+            scope.start_loop("warmup", parts.warmup.run())
+        logger.info("processor %s started on %s/%s/%s", self.owner_id, *self._options.scope)
+
+    async def join(self) -> None:
+        """Write this processor's member record now (a driver of :meth:`balance_once`
+        does it before the first tick, as the balancing loop does)."""
+        await self._parts.membership.join()
+
+    async def balance_once(self) -> BalanceReport:
+        """Run one load-balancing tick (see :class:`~eventprocessor._ownership.taker.Taker`)."""
+        return await self._parts.taker.tick()
+
+    async def stop(self, *, release: bool = True) -> None:
+        """Stop within ``shutdown_timeout`` plus one ``store_timeout``.
+
+        Balancing stops at once; every pump finishes the batch it is in and calls
+        ``close(SHUTDOWN)`` while the renewer keeps the leases fresh. A pump still busy
+        after ``shutdown_timeout`` is cancelled and logged. Then each partition whose pump
+        is gone is released (cleared, conditional on the etag) so others can claim it at
+        once; one whose pump would not end is left to expire. ``release=False`` leaves
+        every record to expire, as a crash would.
+        """
+        parts, table, scope = self._parts, self._table, self._scope
+        timing, clock = self._options.timing, self._options.clock
+        await scope.stop_loop("taker")
+        started = clock.monotonic()
+        table.end_all(release=release)
+        left_to_expire = await parts.dispatcher.drain(timing.shutdown_timeout)  # cancels pumps that hang
+        for name in ("renewer", "leases", "heartbeat", "stall-probe", "warmup"):
+            await scope.stop_loop(name)
+        table.reconcile()
+        await parts.releaser.wait()  # release writes, each bounded by store_timeout
+        table.forget_released()
+        if release:  # the sweep within the documented bound, or not at all
+            remaining = started + timing.shutdown_timeout + timing.store_timeout - clock.monotonic()
+            await parts.releaser.sweep(left_to_expire, within=remaining)
+            await parts.membership.leave()
+        await scope.close()
+        logger.info("processor %s stopped in %.2f s (released=%s)", parts.describe, clock.monotonic() - started,
+                    release)
+
+    async def run(self) -> None:
+        """Run until cancelled, then stop gracefully (releasing ownership).
+
+        Raises the configuration error that stopped the processor by itself, if one did
+        (a factory that does not return a ``PartitionProcessor``)."""
+        await self.start()
+        taker = self._scope.loop("taker")
+        try:
+            if taker is not None:
+                await asyncio.shield(taker)
+        except asyncio.CancelledError:
+            if self._parts.taker.fatal is None:
+                raise
+        finally:
+            await self.stop()
+        if self._parts.taker.fatal is not None:
+            raise self._parts.taker.fatal
+
+    async def __aenter__(self) -> EventProcessor:
+        await self.start()
+        return self
+
+    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                        tb: TracebackType | None) -> None:
+        await self.stop()
+
