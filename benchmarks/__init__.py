@@ -1,2 +1,4 @@
-"""Runnable benchmarks. Each module has ``main(argv=None) -> int`` and records its
-results in ``benchmarks/RESULTS.md`` through :func:`benchmarks.results.write_section`."""
+"""Runnable benchmarks. Each is a program, ``benchmarks/<name>.py`` or (when it is large) the
+package ``benchmarks/<name>/``, with ``main(argv=None, prog=None) -> int`` built on
+:mod:`benchmarks.toolkit`, and records its results in its own section of
+``benchmarks/RESULTS.md`` (``docs/benchmarks/index.md``)."""

@@ -32,7 +32,6 @@ import argparse
 import asyncio
 import logging
 import multiprocessing
-import os
 import random
 import sys
 import time
@@ -43,8 +42,7 @@ from eventprocessor import EventProcessor, PartitionProcessor
 from eventprocessor.sources import InMemoryEventSource
 from eventprocessor.stores import InMemoryCheckpointStore
 
-from . import program
-from .results import machine_line
+from .toolkit import program, services
 
 __all__ = ["main", "skewed_keys", "measure"]
 
@@ -170,7 +168,7 @@ async def _processes(args: argparse.Namespace, hub_conn: str, storage_conn: str,
     from azure.eventhub.aio import EventHubProducerClient
 
     from harness.concurrency_worker import spawn
-    from harness.worker_process import create_container
+    from harness.worker import create_container
 
     hub, container, events, n, batch = "concurrency", "concurrency", args.process_events, 64, 10
     await create_container(storage_conn, container)
@@ -214,16 +212,6 @@ async def _processes(args: argparse.Namespace, hub_conn: str, storage_conn: str,
             "events": events}
 
 
-def _config(path: str, partitions: int) -> str:
-    import json
-
-    with open(path, "w") as handle:
-        json.dump({"UserConfig": {"NamespaceConfig": [{"Type": "EventHub", "Name": "emulatorns1", "Entities": [
-            {"Name": "concurrency", "PartitionCount": str(partitions),
-             "ConsumerGroups": [{"Name": "$default"}]}]}]}}, handle)
-    return path
-
-
 def _targets(sleep: dict[str, float], http: dict[str, float], args: argparse.Namespace) -> list[str]:
     """The issue's targets, each with the figure of this run and whether it holds."""
     limit = args.partitions * 64 / args.latency
@@ -246,9 +234,8 @@ def _table(kind: str, found: dict[str, float], args: argparse.Namespace) -> list
     return lines
 
 
-def _run(args: argparse.Namespace, command: str) -> int:
+def _run(args: argparse.Namespace, run: program.Run) -> int:
     logging.basicConfig(level=logging.WARNING)
-    load_before = os.getloadavg()[0]
     receive, send = multiprocessing.Pipe(duplex=False)
     server = multiprocessing.get_context("spawn").Process(target=_serve, args=(send,), daemon=True)
     server.start()
@@ -260,23 +247,21 @@ def _run(args: argparse.Namespace, command: str) -> int:
         server.join()
     rows = None
     if not args.no_processes:
-        from . import services
-
-        rows = services.with_azurite_and_emulator(
-            "concurrency", args.log_dir, lambda path: _config(path, args.partitions),
-            lambda hub, storage, log_dir: asyncio.run(_processes(args, hub, storage, log_dir)))
+        with services.logs("concurrency", args.log_dir) as log_dir, \
+                services.azurite_and_emulator(hubs={"concurrency": args.partitions}) as (emulator, azurite):
+            rows = asyncio.run(_processes(args, emulator.connection_string, azurite.connection_string, log_dir))
     sleep, http = results["sleep"], results["http"]
     lines = [
         "## Many events in flight per partition (`concurrency`)",
         "",
-        f"Command: `{command}`. {machine_line()}",
+        run.header(),
         "",
         f"{args.partitions} partitions; {args.events:,} events for ours ({max(2000, args.events // 5):,} for gather, "
         f"{max(400, args.events // 40):,} sequential) over {args.keys:,} keys, Zipf-like exponent {args.skew} (the "
         f"hottest key {_top_share(args):.2%} of the events: its events run in turn); each "
         f"event waits {args.latency * 1000:g} ms on I/O, one in {args.slow_every} waits {args.slow:g} s. Events/s "
         f"from 10 % to 90 % of the events done (the steady state); ours with `ordering=\"key\"`, (x of the "
-        f"limit). Machine load (1-minute average) {load_before:.1f} before, {os.getloadavg()[0]:.1f} after.",
+        f"limit).",
         "",
         "| handler I/O | sequential | gather per batch of 100 | ours, 16 in flight | ours, 64 | ours, 256 | "
         "limit: partitions x N / latency |",
@@ -301,7 +286,7 @@ def _run(args: argparse.Namespace, command: str) -> int:
             f"{rows['acked_again']} | {rows['lost']} |",
             f"| planned move (a process joins, another leaves) | {rows['moved_twice']} | - | 0 | - | - |",
         ]
-    program.report("concurrency", "\n".join(lines), args.record)
+    run.report("\n".join(lines))
     return 0
 
 
@@ -319,12 +304,12 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     parser.add_argument("--no-processes", action="store_true", help="leave out the crash and planned-move rows")
     parser.add_argument("--log-dir", help="keep the workers' logs here")
 
-    def body(args: argparse.Namespace) -> int:
+    def body(args: argparse.Namespace, run: program.Run) -> int:
         if args.events < 1000 or args.partitions < 2 or args.partitions % 2:
             parser.error("--events must be at least 1000 and --partitions an even number of at least 2")
-        return _run(args, program.recorded_command("concurrency", argv))
+        return _run(args, run)
 
-    return program.run(parser, body, argv)
+    return program.run("concurrency", parser, body, argv)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -8,14 +8,15 @@ type is what arrives from the wire) and puts it beside:
 * a floor: a loop that only reads the fields an event needs (body, sequence number,
   offset, enqueued time, partition key, application and AMQP properties) into a tuple,
   with no conversion and no object of its own;
-* the previous ``message_to_event`` (before events carried their AMQP body type; kept
-  below, verbatim but for its name, so both run on the same machine in the same rounds);
 * the peer: what azure-eventhub builds per received event, ``EventData._from_message``.
 
-The headline is the single-data-section message (the usual event, and the hot path);
-the other body types (several data sections, a sequence, a value) are shown for
-reference against the peer. Rounds alternate the order of the contestants; the median
-of the rounds is reported with their range. Run::
+Before timing, the program checks that both conversions agree on every message it
+times (``message_to_event`` gives what ``to_event`` makes of azure-eventhub's
+``EventData``). The headline is the single-data-section message (the usual event, and
+the hot path), as the per-round ratio of ``message_to_event`` to the peer; the other
+body types (several data sections, a sequence, a value) are shown for reference. Rounds
+alternate the order of the contestants; the median of the rounds is reported with their
+range. Run::
 
     python -m benchmarks.decode --record
     python -m benchmarks.decode --events 2000 --rounds 2     # smoke, printed only
@@ -23,27 +24,24 @@ of the rounds is reported with their range. Run::
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import gc
 import logging
-import os
-import statistics
 import sys
 import time
 from collections.abc import Callable
-from datetime import datetime, timezone
 from typing import Any
 
-from eventprocessor.events import Event
 from eventprocessor.sources import eventhub as eventhub_source
 
-from . import program
-from .results import machine_line
+from .toolkit import program
+from .toolkit.report import median, median_range, table, value_range
 
-__all__ = ["main", "received_messages", "measure", "previous_message_to_event", "check_inputs"]
+__all__ = ["main", "received_messages", "measure", "check_inputs"]
 
 logger = logging.getLogger(__name__)
 
+SHAPES = {"data": "one data section", "data3": "three data sections", "sequence": "one sequence section",
+          "value": "an amqp-value (a map)"}
 BODY_SIZE = 32
 
 
@@ -76,70 +74,6 @@ def received_messages(count: int, shape: str = "data") -> list[Any]:
             **bodies[shape])
         out.append(decode_payload(memoryview(encode_payload(bytearray(), message))))
     return out
-
-
-# The previous message_to_event's helpers, as they were (module constants and functions
-# of eventprocessor/sources/eventhub.py then; copied so that the benchmark uses only the
-# SDK's public names and the previous contestant stays what it was).
-_SEQ = b"x-opt-sequence-number"
-_OFFSET = b"x-opt-offset"
-_ENQUEUED = b"x-opt-enqueued-time"
-_PARTITION_KEY = b"x-opt-partition-key"
-_UTC = timezone.utc
-
-
-def _properties(raw: dict[Any, Any] | None) -> dict[str, Any]:
-    if not raw:
-        return {}
-    return {(key.decode("utf-8") if isinstance(key, bytes) else str(key)): value for key, value in raw.items()}
-
-
-def _amqp_value(value: Any) -> Any:
-    if isinstance(value, (bytes, bytearray)):
-        try:
-            return bytes(value).decode("utf-8")
-        except UnicodeDecodeError:
-            return bytes(value)
-    return value
-
-
-# Event as it was before it carried the body type: the same frozen dataclass without
-# the two fields, so that building one costs what it cost then.
-PreviousEvent = dataclasses.make_dataclass(
-    "PreviousEvent",
-    [(f.name, f.type, dataclasses.field(default=f.default, default_factory=f.default_factory))
-     for f in dataclasses.fields(Event) if f.name not in ("body_type", "amqp_body")],
-    frozen=True)
-
-
-def previous_message_to_event(message: Any, partition_id: str | None = None) -> Any:
-    """``message_to_event`` as it was before events carried their AMQP body type
-    (it joined data sections, dropped sequences and printed values), building the
-    Event of then."""
-    annotations = message.message_annotations
-    data = message.data
-    if data:
-        body = data[0] if len(data) == 1 else b"".join(data)
-    elif message.value is not None:
-        value = message.value
-        body = value if isinstance(value, bytes) else str(value).encode("utf-8")
-    else:
-        body = b""
-    offset = annotations[_OFFSET]
-    key = annotations.get(_PARTITION_KEY)
-    amqp = message.properties
-    return PreviousEvent(
-        body if isinstance(body, bytes) else bytes(body),
-        annotations[_SEQ],
-        offset.decode("ascii") if isinstance(offset, bytes) else str(offset),
-        datetime.fromtimestamp(annotations[_ENQUEUED] / 1000, _UTC),
-        key.decode("utf-8") if isinstance(key, bytes) else (None if key is None else str(key)),
-        _properties(message.application_properties),
-        partition_id,
-        None if amqp is None else _amqp_value(amqp.message_id),
-        None if amqp is None else _amqp_value(amqp.content_type),
-        None if amqp is None else _amqp_value(amqp.correlation_id),
-    )
 
 
 def _floor(message: Any, partition_id: str | None = None) -> Any:
@@ -182,84 +116,72 @@ def measure(contestants: dict[str, Callable[..., Any]], messages: list[Any], rou
     return results
 
 
-def _cell(values: list[float]) -> str:
-    return f"{statistics.median(values):,.0f} ({min(values):,.0f}-{max(values):,.0f})"
-
-
 def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     """Measure and print; with ``--record``, write the section of RESULTS.md. Example::
 
         python -m benchmarks.decode --rounds 5
     """
     parser = program.parser("decode", __doc__, prog)
-    parser.add_argument("--events", type=int, default=50_000, help="Messages per pass. [default: %(default)s]")
-    parser.add_argument("--rounds", type=int, default=15,
-                        help="Timed passes over the messages per conversion; the median is reported. "
-                             "[default: %(default)s]")
-
-    def body(args: argparse.Namespace) -> int:
-        if args.events < 1 or args.rounds < 1:
-            parser.error("--events and --rounds must be at least 1")
-        return _run(args, program.recorded_command("decode", argv))
-
-    return program.run(parser, body, argv)
+    parser.add_argument("--events", type=program.at_least_one, default=50_000, help="messages per pass (default 50000)")
+    parser.add_argument("--rounds", type=program.at_least_one, default=15)
+    return program.run("decode", parser, _run, argv)
 
 
-def check_inputs() -> str:
-    """What the contestants get is what the client decodes, and the previous contestant
-    still does what it did: a three-section message arrives as three sections, which the
-    previous ``message_to_event`` joins. Raises ``RuntimeError`` if not; says what held."""
-    messages = received_messages(3, "data3")
-    sections = [list(m.data) for m in messages]
-    if sections != [[b"x" * 10, b"x" * 10, b"x" * 12]] * 3:
+def check_inputs(count: int = 3) -> str:
+    """What the contestants get is what the client decodes, and this SDK's conversion gives
+    what azure-eventhub's own does: on ``count`` messages of every shape,
+    ``message_to_event`` equals ``to_event`` of the client's ``EventData``, and three data
+    sections arrive as three sections. Raises ``RuntimeError`` if not; says what held."""
+    from azure.eventhub import EventData
+
+    sections = [list(m.data) for m in received_messages(count, "data3")]
+    if sections != [[b"x" * 10, b"x" * 10, b"x" * 12]] * count:
         raise RuntimeError(f"three-section messages decode as {sections!r}, not as sections of 10, 10 and 12 bytes")
-    joined = previous_message_to_event(messages[0]).body
-    if joined != b"x" * BODY_SIZE:
-        raise RuntimeError(f"the previous message_to_event gives {joined!r}, not the joined {BODY_SIZE}-byte body")
-    return (f"decode: inputs checked: three data sections arrive as 10, 10 and 12 bytes; the previous "
-            f"message_to_event joins them into {BODY_SIZE} bytes")
+    for shape in SHAPES:
+        for message in received_messages(count, shape):
+            ours = eventhub_source.message_to_event(message, "0")
+            theirs = eventhub_source.to_event(EventData._from_message(message), "0")
+            if ours != theirs:
+                raise RuntimeError(f"{SHAPES[shape]}: message_to_event gives {ours!r}, azure-eventhub's EventData "
+                                   f"gives {theirs!r}")
+    return (f"decode: inputs checked: three data sections arrive as 10, 10 and 12 bytes; message_to_event gives what "
+            f"azure-eventhub's EventData gives for {', '.join(SHAPES.values())}")
 
 
-def _run(args: argparse.Namespace, command: str) -> int:
+def _run(args: argparse.Namespace, run: program.Run) -> int:
     logging.basicConfig(level=logging.WARNING)
     print(check_inputs(), file=sys.stderr)
-    load_before = os.getloadavg()[0]
     current = eventhub_source.message_to_event
-    data = measure({"floor": _floor, "previous": previous_message_to_event, "current": current,
-                    "official": _official}, received_messages(args.events, "data"), args.rounds)
-    ratio = sorted(c / p for c, p in zip(data["current"], data["previous"], strict=False))
+    data = measure({"floor": _floor, "current": current, "official": _official},
+                   received_messages(args.events, "data"), args.rounds)
+    ratio = [c / o for c, o in zip(data["current"], data["official"], strict=False)]
     others = {shape: measure({"current": current, "official": _official},
                              received_messages(args.events, shape), max(1, args.rounds // 3))
               for shape in ("data3", "sequence", "value")}
     lines = [
         "## Received message to Event: per-event cost (`decode`)",
         "",
-        f"Command: `{command}`. {machine_line()}",
+        run.header("The machine is shared: the per-round ratio is the figure to trust."),
         "",
         f"{args.events:,} messages per pass, encoded and decoded by azure-eventhub's own codec (what the lean "
         f"receive path gets): {BODY_SIZE}-byte body, the service annotations and a partition key, one "
         "application property, message-id and content-type. Nanoseconds per event, median of "
         f"{args.rounds} rounds (range), the order of the contestants rotated every round, the garbage collector "
-        f"paused while timing. Machine load (1-minute average) {load_before:.1f} before, {os.getloadavg()[0]:.1f} "
-        "after: the machine is shared, so the per-round ratio is the figure to trust.",
+        "paused while timing. Both conversions give the same events (checked before timing).",
         "",
-        "| one data section | ns/event |",
-        "|---|---:|",
-        f"| floor: read the fields into a tuple | {_cell(data['floor'])} |",
-        f"| previous `message_to_event` (joined sections, dropped sequences) | {_cell(data['previous'])} |",
-        f"| **current `message_to_event`** | **{_cell(data['current'])}** |",
-        f"| azure-eventhub `EventData._from_message` | {_cell(data['official'])} |",
+        table([SHAPES["data"], "ns/event"], [
+            ["floor: read the fields into a tuple", median_range(data["floor"])],
+            ["**`message_to_event`** (this SDK)", f"**{median_range(data['current'])}**"],
+            ["azure-eventhub `EventData._from_message`", median_range(data["official"])]], align="lr"),
         "",
-        f"Current / previous, per round: median **{statistics.median(ratio):.2f}**, range "
-        f"{ratio[0]:.2f}-{ratio[-1]:.2f}.",
+        f"`message_to_event` / azure-eventhub, per round: median **{median(ratio):.2f}**, range "
+        f"{value_range(ratio, '.2f')}.",
         "",
-        f"| other bodies ({max(1, args.rounds // 3)} rounds) | current ns/event | azure-eventhub ns/event |",
-        "|---|---:|---:|",
+        table([f"other bodies ({max(1, args.rounds // 3)} rounds)", "this SDK ns/event", "azure-eventhub ns/event"],
+              [[SHAPES[shape], median_range(result["current"]), median_range(result["official"])]
+               for shape, result in others.items()], align="lrr"),
     ]
-    names = {"data3": "three data sections", "sequence": "one sequence section", "value": "an amqp-value (a map)"}
-    for shape, result in others.items():
-        lines.append(f"| {names[shape]} | {_cell(result['current'])} | {_cell(result['official'])} |")
-    program.report("decode", "\n".join(lines), args.record)
+    run.report("\n".join(lines))
     return 0
 
 

@@ -22,7 +22,8 @@ Run::
     python -m benchmarks.faults --azurite --emulator --record   # with the source rows on the emulator
 
 Source faults (``benchmarks/faults_source.py``) get their own table in the section:
-virtual always, the Event Hubs emulator with ``--emulator``.
+virtual always, the Event Hubs emulator with ``--emulator``. The Azurite rows are the store
+fault scenarios of :mod:`harness.azurite_faults` at full length.
 """
 from __future__ import annotations
 
@@ -35,12 +36,11 @@ from collections.abc import Awaitable, Callable
 from eventprocessor import EventProcessor, PartitionProcessor
 from eventprocessor.testing import Cluster, run_virtual
 
-from . import program
-from .fault_rows import Row, table
-from .faults_source import run_emulator_source_rows, run_virtual_source_rows, source_table
-from .results import machine_line
+from .faults_source import Row, run_emulator_source_rows, run_virtual_source_rows
+from .toolkit import program, services
+from .toolkit.report import number, table
 
-__all__ = ["main", "Row", "VIRTUAL_SCENARIOS"]
+__all__ = ["main", "Row", "VIRTUAL_SCENARIOS", "run_azurite_rows", "run_virtual_rows"]
 
 INTERVAL = 1.0
 EXPIRATION = 12.0
@@ -87,47 +87,39 @@ async def _run(fault: str, inject: Callable[[Cluster, list[EventProcessor]], Awa
                note=note)
 
 
-async def slow_store(cluster: Cluster, processors: list[EventProcessor]) -> str:
+async def _store_fault(processors: list[EventProcessor], seconds: float, **fault: object) -> None:
+    """Set ``fault`` (FaultyStore's knobs) on each processor's store link for ``seconds``, then clear it."""
     for p in processors:
-        p.store_calls.inner.latency = 1.5
-    await asyncio.sleep(20)
+        for knob, value in fault.items():
+            setattr(p.store_calls.inner, knob, value)
+    await asyncio.sleep(seconds)
     for p in processors:
         p.store_calls.inner.clear()
+
+
+async def slow_store(cluster: Cluster, processors: list[EventProcessor]) -> str:
+    await _store_fault(processors, 20, latency=1.5)
     return "every call +1.5 s for 20 s"
 
 
 async def black_hole(cluster: Cluster, processors: list[EventProcessor]) -> str:
-    for p in processors:
-        p.store_calls.inner.hang = True
-    await asyncio.sleep(30)
-    for p in processors:
-        p.store_calls.inner.clear()
+    await _store_fault(processors, 30, hang=True)
     fenced = sum(p.stats.self_fenced for p in processors)
     return f"no answer for 30 s; {fenced} leases self-fenced"
 
 
 async def outage(cluster: Cluster, processors: list[EventProcessor]) -> str:
-    for p in processors:
-        p.store_calls.inner.down = True
-    await asyncio.sleep(30)
-    for p in processors:
-        p.store_calls.inner.clear()
+    await _store_fault(processors, 30, down=True)
     return "every call fails for 30 s"
 
 
 async def partitioned(cluster: Cluster, processors: list[EventProcessor]) -> str:
-    processors[0].store_calls.inner.hang = True  # one processor cannot reach the store
-    await asyncio.sleep(40)
-    processors[0].store_calls.inner.clear()
+    await _store_fault(processors[:1], 40, hang=True)  # one processor cannot reach the store
     return "one processor's link black-holed for 40 s; the other takes over"
 
 
 async def lost_answers(cluster: Cluster, processors: list[EventProcessor]) -> str:
-    for p in processors:
-        p.store_calls.inner.lost_answer_rate = 0.5
-    await asyncio.sleep(20)
-    for p in processors:
-        p.store_calls.inner.clear()
+    await _store_fault(processors, 20, lost_answer_rate=0.5)
     return "half of all writes applied but unanswered for 20 s"
 
 
@@ -188,6 +180,36 @@ def run_virtual_rows() -> list[Row]:
     return rows
 
 
+def run_azurite_rows() -> list[Row]:
+    """The store fault scenarios on a real Azurite, through a loopback TCP fault proxy, in
+    real time (``--azurite``)."""
+    from harness import azurite_faults as rig
+
+    scenarios = [("slow store (every request +1.5 s, 20 s)", rig.slow_store(20.0)),
+                 ("black-holed store (30 s)", rig.black_hole(30.0)),
+                 ("connections reset (20 s)", rig.resets(20.0))]
+
+    async def everything() -> list[rig.AzuriteRun]:
+        with services.azurite() as azurite:
+            runs = [await rig.run_fault_scenario(name, inject, azurite) for name, inject in scenarios]
+        for processors in (1, rig.PROCESSORS):
+            runs.append(await rig.restarted_empty(refuse=False, processors=processors))
+            runs.append(await rig.restarted_empty(refuse=True, processors=processors))
+        return runs
+
+    return [Row(fault=run.name, transport="azurite", bound="E + 1 s + (⌈P/N⌉+2)·1.1·I + T + 5 s",
+                bound_seconds=run.bound, recovered=run.recovered_after, produced=run.produced, lost=run.lost,
+                duplicates=run.duplicates, overlap=run.overlap, note=run.note) for run in asyncio.run(everything())]
+
+
+def _table(rows: list[Row], measured: dict[str, Callable[[Row], object]]) -> str:
+    """The rows' common columns, with the ``measured`` ones (heading: cell) before the note."""
+    columns = ["Fault", "Transport", "Bound", "Bound (s)", "Recovered after (s)", "Events", "Lost"]
+    return table([*columns, *measured, "Note"],
+                 [[r.fault, r.transport, r.bound, f"{r.bound_seconds:.1f}", number(r.recovered, missing="never"),
+                   r.produced, r.lost, *(cell(r) for cell in measured.values()), r.note] for r in rows])
+
+
 def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     """Run the fault scenarios and print the table; ``--record`` writes it to RESULTS.md."""
     parser = program.parser("faults", __doc__, prog)
@@ -197,27 +219,22 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
                         help="Also run the source scenarios on the Event Hubs emulator through the TCP fault proxy "
                              "(real time).")
 
-    def body(args: argparse.Namespace) -> int:
+    def body(args: argparse.Namespace, run: program.Run) -> int:
         logging.basicConfig(level=logging.CRITICAL)
-        rows = run_virtual_rows()
-        if args.azurite:
-            from .faults_azurite import run_azurite_rows
-
-            rows += run_azurite_rows()
-        source_rows = run_virtual_source_rows()
-        if args.emulator:
-            source_rows += run_emulator_source_rows()
+        rows = run_virtual_rows() + (run_azurite_rows() if args.azurite else [])
+        source_rows = run_virtual_source_rows() + (run_emulator_source_rows() if args.emulator else [])
         settings = (f"{PROCESSORS} processors, {PARTITIONS} partitions, {RATE:.0f} events/s, interval {INTERVAL:g} s, "
                     f"expiration {EXPIRATION:g} s (lease, renewal age and store timeout derived: "
                     "docs/concepts/timing.md), "
                     "GREEDY, handlers checkpoint after every batch.")
         markdown = "\n".join([
-            "## Faults", "", f"Command: `{program.recorded_command('faults', argv)}`. {machine_line()}", "",
+            # Only the rows in real time (Azurite, the emulator) depend on how busy the machine was.
+            "## Faults", "", run.header(flag_busy=args.azurite or args.emulator), "",
             f"Settings: {settings} Recovery is measured from the end of the fault until every partition is "
             "dispatched by exactly one live pump and every event produced so far is processed; events, lost and "
             "duplicates are counted from what the handlers received. Overlap is the longest time two claims were "
             "both inside a batch of one partition (a batch in hand when a takeover lands finishes).", "",
-            table(rows), "",
+            _table(rows, {"Duplicates": lambda r: r.duplicates, "Overlap (s)": lambda r: f"{r.overlap:.2f}"}), "",
             "All within bound: " + ("yes" if all(r.within for r in rows) else
                                     "NO: " + ", ".join(r.fault for r in rows if not r.within)), "",
             "### Source faults", "",
@@ -232,15 +249,16 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
             "acknowledged and holds). Bounds: C = 10 s (a call into a black hole fails at `operation_timeout`), "
             "B = 5 s (the pump's reconnect backoff cap), the AMQP idle timeout (how soon a silent connection is "
             "found dead), plus catch-up.", "",
-            source_table(source_rows), "",
+            _table(source_rows, {"Duplicates within a claim": lambda r: r.duplicates_within_claims,
+                                 "Deliveries after a claim ended": lambda r: r.after_end}), "",
             "All within bound, nothing lost, replayed within a claim or handed to an ended claim: " + (
                 "yes" if all(r.within for r in source_rows) else
                 "NO: " + ", ".join(f"{r.fault} ({r.transport})" for r in source_rows if not r.within)),
         ])
-        program.report("faults", markdown, args.record)
+        run.report(markdown)
         return 0 if all(r.within for r in rows) and all(r.within for r in source_rows) else 1
 
-    return program.run(parser, body, argv)
+    return program.run("faults", parser, body, argv)
 
 
 if __name__ == "__main__":  # pragma: no cover

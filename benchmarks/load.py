@@ -1,4 +1,4 @@
-"""Balancing load instead of counts with real processes (issue 27): one partition at 10x
+"""Balancing load instead of counts with real processes: one partition at 10x
 the others, then a processor slowed down; this SDK by count, this SDK by load, and
 azure-eventhub's processor, side by side in one run.
 
@@ -29,11 +29,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import math
-import os
 import sys
-import tempfile
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -48,46 +44,35 @@ from harness.load_scenario import (
     run_skewed,
 )
 
-from . import program
-from .results import RESULTS_DIR, machine_line
+from .toolkit import program, services
+from .toolkit.machine import LoadReading, LoadWindow
+from .toolkit.report import busy_flag, number, plots_dir, table, value_range
 
 __all__ = ["main", "render"]
 
 LABELS = {"count": "ours, by count", "load": "ours, by load", "official": "official"}
-BUSY = 2.0
-"""A 1-minute load average above this (on 2 cores) marks a run as busy: other work took
-CPU the capped processes were owed, and their lag shows it."""
-
-
-def _range(values: Sequence[float], fmt: str = "{:.2f}") -> str:
-    clean = [v for v in values if not math.isnan(v)]
-    if not clean:
-        return "n/a"
-    low, high = min(clean), max(clean)
-    return fmt.format(low) if len(clean) == 1 or fmt.format(low) == fmt.format(high) else \
-        f"{fmt.format(low)}-{fmt.format(high)}"
 
 
 def _ints(values: Sequence[int | None]) -> str:
     return ", ".join("n/a" if v is None else str(v) for v in values)
 
 
-def render(outcomes: list[LoadOutcome], rounds: int, command: str, seconds: float, loads: list[list[float]],
-           plot: str | None) -> str:
+def render(outcomes: list[LoadOutcome], rounds: int, head: str, loads: list[LoadReading], plot: str | None) -> str:
+    """The section: ``head`` (the line under the title, :meth:`~benchmarks.toolkit.program.Run.header`),
+    the machine's load while each side ran (``loads``, in the order of ``outcomes``), the table."""
     skew = outcomes[0].skew
     policy = skew.load_policy()
     by_side = {side: [o for o in outcomes if o.side == side] for side in SIDES}
     unit = skew.unit()
-    busy = [i for i, (before, after) in enumerate(loads) if max(before, after) > BUSY]
     lines = [
         "## Balancing load instead of counts with real processes (`load`)",
         "",
-        f"Command: `{command}` ({seconds / 60:.0f} min). {machine_line()} Machine load (1-minute average) before "
-        f"and after each side's run: "
-        + "; ".join(f"{o.side} {lb:.1f} / {la:.1f}" for o, (lb, la) in zip(outcomes, loads, strict=False))
-        + (f". Runs above {BUSY:g} are busy (other work took CPU the capped processes were owed): "
-           + ", ".join(f"{outcomes[i].side} (round {i // len(SIDES) + 1})" for i in busy) + "." if busy else "."),
+        head + " While each side ran: " + "; ".join(
+            f"{o.side} (round {i // len(SIDES) + 1}): other processes {number(r.other_cores, '.2f')} cores, "
+            f"1-minute load average {number(r.load_start)}/{number(r.load_end)} at start/end"
+            for i, (o, r) in enumerate(zip(outcomes, loads, strict=False))) + ".",
         "",
+        *busy_flag(loads, "the figures of the flagged sides (other work took CPU the capped processes were owed)"),
         (f"One Event Hubs emulator and one Azurite on 127.0.0.1, started by the benchmark. {skew.processes} processes "
         f"per side (`python -m harness.worker`), each in a cgroup of its own capped at "
         f"{skew.cores:g} of a core (CFS quota: a small VM), on {skew.partitions} partitions. The official producer "
@@ -105,9 +90,9 @@ def render(outcomes: list[LoadOutcome], rounds: int, command: str, seconds: floa
         f"and phase *slowed* runs {skew.slow_seconds:g} s. Then the producer stops and each side gets "
         f"{skew.drain_seconds:g} s to deliver everything."),
         "",
-        f"*ours, by count*: `EventProcessor` (GREEDY, `balance_by=\"count\"`, its default) + `EventHubSource` + our "
-        f"`BlobCheckpointStore`. *ours, by load*: the same with `balance_by=\"load\"` and "
-        f"`LoadPolicy(threshold={policy.threshold:g}, damping={policy.damping:g}, max_moves={policy.max_moves}, "
+        f"*ours, by count*: `EventProcessor` (GREEDY, no `load_policy`: by count, its default) + `EventHubSource` "
+        f"+ our `BlobCheckpointStore`. *ours, by load*: the same with `load_policy=LoadPolicy("
+        f"threshold={policy.threshold:g}, damping={policy.damping:g}, max_moves={policy.max_moves}, "
         f"cooldown={policy.cooldown:g}, floor={policy.floor:g})`"
         + (" (its defaults)" if not skew.policy else
            f" (its defaults but {', '.join(f'{k}={v:g}' for k, v in skew.policy)}: the partitions are all claimed "
@@ -127,15 +112,16 @@ def render(outcomes: list[LoadOutcome], rounds: int, command: str, seconds: floa
         f"(events/s). *Moves*: changes of the process delivering a partition. *Duplicates* and *lost*: from the "
         f"handlers' batch lines. Ranges over {rounds} round(s)."),
         "",
-        "| | " + " | ".join(LABELS[s] for s in SIDES if by_side[s]) + " |",
-        "|---|" + "---:|" * sum(1 for s in SIDES if by_side[s]) + "",
     ]
+    ran = [side for side in SIDES if by_side[side]]
+    rows: list[list[str]] = []
 
     def row(label: str, cell: Callable[..., str]) -> None:
-        lines.append(f"| {label} | " + " | ".join(cell(by_side[s]) for s in SIDES if by_side[s]) + " |")
+        rows.append([label, *(cell(by_side[side]) for side in ran)])
 
     for index, name in enumerate(("skew", "slowed")):
-        row(f"{name}: max/mean utilisation", lambda runs, index=index: _range([o.phases[index].ratio for o in runs]))
+        row(f"{name}: max/mean utilisation",
+            lambda runs, index=index: value_range([o.phases[index].ratio for o in runs], ".2f"))
         row(f"{name}: utilisation per process (last round)",
             lambda runs, index=index: " / ".join(f"{u:.2f}" for u in runs[-1].phases[index].utilisation))
         row(f"{name}: partitions per process at the end (last round)",
@@ -144,7 +130,7 @@ def render(outcomes: list[LoadOutcome], rounds: int, command: str, seconds: floa
         row(f"{name}: total lag at the end, events",
             lambda runs, index=index: _ints([o.phases[index].lag_end for o in runs]))
         row(f"{name}: lag growth, events/s",
-            lambda runs, index=index: _range([o.phases[index].lag_growth for o in runs], "{:+.1f}"))
+            lambda runs, index=index: value_range([o.phases[index].lag_growth for o in runs], "+.1f"))
         row(f"{name}: moves", lambda runs, index=index: _ints([o.phases[index].moves for o in runs]))
     row("moves back within the cool-down (oscillation)", lambda runs: _ints([o.quick_returns for o in runs]))
     row(f"partitions moved again within the cool-down ({policy.cooldown:g} s; by load: 0 allowed)",
@@ -161,6 +147,7 @@ def render(outcomes: list[LoadOutcome], rounds: int, command: str, seconds: floa
     row("checkpoints that timed out (ours: left to the next one)",
         lambda runs: "n/a" if runs[0].side == "official" else _ints([o.checkpoint_timeouts for o in runs]))
     row("events produced", lambda runs: _ints([o.produced for o in runs]))
+    lines.append(table(["", *(LABELS[side] for side in ran)], rows, align="l" + "r" * len(ran)))
     lines += ["", ("How this SDK's processors moved partitions (ownership changes they logged, from the start of "
                    "phase *skew*, all rounds; the official processor does not say):"), ""]
     for side in ("count", "load"):
@@ -213,17 +200,8 @@ def plot_series(outcomes: list[LoadOutcome], path: str) -> str | None:
     return path
 
 
-def _config(path: str, rounds: int, partitions: int) -> str:
-    entities = [{"Name": f"load-{side}-{r}", "PartitionCount": str(partitions)} for side in SIDES
-                for r in range(rounds)]
-    with open(path, "w") as handle:
-        json.dump({"UserConfig": {"NamespaceConfig": [{"Type": "EventHub", "Name": "emulatorNs1",
-                                                       "Entities": entities}]}}, handle)
-    return path
-
-
 async def _measure(args: argparse.Namespace, skew: Skew, hub_conn: str, storage_conn: str, log_dir: str,
-                   loads: list[list[float]]) -> list[LoadOutcome]:
+                   loads: list[LoadReading]) -> list[LoadOutcome]:
     from harness.cpu_quota import CpuQuotas
 
     outcomes = []
@@ -231,14 +209,14 @@ async def _measure(args: argparse.Namespace, skew: Skew, hub_conn: str, storage_
     try:
         for r in range(args.rounds):
             for side in (args.sides if r % 2 == 0 else args.sides[::-1]):
-                before = os.getloadavg()[0]
+                window = LoadWindow()
                 group = LoadGroup(side, hub=f"load-{side}-{r}", skew=skew, hub_connection_string=hub_conn,
                                   storage_connection_string=storage_conn, log_dir=log_dir, quotas=quotas)
                 try:
                     outcome = await run_skewed(group)
                 finally:
                     await group.close()
-                loads.append([before, os.getloadavg()[0]])
+                loads.append(window.reading())
                 print(outcome.summary(), file=sys.stderr)
                 Path(group.log_dir, "outcome.json").write_text(json.dumps(outcome.to_json()))
                 outcomes.append(outcome)
@@ -257,19 +235,18 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
         python -m benchmarks.load --record
     """
     parser = program.parser("load", __doc__, prog)
-    parser.add_argument("--rounds", type=int, default=1, help="Rounds of the scenario per side. "
-                                                              "[default: %(default)s]")
+    parser.add_argument("--rounds", type=program.at_least_one, default=1, help="rounds of the scenario per side")
     parser.add_argument("--sides", nargs="+", choices=SIDES, default=list(SIDES),
-                        help="The sides to run (a subset is never recorded). [default: count load official]")
-    parser.add_argument("--skew-seconds", type=float, help="Length of the skew phase (a shorter run is never "
-                                                           "recorded).")
-    parser.add_argument("--slow-seconds", type=float, help="Length of the slowed phase (never recorded).")
+                        help="the sides to run (default: all; a subset is never recorded)")
+    parser.add_argument("--skew-seconds", type=float, help="length of the skew phase (a shorter run is never "
+                                                           "recorded)")
+    parser.add_argument("--slow-seconds", type=float, help="length of the slowed phase (never recorded)")
     parser.add_argument("--quick", action="store_true",
-                        help="A smoke run: phases of 20 s, 60 s to drain (never recorded).")
-    parser.add_argument("--log-dir", help="Keep every worker's log and each side's timeline here. "
-                                          "[default: a temporary directory, removed]")
+                        help="a smoke run: phases of 20 s, 60 s to drain (never recorded)")
+    parser.add_argument("--log-dir", help="keep every worker's log and each side's timeline here (default: a "
+                                          "temporary directory, removed)")
 
-    def body(args: argparse.Namespace) -> int:
+    def body(args: argparse.Namespace, run: program.Run) -> int:
         partial = args.sides != list(SIDES) or args.skew_seconds is not None or args.slow_seconds is not None \
             or args.quick
         if args.record and partial:
@@ -287,39 +264,24 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
                            slow_seconds=args.slow_seconds or skew.slow_seconds,
                            window=min(skew.window, args.skew_seconds or skew.window,
                                       args.slow_seconds or skew.window))
-        return _run(args, skew, program.recorded_command("load", argv))
+        return _run(args, skew, run)
 
-    return program.run(parser, body, argv)
+    return program.run("load", parser, body, argv)
 
 
-def _run(args: argparse.Namespace, skew: Skew, command: str) -> int:
-    from eventprocessor.emulators.azurite import start_azurite
-    from eventprocessor.emulators.eventhubs.process import start_emulator_process
-
-    started = time.monotonic()
-    loads: list[list[float]] = []
-    if args.log_dir:
-        os.makedirs(args.log_dir, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix="load-bench-") as scratch:
-        log_dir = args.log_dir or scratch
-        azurite = start_azurite()
-        try:
-            emulator = start_emulator_process(["--config", _config(os.path.join(scratch, "Config.json"),
-                                                                   args.rounds, skew.partitions)])
-            try:
-                outcomes = asyncio.run(_measure(args, skew, emulator.connection_string, azurite.connection_string,
-                                                log_dir, loads))
-            finally:
-                emulator.stop()
-        finally:
-            azurite.stop()
+def _run(args: argparse.Namespace, skew: Skew, run: program.Run) -> int:
+    loads: list[LoadReading] = []
+    hubs = {f"load-{side}-{r}": skew.partitions for side in SIDES for r in range(args.rounds)}
+    with services.logs("load", args.log_dir) as log_dir, \
+            services.azurite_and_emulator(hubs=hubs) as (emulator, azurite):
+        outcomes = asyncio.run(_measure(args, skew, emulator.connection_string, azurite.connection_string, log_dir,
+                                        loads))
     plot = None
     if args.record:
-        RESULTS_DIR.mkdir(parents=True, exist_ok=True)
-        if plot_series(outcomes, str(RESULTS_DIR / "load.png")):
+        plots_dir().mkdir(parents=True, exist_ok=True)
+        if plot_series(outcomes, str(plots_dir() / "load.png")):
             plot = "results/load.png"
-    program.report("load", render(outcomes, args.rounds, command, time.monotonic() - started, loads, plot),
-                   args.record)
+    run.report(render(outcomes, args.rounds, run.header(flag_busy=False), loads, plot))
     return 0
 
 

@@ -25,7 +25,7 @@ delivered batch before it checkpoints. A *pause* is the time from the last batch
 process delivered of a partition to the first batch the next process delivered of it
 (events arrive every ``PERIOD``, which bounds how finely a pause is seen).
 
-The scenarios and the process group are :mod:`eventprocessor.testing.processes`;
+The scenarios and the process group are :mod:`harness.move_scenarios` and :mod:`harness.group`;
 ``tests/test_handoff_processes.py`` runs them for this SDK on the test session's
 emulator and Azurite and asserts 0 duplicates and 0 lost on planned moves.
 """
@@ -33,11 +33,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
-import os
-import statistics
 import sys
-import time
 from collections import Counter
 
 from eventprocessor.cli.user_errors import CommandError
@@ -55,9 +51,8 @@ from harness.group import (
 )
 from harness.move_scenarios import SCENARIOS
 
-from . import program, services
-from .machine_load import LoadReading, LoadWindow, busy_flag
-from .results import machine_line
+from .toolkit import program, services
+from .toolkit.report import median, table
 
 __all__ = ["main", "render"]
 
@@ -87,24 +82,22 @@ def _fmt(values: dict[str, float]) -> str:
                            sorted(values.items(), key=lambda kv: int(kv[0]))) + "}"
 
 
-def _median(values: list[float]) -> float:
-    return statistics.median(values) if values else float("nan")
+def _median_max(pauses: list[dict[str, float]]) -> str:
+    """``median / max`` of the partitions' pauses (s) of every round, those that paused at all."""
+    moved = [seconds for per_partition in pauses for seconds in per_partition.values() if seconds > 0]
+    return f"{median(moved):.2f} / {max(moved, default=0):.2f}"
 
 
-def render(outcomes: list[Outcome], rounds: int, command: str, seconds: float,
-           load: list[float] | None = None, prefetch: dict[str, int] | None = None,
-           reading: LoadReading | None = None) -> str:
+def render(outcomes: list[Outcome], rounds: int, head: str, prefetch: dict[str, int] | None = None) -> str:
+    """The section: ``head`` (the line under the title, :meth:`~benchmarks.toolkit.program.Run.header`),
+    then the tables."""
     by = {(o.scenario, o.impl): [x for x in outcomes if (x.scenario, x.impl) == (o.scenario, o.impl)]
           for o in outcomes}
     lines = [
         "## Planned moves and crashes with real processes (`moves`)",
         "",
-        f"Command: `{command}` ({seconds:.0f} s). {machine_line()}"
-        + (f" Machine load (1-minute average) {load[0]:.1f} before, {load[1]:.1f} after: other work on the machine "
-           "lengthens pauses and takeovers." if load else "")
-        + (f" Over the whole run: {reading.describe()}." if reading is not None else ""),
+        head,
         "",
-        *busy_flag([reading] if reading is not None else [], "these figures"),
         f"One Event Hubs emulator and one Azurite on 127.0.0.1, started by the benchmark; every processor is an OS "
         f"process (`python -m harness.worker`). *ours*: `EventProcessor` + `EventHubSource` + "
         f"our `BlobCheckpointStore`. *official*: `EventHubConsumerClient.receive_batch` + "
@@ -122,18 +115,13 @@ def render(outcomes: list[Outcome], rounds: int, command: str, seconds: float,
         f"one process delivered of a partition to the first batch the next process delivered of it. {rounds} "
         f"round(s) per side.",
         "",
-        "| scenario | | duplicates (per round) | lost | moves | longest pause of a partition, s (median / max) | "
-        "pauses of a partition added up, s (median / max) |",
-        "|---|---|---:|---:|---:|---:|---:|",
+        table(["scenario", "", "duplicates (per round)", "lost", "moves",
+               "longest pause of a partition, s (median / max)", "pauses of a partition added up, s (median / max)"],
+              [[scenario, impl, ", ".join(str(o.duplicates) for o in runs), sum(o.lost for o in runs),
+                ", ".join(str(o.moves) for o in runs), _median_max([o.longest for o in runs]),
+                _median_max([o.total for o in runs])] for (scenario, impl), runs in by.items()], align="llrrrrr"),
+        "", "Pause per partition in the first round (s, all its moves added up):", "",
     ]
-    for (scenario, impl), runs in by.items():
-        longest = [s for o in runs for pid, s in o.longest.items() if s > 0]
-        total = [s for o in runs for pid, s in o.total.items() if s > 0]
-        lines.append(
-            f"| {scenario} | {impl} | {', '.join(str(o.duplicates) for o in runs)} | {sum(o.lost for o in runs)} | "
-            f"{', '.join(str(o.moves) for o in runs)} | {_median(longest):.2f} / {max(longest, default=0):.2f} | "
-            f"{_median(total):.2f} / {max(total, default=0):.2f} |")
-    lines += ["", "Pause per partition in the first round (s, all its moves added up):", ""]
     for (scenario, impl), runs in by.items():
         if runs[0].takeover is None:
             lines.append(f"- {scenario}, {impl}: {_fmt(runs[0].total)}")
@@ -147,18 +135,15 @@ def render(outcomes: list[Outcome], rounds: int, command: str, seconds: float,
             lines.append(f"- {scenario}: " + ", ".join(f"{reason} {n}" for reason, n in sorted(changes.items())))
     crashes = [(impl, runs) for (scenario, impl), runs in by.items() if runs[0].takeover is not None]
     if crashes:
-        lines += ["", "| SIGKILL of one of 4 owners, 4 standbys | taken over by a standby | SIGKILL to claim, s | "
-                      "SIGKILL to its first batch, s | bounds, s | lost | duplicates (a crash replays from the last "
-                      "checkpoint) |",
-                  "|---|---|---:|---:|---:|---:|---:|"]
-        for impl, runs in crashes:
-            claims = [o.claimed for o in runs if o.claimed is not None]
-            lines.append(
-                f"| {impl} | {', '.join('yes' if o.taker_was_standby else 'no' for o in runs)} | "
-                f"{', '.join(f'{c:.2f}' for c in claims) or 'not reported'} | "
-                f"{', '.join(f'{o.takeover:.2f}' for o in runs if o.takeover is not None)} | {CLAIM_BOUND:.1f}, "
-                f"{TAKEOVER_BOUND:.1f} | "
-                f"{sum(o.lost for o in runs)} | {', '.join(str(o.duplicates) for o in runs)} |")
+        lines += ["", table(
+            ["SIGKILL of one of 4 owners, 4 standbys", "taken over by a standby", "SIGKILL to claim, s",
+             "SIGKILL to its first batch, s", "bounds, s", "lost", "duplicates (a crash replays from the last "
+             "checkpoint)"],
+            [[impl, ", ".join("yes" if o.taker_was_standby else "no" for o in runs),
+              ", ".join(f"{o.claimed:.2f}" for o in runs if o.claimed is not None) or "not reported",
+              ", ".join(f"{o.takeover:.2f}" for o in runs if o.takeover is not None),
+              f"{CLAIM_BOUND:.1f}, {TAKEOVER_BOUND:.1f}", sum(o.lost for o in runs),
+              ", ".join(str(o.duplicates) for o in runs)] for impl, runs in crashes], align="llrrrrr")]
     lines += ["", "A crash replays what was delivered after the dead owner's last checkpoint: with a checkpoint every "
                   f"{CHECKPOINT_EVERY} batches, how many events that is depends on how large the batches each receiver "
                   "hands over are (its prefetch and how fast the handler keeps up), so crash duplicates compare the "
@@ -167,15 +152,6 @@ def render(outcomes: list[Outcome], rounds: int, command: str, seconds: float,
                   f"({1.1 * INTERVAL:.2f} s at most) + 2 s of slack for a busy machine; the first batch within that + "
                   f"about 1 s to open a receiver + 1 s of slack. The official processor does not report its claims."]
     return "\n".join(lines)
-
-
-def _config(path: str, rounds: int) -> str:
-    entities = [{"Name": f"moves-{name}-{impl}-{r}", "PartitionCount": str(partitions)}
-                for name, (partitions, _s) in SCENARIOS.items() for impl in IMPLS for r in range(rounds)]
-    with open(path, "w") as handle:
-        json.dump({"UserConfig": {"NamespaceConfig": [{"Type": "EventHub", "Name": "emulatorNs1",
-                                                       "Entities": entities}]}}, handle)
-    return path
 
 
 async def _measure(args: argparse.Namespace, hub_conn: str, storage_conn: str, log_dir: str) -> list[Outcome]:
@@ -205,42 +181,37 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
         python -m benchmarks.moves --rounds 2 --record
     """
     parser = program.parser("moves", __doc__, prog)
-    parser.add_argument("--rounds", type=int, default=2, help="Rounds of every scenario per side. "
-                                                              "[default: %(default)s]")
-    parser.add_argument("--scenarios", nargs="+", choices=sorted(SCENARIOS), default=list(SCENARIOS),
-                        help="The scenarios to run (a subset is never recorded). [default: scale rolling standby]")
-    parser.add_argument("--ours-only", action="store_true", help="Skip the official processor (never recorded).")
+    parser.add_argument("--rounds", type=program.at_least_one, default=2, help="rounds of every scenario per side")
+    parser.add_argument("--scenarios", nargs="+", choices=sorted(SCENARIOS), default=list(SCENARIOS))
+    parser.add_argument("--ours-only", action="store_true", help="skip the official processor (never recorded)")
     parser.add_argument("--impls", nargs="+", choices=IMPLS, default=list(IMPLS),
-                        help="The sides to run (a subset is never recorded). [default: ours official official-close]")
+                        help="the sides to run (default: all; a subset is never recorded)")
     parser.add_argument("--prefetch-ours", type=int, default=PREFETCH["ours"],
-                        help="This SDK's prefetch: what the e2e sweep chose for it. [default: %(default)s]")
+                        help="this SDK's prefetch (default: %(default)s, what the e2e sweep chose for it)")
     parser.add_argument("--prefetch-official", type=int, default=PREFETCH["official"],
-                        help="The official client's prefetch: what the e2e sweep chose for it. [default: %(default)s]")
-    parser.add_argument("--log-dir", help="Keep every worker's log and each scenario's timeline of batches here. "
-                                          "[default: a temporary directory, removed]")
+                        help="the official client's prefetch (default: %(default)s, what the e2e sweep chose for it)")
+    parser.add_argument("--log-dir", help="keep every worker's log and each scenario's timeline of batches here "
+                                          "(default: a temporary directory, removed)")
 
-    def body(args: argparse.Namespace) -> int:
+    def body(args: argparse.Namespace, run: program.Run) -> int:
         if args.record and (args.ours_only or args.scenarios != list(SCENARIOS) or args.impls != list(IMPLS)):
             parser.error("partial runs (--ours-only, --scenarios, --impls) are never recorded")
-        return _run(args, program.recorded_command("moves", argv))
+        return _run(args, run)
 
-    return program.run(parser, body, argv)
+    return program.run("moves", parser, body, argv)
 
 
-def _run(args: argparse.Namespace, command: str) -> int:
+def _run(args: argparse.Namespace, run: program.Run) -> int:
     if args.prefetch_ours < 1 or args.prefetch_official < 1:
         raise CommandError("--prefetch-ours and --prefetch-official take a positive number of events")
     args.prefetch = {"ours": args.prefetch_ours, "official": args.prefetch_official}
-    started = time.monotonic()
-    load_before = os.getloadavg()[0]
-    window = LoadWindow()
-    outcomes = services.with_azurite_and_emulator(
-        "moves", args.log_dir, lambda path: _config(path, args.rounds),
-        lambda hub_conn, storage_conn, log_dir: asyncio.run(_measure(args, hub_conn, storage_conn, log_dir)))
-    if outcomes is None:
-        return 2
-    program.report("moves", render(outcomes, args.rounds, command, time.monotonic() - started,
-                                   [load_before, os.getloadavg()[0]], args.prefetch, window.reading()), args.record)
+    hubs = {f"moves-{name}-{impl}-{r}": partitions for name, (partitions, _s) in SCENARIOS.items() for impl in IMPLS
+            for r in range(args.rounds)}
+    with services.logs("moves", args.log_dir) as log_dir, \
+            services.azurite_and_emulator(hubs=hubs) as (emulator, azurite):
+        outcomes = asyncio.run(_measure(args, emulator.connection_string, azurite.connection_string, log_dir))
+    run.report(render(outcomes, args.rounds, run.header("Other work on the machine lengthens pauses and takeovers."),
+                      args.prefetch))
     return 0
 
 

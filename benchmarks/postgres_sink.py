@@ -35,9 +35,9 @@ checkpoint; the handler: between its insert and its checkpoint); counted from th
 Checkpoints/s: ``PostgresCheckpointStore`` and a bare conditional ``UPDATE ... WHERE
 version = $etag`` (its floor) on the same server, and ``BlobCheckpointStore`` and a bare
 conditional ``set_blob_metadata`` (its floor) on Azurite, through
-:func:`benchmarks.store_bench.measure` (32 partitions, 16 at once).
+:func:`benchmarks.store_bench.measure.measure` (32 partitions, 16 at once).
 
-The machine's load is measured over each round (:mod:`benchmarks.machine_load`).
+The machine's load is measured over each round (:mod:`benchmarks.toolkit.machine`).
 ``--quick`` is a small run that refuses ``--record``.
 """
 from __future__ import annotations
@@ -46,7 +46,6 @@ import argparse
 import asyncio
 import logging
 import os
-import statistics
 import tempfile
 import time
 import uuid
@@ -55,10 +54,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import program
-from .machine_load import LoadReading, LoadWindow, busy_flag
-from .results import machine_line
-from .store_bench import OWNER, ContractStore, StoreUnderTest, measure
+from .store_bench.measure import measure
+from .store_bench.stores import OWNER, ContractStore, StoreUnderTest
+from .toolkit import program
+from .toolkit.machine import LoadReading, LoadWindow
+from .toolkit.report import busy_flag, median_range
 
 __all__ = ["main"]
 
@@ -346,16 +346,13 @@ async def _checkpoints(dsn: str, azurite: Any, rounds: int, ops: int) -> dict[st
 
 
 def _span(values: Sequence[float], digits: int = 0) -> str:
-    if not values:
-        return "n/a"
-    median = f"{statistics.median(values):,.{digits}f}"
-    return median if len(values) < 2 else f"{median} ({min(values):,.{digits}f}-{max(values):,.{digits}f})"
+    return median_range(values, f",.{digits}f")
 
 
 def _markdown(rounds: list[Round], kills: dict[str, list[tuple[int, int]]], checkpoints: dict[str, list[float]],
-              args: argparse.Namespace, command: str, where: str) -> str:
+              args: argparse.Namespace, head: str, where: str) -> str:
     ratios = [r.rows_per_second["exactly once"] / r.rows_per_second["floor"] for r in rounds]
-    lines = [f"Command: `{command}`", "", machine_line(), "",
+    lines = ["## PostgreSQL sink and store (`postgres_sink`)", "", head, "",
              f"{args.partitions} partitions x {args.events:,} events of {args.body_size} bytes, batches of "
              f"{args.batch} rows (one COPY each), {len(rounds)} round(s), on {where}.",
              "", "| path | rows/s, median (range) | duplicates after SIGKILL |", "|---|---|---|"]
@@ -393,7 +390,7 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     parser.add_argument("--no-blob", action="store_true", help="leave the Blob store out (no Azurite)")
     parser.add_argument("--quick", action="store_true", help="a small run to try it (refuses --record)")
 
-    def body(args: argparse.Namespace) -> int:
+    def body(args: argparse.Namespace, run: program.Run) -> int:
         if args.quick and args.record:
             parser.error("--quick is a partial run: it cannot --record")
         defaults = (5000, 1, 1, 512) if args.quick else (50_000, 5, 3, 4096)
@@ -407,12 +404,12 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
         require(purpose="the postgres-sink benchmark", extras=["postgres"] + ([] if args.no_blob else ["blob"]))
         if not args.no_blob:
             require_azurite("the postgres-sink benchmark")
-        return _run(args, program.recorded_command("postgres_sink", argv))
+        return _run(args, run)
 
-    return program.run(parser, body, argv)
+    return program.run("postgres_sink", parser, body, argv)
 
 
-def _run(args: argparse.Namespace, command: str) -> int:
+def _run(args: argparse.Namespace, run: program.Run) -> int:
     import contextlib
 
     from eventprocessor.emulators.postgres import start_postgres
@@ -433,7 +430,7 @@ def _run(args: argparse.Namespace, command: str) -> int:
         kills = asyncio.run(_kills(dsn, args.kill_rounds, logs)) if args.kill_rounds else {}
         checkpoints = asyncio.run(_checkpoints(dsn, azurite, args.rounds, args.checkpoint_ops))
     where = "the server of $EVENTPROCESSOR_PG_DSN" if given else "a PostgreSQL started on this machine (fsync on)"
-    program.report("postgres_sink", _markdown(rounds, kills, checkpoints, args, command, where), args.record)
+    run.report(_markdown(rounds, kills, checkpoints, args, run.header(), where))
     return 0
 
 

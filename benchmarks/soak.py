@@ -1,7 +1,7 @@
 """Memory soak: does a long-running consumer's resident memory stay flat?
 
 Run it with ``python -m benchmarks.soak`` (or ``eventprocessor bench soak``). Each subject
-runs for a fixed number of events in its own OS process (``benchmarks/e2e_worker.py``),
+runs for a fixed number of events in its own OS process (``python -m harness.worker``),
 which samples its own resident set size (RSS, from ``/proc/self/statm``) at a fixed
 cadence, so that nothing else (the producer, the emulator, Azurite, the other subjects)
 counts in what is measured:
@@ -36,20 +36,18 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
-import os
 import statistics
 import sys
-import tempfile
 import time
 import uuid
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from harness.worker_process import WorkerHandle, create_container, spawn_worker
+from harness.worker import WorkerHandle, create_container, spawn_worker
 
-from . import program
-from .results import machine_line
+from .toolkit import program, services
+from .toolkit.report import median_range, table
 
 __all__ = ["main", "analyse", "Analysis"]
 
@@ -243,14 +241,7 @@ class Soak:
                 partition = (partition + 1) % a.partitions
 
 
-def _median_range(values: list[float], fmt: str) -> str:
-    if len(values) == 1:
-        return format(values[0], fmt)
-    return f"{format(statistics.median(values), fmt)} ({format(min(values), fmt)} to {format(max(values), fmt)})"
-
-
-def render(runs: list[Run], args: argparse.Namespace, command: str, seconds: float,
-           load: tuple[float, float]) -> str:
+def render(runs: list[Run], args: argparse.Namespace, head: str) -> str:
     threshold = args.flat_mb_per_million
     rows = []
     for subject in SUBJECTS:
@@ -258,10 +249,6 @@ def render(runs: list[Run], args: argparse.Namespace, command: str, seconds: flo
         if not mine:
             continue
         results = [r.analysis for r in mine]
-
-        def cell(values: list[float | None], fmt: str) -> str:
-            known = [v for v in values if v is not None]
-            return _median_range(known, fmt) if known else "n/a"
 
         verdicts = [a.flat(threshold) for a in results]
         flat = sum(1 for v in verdicts if v)
@@ -271,23 +258,23 @@ def render(runs: list[Run], args: argparse.Namespace, command: str, seconds: flo
             verdict = "**flat**" if len(verdicts) == 1 else f"**flat** in {flat}/{len(verdicts)} rounds"
         else:
             verdict = f"**grows** in {len(verdicts) - flat}/{len(verdicts)} rounds"
-        events = cell([float(a.events) for a in results], ",.0f")
+        events = median_range((float(a.events) for a in results), ",.0f")
         if any(r.cut_short for r in mine):
             events += f" of {mine[0].target:,} (budget)"
-        rows.append(
-            f"| {LABELS[subject]} | {events} | {cell([a.rate for a in results], ',.0f')} | "
-            f"{cell([a.rss_warm for a in results], '.1f')} | {cell([a.rss_end for a in results], '.1f')} | "
-            f"{cell([a.rss_max for a in results], '.1f')} | {cell([a.growth for a in results], '+.1f')} | "
-            f"{cell([a.slope_per_million for a in results], '+.2f')} | "
-            f"{cell([a.slope_per_hour for a in results], '+.1f')} | {verdict} |")
+        rows.append([LABELS[subject], events, median_range((a.rate for a in results), ",.0f"),
+                     median_range((a.rss_warm for a in results), ".1f"),
+                     median_range((a.rss_end for a in results), ".1f"),
+                     median_range((a.rss_max for a in results), ".1f"),
+                     median_range((a.growth for a in results), "+.1f"),
+                     median_range((a.slope_per_million for a in results), "+.2f"),
+                     median_range((a.slope_per_hour for a in results), "+.1f"), verdict])
     rounds = f"{args.rounds} rounds (median, range in brackets)" if args.rounds > 1 else "1 round"
     lines = [
         "## Memory soak: resident memory of a long-running consumer (`soak`)",
         "",
-        f"Command: `{command}` ({seconds:.0f} s). {machine_line()} 1-minute load average at start and end: "
-        f"{load[0]:.1f} / {load[1]:.1f}.",
+        head,
         "",
-        f"Each subject runs in its own OS process (`benchmarks/e2e_worker.py`) and samples its own resident set "
+        f"Each subject runs in its own OS process (`python -m harness.worker`) and samples its own resident set "
         f"(`/proc/self/statm`) every {args.sample_interval:g} s; the producer, the Event Hubs emulator and Azurite are "
         f"other processes (except over `InMemoryEventSource`, whose producer is a task of the subject's process: the "
         f"source is in-process, and retains {2 * (args.backlog // args.partitions):,} events per partition). *ours, "
@@ -300,10 +287,9 @@ def render(runs: list[Run], args: argparse.Namespace, command: str, seconds: flo
         f"{args.prefetch}, a checkpoint of a partition every {args.checkpoint_events:,} of its events, "
         f"load-balancing interval {args.interval:g} s, expiration {args.expiry:g} s, GREEDY. {rounds}.",
         "",
-        "| Subject | events | events/s | RSS at warm-up end (MB) | RSS at end (MB) | max RSS (MB) "
-        "| growth after warm-up (MB) | slope (MB per million events) | slope (MB per hour) | verdict |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|",
-        *rows,
+        table(["Subject", "events", "events/s", "RSS at warm-up end (MB)", "RSS at end (MB)", "max RSS (MB)",
+               "growth after warm-up (MB)", "slope (MB per million events)", "slope (MB per hour)", "verdict"],
+              rows, align="lrrrrrrrr"),
         "",
         f"Warm-up is each run's first {args.warmup:.0%} of its events; the slopes are least-squares fits of RSS "
         f"against events delivered and against time, over every sample from the end of warm-up to the sample that "
@@ -328,47 +314,36 @@ def render(runs: list[Run], args: argparse.Namespace, command: str, seconds: flo
 
 def _parser(prog: str | None) -> argparse.ArgumentParser:
     parser = program.parser("soak", __doc__, prog)
-    parser.add_argument("--memory-events", type=int, default=5_000_000,
-                        help="Events through the subject over InMemoryEventSource. [default: %(default)s]")
-    parser.add_argument("--emulator-events", type=int, default=1_000_000,
-                        help="Events through each subject over the Event Hubs emulator (the same for both). "
-                             "[default: %(default)s]")
+    parser.add_argument("--memory-events", type=program.at_least_one, default=5_000_000,
+                        help="events through the subject over InMemoryEventSource")
+    parser.add_argument("--emulator-events", type=program.at_least_one, default=1_000_000,
+                        help="events through each subject over the Event Hubs emulator (the same for both)")
     parser.add_argument("--budget-seconds", type=float, default=540.0,
-                        help="Bound on all subjects' runs together (start-up aside); a subject still running when its "
-                             "share is spent is stopped and reported as cut short. [default: %(default)s]")
-    parser.add_argument("--rounds", type=int, default=1,
-                        help="Rounds of every subject; the median and the range are reported. [default: %(default)s]")
+                        help="bound on all subjects' runs together (start-up aside); a subject still running when "
+                             "its share is spent is stopped and reported as cut short")
+    parser.add_argument("--rounds", type=program.at_least_one, default=1)
     parser.add_argument("--subjects", default=",".join(SUBJECTS),
-                        help=f"Comma-separated, from {', '.join(SUBJECTS)}. [default: %(default)s]")
-    parser.add_argument("--partitions", type=int, default=8, help="Partitions of the hub. [default: %(default)s]")
-    parser.add_argument("--body", type=int, default=32, help="Event size in bytes. [default: %(default)s]")
-    parser.add_argument("--batch", type=int, default=300,
-                        help="Max batch size of every subject. [default: %(default)s]")
-    parser.add_argument("--prefetch", type=int, default=300, help="Prefetch of every subject. [default: %(default)s]")
-    parser.add_argument("--checkpoint-events", type=int, default=1000,
-                        help="Each partition is checkpointed once this many of its events were delivered. "
-                             "[default: %(default)s]")
-    parser.add_argument("--backlog", type=int, default=24_000, help="Events the producer keeps ahead, in all. "
-                                                                    "[default: %(default)s]")
-    parser.add_argument("--interval", type=float, default=1.0, help="Load-balancing interval, seconds. "
-                                                                    "[default: %(default)s]")
-    parser.add_argument("--expiry", type=float, default=10.0, help="Ownership expiration, seconds. "
-                                                                   "[default: %(default)s]")
-    parser.add_argument("--sample-interval", type=float, default=0.5, help="Seconds between RSS samples. "
-                                                                           "[default: %(default)s]")
-    parser.add_argument("--warmup", type=float, default=0.2, help="Fraction of each run's events that is warm-up. "
-                                                                  "[default: %(default)s]")
+                        help=f"comma-separated, from {', '.join(SUBJECTS)}")
+    parser.add_argument("--partitions", type=program.at_least_one, default=8)
+    parser.add_argument("--body", type=int, default=32, help="event size in bytes")
+    parser.add_argument("--batch", type=program.at_least_one, default=300)
+    parser.add_argument("--prefetch", type=int, default=300)
+    parser.add_argument("--checkpoint-events", type=program.at_least_one, default=1000,
+                        help="each partition is checkpointed once this many of its events were delivered")
+    parser.add_argument("--backlog", type=int, default=24_000, help="events the producer keeps ahead, in all")
+    parser.add_argument("--interval", type=float, default=1.0, help="load-balancing interval, seconds")
+    parser.add_argument("--expiry", type=float, default=10.0, help="ownership expiration, seconds")
+    parser.add_argument("--sample-interval", type=float, default=0.5, help="seconds between RSS samples")
+    parser.add_argument("--warmup", type=float, default=0.2, help="fraction of each run's events that is warm-up")
     parser.add_argument("--flat-mb-per-million", type=float, default=2.0,
-                        help="The verdict's bound on the slope after warm-up, MB per million events. "
-                             "[default: %(default)s]")
+                        help="the verdict's bound on the slope after warm-up, MB per million events")
     parser.add_argument("--tracemalloc", action="store_true",
-                        help="Print the allocation sites that grew after warm-up (slow; never recorded).")
+                        help="print the allocation sites that grew after warm-up (slow; never recorded)")
     parser.add_argument("--tracemalloc-frames", type=int, default=1,
-                        help="With --tracemalloc: frames per allocation site (1 is a few times slower, 10 many "
-                             "times). [default: %(default)s]")
+                        help="with --tracemalloc: frames per allocation site (1 is a few times slower, 10 many times)")
     parser.add_argument("--samples-csv", metavar="PATH",
-                        help="Also write every RSS sample (subject, round, seconds, events, RSS bytes) to this CSV.")
-    parser.add_argument("--quick", action="store_true", help="A small smoke run for CI, about 30 s (never recorded).")
+                        help="also write every RSS sample (subject, round, seconds, events, RSS bytes) to this CSV")
+    parser.add_argument("--quick", action="store_true", help="a small smoke run for CI, about 30 s (never recorded)")
     return parser
 
 
@@ -381,7 +356,7 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     """
     parser = _parser(prog)
 
-    def body(args: argparse.Namespace) -> int:
+    def body(args: argparse.Namespace, run: program.Run) -> int:
         args.subjects = [s.strip() for s in args.subjects.split(",") if s.strip()]
         unknown = sorted(set(args.subjects) - set(SUBJECTS))
         if unknown or not args.subjects:
@@ -393,49 +368,27 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
             args.sample_interval, args.backlog, args.budget_seconds = 0.2, 8_000, 60.0
         if args.tracemalloc and args.record:
             parser.error("--tracemalloc slows the subjects down many times: its runs are never recorded")
-        for name in ("memory_events", "emulator_events", "rounds", "partitions", "batch", "checkpoint_events"):
-            if getattr(args, name) < 1:
-                parser.error(f"--{name.replace('_', '-')} must be at least 1")
         if args.backlog < args.partitions or args.budget_seconds <= 0 or args.sample_interval <= 0:
             parser.error("--backlog must be at least --partitions; --budget-seconds and --sample-interval positive")
         if not 0 < args.warmup < 1:
             parser.error("--warmup is a fraction of each run's events, between 0 and 1")
-        return _run(args, program.recorded_command("soak", _without_samples_csv(argv)))
+        return _run(args, run)
 
-    return program.run(parser, body, argv)
-
-
-def _without_samples_csv(argv: list[str] | None) -> list[str]:
-    """The arguments minus ``--samples-csv PATH``, which changes nothing in the results."""
-    given = list(sys.argv[1:] if argv is None else argv)
-    kept: list[str] = []
-    skip = False
-    for arg in given:
-        if skip:
-            skip = False
-        elif arg == "--samples-csv":
-            skip = True
-        elif not arg.startswith("--samples-csv="):
-            kept.append(arg)
-    return kept
+    return program.run("soak", parser, body, argv, unrecorded=("--samples-csv",))
 
 
-def _run(args: argparse.Namespace, command: str) -> int:
+def _run(args: argparse.Namespace, run: program.Run) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    started = time.monotonic()
-    load_start = os.getloadavg()[0]
-    with tempfile.TemporaryDirectory(prefix="soak-bench-") as log_dir:
+    with services.logs("soak", None) as log_dir:
         if any(s in args.subjects for s in ("ours", "official")):
-            from .e2e import services
-
             emulator_limit = max(100_000, 4 * args.backlog // args.partitions)
-            with services(partitions=args.partitions, max_events_per_partition=emulator_limit,
-                          hubs=2 * args.rounds) as (emulator, azurite):
+            hubs = {f"bench-{index}": args.partitions for index in range(2 * args.rounds)}
+            with services.azurite_and_emulator(["--max-events-per-partition", str(emulator_limit)],
+                                               hubs=hubs) as (emulator, azurite):
                 runs = asyncio.run(Soak(args, emulator.connection_string, azurite.connection_string, log_dir).run())
         else:
             runs = asyncio.run(Soak(args, None, None, log_dir).run())
-    markdown = render(runs, args, command, time.monotonic() - started, (load_start, os.getloadavg()[0]))
-    program.report("soak", markdown, args.record)
+    run.report(render(runs, args, run.header()))
     if args.tracemalloc:
         _print_traced(runs)
     if args.samples_csv:

@@ -27,7 +27,7 @@ In one run, per session, the same batches through four paths:
   each batch is appended to Parquet partitioned by ``partition_id`` with the committer
   settings the sink uses (algorithm 2, no ``_SUCCESS``), one ``write`` per batch. It
   does everything the sink must do to get the events into the table, and nothing else.
-* **Spark serial** (for reference, the previous baseline): the batches converted to
+* **Spark serial** (for reference): the batches converted to
   Arrow before the clock; in the clock, one after the other, ``createDataFrame`` and a
   ``write`` with Spark's defaults.
 * **write only** (for reference): the same with the DataFrames made before the clock.
@@ -38,7 +38,7 @@ in a fresh source). Reported per session: rows/s of each path (median and range 
 rounds), the per-round ratio of the sink to the floor (median and range; target: sink
 >= 0.9 x the floor) and to Spark serial, the median seconds per batch of each step of the
 sink (from ``SparkSink.step_timings``), and the machine's load in each round
-(:mod:`benchmarks.machine_load`; a busy run is flagged). With ``--record``, results go to
+(:mod:`benchmarks.toolkit.machine`; a busy run is flagged). With ``--record``, results go to
 ``benchmarks/RESULTS.md`` (section ``spark_sink``).
 """
 from __future__ import annotations
@@ -59,7 +59,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .machine_load import LoadReading, LoadWindow, busy_flag
+from .toolkit import program
+from .toolkit.machine import LoadReading, LoadWindow
+from .toolkit.report import busy_flag, header, median_range
 
 __all__ = ["main", "Round", "SessionResult"]
 
@@ -305,12 +307,6 @@ def measure(events: int, batch: int, partitions: int, rounds: int, body_size: in
     return result
 
 
-def _span(values: Sequence[float], digits: int = 0, unit: str = "") -> str:
-    """``median (min-max)`` over rounds."""
-    median = f"{statistics.median(values):,.{digits}f}{unit}"
-    return median if len(values) < 2 else f"{median} ({min(values):,.{digits}f}-{max(values):,.{digits}f})"
-
-
 def _section(result: SessionResult) -> tuple[list[str], list[str]]:
     rounds = result.rounds
     ratios = [r.ratio for r in rounds]
@@ -322,12 +318,12 @@ def _section(result: SessionResult) -> tuple[list[str], list[str]]:
     added = sum(steps.get(step, 0.0) for step in SINK_STEPS)
     loads = [r.other_cores for r in rounds if r.other_cores is not None]
     return [
-        f"| {result.label} | {_span([r.pipelined_rows_per_s for r in rounds])} | "
-        f"{_span([r.sink_rows_per_s for r in rounds])} | **{_span(ratios, 2, 'x')}** ({verdict}) | "
+        f"| {result.label} | {median_range([r.pipelined_rows_per_s for r in rounds])} | "
+        f"{median_range([r.sink_rows_per_s for r in rounds])} | **{median_range(ratios, '.2f', 'x')}** ({verdict}) | "
         + ", ".join(f"{ratio:.2f}" for ratio in ratios)
-        + f" | {_span([r.direct_rows_per_s for r in rounds])} | {_span([r.direct_ratio for r in rounds], 2, 'x')} | "
-        f"{_span([r.write_only_rows_per_s for r in rounds])} | "
-        f"{_span(loads, 2) if loads else 'n/a'} |",
+        + f" | {median_range([r.direct_rows_per_s for r in rounds])} | "
+        f"{median_range([r.direct_ratio for r in rounds], '.2f', 'x')} | "
+        f"{median_range([r.write_only_rows_per_s for r in rounds])} | {median_range(loads, '.2f')} |",
     ], [
         f"| {result.label} | " + " | ".join(f"{steps.get(step, 0.0) * 1000:,.0f}" for step in STEPS)
         + f" | **{added * 1000:,.0f}** | {steps.get('startup', 0.0):.2f} |",
@@ -335,8 +331,6 @@ def _section(result: SessionResult) -> tuple[list[str], list[str]]:
 
 
 def _markdown(results: Sequence[SessionResult], args: argparse.Namespace, command: str, where: str) -> str:
-    from benchmarks.results import machine_line
-
     throughput: list[str] = []
     latency: list[str] = []
     for result in results:
@@ -347,7 +341,7 @@ def _markdown(results: Sequence[SessionResult], args: argparse.Namespace, comman
     return "\n".join([
         "## Spark sink: rows/s into Parquet on a Spark cluster",
         "",
-        f"`{command}`. {machine_line()}",
+        header(command),
         "",
         *busy_flag(readings, "the figures of this run"),
         f"{where} {args.events:,} events per round over {args.partitions} partitions, bodies of ~{args.body_size} "
@@ -395,8 +389,6 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
 
         python -m benchmarks.spark_sink --events 20000 --batch 5000 --rounds 2
     """
-    from . import program
-
     parser = program.parser("spark_sink", __doc__, prog)
     parser.add_argument("--events", type=int, default=200_000, help="Events per round. [default: %(default)s]")
     parser.add_argument("--batch", type=int, default=10_000, help="Events per micro-batch. [default: %(default)s]")
@@ -412,7 +404,7 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     where.add_argument("--remote", help="A Spark Connect session (sc://host:port) instead of a local cluster.")
     parser.add_argument("--json", action="store_true", help=argparse.SUPPRESS)  # one session, a JSON line
 
-    def body(args: argparse.Namespace) -> int:
+    def body(args: argparse.Namespace, run: program.Run) -> int:
         if args.events < args.batch or args.batch < args.partitions:
             parser.error("need events >= batch >= partitions")
         from eventprocessor.cli.user_errors import require, require_java
@@ -420,14 +412,12 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
         require(purpose="the spark-sink benchmark", extras=["spark"])
         if args.remote is None:
             require_java("the spark-sink benchmark")
-        return _run(args, program.recorded_command("spark_sink", argv))
+        return _run(args, run)
 
-    return program.run(parser, body, argv)
+    return program.run("spark_sink", parser, body, argv)
 
 
-def _run(args: argparse.Namespace, command: str) -> int:
-    from . import program
-
+def _run(args: argparse.Namespace, run: program.Run) -> int:
     logging.basicConfig(level=logging.WARNING)
     sizes = (args.events, args.batch, args.partitions, args.rounds, args.body_size)
     if args.master is not None or args.remote is not None:
@@ -439,7 +429,7 @@ def _run(args: argparse.Namespace, command: str) -> int:
             print("RESULT " + result.to_json(), flush=True)
             return 0
         where = f"One session: {label}."
-        program.report("spark_sink", _markdown([result], args, command, where), args.record)
+        run.report(_markdown([result], args, run.command, where))
         return 0
     results = _on_a_local_cluster(args)
     where = ("A standalone master, one worker (3 cores, 2 GB) and a Spark Connect server started on this machine "
@@ -447,7 +437,7 @@ def _run(args: argparse.Namespace, command: str) -> int:
              "each session runs in a process of its own. "
              "Classic: the driver in the benchmark's process, 2 cores of the worker (the Connect server's "
              "application holds the third). Connect: the Connect server's application, 1 core.")
-    program.report("spark_sink", _markdown(results, args, command, where), args.record)
+    run.report(_markdown(results, args, run.command, where))
     return 0
 
 

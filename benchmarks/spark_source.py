@@ -51,12 +51,14 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from benchmarks.spark_source_runs import STEPS, child_latency, child_sink, child_source, steady
+from .spark_source_runs import STEPS, child_latency, child_sink, child_source, steady
+from .toolkit import program
+from .toolkit.machine import load_average
+from .toolkit.report import number, value_range
 
 __all__ = ["main", "Measure"]
 
@@ -202,14 +204,14 @@ def _child(kind: str, args: argparse.Namespace, *, conn: str, cores: int, out: P
 
 
 def _load() -> str:
-    return "/".join(f"{x:.1f}" for x in os.getloadavg())
+    return number(load_average())
 
 
 def measure_all(args: argparse.Namespace) -> tuple[list[list[Measure]], dict[str, Any], dict[str, Any]]:
     from eventprocessor.emulators.eventhubs.process import start_emulator_process
     from eventprocessor.emulators.spark_cluster import start_spark_cluster
 
-    info: dict[str, Any] = {"load_start": _load()}
+    info: dict[str, Any] = {}
     emulator_args = ["--eventhub", HUB, "--eventhub", LIVE, "--partitions", str(args.partitions),
                      "--max-events-per-partition", str(args.events + args.latency_events + 1000)]
     for group in GROUPS:
@@ -248,7 +250,6 @@ def measure_all(args: argparse.Namespace) -> tuple[list[list[Measure]], dict[str
             rounds.append(sorted(measured, key=lambda m: paths.index(m.path)))
         latency = _child("latency", args, conn=live, cores=2, out=workdir / "latency",
                          on_ready=lambda: asyncio.run(steady(live, args.rate, args.latency_seconds)))
-        info["load_end"] = _load()
         return rounds, info, latency
     finally:
         if cluster is not None:
@@ -258,10 +259,6 @@ def measure_all(args: argparse.Namespace) -> tuple[list[list[Measure]], dict[str
 
 
 # ----------------------------------------------------------------------------- report
-
-
-def _range(values: Sequence[float]) -> str:
-    return f"{min(values):,.0f}–{max(values):,.0f}"
 
 
 def _ratio(rounds: list[list[Measure]], path: str, to: str) -> str:
@@ -282,9 +279,7 @@ def _label(path: str) -> str:
 
 
 def markdown(rounds: list[list[Measure]], info: dict[str, Any], latency: dict[str, Any], args: argparse.Namespace,
-             command: str) -> str:
-    from benchmarks.results import machine_line
-
+             head: str) -> str:
     by_path: dict[str, list[Measure]] = {}
     for measured in rounds:
         for m in measured:
@@ -294,7 +289,7 @@ def markdown(rounds: list[list[Measure]], info: dict[str, Any], latency: dict[st
         rates = [m.rows_per_s for m in measures]
         whole = [m.whole_run_rows_per_s for m in measures if m.whole_run_rows_per_s]
         floor = _ratio(rounds, path, "floor-" + path.partition("-")[2]) if path.startswith("source") else ""
-        rows.append(f"| {_label(path)} | {statistics.median(rates):,.0f} | {_range(rates)} | {floor} | "
+        rows.append(f"| {_label(path)} | {statistics.median(rates):,.0f} | {value_range(rates)} | {floor} | "
                     f"{_ratio(rounds, path, 'ceiling')} | " + (f"{statistics.median(whole):,.0f}" if whole else "")
                     + " |")
         if measures[0].steps:
@@ -303,8 +298,7 @@ def markdown(rounds: list[list[Measure]], info: dict[str, Any], latency: dict[st
     return "\n".join([
         "## Spark source: rows/s from Event Hubs into Parquet (`spark_source`)",
         "",
-        f"Command: `{command}`. {machine_line()} Load average (1/5/15 min) at start {info['load_start']}, at end "
-        f"{info.get('load_end', '?')}; at the start of each round: {', '.join(info.get('round_loads', []))}.",
+        head,
         "",
         f"The Event Hubs emulator (its own process) and a standalone Spark cluster (a master and one worker offering "
         f"{max(2, *args.cores)} cores), both started by the benchmark on 127.0.0.1. {args.events:,} events of ~"
@@ -348,8 +342,6 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
 
         python -m benchmarks.spark_source --events 50000 --rounds 2
     """
-    from . import program
-
     parser = program.parser("spark_source", __doc__, prog)
     parser.add_argument("--events", type=int, default=100_000, help="Events in the hub. [default: %(default)s]")
     parser.add_argument("--partitions", type=int, default=8, help="Partitions of the hub. [default: %(default)s]")
@@ -373,13 +365,13 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     parser.add_argument("--conn", help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
 
-    def body(args: argparse.Namespace) -> int:
+    def body(args: argparse.Namespace, run: program.Run) -> int:
         logging.basicConfig(level=logging.WARNING)
         if args.child:
-            run = {"source": child_source, "floor": lambda a: child_source(a, floor=True), "sink": child_sink,
-                   "latency": child_latency}[args.child]
+            child = {"source": child_source, "floor": lambda a: child_source(a, floor=True), "sink": child_sink,
+                     "latency": child_latency}[args.child]
             args.cores = args.cores if isinstance(args.cores, int) else args.cores[0]
-            print("RESULT " + json.dumps(run(args)), flush=True)
+            print("RESULT " + json.dumps(child(args)), flush=True)
             return 0
         from eventprocessor.cli.user_errors import require, require_java
 
@@ -387,11 +379,12 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
         require_java("the spark-source benchmark")
         args.latency_events = int(args.rate * args.latency_seconds) // 50 * 50
         rounds, info, latency = measure_all(args)
-        program.report("spark_source", markdown(rounds, info, latency, args,
-                                                program.recorded_command("spark_source", argv)), args.record)
+        loads = ", ".join(info.get("round_loads", []))
+        run.report(markdown(rounds, info, latency, args,
+                            run.header(f"1-minute load average at the start of each round: {loads}.")))
         return 0
 
-    return program.run(parser, body, argv)
+    return program.run("spark_source", parser, body, argv)
 
 
 if __name__ == "__main__":

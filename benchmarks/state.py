@@ -1,6 +1,6 @@
 """Stateful partitions: the pause of a planned move, the failover after a SIGKILL and the
 cost of a checkpoint against the size of the state, with warm-up and standbys
-(``EventProcessor(stateful=True, num_standbys=1)``) and the naive way, side by side.
+(``EventProcessor(stateful=StatePolicy(num_standbys=1))``) and the naive way, side by side.
 
 Run it with ``python -m benchmarks.state`` (or ``eventprocessor bench state``). It starts
 its own Event Hubs emulator and Azurite on loopback. Every processor is an OS process
@@ -48,8 +48,6 @@ import argparse
 import asyncio
 import json
 import math
-import os
-import statistics
 import sys
 import time
 from dataclasses import dataclass, field
@@ -60,8 +58,8 @@ from eventprocessor import Timing
 from harness.group import CHECKPOINT_EVERY, EXPIRY, INTERVAL, PERIOD, Group, Outcome
 from harness.state_scenarios import hub_bodies, restore_mismatches, standby_replicas
 
-from . import program, services
-from .results import machine_line
+from .toolkit import program, services
+from .toolkit.report import median, median_range, table
 
 __all__ = ["main", "render"]
 
@@ -135,7 +133,7 @@ async def _move(mode: str, mb: float, hub: str, hub_conn: str, storage_conn: str
         move.pause = round(first - max(before), 3)
         move.to_move = round(first - spawned, 2)
         gaps = [y - x for x, y in pairwise(before) if y > spawned - 10]
-        move.steady_gap = round(statistics.median(gaps), 3) if gaps else float("nan")
+        move.steady_gap = round(median(gaps), 3)
         restores = [r for r in b.restores if r["p"] == moved]
         if restores:
             move.warm, move.bytes_read = bool(restores[0]["warm"]), int(restores[0]["bytes"])
@@ -296,46 +294,25 @@ def _cost_rows(sizes: list[float]) -> list[tuple[float, int]]:
     return [(mb, 0) for mb in sizes] + [(fixed, change) for change in CHANGES if change <= fixed * MB]
 
 
-def _median(values: list[float]) -> float:
-    values = [v for v in values if not math.isnan(v)]
-    return statistics.median(values) if values else float("nan")
-
-
-def _range(values: list[float], digits: int = 0) -> str:
-    if not values:
-        return "n/a"
-    low, high = min(values), max(values)
-    return f"{low:,.{digits}f}" if low == high else f"{low:,.{digits}f}-{high:,.{digits}f}"
-
-
-def _spread(values: list[float]) -> str:
-    """The median, and the range in parentheses when the values differ."""
-    if not values:
-        return "n/a"
-    median = f"{_median(values):,.0f}"
-    return median if min(values) == max(values) else f"{median} ({_range(values)})"
-
-
 def _bytes(n: int) -> str:
     return f"{n / MB:.1f} MB" if n >= MB else f"{n / 1024:.0f} KB" if n >= 1024 else f"{n} bytes"
 
 
-def render(moves: list[Move], costs: list[Cost], sizes: list[float], rounds: int, command: str, seconds: float,
-           load: list[float] | None = None) -> str:
+def render(moves: list[Move], costs: list[Cost], sizes: list[float], rounds: int, head: str) -> str:
+    """The section: ``head`` (the line under the title, :meth:`~benchmarks.toolkit.program.Run.header`),
+    then the tables."""
     by = {(m.mb, m.mode): [x for x in moves if (x.mb, x.mode) == (m.mb, m.mode)] for m in moves}
     lines = [
         "## Stateful partitions: moves, failovers and checkpoints against the size of the state (`state`)",
         "",
-        f"Command: `{command}` ({seconds:.0f} s). {machine_line()}"
-        + (f" Machine load (1-minute average) {load[0]:.1f} before, {load[1]:.1f} after: other work on the machine "
-           "lengthens pauses." if load else ""),
+        head,
         "",
         (f"One Event Hubs emulator and one Azurite on 127.0.0.1, started by the benchmark; every processor is an OS "
          f"process (`python -m harness.worker`, `EventHubSource` + `BlobCheckpointStore`) whose "
          f"handler counts events per key ({KEYS} keys) in a state padded to the size given (keys of 1,000-character "
          f"strings). *warm-up*: `--stateful --standbys 1`, the counts in `context.state` "
-         f"(`EventProcessor(stateful=True, num_standbys=1)`): the new owner loads the state before it asks for the "
-         f"partition, and a standby follows each partition. *naive*: `--naive`, the same counts in a dict kept in "
+         f"(`EventProcessor(stateful=StatePolicy(num_standbys=1))`): the new owner loads the state before it asks for "
+         f"the partition, and a standby follows each partition. *naive*: `--naive`, the same counts in a dict kept in "
          f"one blob per partition, as written by hand without the feature: uploaded before each checkpoint and in "
          f"`close`, downloaded whole in `initialize` by the new owner. Hub of {PARTITIONS} partitions, {PERIOD:g} s "
          f"between events; load-balancing interval {INTERVAL:g} s, ownership expiration {EXPIRY:g} s, a checkpoint "
@@ -349,21 +326,19 @@ def render(moves: list[Move], costs: list[Cost], sizes: list[float], rounds: int
         "",
         "*Pause*: a's last batch of the moved partition to b's first.",
         "",
-        ("| state | side | pause, s (per round) | pause, s (median) | b started to its first batch, s | "
-         "b restored warm | bytes b read at the claim | a's checkpoint, ms (median, padded state) | "
-         "a's median gap between batches, s | duplicates (before the SIGKILL) | lost (whole run) | counts exact |"),
-        "|---:|---|---:|---:|---:|---|---:|---:|---:|---:|---:|---|",
+        table(["state", "side", "pause, s (per round)", "pause, s (median)", "b started to its first batch, s",
+               "b restored warm", "bytes b read at the claim", "a's checkpoint, ms (median, padded state)",
+               "a's median gap between batches, s", "duplicates (before the SIGKILL)", "lost (whole run)",
+               "counts exact"],
+              [[f"{mb:g} MB", _LABELS[mode], ", ".join(f"{m.pause:.2f}" for m in runs),
+                f"{median([m.pause for m in runs]):.2f}", ", ".join(f"{m.to_move:.1f}" for m in runs),
+                ", ".join("yes" if m.warm else "no" for m in runs), ", ".join(f"{m.bytes_read:,}" for m in runs),
+                f"{median([ms for m in runs for ms in m.checkpoint_ms]):.0f}",
+                f"{median([m.steady_gap for m in runs]):.2f}", ", ".join(str(m.duplicates) for m in runs),
+                sum(m.lost for m in runs), "yes" if not any(m.mismatches for m in runs) else "NO"]
+               for (mb, mode), runs in by.items()], align="rlrrrlrrrrrl"),
     ]
-    for (mb, mode), runs in by.items():
-        lines.append(
-            f"| {mb:g} MB | {_LABELS[mode]} | {', '.join(f'{m.pause:.2f}' for m in runs)} | "
-            f"{_median([m.pause for m in runs]):.2f} | {', '.join(f'{m.to_move:.1f}' for m in runs)} | "
-            f"{', '.join('yes' if m.warm else 'no' for m in runs)} | "
-            f"{', '.join(f'{m.bytes_read:,}' for m in runs)} | "
-            f"{_median([ms for m in runs for ms in m.checkpoint_ms]):.0f} | "
-            f"{_median([m.steady_gap for m in runs]):.2f} | {', '.join(str(m.duplicates) for m in runs)} | "
-            f"{sum(m.lost for m in runs)} | {'yes' if not any(m.mismatches for m in runs) else 'NO'} |")
-    warm = {mb: _median([m.pause for m in by.get((mb, "warm"), [])]) for mb in sizes}
+    warm = {mb: median([m.pause for m in by.get((mb, "warm"), [])]) for mb in sizes}
     if len(sizes) > 1 and not any(math.isnan(v) for v in warm.values()):
         small, large = min(sizes), max(sizes)
         ratio = warm[large] / warm[small] if warm[small] > 0 else float("inf")
@@ -376,19 +351,16 @@ def render(moves: list[Move], costs: list[Cost], sizes: list[float], rounds: int
          f"*Restored*: the SIGKILL to b's handler `initialize` (the state loaded). Duplicates: events delivered "
          f"again after the SIGKILL (a's batches since its last checkpoint)."),
         "",
-        ("| state | side | failover, s (per round) | failover, s (median) | SIGKILL to b's state restored, s | "
-         "b restored warm | bytes b read at the claim | duplicates (after the SIGKILL) | lost (whole run) | "
-         "counts exact |"),
-        "|---:|---|---:|---:|---:|---|---:|---:|---:|---|",
+        table(["state", "side", "failover, s (per round)", "failover, s (median)", "SIGKILL to b's state restored, s",
+               "b restored warm", "bytes b read at the claim", "duplicates (after the SIGKILL)", "lost (whole run)",
+               "counts exact"],
+              [[f"{mb:g} MB", _LABELS[mode], ", ".join(f"{m.failover:.2f}" for m in runs),
+                f"{median([m.failover for m in runs]):.2f}", ", ".join(f"{m.failover_restored:.2f}" for m in runs),
+                ", ".join("yes" if m.failover_warm else "no" for m in runs),
+                ", ".join(f"{m.failover_bytes:,}" for m in runs), ", ".join(str(m.failover_duplicates) for m in runs),
+                sum(m.lost for m in runs), "yes" if not any(m.failover_mismatches for m in runs) else "NO"]
+               for (mb, mode), runs in by.items()], align="rlrrrlrrrl"),
     ]
-    for (mb, mode), runs in by.items():
-        lines.append(
-            f"| {mb:g} MB | {_LABELS[mode]} | {', '.join(f'{m.failover:.2f}' for m in runs)} | "
-            f"{_median([m.failover for m in runs]):.2f} | {', '.join(f'{m.failover_restored:.2f}' for m in runs)} | "
-            f"{', '.join('yes' if m.failover_warm else 'no' for m in runs)} | "
-            f"{', '.join(f'{m.failover_bytes:,}' for m in runs)} | "
-            f"{', '.join(str(m.failover_duplicates) for m in runs)} | {sum(m.lost for m in runs)} | "
-            f"{'yes' if not any(m.failover_mismatches for m in runs) else 'NO'} |")
     lines += [
         "", "### Checkpoint cost", "",
         (f"One claim of one partition in the benchmark's process, on the same Azurite: {COMMITS} checkpoints per "
@@ -399,16 +371,13 @@ def render(moves: list[Move], costs: list[Cost], sizes: list[float], rounds: int
          f"workers' are (`BoundedStore`, store_timeout {STORE_TIMEOUT:g} s). *Naive*: the whole state uploaded as "
          f"one blob, then the checkpoint. Requests and bytes are counted on the wire (every HTTP request the storage "
          f"clients sent, and its body's `Content-Length`), per checkpoint; ms is the wall time of the checkpoint; "
-         f"each the median over rounds and checkpoints, the range in parentheses where they differ. *Background*: "
+         f"each the median over rounds and checkpoints, the range in parentheses. *Background*: "
          f"the snapshot and compaction a checkpoint started (written after it returns; a snapshot is taken every "
          f"100 commits, or once the changes since the last one outweigh the state), per checkpoint."),
         "",
-        ("| state | change per checkpoint | ours: requests | ours: bytes written | ours: ms | ours: background "
-         "requests / bytes | naive: requests | naive: bytes written | naive: ms |"),
-        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
-    rows = sorted({(c.state_mb, c.change) for c in costs}, key=lambda row: (row[1] > 0, row))
-    for mb, change in rows:
+    rows = []
+    for mb, change in sorted({(c.state_mb, c.change) for c in costs}, key=lambda row: (row[1] > 0, row)):
         side = {mode: [c for c in costs if (c.state_mb, c.change, c.mode) == (mb, change, mode)] for mode in MODES}
         cells = []
         for mode in MODES:
@@ -416,13 +385,15 @@ def render(moves: list[Move], costs: list[Cost], sizes: list[float], rounds: int
             requests = [float(n) for c in runs for n in c.requests]
             written = [float(n) for c in runs for n in c.written]
             ms = [x for c in runs for x in c.ms]
-            cells += [_spread(requests), _spread(written), _spread(ms)]
+            cells += [median_range(requests), median_range(written), median_range(ms)]
             if mode == "warm":
                 commits = sum(c.commits for c in runs) or 1
                 cells.append(f"{sum(c.background_requests for c in runs) / commits:.1f} / "
                              f"{sum(c.background_written for c in runs) / commits:,.0f}")
-        change_text = f"{_bytes(change)} + counters" if change else f"{KEYS} counters"
-        lines.append(f"| {mb:g} MB | {change_text} | " + " | ".join(cells) + " |")
+        rows.append([f"{mb:g} MB", f"{_bytes(change)} + counters" if change else f"{KEYS} counters", *cells])
+    lines.append(table(["state", "change per checkpoint", "ours: requests", "ours: bytes written", "ours: ms",
+                        "ours: background requests / bytes", "naive: requests", "naive: bytes written", "naive: ms"],
+                       rows, align="rrrrrrrrr"))
     problems = [p for m in moves for p in m.mismatches + m.failover_mismatches]
     if problems:
         lines += ["", "Counts that differ from the hub's events:", ""] + [f"- {p}" for p in problems]
@@ -431,15 +402,6 @@ def render(moves: list[Move], costs: list[Cost], sizes: list[float], rounds: int
 
 def _hub(mode: str, mb: float, r: int) -> str:
     return f"state-{mode}-{str(mb).replace('.', 'p')}-{r}"
-
-
-def _config(path: str, sizes: list[float], rounds: int) -> str:
-    entities = [{"Name": _hub(mode, mb, r), "PartitionCount": str(PARTITIONS)}
-                for mb in sizes for mode in MODES for r in range(rounds)]
-    with open(path, "w") as handle:
-        json.dump({"UserConfig": {"NamespaceConfig": [{"Type": "EventHub", "Name": "emulatorNs1",
-                                                       "Entities": entities}]}}, handle)
-    return path
 
 
 async def _measure(args: argparse.Namespace, hub_conn: str, storage_conn: str,
@@ -478,35 +440,30 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     """
     parser = program.parser("state", __doc__, prog)
     parser.add_argument("--sizes", nargs="+", type=float, default=[1.0, 16.0, 64.0],
-                        help="State per partition, MB. [default: 1 16 64]")
-    parser.add_argument("--rounds", type=int, default=2, help="Rounds of every size per side. [default: %(default)s]")
-    parser.add_argument("--log-dir", help="Keep every worker's log here. [default: a temporary directory, removed]")
+                        help="state per partition, MB (default: 1 16 64)")
+    parser.add_argument("--rounds", type=program.at_least_one, default=2, help="rounds of every size per side")
+    parser.add_argument("--log-dir", help="keep every worker's log here (default: a temporary directory, removed)")
     parser.add_argument("--quick", action="store_true",
-                        help="A smoke run: --sizes 0.05 --rounds 1 (never recorded).")
+                        help="a smoke run: --sizes 0.05 --rounds 1 (never recorded)")
 
-    def body(args: argparse.Namespace) -> int:
-        if args.rounds < 1 or any(mb <= 0 for mb in args.sizes):
-            parser.error("--rounds must be at least 1 and every --sizes value above 0 MB")
+    def body(args: argparse.Namespace, run: program.Run) -> int:
+        if any(mb <= 0 for mb in args.sizes):
+            parser.error("every --sizes value above 0 MB, please: a state of nothing measures nothing")
         if args.quick:
             if args.record:
                 parser.error("partial runs (--quick) are never recorded")
             args.sizes, args.rounds = [0.05], 1
-        return _run(args, program.recorded_command("state", argv))
+        return _run(args, run)
 
-    return program.run(parser, body, argv)
+    return program.run("state", parser, body, argv)
 
 
-def _run(args: argparse.Namespace, command: str) -> int:
-    started = time.monotonic()
-    load_before = os.getloadavg()[0]
-    measured = services.with_azurite_and_emulator(
-        "state", args.log_dir, lambda path: _config(path, args.sizes, args.rounds),
-        lambda hub_conn, storage_conn, log_dir: asyncio.run(_measure(args, hub_conn, storage_conn, log_dir)))
-    if measured is None:
-        return 2
-    moves, costs = measured
-    program.report("state", render(moves, costs, args.sizes, args.rounds, command, time.monotonic() - started,
-                                   [load_before, os.getloadavg()[0]]), args.record)
+def _run(args: argparse.Namespace, run: program.Run) -> int:
+    hubs = {_hub(mode, mb, r): PARTITIONS for mb in args.sizes for mode in MODES for r in range(args.rounds)}
+    with services.logs("state", args.log_dir) as log_dir, \
+            services.azurite_and_emulator(hubs=hubs) as (emulator, azurite):
+        moves, costs = asyncio.run(_measure(args, emulator.connection_string, azurite.connection_string, log_dir))
+    run.report(render(moves, costs, args.sizes, args.rounds, run.header("Other work on the machine lengthens pauses.")))
     return 0
 
 

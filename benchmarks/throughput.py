@@ -21,8 +21,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
-import os
-import statistics
 import sys
 import time
 from dataclasses import dataclass
@@ -32,10 +30,10 @@ from eventprocessor.events import EventPosition
 from eventprocessor.sources import InMemoryEventSource
 from eventprocessor.stores import InMemoryCheckpointStore
 
-from . import program
-from .results import machine_line
+from .toolkit import program
+from .toolkit.report import median, table, value_range
 
-__all__ = ["main", "measure_processor", "measure_bare", "Measurement", "check_counts"]
+__all__ = ["main", "measure", "measure_processor", "measure_bare", "Measurement", "check_counts"]
 
 logger = logging.getLogger(__name__)
 
@@ -132,7 +130,7 @@ async def measure_bare(source: InMemoryEventSource, total: int, consumer_group: 
     return Measurement(seen, finished - started)
 
 
-async def run(per_partition: int, rounds: int) -> tuple:
+async def measure(per_partition: int, rounds: int) -> tuple[list[Measurement], list[Measurement]]:
     source = fill(PARTITIONS, per_partition)
     total = PARTITIONS * per_partition
     processor: list[Measurement] = []
@@ -150,17 +148,9 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
         python -m benchmarks.throughput --rounds 3
     """
     parser = program.parser("throughput", __doc__, prog)
-    parser.add_argument("--events-per-partition", type=int, default=30_000,
-                        help="Events per partition per round. [default: %(default)s]")
-    parser.add_argument("--rounds", type=int, default=15,
-                        help="Alternating rounds of each side; the median ratio is reported. [default: %(default)s]")
-
-    def body(args: argparse.Namespace) -> int:
-        if args.events_per_partition < 1 or args.rounds < 1:
-            parser.error("--events-per-partition and --rounds must be at least 1")
-        return _run(args, program.recorded_command("throughput", argv))
-
-    return program.run(parser, body, argv)
+    parser.add_argument("--events-per-partition", type=program.at_least_one, default=30_000)
+    parser.add_argument("--rounds", type=program.at_least_one, default=15)
+    return program.run("throughput", parser, _run, argv)
 
 
 def check_counts(processor: list[Measurement], bare: list[Measurement], total: int) -> str:
@@ -176,42 +166,38 @@ def check_counts(processor: list[Measurement], bare: list[Measurement], total: i
             f"{min(p.events for p in processor)}-{max(p.events for p in processor)} (after it owned every partition)")
 
 
-def _run(args: argparse.Namespace, command: str) -> int:
+def _run(args: argparse.Namespace, run: program.Run) -> int:
     logging.basicConfig(level=logging.WARNING)
-    load_before = os.getloadavg()[0]
-    processor, bare = asyncio.run(run(args.events_per_partition, args.rounds))
-    load_after = os.getloadavg()[0]
+    processor, bare = asyncio.run(measure(args.events_per_partition, args.rounds))
     print(check_counts(processor, bare, PARTITIONS * args.events_per_partition), file=sys.stderr)
     best_p = max(processor, key=lambda m: m.per_second)
     best_b = max(bare, key=lambda m: m.per_second)
-    ratios = sorted(p.per_second / b.per_second for p, b in zip(processor, bare, strict=False))
-    ratio = statistics.median(ratios)
+    ratios = [p.per_second / b.per_second for p, b in zip(processor, bare, strict=False)]
+    ratio = median(ratios)
     best_ratio = best_p.per_second / best_b.per_second
     rounds = ", ".join(f"{p.per_second:,.0f} / {b.per_second:,.0f}" for p, b in zip(processor, bare, strict=False))
     text = "\n".join([
         "## Throughput: EventProcessor vs a bare asyncio loop",
         "",
-        (f"Command: `{command}`. {machine_line()} 1-minute load average at start and end: {load_before:.1f} / "
-         f"{load_after:.1f} (on a shared machine the per-round ratio is the figure to trust)."),
+        run.header("On a shared machine the per-round ratio is the figure to trust."),
         "",
         f"InMemoryEventSource, {PARTITIONS} partitions x {args.events_per_partition:,} pre-filled events, batch size "
         f"{BATCH}; no-op handler (counts events) vs one task per receiver doing the same count. "
         f"{args.rounds} alternating rounds. With every event already there, no receive ever waits, so this "
         "is the per-batch CPU cost of the pump (owner checks, handler call, counters) against a bare receive loop.",
         "",
-        "| | events/s (best round) |",
-        "|---|---|",
-        f"| EventProcessor | {best_p.per_second:,.0f} |",
-        f"| bare asyncio loop | {best_b.per_second:,.0f} |",
-        f"| ratio of the best rounds | {best_ratio:.2f} |",
-        f"| **median per-round ratio** (target >= {TARGET}) | **{ratio:.2f}** "
-        f"{'(met)' if ratio >= TARGET else '(missed)'}; range {ratios[0]:.2f}-{ratios[-1]:.2f} |",
+        table(["", "events/s (best round)"], [
+            ["EventProcessor", f"{best_p.per_second:,.0f}"],
+            ["bare asyncio loop", f"{best_b.per_second:,.0f}"],
+            ["ratio of the best rounds", f"{best_ratio:.2f}"],
+            [f"**median per-round ratio** (target >= {TARGET})",
+             f"**{ratio:.2f}** {'(met)' if ratio >= TARGET else '(missed)'}; range {value_range(ratios, '.2f')}"]]),
         "",
         f"Rounds (processor / bare events/s): {rounds}. Processor balancing until it owned "
         f"all {PARTITIONS} partitions (untimed; events dispatched meanwhile are not counted): "
         f"{min(p.startup for p in processor) * 1000:.1f} ms (best round).",
     ])
-    program.report("throughput", text, args.record)
+    run.report(text)
     return 0
 
 

@@ -36,7 +36,7 @@ from collections import Counter
 from typing import Any
 
 from .worker import HUB_ENV, STORAGE_ENV
-from .worker_report import emit
+from .worker.report import emit
 
 __all__ = ["spawn", "ConcurrentWorker", "main"]
 

@@ -30,7 +30,7 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from .worker_process import WorkerHandle, create_container, spawn_worker
+from .worker.process import WorkerHandle, create_container, spawn_worker
 
 __all__ = ["Group", "Outcome", "Failover", "CLAIM_BOUND", "TAKEOVER_BOUND", "EXPIRY", "INTERVAL",
            "CHECKPOINT_EVERY", "WORK", "PERIOD", "BATCH", "fair_shares"]

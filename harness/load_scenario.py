@@ -53,7 +53,7 @@ from eventprocessor.testing.recorder import most_within
 
 from .cpu_quota import CpuQuotas
 from .group import fair_shares
-from .worker_process import WorkerHandle, create_container, spawn_worker
+from .worker.process import WorkerHandle, create_container, spawn_worker
 
 __all__ = ["LAG_EVERY", "SIDES", "LoadGroup", "LoadOutcome", "Phase", "Skew", "run_skewed"]
 

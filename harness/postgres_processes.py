@@ -26,7 +26,7 @@ from datetime import datetime
 import asyncpg
 
 from .postgres_worker import DSN_ENV
-from .worker_process import WorkerHandle
+from .worker import WorkerHandle
 
 __all__ = ["Tables", "Outcome", "spawn", "kill_chain", "zombie", "group", "stopped", "count_rows"]
 

@@ -34,7 +34,7 @@ import sys
 import time
 from typing import Any
 
-from .worker_report import emit
+from .worker.report import emit
 
 DSN_ENV = "EVENTPROCESSOR_PG_DSN"
 STEPS = ("before_begin", "after_begin", "after_write", "after_commit", "after_checkpoint")

@@ -35,8 +35,8 @@ from eventprocessor.events import EventPosition
 from eventprocessor.sources.eventhub import EventHubSource
 from eventprocessor.testing.recorder import DeliveryRecorder, recording_handler
 
-__all__ = ["SourceFaultRun", "run_source_fault", "resets", "black_hole", "restart", "throttle", "Controls",
-           "LocalEmulator", "recovery_bound"]
+__all__ = ["SourceFaultRun", "run_source_fault", "repeatedly", "resets", "black_hole", "restart", "throttle",
+           "Controls", "LocalEmulator", "recovery_bound"]
 
 logger = logging.getLogger(__name__)
 
@@ -79,14 +79,21 @@ class Controls:
                    throttle=lambda seconds, retry_after: emulator.throttle(seconds, retry_after=retry_after))
 
 
+async def repeatedly(action: Callable[[], int], *, every: float, seconds: float) -> int:
+    """Call ``action`` every ``every`` seconds for ``seconds`` (the loop's clock, virtual or
+    real); the sum of what it returned (connections reset, links detached)."""
+    loop = asyncio.get_running_loop()
+    end, count = loop.time() + seconds, 0
+    while loop.time() < end:
+        count += action()
+        await asyncio.sleep(every)
+    return count
+
+
 def resets(*, every: float = 2.0, seconds: float = 12.0) -> Inject:
     """Every connection through the proxy reset every ``every`` seconds for ``seconds``."""
     async def inject(proxy: TcpFaultProxy, _emulator: Controls) -> str:
-        loop = asyncio.get_running_loop()
-        end, count = loop.time() + seconds, 0
-        while loop.time() < end:
-            count += proxy.reset_all()
-            await asyncio.sleep(every)
+        count = await repeatedly(proxy.reset_all, every=every, seconds=seconds)
         return f"every connection reset every {every:g} s for {seconds:g} s ({count} resets)"
     return inject
 

@@ -16,7 +16,7 @@ from collections import Counter
 from typing import Any
 
 from .group import SETTLE_TIMEOUT, TAKEOVER_BOUND, Failover, Group, Outcome
-from .worker_process import WorkerHandle
+from .worker.process import WorkerHandle
 
 __all__ = ["Failover", "stateful_failover", "hub_bodies", "stored_states", "standby_replicas",
            "count_mismatches", "restore_mismatches"]
@@ -74,7 +74,7 @@ async def stored_states(group: Group) -> dict[str, tuple[int, dict[str, Any]]]:
     from eventprocessor.state import StateKeeper, StateLog
     from eventprocessor.stores.blob import BlobCheckpointStore
 
-    from .worker import PAD_PREFIX
+    from .worker.handlers import PAD_PREFIX
 
     scope = _scope(group)
     states: dict[str, tuple[int, dict[str, Any]]] = {}

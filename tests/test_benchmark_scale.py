@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-STORAGE_ENV = "EVENTPROCESSOR_SCALE_STORAGE"  # benchmarks/scale_worker.py: a storage of the user's own
+STORAGE_ENV = "EVENTPROCESSOR_SCALE_STORAGE"  # benchmarks/scale.py: a storage of the user's own
 
 
 def _scale(*args: str, env: dict = None, timeout: float = 300) -> subprocess.CompletedProcess:
@@ -44,7 +44,7 @@ def test_scale_quick_run_starts_both_sides_as_processes_and_checks_ownership_in_
     Timing figures are not asserted (they are the benchmark's to record); the table's shape is."""
     results = (ROOT / "benchmarks" / "RESULTS.md").read_bytes()
     run = _scale("--quick")
-    if run.returncode == 2 and "Azurite is not available" in run.stderr:
+    if run.returncode == 2 and "Azurite could not start" in run.stderr:
         from tests.conftest import unavailable
 
         unavailable(run.stderr.strip()[-300:])
@@ -140,7 +140,7 @@ def test_a_size_the_time_budget_cannot_hold_whole_is_not_run_on_either_side():
     compares nothing (before, the first side was skipped and the second, finding the
     time reserved for it, ran alone for 100 s)."""
     run = _scale("--quick", "--sizes", "8x2", "--budget-minutes", "2.5", timeout=240)
-    if run.returncode == 2 and "Azurite is not available" in run.stderr:
+    if run.returncode == 2 and "Azurite could not start" in run.stderr:
         from tests.conftest import unavailable
 
         unavailable(run.stderr.strip()[-300:])

@@ -18,7 +18,7 @@ import time
 import pytest
 
 from harness.concurrency_worker import ConcurrentWorker, spawn
-from harness.worker_process import create_container
+from harness.worker import create_container
 
 pytestmark = [pytest.mark.azurite, pytest.mark.eventhubs, pytest.mark.slow]
 

@@ -23,7 +23,7 @@ import uuid
 
 import pytest
 
-from harness.worker_process import WorkerHandle, spawn_worker
+from harness.worker import WorkerHandle, spawn_worker
 
 pytestmark = [pytest.mark.azurite, pytest.mark.eventhubs, pytest.mark.slow]
 

@@ -1,7 +1,7 @@
 """Three OS processes share 12 partitions through BlobCheckpointStore on Azurite.
 
-Each process (``tests/mp_worker.py``) runs an ``EventProcessor`` with its own
-``InMemoryEventSource(12)``; they coordinate only through the ownership blobs. The test
+Each process (``python -m harness.worker --source none``) runs an ``EventProcessor`` over
+its own 12 partitions without events; they coordinate only through the ownership blobs. The test
 checks that they settle at 4/4/4 with every partition owned by a live worker, then
 SIGKILLs one and checks that the other two (GREEDY) take all of its partitions within
 one tick of its records expiring, without touching each other's partitions and without taking any of
@@ -14,8 +14,6 @@ property is checked on the store's own timestamps.
 from __future__ import annotations
 
 import asyncio
-import os
-import sys
 import time
 import uuid
 from collections import Counter
@@ -25,12 +23,9 @@ from pathlib import Path
 
 import pytest
 
-from harness.worker_process import WorkerHandle
+from harness.worker import WorkerHandle, spawn_worker
 
 pytestmark = [pytest.mark.azurite, pytest.mark.slow]
-
-ROOT = Path(__file__).resolve().parent.parent
-WORKER = Path(__file__).resolve().parent / "mp_worker.py"
 
 PARTITIONS = 12
 WORKERS = 3
@@ -52,24 +47,14 @@ POLL = 0.2
 
 
 async def _spawn(owner_id: str, container: str, connection_string: str, tmp_path: Path) -> WorkerHandle:
-    """Start ``tests/mp_worker.py``; the testing package's handle reads its ``started``
-    and ``owned`` lines (what it owns, and its ticks)."""
-    env = dict(os.environ)
-    env["EVENTPROCESSOR_MP_CONNECTION_STRING"] = connection_string
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
-    env["PYTHONUNBUFFERED"] = "1"
-    stderr_path = tmp_path / f"{owner_id}.stderr"
-    with stderr_path.open("wb") as stderr:
-        process = await asyncio.create_subprocess_exec(
-            sys.executable, str(WORKER),
-            "--container", container, "--owner-id", owner_id, "--partitions", str(PARTITIONS),
-            "--interval", str(INTERVAL), "--expiry", str(EXPIRY), "--strategy", "greedy",
-            stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE, stderr=stderr,
-            cwd=str(ROOT), env=env,
-        )
-    worker = WorkerHandle(owner_id, process, str(stderr_path))
-    worker.reader = asyncio.create_task(worker.read())
-    return worker
+    """Start the worker program on 12 partitions without events; its handle reads the
+    ``started`` line and the ``owned`` lines (what it owns, and its ticks: at least once a
+    second, so that the tick count the test reads is recent)."""
+    return await spawn_worker(owner_id, hub="mp", container=container, hub_connection_string=None,
+                              storage_connection_string=connection_string, log_dir=str(tmp_path),
+                              extra=["--source", "none", "--partitions", str(PARTITIONS), "--interval", str(INTERVAL),
+                                     "--expiry", str(EXPIRY), "--strategy", "greedy", "--owned-every", "1",
+                                     "--stats-interval", "0"])
 
 
 @dataclass

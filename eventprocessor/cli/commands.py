@@ -32,7 +32,7 @@ logger = logging.getLogger(__name__)
 DEBUG_ENVIRONMENT_VARIABLE = "EVENTPROCESSOR_DEBUG"
 _DEBUG_KEY = "eventprocessor.debug"
 
-# Each benchmark is the module benchmarks/<name>.py; its command is the name with
+# Each benchmark is benchmarks/<name>.py (or the package benchmarks/<name>/); its command is the name with
 # dashes (store_bench -> ``eventprocessor bench store-bench``). The underscore spelling
 # is accepted too.
 BENCHMARKS = {

@@ -1,0 +1,6 @@
+"""``python -m benchmarks.convergence``."""
+import sys
+
+from . import main
+
+sys.exit(main())

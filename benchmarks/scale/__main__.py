@@ -1,0 +1,6 @@
+"""``python -m benchmarks.scale``."""
+import sys
+
+from . import main
+
+sys.exit(main())
