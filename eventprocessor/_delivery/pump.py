@@ -66,6 +66,7 @@ class PartitionPump:
         block_threshold: float = BLOCK_THRESHOLD,
         state: StateKeeper | None = None,
         checkpoint: Checkpoint | None = None,
+        on_received: Callable[[Exception | None], None] | None = None,
     ) -> None:
         self.context = context
         self.claim = claim_of(context)
@@ -90,7 +91,8 @@ class PartitionPump:
         self._receiving = ClaimReceiver(
             context=context, claim=self.claim, source=source, starting_position=starting_position,
             max_batch_size=max_batch_size, max_wait_time=max_wait_time, prefetch=prefetch,
-            track_last_enqueued=track_last_enqueued_event_properties, clock=clock, report=self._report)
+            track_last_enqueued=track_last_enqueued_event_properties, clock=clock, report=self._report,
+            on_received=on_received)
         self.parked: PoisonEventsError | None = None
         """Set when the partition was parked on a poison event (``on_poison=PARK``)."""
         self._stop_reason: CloseReason | None = None
@@ -260,13 +262,13 @@ class PartitionPump:
             self.last_completed = batch[-1]
 
     async def _failed(self, error: Exception, batch: list[Event], attempt: int) -> None:
-        """Log one handler failure with its traceback (once per attempt: attempts are
-        bounded) and hand it to ``process_error``."""
+        """Log one handler failure (its traceback on the first attempt only: the retries of
+        the same events are a line each) and hand it to ``process_error``."""
         ctx = self.context
         logger.warning("partition %s of %s/%s: handler failed on %d event(s) from sequence number %s (attempt %d of "
                        "%d): %r", ctx.partition_id, ctx.eventhub_name, ctx.consumer_group, len(batch),
                        batch[0].sequence_number if batch else "-", attempt, self._retry_policy.max_delivery_attempts,
-                       error, exc_info=error)
+                       error, exc_info=error if attempt == 1 else None)
         already_logged(error)
         await self._report(error)
 
@@ -313,10 +315,18 @@ class PartitionPump:
     async def _poisoned(self, poison: Poison) -> bool:
         """An event failed every attempt: report it, then skip it (True) or park (False)."""
         ctx = self.context
+        if self._on_poison is PoisonPolicy.PARK:
+            fate = "the partition parks at it (on_poison=\"park\"): the event is kept, not skipped"
+        elif self._dead_letter is not None:
+            fate = "it goes to the dead_letter hook and is skipped (on_poison=\"skip\")"
+        else:
+            fate = ("it is dropped: skipped and checkpointed past (on_poison=\"skip\"). To keep such events, pass "
+                    "FailurePolicy(dead_letter=...) to hand them somewhere, or on_poison=\"park\" to stop the "
+                    "partition at them")
         poisoned = PoisonEventsError(
             f"partition {ctx.partition_id} of {ctx.eventhub_name}/{ctx.consumer_group}: the handler failed on "
             f"the event at sequence number {poison.event.sequence_number} in all {poison.attempts} attempts "
-            f"({poison.error!r}); policy {self._on_poison.value}",
+            f"({poison.error!r}); {fate}",
             events=[poison.event], attempts=poison.attempts, partition_id=ctx.partition_id)
         poisoned.__cause__ = poison.error
         logger.error("%s", poisoned)
@@ -324,8 +334,9 @@ class PartitionPump:
         await self._report(poisoned)
         if self._on_poison is PoisonPolicy.PARK or not await self._skip(poison.event, poisoned):
             self.parked = poisoned
-            logger.error("partition %s of %s/%s is parked: it is not dispatched until the processor restarts",
-                         ctx.partition_id, ctx.eventhub_name, ctx.consumer_group)
+            logger.error("partition %s of %s/%s is parked at sequence number %d: it is not dispatched until the "
+                         "processor restarts, which delivers that event again", ctx.partition_id, ctx.eventhub_name,
+                         ctx.consumer_group, poison.event.sequence_number)
             return False
         return True
 

@@ -296,7 +296,9 @@ class EventHubConsumerClient:
             initial_event_position=initial, default_event_position=default, max_batch_size=max_batch_size,
             max_wait_time=max_wait_time, prefetch=prefetch,
             track_last_enqueued_event_properties=track_last_enqueued_event_properties,
-            error_handler=callbacks.processor_error, **self._options)
+            error_handler=callbacks.processor_error,
+            # azure-eventhub's receive keeps trying a hub it cannot reach (on_error hears of it)
+            **{"source_startup_timeout": None, **self._options})
 
     async def _receive(self, callback: Callable[..., Awaitable[None]], **arguments: Any) -> None:
         partition_id = arguments["partition_id"]
