@@ -18,7 +18,13 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Protocol
 
-from ..errors import CheckpointStoreError, ClaimOwnershipError, EventProcessorError, OwnershipLostError
+from ..errors import (
+    CheckpointStoreError,
+    ClaimOwnershipError,
+    EventProcessorError,
+    OwnershipLostError,
+    StoreTimeoutError,
+)
 from ..partition import PartitionContext, already_logged
 from .clock import Clock
 from .options import ErrorHandler
@@ -126,10 +132,13 @@ class StoreOutage:
             self._loud = now - self._said_at >= self._period
             if self._loud:
                 self._said_at = now
+                timed_out = isinstance(error, StoreTimeoutError)
                 logger.error("processor %s: the checkpoint store %s is failing: %s %s %.1f s: %r. The processor "
-                             "retries; it keeps its leases while renewals get through. Said again every %g s while "
-                             "it lasts, and when the store answers again.", self._describe, self._store, operation,
-                             "gave up after" if "did not answer" in str(error) else "failed after", seconds, error,
+                             "retries; it keeps its leases while renewals get through%s. Said again every %g s "
+                             "while it lasts, and when the store answers again.", self._describe, self._store,
+                             operation, "gave up after" if timed_out else "failed after", seconds, error,
+                             "; balancing backs off so that a saturated store can drain (if this recurs under load, "
+                             "raise load_balancing_interval: docs/concepts/timing.md, \"Sizing\")" if timed_out else "",
                              self._period)
             return
         if now - self._said_at >= self._period:
