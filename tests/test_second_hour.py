@@ -360,24 +360,27 @@ def test_the_readme_s_swap_to_a_blob_store_that_is_down_closes_cleanly_and_names
 
 
 @pytest.mark.eventhubs
-@pytest.mark.parametrize("where", ["unknown hub", "refused port"])
-def test_on_the_emulator_a_hub_that_does_not_exist_or_a_refused_port_ends_the_processor_within_5_s(
-        eventhubs_emulator, where):
+@pytest.mark.parametrize("where", ["unknown hub", "unknown consumer group", "refused port"])
+def test_on_the_emulator_a_source_that_can_never_work_ends_the_processor_within_5_s(
+        eventhubs_emulator, request, where):
     pytest.importorskip("azure.eventhub")
     from eventprocessor.emulators.ports import free_ports
     from eventprocessor.sources.eventhub import EventHubSource
 
-    connection = eventhubs_emulator.connection_string
+    connection, hub, group = eventhubs_emulator.connection_string, "no-such-hub", "$default"
     if where == "refused port":
         connection = connection.replace(f":{eventhubs_emulator.port}", f":{free_ports(1)[0]}")
+    if where == "unknown consumer group":
+        hub, group = request.getfixturevalue("hub"), "no-such-group"
 
     async def scenario() -> float:
         loop = asyncio.get_running_loop()
-        source = EventHubSource.from_connection_string(connection, eventhub_name="no-such-hub")
+        source = EventHubSource.from_connection_string(connection, eventhub_name=hub)
         started = loop.time()
         try:
             with pytest.raises(EventSourceError) as raised:
-                async with EventProcessor(source, InMemoryCheckpointStore(), PartitionProcessor):
+                async with EventProcessor(source, InMemoryCheckpointStore(), PartitionProcessor,
+                                          consumer_group=group):
                     await asyncio.sleep(30)
         finally:
             await source.close()
