@@ -22,6 +22,7 @@ from ..errors import (
     CheckpointStoreError,
     ClaimOwnershipError,
     EventProcessorError,
+    EventSourceError,
     OwnershipLostError,
     StoreTimeoutError,
 )
@@ -207,11 +208,13 @@ class SourceStart:
         failure = self.ids_failure if not self.ids_read else None if self.received else self.receiver_failure
         if failure is None:
             return
-        halt(type(failure)(
+        error = EventSourceError(
             f"{failure}. The event source {where} has not worked since the processor started "
             f"{self.timeout:g} s ago; the processor stops (source_startup_timeout=None keeps retrying)",
-            **{name: getattr(failure, name) for name in ("fully_qualified_namespace", "eventhub_name", "reason",
-                                                         "retry_after") if hasattr(failure, name)}))
+            fully_qualified_namespace=getattr(failure, "fully_qualified_namespace", ""),
+            eventhub_name=getattr(failure, "eventhub_name", ""), reason=getattr(failure, "reason", ""))
+        error.__cause__ = failure
+        halt(error)
 
 
 class Reporter:
