@@ -389,3 +389,32 @@ def test_on_the_emulator_a_source_that_can_never_work_ends_the_processor_within_
         return loop.time() - started
 
     assert asyncio.run(scenario()) < 8.0  # 5 s, and the stop
+
+
+@pytest.mark.eventhubs
+def test_on_the_emulator_a_start_past_the_partition_s_newest_event_is_one_warning_per_partition(hub, eventhubs_emulator,
+                                                                                               caplog):
+    pytest.importorskip("azure.eventhub")
+    from eventprocessor import EventPosition
+    from eventprocessor.sources.eventhub import EventHubSource
+
+    async def scenario() -> int:
+        source = EventHubSource.from_connection_string(eventhubs_emulator.connection_string, eventhub_name=hub)
+        try:
+            partitions = len(await source.get_partition_ids())
+            async with EventProcessor(source, InMemoryCheckpointStore(), PartitionProcessor, load_balancing_interval=1,
+                                      initial_event_position=EventPosition.from_sequence_number(10_000)):
+                deadline = asyncio.get_running_loop().time() + 20
+                while len(_said(caplog)) < partitions and asyncio.get_running_loop().time() < deadline:
+                    await asyncio.sleep(0.2)
+                await asyncio.sleep(1)  # and nothing more: the refusals that follow are DEBUG
+        finally:
+            await source.close()
+        return partitions
+
+    with caplog.at_level(logging.DEBUG, logger="eventprocessor"):
+        partitions = asyncio.run(scenario())
+    said = _said(caplog)
+    assert len(said) == partitions, said
+    assert all("starts after sequence number 10000" in line and "override_checkpoints=True" in line
+               for line in said), said

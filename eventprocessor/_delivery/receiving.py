@@ -6,7 +6,9 @@ the last event received in this claim (or, before the first, where the claim sta
 with ``latest`` resolved to a sequence number when the claim began), so a reconnect
 neither loses nor replays events. A hub that refuses the position because it lost the
 events (recreated, an emulator restarted empty) is said so once, and the claim resumes
-from the beginning of what the hub holds.
+from the beginning of what the hub holds. A claim whose checkpoint is past the
+partition's newest event (an earlier run's checkpoints over a new hub or a fresh
+in-memory source) is said so once, with the ways out, and its refusals are DEBUG.
 """
 from __future__ import annotations
 
@@ -72,7 +74,6 @@ class ClaimReceiver:
             if self._receiver is None:
                 if not self._resolved:
                     await self._resolve_latest()
-                    await self._check_start()
                     self._resolved = True
                 self._receiver = await self._source.open_receiver(
                     self._context.partition_id, consumer_group=self._context.consumer_group,
@@ -106,8 +107,8 @@ class ClaimReceiver:
         retry_after = getattr(error, "retry_after", None)
         if isinstance(retry_after, (int, float)) and retry_after > delay:
             delay = float(retry_after)  # the hub asked to be left alone this long (server busy)
-        if getattr(error, "reason", None) == "refused":
-            await self._check_position(error)
+        if getattr(error, "reason", None) == "refused":  # asked only then: no call on the happy path
+            await (self._check_position(error) if self.last_received is not None else self._check_start())
         # One line per streak of failures, then one a minute with the count (the handler's
         # process_error still hears of each); a start past the newest event was said once
         # (_check_start): the hub refuses it until the partition gets there.
@@ -155,11 +156,12 @@ class ClaimReceiver:
         self._claim_start = EventPosition.from_sequence_number(properties.last_enqueued_sequence_number)
 
     async def _check_start(self) -> None:
-        """A claim that starts after the partition's newest event (its checkpoint is from
-        an earlier life of the hub, or from a run over another source) receives nothing
-        until the partition gets there: say so once, with the ways out."""
+        """The hub refused where the claim starts: if that is after the partition's newest
+        event (the checkpoint is from an earlier life of the hub, or from a run over another
+        source), nothing is received until the partition gets there: say so once, with the
+        ways out."""
         start, ctx = self._claim_start, self._context
-        if start.kind != "sequence_number" or not isinstance(start.value, int):
+        if self._ahead or start.kind != "sequence_number" or not isinstance(start.value, int):
             return
         try:
             newest = (await self._source.get_partition_properties(ctx.partition_id)).last_enqueued_sequence_number
@@ -169,7 +171,8 @@ class ClaimReceiver:
             return
         self._ahead = True
         logger.warning(
-            "partition %s of %s/%s starts after sequence number %s (its checkpoint), but the partition's newest "
+            "partition %s of %s/%s starts after sequence number %s (its checkpoint, or the position it was "
+            "given), but the partition's newest "
             "event is %s: the checkpoints are from another hub or an earlier life of this one (a recreated hub, "
             "or a fresh in-memory source over a store that kept an earlier run's checkpoints), and nothing is "
             "delivered until the partition passes %s. To start over, use a new consumer group or checkpoint "
