@@ -49,6 +49,7 @@ class Parts:
     renewer: LeaseRenewer
     dispatcher: Dispatcher
     taker: Taker
+    reporter: Reporter
 
 
 def assemble(options: ProcessorOptions, checkpoint_store: CheckpointStore, *, meter_provider: Any = None,
@@ -78,7 +79,9 @@ def assemble(options: ProcessorOptions, checkpoint_store: CheckpointStore, *, me
         on_released=lambda leases: releaser.schedule(leases), on_refreshed=lambda: renewer.wake(),
         handoff_pace=(options.load_policy.max_moves, timing.interval) if options.load_policy is not None else None)
     reporter = Reporter(describe=describe, clock=clock, period=max(30.0, timing.expiration),
-                        error_handler=options.error_handler, table=table, scope=scope)
+                        error_handler=options.error_handler, table=table, scope=scope, store=repr(checkpoint_store),
+                        source_startup_timeout=options.source_startup_timeout)
+    store.observers.append(reporter.outage)
     releaser = Releaser(options=options, store=store, writer=writer, table=table, history=history, stats=stats,
                         scope=scope, describe=describe)
     watchdog = Watchdog(table=table, pumps=lambda: dispatcher.pumps(), clock=clock, timing=timing, reporter=reporter,
@@ -103,4 +106,4 @@ def assemble(options: ProcessorOptions, checkpoint_store: CheckpointStore, *, me
     telemetry.observe(owned=lambda: len(table.owned()), lag=dispatcher.lag)
     return Parts(describe=describe, scope=scope, stats=stats, telemetry=telemetry, store=store, table=table,
                  releaser=releaser, watchdog=watchdog, warmup=warmup, membership=membership, renewer=renewer,
-                 dispatcher=dispatcher, taker=taker)
+                 dispatcher=dispatcher, taker=taker, reporter=reporter)

@@ -79,6 +79,81 @@ class EventProcessor:
 
     The timing arguments and how to size them are described in docs/concepts/timing.md and
     in :class:`Timing`, which :attr:`timing` returns.
+
+    :param source: Where the events come from: an ``EventHubSource`` (Azure Event Hubs
+        or the local emulator), an ``InMemoryEventSource``, or any ``EventSource``.
+    :param checkpoint_store: Where ownership and checkpoints are kept, shared by every
+        processor of the consumer group (Blob, Table, in-memory, or any ``CheckpointStore``).
+    :param partition_processor: A ``PartitionProcessor`` subclass, or a callable that
+        returns a new ``PartitionProcessor``: one is made per partition claimed.
+    :param consumer_group: The event hub's consumer group to read as. Default ``"$default"``.
+    :param owner_id: This processor's name in ownership records and logs. Default: a new UUID.
+    :param load_balancing_strategy: ``"greedy"`` (take the fair share in one tick, the
+        default), ``"balanced"`` (one partition per tick) or ``"static"`` (the partitions
+        of ``ordinal``).
+    :param load_balancing_interval: Seconds between balancing ticks. Default 15.
+    :param partition_ownership_expiration_interval: Seconds after its last write that an
+        ownership record expires and another processor may claim it. Default 75.
+    :param ownership_renewal_age: Age in seconds at which an owned record is rewritten.
+        Default: when 15 s of the lease remain, at least half the expiration.
+    :param store_timeout: The longest any store call may take, in seconds. Default: a third
+        of the time between a renewal and the end of the lease (5 s at the defaults).
+    :param shutdown_timeout: Seconds :meth:`stop` waits for handlers to finish their batch
+        before cancelling them. Default 30.
+    :param handler_timeout: Seconds a handler call may run before it is reported as hung
+        (``HandlerTimeoutError``); None not to watch. Default 60.
+    :param initial_event_position: Where a partition without a checkpoint starts: an
+        ``EventPosition`` or a mapping of partition id to one. Default: the earliest event.
+    :param default_event_position: Where a partition missing from an
+        ``initial_event_position`` mapping starts. Default: the earliest event.
+    :param override_checkpoints: True (or a set of partition ids) to start once from
+        ``initial_event_position`` even where a checkpoint exists. Default False.
+    :param refuse_checkpoint_rewind: True to resume from the last checkpoint this
+        processor knew when the store lost its checkpoints, rather than from
+        ``initial_event_position``. Default False.
+    :param max_batch_size: The most events handed to ``process_events`` at once. Default 300.
+    :param max_wait_time: Seconds to wait for events before calling ``process_events``
+        with an empty batch; None for no empty batches (the default).
+    :param prefetch: Events each receiver fetches ahead. Default 300.
+    :param track_last_enqueued_event_properties: True to keep each partition's newest
+        event properties (for :meth:`lag`). Default False.
+    :param handler_executor: Where handlers run: None on the event loop (the default),
+        ``"thread"`` a worker thread per owned partition, or a thread-based
+        ``concurrent.futures.Executor``.
+    :param failure_policy: Retries and poison events: a :class:`FailurePolicy`
+        (``max_delivery_attempts``, ``retry_backoff``, ``on_poison``, ``dead_letter``).
+    :param handoff_timeout: Seconds an owner asked to hand a partition over has before
+        the requester takes it; None to take it at once. Default 30.
+    :param balance_factor: Partitions a processor may own above the fair share before
+        others take from it. Default 1.
+    :param ordinal: This processor's ordinal with ``load_balancing_strategy="static"``.
+    :param replica_count: How many processors share the partitions with
+        ``load_balancing_strategy="static"``.
+    :param load_policy: A :class:`LoadPolicy` to balance by measured load; None balances
+        by partition counts (the default).
+    :param stateful: True, or a :class:`StatePolicy`, to keep per-partition state that
+        moves with ownership. Default False.
+    :param error_handler: Called with every error the processor reports and the
+        partition's context (or None): a function or a coroutine function.
+    :param clock: The clock every wait and lease is measured on. Default: the event loop's.
+    :param rng: The randomness of jitter and tie-breaks. Default: a new ``random.Random``.
+    :param meter_provider: An OpenTelemetry ``MeterProvider`` for the metrics. Default:
+        the global one, when OpenTelemetry is installed.
+    :param tracer_provider: An OpenTelemetry ``TracerProvider`` for the spans. Default:
+        the global one, when OpenTelemetry is installed.
+    :param source_startup_timeout: Seconds after the start within which the source must
+        have worked once: a source that never did (an unknown event hub or consumer
+        group, a wrong host or port) ends the processor with its error (:meth:`run`
+        raises it, and so does the ``async with`` block). None keeps retrying. A source
+        that worked once is retried for as long as the processor runs. Default 5.
+    :param max_concurrency: The most ``process_events`` calls in flight per partition
+        (see docs/concepts/concurrency.md). Default 1: one batch at a time.
+    :param ordering: With ``max_concurrency`` above 1: ``"key"`` (each call gets events of
+        one partition key, in order; one call per key at a time) or ``"none"`` (any events
+        at once). ``"partition"``, the default, is one call at a time.
+    :param concurrency: A :class:`ConcurrencyPolicy` with the rest of the concurrency
+        settings (events held per partition, calls in flight per processor, checkpoint
+        cadence). Default: none; give it or the two above, not both.
     """
 
     def __init__(
@@ -120,6 +195,7 @@ class EventProcessor:
         rng: random.Random | None = None,
         meter_provider: Any = None,
         tracer_provider: Any = None,
+        source_startup_timeout: float | None = 5.0,
     ) -> None:
         """The common options are flat; three groups are policy objects
         (:mod:`eventprocessor.policies`): ``failure_policy`` (retries and poison events),
@@ -140,10 +216,13 @@ class EventProcessor:
             handler_executor=handler_executor, failure_policy=failure_policy, handoff_timeout=handoff_timeout,
             balance_factor=balance_factor, ordinal=ordinal, replica_count=replica_count, load_policy=load_policy,
             stateful=stateful, error_handler=error_handler, clock=clock, rng=rng, max_concurrency=max_concurrency,
-            ordering=ordering, concurrency=concurrency)
+            ordering=ordering, concurrency=concurrency,
+            source_startup_timeout=source_startup_timeout)
         self._parts = parts = assemble(options, checkpoint_store, meter_provider=meter_provider,
                                        tracer_provider=tracer_provider)
         self._scope, self._table = parts.scope, parts.table  # the two the façade reads most
+        self._host: asyncio.Task | None = None  # the task in ``async with``, cancelled if the processor halts
+        self._host_cancelled = False
 
     def __repr__(self) -> str:
         return (f"EventProcessor(owner_id={self.owner_id!r}, eventhub_name={self._options.source.eventhub_name!r}, "
@@ -236,6 +315,9 @@ class EventProcessor:
         parts, scope = self._parts, self._scope
         if balancing:
             scope.start_loop("taker", parts.taker.run())
+            source = self._options.source
+            scope.start_loop("source-watch", parts.reporter.source_start.watch(
+                parts.taker.halt, f"{source.fully_qualified_namespace}/{source.eventhub_name}"))
         scope.start_loop("renewer", parts.renewer.run())
         scope.start_loop("leases", parts.watchdog.run_leases())
         scope.start_loop("stall-probe", parts.watchdog.run_stall_probe())
@@ -269,7 +351,7 @@ class EventProcessor:
         started = clock.monotonic()
         table.end_all(release=release)
         left_to_expire = await parts.dispatcher.drain(timing.shutdown_timeout)  # cancels pumps that hang
-        for name in ("renewer", "leases", "heartbeat", "stall-probe", "warmup"):
+        for name in ("source-watch", "renewer", "leases", "heartbeat", "stall-probe", "warmup"):
             await scope.stop_loop(name)
         table.reconcile()
         await parts.releaser.wait()  # release writes, each bounded by store_timeout
@@ -301,10 +383,29 @@ class EventProcessor:
             raise self._parts.taker.fatal
 
     async def __aenter__(self) -> EventProcessor:
+        """Start; a processor that stops by itself on an error (a source that never
+        worked, a factory that makes no ``PartitionProcessor``) ends the ``async with``
+        block with that error, as a failing task ends an ``asyncio.TaskGroup``."""
         await self.start()
+        taker = self._scope.loop("taker")
+        self._host = asyncio.current_task()
+        if taker is not None and self._host is not None:
+            taker.add_done_callback(self._end_host_if_halted)
         return self
+
+    def _end_host_if_halted(self, _taker: asyncio.Task) -> None:
+        if self._parts.taker.fatal is not None and self._host is not None and not self._host.done():
+            self._host_cancelled = True
+            self._host.cancel()
 
     async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                         tb: TracebackType | None) -> None:
+        host, self._host = self._host, None
+        ours, self._host_cancelled = self._host_cancelled, False
         await self.stop()
+        fatal = self._parts.taker.fatal
+        if fatal is not None and (exc_type is None or (exc_type is asyncio.CancelledError and ours)):
+            if ours and host is not None and hasattr(host, "uncancel"):
+                host.uncancel()  # the cancellation was this processor's, to end the block (Python 3.11+)
+            raise fatal
 

@@ -290,7 +290,8 @@ class ConcurrentDelivery:
     async def _poisoned(self, key: Hashable, poison: Poison) -> bool:
         """An event failed every attempt: skip it (done, dead-lettered) or park its key."""
         pump = self._pump
-        error = await report_poison(pump.context, poison, pump._on_poison, pump._report)
+        error = await report_poison(pump.context, poison, pump._on_poison, pump._report, pump._dead_letter,
+                                    parks="its key parks")
         if pump._on_poison is PoisonPolicy.SKIP and \
                 await dead_letter(pump.context, poison.event, error, pump._dead_letter, pump._report):
             self.progress.finish([poison.event])

@@ -109,6 +109,7 @@ class Dispatcher:
             track_last_enqueued_event_properties=options.track_last_enqueued, telemetry=self._telemetry,
             handler_executor=options.handler_executor, on_loop_blocked=self._on_loop_blocked,
             state=keeper, checkpoint=checkpoint, concurrency=options.concurrency, in_flight_limit=self.in_flight,
+            on_received=None if self._reporter.source_start.received else self._reporter.source_start.receiver,
         )
         table.started(lease, pump)
         self._pumps[pid] = pump

@@ -69,6 +69,7 @@ class PartitionPump:
         checkpoint: Checkpoint | None = None,
         concurrency: ConcurrencyPolicy | None = None,
         in_flight_limit: InFlightLimit | None = None,
+        on_received: Callable[[Exception | None], None] | None = None,
     ) -> None:
         self.context = context
         self.claim = claim_of(context)
@@ -95,7 +96,8 @@ class PartitionPump:
         self._receiving = ClaimReceiver(
             context=context, claim=self.claim, source=source, starting_position=starting_position,
             max_batch_size=max_batch_size, max_wait_time=max_wait_time, prefetch=prefetch,
-            track_last_enqueued=track_last_enqueued_event_properties, clock=clock, report=self._report)
+            track_last_enqueued=track_last_enqueued_event_properties, clock=clock, report=self._report,
+            on_received=on_received)
         self.parked: PoisonEventsError | None = None
         """Set when the partition was parked on a poison event (``on_poison=PARK``)."""
         self._stop_reason: CloseReason | None = None
@@ -297,13 +299,13 @@ class PartitionPump:
             self.last_completed = batch[-1]
 
     async def _failed(self, error: Exception, batch: list[Event], attempt: int) -> None:
-        """Log one handler failure with its traceback (once per attempt: attempts are
-        bounded) and hand it to ``process_error``."""
+        """Log one handler failure (its traceback on the first attempt only: the retries of
+        the same events are a line each) and hand it to ``process_error``."""
         ctx = self.context
         logger.warning("partition %s of %s/%s: handler failed on %d event(s) from sequence number %s (attempt %d of "
                        "%d): %r", ctx.partition_id, ctx.eventhub_name, ctx.consumer_group, len(batch),
                        batch[0].sequence_number if batch else "-", attempt, self._retry_policy.max_delivery_attempts,
-                       error, exc_info=error)
+                       error, exc_info=error if attempt == 1 else None)
         already_logged(error)
         await self._report(error)
 
@@ -350,11 +352,12 @@ class PartitionPump:
     async def _poisoned(self, poison: Poison) -> bool:
         """An event failed every attempt: report it, then skip it (True) or park (False)."""
         ctx = self.context
-        poisoned = await report_poison(ctx, poison, self._on_poison, self._report)
+        poisoned = await report_poison(ctx, poison, self._on_poison, self._report, self._dead_letter)
         if self._on_poison is PoisonPolicy.PARK or not await self._skip(poison.event, poisoned):
             self.parked = poisoned
-            logger.error("partition %s of %s/%s is parked: it is not dispatched until the processor restarts",
-                         ctx.partition_id, ctx.eventhub_name, ctx.consumer_group)
+            logger.error("partition %s of %s/%s is parked at sequence number %d: it is not dispatched until the "
+                         "processor restarts, which delivers that event again", ctx.partition_id, ctx.eventhub_name,
+                         ctx.consumer_group, poison.event.sequence_number)
             return False
         return True
 

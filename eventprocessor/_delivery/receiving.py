@@ -6,7 +6,9 @@ the last event received in this claim (or, before the first, where the claim sta
 with ``latest`` resolved to a sequence number when the claim began), so a reconnect
 neither loses nor replays events. A hub that refuses the position because it lost the
 events (recreated, an emulator restarted empty) is said so once, and the claim resumes
-from the beginning of what the hub holds.
+from the beginning of what the hub holds. A claim whose checkpoint is past the
+partition's newest event (an earlier run's checkpoints over a new hub or a fresh
+in-memory source) is said so once, with the ways out, and its refusals are DEBUG.
 """
 from __future__ import annotations
 
@@ -32,12 +34,14 @@ RECONNECT_BACKOFF = (0.1, 5.0)
 class ClaimReceiver:
     """Receives the batches of one claim (see the module docstring).
 
-    ``report(error)`` hands a receive failure to the handler's ``process_error``.
+    ``report(error)`` hands a receive failure to the handler's ``process_error``;
+    ``on_received`` is told of each failure until a receive first answers, and of that.
     """
 
     def __init__(self, *, context: PartitionContext, claim: Claim, source: EventSource,
                  starting_position: EventPosition, max_batch_size: int, max_wait_time: float | None, prefetch: int,
-                 track_last_enqueued: bool, clock: Clock, report: Callable[[Exception], Awaitable[None]]) -> None:
+                 track_last_enqueued: bool, clock: Clock, report: Callable[[Exception], Awaitable[None]],
+                 on_received: Callable[[Exception | None], None] | None = None) -> None:
         self._context = context
         self._claim = claim
         self._source = source
@@ -48,8 +52,12 @@ class ClaimReceiver:
         self._track_last_enqueued = track_last_enqueued
         self._clock = clock
         self._report = report
+        self._on_received = on_received  # told of failures, and of the first receive that answers
         self._receiver: PartitionReceiver | None = None
         self._resolved = False
+        self._ahead = False  # the claim starts past the partition's newest event (said once)
+        self._failures = 0  # receive failures since the last events
+        self._said_at = float("-inf")  # when a failure was last logged at WARNING
         self._retry = Backoff(RECONNECT_BACKOFF[0], cap=RECONNECT_BACKOFF[1])
         self.last_received: Event | None = None
         """The newest event received in this claim: a reopened receiver starts after it."""
@@ -74,6 +82,10 @@ class ClaimReceiver:
                     prefetch=self._prefetch, **self._receiver_options())
             size = self._max_batch_size if most is None else max(1, min(most, self._max_batch_size))
             events = await self._receiver.receive(size, self._max_wait_time)
+            told = self._on_received
+            if told is not None:
+                self._on_received = None
+                told(None)
             if self._track_last_enqueued:
                 self._claim.received(self._receiver.last_enqueued_event_properties)
         except OwnershipLostError:
@@ -84,21 +96,35 @@ class ClaimReceiver:
         if events:
             self.last_received = events[-1]
             self._retry.reset()
+            self._failures = 0
         elif self._max_wait_time is None:
             return None
         return events
 
     async def _failed(self, error: Exception) -> None:
         ctx = self._context
+        if self._on_received is not None:
+            self._on_received(error)
         delay = self._retry.next()
         retry_after = getattr(error, "retry_after", None)
         if isinstance(retry_after, (int, float)) and retry_after > delay:
             delay = float(retry_after)  # the hub asked to be left alone this long (server busy)
-        if getattr(error, "reason", None) == "refused":
-            await self._check_position(error)
-        logger.warning("partition %s of %s/%s: receive failed: %r; reopening after %g s at %s",
-                       ctx.partition_id, ctx.eventhub_name, ctx.consumer_group, error, delay,
-                       self.resume_position())
+        if getattr(error, "reason", None) == "refused":  # asked only then: no call on the happy path
+            await (self._check_position(error) if self.last_received is not None else self._check_start())
+        # One line per streak of failures, then one a minute with the count (the handler's
+        # process_error still hears of each); a start past the newest event was said once
+        # (_check_start): the hub refuses it until the partition gets there.
+        self._failures += 1
+        now = self._clock.monotonic()
+        loud = now - self._said_at >= 60.0 and not (self._ahead and getattr(error, "reason", None) == "refused")
+        if loud:
+            self._said_at = now
+        already_logged(error)
+        (logger.warning if loud else logger.debug)(
+            "partition %s of %s/%s: receive failed%s: %r; reopening after %g s at %s", ctx.partition_id,
+            ctx.eventhub_name, ctx.consumer_group,
+            f" ({self._failures} times in a row)" if self._failures > 1 else "", error, delay,
+            self.resume_position())
         await self._report(error)
         await self.close()
         await self._clock.sleep(delay)
@@ -130,6 +156,30 @@ class ClaimReceiver:
                          self._context.partition_id, self._source)
             return
         self._claim_start = EventPosition.from_sequence_number(properties.last_enqueued_sequence_number)
+
+    async def _check_start(self) -> None:
+        """The hub refused where the claim starts: if that is after the partition's newest
+        event (the checkpoint is from an earlier life of the hub, or from a run over another
+        source), nothing is received until the partition gets there: say so once, with the
+        ways out."""
+        start, ctx = self._claim_start, self._context
+        if self._ahead or start.kind != "sequence_number" or not isinstance(start.value, int):
+            return
+        try:
+            newest = (await self._source.get_partition_properties(ctx.partition_id)).last_enqueued_sequence_number
+        except Exception:  # a source that cannot say (or not now): nothing to compare with
+            return
+        if start.value - (1 if start.inclusive else 0) <= newest:
+            return
+        self._ahead = True
+        logger.warning(
+            "partition %s of %s/%s starts after sequence number %s (its checkpoint, or the position it was "
+            "given), but the partition's newest "
+            "event is %s: the checkpoints are from another hub or an earlier life of this one (a recreated hub, "
+            "or a fresh in-memory source over a store that kept an earlier run's checkpoints), and nothing is "
+            "delivered until the partition passes %s. To start over, use a new consumer group or checkpoint "
+            "container, or pass override_checkpoints=True", ctx.partition_id, ctx.eventhub_name,
+            ctx.consumer_group, start.value, "none yet" if newest < 0 else newest, start.value)
 
     async def close(self) -> None:
         """Close the receiver, if one is open (it is opened again by :meth:`next_batch`)."""

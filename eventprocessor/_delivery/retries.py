@@ -110,13 +110,22 @@ async def redeliver(handle: Handle, events: Sequence[Event], *, policy: RetryPol
 
 
 async def report_poison(ctx: Any, poison: Poison, on_poison: PoisonPolicy,
-                        report: Callable[[Exception], Awaitable[None]]) -> PoisonEventsError:
+                        report: Callable[[Exception], Awaitable[None]], dead_letter: DeadLetter | None = None,
+                        parks: str = "the partition parks") -> PoisonEventsError:
     """Log and report (to ``process_error``) an event of ``ctx``'s partition that failed
-    every attempt; return the error."""
+    every attempt, saying what the poison policy does with it and how to keep such events;
+    return the error. ``parks``: what stops at the event under ``on_poison="park"``."""
+    if on_poison is PoisonPolicy.PARK:
+        fate = f"{parks} at it (on_poison=\"park\"): the event is kept, not skipped"
+    elif dead_letter is not None:
+        fate = "it goes to the dead_letter hook and is skipped (on_poison=\"skip\")"
+    else:
+        fate = ("it is dropped: skipped and checkpointed past (on_poison=\"skip\"). To keep such events, pass "
+                "FailurePolicy(dead_letter=...) to hand them somewhere, or on_poison=\"park\" to stop at them")
     poisoned = PoisonEventsError(
         f"partition {ctx.partition_id} of {ctx.eventhub_name}/{ctx.consumer_group}: the handler failed on "
         f"the event at sequence number {poison.event.sequence_number} in all {poison.attempts} attempts "
-        f"({poison.error!r}); policy {on_poison.value}",
+        f"({poison.error!r}); {fate}",
         events=[poison.event], attempts=poison.attempts, partition_id=ctx.partition_id)
     poisoned.__cause__ = poison.error
     logger.error("%s", poisoned)

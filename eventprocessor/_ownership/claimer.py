@@ -110,9 +110,13 @@ class Claimer:
                     self._reporter.report(stale, [])
                     self._table.drop(lease)
                     return None
-                logger.warning("processor %s: partition %s: the checkpoint carries epoch %d, not below the claim's "
-                               "%d (the ownership record lost its epoch); claiming again above it", self._describe,
-                               pid, stale.stored_epoch, lease.epoch)
+                # The documented way back from azure-eventhub's own client (it writes records
+                # without this SDK's epoch): a step of the switch, not a fault.
+                logger.info("processor %s: partition %s: its checkpoint carries epoch %d, at or above this claim's %d: "
+                            "the ownership record was written without this SDK's epoch (as azure-eventhub's own "
+                            "client writes it, after a switch from it to this SDK). Claiming at epoch %d and "
+                            "resuming from that checkpoint", self._describe, pid, stale.stored_epoch, lease.epoch,
+                            stale.stored_epoch + 1)
                 sent_at = self._clock.monotonic()
                 written = await self._writer.write([replace(lease.record, epoch=stale.stored_epoch + 1)])
                 if written.error is not None:

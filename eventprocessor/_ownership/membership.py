@@ -133,7 +133,7 @@ class Membership:
                             type(getattr(self._store, "inner", self._store)).__name__)
         except Exception as error:
             report, _suppressed = self._reporter.throttle.failed("member")
-            if report:
+            if report and not self._reporter.outage.ongoing:  # an outage is told once, by the reporter
                 logger.warning("processor %s: writing its member record failed: %r", self._describe, error)
 
     async def run(self) -> None:

@@ -19,6 +19,7 @@ from collections.abc import Callable
 
 from .._runtime.bounded_store import BATCH
 from .._runtime.clock import Clock, with_deadline
+from ..errors import CheckpointStoreError
 from .lease import Lease
 from .lease_table import LeaseTable
 from .writer import OwnershipWriter
@@ -103,9 +104,10 @@ class LeaseRenewer:
                 logger.info("processor %s: renewal of partition %s lost its conditional write; listing to "
                             "see who wrote it", self._describe, lease.partition_id)
             else:
-                logger.warning("processor %s: renewal of partition %s failed (attempt %d, %.1f s left of the "
-                               "lease): %r", self._describe, lease.partition_id, lease.renewal_failures,
-                               lease.deadline - answered_at, failure)
+                # A store that fails is told once, as an outage (the reporter); this is detail.
+                (logger.debug if isinstance(failure, CheckpointStoreError) else logger.warning)(
+                    "processor %s: renewal of partition %s failed (attempt %d, %.1f s left of the lease): %r",
+                    self._describe, lease.partition_id, lease.renewal_failures, lease.deadline - answered_at, failure)
                 self._on_error(failure, lease)
         if contested:
             self._on_contested()

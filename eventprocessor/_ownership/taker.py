@@ -100,6 +100,7 @@ class Taker:
                                     cap=max(self._timing.interval, self._timing.expiration), rng=self._rng)
         self._timeouts_seen = 0
         self._listing_seconds: float | None = None  # how long the last tick's listing took (None: no answer)
+        self._slowest_call: tuple[str, float, BaseException | None] | None = None  # during this tick
         self._partition_ids: list[str] | None = None  # the source's last answer
         self._source_busy_until = float("-inf")  # a throttled hub's retry-after, on the local clock
         self.requests_made: dict = {}
@@ -164,6 +165,8 @@ class Taker:
 
     def _note_prompt_answer(self, operation: str, seconds: float, error: BaseException | None) -> None:
         # Runs after every store call: the cheap tests first; only a backing-off loop waits on it.
+        if self._slowest_call is None or seconds > self._slowest_call[1]:
+            self._slowest_call = (operation, seconds, error)  # an overrun tick names it
         if self._backoff.backing_off and error is None and seconds < self._timing.store_timeout / 4 \
                 and not self._table.owned():
             self._store_answered.set()
@@ -179,15 +182,16 @@ class Taker:
                              store_timeout=self._timing.store_timeout)
         pause = self._backoff.after_tick(seen)
         self._stats.backoff_level = self._backoff.level
+        quiet = logger.debug if self._reporter.outage.ongoing else logger.warning  # an outage is told once
         if pause is None:
             if level:
-                logger.warning("processor %s: the checkpoint store answers in time again; balancing every %g s "
-                               "again", self._describe, self._timing.interval)
+                logger.warning("processor %s: the checkpoint store %r answers in time again; balancing every %g s "
+                               "again", self._describe, self._store.inner, self._timing.interval)
             return None
         self._stats.backed_off_ticks += 1
         self._telemetry.backed_off()
         if self._backoff.level > level:
-            logger.warning(
+            quiet(
                 "processor %s: %d checkpoint-store call(s) timed out since the last tick (its listing: %s; "
                 "store_timeout=%g s): the store is saturated or unreachable. Backing off so that it can drain: "
                 "the next tick in %.1f s "
@@ -211,6 +215,7 @@ class Taker:
         stats = self._stats
         stats.ticks += 1
         started = self._clock.monotonic()
+        self._slowest_call = None
         report = await self._tick()
         duration = self._clock.monotonic() - started
         stats.last_tick_duration = duration
@@ -228,21 +233,31 @@ class Taker:
         self._stats.overruns += 1
         now = self._clock.monotonic()
         stall = self._last_stall()
+        slowest = self._slowest_call
         if stall is not None and stall[1] > started:
             cause = (f"the event loop was blocked for {stall[1] - stall[0]:.1f} s during it by a handler (see the "
                      "warning about it)")
+        elif slowest is not None and slowest[1] >= duration / 2:
+            operation, seconds, error = slowest
+            cause = (f"it waited on the checkpoint store: {operation} took {seconds:.1f} s"
+                     + (f" and failed ({error!r})" if error is not None else "")
+                     + f" (store_timeout {self._timing.store_timeout:g} s); the store is slow or unreachable")
         else:
-            cause = ("the store or this machine's CPU cannot keep up with this many partitions and processors "
-                     "per process; raise the interval or run fewer processors per process")
+            cause = ("no store call in it took long: this machine's CPU cannot keep up with this many partitions "
+                     "and processors per process; raise the interval or run fewer processors per process")
+        report, suppressed = self._reporter.throttle.failed("overrun")
+        if self._reporter.outage.ongoing or not report:  # an outage is told once; overruns at a bounded rate
+            logger.debug("processor %s: a load-balancing tick took %.2f s: %s", self._describe, duration, cause)
+            return
         overdue = sorted_ids(lease.partition_id for lease in self._table.in_state(LeaseState.OWNED)
                              if lease.renew_at < now - self._timing.renewal_retry)
         leases = (f"the renewals of partitions {overdue} are overdue" if overdue
                   else "leases are renewed apart from ticks and none is overdue")
         logger.warning(
             "processor %s: a load-balancing tick took %.2f s, longer than load_balancing_interval=%g s "
-            "(expiration %g s, %d partitions owned): %s. Balancing is slower than configured: %s.",
-            self._describe, duration, self._timing.interval, self._timing.expiration, len(self._table), leases,
-            cause)
+            "(expiration %g s, %d partitions owned)%s: %s. Balancing is slower than configured: %s.",
+            self._describe, duration, self._timing.interval, self._timing.expiration, len(self._table),
+            f"; {suppressed} more ticks overran since the last report" if suppressed else "", leases, cause)
 
     async def _tick(self) -> BalanceReport:
         table = self._table

@@ -20,6 +20,7 @@ most 8 in flight: 1.9 s more when one partition commits or restores alone).
 """
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections import Counter
 from collections.abc import Awaitable, Callable
@@ -76,7 +77,8 @@ class BoundedStore(StoreWrapper):
         self.timeouts: Counter = Counter()
         self.seconds: dict[str, float] = {}
         self.observers: list[Callable[[str, float, BaseException | None], None]] = []
-        """Called with (operation, seconds, error or None) after every call."""
+        """Called with (operation, seconds, error or None) after every call (a cancelled
+        call with its ``CancelledError``: it was not answered)."""
 
     def __repr__(self) -> str:
         return f"BoundedStore({self.inner!r}, timeout={self.timeout})"
@@ -121,6 +123,9 @@ class BoundedStore(StoreWrapper):
             raise
         except Exception as exc:
             self.failures[operation] += 1
+            error = exc
+            raise
+        except asyncio.CancelledError as exc:  # not an answer: observers must not count it as one
             error = exc
             raise
         finally:

@@ -214,6 +214,7 @@ class ProcessorOptions:
     state_policy: StatePolicy | None = None
     load_policy: LoadPolicy | None = None
     concurrency: ConcurrencyPolicy = ConcurrencyPolicy()
+    source_startup_timeout: float | None = 5.0
 
     @property
     def scope(self) -> tuple[str, str, str]:
@@ -248,7 +249,7 @@ class ProcessorOptions:
                  refuse_checkpoint_rewind: Any, handoff_timeout: Any, balance_factor: Any, ordinal: Any,
                  replica_count: Any, load_policy: Any, stateful: Any, error_handler: Any, clock: Any,
                  rng: Any, max_concurrency: Any = None, ordering: Any = None,
-                 concurrency: Any = None) -> ProcessorOptions:
+                 concurrency: Any = None, source_startup_timeout: Any = 5.0) -> ProcessorOptions:
         """Check every argument, group by group; raise a ConfigurationError naming the
         first bad one, the value and what would be valid."""
         timing = timing_from_arguments(load_balancing_interval, partition_ownership_expiration_interval,
@@ -269,4 +270,5 @@ class ProcessorOptions:
             failure_policy=failure_policy, refuse_rewind=bool(refuse_checkpoint_rewind), handoff_timeout=handoff,
             balance_factor=balance_factor, ordinal=ordinal, replica_count=replica_count or 0,
             clock=clock or SystemClock(), rng=rng or random.Random(), error_handler=error_handler,
-            state_policy=_state(stateful), load_policy=load_policy, concurrency=concurrent)
+            state_policy=_state(stateful), load_policy=load_policy, concurrency=concurrent,
+            source_startup_timeout=positive_seconds("source_startup_timeout", source_startup_timeout, allow_none=True))

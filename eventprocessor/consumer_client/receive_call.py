@@ -74,4 +74,6 @@ class ReceiveCall:
             max_wait_time=max_wait_time, prefetch=self.prefetch,
             track_last_enqueued_event_properties=self.track_last_enqueued_event_properties,
             error_handler=callbacks.processor_error, max_concurrency=self.max_concurrency,
-            ordering=self.ordering, **options)
+            ordering=self.ordering,
+            # azure-eventhub's receive keeps trying a hub it cannot reach (on_error hears of it)
+            **{"source_startup_timeout": None, **options})
