@@ -292,17 +292,25 @@ def _run(args: argparse.Namespace, run: program.Run) -> int:
 
 def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     parser = program.parser("concurrency", __doc__, prog)
-    parser.add_argument("--partitions", type=int, default=4)
-    parser.add_argument("--events", type=int, default=40_000, help="events for each of ours (fewer for the others)")
-    parser.add_argument("--keys", type=int, default=10_000)
-    parser.add_argument("--skew", type=float, default=0.3, help="Zipf exponent of the key distribution")
-    parser.add_argument("--latency", type=float, default=0.02, help="seconds of I/O per event")
-    parser.add_argument("--slow", type=float, default=1.0, help="seconds of I/O of a slow event")
-    parser.add_argument("--slow-every", type=int, default=500, help="one event in this many is slow")
-    parser.add_argument("--seed", type=int, default=36)
-    parser.add_argument("--process-events", type=int, default=4000, help="events of the crash and move rows")
-    parser.add_argument("--no-processes", action="store_true", help="leave out the crash and planned-move rows")
-    parser.add_argument("--log-dir", help="keep the workers' logs here")
+    parser.add_argument("--partitions", type=int, default=4,
+                        help="Partitions of the in-memory source (an even number). [default: %(default)s]")
+    parser.add_argument("--events", type=int, default=40_000,
+                        help="Events for each of ours (fewer for the others); at least 1000. [default: %(default)s]")
+    parser.add_argument("--keys", type=int, default=10_000,
+                        help="Distinct partition keys the events are drawn from. [default: %(default)s]")
+    parser.add_argument("--skew", type=float, default=0.3,
+                        help="Zipf exponent of the key distribution. [default: %(default)s]")
+    parser.add_argument("--latency", type=float, default=0.02, help="Seconds of I/O per event. [default: %(default)s]")
+    parser.add_argument("--slow", type=float, default=1.0,
+                        help="Seconds of I/O of a slow event. [default: %(default)s]")
+    parser.add_argument("--slow-every", type=int, default=500,
+                        help="One event in this many is slow. [default: %(default)s]")
+    parser.add_argument("--seed", type=int, default=36,
+                        help="Seed of the key draw (the same keys for every contestant). [default: %(default)s]")
+    parser.add_argument("--process-events", type=int, default=4000,
+                        help="Events of the crash and move rows. [default: %(default)s]")
+    parser.add_argument("--no-processes", action="store_true", help="Leave out the crash and planned-move rows.")
+    parser.add_argument("--log-dir", help="Keep the workers' logs here. [default: a temporary directory, removed]")
 
     def body(args: argparse.Namespace, run: program.Run) -> int:
         if args.events < 1000 or args.partitions < 2 or args.partitions % 2:

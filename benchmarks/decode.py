@@ -122,8 +122,11 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
         python -m benchmarks.decode --rounds 5
     """
     parser = program.parser("decode", __doc__, prog)
-    parser.add_argument("--events", type=program.at_least_one, default=50_000, help="messages per pass (default 50000)")
-    parser.add_argument("--rounds", type=program.at_least_one, default=15)
+    parser.add_argument("--events", type=program.at_least_one, default=50_000,
+                        help="Messages per pass. [default: %(default)s]")
+    parser.add_argument("--rounds", type=program.at_least_one, default=15,
+                        help="Timed passes over the messages per conversion; the median is reported. "
+                             "[default: %(default)s]")
     return program.run("decode", parser, _run, argv)
 
 

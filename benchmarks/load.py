@@ -235,16 +235,17 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
         python -m benchmarks.load --record
     """
     parser = program.parser("load", __doc__, prog)
-    parser.add_argument("--rounds", type=program.at_least_one, default=1, help="rounds of the scenario per side")
+    parser.add_argument("--rounds", type=program.at_least_one, default=1,
+                        help="Rounds of the scenario per side. [default: %(default)s]")
     parser.add_argument("--sides", nargs="+", choices=SIDES, default=list(SIDES),
-                        help="the sides to run (default: all; a subset is never recorded)")
-    parser.add_argument("--skew-seconds", type=float, help="length of the skew phase (a shorter run is never "
-                                                           "recorded)")
-    parser.add_argument("--slow-seconds", type=float, help="length of the slowed phase (never recorded)")
+                        help="The sides to run (a subset is never recorded). [default: count load official]")
+    parser.add_argument("--skew-seconds", type=float, help="Length of the skew phase (a shorter run is never "
+                                                           "recorded).")
+    parser.add_argument("--slow-seconds", type=float, help="Length of the slowed phase (never recorded).")
     parser.add_argument("--quick", action="store_true",
-                        help="a smoke run: phases of 20 s, 60 s to drain (never recorded)")
-    parser.add_argument("--log-dir", help="keep every worker's log and each side's timeline here (default: a "
-                                          "temporary directory, removed)")
+                        help="A smoke run: phases of 20 s, 60 s to drain (never recorded).")
+    parser.add_argument("--log-dir", help="Keep every worker's log and each side's timeline here. "
+                                          "[default: a temporary directory, removed]")
 
     def body(args: argparse.Namespace, run: program.Run) -> int:
         partial = args.sides != list(SIDES) or args.skew_seconds is not None or args.slow_seconds is not None \

@@ -181,17 +181,19 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
         python -m benchmarks.moves --rounds 2 --record
     """
     parser = program.parser("moves", __doc__, prog)
-    parser.add_argument("--rounds", type=program.at_least_one, default=2, help="rounds of every scenario per side")
-    parser.add_argument("--scenarios", nargs="+", choices=sorted(SCENARIOS), default=list(SCENARIOS))
-    parser.add_argument("--ours-only", action="store_true", help="skip the official processor (never recorded)")
+    parser.add_argument("--rounds", type=program.at_least_one, default=2,
+                        help="Rounds of every scenario per side. [default: %(default)s]")
+    parser.add_argument("--scenarios", nargs="+", choices=sorted(SCENARIOS), default=list(SCENARIOS),
+                        help="The scenarios to run (a subset is never recorded). [default: scale rolling standby]")
+    parser.add_argument("--ours-only", action="store_true", help="Skip the official processor (never recorded).")
     parser.add_argument("--impls", nargs="+", choices=IMPLS, default=list(IMPLS),
-                        help="the sides to run (default: all; a subset is never recorded)")
+                        help="The sides to run (a subset is never recorded). [default: ours official official-close]")
     parser.add_argument("--prefetch-ours", type=int, default=PREFETCH["ours"],
-                        help="this SDK's prefetch (default: %(default)s, what the e2e sweep chose for it)")
+                        help="This SDK's prefetch: what the e2e sweep chose for it. [default: %(default)s]")
     parser.add_argument("--prefetch-official", type=int, default=PREFETCH["official"],
-                        help="the official client's prefetch (default: %(default)s, what the e2e sweep chose for it)")
-    parser.add_argument("--log-dir", help="keep every worker's log and each scenario's timeline of batches here "
-                                          "(default: a temporary directory, removed)")
+                        help="The official client's prefetch: what the e2e sweep chose for it. [default: %(default)s]")
+    parser.add_argument("--log-dir", help="Keep every worker's log and each scenario's timeline of batches here. "
+                                          "[default: a temporary directory, removed]")
 
     def body(args: argparse.Namespace, run: program.Run) -> int:
         if args.record and (args.ours_only or args.scenarios != list(SCENARIOS) or args.impls != list(IMPLS)):

@@ -379,16 +379,18 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
         python -m benchmarks.postgres_sink --quick
     """
     parser = program.parser("postgres_sink", __doc__, prog)
-    parser.add_argument("--partitions", type=int, default=4)
-    parser.add_argument("--events", type=int, help="events per partition (default 50000; 5000 with --quick)")
-    parser.add_argument("--batch", type=int, default=1000, help="rows per COPY and per transaction (default 1000)")
-    parser.add_argument("--body-size", type=int, default=100)
-    parser.add_argument("--rounds", type=int, help="rounds of the rows/s and store paths (default 5; 1 with --quick)")
-    parser.add_argument("--kill-rounds", type=int, help="kill chains per path (default 3; 1 with --quick)")
-    parser.add_argument("--checkpoint-ops", type=int, help="checkpoints per store and round (default 4096; 512 "
-                                                           "with --quick)")
-    parser.add_argument("--no-blob", action="store_true", help="leave the Blob store out (no Azurite)")
-    parser.add_argument("--quick", action="store_true", help="a small run to try it (refuses --record)")
+    parser.add_argument("--partitions", type=int, default=4,
+                        help="Partitions of the rows/s paths. [default: %(default)s]")
+    parser.add_argument("--events", type=int, help="Events per partition. [default: 50000; 5000 with --quick]")
+    parser.add_argument("--batch", type=int, default=1000,
+                        help="Rows per COPY and per transaction. [default: %(default)s]")
+    parser.add_argument("--body-size", type=int, default=100, help="Bytes per event body. [default: %(default)s]")
+    parser.add_argument("--rounds", type=int, help="Rounds of the rows/s and store paths. [default: 5; 1 with --quick]")
+    parser.add_argument("--kill-rounds", type=int, help="Kill chains per path. [default: 3; 1 with --quick]")
+    parser.add_argument("--checkpoint-ops", type=int,
+                        help="Checkpoints per store and round. [default: 4096; 512 with --quick]")
+    parser.add_argument("--no-blob", action="store_true", help="Leave the Blob store out (no Azurite).")
+    parser.add_argument("--quick", action="store_true", help="A small run to try it (refuses --record).")
 
     def body(args: argparse.Namespace, run: program.Run) -> int:
         if args.quick and args.record:

@@ -315,35 +315,48 @@ def render(runs: list[Run], args: argparse.Namespace, head: str) -> str:
 def _parser(prog: str | None) -> argparse.ArgumentParser:
     parser = program.parser("soak", __doc__, prog)
     parser.add_argument("--memory-events", type=program.at_least_one, default=5_000_000,
-                        help="events through the subject over InMemoryEventSource")
+                        help="Events through the subject over InMemoryEventSource. [default: %(default)s]")
     parser.add_argument("--emulator-events", type=program.at_least_one, default=1_000_000,
-                        help="events through each subject over the Event Hubs emulator (the same for both)")
+                        help="Events through each subject over the Event Hubs emulator (the same for both). "
+                             "[default: %(default)s]")
     parser.add_argument("--budget-seconds", type=float, default=540.0,
-                        help="bound on all subjects' runs together (start-up aside); a subject still running when "
-                             "its share is spent is stopped and reported as cut short")
-    parser.add_argument("--rounds", type=program.at_least_one, default=1)
+                        help="Bound on all subjects' runs together (start-up aside); a subject still running when its "
+                             "share is spent is stopped and reported as cut short. [default: %(default)s]")
+    parser.add_argument("--rounds", type=program.at_least_one, default=1,
+                        help="Rounds of every subject; the median and the range are reported. [default: %(default)s]")
     parser.add_argument("--subjects", default=",".join(SUBJECTS),
-                        help=f"comma-separated, from {', '.join(SUBJECTS)}")
-    parser.add_argument("--partitions", type=program.at_least_one, default=8)
-    parser.add_argument("--body", type=int, default=32, help="event size in bytes")
-    parser.add_argument("--batch", type=program.at_least_one, default=300)
-    parser.add_argument("--prefetch", type=int, default=300)
+                        help=f"Comma-separated, from {', '.join(SUBJECTS)}. [default: %(default)s]")
+    parser.add_argument("--partitions", type=program.at_least_one, default=8,
+                        help="Partitions of the hub. [default: %(default)s]")
+    parser.add_argument("--body", type=int, default=32, help="Event size in bytes. [default: %(default)s]")
+    parser.add_argument("--batch", type=program.at_least_one, default=300,
+                        help="Max batch size of every subject. [default: %(default)s]")
+    parser.add_argument("--prefetch", type=int, default=300,
+                        help="Prefetch of every subject. [default: %(default)s]")
     parser.add_argument("--checkpoint-events", type=program.at_least_one, default=1000,
-                        help="each partition is checkpointed once this many of its events were delivered")
-    parser.add_argument("--backlog", type=int, default=24_000, help="events the producer keeps ahead, in all")
-    parser.add_argument("--interval", type=float, default=1.0, help="load-balancing interval, seconds")
-    parser.add_argument("--expiry", type=float, default=10.0, help="ownership expiration, seconds")
-    parser.add_argument("--sample-interval", type=float, default=0.5, help="seconds between RSS samples")
-    parser.add_argument("--warmup", type=float, default=0.2, help="fraction of each run's events that is warm-up")
+                        help="Each partition is checkpointed once this many of its events were delivered. "
+                             "[default: %(default)s]")
+    parser.add_argument("--backlog", type=int, default=24_000, help="Events the producer keeps ahead, in all. "
+                                                                    "[default: %(default)s]")
+    parser.add_argument("--interval", type=float, default=1.0, help="Load-balancing interval, seconds. "
+                                                                    "[default: %(default)s]")
+    parser.add_argument("--expiry", type=float, default=10.0, help="Ownership expiration, seconds. "
+                                                                   "[default: %(default)s]")
+    parser.add_argument("--sample-interval", type=float, default=0.5, help="Seconds between RSS samples. "
+                                                                           "[default: %(default)s]")
+    parser.add_argument("--warmup", type=float, default=0.2, help="Fraction of each run's events that is warm-up. "
+                                                                  "[default: %(default)s]")
     parser.add_argument("--flat-mb-per-million", type=float, default=2.0,
-                        help="the verdict's bound on the slope after warm-up, MB per million events")
+                        help="The verdict's bound on the slope after warm-up, MB per million events. "
+                             "[default: %(default)s]")
     parser.add_argument("--tracemalloc", action="store_true",
-                        help="print the allocation sites that grew after warm-up (slow; never recorded)")
+                        help="Print the allocation sites that grew after warm-up (slow; never recorded).")
     parser.add_argument("--tracemalloc-frames", type=int, default=1,
-                        help="with --tracemalloc: frames per allocation site (1 is a few times slower, 10 many times)")
+                        help="With --tracemalloc: frames per allocation site (1 is a few times slower, 10 many "
+                             "times). [default: %(default)s]")
     parser.add_argument("--samples-csv", metavar="PATH",
-                        help="also write every RSS sample (subject, round, seconds, events, RSS bytes) to this CSV")
-    parser.add_argument("--quick", action="store_true", help="a small smoke run for CI, about 30 s (never recorded)")
+                        help="Also write every RSS sample (subject, round, seconds, events, RSS bytes) to this CSV.")
+    parser.add_argument("--quick", action="store_true", help="A small smoke run for CI, about 30 s (never recorded).")
     return parser
 
 

@@ -440,11 +440,12 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     """
     parser = program.parser("state", __doc__, prog)
     parser.add_argument("--sizes", nargs="+", type=float, default=[1.0, 16.0, 64.0],
-                        help="state per partition, MB (default: 1 16 64)")
-    parser.add_argument("--rounds", type=program.at_least_one, default=2, help="rounds of every size per side")
-    parser.add_argument("--log-dir", help="keep every worker's log here (default: a temporary directory, removed)")
+                        help="State per partition, MB. [default: 1 16 64]")
+    parser.add_argument("--rounds", type=program.at_least_one, default=2,
+                        help="Rounds of every size per side. [default: %(default)s]")
+    parser.add_argument("--log-dir", help="Keep every worker's log here. [default: a temporary directory, removed]")
     parser.add_argument("--quick", action="store_true",
-                        help="a smoke run: --sizes 0.05 --rounds 1 (never recorded)")
+                        help="A smoke run: --sizes 0.05 --rounds 1 (never recorded).")
 
     def body(args: argparse.Namespace, run: program.Run) -> int:
         if any(mb <= 0 for mb in args.sizes):

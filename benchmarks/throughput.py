@@ -148,8 +148,10 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
         python -m benchmarks.throughput --rounds 3
     """
     parser = program.parser("throughput", __doc__, prog)
-    parser.add_argument("--events-per-partition", type=program.at_least_one, default=30_000)
-    parser.add_argument("--rounds", type=program.at_least_one, default=15)
+    parser.add_argument("--events-per-partition", type=program.at_least_one, default=30_000,
+                        help="Events per partition per round. [default: %(default)s]")
+    parser.add_argument("--rounds", type=program.at_least_one, default=15,
+                        help="Alternating rounds of each side; the median ratio is reported. [default: %(default)s]")
     return program.run("throughput", parser, _run, argv)
 
 

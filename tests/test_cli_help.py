@@ -37,6 +37,8 @@ SHARED_MEANINGS = {
     "--rate": "events per second a producer sends",
     "--store": "the kind of checkpoint store: memory, blob or table",
     "--eventhub-connection-string": "an Event Hubs connection string (EVENTPROCESSOR_EVENTHUB_CONNECTION_STRING)",
+    "--port": "the TCP port a local service listens on; 0 picks a free one",
+    "--location": "the directory a local service keeps its data in (none: nothing is kept)",
 }
 
 

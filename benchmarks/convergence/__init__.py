@@ -40,8 +40,10 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     """
     parser = program.parser("convergence", __doc__, prog)
     parser.add_argument("--quick", action="store_true",
-                        help="small sizes only (seconds, for smoke tests; never recorded)")
-    parser.add_argument("--seed", type=int, default=1)
+                        help="Small sizes only (seconds, for smoke tests; never recorded).")
+    parser.add_argument("--seed", type=int, default=1,
+                        help="Seed of the simulations' random choices (tick jitter, schedules). "
+                             "[default: %(default)s]")
 
     def body(args: argparse.Namespace, run: program.Run) -> int:
         if args.record and args.quick:

@@ -67,37 +67,51 @@ def _prefetches(text: str) -> list[int]:
 
 def _parser(prog: str | None) -> argparse.ArgumentParser:
     parser = program.parser("e2e", __doc__, prog)
-    parser.add_argument("--events", type=int, default=None, help="events per throughput phase (default 400000)")
-    parser.add_argument("--partitions", type=int, default=8)
-    parser.add_argument("--body", type=int, default=32, help="event size in bytes")
-    parser.add_argument("--batch", type=int, default=300, help="max batch size of both consumers")
+    parser.add_argument("--events", type=int, default=None, help="Events per throughput phase. [default: 400000]")
+    parser.add_argument("--partitions", type=int, default=8,
+                        help="Partitions of the hub. [default: %(default)s]")
+    parser.add_argument("--body", type=int, default=32, help="Event size in bytes. [default: %(default)s]")
+    parser.add_argument("--batch", type=int, default=300, help="Max batch size of both consumers. "
+                                                               "[default: %(default)s]")
     parser.add_argument("--checkpoint-events", type=int, default=1000,
-                        help="throughput: both consumers checkpoint a partition once this many of its events were "
-                             "delivered since its last checkpoint")
+                        help="Throughput: both consumers checkpoint a partition once this many of its events were "
+                             "delivered since its last checkpoint. [default: %(default)s]")
     parser.add_argument("--sweep", type=_prefetches, default=[100, 300, 1000, 3000],
-                        help="prefetch values each side is tried with (one value: no sweep)")
-    parser.add_argument("--sweep-events", type=int, default=None, help="events per sweep phase (default: --events/2)")
+                        help="Prefetch values each side is tried with (one value: no sweep). "
+                             "[default: 100,300,1000,3000]")
+    parser.add_argument("--sweep-events", type=int, default=None, help="Events per sweep phase. [default: --events/2]")
     parser.add_argument("--rounds", type=program.at_least_one, default=5,
-                        help="throughput rounds (each side once per round)")
+                        help="Throughput rounds (each side once per round). [default: %(default)s]")
     parser.add_argument("--busy-cores", type=float, default=0.3,
-                        help="a phase is busy when other processes used more than this many cores meanwhile")
+                        help="A phase is busy when other processes used more than this many cores meanwhile. "
+                             "[default: %(default)s]")
     parser.add_argument("--min-quiet-rounds", type=int, default=3,
-                        help="with fewer quiet rounds than this, the run is flagged busy (not a result)")
-    parser.add_argument("--failover-rounds", type=int, default=2)
-    parser.add_argument("--scale-out-rounds", type=int, default=2)
-    parser.add_argument("--no-scale-out", action="store_true")
-    parser.add_argument("--rate", type=float, default=1000.0, help="events/s of the steady stream")
-    parser.add_argument("--stream-prefetch", type=int, default=300, help="prefetch in the failover and scale-out runs")
+                        help="With fewer quiet rounds than this, the run is flagged busy (not a result). "
+                             "[default: %(default)s]")
+    parser.add_argument("--failover-rounds", type=int, default=2,
+                        help="Rounds of the failover after SIGKILL, per side. [default: %(default)s]")
+    parser.add_argument("--scale-out-rounds", type=int, default=2,
+                        help="Rounds of the 2 -> 4 scale-out, per side. [default: %(default)s]")
+    parser.add_argument("--no-scale-out", action="store_true",
+                        help="Skip the scale-out runs.")
+    parser.add_argument("--rate", type=float, default=1000.0, help="Events/s of the steady stream. "
+                                                                   "[default: %(default)s]")
+    parser.add_argument("--stream-prefetch", type=int, default=300, help="Prefetch in the failover and scale-out "
+                                                                         "runs. [default: %(default)s]")
     parser.add_argument("--stream-checkpoint-events", type=int, default=100,
-                        help="failover and scale-out: a checkpoint of a partition every this many of its events")
-    parser.add_argument("--interval", type=float, default=1.0, help="load-balancing interval (failover, scale-out)")
-    parser.add_argument("--expiry", type=float, default=6.0, help="ownership expiration (failover, scale-out)")
-    parser.add_argument("--timeout", type=float, default=180.0, help="give up on a phase after this many seconds")
-    parser.add_argument("--quick", action="store_true", help="a small smoke run (never recorded)")
-    parser.add_argument("--save-json", metavar="PATH", help="also write the run's figures to PATH, for --from-json")
+                        help="Failover and scale-out: a checkpoint of a partition every this many of its events. "
+                             "[default: %(default)s]")
+    parser.add_argument("--interval", type=float, default=1.0, help="Load-balancing interval (failover, scale-out). "
+                                                                    "[default: %(default)s]")
+    parser.add_argument("--expiry", type=float, default=6.0, help="Ownership expiration (failover, scale-out). "
+                                                                  "[default: %(default)s]")
+    parser.add_argument("--timeout", type=float, default=180.0, help="Give up on a phase after this many seconds. "
+                                                                     "[default: %(default)s]")
+    parser.add_argument("--quick", action="store_true", help="A small smoke run (never recorded).")
+    parser.add_argument("--save-json", metavar="PATH", help="Also write the run's figures to PATH, for --from-json.")
     parser.add_argument("--from-json", metavar="PATH",
-                        help="run nothing: print the tables of a run saved with --save-json, judged with this "
-                             "command's options (--busy-cores, --min-quiet-rounds, ...); never recorded")
+                        help="Run nothing: print the tables of a run saved with --save-json, judged with this "
+                             "command's options (--busy-cores, --min-quiet-rounds, ...); never recorded.")
     return parser
 
 

@@ -93,39 +93,47 @@ def _sizes(text: str) -> list[tuple[int, int]]:
 def _parser(prog: str | None) -> argparse.ArgumentParser:
     parser = program.parser("scale", __doc__, prog)
     parser.add_argument("--sizes", default=None,
-                        help=f"comma-separated PARTITIONSxPROCESSORS (default {DEFAULT_SIZES}; --quick: {QUICK_SIZES})")
-    parser.add_argument("--quick", action="store_true", help="a small smoke run (never recorded)")
-    parser.add_argument("--strategy", choices=["greedy", "balanced"], default="greedy")
+                        help=f"Comma-separated PARTITIONSxPROCESSORS. "
+                             f"[default: {DEFAULT_SIZES}; --quick: {QUICK_SIZES}]")
+    parser.add_argument("--quick", action="store_true", help="A small smoke run (never recorded).")
+    parser.add_argument("--strategy", choices=["greedy", "balanced"], default="greedy",
+                        help="Load-balancing strategy of both sides. [default: %(default)s]")
     parser.add_argument("--cpu-budget", type=float, default=0.5,
-                        help="fraction f of the cores that the listings of all processors may use (default 0.5)")
-    parser.add_argument("--min-interval", type=float, default=1.0, help="the shortest interval the rule picks (s)")
+                        help="Fraction f of the cores that the listings of all processors may use. "
+                             "[default: %(default)s]")
+    parser.add_argument("--min-interval", type=float, default=1.0, help="The shortest interval the rule picks (s). "
+                                                                        "[default: %(default)s]")
     parser.add_argument("--hold", type=float, default=None,
-                        help="seconds to keep running once balanced (default: the renewal age + E/10, so that "
-                             "every lease of ours is renewed at least once)")
+                        help="Seconds to keep running once balanced. [default: the renewal age + E/10, so that every "
+                             "lease of ours is renewed at least once]")
     parser.add_argument("--cap-ticks", type=float, default=float(CAP_TICKS),
-                        help=f"a side that is not balanced once every processor has made this many ticks is reported "
-                             f"as not balanced (default {CAP_TICKS}, at least 60 for a recorded run)")
+                        help="A side that is not balanced once every processor has made this many ticks is reported "
+                             "as not balanced (at least 60 for a recorded run). [default: %(default)g]")
     parser.add_argument("--budget-minutes", type=float, default=DEFAULT_BUDGET_MINUTES,
-                        help="the whole run's time budget: a side is only started when the cap's ticks fit in what is "
+                        help="The whole run's time budget: a side is only started when the cap's ticks fit in what is "
                              "left of it (keeping what the other side of the size needs); the sizes and sides that "
-                             f"did not fit are sized and reported, not run (default {DEFAULT_BUDGET_MINUTES:g})")
-    parser.add_argument("--calibration-listings", type=int, default=5)
-    parser.add_argument("--ready-timeout", type=float, default=180.0, help="seconds for all workers to import")
-    parser.add_argument("--stop-timeout", type=float, default=40.0)
+                             "did not fit are sized and reported, not run. [default: %(default)g]")
+    parser.add_argument("--calibration-listings", type=int, default=5,
+                        help="Listings timed to measure the cost of one (their median is used). "
+                             "[default: %(default)s]")
+    parser.add_argument("--ready-timeout", type=float, default=180.0, help="Seconds for all workers to import. "
+                                                                           "[default: %(default)s]")
+    parser.add_argument("--stop-timeout", type=float, default=40.0,
+                        help="Seconds each worker gets to stop. [default: %(default)s]")
     parser.add_argument("--drain-timeout", type=float, default=300.0,
-                        help="seconds to wait for Azurite to go idle before a side starts (default 300)")
+                        help="Seconds to wait for Azurite to go idle before a side starts. [default: %(default)s]")
     parser.add_argument("--store-pid", type=int, default=None,
-                        help=f"with {STORAGE_ENV} set (a storage of your own instead of the Azurite the benchmark "
-                             "starts): the process id of that Azurite, to measure its CPU and wait for it to go idle")
+                        help=f"With {STORAGE_ENV} set (a storage of your own instead of the Azurite the benchmark "
+                             "starts): the process id of that Azurite, to measure its CPU and wait for it to go idle.")
     parser.add_argument("--size-for", metavar="JSON", default=None,
-                        help="print what the sizing rule chooses for these measured costs and exit, e.g. "
-                             '\'{"listing_cpu": 0.55, "processors": 16, "cores": 2}\' (optional: store_listing, '
-                             "store_write, partitions, budget, min_interval)")
+                        help="Print what the sizing rule chooses for these measured costs and exit, e.g. "
+                             "'{\"listing_cpu\": 0.55, \"processors\": 16, \"cores\": 2}' (optional: store_listing, "
+                             "store_write, partitions, budget, min_interval).")
     parser.add_argument("--final-listing-timeout", type=float, default=120.0, help=argparse.SUPPRESS)
     parser.add_argument("--report-every", type=float, default=0.5, help=argparse.SUPPRESS)
     parser.add_argument("--idle-sample", type=float, default=5.0, help=argparse.SUPPRESS)
     parser.add_argument("--impls", default="ours,official", help=argparse.SUPPRESS)
-    parser.add_argument("--log-dir", default=None, help="keep each worker's stderr in this directory")
+    parser.add_argument("--log-dir", default=None, help="Keep each worker's stderr in this directory.")
     return parser
 
 

@@ -68,34 +68,34 @@ def _parser(prog: str | None) -> argparse.ArgumentParser:
     parser = program.parser("store_bench", __doc__, prog)
     parser.add_argument(
         "--partitions", default=",".join(map(str, DEFAULT_PARTITIONS)),
-        help="comma-separated partition counts (default: %(default)s)",
+        help="Comma-separated partition counts. [default: %(default)s]",
     )
     parser.add_argument("--concurrency", type=program.at_least_one, default=DEFAULT_CONCURRENCY,
-                        help="workers (default: %(default)s)")
+                        help="Workers. [default: %(default)s]")
     parser.add_argument(
         "--checkpoint-ops", type=program.at_least_one, default=DEFAULT_CHECKPOINT_OPS,
-        help="timed checkpoint writes per store, partition count and round (default: %(default)s)",
+        help="Timed checkpoint writes per store, partition count and round. [default: %(default)s]",
     )
     parser.add_argument(
         "--phase-ops", type=program.at_least_one, default=DEFAULT_PHASE_OPS,
-        help="at least this many timed re-claims and fences per store, partition count and round "
-             "(default: %(default)s)",
+        help="At least this many timed re-claims and fences per store, partition count and round. "
+             "[default: %(default)s]",
     )
     parser.add_argument(
         "--list-repeats", type=program.at_least_one, default=DEFAULT_LIST_REPEATS,
-        help="listings per store, partition count and round (default: %(default)s)",
+        help="Listings per store, partition count and round. [default: %(default)s]",
     )
     parser.add_argument(
         "--stores", default=",".join(ALL_STORES),
-        help="comma-separated: ours-blob, official-blob, ours-table, bare-blob, bare-table, memory "
-             "(default: %(default)s)",
+        help="Comma-separated: ours-blob, official-blob, ours-table, bare-blob, bare-table, memory. "
+             "[default: %(default)s]",
     )
     parser.add_argument(
         "--rounds", type=program.at_least_one, default=DEFAULT_ROUNDS,
-        help="rounds over all stores, order rotated each round; medians and ranges reported (default: %(default)s)",
+        help="Rounds over all stores, order rotated each round; medians and ranges reported. [default: %(default)s]",
     )
     parser.add_argument("--raw", metavar="PATH", default=None,
-                        help="also write every round's measurements to PATH as JSON")
+                        help="Also write every round's measurements to PATH as JSON.")
     return parser
 
 

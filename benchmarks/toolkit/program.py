@@ -61,9 +61,9 @@ def parser(name: str, doc: str | None, prog: str | None = None) -> argparse.Argu
         epilog=f"The same program runs as `python -m benchmarks.{name}` and `eventprocessor bench "
                f"{command_name(name)}`.")
     result.add_argument("--record", action="store_true",
-                        help="write the results into this benchmark's section of benchmarks/RESULTS.md "
-                             "(without it nothing is written)")
-    result.add_argument("--debug", action="store_true", help="show the full traceback of a failure")
+                        help="Write the results into this benchmark's section of benchmarks/RESULTS.md (without it "
+                             "nothing is written).")
+    result.add_argument("--debug", action="store_true", help="Show the full traceback of a failure.")
     return result
 
 
