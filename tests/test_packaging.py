@@ -53,7 +53,7 @@ LAYERS = [
     ("ownership", ("_ownership",)),
     ("delivery", ("_delivery",)),
     ("wiring", ("_assembly", "_processor")),
-    ("face", ("", "__main__", "consumer_client", "spark", "postgres", "testing", "cli")),
+    ("face", ("", "__main__", "_sink_handler", "consumer_client", "spark", "postgres", "testing", "cli")),
 ]
 EMULATORS = f"{PACKAGE}.emulators"
 INTERNAL = ("runtime", "ownership", "delivery")

@@ -11,9 +11,10 @@ from types import TracebackType
 from typing import Any
 
 from .._runtime.backoff import Backoff
+from .._sink_handler import SinkHandler
 from ..errors import ConfigurationError, EventProcessorError, OwnershipLostError
 from ..events import Event
-from ..partition import PartitionContext, PartitionProcessor, claim_of
+from ..partition import PartitionProcessor, claim_of
 from ..policies import CloseReason, RetryPolicy
 from ..stores._postgres import check_dsn, describe, require_asyncpg, safe_dsn
 from .claims import Claim, ClaimState, SinkStats
@@ -42,32 +43,6 @@ class PositionBehindError(EventProcessorError):
     store counts as written are not in the database (restored from a backup, another
     handler checkpointed the group, or another positions table). The partition is parked
     rather than written with a gap."""
-
-
-class _SinkHandler(PartitionProcessor):
-    """The per-claim handler the sink hands the processor. Events are safe once their
-    transaction commits, so the pump must not checkpoint on release: ``close`` commits
-    what is buffered on a stop or a handoff, and checkpoints it."""
-
-    checkpoint_on_release = False
-
-    def __init__(self, sink: PostgresSink) -> None:
-        self._sink = sink
-        self._claim: Claim | None = None
-
-    async def initialize(self, context: PartitionContext) -> None:
-        self._claim = Claim(context)
-        await self._sink._open(self._claim)
-
-    async def process_events(self, events: list[Event], context: PartitionContext) -> None:
-        if self._claim is None:  # initialize was cancelled before it made the claim
-            self._claim = Claim(context)
-            await self._sink._open(self._claim)
-        await self._sink._add(self._claim, events)
-
-    async def close(self, reason: CloseReason, context: PartitionContext) -> None:
-        if self._claim is not None:
-            await self._sink._close(self._claim, reason)
 
 
 class PostgresSink:
@@ -172,7 +147,7 @@ class PostgresSink:
 
     def __call__(self) -> PartitionProcessor:
         """One handler per partition claim; the processor calls this."""
-        return _SinkHandler(self)
+        return SinkHandler(self, Claim)
 
     @property
     def parked(self) -> dict[str, BaseException]:

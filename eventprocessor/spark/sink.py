@@ -13,6 +13,7 @@ from types import TracebackType
 from typing import Any
 
 from .._runtime.backoff import Backoff
+from .._sink_handler import SinkHandler
 from ..errors import ConfigurationError, OwnershipLostError, PoisonEventsError
 from ..events import Event
 from ..partition import PartitionContext, PartitionProcessor, claim_of
@@ -36,35 +37,6 @@ _MAX_BACKOFF = 30.0
 WRITE_RETRY_POLICY = RetryPolicy(max_delivery_attempts=8, retry_backoff=1.0, max_retry_backoff=60.0)
 """How often a failing batch write is tried by default: 8 attempts, 1 s backoff doubling
 up to 60 s (about two minutes of retries) before the poison policy applies."""
-
-
-class _SinkHandler(PartitionProcessor):
-    """The per-claim handler the sink hands the processor.
-
-    ``process_events`` only buffers: an event is safe once its batch is committed, and
-    the sink checkpoints it then. So the pump must not checkpoint "the last event whose
-    ``process_events`` returned" when the claim ends; ``close`` commits what is buffered
-    on a stop or a handoff instead, while the claim still holds its lease."""
-
-    checkpoint_on_release = False
-
-    def __init__(self, sink: SparkSink) -> None:
-        self._sink = sink
-        self._claim: Claim | None = None
-
-    async def initialize(self, context: PartitionContext) -> None:
-        self._claim = Claim(context)
-        await self._sink._open(self._claim)
-
-    async def process_events(self, events: list[Event], context: PartitionContext) -> None:
-        if self._claim is None:  # initialize was cancelled before it made the claim
-            self._claim = Claim(context)
-            await self._sink._open(self._claim)
-        await self._sink._add(self._claim, events)
-
-    async def close(self, reason: CloseReason, context: PartitionContext) -> None:
-        if self._claim is not None:
-            await self._sink._close(self._claim, reason)
 
 
 class SparkSink:
@@ -268,7 +240,7 @@ class SparkSink:
     # ------------------------------------------------------------------ public API
     def __call__(self) -> PartitionProcessor:
         """One handler per partition claim; the processor calls this."""
-        return _SinkHandler(self)
+        return SinkHandler(self, Claim)
 
     @property
     def spark(self) -> Any:
