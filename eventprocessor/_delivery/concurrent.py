@@ -276,10 +276,11 @@ class ConcurrentDelivery:
             self._wake.set()
 
     def _next_call(self) -> tuple[Hashable, list[Event]] | None:
-        """The next call for a task whose call just ended, or None: the claim ends, no key
-        may run, or another partition waits for a slot of the processor-wide limit."""
-        pump, calls = self._pump, self.calls
-        if not calls.keys_waiting or pump._stop_reason is not None or not pump.context.is_owned:
+        """The next call for a task whose call just ended, or None: the pump stops, no key
+        may run, or another partition waits for a slot of the processor-wide limit. (A
+        claim that ended is found by the call's own check, before its handler runs.)"""
+        calls = self.calls
+        if not calls.keys_waiting or self._pump._stop_reason is not None:
             return None
         if self._limit is not None and self._limit.waiting:
             return None  # give the slot up: partitions take turns for it
