@@ -267,6 +267,36 @@ def test_the_processor_wide_cap_holds_over_partitions():
     assert run_virtual(scenario()) == 40
 
 
+def test_partitions_take_turns_for_the_processor_wide_cap():
+    """A call's task runs the partition's next calls while no other partition waits for a
+    slot; once one does, slots pass to it as calls end, so a busy partition cannot keep
+    the processor-wide cap to itself."""
+    async def scenario():
+        source, store = _world(2)
+        for index in range(4000):
+            source.append(b"x", partition_key=f"k{index % 400}")
+        starts: list[tuple[float, str]] = []
+        loop = asyncio.get_running_loop()
+
+        class Timed(PartitionProcessor):
+            async def process_events(self, events, context):
+                starts.append((loop.time(), context.partition_id))
+                await asyncio.sleep(0.01)
+
+        policy = ConcurrencyPolicy(max_concurrency=8, ordering="key", max_in_flight=8)
+        async with EventProcessor(source, store, Timed, concurrency=policy, **FAST):
+            await until(lambda: {p for _, p in starts} == {"0", "1"}, what="both partitions")
+            await asyncio.sleep(1.0)
+        return starts
+
+    starts = run_virtual(scenario())
+    first_partition = starts[0][1]
+    second = min(t for t, p in starts if p != first_partition)  # when the second partition was claimed
+    later = [p for t, p in starts if second + 0.1 <= t <= second + 1.0]
+    assert later.count(first_partition) >= len(later) / 4, "the first partition kept the slots to itself"
+    assert len(later) - later.count(first_partition) >= len(later) / 4, "the second partition got no slots"
+
+
 # ---------------------------------------------------------------------- failures per key
 
 

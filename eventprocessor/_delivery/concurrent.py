@@ -3,8 +3,11 @@ or ``"none"`` (:class:`~eventprocessor.policies.ConcurrencyPolicy`).
 
 The pump's task receives and dispatches continuously, without a batch barrier: up to
 ``max_concurrency`` ``process_events`` calls of the partition run at once (and at most
-``max_in_flight`` over the processor), each on a task of its own, picked by
-:class:`~eventprocessor._delivery.progress.CallQueue`. The partition holds at most
+``max_in_flight`` over the processor), picked by
+:class:`~eventprocessor._delivery.progress.CallQueue`. A call runs on a task, which goes
+on with the partition's next call when it ends, unless another partition waits for a
+slot of ``max_in_flight`` (then the slot passes to it): a task and a wake of the
+dispatching loop per call cost more than a short call itself. The partition holds at most
 ``max_pending`` events beyond its checkpoint; past that it stops receiving until the
 oldest is done, so memory, prefetch and what a crash delivers again stay bounded.
 
@@ -77,6 +80,11 @@ class InFlightLimit:
             return True
         self._waiting[id(wake)] = wake
         return False
+
+    @property
+    def waiting(self) -> bool:
+        """True while a partition waits for a slot."""
+        return bool(self._waiting)
 
     def release(self) -> None:
         self.in_flight -= 1
@@ -238,22 +246,45 @@ class ConcurrentDelivery:
             pump._dispatching = True
 
     async def _call(self, key: Hashable, events: list[Event]) -> None:
+        """Run a call, then, while its slot is wanted by no other partition, the next
+        calls that may run, on this task: a task and a wake of the loop per call are
+        much of what a short call costs beyond the handler."""
         task = asyncio.current_task()
+        tasks = self._tasks
         try:
-            try:
-                await self._deliver(events)
-            except DeliveryStopped:
-                return  # the claim ended: these events stay not done
-            except Exception as failure:
-                if not await self._recover(key, events, failure):
+            while True:
+                try:
+                    await self._deliver(events)
+                except DeliveryStopped:
+                    return  # the claim ended: these events stay not done
+                except Exception as failure:
+                    if not await self._recover(key, events, failure):
+                        return
+                self.calls.finished(key)
+                taken = self._next_call()
+                if taken is None:
                     return
-            self.calls.finished(key)
+                key, events = taken
+                tasks[task] = self._pump._now()  # type: ignore[index]
+                if self._receive is None:
+                    self._wake.set()  # the loop may receive again
         finally:
             self._tasks.pop(task, None)  # type: ignore[arg-type]
             if self._limit is not None:
                 self._limit.release()
             self._pump._dispatching = bool(self._tasks)
             self._wake.set()
+
+    def _next_call(self) -> tuple[Hashable, list[Event]] | None:
+        """The next call for a task whose call just ended, or None: the pump stops, no key
+        may run, or another partition waits for a slot of the processor-wide limit. (A
+        claim that ended is found by the call's own check, before its handler runs.)"""
+        calls = self.calls
+        if not calls.keys_waiting or self._pump._stop_reason is not None:
+            return None
+        if self._limit is not None and self._limit.waiting:
+            return None  # give the slot up: partitions take turns for it
+        return calls.take(self._policy.max_concurrency - len(self._tasks) + 1)
 
     async def _deliver(self, events: list[Event]) -> None:
         """One call: check the claim, run the handler on a context of the call's own, and
