@@ -17,8 +17,6 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from harness.spark_files import batch_files
-
 __all__ = ["STEPS", "child_source", "child_sink", "child_latency", "steady"]
 
 
@@ -203,6 +201,8 @@ def child_latency(args: argparse.Namespace) -> dict[str, Any]:
         time.sleep(0.2)
     query.stop()
     latencies: list[float] = []
+    from harness.spark_files import batch_files  # needs pyarrow: only where the Spark runs are
+
     for batch, paths in batch_files(out / "table" / "_spark_metadata").items():
         if batch not in ends:
             continue

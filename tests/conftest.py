@@ -52,6 +52,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list) -> None:
             item.add_marker(pytest.mark.xdist_group("spark-cluster"))  # one cluster, on one worker
         elif module == "test_spark_sink":
             item.add_marker(pytest.mark.xdist_group("spark-local"))  # one local Spark session
+        elif module == "test_azure_eventhub_tests":
+            # Its module fixture runs azure-eventhub's tests once, on 180 fresh hubs: on one worker only.
+            item.add_marker(pytest.mark.xdist_group("azure-eventhub-tests"))
 
 
 @pytest.fixture(autouse=True)
