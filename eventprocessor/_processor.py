@@ -82,9 +82,10 @@ class EventProcessor:
         consumer_group: str = "$default",
         owner_id: str | None = None,
         load_balancing_strategy: LoadBalancingStrategy | str = LoadBalancingStrategy.GREEDY,
-        load_balancing_interval: float = 15.0,
+        load_balancing_interval: float = 1.0,
         partition_ownership_expiration_interval: float = 75.0,
         ownership_renewal_age: float | None = None,
+        ownership_renewal: str = "auto",
         store_timeout: float | None = None,
         shutdown_timeout: float = 30.0,
         handler_timeout: float | None = 60.0,
@@ -126,7 +127,7 @@ class EventProcessor:
             track_last_enqueued_event_properties=track_last_enqueued_event_properties,
             handler_executor=handler_executor, failure_policy=failure_policy, handoff_timeout=handoff_timeout,
             balance_factor=balance_factor, ordinal=ordinal, replica_count=replica_count, load_policy=load_policy,
-            stateful=stateful, error_handler=error_handler, clock=clock, rng=rng)
+            stateful=stateful, error_handler=error_handler, clock=clock, rng=rng, ownership_renewal=ownership_renewal)
         self._parts = parts = assemble(options, checkpoint_store, meter_provider=meter_provider,
                                        tracer_provider=tracer_provider)
         self._scope, self._table = parts.scope, parts.table  # the two the façade reads most
@@ -168,6 +169,7 @@ class EventProcessor:
         """Counters: ticks and overruns, claims, renewals, self-fenced leases, ..."""
         stats, renewer = self._parts.stats, self._parts.renewer
         stats.renewals, stats.failed_renewals = renewer.renewals, renewer.failed_renewals
+        stats.announcements = self._parts.taker.announcements
         return stats
 
     @property

@@ -34,6 +34,12 @@ from ..stores.contract import CheckpointStore
 from .clock import Clock, SystemClock
 from .timing import Timing, timing_from_arguments
 
+RENEWAL_MODES = ("auto", "member", "partition")
+"""``ownership_renewal``: ``member`` (one heartbeat per processor keeps its partitions;
+ticks read ownership records only on change), ``partition`` (every record is rewritten
+every renewal age and listed every tick, as azure-eventhub's processor does), ``auto``
+(``member`` until a foreign owner is seen). See :mod:`eventprocessor._ownership.liveness`."""
+
 __all__ = ["ProcessorOptions", "ErrorHandler", "PartitionProcessorFactory"]
 
 PartitionProcessorFactory = type | Callable[[], PartitionProcessor]
@@ -192,6 +198,7 @@ class ProcessorOptions:
     error_handler: ErrorHandler | None
     state_policy: StatePolicy | None = None
     load_policy: LoadPolicy | None = None
+    ownership_renewal: str = "auto"
 
     @property
     def scope(self) -> tuple[str, str, str]:
@@ -225,7 +232,7 @@ class ProcessorOptions:
                  prefetch: Any, track_last_enqueued_event_properties: Any, failure_policy: Any,
                  refuse_checkpoint_rewind: Any, handoff_timeout: Any, balance_factor: Any, ordinal: Any,
                  replica_count: Any, load_policy: Any, stateful: Any, error_handler: Any, clock: Any,
-                 rng: Any) -> ProcessorOptions:
+                 rng: Any, ownership_renewal: Any = "auto") -> ProcessorOptions:
         """Check every argument, group by group; raise a ConfigurationError naming the
         first bad one, the value and what would be valid."""
         timing = timing_from_arguments(load_balancing_interval, partition_ownership_expiration_interval,
@@ -236,6 +243,10 @@ class ProcessorOptions:
         strategy, handoff = _balancing(load_balancing_strategy, balance_factor, handoff_timeout, ordinal,
                                        replica_count, load_policy)
         _hooks(error_handler, clock, rng)
+        if ownership_renewal not in RENEWAL_MODES:
+            raise ConfigurationError(
+                f"ownership_renewal must be one of {', '.join(map(repr, RENEWAL_MODES))} (how a processor keeps its "
+                f"partitions: docs/concepts/leases.md), got {ownership_renewal!r}")
         return ProcessorOptions(
             source=source, checkpoint_store=checkpoint_store, factory=partition_processor,
             consumer_group=consumer_group, owner_id=owner, strategy=strategy, timing=timing,
@@ -245,4 +256,4 @@ class ProcessorOptions:
             failure_policy=failure_policy, refuse_rewind=bool(refuse_checkpoint_rewind), handoff_timeout=handoff,
             balance_factor=balance_factor, ordinal=ordinal, replica_count=replica_count or 0,
             clock=clock or SystemClock(), rng=rng or random.Random(), error_handler=error_handler,
-            state_policy=_state(stateful), load_policy=load_policy)
+            state_policy=_state(stateful), load_policy=load_policy, ownership_renewal=ownership_renewal)
