@@ -56,6 +56,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
+import inspect
 import json
 import logging
 import math
@@ -187,6 +189,23 @@ class Sizing:
         """How long ours may be unable to run (a stalled event loop) between two renewal
         attempts and still keep its leases: the lease minus the renewal age."""
         return self.lease - self.renewal_age
+
+
+def ours_at_defaults(sizing: Sizing) -> Sizing:
+    """Ours with ``EventProcessor``'s default timing: at rest its ticks list no ownership
+    record (one heartbeat per processor keeps its partitions), so its interval is not
+    sized by P x N (docs/concepts/timing.md, "Sizing"); only the official side is."""
+    from eventprocessor import EventProcessor, Timing
+    from eventprocessor.stores import DEFAULT_OPERATION_TIMEOUT
+
+    defaults = inspect.signature(EventProcessor.__init__).parameters
+    interval = float(defaults["load_balancing_interval"].default)
+    expiration = float(defaults["partition_ownership_expiration_interval"].default)
+    timing = Timing.derive(interval=interval, expiration=expiration, renewal_age=None, store_timeout=None,
+                           shutdown_timeout=30.0, handler_timeout=None)
+    return dataclasses.replace(sizing, interval=interval, expiration=expiration, renewal_age=timing.renewal_age,
+                               store_timeout=timing.store_timeout, operation_timeout=DEFAULT_OPERATION_TIMEOUT,
+                               lease=timing.lease_length, bound_by="EventProcessor's defaults")
 
 
 def choose_timing(listing_cpu: float, processors: int, cores: float, *, budget: float = 0.5,
@@ -775,10 +794,11 @@ async def run_sizes(args: argparse.Namespace, connection_string: str, azurite_pi
                     print(f"{partitions}x{processors} {impl}: not run: {size.skipped[impl]}", file=sys.stderr,
                           flush=True)
                     continue
-                hold = args.hold if args.hold is not None else sizing.hold
+                side_sizing = ours_at_defaults(sizing) if impl == "ours" and args.ours_timing == "defaults" else sizing
+                hold = args.hold if args.hold is not None else side_sizing.hold
                 deadline = time.monotonic() + left - _overhead(args, processors) - hold
                 try:
-                    size.sides[impl] = await runner.side(impl, partitions, processors, sizing, deadline)
+                    size.sides[impl] = await runner.side(impl, partitions, processors, side_sizing, deadline)
                 except asyncio.CancelledError:
                     raise
                 except Exception as error:  # a saturated store, a worker that died: say so, go on
@@ -870,9 +890,14 @@ def render(results: list[SizeResult], args: argparse.Namespace, command: str, se
                      f"{s.renewal_age:g} / {s.store_timeout:.1f} / "
                      f"{s.operation_timeout:g} | {s.stall_room:.1f} | {cap_seconds(args, s) / 60:.1f} |")
     for size in results:
-        lines += ["", f"### {size.partitions} partitions x {size.processors} processors "
-                      f"(I = {size.sizing.interval:g} s; E = {size.sizing.expiration:g} s ours, "
-                      f"{size.sizing.official_expiration:g} s official)", ""]
+        if args.ours_timing == "defaults":
+            ours = ours_at_defaults(size.sizing)
+            timing = (f"official: I = {size.sizing.interval:g} s, E = {size.sizing.official_expiration:g} s; ours at "
+                      f"EventProcessor's defaults: I = {ours.interval:g} s, E = {ours.expiration:g} s")
+        else:
+            timing = (f"I = {size.sizing.interval:g} s; E = {size.sizing.expiration:g} s ours, "
+                      f"{size.sizing.official_expiration:g} s official")
+        lines += ["", f"### {size.partitions} partitions x {size.processors} processors ({timing})", ""]
         if size.not_run:
             lines += [f"**Not run**: {size.not_run}."]
             continue
@@ -914,6 +939,9 @@ def render(results: list[SizeResult], args: argparse.Namespace, command: str, se
         row("requests/s to balanced (all processors)", lambda r: f"{r.converge.requests_per_second:.0f}")
         row("requests/s while held (all processors)",
             lambda r: "-" if r.balanced_after is None else f"{r.hold.requests_per_second:.1f}")
+        row("storage requests per hour per processor at rest (while held)",
+            lambda r, n=size.processors: "-" if r.balanced_after is None
+            else f"{r.hold.requests_per_second * 3600 / n:,.0f}")
         row("CPU per processor to balanced, mean (max), % of a core",
             lambda r: f"{_pct(r.converge.core_share()[0])} ({_pct(r.converge.core_share()[1])})")
         row("CPU per processor while held, mean (max), % of a core",
@@ -1012,6 +1040,9 @@ def _parser(prog: str | None) -> argparse.ArgumentParser:
     parser.add_argument("--cpu-budget", type=float, default=0.5,
                         help="fraction f of the cores that the listings of all processors may use (default 0.5)")
     parser.add_argument("--min-interval", type=float, default=1.0, help="the shortest interval the rule picks (s)")
+    parser.add_argument("--ours-timing", choices=("defaults", "sized"), default="defaults",
+                        help="ours at EventProcessor's default timing (its ticks list no ownership record at rest), "
+                             "or at the interval sized for the official side (default: defaults)")
     parser.add_argument("--hold", type=float, default=None,
                         help="seconds to keep running once balanced (default: the renewal age + E/10, so that "
                              "every lease of ours is renewed at least once)")
@@ -1073,8 +1104,9 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
         if args.record and args.cap_ticks < CAP_TICKS:
             parser.error(f"--record needs --cap-ticks of at least {CAP_TICKS}: a shorter cap is a give-up window, "
                          f"not a measurement")
-        if args.quick:  # a smoke run: shorter samples, quicker reports
+        if args.quick:  # a smoke run: shorter samples, quicker reports, a short hold
             args.idle_sample, args.report_every, args.calibration_listings = 0.5, 0.25, 3
+            args.hold = 10.0 if args.hold is None else args.hold
         try:
             args.sizes = _sizes(args.sizes or (QUICK_SIZES if args.quick else DEFAULT_SIZES))
         except ValueError:

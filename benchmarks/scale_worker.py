@@ -100,7 +100,9 @@ class RenewalWatch:
     :meth:`wrap` goes around the store's ``claim_ownership``: the time a write of one of
     this processor's records was sent is kept when the store accepts it. :meth:`watch`
     samples what the processor dispatches every 0.1 s and counts a partition as one missed
-    renewal when it is still dispatched more than ``expiry`` after that time."""
+    renewal when it is still dispatched more than ``expiry`` after that time (for ours,
+    after the later of that time and its last heartbeat that keeps every partition,
+    :meth:`wrap_member`)."""
 
     def __init__(self, owner_id: str, expiry: float, owned: Callable[[], set[str]],
                  field: Callable[[Any, str], Any]) -> None:
@@ -109,6 +111,7 @@ class RenewalWatch:
         self.owned = owned
         self.field = field  # how to read a record's field (dicts for the official, Ownership for ours)
         self.written: dict[str, float] = {}  # partition -> monotonic send time of its last accepted write
+        self.heartbeat: float | None = None  # send time of the last accepted member record that keeps them all
         self.lapsed: set[str] = set()
         self.missed = self.renewals = self.failed_renewals = 0
 
@@ -128,11 +131,25 @@ class RenewalWatch:
 
         return counted_claim
 
+    def wrap_member(self, write_member: Callable[..., Any]) -> Callable[..., Any]:
+        """Ours: a member record with ``lease=member`` the store accepted keeps every
+        partition of the processor, as a write of each record would."""
+        async def counted_heartbeat(member: Any) -> Any:
+            sent_at = time.monotonic()
+            written = await write_member(member)
+            if member.properties.get("lease") == "member":
+                self.heartbeat = sent_at
+            return written
+
+        return counted_heartbeat
+
     async def watch(self) -> None:
         while True:
             now = time.monotonic()
             for pid in self.owned():
                 last = self.written.get(pid)
+                if last is not None and self.heartbeat is not None:
+                    last = max(last, self.heartbeat)
                 if last is not None and now - last > self.expiry:
                     if pid not in self.lapsed:
                         self.lapsed.add(pid)
@@ -168,6 +185,7 @@ async def _ours(args: argparse.Namespace, transport: Any, go: asyncio.Event, sto
 
     watch = RenewalWatch(args.owner_id, args.expiry, lambda: set(processor.owned_partitions), getattr)
     store.claim_ownership = watch.wrap(store.claim_ownership)  # type: ignore[method-assign]
+    store.write_member = watch.wrap_member(store.write_member)  # type: ignore[method-assign]
 
     def counters() -> dict[str, Any]:
         stats = processor.stats
@@ -175,7 +193,8 @@ async def _ours(args: argparse.Namespace, transport: Any, go: asyncio.Event, sto
                 "max_tick": round(stats.max_tick_duration, 3), **watch.counters(), "self_fenced": stats.self_fenced,
                 "claims": stats.claims_won, "lost": stats.lost, "store_calls": dict(processor.store_calls.calls),
                 "store_timeouts": sum(processor.store_calls.timeouts.values()),
-                "backed_off": stats.backed_off_ticks, "backoff_level": stats.backoff_level}
+                "backed_off": stats.backed_off_ticks, "backoff_level": stats.backoff_level,
+                "skipped_listings": stats.skipped_listings}
 
     side.owned = lambda: set(processor.owned_partitions)
     side.counters = counters

@@ -9,7 +9,8 @@ Three layers, so that each can be tested on its own:
 
 * :func:`build_status` is pure: listings in, a :class:`GroupStatus` out. Expiry is judged
   as the processors judge it, ``server_time - last_modified > expiration``, both from the
-  store.
+  store, where ``last_modified`` is the later of the record's and its owner's heartbeat
+  when that heartbeat keeps its partitions (``lease=member``).
 * :func:`read_status` does the I/O: it reads the store (and the event hub, if given)
   concurrently, every call bounded by ``timeout``. A store that cannot be read is an
   error; an event hub that cannot be read only makes the lag unknown, with the reason.
@@ -33,6 +34,7 @@ from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
+from eventprocessor._ownership.liveness import heartbeats, with_heartbeats
 from eventprocessor._ownership.strategies import HANDOFF_PROPERTY, ORDINAL_PROPERTY
 from eventprocessor.errors import ConfigurationError, EventProcessorError
 from eventprocessor.sources import EventSource, PartitionProperties
@@ -220,6 +222,7 @@ def build_status(*, fully_qualified_namespace: str, eventhub_name: str, consumer
     """
     now = ownership.server_time
     properties = properties or {}
+    ownership = with_heartbeats(ownership, heartbeats(members))
     records = {record.partition_id: record for record in ownership.ownerships}
     unreadable = {record.partition_id: record for record in ownership.unreadable}
     by_partition = {checkpoint.partition_id: checkpoint for checkpoint in checkpoints}
