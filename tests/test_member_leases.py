@@ -35,7 +35,7 @@ def _counts(cluster: Cluster, running: list[EventProcessor]) -> list[int]:
 
 
 async def _producing(cluster: Cluster) -> asyncio.Task[None]:
-    return asyncio.get_running_loop().create_task(cluster.produce_for(10_000.0, 64.0))
+    return asyncio.get_running_loop().create_task(cluster.produce_for(10_000.0, 16.0))
 
 
 def test_a_scale_out_from_2_to_4_settles_within_3_seconds_with_no_duplicate():
@@ -215,7 +215,9 @@ def test_a_foreign_owner_turns_per_partition_renewals_and_listings_back_on():
         await asyncio.sleep(10.0)
         [record] = [r for r in (await cluster.memory.list_ownership(*a_scope(cluster))).ownerships
                     if r.partition_id == "0"]
-        [taken] = await cluster.memory.claim_ownership([replace(record, owner_id="official", epoch=record.epoch + 1)])
+        # azure-eventhub's processor takes a partition: a conditional write that drops our
+        # metadata (the record reads as epoch 0), no member record, no change notice
+        [taken] = await cluster.memory.claim_ownership([replace(record, owner_id="official", epoch=0)])
         loop = asyncio.get_running_loop()
         stolen, done = loop.time(), asyncio.Event()
         official = loop.create_task(official_renewing(cluster.memory, taken, done))
@@ -268,3 +270,28 @@ def test_a_processor_that_must_renew_each_record_still_judges_heartbeats():
     before, phase, counts, renewals = run_virtual(scenario())
     assert counts == [4, 4] and phase["moves"] == before["moves"] and phase["steals"] == 0
     assert renewals >= 4 * (600 // Timing.default_renewal_age(E))
+
+
+def test_who_counts_as_a_foreign_owner_and_when_a_record_lives_by_its_owners_heartbeat():
+    from datetime import datetime, timedelta, timezone
+
+    from eventprocessor._ownership.liveness import foreign_owners, heartbeats, next_expiry, with_heartbeats
+    from eventprocessor.stores.records import Member, MemberListing, Ownership, OwnershipListing
+
+    now = datetime(2026, 1, 1, tzinfo=timezone.utc)
+    scope = ("ns", "hub", "$default")
+    ago = lambda seconds: now - timedelta(seconds=seconds)  # noqa: E731
+    listing = OwnershipListing(ownerships=(
+        Ownership(*scope, "0", "ours", last_modified_time=ago(500), epoch=3),  # kept by its heartbeat
+        Ownership(*scope, "1", "official", last_modified_time=ago(10), epoch=0),  # azure-eventhub's
+        Ownership(*scope, "2", "joining", last_modified_time=ago(10), epoch=1),  # ours, member not written yet
+        Ownership(*scope, "3", "old", last_modified_time=ago(30), epoch=2),  # an older version of this SDK
+        Ownership(*scope, "4", "gone", last_modified_time=ago(500), epoch=0),  # expired: nobody to worry about
+    ), server_time=now)
+    members = MemberListing(members=(Member(*scope, "ours", ago(5), properties={"lease": "member"}),
+                                     Member(*scope, "old", ago(5))), server_time=now, generation='"g"')
+    assert foreign_owners(listing, members, 75.0) == {"official", "old"}
+    judged = {r.partition_id: r.last_modified_time for r in with_heartbeats(listing, heartbeats(members)).ownerships}
+    assert judged == {"0": ago(5), "1": ago(10), "2": ago(10), "3": ago(30), "4": ago(500)}
+    # the next record no heartbeat keeps to expire: "3", 45 s from now
+    assert next_expiry(with_heartbeats(listing, heartbeats(members)), heartbeats(members), 75.0) == 45.0

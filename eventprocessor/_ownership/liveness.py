@@ -49,8 +49,9 @@ Safety
   disconnected by the new owner's, its next checkpoint fails on the fence).
 * **A group mixed with azure-eventhub's processor.** That processor judges every record
   by its own age and renews per partition; it neither writes member records nor
-  announces changes. A record whose owner has no member record, or a live member record
-  without ``lease=member`` (an older version of this SDK), is a *foreign* owner
+  announces changes. A live record it wrote (it drops this SDK's metadata: epoch 0)
+  whose owner has no member record, or a live member record without ``lease=member``
+  (an older version of this SDK), is a *foreign* owner
   (:func:`foreign_owners`). With ``ownership_renewal="auto"`` (the default) a processor
   that sees one renews each owned record per partition again (every renewal age) and
   lists ownership every tick, until no foreign owner has been seen for E. Until it
@@ -108,14 +109,18 @@ def with_heartbeats(listing: OwnershipListing, beats: Mapping[str, datetime]) ->
 
 
 def foreign_owners(listing: OwnershipListing, members: MemberListing | None, expiration: float) -> set[str]:
-    """Owners that judge records by their own age: live records' owners without any
-    member record, and live members whose heartbeat does not keep their partitions."""
+    """Owners that judge records by their own age: owners of live records written by
+    azure-eventhub's processor (it drops this SDK's metadata, so they read as epoch 0;
+    ours never claim below 1) that have no member record, and live members whose
+    heartbeat does not keep their partitions (an older version of this SDK). A processor
+    of ours whose member record could not be written yet is not one: its records carry
+    epochs, and it renews them one by one until its heartbeat is written."""
     if members is None:
         return set()
     known = {m.owner_id for m in members.members}
     now = listing.server_time
     foreign = {r.owner_id for r in listing.ownerships
-               if r.owner_id and r.owner_id not in known and r.last_modified_time is not None
+               if r.owner_id and r.epoch == 0 and r.owner_id not in known and r.last_modified_time is not None
                and (now - r.last_modified_time).total_seconds() <= expiration}
     foreign |= {m.owner_id for m in members.members
                 if m.last_modified_time is not None and m.properties.get(LEASE_PROPERTY) != MEMBER_LEASES

@@ -248,7 +248,7 @@ class Taker:
             cause = ("the store or this machine's CPU cannot keep up with this many partitions and processors "
                      "per process; raise the interval or run fewer processors per process")
         overdue = sorted_ids(lease.partition_id for lease in self._table.in_state(LeaseState.OWNED)
-                             if lease.renew_at < now - self._timing.renewal_retry)
+                             if self.renewal.per_partition and lease.renew_at < now - self._timing.renewal_retry)
         leases = (f"the renewals of partitions {overdue} are overdue" if overdue
                   else "leases are renewed apart from ticks and none is overdue")
         logger.warning(
