@@ -70,7 +70,7 @@ def test_a_scale_out_from_2_to_4_settles_within_3_seconds_with_no_duplicate():
     assert cluster.ledger.duplicates() == 0 and cluster.ledger.overlaps() == []
 
 
-@pytest.mark.parametrize("partitions", [32, 256])
+@pytest.mark.parametrize("partitions", [32, 128])
 def test_a_tick_that_finds_nothing_changed_lists_no_ownership_record(partitions):
     """At rest every tick lists the members (one request with the change notice) and no
     ownership record; no record is rewritten: what a processor costs per hour does not

@@ -129,12 +129,15 @@ def foreign_owners(listing: OwnershipListing, members: MemberListing | None, exp
 
 
 def next_expiry(listing: OwnershipListing, beats: Mapping[str, datetime], expiration: float) -> float | None:
-    """Seconds from the listing until the first record that no heartbeat keeps (an owner
-    that renews per partition, an unreadable record) expires by its own age; None if
-    there is none. Records a heartbeat keeps expire when their owner's member record
+    """Seconds from the listing (with :func:`with_heartbeats` applied) until the first
+    owned record expires that its owner's heartbeat does not keep: an owner that renews
+    per partition, an unreadable record, or a record written after its owner's last
+    heartbeat (a claim by a processor that then crashed); None if there is none. A record
+    whose owner's heartbeat is its latest proof of life expires when that member record
     does, which every tick sees."""
     now = listing.server_time
-    times = [r.last_modified_time for r in listing.ownerships if r.owner_id and r.owner_id not in beats]
+    times = [r.last_modified_time for r in listing.ownerships
+             if r.owner_id and not (r.owner_id in beats and beats[r.owner_id] == r.last_modified_time)]
     times += [u.last_modified_time for u in listing.unreadable]
     left = [expiration - (now - t).total_seconds() for t in times if t is not None]
     left = [seconds for seconds in left if seconds >= 0]
@@ -154,7 +157,7 @@ class _Seen:
     keeping: frozenset[str]  # members younger than E
     properties: tuple[tuple[str, tuple[tuple[str, str], ...]], ...] | None  # when plans read them
     partition_ids: tuple[str, ...]
-    owned: frozenset[str]  # what this processor could dispatch
+    owned: frozenset  # what this processor could dispatch, and its leases' states
 
 
 class ChangeWatch:
@@ -178,7 +181,7 @@ class ChangeWatch:
         """List at the next tick (a renewal lost its write, a lease ended)."""
         self._work_left = True
 
-    def _view(self, members: MemberListing, partition_ids: Sequence[str], owned: frozenset[str]) -> _Seen:
+    def _view(self, members: MemberListing, partition_ids: Sequence[str], owned: frozenset) -> _Seen:
         now = members.server_time
         ages = {m.owner_id: (now - m.last_modified_time).total_seconds() for m in members.members
                 if m.last_modified_time is not None}
@@ -190,7 +193,7 @@ class ChangeWatch:
                      tuple(partition_ids), owned)
 
     def unchanged(self, members: MemberListing, partition_ids: Sequence[str], now: float,
-                  owned: frozenset[str]) -> bool:
+                  owned: frozenset) -> bool:
         """Whether a tick that listed ``members`` may skip the ownership listing (``owned``:
         what this processor may dispatch now; a lease that ended since is a change)."""
         if self._work_left or self._seen is None or now >= self._next_full:
@@ -198,7 +201,7 @@ class ChangeWatch:
         return self._view(members, partition_ids, owned) == self._seen
 
     def listed(self, members: MemberListing, partition_ids: Sequence[str], now: float, *, work_left: bool,
-               owned: frozenset[str], expires_in: float | None = None) -> None:
+               owned: frozenset, expires_in: float | None = None) -> None:
         """A full listing was made, after ``members`` had been listed: remember what it
         saw, whether the tick left work for the next one, and when a record it saw
         expires by its own age (``expires_in`` seconds: list again then)."""

@@ -269,7 +269,7 @@ class Taker:
             if isinstance(read, Exception):
                 return self._empty_report(error=read)
             members = read
-            if self._watch.unchanged(members, partition_ids, self._clock.monotonic(), table.owned()):
+            if self._watch.unchanged(members, partition_ids, self._clock.monotonic(), self._leases_now()):
                 self._stats.skipped_listings += 1
                 table.reconcile()  # follow the pumps; the store has nothing new to say
                 return BalanceReport(owned=table.owned(), claimed=frozenset(), renewed=frozenset(), stolen={},
@@ -295,7 +295,7 @@ class Taker:
                              or decision.awaiting_handoff or reconciliation.transitions or lost)
             expires_in = next_expiry(listing, heartbeats(member_listing), self._timing.expiration)
             self._watch.listed(members or member_listing, partition_ids,  # type: ignore[arg-type]
-                               self._clock.monotonic(), work_left=work_left, owned=table.owned(),
+                               self._clock.monotonic(), work_left=work_left, owned=self._leases_now(),
                                expires_in=expires_in)
         if members is not None:
             requests["list_members"] = 1
@@ -323,6 +323,11 @@ class Taker:
         self._partition_ids = list(partition_ids)
         self._reporter.tick_recovered("source")
         return partition_ids
+
+    def _leases_now(self) -> frozenset:
+        """What this processor may dispatch and the state of each lease: a lease that ran
+        out or moved on since the last listing is a change to list for."""
+        return frozenset(self._table.owned()) | frozenset(self._table.states().items())
 
     async def _list_members(self) -> MemberListing | Exception:
         """The members and the group's change notice: all a tick reads when nothing changed."""
