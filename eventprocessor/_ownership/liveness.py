@@ -24,9 +24,10 @@ At rest a tick costs one request: list the members (N small records and the
 generation). It lists the ownership records too only when something may have changed
 (:class:`ChangeWatch`): the generation differs from the last one seen, a member
 joined, left or crossed E/2 (leaves the plans) or E (its partitions expire), the
-partition ids changed, one of this processor's leases ended, the previous tick had
+partition ids changed, one of this processor's leases moved on, the previous tick had
 work left (claims, handoff requests it waits on, failures), the renewer asked
-(``wake``), a record that no heartbeat keeps (an unreadable one, a foreign owner's) reaches its expiry
+(``wake``), a record that no heartbeat keeps (an unreadable one, a foreign owner's, one
+written after its owner's last heartbeat) reaches its expiry
 (:func:`next_expiry`), or the safety net is due (:func:`full_listing_interval`).
 
 Safety
