@@ -73,6 +73,8 @@ async def test_a_scale_out_from_2_to_4_on_azurite_settles_within_3_seconds_with_
             await store.close()
     took = None if settled is None else settled - started
     oversubscribed = max(1.0, os.getloadavg()[0] / (os.cpu_count() or 1))
+    print(f"\nscale-out 2 -> 4 processors, {PARTITIONS} partitions on Azurite: settled in "
+          f"{'-' if took is None else f'{took:.2f}'} s (CPU oversubscribed {oversubscribed:.1f}x)")
     assert took is not None and took <= 3.0 * oversubscribed, (took, oversubscribed)
     assert recorder.duplicates() == 0 and recorder.overlaps() == []
     assert sum(p.stats.steals for p in processors) == 0
