@@ -1117,7 +1117,7 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
                          f"not a measurement")
         if args.quick:  # a smoke run: shorter samples, quicker reports, a short hold
             args.idle_sample, args.report_every, args.calibration_listings = 0.5, 0.25, 3
-            args.hold = 10.0 if args.hold is None else args.hold
+            args.hold = 5.0 if args.hold is None else args.hold
         try:
             args.sizes = _sizes(args.sizes or (QUICK_SIZES if args.quick else DEFAULT_SIZES))
         except ValueError:
