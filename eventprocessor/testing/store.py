@@ -15,8 +15,7 @@ __all__ = ["FaultyStore"]
 
 _T = TypeVar("_T")
 
-_WRITES = {"claim_ownership", "update_checkpoint", "fence_checkpoint", "write_member", "release_ownership",
-           "announce_change"}
+_WRITES = {"claim_ownership", "update_checkpoint", "fence_checkpoint", "write_member", "release_ownership"}
 
 
 class FaultyStore(StoreWrapper):
