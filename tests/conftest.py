@@ -43,6 +43,12 @@ def pytest_configure(config: pytest.Config) -> None:
         os.environ[SHARED] = tempfile.mkdtemp(prefix="eventprocessor-services-")
 
 
+# Before xdist's own hook, which turns the xdist_group marks into the node ids --dist
+# loadgroup schedules by. Under pytest 9.2 with pytest-xdist 3.8 that does not take effect
+# (xdist sets item._nodeid, which pytest 9.2 no longer reads), so a group's tests may run
+# on both workers: the fixed-port tests rely on the machine-wide lock below, and a module
+# with a costly module fixture has one test that uses it.
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list) -> None:
     for item in items:
         module = item.module.__name__.rsplit(".", 1)[-1] if item.module else ""

@@ -179,20 +179,19 @@ def _table(outcomes: dict[str, str]) -> str:
     return ", ".join(f"{n} {kind}" for kind, n in counts.items())
 
 
-def test_the_official_client_passes_every_test_that_does_not_need_azure(outcomes: Outcomes) -> None:
+def test_the_official_client_passes_them_and_the_drop_in_wherever_it_does(outcomes: Outcomes) -> None:
+    """One test for the one run (its fixture runs once per worker that needs it: two tests
+    could land on both xdist workers and run the ten-minute suite twice)."""
     print(f"\nazure-eventhub's tests, {outcomes.seconds:.0f} s: official client {_table(outcomes.official)}; "
           f"drop-in {_table(outcomes.drop_in)}")
     assert len(outcomes.official) == 83, outcomes.report
     wrong = {name: outcome for name, outcome in outcomes.official.items()
              if outcome != ("skipped" if name in NEEDS_AZURE else "passed")}
-    assert not wrong, f"{wrong}\n{outcomes.report}"
-
-
-def test_the_drop_in_passes_them_wherever_the_official_client_does(outcomes: Outcomes) -> None:
+    assert not wrong, f"the official client: {wrong}\n{outcomes.report}"
     assert outcomes.drop_in, outcomes.report
-    wrong = {name: (outcome, outcomes.official.get(name)) for name, outcome in outcomes.drop_in.items()
-             if outcome != outcomes.official.get(name)}
-    assert not wrong, f"{wrong}\n{outcomes.report}"
+    differ = {name: (outcome, outcomes.official.get(name)) for name, outcome in outcomes.drop_in.items()
+              if outcome != outcomes.official.get(name)}
+    assert not differ, f"the drop-in, where it differs from the official client: {differ}\n{outcomes.report}"
 
 
 def test_the_tests_left_out_for_the_drop_in_read_the_official_client_s_private_attributes() -> None:
