@@ -197,8 +197,9 @@ class BatchPipeline:
         and return a new attempt with the other partitions' events (the same ranges)."""
         assert self.steps is not None
         lost = refused.lost or attempt.partition_ids
-        logger.warning("sink: %s; dropping the events of %s (the partitions' next claims read them again), going "
-                       "on with the rest", refused, sorted(lost))
+        # A handoff's ordinary course, not a loss: INFO (nothing to act on).
+        logger.info("sink: %s; the events of %s are left to the partitions' next claims, which read them again "
+                    "(nothing is lost); the rest of the batch goes on", refused, sorted(lost))
         for claim in attempt.events:
             if claim.partition_id in lost:
                 self.claims.end(claim, fenced_out=True)
