@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import shutil
 import subprocess
@@ -327,6 +328,7 @@ async def test_a_zombie_whose_foreach_batch_ran_cannot_commit_after_the_new_owne
     from eventprocessor import PartitionContext
     from eventprocessor.stores.records import Ownership
 
+    caplog.set_level(logging.INFO, logger="eventprocessor.spark.pipeline")  # a handoff's give-up is INFO
     source = InMemoryEventSource(1)
     fill(source, 50)
     store = InMemoryCheckpointStore()
