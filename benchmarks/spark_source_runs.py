@@ -87,7 +87,7 @@ def _floor_source() -> type:
             return SCHEMA
 
         def streamReader(self, schema: Any) -> Reader:  # noqa: N802
-            return Reader(self.options)
+            return Reader(dict(self.options))
 
     return Floor
 
