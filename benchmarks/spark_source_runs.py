@@ -13,6 +13,7 @@ import asyncio
 import json
 import statistics
 import time
+from collections.abc import Mapping
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -47,7 +48,7 @@ def _floor_source() -> type:
     from eventprocessor.spark.source.rows import ARROW_SCHEMA
 
     class Reader(DataSourceStreamReader, SupportsTriggerAvailableNow):
-        def __init__(self, options: dict[str, str]) -> None:
+        def __init__(self, options: Mapping[str, str]) -> None:  # Spark's case-insensitive options
             self.total, self.batch = int(options["events"]), int(options["batch"])
             self.tasks, self.body = int(options["partitions"]), int(options["bodySize"])
 
@@ -87,7 +88,7 @@ def _floor_source() -> type:
             return SCHEMA
 
         def streamReader(self, schema: Any) -> Reader:  # noqa: N802
-            return Reader(dict(self.options))
+            return Reader(self.options)
 
     return Floor
 
