@@ -12,7 +12,7 @@ Two ways to measure a window:
 
 * :class:`LoadWindow`: from its creation to each :meth:`~LoadWindow.reading`, the run's
   own processes being the benchmark's process tree (its children, Azurite and Spark
-  included);
+  included) and the services it started that daemonized (:data:`RUN_MARK`);
 * :class:`CpuMeter`: samples a few times a second, so that a window can be chosen
   afterwards (from timestamps a worker reported), with the CPU of named processes in it.
 
@@ -34,8 +34,8 @@ import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
-__all__ = ["BUSY_OTHER_CORES", "CpuMeter", "LoadReading", "LoadWindow", "Window", "idle_cores", "load_average",
-           "machine_cpu_seconds", "process_cpu_seconds", "tree_cpu_seconds"]
+__all__ = ["BUSY_OTHER_CORES", "RUN_MARK", "CpuMeter", "LoadReading", "LoadWindow", "Window", "idle_cores",
+           "load_average", "machine_cpu_seconds", "process_cpu_seconds", "tree_cpu_seconds"]
 
 BUSY_OTHER_CORES = 0.25
 """Other processes' mean CPU (cores) above which a window is flagged as taken on a busy
@@ -100,8 +100,27 @@ def _processes() -> dict[int, tuple[int, float]]:
     return found
 
 
-def tree_cpu_seconds(root: int) -> float | None:
-    """CPU seconds of ``root`` and every live descendant (a reaped one is in its parent's)."""
+RUN_MARK = "EVENTPROCESSOR_BENCHMARK_RUN"
+"""Set in the environment of every process a benchmark starts (to the pid of the run's
+first process): a service that daemonizes (``pg_ctl``'s postgres, Spark's master and
+worker) leaves the benchmark's process tree but keeps its environment, so it still counts
+as the run's own."""
+os.environ.setdefault(RUN_MARK, str(os.getpid()))
+
+
+def _marked(pid: int, mark: str) -> bool:
+    """Whether process ``pid`` carries this run's :data:`RUN_MARK` in its environment."""
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as handle:
+            return f"{RUN_MARK}={mark}".encode() in handle.read().split(b"\0")
+    except OSError:
+        return False
+
+
+def tree_cpu_seconds(root: int, mark: str | None = None) -> float | None:
+    """CPU seconds of ``root`` and every live descendant (a reaped one is in its parent's),
+    and, with ``mark``, of every other process whose environment has ``RUN_MARK=mark`` (and
+    of its descendants)."""
     try:
         processes = _processes()
     except OSError:
@@ -111,9 +130,15 @@ def tree_cpu_seconds(root: int) -> float | None:
     children: dict[int, list[int]] = {}
     for pid, (parent, _cpu) in processes.items():
         children.setdefault(parent, []).append(pid)
-    total, stack = 0.0, [root]
+    roots = [root]
+    if mark is not None:
+        roots += [pid for pid in processes if pid != root and _marked(pid, mark)]
+    total, stack, seen = 0.0, roots, set()
     while stack:
         pid = stack.pop()
+        if pid in seen:
+            continue
+        seen.add(pid)
         total += processes[pid][1]
         stack.extend(children.get(pid, ()))
     return total
@@ -141,9 +166,10 @@ class _Snapshot:
     load: float | None
 
     @classmethod
-    def take(cls, root: int) -> _Snapshot:
+    def take(cls, root: int, mark: str | None) -> _Snapshot:
         machine = machine_cpu_seconds()
-        return cls(time.monotonic(), None if machine is None else machine[0], tree_cpu_seconds(root), load_average())
+        return cls(time.monotonic(), None if machine is None else machine[0], tree_cpu_seconds(root, mark),
+                   load_average())
 
 
 @dataclass(frozen=True)
@@ -173,15 +199,17 @@ class LoadReading:
 
 class LoadWindow:
     """Measures the machine's load from its creation to each :meth:`reading`; the run's own
-    processes are ``root`` (this process by default) and its descendants."""
+    processes are ``root`` (this process by default) and its descendants, and the
+    processes that carry this run's :data:`RUN_MARK` (services that daemonized)."""
 
     def __init__(self, threshold: float = BUSY_OTHER_CORES, root: int | None = None) -> None:
         self.threshold = threshold
         self._root = os.getpid() if root is None else root
-        self._start = _Snapshot.take(self._root)
+        self._mark = os.environ.get(RUN_MARK)
+        self._start = _Snapshot.take(self._root, self._mark)
 
     def reading(self) -> LoadReading:
-        end = _Snapshot.take(self._root)
+        end = _Snapshot.take(self._root, self._mark)
         start = self._start
         seconds = end.wall - start.wall
         other = own = None
