@@ -946,6 +946,35 @@ async def test_members_are_written_listed_and_deleted(backend: Backend) -> None:
     assert (await backend.listing()).ownerships == (), "members are not ownership records"
 
 
+async def test_a_change_notice_changes_the_generation_every_member_listing_returns(backend: Backend) -> None:
+    """What a tick at rest reads: one listing of the members carries the change notice's
+    generation; an announcement by any client changes it, and it is never a member."""
+    await backend.store.write_member(backend.member("a", lease="member"))
+    first = await backend.peer.list_members(*backend.scope)
+    assert first.generation is None and [m.owner_id for m in first.members] == ["a"]
+    await backend.store.announce_change(*backend.scope)
+    seen = await backend.peer.list_members(*backend.scope)
+    assert seen.generation is not None and [m.owner_id for m in seen.members] == ["a"]
+    assert (await backend.peer.list_members(*backend.scope)).generation == seen.generation  # nothing changed
+    await backend.peer.announce_change(*backend.scope)
+    after = await backend.store.list_members(*backend.scope)
+    assert after.generation not in (None, seen.generation)
+    _ownership, together = await backend.store.list_ownership_and_members(*backend.scope)
+    assert together is not None and together.generation == after.generation  # the tick's one listing too
+    assert [m.owner_id for m in together.members] == ["a"]
+    assert (await backend.listing()).ownerships == (), "the change notice is not an ownership record"
+
+
+async def test_a_change_notice_costs_one_write_and_a_member_listing_one_request(backend: Backend) -> None:
+    counts = backend.store.request_counts  # type: ignore[attr-defined]
+    before = sum(counts.values())
+    await backend.store.announce_change(*backend.scope)
+    assert sum(counts.values()) - before == 1
+    before = sum(counts.values())
+    await backend.store.list_members(*backend.scope)
+    assert sum(counts.values()) - before == 1
+
+
 @pytest.mark.parametrize("properties", [{"Upper": "x"}, {"writetoken": "x"}, {"ok": "caf\u00e9"}, {"ok": 3}])
 async def test_bad_member_properties_are_refused(backend: Backend, properties: dict[str, Any]) -> None:
     with pytest.raises(ConfigurationError):

@@ -75,6 +75,8 @@ class LeaseTable:
         self._on_released = on_released
         self._on_refreshed = on_refreshed
         self._leases: dict[str, Lease] = {}
+        self.per_record: Callable[[], bool] = lambda: True
+        """Whether each record is renewed by its own write (else the heartbeat keeps them)."""
         self.ended_at: dict[str, float] = {}
         """Partition -> local time this processor's last claim of it ended."""
 
@@ -106,6 +108,11 @@ class LeaseTable:
     def states(self) -> Mapping[str, LeaseState]:
         return {pid: lease.state for pid, lease in self._leases.items()}
 
+    def dispatch_view(self) -> frozenset:
+        """What this processor may dispatch and the state of each lease: a lease that ran
+        out or moved on since the last listing is a change to list ownership for."""
+        return frozenset(self.owned()) | frozenset(self.states().items())
+
     def in_state(self, *states: LeaseState) -> list[Lease]:
         return [lease for lease in self._leases.values() if lease.state in states]
 
@@ -116,10 +123,14 @@ class LeaseTable:
         return [lease.pump for lease in self._leases.values() if lease.pump is not None]
 
     def renewal_due(self, now: float) -> list[Lease]:
+        if not self.per_record():
+            return []
         return [lease for lease in self._leases.values() if lease.renewable(now) and lease.renew_at <= now]
 
     def next_renewal(self, now: float) -> float | None:
         """Seconds until the next renewal or deadline of a renewable lease, or None."""
+        if not self.per_record():
+            return None
         times = [t for lease in self._leases.values() if lease.renewable(now) for t in (lease.renew_at, lease.deadline)]
         return min(times) - now if times else None
 
@@ -137,6 +148,17 @@ class LeaseTable:
         """The store accepted a write of ``lease``'s record (a claim or a renewal)."""
         lease.confirm(record, sent_at=sent_at, answered_at=answered_at, lease_length=self._timing.lease_length,
                       renewal_age=self._timing.renewal_age)
+
+    def heartbeat_accepted(self, *, sent_at: float) -> None:
+        """The store accepted a member record that keeps this processor's partitions,
+        sent at ``sent_at``: every lease still renewable now lasts until ``sent_at +
+        lease_length`` (never shorter than it was). A lease that ran out or whose pump
+        ended is not revived."""
+        now = self._clock.monotonic()
+        deadline = sent_at + self._timing.lease_length
+        for lease in self._leases.values():
+            if lease.renewable(now) and deadline > lease.deadline:
+                lease.deadline = deadline
 
     def renewal_failed(self, lease: Lease) -> None:
         lease.renewal_failures += 1

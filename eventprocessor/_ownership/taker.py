@@ -1,9 +1,10 @@
 """Taker: one balancing tick, and the loop that runs it.
 
-A tick (:meth:`Taker.tick`): read the partition ids, list ownership and members in one
-store call, check the store's history, reconcile the lease table with the listing, ask
-the pure balancer (:func:`~eventprocessor._ownership.balancer.decide`) what to claim,
-ask owners for handoffs, then let the :class:`~eventprocessor._ownership.claimer.Claimer`
+A tick (:meth:`Taker.tick`): read the partition ids; list the members (with the group's
+change notice) and stop there when nothing changed (:mod:`.liveness`); else list ownership
+and members in one store call, check the store's history, reconcile the lease table with
+the listing, ask the pure balancer (:func:`~eventprocessor._ownership.balancer.decide`)
+what to claim, ask owners for handoffs, then let the :class:`~eventprocessor._ownership.claimer.Claimer`
 write the claims (``BATCH`` per call), fence each won partition's checkpoint and report
 each won claim (``on_won``: the dispatcher starts its pump). The loop
 (:meth:`Taker.run`) ticks every ``load_balancing_interval``, jittered, sooner while
@@ -30,6 +31,7 @@ from .balancer import BalanceDecision, decide
 from .claimer import Claimer
 from .lease import Lease, LeaseState, Reconciliation, Snapshot
 from .lease_table import LeaseTable, sorted_ids
+from .liveness import ChangeWatch, RenewalMode, heartbeats, next_expiry, with_heartbeats
 from .load_plan import LOAD_PROPERTY, MemberLoad, decode_load
 from .membership import Membership
 from .store_history import StoreHistory
@@ -107,6 +109,11 @@ class Taker:
         self._slowest_call: tuple[str, float, BaseException | None] | None = None  # during this tick
         self._partition_ids: list[str] | None = None  # the source's last answer
         self._source_busy_until = float("-inf")  # a throttled hub's retry-after, on the local clock
+        self._watch = ChangeWatch(expiration=self._timing.expiration, member_expiration=self._timing.member_expiration,
+                                  rng=self._rng, watch_properties=options.balance_by_load or options.stateful)
+        self.renewal = RenewalMode(mode=options.ownership_renewal, expiration=self._timing.expiration,
+                                   now=self._clock.monotonic, describe=describe,
+                                   members=lambda: membership.state, announcing=lambda: writer.announcing)
         self.requests_made: dict = {}
         """Partition -> local time this processor asked its owner for it (a handoff)."""
         self._claimer = Claimer(options=options, store=store, writer=writer, table=table, history=history,
@@ -116,7 +123,13 @@ class Taker:
 
     def wake(self) -> None:
         """List now (a renewal lost its conditional write)."""
+        self._watch.invalidate()
         self._wake.set()
+
+    @property
+    def announcements(self) -> int:
+        """Change notices this processor wrote."""
+        return self._writer.announcements
 
     def halt(self, error: Exception) -> None:
         """No claim can ever work (the factory does not make a ``PartitionProcessor``, the
@@ -257,7 +270,7 @@ class Taker:
             logger.debug("processor %s: a load-balancing tick took %.2f s: %s", self._describe, duration, cause)
             return
         overdue = sorted_ids(lease.partition_id for lease in self._table.in_state(LeaseState.OWNED)
-                             if lease.renew_at < now - self._timing.renewal_retry)
+                             if self.renewal.per_partition and lease.renew_at < now - self._timing.renewal_retry)
         leases = (f"the renewals of partitions {overdue} are overdue" if overdue
                   else "leases are renewed apart from ticks and none is overdue")
         logger.warning(
@@ -272,10 +285,23 @@ class Taker:
         partition_ids = await self._read_partition_ids()
         if isinstance(partition_ids, Exception):
             return self._empty_report(error=partition_ids)
+        members: MemberListing | None = None
+        if not self.renewal.per_partition:
+            read = await self._list_members()
+            if isinstance(read, Exception):
+                return self._empty_report(error=read)
+            members = read
+            if self._watch.unchanged(members, partition_ids, self._clock.monotonic(), table.dispatch_view()):
+                self._stats.skipped_listings += 1
+                table.reconcile()  # follow the pumps; the store has nothing new to say
+                return BalanceReport(table.owned(), frozenset(), frozenset(), {}, owned_before - table.owned(),
+                                     frozenset(), requests={"list_members": 1})
         listed = await self._list()
         if isinstance(listed, Exception):
+            self._watch.invalidate()
             return self._empty_report(error=listed)
         listing, member_listing, snapshot, seen_before = listed
+        self.renewal.note(listing, member_listing)
         self._check_store_history(listing, seen_before)
         reconciliation = table.reconcile(snapshot)
         lost = owned_before - table.owned()
@@ -285,6 +311,15 @@ class Taker:
         won, failed, claim_error = await self._claimer.take(claims, adoptions)
         claimed, stolen = self._say_won(won, {r.partition_id for r in adoptions}, decision)
         requests = {"list_ownership": 1, "claim_ownership": len(claims) + len(adoptions)}
+        if members is not None or member_listing is not None:
+            work_left = bool(claims or adoptions or failed or claim_error or decision.handoff_requests
+                             or decision.awaiting_handoff or reconciliation.transitions or lost)
+            expires_in = next_expiry(listing, heartbeats(member_listing), self._timing.expiration)
+            self._watch.listed(members or member_listing, partition_ids,  # type: ignore[arg-type]
+                               self._clock.monotonic(), work_left=work_left, owned=table.dispatch_view(),
+                               expires_in=expires_in)
+        if members is not None:
+            requests["list_members"] = 1
         return BalanceReport(owned=table.owned(), claimed=claimed, renewed=frozenset(), stolen=stolen,
                              lost=frozenset(lost), failed_claims=frozenset(failed), requests=requests,
                              error=claim_error)
@@ -310,6 +345,17 @@ class Taker:
         self._reporter.tick_recovered("source")
         return partition_ids
 
+    async def _list_members(self) -> MemberListing | Exception:
+        """The members and the group's change notice: all a tick reads when nothing changed."""
+        try:
+            members = await self._store.list_members(*self._options.scope)
+        except Exception as error:
+            self._reporter.tick_failed("store", error)
+            self._watch.invalidate()
+            return error
+        self._reporter.tick_recovered("store")
+        return members
+
     async def _list(self) -> tuple[OwnershipListing, MemberListing | None, Snapshot, dict[str, int]] | Exception:
         """List ownership and members in one store call: the listings, the snapshot the
         lease table is reconciled with, and the epochs known when the listing was sent.
@@ -326,6 +372,8 @@ class Taker:
             return error
         self._listing_seconds = self._clock.monotonic() - listed_at
         self._reporter.tick_recovered("store")
+        # A record is live while its owner's heartbeat is, when that heartbeat keeps it.
+        listing = with_heartbeats(listing, heartbeats(member_listing))
         snapshot = Snapshot(records={r.partition_id: r for r in listing.ownerships}, server_time=listing.server_time,
                             sent_at=listed_at, unreadable=frozenset(u.partition_id for u in listing.unreadable))
         return listing, member_listing, snapshot, seen_before
