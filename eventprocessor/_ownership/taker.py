@@ -18,14 +18,14 @@ import logging
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 
-from .._runtime.backoff import Congestion, TickBackoff
+from .._runtime.backoff import Congestion, TickBackoff, TimeoutLedger
 from .._runtime.bounded_store import BATCH, BoundedStore
 from .._runtime.clock import sleep_or_wake
 from .._runtime.options import ProcessorOptions
 from .._runtime.reporting import Reporter
 from .._runtime.stats import ProcessorStats
 from .._runtime.telemetry import Telemetry
-from ..errors import EventSourceError, StoreDataLostError, StoreTimeoutError
+from ..errors import EventSourceError, StoreDataLostError
 from ..stores.records import Checkpoint, MemberListing, Ownership, OwnershipListing
 from .balancer import BalanceDecision, decide
 from .claimer import Claimer
@@ -100,11 +100,7 @@ class Taker:
         self._store_answered = asyncio.Event()  # set by a prompt, successful store call while backing off
         self._backoff = TickBackoff(interval=self._timing.interval,
                                     cap=max(self._timing.interval, self._timing.expiration), rng=self._rng)
-        # Store calls that timed out since the last tick, by when they were sent; and when the
-        # store last answered promptly. A call sent before that answer timed out on a store
-        # that has recovered since (an outage just over): no reason to back off further.
-        self._timed_out_sent: list[float] = []
-        self._answered_promptly_at = float("-inf")
+        self._timeouts = TimeoutLedger(self._clock, self._timing.store_timeout)
         self._listing_seconds: float | None = None  # how long the last tick's listing took (None: no answer)
         self._slowest_call: tuple[str, float, BaseException | None] | None = None  # during this tick
         self._partition_ids: list[str] | None = None  # the source's last answer
@@ -184,10 +180,7 @@ class Taker:
         # Runs after every store call: the cheap tests first; only a backing-off loop waits on it.
         if self._slowest_call is None or seconds > self._slowest_call[1]:
             self._slowest_call = (operation, seconds, error)  # an overrun tick names it
-        if isinstance(error, StoreTimeoutError):
-            self._timed_out_sent.append(self._clock.monotonic() - seconds)
-        elif error is None and seconds < self._timing.store_timeout / 4:
-            self._answered_promptly_at = self._clock.monotonic()
+        self._timeouts.observe(seconds, error)
         if self._backoff.backing_off and error is None and seconds < self._timing.store_timeout / 4 \
                 and not self._table.owned():
             self._store_answered.set()
@@ -195,8 +188,7 @@ class Taker:
     def _back_off_if_store_timed_out(self) -> float | None:
         """After a tick: the pause before the next one while the store times out (see
         :mod:`eventprocessor._runtime.backoff`), or None for the usual interval."""
-        timed_out = sum(1 for sent in self._timed_out_sent if sent >= self._answered_promptly_at)
-        self._timed_out_sent.clear()
+        timed_out = self._timeouts.since_last_tick()
         level = self._backoff.level
         seen = Congestion.of(timed_out=timed_out > 0, listing_seconds=self._listing_seconds,
                              store_timeout=self._timing.store_timeout)
