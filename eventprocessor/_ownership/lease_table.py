@@ -79,6 +79,9 @@ class LeaseTable:
         """Whether each record is renewed by its own write (else the heartbeat keeps them)."""
         self.ended_at: dict[str, float] = {}
         """Partition -> local time this processor's last claim of it ended."""
+        self.ended_epochs: dict[str, int] = {}
+        """Partition -> epoch of this processor's last claim of it that ended (a record
+        that still names it at that epoch is claimed anew above it, never resumed)."""
 
     # ----------------------------------------------------------------- reading
     def get(self, partition_id: str) -> Lease | None:
@@ -199,6 +202,7 @@ class LeaseTable:
             return
         lease.move(LeaseState.RELEASING)
         self.ended_at[lease.partition_id] = self._clock.monotonic()
+        self.ended_epochs[lease.partition_id] = lease.epoch
         if end is LeaseEnd.EXPIRED:
             self._stats.self_fenced += 1
         elif end is LeaseEnd.LOST:
@@ -252,7 +256,7 @@ class LeaseTable:
             now = self._clock.monotonic()
             result = reconcile([lease.view() for lease in self._leases.values()], now=now, owner_id=self._owner_id,
                                snapshot=snapshot, expiration=self._timing.expiration,
-                               handoffs=self.handoffs_allowed(now))
+                               handoffs=self.handoffs_allowed(now), ended_epochs=self.ended_epochs)
             for record in result.refresh:
                 self._refresh(record)
             released = []

@@ -301,7 +301,7 @@ class Taker:
         await self._ask_for_handoffs(decision)
         claims, adoptions = self._claims_to_write(decision, reconciliation, snapshot, partition_ids)
         won, failed, claim_error = await self._claimer.take(claims, adoptions)
-        claimed, stolen = self._say_won(won, {r.partition_id for r in adoptions}, decision)
+        claimed, stolen = self._say_won(won, {r.partition_id for r in adoptions}, decision, reconciliation.reclaim)
         requests = {"list_ownership": 1, "claim_ownership": len(claims) + len(adoptions)}
         if members is not None or member_listing is not None:
             work_left = bool(claims or adoptions or failed or claim_error or decision.handoff_requests
@@ -312,9 +312,8 @@ class Taker:
                                expires_in=expires_in)
         if members is not None:
             requests["list_members"] = 1
-        return BalanceReport(owned=table.owned(), claimed=claimed, renewed=frozenset(), stolen=stolen,
-                             lost=frozenset(lost), failed_claims=frozenset(failed), requests=requests,
-                             error=claim_error)
+        return BalanceReport(table.owned(), claimed, frozenset(), stolen, frozenset(lost), frozenset(failed),
+                             requests=requests, error=claim_error)
 
     async def _read_partition_ids(self) -> list[str] | EventSourceError:
         """The source's partition ids (while a throttled hub asked to be left alone, the
@@ -397,6 +396,7 @@ class Taker:
         claims = [self._history.above_seen(c) for c in decision.claims if c.partition_id not in held]
         if self._backoff.backing_off:
             claims = claims[:BATCH]  # one batch at a time while the store drains
+        claims += [self._history.above_seen(r) for r in reconciliation.reclaim if r.partition_id not in held]
         claims += self._reclaims_after_store_loss(reconciliation, snapshot, held | {c.partition_id for c in claims},
                                                   partition_ids)
         adoptions = [r for r in reconciliation.adopt if r.partition_id not in held]
@@ -404,11 +404,10 @@ class Taker:
             self._warmup.claiming({r.partition_id for r in claims + adoptions})
         return claims, adoptions
 
-    def _say_won(self, won: list[str], adopted: set[str], decision: BalanceDecision
+    def _say_won(self, won: list[str], adopted: set[str], decision: BalanceDecision, reclaimed: Iterable[Ownership]
                  ) -> tuple[frozenset[str], dict[str, str]]:
-        """One ownership-change line per partition won, saying how; returns the partitions
-        claimed (not adopted) and those stolen, from whom."""
-        table = self._table
+        """One line per partition won, saying how; returns those claimed (not adopted) and those stolen, from whom."""
+        table, ended = self._table, {r.partition_id: r.epoch - 1 for r in reclaimed}
         claimed = frozenset(won) - adopted
         self._stats.adopted += len(set(won) & adopted)
         stolen = {pid: owner for pid, owner in decision.stolen_from.items() if pid in claimed}
@@ -419,6 +418,8 @@ class Taker:
             if pid in adopted:
                 table.changed("adopted", pid, epoch, "the record names this processor (handed over to it, or a "
                                                      "claim whose answer was lost)")
+            elif pid in ended:
+                table.changed("claimed", pid, epoch, f"the record still named its ended claim (epoch {ended[pid]})")
             elif pid in stolen:
                 table.changed("stolen", pid, epoch, f"taken from {stolen[pid]} to balance the load")
             elif pid in expired:
