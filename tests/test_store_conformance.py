@@ -965,6 +965,30 @@ async def test_a_change_notice_changes_the_generation_every_member_listing_retur
     assert (await backend.listing()).ownerships == (), "the change notice is not an ownership record"
 
 
+async def test_a_heartbeat_after_a_claim_lists_no_earlier_than_it_in_the_ticks_one_listing(backend: Backend) -> None:
+    """What judging a record by its owner's heartbeat needs (docs/concepts/leases.md): in
+    the one listing a tick reads, a member record rewritten after a claim carries a
+    last-modified time no earlier than the claim's, both on the store's clock, and the
+    listing's server time is no earlier than either (less the second of resolution of an
+    HTTP Date header, which the lease's safety margin covers). Rewriting the member record
+    changes nothing of the ownership record (no per-partition write)."""
+    won = await backend.claim(backend.store, "0", "a")
+    await backend.store.write_member(backend.member("a", lease="member"))
+    listing, members = await backend.peer.list_ownership_and_members(*backend.scope)
+    assert members is not None
+    [record], [member] = listing.ownerships, members.members
+    assert record.etag == won.etag and record.last_modified_time is not None
+    assert member.owner_id == "a" and member.properties.get("lease") == "member"
+    assert member.last_modified_time is not None and member.last_modified_time >= record.last_modified_time
+    second = timedelta(seconds=1)
+    assert members.server_time + second >= member.last_modified_time
+    assert listing.server_time + second >= record.last_modified_time
+    await backend.store.write_member(backend.member("a", lease="member"))
+    again, beats = await backend.peer.list_ownership_and_members(*backend.scope)
+    assert beats is not None and beats.members[0].last_modified_time >= member.last_modified_time
+    assert [(r.etag, r.last_modified_time) for r in again.ownerships] == [(won.etag, record.last_modified_time)]
+
+
 async def test_a_change_notice_costs_one_write_and_a_member_listing_one_request(backend: Backend) -> None:
     counts = backend.store.request_counts  # type: ignore[attr-defined]
     before = sum(counts.values())
