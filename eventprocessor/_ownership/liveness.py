@@ -39,6 +39,9 @@ Safety
   processor that cannot reach the store self-fences every partition (its pumps stop
   dispatching) before anyone may judge it expired, exactly as with one lease per
   record. A lease whose pump ended is never extended.
+* **A lease of its own that ran out** while the heartbeat went on leaves a live record
+  naming this processor at the ended claim's epoch: it is claimed again one epoch up,
+  never resumed (:func:`~eventprocessor._ownership.lease.reconcile`, ``reclaim``).
 * **Taking an expired member's partitions.** Its records are claimed as any expired
   record: epoch raised, If-Match the etag listed, then the checkpoint is fenced.
 * **A lost change notice** (a writer crashed between its record write and the
