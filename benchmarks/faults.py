@@ -32,9 +32,10 @@ import asyncio
 import logging
 import math
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 from eventprocessor import EventProcessor, PartitionProcessor
-from eventprocessor.testing import Cluster, run_virtual
+from eventprocessor.testing import Cluster, FaultyStore, run_virtual
 
 from .faults_source import Row, run_emulator_source_rows, run_virtual_source_rows
 from .toolkit import program, services
@@ -89,12 +90,19 @@ async def _run(fault: str, inject: Callable[[Cluster, list[EventProcessor]], Awa
 
 async def _store_fault(processors: list[EventProcessor], seconds: float, **fault: object) -> None:
     """Set ``fault`` (FaultyStore's knobs) on each processor's store link for ``seconds``, then clear it."""
-    for p in processors:
+    links = [_link(p) for p in processors]
+    for link in links:
         for knob, value in fault.items():
-            setattr(p.store_calls.inner, knob, value)
+            setattr(link, knob, value)
     await asyncio.sleep(seconds)
-    for p in processors:
-        p.store_calls.inner.clear()
+    for link in links:
+        link.clear()
+
+
+def _link(processor: EventProcessor) -> FaultyStore:
+    link = processor.store_calls.inner
+    assert isinstance(link, FaultyStore), "the scenarios run on Cluster.link() stores"
+    return link
 
 
 async def slow_store(cluster: Cluster, processors: list[EventProcessor]) -> str:
@@ -136,7 +144,7 @@ async def crash(cluster: Cluster, processors: list[EventProcessor]) -> str:
     return "a processor dies without releasing (SIGKILL)"
 
 
-VIRTUAL_SCENARIOS = [
+VIRTUAL_SCENARIOS: list[tuple[str, Callable[[Cluster, list[EventProcessor]], Awaitable[str]], dict[str, Any]]] = [
     ("slow store (every call +1.5 s, 20 s)", slow_store, {}),
     ("black-holed store (30 s)", black_hole, {}),
     ("store outage (30 s)", outage, {}),

@@ -320,11 +320,12 @@ def _stores(dsn: str, azurite: Any) -> list[StoreUnderTest]:
         ContractStore("ours postgres (fenced)", pg, kind="ours-postgres", request_counts=lambda: None),
         BarePostgresWrites(dsn)]
     if azurite is not None:
-        from .store_bench import BareBlobWrites, _contract_blob
+        from .store_bench.stores import make
 
-        blob = _contract_blob(azurite.connection_string, f"bench-{uuid.uuid4().hex[:10]}")
-        if blob is not None:
-            stores += [blob, BareBlobWrites(azurite.connection_string, f"bench-bare-{uuid.uuid4().hex[:10]}")]
+        for kind in ("ours-blob", "bare-blob"):
+            store = make(kind, azurite.connection_string, 32)
+            if store is not None:
+                stores.append(store)
     return stores
 
 

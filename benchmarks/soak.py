@@ -228,6 +228,7 @@ class Soak:
 
         a = self.args
         body = b"x" * a.body
+        assert self.hub_conn is not None, "the producer runs on the emulator's hub"
         producer = EventHubProducerClient.from_connection_string(self.hub_conn, eventhub_name=hub)
         async with producer:
             sent, partition = 0, 0

@@ -39,15 +39,15 @@ SPARK_CLUSTER = ("test_spark_cluster", "test_readme_spark_source", "test_spark_h
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    config.pluginmanager.register(_GroupedNodeIds(), "grouped-node-ids")
     if not hasattr(config, "workerinput") and config.getoption("numprocesses", default=None):
         os.environ[SHARED] = tempfile.mkdtemp(prefix="eventprocessor-services-")
 
 
 # Before xdist's own hook, which turns the xdist_group marks into the node ids --dist
-# loadgroup schedules by. Under pytest 9.2 with pytest-xdist 3.8 that does not take effect
-# (xdist sets item._nodeid, which pytest 9.2 no longer reads), so a group's tests may run
-# on both workers: the fixed-port tests rely on the machine-wide lock below, and a module
-# with a costly module fixture has one test that uses it.
+# loadgroup schedules by (``path::test@group``); _GroupedNodeIds, after it, makes those
+# ids take effect under pytest 9.2. The fixed-port tests also hold the machine-wide lock
+# below (two test sessions on one machine).
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list) -> None:
     for item in items:
@@ -61,6 +61,22 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list) -> None:
         elif module == "test_azure_eventhub_tests":
             # Its module fixture runs azure-eventhub's tests once, on 180 fresh hubs: on one worker only.
             item.add_marker(pytest.mark.xdist_group("azure-eventhub-tests"))
+
+
+class _GroupedNodeIds:
+    """pytest-xdist's loadgroup names a grouped test ``path::test@group`` by setting
+    ``item._nodeid``, which pytest 9.2 no longer reads (a node's id is ``item._id`` there):
+    without this, every group's tests were spread over both workers. With an older pytest
+    ``_nodeid`` is the id itself and nothing changes."""
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_collection_modifyitems(self, items: list) -> None:
+        for item in items:
+            suffixed = item.__dict__.get("_nodeid")
+            if isinstance(suffixed, str) and suffixed != item.nodeid:
+                from _pytest.nodeid import NodeId
+
+                item._id = NodeId.parse(suffixed)
 
 
 @pytest.fixture(autouse=True)

@@ -61,8 +61,9 @@ LEFT_OUT = {
 }
 
 
-# The longest tests, started first so that the session lasts about as long as the longest
-# one: test_long_sleep sleeps 220 s by design, test_client_invalid_credential_async sleeps
+# The longest tests, started first (``--dist load`` hands the first tests out one per worker;
+# worksteal would give them all to the first worker's share) so that the session lasts about
+# as long as the longest one: test_long_sleep sleeps 220 s by design, test_client_invalid_credential_async sleeps
 # 15 s eight times and retries connections to hosts that do not exist.
 SLOWEST = ("test_long_sleep", "test_client_invalid_credential_async", "test_client_with_ssl_context_async",
            "test_send_with_invalid_hostname_async", "test_send_with_timing_configuration",
@@ -165,7 +166,7 @@ def outcomes(eventhubs_emulator, tmp_path_factory) -> Iterator[Outcomes]:
         began = time.monotonic()
         done = subprocess.run(
             [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--import-mode=importlib",
-             "-c", str(run / "pytest.ini"), "--rootdir", str(run), "-n", str(WORKERS), "--dist", "worksteal",
+             "-c", str(run / "pytest.ini"), "--rootdir", str(run), "-n", str(WORKERS), "--dist", "load",
              "--sleep", "False", "-q", "-rfEs", "--junitxml", str(work / "junit.xml"), "-o", "junit_family=xunit1",
              *selected],
             cwd=run, env=env, capture_output=True, text=True, timeout=900)

@@ -81,15 +81,16 @@ class PostgresSink:
       ``after_checkpoint`` (the store's checkpoint moved up); may return an awaitable. For
       fault-injection tests and tracing.
 
-    Example::
+    Example (rows from JSON bodies, on a pool of the application's own; the package's
+    docstring has the ``COPY`` one)::
 
         async def write(events, connection):
-            await connection.copy_records_to_table(
-                "readings", columns=["partition_id", "sequence_number", "body"],
-                records=[(e.partition_id, e.sequence_number, e.body) for e in events])
+            orders = [event.body_as_json() for event in events]
+            await connection.executemany("INSERT INTO orders (id, total) VALUES ($1, $2)",
+                                         [(order["id"], order["total"]) for order in orders])
 
-        sink = PostgresSink(write, dsn="postgresql://app@db:5432/telemetry")
-        async with sink, EventProcessor(source, store, sink):
+        pool = await asyncpg.create_pool("postgresql://app@db:5432/shop", max_size=8)
+        async with PostgresSink(write, pool=pool) as sink, EventProcessor(source, store, sink):
             await asyncio.sleep(60)
     """
 
