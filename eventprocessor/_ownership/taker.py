@@ -102,6 +102,7 @@ class Taker:
                                     cap=max(self._timing.interval, self._timing.expiration), rng=self._rng)
         self._timeouts = TimeoutLedger(self._clock, self._timing.store_timeout)
         self._listing_seconds: float | None = None  # how long the last tick's listing took (None: no answer)
+        self._paused = False  # the last tick was followed by a backed-off pause, not the usual interval
         self._slowest_call: tuple[str, float, BaseException | None] | None = None  # during this tick
         self._partition_ids: list[str] | None = None  # the source's last answer
         self._source_busy_until = float("-inf")  # a throttled hub's retry-after, on the local clock
@@ -196,10 +197,14 @@ class Taker:
         self._stats.backoff_level = self._backoff.level
         quiet = logger.debug if self._reporter.outage.ongoing else logger.warning  # an outage is told once
         if pause is None:
-            if level:
+            # Said once, when the pauses end: the level comes down one step per tick that
+            # kept up, and every one of those ticks already runs at the usual interval.
+            if level and self._paused:
                 logger.warning("processor %s: the checkpoint store %r answers in time again; balancing every %g s "
                                "again", self._describe, self._store.inner, self._timing.interval)
+            self._paused = False
             return None
+        self._paused = True
         self._stats.backed_off_ticks += 1
         self._telemetry.backed_off()
         if self._backoff.level > level:
