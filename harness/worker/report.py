@@ -119,7 +119,8 @@ class RenewalWatch:
     dispatched more than ``expiry`` after that time: past that point another processor
     may claim it. The time is when the write was sent, so the count errs toward missed.
     For ours, a partition's time is the later of that write and the processor's last
-    heartbeat that keeps every partition (:meth:`wrap_member`).
+    heartbeat that keeps every partition (:meth:`wrap_member`); ``heartbeats`` counts
+    those the store accepted (``renewals`` counts rewrites of ownership records only).
     """
 
     def __init__(self, owner_id: str, expiry: float, owned: Callable[[], set[str]],
@@ -131,7 +132,7 @@ class RenewalWatch:
         self.written: dict[str, float] = {}  # partition -> monotonic send time of its last accepted write
         self.heartbeat: float | None = None  # send time of the last accepted member record that keeps them all
         self.lapsed: set[str] = set()
-        self.missed = self.renewals = self.failed_renewals = 0
+        self.missed = self.renewals = self.failed_renewals = self.heartbeats = 0
 
     def wrap(self, claim: Callable[..., Any]) -> Callable[..., Any]:
         async def counted_claim(ownerships: Any, **kwargs: Any) -> Any:
@@ -157,6 +158,7 @@ class RenewalWatch:
             written = await write_member(member)
             if member.properties.get("lease") == "member":
                 self.heartbeat = sent_at
+                self.heartbeats += 1
             return written
 
         return counted_heartbeat
@@ -177,4 +179,5 @@ class RenewalWatch:
             await asyncio.sleep(0.1)
 
     def counters(self) -> dict[str, int]:
-        return {"missed_renewals": self.missed, "renewals": self.renewals, "failed_renewals": self.failed_renewals}
+        return {"missed_renewals": self.missed, "renewals": self.renewals, "failed_renewals": self.failed_renewals,
+                "heartbeats": self.heartbeats}
