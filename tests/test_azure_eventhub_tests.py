@@ -63,8 +63,9 @@ LEFT_OUT = {
 
 # The longest tests, started first (``--dist load`` hands the first tests out one per worker;
 # worksteal would give them all to the first worker's share) so that the session lasts about
-# as long as the longest one: test_long_sleep sleeps 220 s by design, test_client_invalid_credential_async sleeps
-# 15 s eight times and retries connections to hosts that do not exist.
+# as long as the longest one: test_long_sleep sleeps 220 s by design,
+# test_client_invalid_credential_async sleeps 15 s eight times and retries connections to
+# hosts that do not exist.
 SLOWEST = ("test_long_sleep", "test_client_invalid_credential_async", "test_client_with_ssl_context_async",
            "test_send_with_invalid_hostname_async", "test_send_with_timing_configuration",
            "test_receive_with_event_position_async", "test_receive_owner_level_async")
