@@ -9,6 +9,7 @@ duplicates and overlaps from what the handlers received."""
 from __future__ import annotations
 
 import asyncio
+import random
 from dataclasses import replace
 
 import pytest
@@ -166,6 +167,69 @@ def test_a_processor_cut_off_from_the_store_self_fences_before_its_member_expire
                           handler_timeout=60).lease_length
     assert fenced <= last_heartbeat + lease + 0.1 < last_heartbeat + E <= taken
     assert taken <= last_heartbeat + E + 1.0 + 1.2  # expiration + one tick
+    assert cluster.ledger.overlaps() == []  # never two handlers on one partition at once
+
+
+@pytest.mark.parametrize("seed", range(int(__import__("os").environ.get("HUNG_SEEDS", "12"))))
+def test_a_lease_that_ran_out_under_a_handler_that_never_returns_does_not_keep_its_partition(seed):
+    """A handler blocks the loop past its lease, then never returns. Its processor's
+    heartbeat goes on, but the ended claim keeps nothing: once the record would have
+    expired by itself (the safety margin after the lease's end), plus a tick or two, the
+    partition is handed to the peer that owns the fewest, which handles what the hung
+    handler was given (never checkpointed) and what is sent after. Never two handlers on
+    one partition at once. Timings vary by seed: when the peers start, when the event
+    comes, how many partitions and peers."""
+    rng = random.Random(seed)
+    partitions, peers = rng.choice([(1, 1), (4, 2), (6, 2), (3, 1)])
+    hung_at: list[float] = []
+    hung_partition: list[str] = []
+
+    async def scenario():
+        cluster, ledger = _group(partitions)
+
+        class HangsOnce(cluster.handler):  # type: ignore[name-defined]
+            """Records what it handles, as every processor here, except the batch it hangs on
+            (that one is handled again by the partition's next owner)."""
+
+            async def process_events(self, events, context):
+                if hung_at or not hung_partition or context.partition_id != hung_partition[0]:
+                    return await super().process_events(events, context)
+                loop = asyncio.get_running_loop()
+                while context.is_owned:
+                    loop.advance(0.25)  # the event loop is blocked until the lease has run out
+                hung_at.append(loop.time())
+                await asyncio.Event().wait()  # and the handler never returns
+
+        a, _ = _add(cluster, ledger, "a", handler=HangsOnce, shutdown_timeout=1.0)
+        others = [_add(cluster, ledger, f"b{i}")[0] for i in range(peers)]
+        await a.start()
+        assert await cluster.wait_until(lambda: len(a.owned_partitions) == partitions, timeout=30) is not None
+        for other in others:
+            await asyncio.sleep(rng.uniform(0.0, 3.0))
+            await other.start()
+        await asyncio.sleep(rng.uniform(4.0, 20.0))  # past the handoffs to the peers
+        assert a.owned_partitions, "a kept no partition"
+        target = sorted(a.owned_partitions)[0]
+        hung_partition.append(target)
+        event = await cluster.source.send("hangs", partition_id=target)
+        cluster.produced.append((target, event.sequence_number))
+        assert await cluster.wait_until(lambda: bool(hung_at), timeout=2 * E, step=0.05) is not None
+        taken = await cluster.wait_until(lambda: any(target in o.owned_partitions for o in others),
+                                         timeout=3 * E, step=0.05)
+        await asyncio.sleep(rng.uniform(0.0, 5.0))
+        await cluster.produce(2 * partitions)
+        # every event: the one the hung handler was given (not checkpointed) and the rest
+        handled = await cluster.wait_until(lambda: cluster.ledger.missing(cluster.produced) == [], timeout=60)
+        for other in others:
+            await other.stop()
+        await a.stop()
+        return taken, handled, cluster
+
+    taken, handled, cluster = run_virtual(scenario())
+    assert taken is not None and handled is not None, "the partition stayed with the ended claim"
+    # the record's own expiry, then a tick of the hung processor (it hands over) and one
+    # of the peer (it adopts and fences): each at most the interval, jittered
+    assert taken <= hung_at[0] + Timing.safety_margin_for(E) + 3 * 1.2
     assert cluster.ledger.overlaps() == []  # never two handlers on one partition at once
 
 

@@ -130,6 +130,8 @@ class Lease:
         self.end: LeaseEnd | None = None
         self.end_detail = ""
         self.release_to: str | None = None  # owner id to write once the pump is gone; None = no write
+        self.handed_over_hung = False  # ran out, its handler never returned: its record was handed to a peer
+        self.hung_warned = False  # said once that no peer could take it
         self.renewal_failures = 0
         self.lost = False  # the pump or a checkpoint learned that another processor owns it
 

@@ -290,6 +290,37 @@ class LeaseTable:
             snapshot = None  # the snapshot has been applied; later rounds only follow pumps
         return result
 
+    def hung_past_expiry(self) -> list[Lease]:
+        """Leases that ran out while their handler does not return, for longer than the
+        record would have lived by itself (the safety margin after the lease's end).
+
+        Such a lease stays RELEASING for as long as that handler runs, and its record
+        names this processor at the ended claim's epoch, so this processor's heartbeat
+        would keep it live for good and no peer could take the partition. The taker
+        hands each of them to a peer (:meth:`hand_over_hung`)."""
+        now = self._clock.monotonic()
+        margin = self._timing.expiration - self._timing.lease_length
+        return [lease for lease in self._leases.values()
+                if lease.state is LeaseState.RELEASING and lease.end is LeaseEnd.EXPIRED and lease.pump_alive
+                and not lease.handed_over_hung and now >= lease.deadline + margin]
+
+    def hand_over_hung(self, leases: list[tuple[Lease, str]]) -> None:
+        """Write each hung lease's record to the peer named (one epoch up, conditional
+        on its etag, as a handoff): that peer adopts it and fences the checkpoint, so the
+        ended claim's handler can write nothing more. A failed write is tried again at
+        the next tick while the handler still runs (:meth:`hand_over_failed`)."""
+        for lease, peer in leases:
+            lease.handed_over_hung = True
+            lease.release_to = peer
+        if leases:
+            self._on_released([lease for lease, _ in leases])
+
+    def hand_over_failed(self, lease: Lease) -> None:
+        """Writing a hung lease's handover failed: the next tick tries again while that
+        handler still runs."""
+        if lease.state is LeaseState.RELEASING and lease.pump_alive:
+            lease.handed_over_hung = False
+
     def _refresh(self, record: Ownership) -> None:
         stale = self._leases.get(record.partition_id)
         if stale is None:

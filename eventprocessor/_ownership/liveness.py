@@ -41,7 +41,11 @@ Safety
   record. A lease whose pump ended is never extended.
 * **A lease of its own that ran out** while the heartbeat went on leaves a live record
   naming this processor at the ended claim's epoch: it is claimed again one epoch up,
-  never resumed (:func:`~eventprocessor._ownership.lease.reconcile`, ``reclaim``).
+  never resumed (:func:`~eventprocessor._ownership.lease.reconcile`, ``reclaim``). If its
+  handler never returns (the pump never ends), the record is handed to the live peer that
+  owns the fewest, one epoch up, on its etag, once it would have expired by itself (the
+  safety margin after the lease's end), so the heartbeat does not keep the partition
+  from its peers for good (:meth:`~eventprocessor._ownership.taker.Taker._hand_over_hung`).
 * **Taking an expired member's partitions.** Its records are claimed as any expired
   record: epoch raised, If-Match the etag listed, then the checkpoint is fenced.
 * **A lost change notice** (a writer crashed between its record write and the

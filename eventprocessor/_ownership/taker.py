@@ -26,7 +26,7 @@ from .._runtime.reporting import Reporter
 from .._runtime.stats import ProcessorStats
 from .._runtime.telemetry import Telemetry
 from ..errors import EventSourceError, StoreDataLostError
-from ..stores.records import Checkpoint, MemberListing, Ownership, OwnershipListing
+from ..stores.records import Checkpoint, MemberListing, Ownership, OwnershipListing, partition_sort_key
 from .balancer import BalanceDecision, decide
 from .claimer import Claimer
 from .lease import Lease, LeaseState, Reconciliation, Snapshot
@@ -288,7 +288,8 @@ class Taker:
             if isinstance(read, Exception):
                 return self._empty_report(error=read)
             members = read
-            if self._watch.unchanged(members, partition_ids, self._clock.monotonic(), table.dispatch_view()):
+            if not table.hung_past_expiry() and self._watch.unchanged(members, partition_ids, self._clock.monotonic(),
+                                                                      table.dispatch_view()):
                 self._stats.skipped_listings += 1
                 table.reconcile()  # follow the pumps; the store has nothing new to say
                 return BalanceReport(table.owned(), frozenset(), frozenset(), {}, owned_before - table.owned(),
@@ -301,6 +302,7 @@ class Taker:
         self.renewal.note(listing, member_listing)
         self._check_store_history(listing, seen_before)
         reconciliation = table.reconcile(snapshot)
+        self._hand_over_hung(listing, member_listing)
         lost = owned_before - table.owned()
         decision = self._decide(listing, member_listing, partition_ids)
         await self._ask_for_handoffs(decision)
@@ -373,6 +375,42 @@ class Taker:
         snapshot = Snapshot(records={r.partition_id: r for r in listing.ownerships}, server_time=listing.server_time,
                             sent_at=listed_at, unreadable=frozenset(u.partition_id for u in listing.unreadable))
         return listing, member_listing, snapshot, seen_before
+
+    def _hand_over_hung(self, listing: OwnershipListing, member_listing: MemberListing | None) -> None:
+        """Hand each lease that ran out under a handler that never returned to the live
+        peer that owns the fewest partitions (the record would have expired by itself by
+        now). Left alone, this processor's heartbeat would keep the ended claim's record
+        live, and the plan would keep dealing the partition back to this processor, which
+        cannot claim what its hung pump still holds."""
+        hung = self._table.hung_past_expiry()
+        if not hung:
+            return
+        me = self._options.owner_id
+        members = self._membership.live(member_listing)
+        live = [r for r in listing.ownerships
+                if r.owner_id and r.last_modified_time is not None
+                and (listing.server_time - r.last_modified_time).total_seconds() <= self._timing.expiration]
+        counts = {owner: 0 for owner in (members or ()) if owner != me}
+        for record in live:
+            if record.owner_id != me and (members is None or record.owner_id in counts):
+                counts[record.owner_id] = counts.get(record.owner_id, 0) + 1
+        handed: list[tuple[Lease, str]] = []
+        for lease in sorted(hung, key=lambda lease: partition_sort_key(lease.partition_id)):
+            if not counts:
+                if not lease.hung_warned:
+                    lease.hung_warned = True
+                    logger.error("processor %s: partition %s's handler has not returned since its claim ended "
+                                 "(epoch %d), and no other processor is live to take the partition: it waits "
+                                 "for that handler, or for a peer to start", self._describe, lease.partition_id,
+                                 lease.record.epoch)
+                continue
+            peer = min(counts, key=lambda owner: (counts[owner], owner))
+            counts[peer] += 1
+            handed.append((lease, peer))
+            logger.warning("processor %s: partition %s's handler has not returned since its claim ended (epoch %d); "
+                           "handing the partition to %s one epoch up, so it does not stay with the ended claim",
+                           self._describe, lease.partition_id, lease.record.epoch, peer)
+        self._table.hand_over_hung(handed)
 
     def _decide(self, listing: OwnershipListing, member_listing: MemberListing | None,
                 partition_ids: list[str]) -> BalanceDecision:
