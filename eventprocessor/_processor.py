@@ -36,10 +36,10 @@ from typing import Any
 
 from ._assembly import assemble
 from ._delivery.pump import PartitionPump
+from ._ownership.balancer import BalanceReport
 from ._ownership.lease import LeaseState
 from ._ownership.lease_table import OWNERSHIP_LOG_FIELDS, OWNERSHIP_REASONS
 from ._ownership.load_plan import MemberLoad
-from ._ownership.taker import BalanceReport
 from ._runtime.bounded_store import BoundedStore
 from ._runtime.clock import Clock
 from ._runtime.options import ErrorHandler, PartitionProcessorFactory, ProcessorOptions

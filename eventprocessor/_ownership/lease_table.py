@@ -304,16 +304,30 @@ class LeaseTable:
                 if lease.state is LeaseState.RELEASING and lease.end is LeaseEnd.EXPIRED and lease.pump_alive
                 and not lease.handed_over_hung and now >= lease.deadline + margin]
 
-    def hand_over_hung(self, leases: list[tuple[Lease, str]]) -> None:
-        """Write each hung lease's record to the peer named (one epoch up, conditional
-        on its etag, as a handoff): that peer adopts it and fences the checkpoint, so the
-        ended claim's handler can write nothing more. A failed write is tried again at
-        the next tick while the handler still runs (:meth:`hand_over_failed`)."""
-        for lease, peer in leases:
+    def hand_over_hung(self, hung: Mapping[str, Lease], heirs: Mapping[str, str]) -> None:
+        """Write each hung lease's record to its heir (one epoch up, conditional on its
+        etag, as a handoff): the heir adopts it and fences the checkpoint, so the ended
+        claim's handler can write nothing more. A failed write is tried again at the next
+        tick while the handler still runs (:meth:`hand_over_failed`). A lease without an
+        heir (no live peer) waits, said once."""
+        handed = []
+        for pid, lease in hung.items():
+            heir = heirs.get(pid)
+            if heir is None:
+                if not lease.hung_warned:
+                    lease.hung_warned = True
+                    logger.error("processor %s: partition %s's handler has not returned since its claim ended "
+                                 "(epoch %d), and no other processor is live to take the partition: it waits for "
+                                 "that handler, or for a peer to start", self._describe, pid, lease.record.epoch)
+                continue
+            logger.warning("processor %s: partition %s's handler has not returned since its claim ended (epoch %d); "
+                           "handing the partition to %s one epoch up, so it does not stay with the ended claim",
+                           self._describe, pid, lease.record.epoch, heir)
             lease.handed_over_hung = True
-            lease.release_to = peer
-        if leases:
-            self._on_released([lease for lease, _ in leases])
+            lease.release_to = heir
+            handed.append(lease)
+        if handed:
+            self._on_released(handed)
 
     def hand_over_failed(self, lease: Lease) -> None:
         """Writing a hung lease's handover failed: the next tick tries again while that

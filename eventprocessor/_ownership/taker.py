@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 
 from .._runtime.backoff import Congestion, TickBackoff, TimeoutLedger
 from .._runtime.bounded_store import BATCH, BoundedStore
@@ -25,45 +25,22 @@ from .._runtime.options import ProcessorOptions
 from .._runtime.reporting import Reporter
 from .._runtime.stats import ProcessorStats
 from .._runtime.telemetry import Telemetry
-from ..errors import EventSourceError, StoreDataLostError
-from ..stores.records import Checkpoint, MemberListing, Ownership, OwnershipListing, partition_sort_key
-from .balancer import BalanceDecision, decide
+from ..errors import EventSourceError
+from ..stores.records import Checkpoint, MemberListing, Ownership, OwnershipListing
+from .balancer import BalanceDecision, BalanceReport, decide, heirs
 from .claimer import Claimer
 from .lease import Lease, LeaseState, Reconciliation, Snapshot
 from .lease_table import LeaseTable, sorted_ids
 from .liveness import ChangeWatch, RenewalMode, heartbeats, next_expiry, with_heartbeats
-from .load_plan import LOAD_PROPERTY, MemberLoad, decode_load
+from .load_plan import published_loads
 from .membership import Membership
-from .store_history import StoreHistory
+from .store_history import StoreHistory, data_lost
 from .warmup import Warmup
 from .writer import OwnershipWriter
 
 __all__ = ["Taker", "BalanceReport"]
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class BalanceReport:
-    """What one balancing tick did. For logs, tests and the convergence benchmark."""
-
-    owned: frozenset[str]
-    claimed: frozenset[str]
-    renewed: frozenset[str]
-    stolen: Mapping[str, str]
-    lost: frozenset[str]
-    failed_claims: frozenset[str]
-    requests: Mapping[str, int] = field(default_factory=dict)
-    error: Exception | None = None
-    duration: float = 0.0
-
-
-def _loads(members: Mapping[str, Mapping[str, str]] | None) -> dict[str, MemberLoad] | None:
-    """The loads live members published (those that published one)."""
-    if members is None:
-        return None
-    loads = {member: decode_load(properties.get(LOAD_PROPERTY)) for member, properties in members.items()}
-    return {member: load for member, load in loads.items() if load is not None}
 
 
 class Taker:
@@ -377,40 +354,14 @@ class Taker:
         return listing, member_listing, snapshot, seen_before
 
     def _hand_over_hung(self, listing: OwnershipListing, member_listing: MemberListing | None) -> None:
-        """Hand each lease that ran out under a handler that never returned to the live
-        peer that owns the fewest partitions (the record would have expired by itself by
-        now). Left alone, this processor's heartbeat would keep the ended claim's record
-        live, and the plan would keep dealing the partition back to this processor, which
-        cannot claim what its hung pump still holds."""
-        hung = self._table.hung_past_expiry()
-        if not hung:
-            return
-        me = self._options.owner_id
-        members = self._membership.live(member_listing)
-        live = [r for r in listing.ownerships
-                if r.owner_id and r.last_modified_time is not None
-                and (listing.server_time - r.last_modified_time).total_seconds() <= self._timing.expiration]
-        counts = {owner: 0 for owner in (members or ()) if owner != me}
-        for record in live:
-            if record.owner_id != me and (members is None or record.owner_id in counts):
-                counts[record.owner_id] = counts.get(record.owner_id, 0) + 1
-        handed: list[tuple[Lease, str]] = []
-        for lease in sorted(hung, key=lambda lease: partition_sort_key(lease.partition_id)):
-            if not counts:
-                if not lease.hung_warned:
-                    lease.hung_warned = True
-                    logger.error("processor %s: partition %s's handler has not returned since its claim ended "
-                                 "(epoch %d), and no other processor is live to take the partition: it waits "
-                                 "for that handler, or for a peer to start", self._describe, lease.partition_id,
-                                 lease.record.epoch)
-                continue
-            peer = min(counts, key=lambda owner: (counts[owner], owner))
-            counts[peer] += 1
-            handed.append((lease, peer))
-            logger.warning("processor %s: partition %s's handler has not returned since its claim ended (epoch %d); "
-                           "handing the partition to %s one epoch up, so it does not stay with the ended claim",
-                           self._describe, lease.partition_id, lease.record.epoch, peer)
-        self._table.hand_over_hung(handed)
+        """Hand each lease that ran out under a handler that never returned to a live peer
+        (:func:`~eventprocessor._ownership.balancer.heirs`): this processor cannot claim
+        what its hung pump holds, and its heartbeat would keep that record live for good."""
+        hung = {lease.partition_id: lease for lease in self._table.hung_past_expiry()}
+        if hung:
+            self._table.hand_over_hung(hung, heirs(hung, listing, self._options.owner_id,
+                                                   expiration_interval=self._timing.expiration,
+                                                   members=self._membership.live(member_listing)))
 
     def _decide(self, listing: OwnershipListing, member_listing: MemberListing | None,
                 partition_ids: list[str]) -> BalanceDecision:
@@ -425,7 +376,7 @@ class Taker:
             consumer_group=options.consumer_group, strategy=options.strategy,
             expiration_interval=self._timing.expiration, rng=self._rng,
             members=members, balance_factor=options.balance_factor, preferred=preferred,
-            load_policy=options.load_policy, loads=_loads(members) if options.balance_by_load else None,
+            load_policy=options.load_policy, loads=published_loads(members) if options.balance_by_load else None,
             handoff_timeout=options.handoff_timeout,
             requests_made={pid: now - at for pid, at in self.requests_made.items()},
             replica_count=options.replica_count,
@@ -486,12 +437,8 @@ class Taker:
     def store_lost(self, what: str, partition_ids: list[str]) -> None:
         """Report that the store lost data (records or checkpoints seen before)."""
         options = self._options
-        error = StoreDataLostError(
-            f"checkpoint store data loss on {options.source.eventhub_name}/{options.consumer_group}: {what}. The "
-            "store was restored, wiped or restarted empty; partitions whose checkpoints are gone restart from "
-            + ("the last checkpoint this processor knew (refuse_checkpoint_rewind=True)" if options.refuse_rewind
-               else "initial_event_position, so their events are processed again"),
-            partition_ids=tuple(partition_ids))
+        error = data_lost(what, partition_ids, eventhub_name=options.source.eventhub_name,
+                          consumer_group=options.consumer_group, refuse_rewind=options.refuse_rewind)
         logger.error("processor %s: %s", self._describe, error)
         self._stats.store_data_lost += 1
         affected = [lease for lease in (self._table.get(pid) for pid in partition_ids) if lease is not None]
