@@ -103,6 +103,8 @@ def assemble(options: ProcessorOptions, checkpoint_store: CheckpointStore, *, me
     taker = Taker(options=options, store=store, writer=writer, table=table, history=history, membership=membership,
                   on_won=dispatcher.start, last_stall=lambda: watchdog.last_stall, reporter=reporter, stats=stats,
                   telemetry=telemetry, describe=describe, warmup=warmup)
+    table.per_record = lambda: taker.renewal.per_partition
+    taker.renewal.on_changed = renewer.wake
     telemetry.observe(owned=lambda: len(table.owned()), lag=dispatcher.lag)
     return Parts(describe=describe, scope=scope, stats=stats, telemetry=telemetry, store=store, table=table,
                  releaser=releaser, watchdog=watchdog, warmup=warmup, membership=membership, renewer=renewer,

@@ -10,11 +10,12 @@ A small façade over parts with one job each, built and wired by
   changes one;
 * :class:`~eventprocessor._delivery.dispatcher.Dispatcher`: one
   :class:`~eventprocessor._delivery.pump.PartitionPump` per owned claim, where all user code runs;
-* :class:`~eventprocessor._ownership.renewer.LeaseRenewer`: rewrites each owned record once it is
-  ``ownership_renewal_age`` old, on its own schedule;
+* :class:`~eventprocessor._ownership.renewer.LeaseRenewer`: in the per-partition mode, rewrites
+  each owned record once it is ``ownership_renewal_age`` old, on its own schedule;
 * :class:`~eventprocessor._ownership.releaser.Releaser`: writes ended claims' records over (release
   or handoff) and sweeps up at stop;
-* :class:`~eventprocessor._ownership.membership.Membership`: the heartbeat record;
+* :class:`~eventprocessor._ownership.membership.Membership`: the heartbeat record, which keeps
+  every partition of the processor (:mod:`~eventprocessor._ownership.liveness`);
 * :class:`~eventprocessor._delivery.watchdog.Watchdog`: ends leases on time, watches handlers and
   the event loop.
 
@@ -35,10 +36,10 @@ from typing import Any
 
 from ._assembly import assemble
 from ._delivery.pump import PartitionPump
+from ._ownership.balancer import BalanceReport
 from ._ownership.lease import LeaseState
 from ._ownership.lease_table import OWNERSHIP_LOG_FIELDS, OWNERSHIP_REASONS
 from ._ownership.load_plan import MemberLoad
-from ._ownership.taker import BalanceReport
 from ._runtime.bounded_store import BoundedStore
 from ._runtime.clock import Clock
 from ._runtime.options import ErrorHandler, PartitionProcessorFactory, ProcessorOptions
@@ -91,11 +92,19 @@ class EventProcessor:
     :param load_balancing_strategy: ``"greedy"`` (take the fair share in one tick, the
         default), ``"balanced"`` (one partition per tick) or ``"static"`` (the partitions
         of ``ordinal``).
-    :param load_balancing_interval: Seconds between balancing ticks. Default 15.
+    :param load_balancing_interval: Seconds between balancing ticks. Default 1 (a tick
+        that finds nothing changed reads only the member records: docs/concepts/timing.md).
     :param partition_ownership_expiration_interval: Seconds after its last write that an
         ownership record expires and another processor may claim it. Default 75.
-    :param ownership_renewal_age: Age in seconds at which an owned record is rewritten.
-        Default: when 15 s of the lease remain, at least half the expiration.
+    :param ownership_renewal_age: Age in seconds at which an owned record is rewritten
+        (the per-partition mode). Default: when 15 s of the lease remain, at least half
+        the expiration.
+    :param ownership_renewal: How the processor keeps its partitions: ``"auto"`` (the
+        default: one member heartbeat keeps them all, and per-partition renewals come back
+        while an owner that judges records by their own age, such as azure-eventhub's
+        processor, is seen in the group), ``"member"`` (never switches; a group of this
+        SDK's processors only) or ``"partition"`` (each record rewritten every renewal
+        age). See docs/concepts/leases.md.
     :param store_timeout: The longest any store call may take, in seconds. Default: a third
         of the time between a renewal and the end of the lease (5 s at the defaults).
     :param shutdown_timeout: Seconds :meth:`stop` waits for handlers to finish their batch
@@ -165,9 +174,10 @@ class EventProcessor:
         consumer_group: str = "$default",
         owner_id: str | None = None,
         load_balancing_strategy: LoadBalancingStrategy | str = LoadBalancingStrategy.GREEDY,
-        load_balancing_interval: float = 15.0,
+        load_balancing_interval: float = 1.0,
         partition_ownership_expiration_interval: float = 75.0,
         ownership_renewal_age: float | None = None,
+        ownership_renewal: str = "auto",
         store_timeout: float | None = None,
         shutdown_timeout: float = 30.0,
         handler_timeout: float | None = 60.0,
@@ -217,7 +227,7 @@ class EventProcessor:
             balance_factor=balance_factor, ordinal=ordinal, replica_count=replica_count, load_policy=load_policy,
             stateful=stateful, error_handler=error_handler, clock=clock, rng=rng, max_concurrency=max_concurrency,
             ordering=ordering, concurrency=concurrency,
-            source_startup_timeout=source_startup_timeout)
+            source_startup_timeout=source_startup_timeout, ownership_renewal=ownership_renewal)
         self._parts = parts = assemble(options, checkpoint_store, meter_provider=meter_provider,
                                        tracer_provider=tracer_provider)
         self._scope, self._table = parts.scope, parts.table  # the two the façade reads most
@@ -261,6 +271,7 @@ class EventProcessor:
         """Counters: ticks and overruns, claims, renewals, self-fenced leases, ..."""
         stats, renewer = self._parts.stats, self._parts.renewer
         stats.renewals, stats.failed_renewals = renewer.renewals, renewer.failed_renewals
+        stats.announcements = self._parts.taker.announcements
         return stats
 
     @property

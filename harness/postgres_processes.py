@@ -233,44 +233,59 @@ async def zombie(dsn: str, log_dir: str, *, step: str, mode: str = "sink", parti
         await tables.drop(dsn)
 
 
-async def _records(dsn: str, tables: Tables) -> tuple[dict[str, tuple[str, datetime]], datetime]:
-    """Every owned record's owner and last write, and the server's time, on the store's
-    (the server's) clock."""
+@dataclass(frozen=True)
+class _Record:
+    """One owned record, on the store's (the server's) clock: its owner, when it was
+    written, and its owner's last proof of life (the later of that write and the owner's
+    heartbeat, when the owner's member record says ``lease=member``: its heartbeat keeps
+    all its partitions, docs/concepts/leases.md)."""
+
+    owner: str
+    written: datetime
+    alive: datetime
+
+
+async def _records(dsn: str, tables: Tables) -> tuple[dict[str, _Record], datetime]:
+    """Every owned record, and the server's time, on the store's (the server's) clock."""
     from eventprocessor.stores import PostgresCheckpointStore
 
     async with PostgresCheckpointStore(dsn=dsn, table=tables.records) as store:
-        listing = await store.list_ownership("memory.local", "hub", "$default")
-    return {o.partition_id: (o.owner_id, o.last_modified_time) for o in listing.ownerships
-            if o.owner_id and o.last_modified_time}, listing.server_time
+        listing, members = await store.list_ownership_and_members("memory.local", "hub", "$default")
+    beats = {m.owner_id: m.last_modified_time for m in (members.members if members else ())
+             if m.last_modified_time is not None and m.properties.get("lease") == "member"}
+    return {o.partition_id: _Record(o.owner_id, o.last_modified_time,
+                                    max(o.last_modified_time, beats.get(o.owner_id, o.last_modified_time)))
+            for o in listing.ownerships if o.owner_id and o.last_modified_time}, listing.server_time
 
 
-def _live(records: dict[str, tuple[str, datetime]], now: datetime, expiry: float) -> dict[str, str]:
-    return {p: owner for p, (owner, stamp) in records.items() if (now - stamp).total_seconds() < expiry}
+def _live(records: dict[str, _Record], now: datetime, expiry: float) -> dict[str, str]:
+    return {p: r.owner for p, r in records.items() if (now - r.alive).total_seconds() < expiry}
 
 
 class _Failover:
     """What the store's records show of a killed worker's partitions, on the server's
-    clock: the dead worker's last write of each, and the first record of its taker seen."""
+    clock: the dead worker's last proof of life (its last write or heartbeat), and the
+    write of the first record of its taker seen."""
 
-    def __init__(self, victim: str, records: dict[str, tuple[str, datetime]]) -> None:
+    def __init__(self, victim: str, records: dict[str, _Record]) -> None:
         self.victim = victim
-        self.partitions = {p for p, (owner, _stamp) in records.items() if owner == victim}
-        self.last_write: datetime | None = None
+        self.partitions = {p for p, r in records.items() if r.owner == victim}
+        self.last_alive: datetime | None = None
         self.taken: dict[str, datetime] = {}
         self.see(records)
 
-    def see(self, records: dict[str, tuple[str, datetime]]) -> None:
-        for partition, (owner, stamp) in records.items():
-            if owner == self.victim:
-                self.last_write = stamp if self.last_write is None else max(self.last_write, stamp)
+    def see(self, records: dict[str, _Record]) -> None:
+        for partition, record in records.items():
+            if record.owner == self.victim:
+                self.last_alive = record.alive if self.last_alive is None else max(self.last_alive, record.alive)
             elif partition in self.partitions:
-                self.taken.setdefault(partition, stamp)
+                self.taken.setdefault(partition, record.written)
 
     def earliest_lease_age(self) -> float:
-        """Seconds from the dead worker's last write to the earliest takeover seen (a poll
-        may see a takeover late, never early)."""
-        assert self.last_write is not None and self.taken, "no takeover seen"
-        return min((stamp - self.last_write).total_seconds() for stamp in self.taken.values())
+        """Seconds from the dead worker's last proof of life to the earliest takeover seen
+        (a poll may see a takeover late, never early)."""
+        assert self.last_alive is not None and self.taken, "no takeover seen"
+        return min((stamp - self.last_alive).total_seconds() for stamp in self.taken.values())
 
 
 async def group(dsn: str, log_dir: str, *, partitions: int = 12, events: int = 300, rate: float = 50.0,
@@ -317,7 +332,7 @@ async def group(dsn: str, log_dir: str, *, partitions: int = 12, events: int = 3
                                               "the survivors took the killed worker's partitions", workers)
         after, _now = await _records(dsn, tables)
         notes["survivors_kept_their_partitions"] = float(all(
-            after[p][0] == owner for p, (owner, _stamp) in before.items() if owner != failover.victim))
+            after[p].owner == record.owner for p, record in before.items() if record.owner != failover.victim))
         notes["earliest_takeover_lease_age_s"] = failover.earliest_lease_age()
         notes["expiry_s"] = expiry
         expected = _expected(partitions, events)

@@ -257,3 +257,20 @@ def test_a_pump_that_ends_while_the_lease_is_valid_releases_the_record_to_nobody
     assert not lease.renewable(1.0)
     [ended] = reconcile([lease.view()], now=1.0, owner_id=ME).transitions
     assert (ended.to, ended.end, ended.release_to) == (LeaseState.RELEASING, LeaseEnd.PUMP_ENDED, "")
+
+
+def test_a_record_that_still_names_an_ended_claim_is_claimed_above_its_epoch_never_adopted_at_it():
+    """A lease that ran out while the processor's heartbeat kept its record live: the
+    record still names the processor at the ended claim's epoch. Resuming at that epoch
+    would hand a batch to the ended claim's fence again; the record is claimed anew, one
+    epoch up, conditional on its etag. A record naming it at a later epoch (a handoff to
+    it, a claim whose answer was lost) is adopted as before."""
+    snapshot = Snapshot(records={"0": record("0", ME, 3, "a", requested_by="other-1"), "1": record("1", ME, 5, "b")},
+                        server_time=EPOCH_ZERO, sent_at=0.0)
+    result = reconcile([], now=1.0, owner_id=ME, snapshot=snapshot, expiration=EXPIRATION,
+                       ended_epochs={"0": 3, "1": 4})
+    assert [(r.partition_id, r.epoch) for r in result.adopt] == [("1", 5)]
+    [again] = result.reclaim
+    assert (again.partition_id, again.owner_id, again.epoch, again.etag, again.requested_by) == ("0", ME, 4, "a", "")
+    plain = reconcile([], now=1.0, owner_id=ME, snapshot=snapshot, expiration=EXPIRATION)
+    assert [r.partition_id for r in plain.adopt] == ["0", "1"] and plain.reclaim == ()

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import pytest
 
+from eventprocessor._ownership.liveness import heartbeats, with_heartbeats
 from harness.worker import WorkerHandle, spawn_worker
 
 pytestmark = [pytest.mark.azurite, pytest.mark.slow]
@@ -70,7 +71,10 @@ class Snapshot:
 
 
 async def _snapshot(store, namespace: str, eventhub: str) -> Snapshot:
-    listing = await store.list_ownership(namespace, eventhub, CONSUMER_GROUP)
+    listing, members = await store.list_ownership_and_members(namespace, eventhub, CONSUMER_GROUP)
+    # A record lives as long as its owner's heartbeat when that heartbeat keeps it: its
+    # last proof of life is the later of the two (what the processors judge by).
+    listing = with_heartbeats(listing, heartbeats(members))
     owners: dict[str, str] = {}
     modified: dict[str, datetime] = {}
     for record in listing.ownerships:
@@ -131,8 +135,9 @@ async def test_three_processes_balance_then_survivors_take_over_a_killed_one(azu
         await victim.process.wait()
         killed_at = time.monotonic()
         ticks_at_kill = {w.owner_id: w.ticks for w in survivors}
-        # The dead worker's last write, on the store's clock: the latest timestamp seen
-        # on any of its records (a write in flight at the kill shows up in later polls).
+        # The dead worker's last write, on the store's clock: the latest proof of life seen
+        # on any of its records, its heartbeat included (a write in flight at the kill
+        # shows up in later polls).
         victim_last_write: datetime | None = None
         takeover_modified: dict[str, datetime] = {}
         while True:

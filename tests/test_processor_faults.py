@@ -78,7 +78,7 @@ def test_listing_slower_than_the_interval_is_logged_and_never_costs_a_lease(capl
 
     async def scenario():
         cluster = Cluster(16, seed=5, load_balancing_interval=1.0, partition_ownership_expiration_interval=30.0,
-                          load_balancing_strategy="greedy")
+                          load_balancing_strategy="greedy", ownership_renewal="partition")
         a = cluster.add()
         await a.start()
         await cluster.wait_until(lambda: len(a.owned_partitions) == 16, timeout=10)
@@ -254,7 +254,7 @@ def test_slow_initialize_and_close_delay_no_renewal_and_no_other_partition():
     async def scenario():
         cluster = Cluster(8, **QUICK)
         p = EventProcessor(cluster.source, cluster.store, SlowStart, load_balancing_strategy="greedy",
-                           shutdown_timeout=400, **QUICK)
+                           shutdown_timeout=400, ownership_renewal="partition", **QUICK)
         await p.start()
         await cluster.wait_until(lambda: len(p.owned_partitions) == 8, timeout=10)
         gaps = []

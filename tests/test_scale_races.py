@@ -117,7 +117,7 @@ def test_hundreds_of_claims_and_renewals_on_a_busy_client_are_all_written_in_tim
         cluster = Cluster(256, seed=9)
         link = Crowded(cluster.memory)
         a = cluster.add("a", store=link, load_balancing_strategy="greedy", load_balancing_interval=2.0,
-                        partition_ownership_expiration_interval=60.0)
+                        partition_ownership_expiration_interval=60.0, ownership_renewal="partition")
         await a.start()
         owned = await cluster.wait_until(lambda: len(a.owned_partitions) == 256, timeout=180)
         await asyncio.sleep(150)  # every lease renewed at least twice

@@ -305,7 +305,11 @@ def test_claiming_over_a_record_written_by_azure_eventhub_s_own_client_does_not_
     lines = [r.getMessage() for r in caplog.records if "epoch" in r.getMessage() and "partition 0" in r.getMessage()
              and "checkpoint" in r.getMessage()]
     assert lines, [r.getMessage() for r in caplog.records]
-    assert not [r for r in caplog.records if r.levelno >= logging.WARNING], _said(caplog)
+    # The one warning is the mixed group: a live record of azure-eventhub's client makes
+    # the processor renew per partition again (docs/concepts/leases.md), said once.
+    warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    mixed = [w for w in warnings if "['azure-eventhub-client'] judge ownership by each record's age" in w]
+    assert len(mixed) == 1 and warnings == mixed, _said(caplog)
     assert not any("lost" in line for line in lines), lines
     assert any("azure-eventhub" in line and "resum" in line for line in lines), lines
 

@@ -131,17 +131,22 @@ async def test_both_writers_run_unchanged_over_spark_connect(connect_spark, tmp_
 
 async def test_a_spark_call_longer_than_the_lease_costs_no_lease(connect_spark, tmp_path):
     """The first batch's foreach_batch takes three times the ownership expiration (a
-    first Spark Connect query, a busy cluster). The processor keeps renewing meanwhile:
-    it never loses or self-fences the partition, and the batch commits once."""
+    first Spark Connect query, a busy cluster). The lease is kept meanwhile (by the
+    processor's heartbeat, or by renewals of the record: whichever the processor uses):
+    the partition is dispatchable at every moment of the call, the record keeps its owner
+    and epoch, nothing self-fences or is lost, and every batch commits once."""
     source = InMemoryEventSource(1)
     expected = fill(source, 200)
     store = InMemoryCheckpointStore()
     expiration = 3.0
     calls: list[tuple[int, int]] = []
+    slow_call = {"started": threading.Event(), "ended": threading.Event()}
 
     def slow_then_fast(df, batch_id):
         if not calls:
+            slow_call["started"].set()
             time.sleep(3 * expiration)
+            slow_call["ended"].set()
         calls.append((batch_id, df.count()))
 
     sink = SparkSink(foreach_batch=slow_then_fast, commit_log=tmp_path / "log", spark=connect_spark,
@@ -149,12 +154,22 @@ async def test_a_spark_call_longer_than_the_lease_costs_no_lease(connect_spark, 
     processor = EventProcessor(source, store, sink, load_balancing_interval=0.5,
                                partition_ownership_expiration_interval=expiration, max_batch_size=100)
     await processor.start()
+    await wait_until(slow_call["started"].is_set, "the slow Spark call to start", timeout=120)
+    owned_during_call: list[tuple[float, frozenset[str]]] = []  # (when, what was dispatchable)
+    while not slow_call["ended"].is_set():
+        owned_during_call.append((time.monotonic(), frozenset(processor.owned_partitions)))
+        await asyncio.sleep(0.1)
     await wait_until(lambda: sink.events_committed >= len(expected), "every event committed", timeout=120)
     stats = processor.stats
+    listing = await store.list_ownership(source.fully_qualified_namespace, source.eventhub_name, "$default")
     await processor.stop()
     await sink.close()
+    span = owned_during_call[-1][0] - owned_during_call[0][0]
+    assert span >= 2 * expiration, f"sampled {span:.1f} s of the call: well past where an unkept lease ends"
+    assert all(owned == {"0"} for _when, owned in owned_during_call), "the partition stayed owned through the call"
+    assert [(r.owner_id, r.epoch) for r in listing.ownerships] == [(processor.owner_id, 1)], \
+        "the record kept its owner and epoch: never expired and claimed again"
     assert (stats.self_fenced, stats.lost, stats.failed_renewals) == (0, 0, 0), stats
-    assert stats.renewals >= 3, "the lease was renewed while Spark ran"
     assert sum(count for _, count in calls) == len(expected), "each batch written once"
     assert len({batch_id for batch_id, _ in calls}) == len(calls)
     checkpoints = await store.list_checkpoints(source.fully_qualified_namespace, source.eventhub_name, "$default")

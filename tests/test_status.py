@@ -44,7 +44,14 @@ from eventprocessor.cli.user_errors import CommandError
 from eventprocessor.errors import CheckpointStoreError, EventSourceError
 from eventprocessor.sources import InMemoryEventSource, PartitionProperties
 from eventprocessor.stores import InMemoryCheckpointStore
-from eventprocessor.stores.records import Checkpoint, Member, Ownership, OwnershipListing, UnreadableOwnership
+from eventprocessor.stores.records import (
+    Checkpoint,
+    Member,
+    MemberListing,
+    Ownership,
+    OwnershipListing,
+    UnreadableOwnership,
+)
 from tests.test_cli import assert_one_line_error, run_cli
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -177,6 +184,21 @@ async def test_the_table_and_json_show_what_was_read():
     assert by_id["1"]["requested_by"] == "c" and by_id["0"]["lag"] == 5
     assert {m["owner_id"]: m["properties"] for m in document["members"]}["a"] == {"strategy": "greedy",
                                                                                   "handoff": "1"}
+
+
+def test_a_record_kept_by_its_owners_heartbeat_is_owned_however_old():
+    """A processor whose member record keeps its partitions (``lease=member``) does not
+    rewrite them: status judges them as the processors do, from the later heartbeat."""
+    now = T0
+    old = now - timedelta(seconds=600)
+    listing = OwnershipListing(ownerships=(Ownership(NS, HUB, GROUP, "0", "a", last_modified_time=old, epoch=1),
+                                           Ownership(NS, HUB, GROUP, "1", "b", last_modified_time=old, epoch=1)),
+                               server_time=now)
+    members = MemberListing(members=(Member(NS, HUB, GROUP, "a", now - timedelta(seconds=5), properties={
+        "lease": "member"}), Member(NS, HUB, GROUP, "b", now - timedelta(seconds=5))), server_time=now)
+    status = build_status(fully_qualified_namespace=NS, eventhub_name=HUB, consumer_group=GROUP, store="s",
+                          expiration=60, ownership=listing, checkpoints=[], members=members)
+    assert [(row.state, row.lease_age) for row in status.partitions] == [("owned", 5.0), ("expired", 600.0)]
 
 
 def test_unreadable_records_checkpoint_times_and_retention():

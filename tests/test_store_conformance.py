@@ -946,6 +946,59 @@ async def test_members_are_written_listed_and_deleted(backend: Backend) -> None:
     assert (await backend.listing()).ownerships == (), "members are not ownership records"
 
 
+async def test_a_change_notice_changes_the_generation_every_member_listing_returns(backend: Backend) -> None:
+    """What a tick at rest reads: one listing of the members carries the change notice's
+    generation; an announcement by any client changes it, and it is never a member."""
+    await backend.store.write_member(backend.member("a", lease="member"))
+    first = await backend.peer.list_members(*backend.scope)
+    assert first.generation is None and [m.owner_id for m in first.members] == ["a"]
+    await backend.store.announce_change(*backend.scope)
+    seen = await backend.peer.list_members(*backend.scope)
+    assert seen.generation is not None and [m.owner_id for m in seen.members] == ["a"]
+    assert (await backend.peer.list_members(*backend.scope)).generation == seen.generation  # nothing changed
+    await backend.peer.announce_change(*backend.scope)
+    after = await backend.store.list_members(*backend.scope)
+    assert after.generation not in (None, seen.generation)
+    _ownership, together = await backend.store.list_ownership_and_members(*backend.scope)
+    assert together is not None and together.generation == after.generation  # the tick's one listing too
+    assert [m.owner_id for m in together.members] == ["a"]
+    assert (await backend.listing()).ownerships == (), "the change notice is not an ownership record"
+
+
+async def test_a_heartbeat_after_a_claim_lists_no_earlier_than_it_in_the_ticks_one_listing(backend: Backend) -> None:
+    """What judging a record by its owner's heartbeat needs (docs/concepts/leases.md): in
+    the one listing a tick reads, a member record rewritten after a claim carries a
+    last-modified time no earlier than the claim's, both on the store's clock, and the
+    listing's server time is no earlier than either (less the second of resolution of an
+    HTTP Date header, which the lease's safety margin covers). Rewriting the member record
+    changes nothing of the ownership record (no per-partition write)."""
+    won = await backend.claim(backend.store, "0", "a")
+    await backend.store.write_member(backend.member("a", lease="member"))
+    listing, members = await backend.peer.list_ownership_and_members(*backend.scope)
+    assert members is not None
+    [record], [member] = listing.ownerships, members.members
+    assert record.etag == won.etag and record.last_modified_time is not None
+    assert member.owner_id == "a" and member.properties.get("lease") == "member"
+    assert member.last_modified_time is not None and member.last_modified_time >= record.last_modified_time
+    second = timedelta(seconds=1)
+    assert members.server_time + second >= member.last_modified_time
+    assert listing.server_time + second >= record.last_modified_time
+    await backend.store.write_member(backend.member("a", lease="member"))
+    again, beats = await backend.peer.list_ownership_and_members(*backend.scope)
+    assert beats is not None and beats.members[0].last_modified_time >= member.last_modified_time
+    assert [(r.etag, r.last_modified_time) for r in again.ownerships] == [(won.etag, record.last_modified_time)]
+
+
+async def test_a_change_notice_costs_one_write_and_a_member_listing_one_request(backend: Backend) -> None:
+    counts = backend.store.request_counts  # type: ignore[attr-defined]
+    before = sum(counts.values())
+    await backend.store.announce_change(*backend.scope)
+    assert sum(counts.values()) - before == 1
+    before = sum(counts.values())
+    await backend.store.list_members(*backend.scope)
+    assert sum(counts.values()) - before == 1
+
+
 @pytest.mark.parametrize("properties", [{"Upper": "x"}, {"writetoken": "x"}, {"ok": "caf\u00e9"}, {"ok": 3}])
 async def test_bad_member_properties_are_refused(backend: Backend, properties: dict[str, Any]) -> None:
     with pytest.raises(ConfigurationError):

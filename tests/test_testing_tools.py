@@ -142,7 +142,9 @@ def test_a_ledger_store_sees_claims_fences_heartbeats_a_handoff_and_the_releases
     assert ledger.requests["request"] == 2 and ledger.requests["handoff"] == 2
     assert ledger.requests["release"] == 4  # each stop released what it owned
     assert set(ledger.members) == {"a", "b"} and ledger.requests["write_member"] >= 2
-    assert ledger.requests["list_ownership"] >= 9  # one listing (ownership and members) per tick
+    # Every tick lists the members (with the change notice); ownership only while something changed.
+    assert ledger.requests["list_members"] == 9 and 1 <= ledger.requests["list_ownership"] < 9
+    assert ledger.requests["announce_change"] >= 5  # the claims, the requests, the handoffs, the releases
 
 
 def test_a_store_wrapper_sees_every_call_through_its_forward_hook():

@@ -103,6 +103,9 @@ def _parser(prog: str | None) -> argparse.ArgumentParser:
                              "[default: %(default)s]")
     parser.add_argument("--min-interval", type=float, default=1.0, help="The shortest interval the rule picks (s). "
                                                                         "[default: %(default)s]")
+    parser.add_argument("--ours-timing", choices=("defaults", "sized"), default="defaults",
+                        help="Ours at EventProcessor's default timing (its ticks list no ownership record at rest), "
+                             "or at the interval sized for the official side. [default: %(default)s]")
     parser.add_argument("--hold", type=float, default=None,
                         help="Seconds to keep running once balanced. [default: the renewal age + E/10, so that every "
                              "lease of ours is renewed at least once]")
@@ -168,8 +171,9 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
         if args.record and args.cap_ticks < CAP_TICKS:
             parser.error(f"--record needs --cap-ticks of at least {CAP_TICKS}: a shorter cap is a give-up window, "
                          f"not a measurement")
-        if args.quick:  # a smoke run: shorter samples, quicker reports
+        if args.quick:  # a smoke run: shorter samples, quicker reports, a short hold
             args.idle_sample, args.report_every, args.calibration_listings = 0.5, 0.25, 3
+            args.hold = 5.0 if args.hold is None else args.hold
         try:
             args.sizes = _sizes(args.sizes or (QUICK_SIZES if args.quick else DEFAULT_SIZES))
         except ValueError:

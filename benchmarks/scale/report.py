@@ -10,7 +10,7 @@ from typing import Any
 from ..toolkit.report import busy_flag, number, package_version, table
 from .run import SizeResult, cap_seconds
 from .sides import SideResult
-from .sizing import EXPIRATION_RATIO, IMPLS, OFFICIAL_EXPIRATION_RATIO
+from .sizing import EXPIRATION_RATIO, IMPLS, OFFICIAL_EXPIRATION_RATIO, ours_at_defaults
 
 __all__ = ["render"]
 
@@ -94,9 +94,14 @@ def render(results: list[SizeResult], args: argparse.Namespace, head: str) -> st
               align="lrrrrrrrrrrrrrlrrr"),
     ]
     for size in results:
-        lines += ["", f"### {size.partitions} partitions x {size.processors} processors "
-                      f"(I = {size.sizing.interval:g} s; E = {size.sizing.expiration:g} s ours, "
-                      f"{size.sizing.official_expiration:g} s official)", ""]
+        if args.ours_timing == "defaults":
+            ours = ours_at_defaults(size.sizing)
+            timing = (f"official: I = {size.sizing.interval:g} s, E = {size.sizing.official_expiration:g} s; ours at "
+                      f"EventProcessor's defaults: I = {ours.interval:g} s, E = {ours.expiration:g} s")
+        else:
+            timing = (f"I = {size.sizing.interval:g} s; E = {size.sizing.expiration:g} s ours, "
+                      f"{size.sizing.official_expiration:g} s official")
+        lines += ["", f"### {size.partitions} partitions x {size.processors} processors ({timing})", ""]
         if size.not_run:
             lines += [f"**Not run**: {size.not_run}."]
             continue
@@ -138,6 +143,9 @@ def render(results: list[SizeResult], args: argparse.Namespace, head: str) -> st
         row("requests/s to balanced (all processors)", lambda r: f"{r.converge.requests_per_second:.0f}")
         row("requests/s while held (all processors)",
             lambda r: "-" if r.balanced_after is None else f"{r.hold.requests_per_second:.1f}")
+        row("storage requests per hour per processor at rest (while held)",
+            lambda r, n=size.processors: "-" if r.balanced_after is None
+            else f"{r.hold.requests_per_second * 3600 / n:,.0f}")
         row("CPU per processor to balanced, mean (max), % of a core",
             lambda r: f"{_pct(r.converge.core_share()[0])} ({_pct(r.converge.core_share()[1])})")
         row("CPU per processor while held, mean (max), % of a core",

@@ -10,7 +10,7 @@ import time
 from dataclasses import dataclass, field
 
 from .sides import Runner, SideResult
-from .sizing import IMPLS, Calibration, Sizing, calibrate, choose_timing
+from .sizing import IMPLS, Calibration, Sizing, calibrate, choose_timing, ours_at_defaults
 
 __all__ = ["SizeResult", "cap_seconds", "run_sizes", "side_seconds"]
 
@@ -106,10 +106,11 @@ async def run_sizes(args: argparse.Namespace, connection_string: str, azurite_pi
                     print(f"{partitions}x{processors} {impl}: not run: {size.skipped[impl]}", file=sys.stderr,
                           flush=True)
                     continue
-                hold = args.hold if args.hold is not None else sizing.hold
+                side_sizing = ours_at_defaults(sizing) if impl == "ours" and args.ours_timing == "defaults" else sizing
+                hold = args.hold if args.hold is not None else side_sizing.hold
                 deadline = time.monotonic() + left - _overhead(args, processors) - hold
                 try:
-                    size.sides[impl] = await runner.side(impl, partitions, processors, sizing, deadline)
+                    size.sides[impl] = await runner.side(impl, partitions, processors, side_sizing, deadline)
                 except asyncio.CancelledError:
                     raise
                 except Exception as error:  # a saturated store, a worker that died: say so, go on

@@ -103,16 +103,27 @@ def _balanced(workers: list[WorkerHandle], partitions: int) -> bool:
 
 
 async def store_owners(connection_string: str, container: str, hub: str) -> dict[str, tuple[str, datetime]]:
-    """Partition -> (owner id, last modified) from one listing of the ownership blobs."""
+    """Partition -> (owner id, last proof of life) from one listing of the ownership and
+    member blobs: a record's last-modified time, or its owner's heartbeat when that member
+    record keeps its partitions (``lease=member``, ours), whichever is later."""
     from azure.storage.blob.aio import ContainerClient
 
-    prefix = f"{NAMESPACE}/{hub}/{CONSUMER_GROUP}/ownership/".lower()
+    from eventprocessor.stores.codec import decode_name
+
+    base = f"{NAMESPACE}/{hub}/{CONSUMER_GROUP}/".lower()
     owners: dict[str, tuple[str, datetime]] = {}
+    beats: dict[str, datetime] = {}
     async with ContainerClient.from_connection_string(connection_string, container) as client:
-        async for blob in client.list_blobs(name_starts_with=prefix, include=["metadata"]):
-            owner = (blob.metadata or {}).get("ownerid") or ""
-            owners[blob.name[len(prefix):]] = (owner, blob.last_modified)
-    return owners
+        async for blob in client.list_blobs(name_starts_with=base + "ownership", include=["metadata"]):
+            rest, metadata = blob.name[len(base):], blob.metadata or {}
+            if rest.startswith("ownership/"):
+                owners[rest[len("ownership/"):]] = (metadata.get("ownerid") or "", blob.last_modified)
+            elif rest.startswith("ownership-member/") and metadata.get("lease") == "member":
+                try:
+                    beats[decode_name(rest[len("ownership-member/"):])] = blob.last_modified
+                except ValueError:
+                    continue  # the change notice, or a name no member has
+    return {pid: (owner, max(modified, beats.get(owner, modified))) for pid, (owner, modified) in owners.items()}
 
 
 def check_final(owners: dict[str, tuple[str, datetime]], workers: list[WorkerHandle], partitions: int,

@@ -4,6 +4,8 @@ the expiration from it (:func:`choose_timing`)."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import inspect
 import math
 import statistics
 import sys
@@ -85,6 +87,23 @@ class Sizing:
         """How long ours may be unable to run (a stalled event loop) between two renewal
         attempts and still keep its leases: the lease minus the renewal age."""
         return self.lease - self.renewal_age
+
+
+def ours_at_defaults(sizing: Sizing) -> Sizing:
+    """Ours with ``EventProcessor``'s default timing: at rest its ticks list no ownership
+    record (one heartbeat per processor keeps its partitions), so its interval is not
+    sized by P x N (docs/concepts/timing.md, "Sizing"); only the official side is."""
+    from eventprocessor import EventProcessor, Timing
+    from eventprocessor.stores import DEFAULT_OPERATION_TIMEOUT
+
+    defaults = inspect.signature(EventProcessor.__init__).parameters
+    interval = float(defaults["load_balancing_interval"].default)
+    expiration = float(defaults["partition_ownership_expiration_interval"].default)
+    timing = Timing.derive(interval=interval, expiration=expiration, renewal_age=None, store_timeout=None,
+                           shutdown_timeout=30.0, handler_timeout=None)
+    return dataclasses.replace(sizing, interval=interval, expiration=expiration, renewal_age=timing.renewal_age,
+                               store_timeout=timing.store_timeout, operation_timeout=DEFAULT_OPERATION_TIMEOUT,
+                               lease=timing.lease_length, bound_by="EventProcessor's defaults")
 
 
 def choose_timing(listing_cpu: float, processors: int, cores: float, *, budget: float = 0.5,

@@ -29,7 +29,22 @@ from ..stores.records import Ownership, OwnershipListing, UnreadableOwnership, p
 from .load_plan import MemberLoad, plan_moves
 from .strategies import HANDOFF_PROPERTY, STRATEGIES, BalanceView, record_age
 
-__all__ = ["BalanceDecision", "decide", "moved_by_load", "preferring_standbys"]
+__all__ = ["BalanceDecision", "BalanceReport", "decide", "heirs", "moved_by_load", "preferring_standbys"]
+
+
+@dataclass(frozen=True)
+class BalanceReport:
+    """What one balancing tick did. For logs, tests and the convergence benchmark."""
+
+    owned: frozenset[str]
+    claimed: frozenset[str]
+    renewed: frozenset[str]
+    stolen: Mapping[str, str]
+    lost: frozenset[str]
+    failed_claims: frozenset[str]
+    requests: Mapping[str, int] = field(default_factory=dict)
+    error: Exception | None = None
+    duration: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -210,3 +225,25 @@ def decide(
         handoff_requests=tuple(made.requests),
         awaiting_handoff=tuple(made.awaiting),
     )
+
+
+def heirs(partition_ids: Collection[str], listing: OwnershipListing, owner_id: str, *,
+          expiration_interval: float, members: Mapping[str, Mapping[str, str]] | None) -> dict[str, str]:
+    """The live peer each of ``partition_ids`` (this processor's partitions whose lease ran
+    out under a handler that never returned) is handed to: the one that owns the fewest
+    live records, ties by id, counting each hand-over as it is dealt. The peers are the
+    live members other than ``owner_id`` (the live owners, when the store keeps no
+    members). Empty when no peer is live."""
+    counts: dict[str, int] = {member: 0 for member in (members or ()) if member != owner_id}
+    for record in listing.ownerships:
+        if record.owner_id and record.owner_id != owner_id and (members is None or record.owner_id in counts) \
+                and record_age(record, listing.server_time) <= expiration_interval:
+            counts[record.owner_id] = counts.get(record.owner_id, 0) + 1
+    dealt: dict[str, str] = {}
+    if not counts:
+        return dealt
+    for pid in sorted(partition_ids, key=partition_sort_key):
+        peer = min(counts, key=lambda owner: (counts[owner], owner))
+        counts[peer] += 1
+        dealt[pid] = peer
+    return dealt

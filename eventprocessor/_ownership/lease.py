@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Protocol
 
@@ -130,6 +130,8 @@ class Lease:
         self.end: LeaseEnd | None = None
         self.end_detail = ""
         self.release_to: str | None = None  # owner id to write once the pump is gone; None = no write
+        self.handed_over_hung = False  # ran out, its handler never returned: its record was handed to a peer
+        self.hung_warned = False  # said once that no peer could take it
         self.renewal_failures = 0
         self.lost = False  # the pump or a checkpoint learned that another processor owns it
 
@@ -230,12 +232,17 @@ class Reconciliation:
     request); the lease takes their etag, never a longer deadline. ``adopt``: live
     records that name this processor but that it holds no lease for (a claim whose answer
     was lost, a partition handed over to it); they are renewed before use.
+    ``reclaim``: claims (epoch raised, conditional on the etag) of live records that name
+    this processor at the epoch of a claim of its own that has ended (its lease ran out,
+    or its checkpoint was refused, while its heartbeat kept the record live): never
+    resumed at that epoch, so nothing is handed to the ended claim again.
     ``store_lost``: partitions whose record vanished or went backwards.
     """
 
     transitions: tuple[Transition, ...] = ()
     refresh: tuple[Ownership, ...] = ()
     adopt: tuple[Ownership, ...] = ()
+    reclaim: tuple[Ownership, ...] = ()
     store_lost: tuple[str, ...] = ()
 
 
@@ -306,7 +313,8 @@ def _adoptions(snapshot: Snapshot, held: Mapping[str, LeaseView], owner_id: str,
 
 
 def reconcile(leases: Iterable[LeaseView], *, now: float, owner_id: str, snapshot: Snapshot | None = None,
-              expiration: float = float("inf"), handoffs: int | None = None) -> Reconciliation:
+              expiration: float = float("inf"), handoffs: int | None = None,
+              ended_epochs: Mapping[str, int] | None = None) -> Reconciliation:
     """Compare the local leases with the clock and (optionally) a store snapshot.
 
     Pure: no I/O, no clock reads, no randomness. Rules, in order, for a lease that is
@@ -325,7 +333,9 @@ def reconcile(leases: Iterable[LeaseView], *, now: float, owner_id: str, snapsho
     Before those: a lease whose pump or checkpoint learned that the partition is lost →
     ``RELEASING`` (lost); a ``HANDING_OFF`` lease whose pump is gone → ``RELEASING``,
     still handing over. A ``RELEASING`` lease whose pump is gone → ``RELEASED``. Live
-    records that name ``owner_id`` but have no lease (or only a released one) are adopted.
+    records that name ``owner_id`` but have no lease (or only a released one) are adopted,
+    unless their epoch is at most that of a claim of ``owner_id`` that ended
+    (``ended_epochs``: partition -> epoch): those are reclaimed above it.
     """
     transitions: list[Transition] = []
     refresh: list[Ownership] = []
@@ -356,9 +366,13 @@ def reconcile(leases: Iterable[LeaseView], *, now: float, owner_id: str, snapsho
                 and record.etag != lease.record.etag:
             refresh.append(record)
     adopt = _adoptions(snapshot, held, owner_id, expiration) if snapshot is not None else []
+    last_ended = ended_epochs or {}
+    resumable = [r for r in adopt if r.epoch > last_ended.get(r.partition_id, -1)]
+    reclaim = [replace(r, epoch=r.epoch + 1, requested_by="") for r in adopt if r not in resumable]
     return Reconciliation(
         transitions=tuple(transitions),
         refresh=tuple(refresh),
-        adopt=tuple(sorted(adopt, key=lambda r: r.partition_id)),
+        adopt=tuple(sorted(resumable, key=lambda r: r.partition_id)),
+        reclaim=tuple(sorted(reclaim, key=lambda r: r.partition_id)),
         store_lost=tuple(store_lost),
     )

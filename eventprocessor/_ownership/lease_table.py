@@ -75,8 +75,13 @@ class LeaseTable:
         self._on_released = on_released
         self._on_refreshed = on_refreshed
         self._leases: dict[str, Lease] = {}
+        self.per_record: Callable[[], bool] = lambda: True
+        """Whether each record is renewed by its own write (else the heartbeat keeps them)."""
         self.ended_at: dict[str, float] = {}
         """Partition -> local time this processor's last claim of it ended."""
+        self.ended_epochs: dict[str, int] = {}
+        """Partition -> epoch of this processor's last claim of it that ended (a record
+        that still names it at that epoch is claimed anew above it, never resumed)."""
 
     # ----------------------------------------------------------------- reading
     def get(self, partition_id: str) -> Lease | None:
@@ -106,6 +111,11 @@ class LeaseTable:
     def states(self) -> Mapping[str, LeaseState]:
         return {pid: lease.state for pid, lease in self._leases.items()}
 
+    def dispatch_view(self) -> frozenset:
+        """What this processor may dispatch and the state of each lease: a lease that ran
+        out or moved on since the last listing is a change to list ownership for."""
+        return frozenset(self.owned()) | frozenset(self.states().items())
+
     def in_state(self, *states: LeaseState) -> list[Lease]:
         return [lease for lease in self._leases.values() if lease.state in states]
 
@@ -116,10 +126,14 @@ class LeaseTable:
         return [lease.pump for lease in self._leases.values() if lease.pump is not None]
 
     def renewal_due(self, now: float) -> list[Lease]:
+        if not self.per_record():
+            return []
         return [lease for lease in self._leases.values() if lease.renewable(now) and lease.renew_at <= now]
 
     def next_renewal(self, now: float) -> float | None:
         """Seconds until the next renewal or deadline of a renewable lease, or None."""
+        if not self.per_record():
+            return None
         times = [t for lease in self._leases.values() if lease.renewable(now) for t in (lease.renew_at, lease.deadline)]
         return min(times) - now if times else None
 
@@ -137,6 +151,17 @@ class LeaseTable:
         """The store accepted a write of ``lease``'s record (a claim or a renewal)."""
         lease.confirm(record, sent_at=sent_at, answered_at=answered_at, lease_length=self._timing.lease_length,
                       renewal_age=self._timing.renewal_age)
+
+    def heartbeat_accepted(self, *, sent_at: float) -> None:
+        """The store accepted a member record that keeps this processor's partitions,
+        sent at ``sent_at``: every lease still renewable now lasts until ``sent_at +
+        lease_length`` (never shorter than it was). A lease that ran out or whose pump
+        ended is not revived."""
+        now = self._clock.monotonic()
+        deadline = sent_at + self._timing.lease_length
+        for lease in self._leases.values():
+            if lease.renewable(now) and deadline > lease.deadline:
+                lease.deadline = deadline
 
     def renewal_failed(self, lease: Lease) -> None:
         lease.renewal_failures += 1
@@ -177,6 +202,7 @@ class LeaseTable:
             return
         lease.move(LeaseState.RELEASING)
         self.ended_at[lease.partition_id] = self._clock.monotonic()
+        self.ended_epochs[lease.partition_id] = lease.epoch
         if end is LeaseEnd.EXPIRED:
             self._stats.self_fenced += 1
         elif end is LeaseEnd.LOST:
@@ -230,7 +256,7 @@ class LeaseTable:
             now = self._clock.monotonic()
             result = reconcile([lease.view() for lease in self._leases.values()], now=now, owner_id=self._owner_id,
                                snapshot=snapshot, expiration=self._timing.expiration,
-                               handoffs=self.handoffs_allowed(now))
+                               handoffs=self.handoffs_allowed(now), ended_epochs=self.ended_epochs)
             for record in result.refresh:
                 self._refresh(record)
             released = []
@@ -263,6 +289,51 @@ class LeaseTable:
                 break
             snapshot = None  # the snapshot has been applied; later rounds only follow pumps
         return result
+
+    def hung_past_expiry(self) -> list[Lease]:
+        """Leases that ran out while their handler does not return, for longer than the
+        record would have lived by itself (the safety margin after the lease's end).
+
+        Such a lease stays RELEASING for as long as that handler runs, and its record
+        names this processor at the ended claim's epoch, so this processor's heartbeat
+        would keep it live for good and no peer could take the partition. The taker
+        hands each of them to a peer (:meth:`hand_over_hung`)."""
+        now = self._clock.monotonic()
+        margin = self._timing.expiration - self._timing.lease_length
+        return [lease for lease in self._leases.values()
+                if lease.state is LeaseState.RELEASING and lease.end is LeaseEnd.EXPIRED and lease.pump_alive
+                and not lease.handed_over_hung and now >= lease.deadline + margin]
+
+    def hand_over_hung(self, hung: Mapping[str, Lease], heirs: Mapping[str, str]) -> None:
+        """Write each hung lease's record to its heir (one epoch up, conditional on its
+        etag, as a handoff): the heir adopts it and fences the checkpoint, so the ended
+        claim's handler can write nothing more. A failed write is tried again at the next
+        tick while the handler still runs (:meth:`hand_over_failed`). A lease without an
+        heir (no live peer) waits, said once."""
+        handed = []
+        for pid, lease in hung.items():
+            heir = heirs.get(pid)
+            if heir is None:
+                if not lease.hung_warned:
+                    lease.hung_warned = True
+                    logger.error("processor %s: partition %s's handler has not returned since its claim ended "
+                                 "(epoch %d), and no other processor is live to take the partition: it waits for "
+                                 "that handler, or for a peer to start", self._describe, pid, lease.record.epoch)
+                continue
+            logger.warning("processor %s: partition %s's handler has not returned since its claim ended (epoch %d); "
+                           "handing the partition to %s one epoch up, so it does not stay with the ended claim",
+                           self._describe, pid, lease.record.epoch, heir)
+            lease.handed_over_hung = True
+            lease.release_to = heir
+            handed.append(lease)
+        if handed:
+            self._on_released(handed)
+
+    def hand_over_failed(self, lease: Lease) -> None:
+        """Writing a hung lease's handover failed: the next tick tries again while that
+        handler still runs."""
+        if lease.state is LeaseState.RELEASING and lease.pump_alive:
+            lease.handed_over_hung = False
 
     def _refresh(self, record: Ownership) -> None:
         stale = self._leases.get(record.partition_id)

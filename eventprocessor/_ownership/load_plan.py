@@ -44,7 +44,7 @@ from dataclasses import dataclass, field
 from ..policies import LoadPolicy
 from ..stores.records import partition_sort_key
 
-__all__ = ["PartitionLoad", "MemberLoad", "plan_moves", "demanded_utilization", "encode_load",
+__all__ = ["PartitionLoad", "MemberLoad", "plan_moves", "published_loads", "demanded_utilization", "encode_load",
            "decode_load", "LOAD_PROPERTY", "BALANCE_BY"]
 
 LOAD_PROPERTY = "load"
@@ -252,3 +252,12 @@ def decode_load(text: str | None) -> MemberLoad | None:
     except ValueError:
         return None
     return MemberLoad(utilization, partitions)
+
+
+def published_loads(members: Mapping[str, Mapping[str, str]] | None) -> dict[str, MemberLoad] | None:
+    """The loads live members published (those that published one), from their member
+    records' properties; None when the store keeps no members."""
+    if members is None:
+        return None
+    loads = {member: decode_load(properties.get(LOAD_PROPERTY)) for member, properties in members.items()}
+    return {member: load for member, load in loads.items() if load is not None}

@@ -2,7 +2,10 @@
 
 A member record lets peers count a processor in their plans even while it owns nothing.
 It is rewritten every quarter of the expiration and is judged gone after half of it, so
-a crashed member leaves every plan before its partitions' records expire. A store that
+a crashed member leaves every plan before its partitions' records expire. It also keeps
+every partition the processor owns (``lease=member``, see :mod:`.liveness`): a
+heartbeat the store accepted extends each live lease as a renewal of its record would.
+A failed heartbeat is retried every ``renewal_retry``. A store that
 keeps no member records is fine (except for the static strategy): the processor then
 makes itself visible by claiming one partition first.
 """
@@ -20,6 +23,7 @@ from ..policies import LoadBalancingStrategy
 from ..stores.contract import OwnershipStore
 from ..stores.records import Member, MemberListing
 from .lease_table import LeaseTable
+from .liveness import LEASE_PROPERTY, MEMBER_LEASES
 from .load_meter import CpuMeter, LoadMeter
 from .load_plan import LOAD_PROPERTY, MemberLoad, encode_load
 from .strategies import HANDOFF_PROPERTY, ORDINAL_PROPERTY
@@ -73,6 +77,7 @@ class Membership:
         self._describe = describe
         self._on_fatal = on_fatal
         self._clock: Clock = options.clock
+        self._table = table
         self.state: bool | None = None
         self.member: Member | None = None
         self._warmup = warmup
@@ -101,7 +106,8 @@ class Membership:
 
     def record(self) -> Member:
         options = self._options
-        properties = {"strategy": options.strategy.value, HANDOFF_PROPERTY: "1" if options.handoff_timeout else "0"}
+        properties = {"strategy": options.strategy.value, HANDOFF_PROPERTY: "1" if options.handoff_timeout else "0",
+                      LEASE_PROPERTY: MEMBER_LEASES}
         if options.ordinal is not None:
             properties[ORDINAL_PROPERTY] = str(options.ordinal)
         if self._warmup is not None:
@@ -112,15 +118,18 @@ class Membership:
             properties[IN_FLIGHT_PROPERTY] = encode_in_flight(self.in_flight())
         return Member(*options.scope, options.owner_id, properties=properties)
 
-    async def join(self) -> None:
-        """Write the member record (once more each heartbeat)."""
+    async def join(self) -> bool:
+        """Write the member record (once more each heartbeat); whether the store took it."""
         if self.state is False:
-            return
+            return False
         try:
+            sent_at = self._clock.monotonic()
             self.member = await self._store.write_member(self.record())
+            self._table.heartbeat_accepted(sent_at=sent_at)
             if not self.state:
                 logger.debug("processor %s joined (member record written)", self._describe)
             self.state = True
+            return True
         except NotImplementedError:
             self.state = False
             if self._options.strategy is LoadBalancingStrategy.STATIC:
@@ -135,6 +144,7 @@ class Membership:
             report, _suppressed = self._reporter.throttle.failed("member")
             if report and not self._reporter.outage.ongoing:  # an outage is told once, by the reporter
                 logger.warning("processor %s: writing its member record failed: %r", self._describe, error)
+        return False
 
     async def run(self) -> None:
         """Rewrite the member record every heartbeat, like a lease."""
@@ -142,8 +152,8 @@ class Membership:
         while True:
             if self.state is False:
                 return
-            await self.join()
-            await self._clock.sleep(timing.heartbeat if self.state else timing.renewal_retry)
+            written = await self.join()
+            await self._clock.sleep(timing.heartbeat if written else timing.renewal_retry)
 
     def live(self, listing: MemberListing | None) -> dict[str, Mapping[str, str]] | None:
         """The live member records (id -> properties), or None when the store keeps none."""

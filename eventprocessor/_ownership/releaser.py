@@ -67,14 +67,18 @@ class Releaser:
                                    epoch=lease.record.epoch + (1 if handing_over else 0)))
             lease.release_to = None  # written once
         try:
-            await self._write(records)
+            failed = await self._write(records)
         finally:
             for _ in range(handoffs):
                 self._table.handoff_written()  # the handoff pace counts from here
+        for lease in leases:
+            if lease.handed_over_hung and lease.partition_id in failed:
+                self._table.hand_over_failed(lease)
 
-    async def _write(self, records: list[Ownership]) -> None:
+    async def _write(self, records: list[Ownership]) -> set[str]:
+        """Write the releases and handoffs; return the partitions whose write failed."""
         if not records:
-            return
+            return set()
         written = await self._writer.write(records)
         if written.failed:
             logger.warning("processor %s: releasing partitions %s failed: %r; they will expire instead",
@@ -91,13 +95,15 @@ class Releaser:
             self._history.saw(record.partition_id, record.epoch)
             logger.debug("processor %s released partition %s to %s", self._describe, record.partition_id,
                          record.owner_id or "nobody")
+        return set(written.failed)
 
     async def _write_again(self, lost: list[Ownership]) -> list[Ownership]:
         """Release writes that lost their condition. When the stored record still names
         this processor with the claim's epoch, the write that beat them kept this claim:
         this processor's own renewal in flight (it changes the etag), or a handoff request
         mark. Write them once more on the current etag, unless this processor holds the
-        partition again. Otherwise another processor owns the partition now."""
+        partition again (but for a lease handed over under a handler that never returned).
+        Otherwise another processor owns the partition now."""
         try:
             listing = await self._store.list_ownership(*self._options.scope)
         except Exception as error:
@@ -112,12 +118,13 @@ class Releaser:
             current = stored.get(record.partition_id)
             claim_epoch = record.epoch - (1 if record.owner_id else 0)
             held = self._table.get(record.partition_id)
+            hung = held is not None and held.handed_over_hung  # its handler still runs: hand it over all the same
             if current is None or current.owner_id != owner_id or current.epoch != claim_epoch \
-                    or (held is not None and held.state is not LeaseState.RELEASED):
+                    or (held is not None and held.state is not LeaseState.RELEASED and not hung):
                 logger.debug("processor %s: partition %s changed hands before its release was written",
                              self._describe, record.partition_id)
                 continue
-            if record.owner_id and current.requested_by != record.owner_id:
+            if record.owner_id and current.requested_by != record.owner_id and not hung:
                 # The requester withdrew (it stopped): release to nobody instead.
                 logger.info("processor %s: %s withdrew its request for partition %s; releasing it instead",
                             self._describe, record.owner_id, record.partition_id)

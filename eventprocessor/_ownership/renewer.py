@@ -10,6 +10,9 @@ The renewer never decides that a partition is lost: a renewal that loses its
 conditional write (the record was rewritten by someone) only asks the balancing loop to
 list at once (``on_contested``), and the listing tells whether it was a steal or a
 handoff request. A lease whose pump has ended is never renewed.
+
+While the processor's heartbeat keeps its partitions (:mod:`.liveness`), the table
+reports no renewal due: records are rewritten only in the per-partition mode.
 """
 from __future__ import annotations
 
@@ -83,7 +86,7 @@ class LeaseRenewer:
     async def renew(self, due: list[Lease]) -> None:
         """One conditional write per lease in ``due``, all in one store call."""
         sent_at = self._clock.monotonic()
-        written = await self._writer.write(lease.record for lease in due)
+        written = await self._writer.write((lease.record for lease in due), announce=False)
         answered_at = self._clock.monotonic()
         won_by_pid = written.by_partition()
         contested = False

@@ -13,9 +13,22 @@ import math
 from collections.abc import Mapping
 from dataclasses import replace
 
+from ..errors import StoreDataLostError
 from ..stores.records import Checkpoint, Ownership, OwnershipListing
 
-__all__ = ["StoreHistory", "went_back"]
+__all__ = ["StoreHistory", "data_lost", "went_back"]
+
+
+def data_lost(what: str, partition_ids: list[str], *, eventhub_name: str, consumer_group: str,
+              refuse_rewind: bool) -> StoreDataLostError:
+    """The error that reports a loss :meth:`StoreHistory.check` found: what was lost, and
+    where the partitions whose checkpoints are gone restart from."""
+    return StoreDataLostError(
+        f"checkpoint store data loss on {eventhub_name}/{consumer_group}: {what}. The store was restored, wiped "
+        "or restarted empty; partitions whose checkpoints are gone restart from "
+        + ("the last checkpoint this processor knew (refuse_checkpoint_rewind=True)" if refuse_rewind
+           else "initial_event_position, so their events are processed again"),
+        partition_ids=tuple(partition_ids))
 
 
 def went_back(known: Checkpoint, found: Checkpoint | None) -> bool:

@@ -1,9 +1,10 @@
 """Taker: one balancing tick, and the loop that runs it.
 
-A tick (:meth:`Taker.tick`): read the partition ids, list ownership and members in one
-store call, check the store's history, reconcile the lease table with the listing, ask
-the pure balancer (:func:`~eventprocessor._ownership.balancer.decide`) what to claim,
-ask owners for handoffs, then let the :class:`~eventprocessor._ownership.claimer.Claimer`
+A tick (:meth:`Taker.tick`): read the partition ids; list the members (with the group's
+change notice) and stop there when nothing changed (:mod:`.liveness`); else list ownership
+and members in one store call, check the store's history, reconcile the lease table with
+the listing, ask the pure balancer (:func:`~eventprocessor._ownership.balancer.decide`)
+what to claim, ask owners for handoffs, then let the :class:`~eventprocessor._ownership.claimer.Claimer`
 write the claims (``BATCH`` per call), fence each won partition's checkpoint and report
 each won claim (``on_won``: the dispatcher starts its pump). The loop
 (:meth:`Taker.run`) ticks every ``load_balancing_interval``, jittered, sooner while
@@ -15,53 +16,31 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 
-from .._runtime.backoff import Congestion, TickBackoff
+from .._runtime.backoff import Congestion, TickBackoff, TimeoutLedger
 from .._runtime.bounded_store import BATCH, BoundedStore
 from .._runtime.clock import sleep_or_wake
 from .._runtime.options import ProcessorOptions
 from .._runtime.reporting import Reporter
 from .._runtime.stats import ProcessorStats
 from .._runtime.telemetry import Telemetry
-from ..errors import EventSourceError, StoreDataLostError, StoreTimeoutError
+from ..errors import EventSourceError
 from ..stores.records import Checkpoint, MemberListing, Ownership, OwnershipListing
-from .balancer import BalanceDecision, decide
+from .balancer import BalanceDecision, BalanceReport, decide, heirs
 from .claimer import Claimer
 from .lease import Lease, LeaseState, Reconciliation, Snapshot
 from .lease_table import LeaseTable, sorted_ids
-from .load_plan import LOAD_PROPERTY, MemberLoad, decode_load
+from .liveness import ChangeWatch, RenewalMode, heartbeats, next_expiry, with_heartbeats
+from .load_plan import published_loads
 from .membership import Membership
-from .store_history import StoreHistory
+from .store_history import StoreHistory, data_lost
 from .warmup import Warmup
 from .writer import OwnershipWriter
 
 __all__ = ["Taker", "BalanceReport"]
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class BalanceReport:
-    """What one balancing tick did. For logs, tests and the convergence benchmark."""
-
-    owned: frozenset[str]
-    claimed: frozenset[str]
-    renewed: frozenset[str]
-    stolen: Mapping[str, str]
-    lost: frozenset[str]
-    failed_claims: frozenset[str]
-    requests: Mapping[str, int] = field(default_factory=dict)
-    error: Exception | None = None
-    duration: float = 0.0
-
-
-def _loads(members: Mapping[str, Mapping[str, str]] | None) -> dict[str, MemberLoad] | None:
-    """The loads live members published (those that published one)."""
-    if members is None:
-        return None
-    loads = {member: decode_load(properties.get(LOAD_PROPERTY)) for member, properties in members.items()}
-    return {member: load for member, load in loads.items() if load is not None}
 
 
 class Taker:
@@ -98,15 +77,17 @@ class Taker:
         self._store_answered = asyncio.Event()  # set by a prompt, successful store call while backing off
         self._backoff = TickBackoff(interval=self._timing.interval,
                                     cap=max(self._timing.interval, self._timing.expiration), rng=self._rng)
-        # Store calls that timed out since the last tick, by when they were sent; and when the
-        # store last answered promptly. A call sent before that answer timed out on a store
-        # that has recovered since (an outage just over): no reason to back off further.
-        self._timed_out_sent: list[float] = []
-        self._answered_promptly_at = float("-inf")
+        self._timeouts = TimeoutLedger(self._clock, self._timing.store_timeout)
         self._listing_seconds: float | None = None  # how long the last tick's listing took (None: no answer)
+        self._paused = False  # the last tick was followed by a backed-off pause, not the usual interval
         self._slowest_call: tuple[str, float, BaseException | None] | None = None  # during this tick
         self._partition_ids: list[str] | None = None  # the source's last answer
         self._source_busy_until = float("-inf")  # a throttled hub's retry-after, on the local clock
+        self._watch = ChangeWatch(expiration=self._timing.expiration, member_expiration=self._timing.member_expiration,
+                                  rng=self._rng, watch_properties=options.balance_by_load or options.stateful)
+        self.renewal = RenewalMode(mode=options.ownership_renewal, expiration=self._timing.expiration,
+                                   now=self._clock.monotonic, describe=describe,
+                                   members=lambda: membership.state, announcing=lambda: writer.announcing)
         self.requests_made: dict = {}
         """Partition -> local time this processor asked its owner for it (a handoff)."""
         self._claimer = Claimer(options=options, store=store, writer=writer, table=table, history=history,
@@ -116,7 +97,13 @@ class Taker:
 
     def wake(self) -> None:
         """List now (a renewal lost its conditional write)."""
+        self._watch.invalidate()
         self._wake.set()
+
+    @property
+    def announcements(self) -> int:
+        """Change notices this processor wrote."""
+        return self._writer.announcements
 
     def halt(self, error: Exception) -> None:
         """No claim can ever work (the factory does not make a ``PartitionProcessor``, the
@@ -171,10 +158,7 @@ class Taker:
         # Runs after every store call: the cheap tests first; only a backing-off loop waits on it.
         if self._slowest_call is None or seconds > self._slowest_call[1]:
             self._slowest_call = (operation, seconds, error)  # an overrun tick names it
-        if isinstance(error, StoreTimeoutError):
-            self._timed_out_sent.append(self._clock.monotonic() - seconds)
-        elif error is None and seconds < self._timing.store_timeout / 4:
-            self._answered_promptly_at = self._clock.monotonic()
+        self._timeouts.observe(seconds, error)
         if self._backoff.backing_off and error is None and seconds < self._timing.store_timeout / 4 \
                 and not self._table.owned():
             self._store_answered.set()
@@ -182,8 +166,7 @@ class Taker:
     def _back_off_if_store_timed_out(self) -> float | None:
         """After a tick: the pause before the next one while the store times out (see
         :mod:`eventprocessor._runtime.backoff`), or None for the usual interval."""
-        timed_out = sum(1 for sent in self._timed_out_sent if sent >= self._answered_promptly_at)
-        self._timed_out_sent.clear()
+        timed_out = self._timeouts.since_last_tick()
         level = self._backoff.level
         seen = Congestion.of(timed_out=timed_out > 0, listing_seconds=self._listing_seconds,
                              store_timeout=self._timing.store_timeout)
@@ -191,10 +174,14 @@ class Taker:
         self._stats.backoff_level = self._backoff.level
         quiet = logger.debug if self._reporter.outage.ongoing else logger.warning  # an outage is told once
         if pause is None:
-            if level:
+            # Said once, when the pauses end: the level comes down one step per tick that
+            # kept up, and every one of those ticks already runs at the usual interval.
+            if level and self._paused:
                 logger.warning("processor %s: the checkpoint store %r answers in time again; balancing every %g s "
                                "again", self._describe, self._store.inner, self._timing.interval)
+            self._paused = False
             return None
+        self._paused = True
         self._stats.backed_off_ticks += 1
         self._telemetry.backed_off()
         if self._backoff.level > level:
@@ -257,7 +244,7 @@ class Taker:
             logger.debug("processor %s: a load-balancing tick took %.2f s: %s", self._describe, duration, cause)
             return
         overdue = sorted_ids(lease.partition_id for lease in self._table.in_state(LeaseState.OWNED)
-                             if lease.renew_at < now - self._timing.renewal_retry)
+                             if self.renewal.per_partition and lease.renew_at < now - self._timing.renewal_retry)
         leases = (f"the renewals of partitions {overdue} are overdue" if overdue
                   else "leases are renewed apart from ticks and none is overdue")
         logger.warning(
@@ -272,22 +259,45 @@ class Taker:
         partition_ids = await self._read_partition_ids()
         if isinstance(partition_ids, Exception):
             return self._empty_report(error=partition_ids)
+        members: MemberListing | None = None
+        if not self.renewal.per_partition:
+            read = await self._list_members()
+            if isinstance(read, Exception):
+                return self._empty_report(error=read)
+            members = read
+            if not table.hung_past_expiry() and self._watch.unchanged(members, partition_ids, self._clock.monotonic(),
+                                                                      table.dispatch_view()):
+                self._stats.skipped_listings += 1
+                table.reconcile()  # follow the pumps; the store has nothing new to say
+                return BalanceReport(table.owned(), frozenset(), frozenset(), {}, owned_before - table.owned(),
+                                     frozenset(), requests={"list_members": 1})
         listed = await self._list()
         if isinstance(listed, Exception):
+            self._watch.invalidate()
             return self._empty_report(error=listed)
         listing, member_listing, snapshot, seen_before = listed
+        self.renewal.note(listing, member_listing)
         self._check_store_history(listing, seen_before)
         reconciliation = table.reconcile(snapshot)
+        self._hand_over_hung(listing, member_listing)
         lost = owned_before - table.owned()
         decision = self._decide(listing, member_listing, partition_ids)
         await self._ask_for_handoffs(decision)
         claims, adoptions = self._claims_to_write(decision, reconciliation, snapshot, partition_ids)
         won, failed, claim_error = await self._claimer.take(claims, adoptions)
-        claimed, stolen = self._say_won(won, {r.partition_id for r in adoptions}, decision)
+        claimed, stolen = self._say_won(won, {r.partition_id for r in adoptions}, decision, reconciliation.reclaim)
         requests = {"list_ownership": 1, "claim_ownership": len(claims) + len(adoptions)}
-        return BalanceReport(owned=table.owned(), claimed=claimed, renewed=frozenset(), stolen=stolen,
-                             lost=frozenset(lost), failed_claims=frozenset(failed), requests=requests,
-                             error=claim_error)
+        if members is not None or member_listing is not None:
+            work_left = bool(claims or adoptions or failed or claim_error or decision.handoff_requests
+                             or decision.awaiting_handoff or reconciliation.transitions or lost)
+            expires_in = next_expiry(listing, heartbeats(member_listing), self._timing.expiration)
+            self._watch.listed(members or member_listing, partition_ids,  # type: ignore[arg-type]
+                               self._clock.monotonic(), work_left=work_left, owned=table.dispatch_view(),
+                               expires_in=expires_in)
+        if members is not None:
+            requests["list_members"] = 1
+        return BalanceReport(table.owned(), claimed, frozenset(), stolen, frozenset(lost), frozenset(failed),
+                             requests=requests, error=claim_error)
 
     async def _read_partition_ids(self) -> list[str] | EventSourceError:
         """The source's partition ids (while a throttled hub asked to be left alone, the
@@ -310,6 +320,17 @@ class Taker:
         self._reporter.tick_recovered("source")
         return partition_ids
 
+    async def _list_members(self) -> MemberListing | Exception:
+        """The members and the group's change notice: all a tick reads when nothing changed."""
+        try:
+            members = await self._store.list_members(*self._options.scope)
+        except Exception as error:
+            self._reporter.tick_failed("store", error)
+            self._watch.invalidate()
+            return error
+        self._reporter.tick_recovered("store")
+        return members
+
     async def _list(self) -> tuple[OwnershipListing, MemberListing | None, Snapshot, dict[str, int]] | Exception:
         """List ownership and members in one store call: the listings, the snapshot the
         lease table is reconciled with, and the epochs known when the listing was sent.
@@ -326,9 +347,21 @@ class Taker:
             return error
         self._listing_seconds = self._clock.monotonic() - listed_at
         self._reporter.tick_recovered("store")
+        # A record is live while its owner's heartbeat is, when that heartbeat keeps it.
+        listing = with_heartbeats(listing, heartbeats(member_listing))
         snapshot = Snapshot(records={r.partition_id: r for r in listing.ownerships}, server_time=listing.server_time,
                             sent_at=listed_at, unreadable=frozenset(u.partition_id for u in listing.unreadable))
         return listing, member_listing, snapshot, seen_before
+
+    def _hand_over_hung(self, listing: OwnershipListing, member_listing: MemberListing | None) -> None:
+        """Hand each lease that ran out under a handler that never returned to a live peer
+        (:func:`~eventprocessor._ownership.balancer.heirs`): this processor cannot claim
+        what its hung pump holds, and its heartbeat would keep that record live for good."""
+        hung = {lease.partition_id: lease for lease in self._table.hung_past_expiry()}
+        if hung:
+            self._table.hand_over_hung(hung, heirs(hung, listing, self._options.owner_id,
+                                                   expiration_interval=self._timing.expiration,
+                                                   members=self._membership.live(member_listing)))
 
     def _decide(self, listing: OwnershipListing, member_listing: MemberListing | None,
                 partition_ids: list[str]) -> BalanceDecision:
@@ -343,7 +376,7 @@ class Taker:
             consumer_group=options.consumer_group, strategy=options.strategy,
             expiration_interval=self._timing.expiration, rng=self._rng,
             members=members, balance_factor=options.balance_factor, preferred=preferred,
-            load_policy=options.load_policy, loads=_loads(members) if options.balance_by_load else None,
+            load_policy=options.load_policy, loads=published_loads(members) if options.balance_by_load else None,
             handoff_timeout=options.handoff_timeout,
             requests_made={pid: now - at for pid, at in self.requests_made.items()},
             replica_count=options.replica_count,
@@ -357,6 +390,7 @@ class Taker:
         claims = [self._history.above_seen(c) for c in decision.claims if c.partition_id not in held]
         if self._backoff.backing_off:
             claims = claims[:BATCH]  # one batch at a time while the store drains
+        claims += [self._history.above_seen(r) for r in reconciliation.reclaim if r.partition_id not in held]
         claims += self._reclaims_after_store_loss(reconciliation, snapshot, held | {c.partition_id for c in claims},
                                                   partition_ids)
         adoptions = [r for r in reconciliation.adopt if r.partition_id not in held]
@@ -364,11 +398,10 @@ class Taker:
             self._warmup.claiming({r.partition_id for r in claims + adoptions})
         return claims, adoptions
 
-    def _say_won(self, won: list[str], adopted: set[str], decision: BalanceDecision
+    def _say_won(self, won: list[str], adopted: set[str], decision: BalanceDecision, reclaimed: Iterable[Ownership]
                  ) -> tuple[frozenset[str], dict[str, str]]:
-        """One ownership-change line per partition won, saying how; returns the partitions
-        claimed (not adopted) and those stolen, from whom."""
-        table = self._table
+        """One line per partition won, saying how; returns those claimed (not adopted) and those stolen, from whom."""
+        table, ended = self._table, {r.partition_id: r.epoch - 1 for r in reclaimed}
         claimed = frozenset(won) - adopted
         self._stats.adopted += len(set(won) & adopted)
         stolen = {pid: owner for pid, owner in decision.stolen_from.items() if pid in claimed}
@@ -379,6 +412,8 @@ class Taker:
             if pid in adopted:
                 table.changed("adopted", pid, epoch, "the record names this processor (handed over to it, or a "
                                                      "claim whose answer was lost)")
+            elif pid in ended:
+                table.changed("claimed", pid, epoch, f"the record still named its ended claim (epoch {ended[pid]})")
             elif pid in stolen:
                 table.changed("stolen", pid, epoch, f"taken from {stolen[pid]} to balance the load")
             elif pid in expired:
@@ -402,12 +437,8 @@ class Taker:
     def store_lost(self, what: str, partition_ids: list[str]) -> None:
         """Report that the store lost data (records or checkpoints seen before)."""
         options = self._options
-        error = StoreDataLostError(
-            f"checkpoint store data loss on {options.source.eventhub_name}/{options.consumer_group}: {what}. The "
-            "store was restored, wiped or restarted empty; partitions whose checkpoints are gone restart from "
-            + ("the last checkpoint this processor knew (refuse_checkpoint_rewind=True)" if options.refuse_rewind
-               else "initial_event_position, so their events are processed again"),
-            partition_ids=tuple(partition_ids))
+        error = data_lost(what, partition_ids, eventhub_name=options.source.eventhub_name,
+                          consumer_group=options.consumer_group, refuse_rewind=options.refuse_rewind)
         logger.error("processor %s: %s", self._describe, error)
         self._stats.store_data_lost += 1
         affected = [lease for lease in (self._table.get(pid) for pid in partition_ids) if lease is not None]

@@ -55,9 +55,20 @@ class OwnershipWriter:
 
     def __init__(self, store: OwnershipStore) -> None:
         self._store = store
+        self.announcing: bool | None = None
+        """Whether the store takes change notices (None: not known yet)."""
+        self.announcements = 0
+        self._failing = False
 
-    async def write(self, records: Iterable[Ownership]) -> Written:
-        batch = list(records)
+    async def write(self, records: Iterable[Ownership], *, announce: bool = True) -> Written:
+        """Write ``records``; when any write won and ``announce`` (every write but a
+        renewal changes who owns what, or asks for it), announce the change to the group."""
+        written = await self._write(list(records))
+        if announce and written.won:
+            await self._announce(written.won[0])
+        return written
+
+    async def _write(self, batch: list[Ownership]) -> Written:
         if not batch:
             return Written()
         try:
@@ -71,3 +82,23 @@ class OwnershipWriter:
             return Written([], set(), {record.partition_id: error for record in batch}, error, answered=False)
         won_ids = {record.partition_id for record in won}
         return Written(list(won), {r.partition_id for r in batch if r.partition_id not in won_ids})
+
+    async def _announce(self, record: Ownership) -> None:
+        """Rewrite the group's change notice. A failure only delays the others: they see
+        the change at the next notice or at their safety-net listing."""
+        if self.announcing is False:
+            return
+        try:
+            await self._store.announce_change(record.fully_qualified_namespace, record.eventhub_name,
+                                              record.consumer_group)
+        except NotImplementedError:
+            self.announcing = False
+            return
+        except Exception as error:
+            logger.log(logging.DEBUG if self._failing else logging.WARNING,
+                       "announcing an ownership change of partition %s failed: %r; the other processors see it at "
+                       "their next listing", record.partition_id, error)
+            self._failing = True
+            return
+        self.announcing, self._failing = True, False
+        self.announcements += 1

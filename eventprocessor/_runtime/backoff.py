@@ -30,8 +30,11 @@ from __future__ import annotations
 
 import enum
 import random
+from typing import Any
 
-__all__ = ["Backoff", "TickBackoff", "Congestion"]
+from ..errors import StoreTimeoutError
+
+__all__ = ["Backoff", "TickBackoff", "Congestion", "TimeoutLedger"]
 
 
 class Backoff:
@@ -129,3 +132,29 @@ class TickBackoff:
             return None
         ceiling = min(self.cap, self.interval * 2 ** self.level)
         return ceiling * self._rng.uniform(0.5, 1.0)
+
+
+class TimeoutLedger:
+    """The store calls that timed out since the last tick, counted only when they were sent
+    after the store last answered promptly: a call sent during an outage that times out
+    once the store has recovered is no sign of congestion, and backing off for it would
+    keep partitions unclaimed for no reason."""
+
+    def __init__(self, clock: Any, store_timeout: float) -> None:
+        self._clock = clock
+        self._prompt = store_timeout / 4
+        self._sent: list[float] = []
+        self._answered_promptly_at = float("-inf")
+
+    def observe(self, seconds: float, error: BaseException | None) -> None:
+        """After every store call: how long it took and how it ended."""
+        if isinstance(error, StoreTimeoutError):
+            self._sent.append(self._clock.monotonic() - seconds)
+        elif error is None and seconds < self._prompt:
+            self._answered_promptly_at = self._clock.monotonic()
+
+    def since_last_tick(self) -> int:
+        """The calls that timed out since the last call of this, sent after the last prompt answer."""
+        counted = sum(1 for sent in self._sent if sent >= self._answered_promptly_at)
+        self._sent.clear()
+        return counted

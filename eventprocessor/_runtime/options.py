@@ -36,6 +36,12 @@ from ..stores.contract import CheckpointStore
 from .clock import Clock, SystemClock
 from .timing import Timing, timing_from_arguments
 
+RENEWAL_MODES = ("auto", "member", "partition")
+"""``ownership_renewal``: ``member`` (one heartbeat per processor keeps its partitions;
+ticks read ownership records only on change), ``partition`` (every record is rewritten
+every renewal age and listed every tick, as azure-eventhub's processor does), ``auto``
+(``member`` until a foreign owner is seen). See :mod:`eventprocessor._ownership.liveness`."""
+
 __all__ = ["ProcessorOptions", "ErrorHandler", "PartitionProcessorFactory"]
 
 PartitionProcessorFactory = type | Callable[[], PartitionProcessor]
@@ -215,6 +221,7 @@ class ProcessorOptions:
     load_policy: LoadPolicy | None = None
     concurrency: ConcurrencyPolicy = ConcurrencyPolicy()
     source_startup_timeout: float | None = 5.0
+    ownership_renewal: str = "auto"
 
     @property
     def scope(self) -> tuple[str, str, str]:
@@ -249,7 +256,8 @@ class ProcessorOptions:
                  refuse_checkpoint_rewind: Any, handoff_timeout: Any, balance_factor: Any, ordinal: Any,
                  replica_count: Any, load_policy: Any, stateful: Any, error_handler: Any, clock: Any,
                  rng: Any, max_concurrency: Any = None, ordering: Any = None,
-                 concurrency: Any = None, source_startup_timeout: Any = 5.0) -> ProcessorOptions:
+                 concurrency: Any = None, source_startup_timeout: Any = 5.0,
+                 ownership_renewal: Any = "auto") -> ProcessorOptions:
         """Check every argument, group by group; raise a ConfigurationError naming the
         first bad one, the value and what would be valid."""
         timing = timing_from_arguments(load_balancing_interval, partition_ownership_expiration_interval,
@@ -261,6 +269,10 @@ class ProcessorOptions:
                                        replica_count, load_policy)
         _hooks(error_handler, clock, rng)
         concurrent = _concurrency(concurrency, max_concurrency, ordering, stateful)
+        if ownership_renewal not in RENEWAL_MODES:
+            raise ConfigurationError(
+                f"ownership_renewal must be one of {', '.join(map(repr, RENEWAL_MODES))} (how a processor keeps its "
+                f"partitions: docs/concepts/leases.md), got {ownership_renewal!r}")
         return ProcessorOptions(
             source=source, checkpoint_store=checkpoint_store, factory=partition_processor,
             consumer_group=consumer_group, owner_id=owner, strategy=strategy, timing=timing,
@@ -271,4 +283,5 @@ class ProcessorOptions:
             balance_factor=balance_factor, ordinal=ordinal, replica_count=replica_count or 0,
             clock=clock or SystemClock(), rng=rng or random.Random(), error_handler=error_handler,
             state_policy=_state(stateful), load_policy=load_policy, concurrency=concurrent,
-            source_startup_timeout=positive_seconds("source_startup_timeout", source_startup_timeout, allow_none=True))
+            source_startup_timeout=positive_seconds("source_startup_timeout", source_startup_timeout, allow_none=True),
+            ownership_renewal=ownership_renewal)

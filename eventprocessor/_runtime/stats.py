@@ -11,7 +11,9 @@ class ProcessorStats:
     """Counters since the processor was created (read :attr:`EventProcessor.stats`).
 
     ``self_fenced`` counts leases that ran out before a renewal succeeded (a missed
-    renewal); ``lost`` counts claims ended because another processor took the partition.
+    renewal); ``lost`` counts claims ended because another processor took the partition;
+    ``skipped_listings`` counts ticks that found nothing changed and read no ownership
+    record; ``announcements`` the change notices written.
     """
 
     ticks: int = 0
@@ -32,3 +34,5 @@ class ProcessorStats:
     store_data_lost: int = 0
     backed_off_ticks: int = 0
     backoff_level: int = 0
+    skipped_listings: int = 0
+    announcements: int = 0

@@ -54,6 +54,18 @@ class Timing:
         """A member record older than this (half the expiration) is a gone member."""
         return self.expiration / 2
 
+    @property
+    def full_listing_interval(self) -> float:
+        """How often a processor that skips ownership listings at rest lists every record
+        anyway, in case a change notice was lost (see :meth:`full_listing_interval_for`)."""
+        return Timing.full_listing_interval_for(self.expiration)
+
+    @staticmethod
+    def full_listing_interval_for(expiration: float) -> float:
+        """``max(4·E, 60 s)`` (5 min with the default E of 75 s), jittered down by up to a
+        quarter: the safety net behind the change notices."""
+        return max(4.0 * expiration, 60.0)
+
     @staticmethod
     def safety_margin_for(expiration: float) -> float:
         """``max(2 s, E/10)``, or ``E/4`` below 8 s: covers the store's one-second

@@ -130,6 +130,9 @@ class EventHubConsumerClient:
                 6 * interval if partition_ownership_expiration_interval is None and isinstance(interval, (int, float))
                 else partition_ownership_expiration_interval),
             "load_balancing_strategy": getattr(load_balancing_strategy, "value", load_balancing_strategy) or "greedy",
+            # It shares azure-eventhub's blob layout, so official processors may join the
+            # group: they judge each record by its own age.
+            "ownership_renewal": processor_options.get("ownership_renewal", "partition"),
         }
         self._checkpoint_on_release = checkpoint_on_release
         self._runs: dict[str, asyncio.Future[None]] = {}

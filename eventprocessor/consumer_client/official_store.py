@@ -122,6 +122,9 @@ class OfficialInterfaceStore(CheckpointStore):
     async def delete_member(self, member: Member) -> None:
         raise NotImplementedError("azure-eventhub's CheckpointStore interface keeps no member records")
 
+    async def announce_change(self, fully_qualified_namespace: str, eventhub_name: str, consumer_group: str) -> None:
+        raise NotImplementedError("azure-eventhub's CheckpointStore interface keeps no member records")
+
     async def fence_checkpoint(self, ownership: Ownership) -> Checkpoint | None:
         """The interface cannot fence: check that the claim is still the record's, and
         return the checkpoint to resume from."""

@@ -32,7 +32,7 @@ CLIENT_OPTIONS = frozenset({
 SOURCE_OPTIONS = frozenset({"operation_timeout", "partition_ids_ttl"})
 # EventProcessor keywords this client passes through (what azure-eventhub does not have).
 PROCESSOR_OPTIONS = frozenset({
-    "owner_id", "ownership_renewal_age", "store_timeout", "shutdown_timeout", "handler_timeout",
+    "owner_id", "ownership_renewal_age", "ownership_renewal", "store_timeout", "shutdown_timeout", "handler_timeout",
     "failure_policy", "refuse_checkpoint_rewind",
     "handoff_timeout", "balance_factor", "ordinal", "replica_count", "override_checkpoints", "meter_provider",
     "tracer_provider", "clock", "rng",

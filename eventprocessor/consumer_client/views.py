@@ -79,3 +79,6 @@ class _OnePartitionStore(StoreWrapper):
 
     async def delete_member(self, member: Member) -> None:
         raise NotImplementedError("a single-partition receive keeps no member records")
+
+    async def announce_change(self, *scope: str) -> None:
+        raise NotImplementedError("a single-partition receive keeps no member records")

@@ -45,6 +45,9 @@ implementation. The semantics:
   skipped with a warning that names them.
 * ``list_members`` / ``write_member`` / ``delete_member`` keep one heartbeat record per
   live processor, so that processors owning nothing still count in every plan.
+  ``announce_change`` rewrites the group's change notice, whose etag every member
+  listing returns as ``generation``: a processor that finds it unchanged (and its
+  peers' heartbeats as before) skips the ownership listing.
 * ``create_entry`` / ``read_entry`` / ``list_entries`` / ``delete_entry`` keep named,
   immutable entries in named logs of a consumer group (the Spark sink's commit log).
   ``create_entry`` is a real create-if-absent: of two writers of one name, exactly one
@@ -110,6 +113,13 @@ class OwnershipStore(abc.ABC):
     @abc.abstractmethod
     async def delete_member(self, member: Member) -> None:
         """Delete ``member``'s heartbeat record if it exists."""
+
+    @abc.abstractmethod
+    async def announce_change(self, fully_qualified_namespace: str, eventhub_name: str, consumer_group: str) -> None:
+        """Tell the group that ownership records changed: the next ``list_members`` (and
+        ``list_ownership_and_members``) of every member returns a different
+        ``generation``. One small unconditional write. Raises ``NotImplementedError`` if
+        the store keeps no member records (its processors then list ownership every tick)."""
 
     async def release_ownership(self, ownership: Ownership) -> bool:
         """Clear the owner of ``ownership`` if its etag is still current (a claim with
@@ -275,6 +285,10 @@ class StoreWrapper(CheckpointStore):
 
     async def delete_member(self, member: Member) -> None:
         await self.forward("delete_member", lambda: self.inner.delete_member(member))
+
+    async def announce_change(self, fully_qualified_namespace: str, eventhub_name: str, consumer_group: str) -> None:
+        await self.forward("announce_change", lambda: self.inner.announce_change(
+            fully_qualified_namespace, eventhub_name, consumer_group))
 
     async def fence_checkpoint(self, ownership: Ownership) -> Checkpoint | None:
         return await self.forward("fence_checkpoint", lambda: self.inner.fence_checkpoint(ownership))

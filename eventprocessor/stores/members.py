@@ -15,6 +15,10 @@ from .records import Member, MemberListing
 __all__ = ["MemberProtocol"]
 
 _PROPERTY_NAME = re.compile(r"^[a-z][a-z0-9_]{0,63}$")
+GENERATION_KEY = ".generation"
+"""The key of the group's change notice among the member records. No owner id encodes to
+it (an encoded name never starts with ``.``), and it sits where one listing of the
+members returns it."""
 _MAX_PROPERTIES_SIZE = 4096
 
 
@@ -46,7 +50,11 @@ class MemberProtocol(ProtocolCalls):
     def _member_listing(self, scope: Scope, listing: RecordListing) -> MemberListing:
         self._warn_foreign(listing, "member")
         members = []
+        generation = None
         for record in listing.records:
+            if record.key == GENERATION_KEY:
+                generation = record.etag
+                continue
             try:
                 owner_id = decode_name(record.key)
             except ValueError:
@@ -55,7 +63,22 @@ class MemberProtocol(ProtocolCalls):
                 continue
             properties = {k: v for k, v in record.fields.items() if k != WRITE_TOKEN and isinstance(v, str)}
             members.append(Member(*scope, owner_id, record.last_modified, record.etag, properties))
-        return MemberListing(members=tuple(members), server_time=self._server_time(listing, "listing members"))
+        return MemberListing(members=tuple(members), server_time=self._server_time(listing, "listing members"),
+                             generation=generation)
+
+    async def announce_change(self, fully_qualified_namespace: str, eventhub_name: str, consumer_group: str) -> None:
+        """Rewrite the group's change notice (one unconditional write), so that every
+        member's next listing of the members shows a new ``generation`` and lists the
+        ownership records again.
+
+        Example::
+
+            await store.claim_ownership([claim])
+            await store.announce_change("ns", "hub", "$default")
+        """
+        scope = self._scope(fully_qualified_namespace, eventhub_name, consumer_group)
+        await self._bounded("announcing an ownership change",
+                            self._backend.upsert(MEMBER, scope, GENERATION_KEY, {}))
 
     async def write_member(self, member: Member) -> Member:
         """Create or overwrite ``member``'s heartbeat record; return it as stored.

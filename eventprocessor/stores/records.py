@@ -244,7 +244,13 @@ class Member:
 
 @dataclass(frozen=True)
 class MemberListing:
-    """The member records of one consumer group, and the store's clock when listed."""
+    """The member records of one consumer group, and the store's clock when listed.
+
+    ``generation`` is the etag of the group's change notice (see
+    :meth:`~eventprocessor.stores.contract.OwnershipStore.announce_change`): it differs
+    from one listing to the next when some processor announced an ownership change in
+    between; ``None`` when none was ever announced (or the store was wiped)."""
 
     members: tuple[Member, ...]
     server_time: datetime
+    generation: str | None = None

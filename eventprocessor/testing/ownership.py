@@ -74,14 +74,27 @@ class OwnershipLedger:
     """Grows with every ownership write (a cheap way to see that something changed)."""
     members: dict[str, float] = field(default_factory=dict)
     """Member id -> the time of its last heartbeat (member record write)."""
+    keepers: set[str] = field(default_factory=set)
+    """Members whose heartbeat keeps their partitions (``lease=member``): their records
+    live as long as the later of the record's write and the owner's heartbeat."""
 
     def count(self, kind: str) -> None:
         """A request that changes no ownership record (lists, checkpoints, fences)."""
         self.requests[kind] += 1
 
-    def member_written(self, owner: str, now: float) -> None:
+    def member_written(self, owner: str, now: float, *, keeps_partitions: bool = False) -> None:
         self.requests["write_member"] += 1
         self.members[owner] = now
+        if keeps_partitions:
+            self.keepers.add(owner)
+        else:
+            self.keepers.discard(owner)
+
+    def alive_at(self, record: _Record) -> float:
+        """When ``record`` was last proven live: its write, or its owner's heartbeat."""
+        if record.owner in self.keepers:
+            return max(record.modified, self.members.get(record.owner, record.modified))
+        return record.modified
 
     def member_expiry(self, owner: str) -> float | None:
         """When peers stop counting ``owner``'s member record (None if it never wrote
@@ -117,7 +130,8 @@ class OwnershipLedger:
                 self.moves += 1
                 if kind == "handoff":
                     self.handoffs += 1
-                elif previous is not None and previous.owner == before and now - previous.modified <= self.expiration:
+                elif previous is not None and previous.owner == before and \
+                        now - self.alive_at(previous) <= self.expiration:
                     self.steals += 1
                     self.steals_by[owner] += 1
             self.last_owner[partition_id] = owner
@@ -126,7 +140,7 @@ class OwnershipLedger:
     def live_owner(self, partition_id: str, now: float) -> str | None:
         """The owner ``partition_id``'s record names, if it has not expired at ``now``."""
         record = self.records.get(partition_id)
-        if record is None or not record.owner or now - record.modified > self.expiration:
+        if record is None or not record.owner or now - self.alive_at(record) > self.expiration:
             return None
         return record.owner
 
@@ -191,5 +205,6 @@ class LedgerStore(StoreWrapper):
 
     async def write_member(self, member: Member) -> Member:
         written = await self.inner.write_member(member)
-        self.ledger.member_written(member.owner_id, self.now())
+        self.ledger.member_written(member.owner_id, self.now(),
+                                   keeps_partitions=member.properties.get("lease") == "member")
         return written

@@ -15,7 +15,8 @@ __all__ = ["FaultyStore"]
 
 _T = TypeVar("_T")
 
-_WRITES = {"claim_ownership", "update_checkpoint", "fence_checkpoint", "write_member", "release_ownership"}
+_WRITES = {"claim_ownership", "update_checkpoint", "fence_checkpoint", "write_member", "release_ownership",
+           "announce_change"}
 
 
 class FaultyStore(StoreWrapper):

@@ -20,14 +20,22 @@ __all__ = ["EXPIRATION_MULTIPLES", "RENEWAL_RULES", "equal_cost_candidates", "of
 
 
 def ours_requests_per_hour(partitions: int, instances: int, interval: float, expiration: float,
-                           renewal_age: float | None = None) -> float:
-    """This SDK's steady-state storage requests per hour: each processor lists ownership
-    and members in one request per tick (``N / I``), rewrites each owned record once per
-    renewal age (``P / R``, by default ``R = max(E/2, lease - 15 s)``,
-    :meth:`Timing.default_renewal_age`) and its member record every quarter of the
-    expiration (``4N / E``)."""
-    renewal = Timing.default_renewal_age(expiration) if renewal_age is None else renewal_age
-    return 3600.0 * (instances / interval + partitions / renewal + 4 * instances / expiration)
+                           renewal_age: float | None = None, renewal: str = "member") -> float:
+    """This SDK's steady-state storage requests per hour. With ``renewal="member"`` (the
+    default, ``ownership_renewal="auto"`` in a group of its own): each processor lists
+    the members (with the change notice) once per tick (``N / I``), writes its member
+    record every quarter of the expiration (``4N / E``), which keeps all its partitions,
+    and lists ownership only as the safety net, on average every ``0.875 x max(4E, 60 s)``
+    (``full_listing_interval``, jittered down by up to a quarter): nothing grows with P
+    but that one listing's pages. With ``renewal="partition"``: one listing of ownership
+    and members per tick (``N / I``), each owned record rewritten once per renewal age
+    (``P / R``, by default ``R = max(E/2, lease - 15 s)``,
+    :meth:`Timing.default_renewal_age`) and the member records (``4N / E``)."""
+    if renewal == "member":
+        return 3600.0 * (instances / interval + 4 * instances / expiration
+                         + instances / (0.875 * Timing.full_listing_interval_for(expiration)))
+    renewal_seconds = Timing.default_renewal_age(expiration) if renewal_age is None else renewal_age
+    return 3600.0 * (instances / interval + partitions / renewal_seconds + 4 * instances / expiration)
 
 
 def official_requests_per_hour(partitions: int, instances: int, interval: float, jitter: float = 0.2) -> float:
@@ -49,11 +57,12 @@ def renewal_for(rule: str, expiration: float) -> float | None:
 
 def equal_cost_candidates(target_per_hour: float, partitions: int, instances: int, intervals: Sequence[float],
                           rule: str = "default") -> list[tuple[float, float]]:
-    """For each interval, the shortest whole-second expiration whose formula cost (this
-    SDK's) is at most ``target_per_hour``, with the renewal age set by ``rule``."""
+    """For each interval, the shortest whole-second expiration, at least two intervals
+    (see :data:`EXPIRATION_MULTIPLES`), whose formula cost (this SDK's) is at most
+    ``target_per_hour``, with the renewal age set by ``rule``."""
     found = []
     for interval in intervals:
-        expiration = math.floor(interval) + 1
+        expiration = math.ceil(2 * interval)
         while expiration <= 3600:
             cost = ours_requests_per_hour(partitions, instances, interval, expiration,
                                           renewal_for(rule, expiration))

@@ -455,8 +455,9 @@ class Simulation:
         return latest
 
     def record_expiry(self, partition_ids: Iterable[str]) -> float:
-        """The virtual time at which the newest of these records expires."""
-        return max((self.ledger.records[pid].modified + self.expiration for pid in partition_ids
+        """The virtual time at which the newest of these records expires (a record lives
+        as long as its owner's heartbeat when that heartbeat keeps its partitions)."""
+        return max((self.ledger.alive_at(self.ledger.records[pid]) + self.expiration for pid in partition_ids
                     if pid in self.ledger.records), default=self.now)
 
 

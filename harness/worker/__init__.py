@@ -73,7 +73,8 @@ JSON lines on stdout:
   ticks longer than the interval; the official logs none), ``max_tick``, renewals,
   ``failed_renewals`` and ``missed_renewals`` by one rule for both SDKs
   (:class:`~harness.worker.report.RenewalWatch`), claims, losses; for ours also
-  ``self_fenced``, its store calls and time-outs and its backoff;
+  ``heartbeats`` (accepted member records that keep every lease), ``self_fenced``, its
+  store calls and time-outs and its backoff;
 - ``{"event": "load", "u": utilisation, "partitions": n, "t": unix time}`` (ours with
   ``--balance-by load``) whenever the processor samples the load it publishes;
 - ``{"event": "slowed", "cpu_per_event": seconds, "t": unix time}`` when SIGUSR1 slowed it;

@@ -194,6 +194,7 @@ def _probe(worker: Worker, processor: EventProcessor, store: Any) -> RenewalWatc
     logging.getLogger("eventprocessor").addHandler(warnings)
     watch = RenewalWatch(worker.args.owner_id, worker.args.expiry, lambda: set(processor.owned_partitions), getattr)
     store.claim_ownership = watch.wrap(store.claim_ownership)
+    store.write_member = watch.wrap_member(store.write_member)
 
     def counters() -> dict[str, Any]:
         stats = processor.stats
@@ -201,7 +202,8 @@ def _probe(worker: Worker, processor: EventProcessor, store: Any) -> RenewalWatc
                 "max_tick": round(stats.max_tick_duration, 3), **watch.counters(), "self_fenced": stats.self_fenced,
                 "claims": stats.claims_won, "lost": stats.lost, "store_calls": dict(processor.store_calls.calls),
                 "store_timeouts": sum(processor.store_calls.timeouts.values()),
-                "backed_off": stats.backed_off_ticks, "backoff_level": stats.backoff_level}
+                "backed_off": stats.backed_off_ticks, "backoff_level": stats.backoff_level,
+                "skipped_listings": stats.skipped_listings}
 
     worker.probe.owned = lambda: set(processor.owned_partitions)
     worker.probe.counters = counters

@@ -118,6 +118,9 @@ class RenewalWatch:
     dispatches every 0.1 s and counts a partition as one missed renewal when it is still
     dispatched more than ``expiry`` after that time: past that point another processor
     may claim it. The time is when the write was sent, so the count errs toward missed.
+    For ours, a partition's time is the later of that write and the processor's last
+    heartbeat that keeps every partition (:meth:`wrap_member`); ``heartbeats`` counts
+    those the store accepted (``renewals`` counts rewrites of ownership records only).
     """
 
     def __init__(self, owner_id: str, expiry: float, owned: Callable[[], set[str]],
@@ -127,8 +130,9 @@ class RenewalWatch:
         self.owned = owned
         self.field = field  # how to read a record's field (dicts for the official, Ownership for ours)
         self.written: dict[str, float] = {}  # partition -> monotonic send time of its last accepted write
+        self.heartbeat: float | None = None  # send time of the last accepted member record that keeps them all
         self.lapsed: set[str] = set()
-        self.missed = self.renewals = self.failed_renewals = 0
+        self.missed = self.renewals = self.failed_renewals = self.heartbeats = 0
 
     def wrap(self, claim: Callable[..., Any]) -> Callable[..., Any]:
         async def counted_claim(ownerships: Any, **kwargs: Any) -> Any:
@@ -146,11 +150,26 @@ class RenewalWatch:
 
         return counted_claim
 
+    def wrap_member(self, write_member: Callable[..., Any]) -> Callable[..., Any]:
+        """Ours: a member record with ``lease=member`` the store accepted keeps every
+        partition of the processor, as a write of each record would."""
+        async def counted_heartbeat(member: Any) -> Any:
+            sent_at = time.monotonic()
+            written = await write_member(member)
+            if member.properties.get("lease") == "member":
+                self.heartbeat = sent_at
+                self.heartbeats += 1
+            return written
+
+        return counted_heartbeat
+
     async def watch(self) -> None:
         while True:
             now = time.monotonic()
             for pid in self.owned():
                 last = self.written.get(pid)
+                if last is not None and self.heartbeat is not None:
+                    last = max(last, self.heartbeat)
                 if last is not None and now - last > self.expiry:
                     if pid not in self.lapsed:
                         self.lapsed.add(pid)
@@ -160,4 +179,5 @@ class RenewalWatch:
             await asyncio.sleep(0.1)
 
     def counters(self) -> dict[str, int]:
-        return {"missed_renewals": self.missed, "renewals": self.renewals, "failed_renewals": self.failed_renewals}
+        return {"missed_renewals": self.missed, "renewals": self.renewals, "failed_renewals": self.failed_renewals,
+                "heartbeats": self.heartbeats}

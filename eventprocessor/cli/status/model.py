@@ -2,7 +2,8 @@
 
 :func:`build_status` takes the listings and returns a :class:`GroupStatus`. Expiry is judged
 as the processors judge it, ``server_time - last_modified > expiration``, both from the
-store.
+store, where ``last_modified`` is the later of the record's and its owner's heartbeat when
+that heartbeat keeps its partitions (``lease=member``).
 """
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime
 from typing import Any
 
+from eventprocessor._ownership.liveness import heartbeats, with_heartbeats
 from eventprocessor._ownership.membership import IN_FLIGHT_PROPERTY, decode_in_flight
 from eventprocessor.sources import PartitionProperties
 from eventprocessor.stores.records import Checkpoint, MemberListing, OwnershipListing, partition_sort_key
@@ -181,6 +183,7 @@ def build_status(*, fully_qualified_namespace: str, eventhub_name: str, consumer
     """
     now = ownership.server_time
     properties = properties or {}
+    ownership = with_heartbeats(ownership, heartbeats(members))
     records = {record.partition_id: record for record in ownership.ownerships}
     unreadable = {record.partition_id: record for record in ownership.unreadable}
     by_partition = {checkpoint.partition_id: checkpoint for checkpoint in checkpoints}
