@@ -135,7 +135,10 @@ def _parser(prog: str | None) -> argparse.ArgumentParser:
     parser.add_argument("--final-listing-timeout", type=float, default=120.0, help=argparse.SUPPRESS)
     parser.add_argument("--report-every", type=float, default=0.5, help=argparse.SUPPRESS)
     parser.add_argument("--idle-sample", type=float, default=5.0, help=argparse.SUPPRESS)
-    parser.add_argument("--impls", default="ours,official", help=argparse.SUPPRESS)
+    parser.add_argument("--impls", default="ours,official",
+                        help="The sides to run, comma-separated: ours, official (a size whose official side cannot "
+                             "fit an hour can still be measured for ours; never recorded unless both). "
+                             "[default: %(default)s]")
     parser.add_argument("--log-dir", default=None, help="Keep each worker's stderr in this directory.")
     return parser
 
@@ -185,6 +188,10 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
         if args.cap_ticks < 1:
             parser.error("--cap-ticks must be at least 1")
         args.impls = [i.strip() for i in args.impls.split(",") if i.strip()]
+        if not args.impls or set(args.impls) - {"ours", "official"}:
+            parser.error("--impls takes ours, official or both, comma-separated")
+        if args.record and set(args.impls) != {"ours", "official"}:
+            parser.error("--record needs both sides (--impls ours,official): one side alone compares nothing")
         args.unmeasured = []
         return _run(args, run)
 
