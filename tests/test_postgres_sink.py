@@ -85,6 +85,40 @@ async def test_a_batch_smaller_than_max_events_is_committed_after_max_interval(p
     assert (await tally(postgres.dsn, table)).exactly_once(expected_events(1, 5)) is None
 
 
+async def test_consecutive_transactions_of_a_claim_run_on_one_connection_without_a_reset(postgres, tables):
+    """A claim with a backlog commits batch after batch on the connection it holds: no
+    pool acquire and reset in between (a session setting made by one batch is still
+    there at the next), and the connection goes back to the pool when the backlog is
+    written. Every event still lands once."""
+    table, positions = tables
+    copy = copy_into(table)
+    carried: list[bool] = []
+
+    async def write(events, connection):
+        carried.append(await connection.fetchval("SELECT current_setting('application_name')") == "held")
+        await connection.execute("SET application_name = 'held'")  # kept by the session, until a reset
+        await copy(events, connection)
+
+    source = _filled(1, 2000)
+    pool = await asyncpg.create_pool(postgres.dsn, min_size=0, max_size=4)
+    try:
+        async with PostgresSink(write, pool=pool, positions_table=positions, max_events=100,
+                                max_interval=0.1) as sink:
+            processor = _processor(source, InMemoryCheckpointStore(), sink)
+            await processor.start()
+            try:
+                await wait_for(lambda: _positions_reach(sink, 1, 1999), 30, "every event committed")
+            finally:
+                await processor.stop()
+            idle, size = pool.get_idle_size(), pool.get_size()
+    finally:
+        await pool.close()
+    assert (await tally(postgres.dsn, table)).exactly_once(expected_events(1, 2000)) is None
+    assert len(carried) >= 20 and not carried[0]
+    assert sum(carried) >= len(carried) // 2, carried  # most batches followed another on the same connection
+    assert idle == size, (idle, size)  # and once written, the connection went back to the pool
+
+
 async def test_a_claim_resumes_after_the_database_position_and_the_store_checkpoint_catches_up(postgres, tables):
     """A crash between COMMIT and the checkpoint leaves the store's checkpoint behind the
     database. The next claim's receiver starts at the store's checkpoint; the sink skips

@@ -32,7 +32,7 @@ from .claims import Claim, SinkStats
 from .positions import Positions
 from .transaction import CommitOutcomeUnknown, StaleClaim, StepHook, WriteFunction, settle_commit, write_batch
 
-__all__ = ["Committer", "Outcome"]
+__all__ = ["Committer", "HeldConnection", "Outcome"]
 
 logger = logging.getLogger(__name__)
 
@@ -51,6 +51,28 @@ class _Inconsistent(Exception):
     """The row names this claim but a position it never wrote."""
 
 
+class HeldConnection:
+    """One pool connection kept across a claim's consecutive transactions (see
+    :meth:`Committer.commit`): taken at the first, given back with :meth:`let_go` (the
+    pool resets it then, as after any use)."""
+
+    def __init__(self, pool: Callable[[], Awaitable[Any]]) -> None:
+        self._pool = pool
+        self._owner: Any = None
+        self._connection: Any = None
+
+    async def get(self) -> Any:
+        if self._connection is None:
+            self._owner = await self._pool()
+            self._connection = await self._owner.acquire()
+        return self._connection
+
+    async def let_go(self) -> None:
+        connection, self._connection = self._connection, None
+        if connection is not None:
+            await self._owner.release(connection)
+
+
 class Committer:
     """Commits batches for the sink (see the module docstring)."""
 
@@ -66,9 +88,12 @@ class Committer:
         self._retry_policy = retry_policy
         self._stats = stats
 
-    async def commit(self, claim: Claim, chunk: list[Event]) -> tuple[Outcome, BaseException | None]:
+    async def commit(self, claim: Claim, chunk: list[Event], held: HeldConnection | None = None
+                     ) -> tuple[Outcome, BaseException | None]:
         """Commit ``chunk`` (the claim's next events) in one transaction; the outcome, and
-        the error that parked it."""
+        the error that parked it. With ``held``, the transaction runs on the connection it
+        holds (consecutive batches of one claim skip the pool's acquire and reset); a
+        connection that failed is let go and the next attempt takes a fresh one."""
         ctx = claim.context
         attempt = conflicts = 0
         outage = Backoff(0.1, cap=5.0)
@@ -76,7 +101,7 @@ class Committer:
             if not ctx.is_owned:
                 return Outcome.ENDED, None
             try:
-                await self._once(claim, chunk)
+                await self._once(claim, chunk, held)
                 return Outcome.COMMITTED, None
             except StaleClaim:
                 self._stats.stale_rollbacks += 1
@@ -115,16 +140,27 @@ class Committer:
                 await asyncio.sleep(delay)
         return Outcome.ENDED, None
 
-    async def _once(self, claim: Claim, chunk: list[Event]) -> None:
-        loop = asyncio.get_running_loop()
-        pool = await self._pool()
+    async def _once(self, claim: Claim, chunk: list[Event], held: HeldConnection | None) -> None:
         assert claim.advance is not None, "a claim commits only once fenced"
-        async with pool.acquire() as connection:
-            started = loop.time()
-            await write_batch(connection, positions=self._positions, begin=self._begin, advance=claim.advance,
-                              expected=claim.position, events=chunk, write=self._write, hook=self._hook,
-                              context=claim.context)
-            self._stats.commit_seconds.append(loop.time() - started)
+        if held is None:
+            async with (await self._pool()).acquire() as connection:
+                await self._write_batch(claim, chunk, connection)
+            return
+        connection = await held.get()
+        try:
+            await self._write_batch(claim, chunk, connection)
+        except BaseException:
+            await held.let_go()  # whatever state it is in, the next attempt starts on a fresh one
+            raise
+
+    async def _write_batch(self, claim: Claim, chunk: list[Event], connection: Any) -> None:
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        assert claim.advance is not None
+        await write_batch(connection, positions=self._positions, begin=self._begin, advance=claim.advance,
+                          expected=claim.position, events=chunk, write=self._write, hook=self._hook,
+                          context=claim.context)
+        self._stats.commit_seconds.append(loop.time() - started)
 
     async def _settle(self, claim: Claim, chunk: list[Event], unknown: CommitOutcomeUnknown) -> Outcome | None:
         """A commit whose answer was lost: what the row says once the transaction is over.

@@ -18,7 +18,7 @@ from ..partition import PartitionProcessor, claim_of
 from ..policies import CloseReason, RetryPolicy
 from ..stores._postgres import check_dsn, describe, require_asyncpg, safe_dsn
 from .claims import Claim, ClaimState, SinkStats
-from .committer import Committer, Outcome
+from .committer import Committer, HeldConnection, Outcome
 from .positions import DEFAULT_POSITIONS_TABLE, Position, Positions
 from .transaction import (
     StepHook,
@@ -51,7 +51,9 @@ class PostgresSink:
     ``write(events, connection)`` is your async function: it writes one partition's
     events (in order) with the asyncpg connection it gets, inside a transaction the sink
     opened; in the same transaction the sink moves the partition's position in the
-    positions table, and commits. See :mod:`eventprocessor.postgres` for the guarantee.
+    positions table, and commits. A partition's consecutive transactions share one
+    connection until its backlog is written. See :mod:`eventprocessor.postgres` for the
+    guarantee.
 
     * ``dsn`` (a ``postgresql://`` URI; its password is never shown) or ``pool`` (an
       asyncpg pool of your own, not closed by the sink).
@@ -303,16 +305,20 @@ class PostgresSink:
     async def _flush(self, claim: Claim, *, everything: bool = False) -> None:
         """Commit the buffered events, ``max_events`` per transaction (under ``claim.lock``):
         the full transactions only, or everything (at a stop, or when ``max_interval`` is up)."""
-        while claim.active and claim.events and (everything or len(claim.events) >= self.max_events):
-            chunk = claim.events[:self.max_events]
-            if not await self._commit(claim, chunk):
-                return
-            claim.committed(len(chunk), asyncio.get_running_loop().time())
-            claim.space.set()
-            self.stats.transactions_committed += 1
-            self.stats.events_committed += len(chunk)
-            await run_step(self._hook, "after_commit", claim.context)
-            await self._checkpoint_when_due(claim)
+        held = HeldConnection(self._ready_pool)  # one connection while the transactions follow each other
+        try:
+            while claim.active and claim.events and (everything or len(claim.events) >= self.max_events):
+                chunk = claim.events[:self.max_events]
+                if not await self._commit(claim, chunk, held):
+                    return
+                claim.committed(len(chunk), asyncio.get_running_loop().time())
+                claim.space.set()
+                self.stats.transactions_committed += 1
+                self.stats.events_committed += len(chunk)
+                await run_step(self._hook, "after_commit", claim.context)
+                await self._checkpoint_when_due(claim)
+        finally:
+            await held.let_go()
 
     async def _flusher(self, claim: Claim) -> None:
         """The claim's committing task: a full batch at once, a smaller one ``max_interval``
@@ -341,9 +347,9 @@ class PostgresSink:
             finally:
                 claim.space.set()
 
-    async def _commit(self, claim: Claim, chunk: list[Event]) -> bool:
+    async def _commit(self, claim: Claim, chunk: list[Event], held: HeldConnection) -> bool:
         """Commit ``chunk``; False when the claim ended or parked instead."""
-        outcome, error = await self._committer.commit(claim, chunk)
+        outcome, error = await self._committer.commit(claim, chunk, held)
         if outcome is Outcome.COMMITTED:
             return True
         if outcome is Outcome.STALE:
