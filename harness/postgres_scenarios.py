@@ -249,12 +249,14 @@ async def restart(server: Any, *, seed: int, events: int = 80) -> Outcome:
         scene.produce()
         plan = {("after_write", rng.randint(1, 3)): "immediate", ("after_begin", rng.randint(4, 6)): "fast"}
         seen: dict[str, int] = {}
+        one_at_a_time = asyncio.Lock()  # two partitions' steps may ask for the two restarts at once
 
         async def restart_at(step: str, context: Any) -> None:
             seen[step] = seen.get(step, 0) + 1
             mode = plan.pop((step, seen[step]), None)
             if mode is not None:
-                await asyncio.to_thread(server.restart, mode=mode)
+                async with one_at_a_time:
+                    await asyncio.to_thread(server.restart, mode=mode)
 
         sink = scene.sink(step_hook=restart_at)
         await scene.processor("a", sink).start()
