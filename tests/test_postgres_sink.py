@@ -44,6 +44,17 @@ async def _positions_reach(sink: PostgresSink, partitions: int, last: int) -> bo
     return await sink.positions(NAMESPACE, HUB, GROUP) == {str(p): last for p in range(partitions)}
 
 
+async def _run_until_written(source, sink: PostgresSink, partitions: int, last: int, timeout: float, what: str,
+                             store=None) -> None:
+    """One processor over ``source`` into ``sink`` until every partition's position is ``last``."""
+    processor = _processor(source, store or InMemoryCheckpointStore(), sink)
+    await processor.start()
+    try:
+        await wait_for(lambda: _positions_reach(sink, partitions, last), timeout, what)
+    finally:
+        await processor.stop()
+
+
 @pytest.fixture
 async def tables(postgres):
     events = await create_events_table(postgres.dsn)
@@ -76,12 +87,7 @@ async def test_a_batch_smaller_than_max_events_is_committed_after_max_interval(p
     source = _filled(1, 5)
     async with PostgresSink(copy_into(table), dsn=postgres.dsn, positions_table=positions, max_events=1000,
                             max_interval=0.2) as sink:
-        processor = _processor(source, InMemoryCheckpointStore(), sink)
-        await processor.start()
-        try:
-            await wait_for(lambda: _positions_reach(sink, 1, 4), 10, "5 events committed without more arriving")
-        finally:
-            await processor.stop()
+        await _run_until_written(source, sink, 1, 4, 10, "5 events committed without more arriving")
     assert (await tally(postgres.dsn, table)).exactly_once(expected_events(1, 5)) is None
 
 
@@ -104,12 +110,7 @@ async def test_consecutive_transactions_of_a_claim_run_on_one_connection_without
     try:
         async with PostgresSink(write, pool=pool, positions_table=positions, max_events=100,
                                 max_interval=0.1) as sink:
-            processor = _processor(source, InMemoryCheckpointStore(), sink)
-            await processor.start()
-            try:
-                await wait_for(lambda: _positions_reach(sink, 1, 1999), 30, "every event committed")
-            finally:
-                await processor.stop()
+            await _run_until_written(source, sink, 1, 1999, 30, "every event committed")
             idle, size = pool.get_idle_size(), pool.get_size()
     finally:
         await pool.close()

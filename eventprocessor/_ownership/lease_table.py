@@ -299,10 +299,9 @@ class LeaseTable:
         would keep it live for good and no peer could take the partition. The taker
         hands each of them to a peer (:meth:`hand_over_hung`)."""
         now = self._clock.monotonic()
-        margin = self._timing.expiration - self._timing.lease_length
         return [lease for lease in self._leases.values()
                 if lease.state is LeaseState.RELEASING and lease.end is LeaseEnd.EXPIRED and lease.pump_alive
-                and not lease.handed_over_hung and now >= lease.deadline + margin]
+                and not lease.handed_over_hung and now >= lease.deadline + self._timing.safety_margin]
 
     def hand_over_hung(self, hung: Mapping[str, Lease], heirs: Mapping[str, str]) -> None:
         """Write each hung lease's record to its heir (one epoch up, conditional on its

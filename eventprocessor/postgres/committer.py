@@ -88,12 +88,12 @@ class Committer:
         self._retry_policy = retry_policy
         self._stats = stats
 
-    async def commit(self, claim: Claim, chunk: list[Event], held: HeldConnection | None = None
+    async def commit(self, claim: Claim, chunk: list[Event], held: HeldConnection
                      ) -> tuple[Outcome, BaseException | None]:
         """Commit ``chunk`` (the claim's next events) in one transaction; the outcome, and
-        the error that parked it. With ``held``, the transaction runs on the connection it
-        holds (consecutive batches of one claim skip the pool's acquire and reset); a
-        connection that failed is let go and the next attempt takes a fresh one."""
+        the error that parked it. The transaction runs on the connection ``held`` holds
+        (consecutive batches of one claim skip the pool's acquire and reset); a connection
+        that failed is let go and the next attempt takes a fresh one."""
         ctx = claim.context
         attempt = conflicts = 0
         outage = Backoff(0.1, cap=5.0)
@@ -140,26 +140,18 @@ class Committer:
                 await asyncio.sleep(delay)
         return Outcome.ENDED, None
 
-    async def _once(self, claim: Claim, chunk: list[Event], held: HeldConnection | None) -> None:
+    async def _once(self, claim: Claim, chunk: list[Event], held: HeldConnection) -> None:
         assert claim.advance is not None, "a claim commits only once fenced"
-        if held is None:
-            async with (await self._pool()).acquire() as connection:
-                await self._write_batch(claim, chunk, connection)
-            return
         connection = await held.get()
+        loop = asyncio.get_running_loop()
+        started = loop.time()
         try:
-            await self._write_batch(claim, chunk, connection)
+            await write_batch(connection, positions=self._positions, begin=self._begin, advance=claim.advance,
+                              expected=claim.position, events=chunk, write=self._write, hook=self._hook,
+                              context=claim.context)
         except BaseException:
             await held.let_go()  # whatever state it is in, the next attempt starts on a fresh one
             raise
-
-    async def _write_batch(self, claim: Claim, chunk: list[Event], connection: Any) -> None:
-        loop = asyncio.get_running_loop()
-        started = loop.time()
-        assert claim.advance is not None
-        await write_batch(connection, positions=self._positions, begin=self._begin, advance=claim.advance,
-                          expected=claim.position, events=chunk, write=self._write, hook=self._hook,
-                          context=claim.context)
         self._stats.commit_seconds.append(loop.time() - started)
 
     async def _settle(self, claim: Claim, chunk: list[Event], unknown: CommitOutcomeUnknown) -> Outcome | None:
