@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import random
 from collections import Counter
 
 import pytest
@@ -400,6 +401,58 @@ def test_a_replica_is_handed_over_even_when_the_claim_outlasts_a_refresh():
     moved = {key: info for key, info in restores.items() if key.startswith("b/")}
     assert len(moved) == 2 and all(info.warm for info in moved.values()), moved
     assert restored == wanted
+
+
+WARM_SEEDS = range(40)
+
+
+@pytest.mark.parametrize("seed", WARM_SEEDS)
+def test_every_planned_move_of_a_scale_out_restores_from_a_warm_replica(seed):
+    """2 -> 4 processors on 8 stateful partitions, with handlers of random speed and a store
+    slow to write ownership: each new owner of a moved partition starts from its warm
+    replica. The replica of a partition asked for used to be dropped when the asker's
+    next plan named another partition while the owner was still handing the first one
+    over (the record carried the request; the handoff then restored cold). Seeded: the
+    handlers' and the store's delays."""
+    restores: dict[str, object] = {}
+    stopping: list[bool] = []
+    rng = random.Random(seed)
+
+    class Recording(counting()):  # type: ignore[misc]
+        async def process_events(self, events, context):
+            await asyncio.sleep(rng.uniform(0, 0.8))
+            await super().process_events(events, context)
+
+        async def initialize(self, context):
+            if not stopping:
+                restores[f"{context.owner_id}/{context.partition_id}/{context.epoch}"] = context.state_restored
+
+    async def scenario():
+        source = InMemoryEventSource(8, clock=virtual_utc_clock())
+        store = FaultyStore(InMemoryCheckpointStore(clock=virtual_utc_clock()), rng=random.Random(seed))
+        store.latency, store.jitter, store.only = 0.45, True, {"claim_ownership"}
+        first = [EventProcessor(source, store, Recording, owner_id=name, stateful=True, **FAST) for name in "ab"]
+        for p in first:
+            await p.start()
+        producing = asyncio.ensure_future(_produce(source, 8, rate=40))
+        await until(lambda: all(len(p.owned_partitions) == 4 for p in first), what="a and b balanced")
+        await asyncio.sleep(3)
+        added = [EventProcessor(source, store, Recording, owner_id=name, stateful=True, **FAST) for name in "cd"]
+        for p in added:
+            await p.start()
+        await until(lambda: all(len(p.owned_partitions) == 2 for p in first + added), what="two each")
+        await asyncio.sleep(2)
+        producing.cancel()
+        await asyncio.sleep(1)
+        stopping.append(True)
+        for p in first + added:
+            await p.stop()
+        return await final_state(store, 8), expected(source, 8)
+
+    restored, wanted = run_virtual(scenario())
+    assert restored == wanted
+    moved = {key: info for key, info in restores.items() if key[0] in "cd"}
+    assert len(moved) >= 4 and all(info.warm for info in moved.values()), {k: i.warm for k, i in moved.items()}
 
 
 def test_a_replica_handed_over_no_longer_changes_the_new_owners_state():

@@ -282,9 +282,13 @@ class Taker:
         self._hand_over_hung(listing, member_listing)
         lost = owned_before - table.owned()
         decision = self._decide(listing, member_listing, partition_ids)
-        await self._ask_for_handoffs(decision)
+        # The claims first: a replica being claimed is marked before the asks' write
+        # gives the replicas' refresh a chance to drop what this tick no longer asks for.
         claims, adoptions = self._claims_to_write(decision, reconciliation, snapshot, partition_ids)
+        await self._ask_for_handoffs(decision, listing)
         won, failed, claim_error = await self._claimer.take(claims, adoptions)
+        if self._warmup is not None:
+            self._warmup.not_claimed({r.partition_id for r in claims + adoptions} - set(won))
         claimed, stolen = self._say_won(won, {r.partition_id for r in adoptions}, decision, reconciliation.reclaim)
         requests = {"list_ownership": 1, "claim_ownership": len(claims) + len(adoptions)}
         if members is not None or member_listing is not None:
@@ -461,13 +465,17 @@ class Taker:
                 and pid not in snapshot.unreadable and self._history.known_checkpoint(pid) is not None]
 
     # ----------------------------------------------------------------- handoffs
-    async def _ask_for_handoffs(self, decision: BalanceDecision) -> None:
+    async def _ask_for_handoffs(self, decision: BalanceDecision, listing: OwnershipListing) -> None:
         """Mark records as requested by this processor (their owners hand them over), and
         remember when, to steal only if an owner does not answer within handoff_timeout.
-        A stateful partition is asked for only once its state is warm here (KIP-441)."""
+        A stateful partition is asked for only once its state is warm here (KIP-441), and
+        its replica is kept while a record still carries this processor's request, even
+        when this tick's plan would ask for another one: the owner may hand it over at any
+        moment."""
         requests: Iterable[Ownership] = decision.handoff_requests
         if self._warmup is not None:
-            self._warmup.want({r.partition_id for r in requests} | set(decision.awaiting_handoff))
+            asked = {r.partition_id for r in listing.ownerships if r.requested_by == self._options.owner_id}
+            self._warmup.want({r.partition_id for r in requests} | set(decision.awaiting_handoff) | asked)
             requests = [r for r in requests if self._warmup.ready(r.partition_id)]
         pending = set(decision.awaiting_handoff)
         for pid in list(self.requests_made):

@@ -47,6 +47,7 @@ class Warmup:
         self._describe = describe
         self._replicas: dict[str, WarmReplica] = {}
         self._wanted: set[str] = set()
+        self._claiming: set[str] = set()
         self._standby: set[str] = set()
         self._lags: dict[str, int] = {}
         self._claimable_since: dict[str, float] = {}
@@ -63,10 +64,16 @@ class Warmup:
 
     def claiming(self, partition_ids: Iterable[str]) -> None:
         """Partitions this processor claims or adopts now (a handoff answered, a
-        failover): their replicas are kept until the claim takes them, however long
-        the claim and its fence take. (``want`` and ``plan`` no longer list them: they
-        are neither asked for nor someone else's.)"""
-        self._wanted |= set(partition_ids) & set(self._replicas)
+        failover): their replicas are kept until the claim takes them (:meth:`take`) or
+        fails (:meth:`not_claimed`), however long the claim and its fence take and
+        whatever the ticks in between want (``want`` and ``plan`` no longer list them:
+        they are neither asked for nor someone else's)."""
+        self._claiming |= set(partition_ids) & set(self._replicas)
+
+    def not_claimed(self, partition_ids: Iterable[str]) -> None:
+        """Claims that were not won or not started: their replicas are kept only if
+        something else still wants them."""
+        self._claiming -= set(partition_ids)
 
     def plan(self, listing: OwnershipListing, members: Mapping[str, Mapping[str, str]] | None,
              owned: Iterable[str]) -> dict[str, str]:
@@ -117,6 +124,7 @@ class Warmup:
         self._lags.pop(partition_id, None)
         self._standby.discard(partition_id)
         self._wanted.discard(partition_id)
+        self._claiming.discard(partition_id)
         replica = self._replicas.pop(partition_id, None)
         return replica if replica is not None and replica.loaded else None
 
@@ -134,7 +142,7 @@ class Warmup:
             await sleep_or_wake(self._options.clock, self._options.timing.interval / 2, self._wake)
 
     async def refresh(self) -> None:
-        keep = self._wanted | self._standby
+        keep = self._wanted | self._standby | self._claiming
         for pid in [pid for pid in self._replicas if pid not in keep]:
             del self._replicas[pid]
             self._lags.pop(pid, None)
