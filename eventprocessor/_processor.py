@@ -155,6 +155,13 @@ class EventProcessor:
         group, a wrong host or port) ends the processor with its error (:meth:`run`
         raises it, and so does the ``async with`` block). None keeps retrying. A source
         that worked once is retried for as long as the processor runs. Default 5.
+    :param group_join_delay: Seconds a processor that starts in a forming group (every
+        live member just starting too: a cold start, a whole group restarted) waits for
+        the member set to stay unchanged before its first claims, so that processors
+        started together claim their final shares at once instead of moving partitions to
+        each late joiner (Kafka's ``group.initial.rebalance.delay``). At most three times
+        that while members keep joining; none when it joins a running group. None claims
+        at once. Default 1 (see docs/concepts/timing.md, "A group forming").
     :param max_concurrency: The most ``process_events`` calls in flight per partition
         (see docs/concepts/concurrency.md). Default 1: one batch at a time.
     :param ordering: With ``max_concurrency`` above 1: ``"key"`` (each call gets events of
@@ -206,6 +213,7 @@ class EventProcessor:
         meter_provider: Any = None,
         tracer_provider: Any = None,
         source_startup_timeout: float | None = 5.0,
+        group_join_delay: float | None = 1.0,
     ) -> None:
         """The common options are flat; three groups are policy objects
         (:mod:`eventprocessor.policies`): ``failure_policy`` (retries and poison events),
@@ -227,7 +235,8 @@ class EventProcessor:
             balance_factor=balance_factor, ordinal=ordinal, replica_count=replica_count, load_policy=load_policy,
             stateful=stateful, error_handler=error_handler, clock=clock, rng=rng, max_concurrency=max_concurrency,
             ordering=ordering, concurrency=concurrency,
-            source_startup_timeout=source_startup_timeout, ownership_renewal=ownership_renewal)
+            source_startup_timeout=source_startup_timeout, ownership_renewal=ownership_renewal,
+            group_join_delay=group_join_delay)
         self._parts = parts = assemble(options, checkpoint_store, meter_provider=meter_provider,
                                        tracer_provider=tracer_provider)
         self._scope, self._table = parts.scope, parts.table  # the two the façade reads most

@@ -670,6 +670,8 @@ def test_a_stop_waits_for_the_calls_in_flight_but_not_for_ever(caplog):
         processor = EventProcessor(source, store, Hanging, max_concurrency=8, ordering="key", shutdown_timeout=5.0,
                                    **FAST)
         await processor.start()
+        while not processor.owned_partitions:  # claimed after the group's join delay
+            await asyncio.sleep(0.05)
         await asyncio.sleep(0.5)  # 8 calls in flight, k0's hung
         loop = asyncio.get_running_loop()
         started = loop.time()

@@ -264,8 +264,12 @@ def test_a_processor_stopped_while_its_claims_are_in_flight_leaves_no_record_nam
         cluster.store.only = {"claim_ownership"}
         cluster.store.answer_delay = 5.0
         await a.start()
-        await asyncio.sleep(1.0)  # a's claims are applied; their answers are 5 s away
-        applied = _names(await cluster.memory.list_ownership("memory.local", "hub", "$default"), "a")
+        applied: list[str] = []
+        for _ in range(40):  # until a's claims are applied (after its join); their answers are 5 s away
+            await asyncio.sleep(0.1)
+            applied = _names(await cluster.memory.list_ownership("memory.local", "hub", "$default"), "a")
+            if applied:
+                break
         cluster.store.clear()
         await a.stop()
         left = _names(await cluster.memory.list_ownership("memory.local", "hub", "$default"), "a")

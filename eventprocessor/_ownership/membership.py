@@ -8,14 +8,27 @@ heartbeat the store accepted extends each live lease as a renewal of its record 
 A failed heartbeat is retried every ``renewal_retry``. A store that
 keeps no member records is fine (except for the static strategy): the processor then
 makes itself visible by claiming one partition first.
+
+**A group forming** (Kafka's ``group.initial.rebalance.delay``, on member records): a
+processor that starts where every live member is itself still joining (a cold start, or
+a whole group restarted) waits for the member set to settle before its first claims, so
+that every processor of a group started together plans with all of them and claims its
+final share at once, instead of claiming by a partial view and moving partitions to each
+late joiner by handoffs. While it waits its record carries ``joining=1``; it lists the
+members every quarter of ``group_join_delay`` and stops waiting once the set has not
+changed for ``group_join_delay`` (at most three times that after it joined), or at once
+when some live member is not joining (a running group: it is asked for partitions by
+handoffs as before), when the store keeps no member records, with the static strategy,
+or with ``group_join_delay=None``.
 """
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
 
-from .._runtime.clock import Clock
+from .._runtime.clock import Clock, sleep_or_wake
 from .._runtime.options import ProcessorOptions
 from .._runtime.reporting import Reporter
 from ..errors import ConfigurationError
@@ -31,7 +44,14 @@ from .strategies import HANDOFF_PROPERTY, ORDINAL_PROPERTY
 if TYPE_CHECKING:  # pragma: no cover
     from .warmup import Warmup
 
-__all__ = ["Membership", "IN_FLIGHT_PROPERTY", "encode_in_flight", "decode_in_flight"]
+__all__ = ["Membership", "IN_FLIGHT_PROPERTY", "JOINING_PROPERTY", "JOIN_MAX_FACTOR", "encode_in_flight",
+           "decode_in_flight"]
+
+JOINING_PROPERTY = "joining"
+"""The member-record property of a processor still waiting for its group to form."""
+JOIN_MAX_FACTOR = 3.0
+"""A processor of a forming group claims at most this many ``group_join_delay`` after it
+joined, however long members keep joining."""
 
 IN_FLIGHT_PROPERTY = "inflight"
 """The member-record property a processor with many events in flight per partition
@@ -80,6 +100,8 @@ class Membership:
         self._table = table
         self.state: bool | None = None
         self.member: Member | None = None
+        self.joining = options.group_join_delay is not None
+        """Waiting for a forming group to settle (see the module docstring)."""
         self._warmup = warmup
         self._table = table
         self._load: LoadMeter | None = None
@@ -110,6 +132,8 @@ class Membership:
                       LEASE_PROPERTY: MEMBER_LEASES}
         if options.ordinal is not None:
             properties[ORDINAL_PROPERTY] = str(options.ordinal)
+        if self.joining:
+            properties[JOINING_PROPERTY] = "1"
         if self._warmup is not None:
             properties.update(self._warmup.member_properties())
         if self._load is not None:
@@ -145,6 +169,42 @@ class Membership:
             if report and not self._reporter.outage.ongoing:  # an outage is told once, by the reporter
                 logger.warning("processor %s: writing its member record failed: %r", self._describe, error)
         return False
+
+    async def form_group(self, *, halted: Callable[[], bool], wake: asyncio.Event) -> float:
+        """Before the first claims: wait while the group is forming (see the module
+        docstring); return at once when ``halted()`` (checked whenever ``wake`` is set).
+        Returns the seconds waited."""
+        options, clock = self._options, self._clock
+        delay = options.group_join_delay
+        started = changed_at = clock.monotonic()
+        seen: frozenset[str] | None = None
+        try:
+            if delay is None or not self.state or options.strategy is LoadBalancingStrategy.STATIC:
+                return 0.0
+            while not halted():
+                try:
+                    live = self.live(await self._store.list_members(*options.scope))
+                except Exception as error:  # the first tick says what the store does
+                    logger.debug("processor %s: listing members to join failed: %r", self._describe, error)
+                    break
+                if live is None or any(properties.get(JOINING_PROPERTY) != "1"
+                                       for member, properties in live.items() if member != options.owner_id):
+                    break  # no member records, or a running group
+                now = clock.monotonic()
+                if frozenset(live) != seen:
+                    seen, changed_at = frozenset(live), now
+                if now - changed_at >= delay or now - started >= JOIN_MAX_FACTOR * delay:
+                    logger.debug("processor %s: the group formed with %d members in %.2f s", self._describe,
+                                 len(seen), now - started)
+                    break
+                wake.clear()
+                await sleep_or_wake(clock, delay / 4, wake)
+            return clock.monotonic() - started
+        finally:
+            if self.joining:
+                self.joining = False
+                if self.state and not halted():
+                    await self.join()  # the record without ``joining``: others stop waiting at once
 
     async def run(self) -> None:
         """Rewrite the member record every heartbeat, like a lease."""

@@ -122,6 +122,7 @@ class Taker:
         interval = self._timing.interval
         if self._membership.state is None:
             await self._membership.join()
+        await self._membership.form_group(halted=lambda: self.fatal is not None, wake=self._wake)
         while self.fatal is None:
             self._wake.clear()
             started = self._clock.monotonic()

@@ -222,6 +222,7 @@ class ProcessorOptions:
     concurrency: ConcurrencyPolicy = ConcurrencyPolicy()
     source_startup_timeout: float | None = 5.0
     ownership_renewal: str = "auto"
+    group_join_delay: float | None = 1.0
 
     @property
     def scope(self) -> tuple[str, str, str]:
@@ -257,7 +258,7 @@ class ProcessorOptions:
                  replica_count: Any, load_policy: Any, stateful: Any, error_handler: Any, clock: Any,
                  rng: Any, max_concurrency: Any = None, ordering: Any = None,
                  concurrency: Any = None, source_startup_timeout: Any = 5.0,
-                 ownership_renewal: Any = "auto") -> ProcessorOptions:
+                 ownership_renewal: Any = "auto", group_join_delay: Any = 1.0) -> ProcessorOptions:
         """Check every argument, group by group; raise a ConfigurationError naming the
         first bad one, the value and what would be valid."""
         timing = timing_from_arguments(load_balancing_interval, partition_ownership_expiration_interval,
@@ -284,4 +285,5 @@ class ProcessorOptions:
             clock=clock or SystemClock(), rng=rng or random.Random(), error_handler=error_handler,
             state_policy=_state(stateful), load_policy=load_policy, concurrency=concurrent,
             source_startup_timeout=positive_seconds("source_startup_timeout", source_startup_timeout, allow_none=True),
-            ownership_renewal=ownership_renewal)
+            ownership_renewal=ownership_renewal,
+            group_join_delay=positive_seconds("group_join_delay", group_join_delay, allow_none=True))
