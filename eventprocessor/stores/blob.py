@@ -105,6 +105,8 @@ class BlobRecords(AzureRecords[ContainerClient]):
 
     forbidden = "/\\"
     gone_codes = frozenset({"ContainerNotFound"})
+    page_size: int | None = None
+    """Blobs per listing page; ``None`` lets the service decide (5000). Tests page by 2."""
 
     def __init__(self, home: str, home_name: str, client: ContainerClient, account_name: str | None) -> None:
         super().__init__(home, home_name, client, account_name)
@@ -196,7 +198,8 @@ class BlobRecords(AzureRecords[ContainerClient]):
 
         async def collect() -> list[Any]:
             return [blob async for blob in self.client.list_blobs(
-                name_starts_with=name_starts_with, include=["metadata"], raw_response_hook=hook)]
+                name_starts_with=name_starts_with, include=["metadata"], raw_response_hook=hook,
+                results_per_page=self.page_size)]
 
         return await self._send("list", kind, collect, count=False), clock  # the hook counts the pages
 
