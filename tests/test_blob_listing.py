@@ -6,20 +6,18 @@ from __future__ import annotations
 
 import math
 import uuid
-import xml.etree.ElementTree as ET
 from collections.abc import AsyncIterator
 from datetime import datetime, timedelta, timezone
+from email.utils import parsedate_to_datetime
 from typing import Any
 
 import pytest
 from azure.core.credentials import AzureSasCredential
 from azure.core.exceptions import HttpResponseError, ResourceNotFoundError
-from azure.storage.blob import ContainerSasPermissions, generate_container_sas
+from azure.storage.blob import BlobProperties, ContainerSasPermissions, generate_container_sas
 from azure.storage.blob.aio import ContainerClient
 
 from eventprocessor.stores import BlobCheckpointStore
-from eventprocessor.stores._account import error_code
-from eventprocessor.stores._blob_listing import ListedBlob, parse_page
 from eventprocessor.stores.backend import CHECKPOINT, MEMBER, OWNERSHIP, BackendFailure, Kind
 from eventprocessor.stores.blob import BlobRecords
 from eventprocessor.stores.codec import encode_name
@@ -70,24 +68,26 @@ async def filled(azurite: Any) -> AsyncIterator[tuple[BlobCheckpointStore, str, 
             await raw.delete_container()
 
 
-async def _both(backend: BlobRecords, kind: Kind, prefix: str) -> tuple[list[Any], list[Any], int]:
-    """The blobs listed by the lean path and by the SDK, and the pages each counted."""
+async def _both(backend: BlobRecords, prefix: str) -> tuple[list[Any], list[Any], int]:
+    """The blobs listed by the lean path and by the SDK's ``list_blobs``, two per page,
+    and the pages (responses) of each, which must agree."""
     lean = backend.lean
     assert lean is not None
-    counted = f"list_{kind.name}"
-    before = backend.request_counts[counted]
-    listed, clock = await backend._list_blobs(kind, prefix)
-    pages = backend.request_counts[counted] - before
-    assert clock.latest is not None and clock.latest.utcoffset() == timedelta(0)
-    backend.lean = None
-    try:
-        sdk, sdk_clock = await backend._list_blobs(kind, prefix)
-    finally:
-        backend.lean = lean
-    assert backend.request_counts[counted] - before - pages == pages, "the SDK listing sent as many pages"
-    assert sdk_clock.latest is not None and abs(sdk_clock.latest - clock.latest) <= timedelta(seconds=5)
-    assert all(isinstance(blob, ListedBlob) for blob in listed)
-    return listed, sdk, pages
+    dates: dict[str, list[datetime]] = {"lean": [], "sdk": []}
+
+    def hook(which: str) -> Any:
+        return lambda response: dates[which].append(parsedate_to_datetime(response.http_response.headers["Date"]))
+
+    listed = await lean.list(prefix, hook=hook("lean"), page_size=2)
+    sdk = [blob async for blob in backend.client.list_blobs(
+        name_starts_with=prefix, include=["metadata"], raw_response_hook=hook("sdk"), results_per_page=2)]
+    assert len(dates["lean"]) == len(dates["sdk"]), "as many pages"
+    assert all(isinstance(blob, BlobProperties) for blob in sdk)
+    assert not any(isinstance(blob, BlobProperties) for blob in listed)
+    # The server's clock (ServerClock's source): every page's Date, no earlier than what it lists.
+    assert abs(max(dates["lean"]) - max(dates["sdk"])) <= timedelta(seconds=5)
+    assert all(blob.last_modified <= max(dates["lean"]) for blob in listed)
+    return listed, sdk, len(dates["lean"])
 
 
 async def test_lean_listing_returns_what_the_sdk_listing_returns(filled: Any) -> None:
@@ -95,16 +95,16 @@ async def test_lean_listing_returns_what_the_sdk_listing_returns(filled: Any) ->
     backend = store.backend
     scope = (NS, HUB, cg)
     entries = Kind("entry", encode_name("Commit Log"))
-    cases = [
-        (OWNERSHIP, backend.prefix(OWNERSHIP, scope).rstrip("/"), len(PARTITIONS) + len(OWNERS) + 1),
-        (CHECKPOINT, backend.prefix(CHECKPOINT, scope), 3),
-        (entries, backend.prefix(entries, scope), 3),
-        (MEMBER, backend.prefix(MEMBER, scope), len(OWNERS)),
-        (OWNERSHIP, "", len(PARTITIONS) + len(OWNERS) + 1 + 3 + 3),  # the whole container
-        (OWNERSHIP, "no/such/prefix/", 0),
+    cases = [  # (prefix, blobs under it)
+        (backend.prefix(OWNERSHIP, scope).rstrip("/"), len(PARTITIONS) + len(OWNERS) + 1),  # a balancing tick
+        (backend.prefix(CHECKPOINT, scope), 3),
+        (backend.prefix(entries, scope), 3),
+        (backend.prefix(MEMBER, scope), len(OWNERS)),
+        ("", len(PARTITIONS) + len(OWNERS) + 1 + 3 + 3),  # the whole container
+        ("no/such/prefix/", 0),
     ]
-    for kind, prefix, expected in cases:
-        lean, sdk, pages = await _both(backend, kind, prefix)
+    for prefix, expected in cases:
+        lean, sdk, pages = await _both(backend, prefix)
         assert _raw(lean) == _raw(sdk), prefix
         assert len(lean) == expected, prefix
         assert pages == max(1, math.ceil(expected / 2)), prefix
@@ -112,7 +112,8 @@ async def test_lean_listing_returns_what_the_sdk_listing_returns(filled: Any) ->
             assert blob.last_modified is not None and blob.last_modified.tzinfo is not None
             assert blob.last_modified.utcoffset() == timedelta(0)
 
-    listed = {blob.name: blob for blob in (await backend._list_blobs(OWNERSHIP, ""))[0]}
+    assert backend.lean is not None
+    listed = {blob.name: blob for blob in await backend.lean.list("")}
     names = set(listed)
     base = f"{NS}/{HUB}/{cg}/".lower()
     assert base + "ownership/p.1-x" in names  # upper-case input lower-cased
@@ -126,20 +127,26 @@ async def test_lean_listing_returns_what_the_sdk_listing_returns(filled: Any) ->
     def records(result: Any) -> Any:
         return [(r.key, r.etag, r.last_modified, dict(r.fields), r.name) for r in result.records], result.foreign
 
+    before = backend.request_counts.copy()
     lean_pair = await backend.list_ownership_and_members(scope)
     lean_checkpoints = await backend.list(CHECKPOINT, scope)
     lean_entries = await backend.list(entries, scope, encode_name("Batch"))
+    lean_pages = backend.request_counts - before
     saved, backend.lean = backend.lean, None
     try:
+        before = backend.request_counts.copy()
         sdk_pair = await backend.list_ownership_and_members(scope)
         sdk_checkpoints = await backend.list(CHECKPOINT, scope)
         sdk_entries = await backend.list(entries, scope, encode_name("Batch"))
+        sdk_pages = backend.request_counts - before
     finally:
         backend.lean = saved
+    assert lean_pages == sdk_pages == {"list_ownership": 5, "list_checkpoint": 2, "list_entry": 1}
     for lean_listing, sdk_listing in [*zip(lean_pair, sdk_pair, strict=True), (lean_checkpoints, sdk_checkpoints),
                                       (lean_entries, sdk_entries)]:
         assert records(lean_listing) == records(sdk_listing)
-        assert lean_listing.server_time is not None
+        assert lean_listing.server_time is not None and sdk_listing.server_time is not None
+        assert abs(lean_listing.server_time - sdk_listing.server_time) <= timedelta(seconds=5)
         assert all(r.last_modified <= lean_listing.server_time for r in lean_listing.records)
     assert [r.key for r in lean_pair[1].records] == sorted(encode_name(owner) for owner in OWNERS)
     assert lean_pair[0].foreign and lean_pair[0].foreign == sdk_pair[0].foreign
@@ -155,14 +162,16 @@ async def test_lean_listing_authenticates_with_a_sas_as_the_sdk_does(filled: Any
     sas = generate_container_sas("devstoreaccount1", container, account_key=azurite.account_key,
                                  permission=ContainerSasPermissions(read=True, list=True),
                                  expiry=datetime.now(timezone.utc) + timedelta(hours=1))
-    expected = _raw((await store.backend._list_blobs(OWNERSHIP, ""))[0])
+    lean = store.backend.lean
+    assert lean is not None
+    expected = _raw(await lean.list(""))
     for sas_store in (BlobCheckpointStore(f"{azurite.blob_endpoint}?{sas}", container),
                       BlobCheckpointStore(azurite.blob_endpoint, container, credential=AzureSasCredential(sas)),
                       BlobCheckpointStore(azurite.blob_endpoint, container, credential=sas)):
         async with sas_store:
             backend = sas_store.backend
             assert isinstance(backend, BlobRecords) and backend.lean is not None
-            assert _raw((await backend._list_blobs(OWNERSHIP, ""))[0]) == expected
+            assert _raw(await backend.lean.list("")) == expected
 
 
 async def _failure(backend: BlobRecords, lean: bool) -> BackendFailure:
@@ -171,7 +180,7 @@ async def _failure(backend: BlobRecords, lean: bool) -> BackendFailure:
         backend.lean = None
     try:
         with pytest.raises(BackendFailure) as caught:
-            await backend._list_blobs(OWNERSHIP, "any/")
+            await backend.list(OWNERSHIP, (NS, HUB, "cg"))
     finally:
         backend.lean = saved
     return caught.value
@@ -192,38 +201,19 @@ async def test_lean_listing_fails_as_the_sdk_listing_does(azurite: Any) -> None:
         sdk = await _failure(sdk_store.backend, lean=False)  # type: ignore[arg-type]
         for failure in (lean, sdk):
             cause = failure.__cause__
-            assert isinstance(cause, ResourceNotFoundError) and error_code(cause) == "ContainerNotFound"
+            assert isinstance(cause, ResourceNotFoundError) and cause.error_code == "ContainerNotFound"
             assert "does not exist" in str(failure) and not failure.maybe_written
         assert str(lean) == str(sdk)
         assert type(lean.__cause__) is type(sdk.__cause__)
-        assert lean_store.backend._ready is False  # the next request creates the container again
-        assert await lean_store.list_ownership(NS, HUB, "cg") is not None
+        assert not (await lean_store.list_ownership(NS, HUB, "cg")).ownerships  # created again
 
         refused = [await _failure(wrong_key.backend, lean=flag) for flag in (True, False)]  # type: ignore[arg-type]
         for failure in refused:
             assert isinstance(failure.__cause__, HttpResponseError)
             assert failure.__cause__.status_code == 403
         assert type(refused[0].__cause__) is type(refused[1].__cause__)
-        assert error_code(refused[0].__cause__) == error_code(refused[1].__cause__)
+        assert getattr(refused[0].__cause__, "error_code", None) == getattr(refused[1].__cause__, "error_code", None)
         assert str(refused[0]) == str(refused[1])
         async with ContainerClient.from_connection_string(azurite.connection_string, container) as raw:
             await raw.delete_container()
 
-
-def test_parse_page_reads_encoded_names_empty_values_and_the_marker() -> None:
-    """What Azurite does not send but the service may: a percent-encoded ``Name`` (a name
-    with characters XML cannot carry), a blob without ``Metadata``, another offset."""
-    root = ET.fromstring(
-        "<EnumerationResults><Blobs>"
-        "<Blob><Name Encoded=\"true\">a%01b</Name><Properties><Last-Modified>Sat, 28 Nov 2026 15:19:24 GMT"
-        "</Last-Modified><Etag>0x1</Etag></Properties><Metadata><k/></Metadata></Blob>"
-        "<Blob><Name>plain</Name><Properties><Last-Modified>Sat, 28 Nov 2026 16:19:24 +0100</Last-Modified>"
-        "<Etag>\"0x2\"</Etag></Properties></Blob>"
-        "</Blobs><NextMarker>plain</NextMarker></EnumerationResults>")
-    blobs, marker = parse_page(root)
-    when = datetime(2026, 11, 28, 15, 19, 24, tzinfo=timezone.utc)
-    assert blobs == [ListedBlob("a\x01b", "0x1", when, {"k": None}), ListedBlob("plain", '"0x2"', when, {})]
-    assert marker == "plain"
-    assert parse_page(ET.fromstring("<EnumerationResults><Blobs/><NextMarker/></EnumerationResults>")) == ([], None)
-    with pytest.raises(ValueError):
-        parse_page(ET.fromstring("<Error><Code>X</Code></Error>"))
