@@ -136,26 +136,32 @@ def _schedules(draw):
 
 @settings(max_examples=150, deadline=None)
 @given(_schedules(), st.integers(1, 8))
-def test_calls_of_one_key_come_out_in_order_never_two_at_once_and_none_is_lost(schedule, batch):
+def test_calls_of_one_key_come_out_in_order_never_two_at_once_oldest_first_and_none_is_lost(schedule, batch):
     from eventprocessor._delivery.progress import CallQueue
     from eventprocessor.policies import Ordering
 
     keys, steps = schedule
     events = [Event(b"x", seq, str(seq), WHEN, partition_key=key, partition_id="0") for seq, key in enumerate(keys)]
     queue = CallQueue(Ordering.KEY, batch)
-    added, running, out = 0, {}, []
+    added, running, out, taken_seqs = 0, {}, [], set()
     for action, amount in steps + [("add", len(events))] + [("drain", 0)] * (2 * len(events) + 2):
         if action == "add":
             chunk = events[added:added + amount + 1]
             queue.add(chunk)
             added += len(chunk)
         elif action == "take" or action == "drain":
+            ready = [e.sequence_number for e in events[:added]
+                     if e.sequence_number not in taken_seqs and e.partition_key not in running]
             taken = queue.take(8)
             if taken is not None:
                 key, got = taken
                 assert key not in running and len(got) <= batch and {e.partition_key for e in got} == {key}
+                assert got[0].sequence_number == min(ready)  # the oldest event that may run goes first
                 running[key] = got
                 out += got
+                taken_seqs.update(e.sequence_number for e in got)
+            else:
+                assert not ready
         if (action == "end" or action == "drain") and running:
             key = sorted(running)[amount % len(running)]
             del running[key]

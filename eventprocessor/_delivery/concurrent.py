@@ -266,8 +266,8 @@ class ConcurrentDelivery:
                     return
                 key, events = taken
                 tasks[task] = self._pump._now()  # type: ignore[index]
-                if self._receive is None:
-                    self._wake.set()  # the loop may receive again
+                if self._receive is None and self.progress.held < self._bound:
+                    self._wake.set()  # the loop may receive again (at max_pending it may not: no wake)
         finally:
             self._tasks.pop(task, None)  # type: ignore[arg-type]
             if self._limit is not None:

@@ -10,14 +10,20 @@ them. A claim that resumes from such a record marks those events done as they ar
 without dispatching them.
 
 :class:`CallQueue` picks the next call: under ``ordering="key"`` the waiting events of
-one partition key, in order, never while a call of that key runs, keys taking turns
-(a hot key gets one call at a time like any other, so it cannot starve the rest); under
-``ordering="none"`` the next events in partition order, spread over the free slots.
+one partition key, in order, never while a call of that key runs; of the keys that may
+run, the one whose oldest waiting event is the oldest goes first. The oldest event not
+done holds the checkpoint and everything ``max_pending`` counts beyond it: a key that
+waited behind its own running call does not queue up again behind every key that came
+after it, so the checkpoint moves on as soon as it can and the partition is not held at
+``max_pending`` meanwhile. A hot key still gets one call at a time like any other, so it
+cannot starve the rest. Under ``ordering="none"`` the next events in partition order,
+spread over the free slots.
 """
 from __future__ import annotations
 
 from collections import deque
 from collections.abc import Hashable, Iterable
+from heapq import heapify, heappop, heappush
 
 from ..events import Event
 from ..policies import Ordering
@@ -127,7 +133,9 @@ class CallQueue:
         self._by_key = ordering is Ordering.KEY
         self._max = max_batch_size
         self._waiting: dict[Hashable, deque[Event]] = {}
-        self._turns: deque[Hashable] = deque()  # keys with waiting events and no call running
+        # Keys with waiting events and no call running, by the sequence number of their
+        # oldest waiting event (unique within the partition, so keys are never compared).
+        self._turns: list[tuple[int, Hashable]] = []
         self._running: set[Hashable] = set()
         self.parked: dict[Hashable, int] = {}
         """Keys whose event failed every attempt under ``on_poison="park"``: their events
@@ -142,7 +150,7 @@ class CallQueue:
             if queue is None:
                 queue = self._waiting[key] = deque()
                 if key not in self._running and key not in self.parked:
-                    self._turns.append(key)
+                    heappush(self._turns, (event.sequence_number, key))
             if key in self.parked:
                 self.parked[key] += 1
             queue.append(event)
@@ -162,7 +170,7 @@ class CallQueue:
                 self._turns.clear()
             self._calls += 1
             return ("call", self._calls), events
-        key = self._turns.popleft()
+        key = heappop(self._turns)[1]
         queue = self._waiting[key]
         events = [queue.popleft() for _ in range(min(self._max, len(queue)))]
         self.waiting -= len(events)
@@ -176,15 +184,18 @@ class CallQueue:
         if not self._by_key:
             return
         self._running.discard(key)
-        if key in self._waiting and key not in self.parked:
-            self._turns.append(key)
+        queue = self._waiting.get(key)
+        if queue is not None and key not in self.parked:
+            heappush(self._turns, (queue[0].sequence_number, key))
 
     def park(self, key: Hashable) -> None:
         """``key`` failed past the poison policy: hold its events, run none of them."""
         self._running.discard(key)
         self.parked[key] = len(self._waiting.get(key, ()))
-        if key in self._turns:
-            self._turns.remove(key)
+        turns = [turn for turn in self._turns if turn[1] != key]
+        if len(turns) < len(self._turns):
+            heapify(turns)
+            self._turns = turns
 
     @property
     def keys_waiting(self) -> int:
