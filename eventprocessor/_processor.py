@@ -333,6 +333,8 @@ class EventProcessor:
         if self.is_running or self._scope.running("renewer"):
             return
         parts, scope = self._parts, self._scope
+        if not balancing:
+            parts.membership.joining = False  # the driver of balance_once() decides when to tick
         if balancing:
             scope.start_loop("taker", parts.taker.run())
             source = self._options.source

@@ -201,7 +201,12 @@ async def test_a_claim_with_an_older_epoch_than_the_row_is_refused_and_ends(post
     async with PostgresSink(copy_into(table), dsn=postgres.dsn, positions_table=positions) as sink:
         processor = _processor(source, InMemoryCheckpointStore(), sink)  # a new store: epochs start at 1 again
         await processor.start()
-        await asyncio.sleep(1.0)
+
+        async def refused() -> bool:  # the claim comes after the group's join delay
+            return any("fence of partition 0" in r.getMessage() for r in caplog.records)
+
+        await wait_for(refused, 20, "the claim refused")
+        await asyncio.sleep(0.5)  # it would commit now if it were let through
         await processor.stop()
     assert sink.stats.events_committed == 0
     assert any("fence of partition 0" in r.getMessage() and "epoch 50" in r.getMessage() for r in caplog.records)

@@ -71,6 +71,8 @@ class Taker:
         self._telemetry = telemetry
         self._describe = describe
         self._warmup = warmup
+        self._forming = False  # set by run(): a driver of tick() (balance_once) does not wait
+        self._waited = 0.0  # seconds of this tick spent waiting for the group to form
         self.fatal: Exception | None = None
         """The error that halted balancing (see :meth:`halt`), or None."""
         self._wake = asyncio.Event()
@@ -122,7 +124,7 @@ class Taker:
         interval = self._timing.interval
         if self._membership.state is None:
             await self._membership.join()
-        await self._membership.form_group(halted=lambda: self.fatal is not None, wake=self._wake)
+        self._forming = True  # the first tick that reads the source waits for a forming group
         while self.fatal is None:
             self._wake.clear()
             started = self._clock.monotonic()
@@ -212,7 +214,7 @@ class Taker:
         started = self._clock.monotonic()
         self._slowest_call = None
         report = await self._tick()
-        duration = self._clock.monotonic() - started
+        duration, self._waited = self._clock.monotonic() - started - self._waited, 0.0
         stats.last_tick_duration = duration
         stats.max_tick_duration = max(stats.max_tick_duration, duration)
         stats.claims_won += len(report.claimed)
@@ -260,6 +262,10 @@ class Taker:
         partition_ids = await self._read_partition_ids()
         if isinstance(partition_ids, Exception):
             return self._empty_report(error=partition_ids)
+        if self._forming and self._membership.joining:  # after the source answered; not timed as the tick
+            began = self._clock.monotonic()
+            await self._membership.form_group(halted=lambda: self.fatal is not None, wake=self._wake)
+            self._waited = self._clock.monotonic() - began
         members: MemberListing | None = None
         if not self.renewal.per_partition:
             read = await self._list_members()
@@ -469,15 +475,10 @@ class Taker:
     async def _ask_for_handoffs(self, decision: BalanceDecision, listing: OwnershipListing) -> None:
         """Mark records as requested by this processor (their owners hand them over), and
         remember when, to steal only if an owner does not answer within handoff_timeout.
-        A stateful partition is asked for only once its state is warm here (KIP-441), and
-        its replica is kept while a record still carries this processor's request, even
-        when this tick's plan would ask for another one: the owner may hand it over at any
-        moment."""
+        A stateful partition is asked for only once its state is warm here (KIP-441)."""
         requests: Iterable[Ownership] = decision.handoff_requests
         if self._warmup is not None:
-            asked = {r.partition_id for r in listing.ownerships if r.requested_by == self._options.owner_id}
-            self._warmup.want({r.partition_id for r in requests} | set(decision.awaiting_handoff) | asked)
-            requests = [r for r in requests if self._warmup.ready(r.partition_id)]
+            requests = self._warmup.asking(requests, decision.awaiting_handoff, listing)
         pending = set(decision.awaiting_handoff)
         for pid in list(self.requests_made):
             if pid not in pending:

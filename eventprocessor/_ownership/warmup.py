@@ -26,7 +26,7 @@ from ..policies import StatePolicy
 from ..state.log import StateLog
 from ..state.replica import LAGS_PROPERTY, WarmReplica, decode_lags, encode_lags, failover_plan, standby_plan
 from ..stores.contract import CheckpointStore
-from ..stores.records import OwnershipListing
+from ..stores.records import Ownership, OwnershipListing
 
 __all__ = ["Warmup", "FAILOVER_GRACE_TICKS"]
 
@@ -61,6 +61,17 @@ class Warmup:
         if wanted - set(self._replicas):
             self._wake.set()
         self._wanted = wanted
+
+    def asking(self, requests: Iterable[Ownership], awaiting: Iterable[str],
+               listing: OwnershipListing) -> list[Ownership]:
+        """The handoff requests to write this tick: those whose replica is warm. Wanted
+        (loaded and followed): what the tick asks for or awaits, and every partition whose
+        record still carries this processor's request, even when this tick's plan would
+        ask for another one: its owner may hand it over at any moment."""
+        requests = list(requests)
+        asked = {r.partition_id for r in listing.ownerships if r.requested_by == self._options.owner_id}
+        self.want({r.partition_id for r in requests} | set(awaiting) | asked)
+        return [r for r in requests if self.ready(r.partition_id)]
 
     def claiming(self, partition_ids: Iterable[str]) -> None:
         """Partitions this processor claims or adopts now (a handoff answered, a
