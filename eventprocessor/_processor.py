@@ -160,8 +160,9 @@ class EventProcessor:
         the member set to stay unchanged before its first claims, so that processors
         started together claim their final shares at once instead of moving partitions to
         each late joiner (Kafka's ``group.initial.rebalance.delay``). At most three times
-        that while members keep joining; none when it joins a running group. None claims
-        at once. Default 1 (see docs/concepts/timing.md, "A group forming").
+        that while members keep joining; none when it joins a running group. Default None:
+        claim at once (see docs/concepts/timing.md, "A group forming", for what it saves
+        and what it costs).
     :param max_concurrency: The most ``process_events`` calls in flight per partition
         (see docs/concepts/concurrency.md). Default 1: one batch at a time.
     :param ordering: With ``max_concurrency`` above 1: ``"key"`` (each call gets events of
@@ -213,7 +214,7 @@ class EventProcessor:
         meter_provider: Any = None,
         tracer_provider: Any = None,
         source_startup_timeout: float | None = 5.0,
-        group_join_delay: float | None = 1.0,
+        group_join_delay: float | None = None,
     ) -> None:
         """The common options are flat; three groups are policy objects
         (:mod:`eventprocessor.policies`): ``failure_policy`` (retries and poison events),

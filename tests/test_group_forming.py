@@ -1,5 +1,5 @@
-"""A group forming: processors started together wait for the member set to settle before
-their first claims (``Membership.form_group``, Kafka's ``group.initial.rebalance.delay``
+"""A group forming: with ``group_join_delay``, processors started together wait for the
+member set to settle before their first claims (``Membership.form_group``, Kafka's ``group.initial.rebalance.delay``
 on member records), so each claims its final share at once.
 
 Virtual time, the in-memory store and source, every processor's real balancing loop
@@ -22,7 +22,7 @@ from eventprocessor.stores import InMemoryCheckpointStore
 from eventprocessor.testing import FaultyStore, run_virtual, virtual_utc_clock
 
 SEEDS = range(10)
-DELAY = 1.0  # group_join_delay, the default
+DELAY = 1.0  # group_join_delay
 
 
 class Idle(PartitionProcessor):
@@ -54,7 +54,8 @@ def test_processors_started_within_a_second_claim_their_final_shares_at_once(see
     async def scenario():
         rng = random.Random(seed)
         source, store = _group(partitions, seed)
-        processors = [EventProcessor(source, store, Idle, owner_id=f"p{i:02d}") for i in range(count)]
+        processors = [EventProcessor(source, store, Idle, owner_id=f"p{i:02d}", group_join_delay=DELAY)
+                      for i in range(count)]
 
         async def start(processor: EventProcessor) -> None:
             await asyncio.sleep(rng.uniform(0, spread))
@@ -88,11 +89,11 @@ def test_a_processor_joining_a_running_group_does_not_wait_for_it_to_form():
 
     async def scenario():
         source, store = _group(12, 0)
-        first = [EventProcessor(source, store, Idle, owner_id=name) for name in ("a", "b")]
+        first = [EventProcessor(source, store, Idle, owner_id=name, group_join_delay=DELAY) for name in ("a", "b")]
         for p in first:
             await p.start()
         assert await _until(lambda: all(len(p.owned_partitions) == 6 for p in first), timeout=30) is not None
-        late = EventProcessor(source, store, Idle, owner_id="c")
+        late = EventProcessor(source, store, Idle, owner_id="c", group_join_delay=DELAY)
         await late.start()
         took = await _until(lambda: len(late.owned_partitions) == 4, timeout=30)
         for p in [*first, late]:
@@ -107,7 +108,7 @@ def test_a_lone_processor_waits_one_settle_and_a_group_that_keeps_growing_at_mos
     async def scenario():
         source, store = _group(8, 0)
         loop = asyncio.get_running_loop()
-        lone = EventProcessor(source, store, Idle, owner_id="lone")
+        lone = EventProcessor(source, store, Idle, owner_id="lone", group_join_delay=DELAY)
         started = loop.time()
         await lone.start()
         alone = await _until(lambda: len(lone.owned_partitions) == 8, timeout=30)
@@ -115,7 +116,7 @@ def test_a_lone_processor_waits_one_settle_and_a_group_that_keeps_growing_at_mos
         # A group where a new member joins every half delay, for ten seconds: the
         # first ones claim by the cap, however long the joining goes on.
         source, store = _group(64, 1)
-        joining = [EventProcessor(source, store, Idle, owner_id=f"g{i:02d}") for i in range(20)]
+        joining = [EventProcessor(source, store, Idle, owner_id=f"g{i:02d}", group_join_delay=DELAY) for i in range(20)]
         started = loop.time()
         await joining[0].start()
         first_claim = None

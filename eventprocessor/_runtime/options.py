@@ -222,7 +222,7 @@ class ProcessorOptions:
     concurrency: ConcurrencyPolicy = ConcurrencyPolicy()
     source_startup_timeout: float | None = 5.0
     ownership_renewal: str = "auto"
-    group_join_delay: float | None = 1.0
+    group_join_delay: float | None = None
 
     @property
     def scope(self) -> tuple[str, str, str]:
@@ -258,7 +258,7 @@ class ProcessorOptions:
                  replica_count: Any, load_policy: Any, stateful: Any, error_handler: Any, clock: Any,
                  rng: Any, max_concurrency: Any = None, ordering: Any = None,
                  concurrency: Any = None, source_startup_timeout: Any = 5.0,
-                 ownership_renewal: Any = "auto", group_join_delay: Any = 1.0) -> ProcessorOptions:
+                 ownership_renewal: Any = "auto", group_join_delay: Any = None) -> ProcessorOptions:
         """Check every argument, group by group; raise a ConfigurationError naming the
         first bad one, the value and what would be valid."""
         timing = timing_from_arguments(load_balancing_interval, partition_ownership_expiration_interval,
