@@ -174,6 +174,21 @@ async def _status() -> Any:
         return await read_status(store, NS, HUB, GROUP, expiration=EXPIRY)
 
 
+async def _expires_in(owner: str) -> float:
+    """Seconds until ``owner``'s records expire on the store's clock: EXPIRY after its
+    latest proof of life (its member record's heartbeat or a record it wrote)."""
+    from eventprocessor.stores.blob import BlobCheckpointStore
+
+    async with BlobCheckpointStore.from_connection_string(os.environ["EVENTPROCESSOR_STORE_CONNECTION_STRING"],
+                                                          CONTAINER) as store:
+        members = await store.list_members(NS, HUB, GROUP)
+        ownership = await store.list_ownership(NS, HUB, GROUP)
+    times = [m.last_modified_time for m in members.members if m.owner_id == owner]
+    times += [r.last_modified_time for r in ownership.ownerships if r.owner_id == owner]
+    latest = max(t for t in times if t is not None)
+    return EXPIRY - (ownership.server_time - latest).total_seconds()
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", default=str(ROOT / "docs" / "status-watch.svg"))
@@ -188,6 +203,7 @@ def main() -> int:
         print(f"status_screenshot: {error}", file=sys.stderr)
         return 2
     started: list[subprocess.Popen] = []
+    paused: list[subprocess.Popen] = []
     terminal: Terminal | None = None
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
            "EVENTPROCESSOR_STORE_CONNECTION_STRING": azurite.connection_string,
@@ -218,6 +234,15 @@ def main() -> int:
         victim = workers["worker-2"]
         victim.send_signal(signal.SIGKILL)
         victim.wait(timeout=10)
+        # The survivors take worker-2's partitions within a tick of their expiry, often
+        # before a poll of the store sees them expired: they are paused (SIGSTOP) from a
+        # second before the expiry until the capture, a few seconds, well inside their own
+        # leases (E = 15 s) and member records (gone after E/2).
+        terminal.pump(max(0.0, asyncio.run(_expires_in("worker-2")) - 1.0))
+        survivors = [p for name, p in workers.items() if name != "worker-2"]
+        for process in survivors:
+            process.send_signal(signal.SIGSTOP)
+        paused.extend(survivors)
         _wait_for(lambda: asyncio.run(_status()).summary.expired > 0, deadline, "expiry of worker-2's records",
                   terminal)
         terminal.pump(1.2)  # two refreshes of the watch
@@ -229,8 +254,13 @@ def main() -> int:
             raise RuntimeError(f"the screen does not show worker-2's expired records:\n{shown}")
         Path(args.out).write_text(screen_to_svg(terminal.screen), encoding="utf-8")
         after = asyncio.run(_status())
+        for process in paused:
+            process.send_signal(signal.SIGCONT)
+        paused.clear()
         print(f"wrote {args.out}; at capture the store showed: {after.summary.line()}")
     finally:
+        for process in paused:
+            process.send_signal(signal.SIGCONT)  # a stopped process would not hear SIGTERM
         if terminal is not None:
             terminal.close()
         for process in reversed(started):
