@@ -335,7 +335,7 @@ class EventProcessor:
             return
         parts, scope = self._parts, self._scope
         if not balancing:
-            parts.membership.joining = False  # the driver of balance_once() decides when to tick
+            parts.membership.joining = False  # the driver of balance_once() decides when to claim: no wait
         if balancing:
             scope.start_loop("taker", parts.taker.run())
             source = self._options.source

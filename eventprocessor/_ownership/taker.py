@@ -71,7 +71,6 @@ class Taker:
         self._telemetry = telemetry
         self._describe = describe
         self._warmup = warmup
-        self._forming = False  # set by run(): a driver of tick() (balance_once) does not wait
         self._waited = 0.0  # seconds of this tick spent waiting for the group to form
         self.fatal: Exception | None = None
         """The error that halted balancing (see :meth:`halt`), or None."""
@@ -124,7 +123,6 @@ class Taker:
         interval = self._timing.interval
         if self._membership.state is None:
             await self._membership.join()
-        self._forming = True  # the first tick that reads the source waits for a forming group
         while self.fatal is None:
             self._wake.clear()
             started = self._clock.monotonic()
@@ -262,10 +260,8 @@ class Taker:
         partition_ids = await self._read_partition_ids()
         if isinstance(partition_ids, Exception):
             return self._empty_report(error=partition_ids)
-        if self._forming and self._membership.joining:  # after the source answered; not timed as the tick
-            began = self._clock.monotonic()
-            await self._membership.form_group(halted=lambda: self.fatal is not None, wake=self._wake)
-            self._waited = self._clock.monotonic() - began
+        if self._membership.joining:  # after the source answered; not timed as the tick
+            self._waited = await self._membership.form_group(halted=lambda: self.fatal is not None, wake=self._wake)
         members: MemberListing | None = None
         if not self.renewal.per_partition:
             read = await self._list_members()

@@ -75,6 +75,5 @@ class ReceiveCall:
             track_last_enqueued_event_properties=self.track_last_enqueued_event_properties,
             error_handler=callbacks.processor_error, max_concurrency=self.max_concurrency,
             ordering=self.ordering,
-            # azure-eventhub's receive keeps trying a hub it cannot reach (on_error hears of it);
-            # a call without a checkpoint store reads alone: no group to wait for
-            **{"source_startup_timeout": None, **({"group_join_delay": None} if store is None else {}), **options})
+            # azure-eventhub's receive keeps trying a hub it cannot reach (on_error hears of it)
+            **{"source_startup_timeout": None, **options})

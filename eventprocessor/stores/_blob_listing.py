@@ -40,8 +40,8 @@ import logging
 import xml.etree.ElementTree as ET
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import datetime, timedelta, timezone
-from email.utils import parsedate_tz
+from datetime import datetime, timezone
+from email.utils import parsedate_to_datetime
 from typing import Any
 from urllib.parse import quote, unquote
 
@@ -87,9 +87,12 @@ def _rfc1123(text: str | None, seen: dict[str, datetime | None]) -> datetime | N
         return None
     if text in seen:
         return seen[text]
-    parsed = parsedate_tz(text)
-    when = None if parsed is None else datetime(
-        *parsed[:6], tzinfo=timezone(timedelta(seconds=parsed[9] or 0))).astimezone(timezone.utc)
+    try:
+        parsed = parsedate_to_datetime(text)
+        when: datetime | None = (parsed if parsed.tzinfo else parsed.replace(tzinfo=timezone.utc)).astimezone(
+            timezone.utc)
+    except (TypeError, ValueError, IndexError):
+        when = None
     seen[text] = when
     return when
 
