@@ -35,7 +35,7 @@ from eventprocessor.errors import (
 )
 from eventprocessor.policies import LoadBalancingStrategy
 from eventprocessor.stores import InMemoryCheckpointStore
-from eventprocessor.stores.backend import CHECKPOINT, EtagMismatch, Kind, RecordExists
+from eventprocessor.stores.backend import CHECKPOINT, OWNERSHIP, EtagMismatch, Kind, RecordExists
 from eventprocessor.stores.contract import CheckpointStore
 from eventprocessor.stores.records import (
     MAX_DONE_TEXT,
@@ -529,7 +529,8 @@ async def test_one_request_per_checkpoint_after_the_fence(backend: Backend) -> N
     counts = backend.store.request_counts  # type: ignore[attr-defined]
     before = Counter(counts)
     assert await backend.store.fence_checkpoint(won) is None
-    assert Counter(counts) - before == Counter(read_ownership=1, read_checkpoint=1, create_checkpoint=1)
+    assert Counter(counts) - before == Counter(create_checkpoint=1), \
+        "a partition's first claim, created by this store, fences with one create-if-absent"
 
     before = Counter(counts)
     for seq in range(10):
@@ -551,6 +552,72 @@ async def test_without_a_fence_a_checkpoint_verifies_ownership_first(backend: Ba
     before = Counter(counts)
     await backend.store.update_checkpoint(backend.checkpoint("0", 2), owner_id="a", epoch=won.epoch)
     assert Counter(counts) - before == Counter(replace_checkpoint=1), "its own write is as good as a fence"
+
+
+async def test_a_fence_reads_ownership_and_checkpoint_unless_this_store_created_the_first_claim(
+        backend: Backend) -> None:
+    """Three requests for every other fence: a steal (epoch 2), and a first claim that
+    another store instance created (it did not see the create's answer)."""
+    await _fenced_owner(backend, "0", seq=10)
+    new = await backend.claim(backend.peer, "0", "new")
+    counts = backend.peer.request_counts  # type: ignore[attr-defined]
+    before = Counter(counts)
+    await backend.peer.fence_checkpoint(new)
+    assert Counter(counts) - before == Counter(read_ownership=1, read_checkpoint=1, replace_checkpoint=1)
+
+    first = await backend.claim(backend.store, "1", "b")
+    before = Counter(counts)
+    assert await backend.peer.fence_checkpoint(first) is None
+    assert Counter(counts) - before == Counter(read_ownership=1, read_checkpoint=1, create_checkpoint=1)
+
+
+async def test_a_first_claim_over_a_checkpoint_left_without_its_ownership_record_resumes_from_it(
+        backend: Backend) -> None:
+    """The ownership records were deleted (a wiped prefix, a new deployment) but a
+    checkpoint is left: the next first claim's create-if-absent finds it, the full fence
+    reads it and refuses an epoch not above its own (``StaleEpochError``, as the
+    processor's claimer expects), and the claim one epoch above it resumes from it."""
+    await _fenced_owner(backend, "0", seq=10)
+    await backend.store.backend.delete(OWNERSHIP, backend.scope, "0")  # type: ignore[attr-defined]
+    again = await backend.claim(backend.peer, "0", "new")
+    assert again.epoch == 1
+    with pytest.raises(StaleEpochError) as raised:
+        await backend.peer.fence_checkpoint(again)
+    assert raised.value.stored_epoch == 1
+    [above] = await backend.peer.claim_ownership([replace(again, epoch=2)])
+    resume = await backend.peer.fence_checkpoint(above)
+    assert resume is not None and (resume.sequence_number, resume.owner_id) == (10, "old")
+    with pytest.raises(OwnershipLostError):
+        await backend.store.update_checkpoint(backend.checkpoint("0", 11), owner_id="old", epoch=1)
+    await backend.peer.update_checkpoint(backend.checkpoint("0", 12), owner_id="new", epoch=2)
+    stored = (await backend.checkpoints())["0"]
+    assert (stored.sequence_number, stored.owner_id, stored.epoch) == (12, "new", 2)
+
+
+async def test_a_first_claim_stolen_and_fenced_before_its_own_fence_is_refused(backend: Backend) -> None:
+    first = await backend.claim(backend.store, "0", "a")
+    stolen = await backend.claim(backend.peer, "0", "b")
+    await backend.peer.fence_checkpoint(stolen)
+    with pytest.raises(OwnershipLostError) as raised:
+        await backend.store.fence_checkpoint(first)
+    assert not isinstance(raised.value, StaleEpochError)
+    await backend.peer.update_checkpoint(backend.checkpoint("0", 5), owner_id="b", epoch=stolen.epoch)
+    stored = (await backend.checkpoints())["0"]
+    assert (stored.sequence_number, stored.owner_id, stored.epoch) == (5, "b", 2)
+
+
+async def test_a_first_claim_fenced_then_stolen_and_fenced_cannot_write_again(backend: Backend) -> None:
+    first = await backend.claim(backend.store, "0", "a")
+    stolen = await backend.claim(backend.peer, "0", "b")
+    assert await backend.store.fence_checkpoint(first) is None  # before b's fence: one create
+    await backend.store.update_checkpoint(backend.checkpoint("0", 3), owner_id="a", epoch=first.epoch)
+    resume = await backend.peer.fence_checkpoint(stolen)
+    assert resume is not None and (resume.sequence_number, resume.owner_id) == (3, "a"), \
+        "a's write before b's fence is where b resumes"
+    with pytest.raises(OwnershipLostError):
+        await backend.store.update_checkpoint(backend.checkpoint("0", 4), owner_id="a", epoch=first.epoch)
+    stored = (await backend.checkpoints())["0"]
+    assert (stored.sequence_number, stored.owner_id, stored.epoch) == (3, "b", 2)
 
 
 async def test_the_fence_cache_is_per_epoch(backend: Backend) -> None:

@@ -86,27 +86,31 @@ async def run_sizes(args: argparse.Namespace, connection_string: str, azurite_pi
             size = SizeResult(partitions, processors, calibration, sizing)
             results.append(size)
             order = [impl for impl in (IMPLS if index % 2 == 0 else IMPLS[::-1]) if impl in args.impls]
-            need = side_seconds(args, sizing, processors)
+            # Each side is budgeted at its own timing: ours at its defaults runs its ticks at
+            # ours' interval, not at the one sized for the official processor.
+            sizings = {impl: ours_at_defaults(sizing) if impl == "ours" and args.ours_timing == "defaults"
+                       else sizing for impl in order}
+            needs = {impl: side_seconds(args, sizings[impl], processors) for impl in order}
             # A size runs whole or not at all: one side alone compares nothing (the first
             # side skipped for want of time, the second then found the time left over).
             whole_left = budget_end - time.monotonic()
-            whole = need * len(order) > whole_left
+            whole = sum(needs.values()) > whole_left
             for position, impl in enumerate(order):
                 # The sides after this one keep what they need; this one may use the rest
                 # when its ticks overrun, and is cut there ("budget"), never at the cap.
-                reserved = need * (len(order) - position - 1)
+                reserved = sum(needs[later] for later in order[position + 1:])
                 left = budget_end - time.monotonic() - reserved
+                need, side_sizing = needs[impl], sizings[impl]
                 if whole or need > left:
                     size.skipped[impl] = (
-                        f"sized at I = {sizing.interval:g} s, each side could take {need / 60:.0f} min "
-                        f"({args.cap_ticks:g} ticks to the cap, then {sizing.hold:.0f} s held so that every lease is "
-                        f"renewed once) and {max(whole_left if whole else left, 0) / 60:.0f} min of the "
+                        f"sized at I = {side_sizing.interval:g} s, each side could take {need / 60:.0f} min "
+                        f"({args.cap_ticks:g} ticks to the cap, then {side_sizing.hold:.0f} s held so that every "
+                        f"lease is renewed once) and {max(whole_left if whole else left, 0) / 60:.0f} min of the "
                         f"{args.budget_minutes:g}-minute budget were left for "
                         + (f"its {len(order)} sides (a size runs whole or not at all)" if whole else "it"))
                     print(f"{partitions}x{processors} {impl}: not run: {size.skipped[impl]}", file=sys.stderr,
                           flush=True)
                     continue
-                side_sizing = ours_at_defaults(sizing) if impl == "ours" and args.ours_timing == "defaults" else sizing
                 hold = args.hold if args.hold is not None else side_sizing.hold
                 deadline = time.monotonic() + left - _overhead(args, processors) - hold
                 try:

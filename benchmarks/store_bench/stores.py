@@ -99,7 +99,10 @@ class ContractStore(StoreUnderTest):
         return self._request_counts()
 
     async def create_claim(self, partition_id: str) -> bool:
-        claim = Ownership(NAMESPACE, EVENTHUB, CONSUMER_GROUP, partition_id, OWNER, epoch=1)
+        # Epoch 2, as a claim over a released record: the timed fences are then those of
+        # a steal or a handoff (three requests). A partition's very first claim (epoch 1)
+        # fences with one create-if-absent, once per partition in its life.
+        claim = Ownership(NAMESPACE, EVENTHUB, CONSUMER_GROUP, partition_id, OWNER, epoch=2)
         won = await self._store.claim_ownership([claim])
         for record in won:
             self._owned[record.partition_id] = record

@@ -40,7 +40,9 @@ Requests
   create-if-absent: 409 when the blob exists; the official store uses
   ``set_blob_metadata(if_none_match="*")``, which *succeeds* on an existing blob), else
   ``set_blob_metadata`` If-Match the etag (412 when stale): 1 request;
-* fence: HEAD ownership, HEAD checkpoint, conditional write: 3 requests;
+* fence: HEAD ownership, HEAD checkpoint, conditional write: 3 requests; at a
+  partition's first claim (epoch 1, created by this store instance), ``upload_blob``
+  if-none-match the placeholder: 1 request (3 more when a checkpoint is there after all);
 * checkpoint after a fence: ``set_blob_metadata`` If-Match the cached etag: 1 request
   (3 without a fence: HEAD ownership, HEAD checkpoint, write);
 * listing: one request per 5000 blobs; ``server_time`` is the last page's ``Date``. The

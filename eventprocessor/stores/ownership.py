@@ -14,7 +14,7 @@ from .backend import OWNERSHIP, Fields, RecordConflict, RecordListing, Scope
 from .checkpoints import CheckpointProtocol
 from .codec import check_epoch, check_text, parse_ownership
 from .members import MemberProtocol
-from .records import MemberListing, Ownership, OwnershipListing, UnreadableOwnership
+from .records import FIRST_EPOCH, MemberListing, Ownership, OwnershipListing, UnreadableOwnership
 
 __all__ = ["OwnershipProtocol"]
 
@@ -133,6 +133,8 @@ class OwnershipProtocol(CheckpointProtocol, MemberProtocol):
                          claim.consumer_group, type(lost).__name__)
             return None
         self._keep_only_fence(scope, claim.partition_id, claim.owner_id, claim.epoch)
+        if claim.etag is None and claim.epoch == FIRST_EPOCH and claim.owner_id:
+            self._created_claim(scope, claim.partition_id, claim.owner_id)
         logger.debug("processor %s claimed partition %s (hub %s, consumer group %s, epoch %s)",
                      claim.owner_id or "<release>", claim.partition_id, claim.eventhub_name, claim.consumer_group,
                      claim.epoch)

@@ -32,7 +32,8 @@ written before it (with microsecond resolution). Expiry is judged on that clock,
 a processor's.
 
 Requests: claim 1 statement, fence 3 (read ownership, read checkpoint, conditional
-write), checkpoint after a fence 1, a tick's listing of ownership and members 1.
+write; 1 at a partition's first claim: create the placeholder if absent), checkpoint
+after a fence 1, a tick's listing of ownership and members 1.
 
 Connections come from an asyncpg pool (``pool_size`` connections at most, opened when
 needed). A statement whose connection breaks may have been carried out: the protocol

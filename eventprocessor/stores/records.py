@@ -12,7 +12,11 @@ from datetime import datetime
 
 __all__ = ["Ownership", "Checkpoint", "StateRef", "DoneBeyond", "MAX_DONE_TEXT",
            "OwnershipListing", "UnreadableOwnership", "Member", "MemberListing",
-           "MAX_EPOCH", "MAX_SEQUENCE_NUMBER", "MAX_ENTRY_BYTES", "partition_sort_key"]
+           "FIRST_EPOCH", "MAX_EPOCH", "MAX_SEQUENCE_NUMBER", "MAX_ENTRY_BYTES", "partition_sort_key"]
+
+FIRST_EPOCH = 1
+"""The epoch of a partition's first claim: an unowned partition reads as epoch 0, and
+every claim writes the epoch it read plus one."""
 
 MAX_EPOCH = 2**63 - 1
 """Epochs are Event Hubs owner levels, signed 64-bit integers. A record whose epoch is

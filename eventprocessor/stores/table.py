@@ -26,13 +26,14 @@ properties of at most 64 KiB (the property limit); 15 of them keep the entity un
 service's 1 MiB, so an entry holds at most ``MAX_ENTRY_BYTES`` (983,040 bytes) here as
 on every store.
 
-Requests: as for :mod:`eventprocessor.stores.blob` (claim 1, fence 3, checkpoint after a fence 1). A
-write's ``last_modified_time`` is the response's ``Date`` (1-second resolution, so never
-later than the entity's ``Timestamp``); listings return the query's ``Date`` as
-``server_time``, so a record written in the last second can look up to 1 s younger than
-it is (never older). The ownership and checkpoint entities have different
-PartitionKeys, so an entity group transaction could not make a claim and a fence one
-request; the fence is what makes the checkpoint write one request instead.
+Requests: as for :mod:`eventprocessor.stores.blob` (claim 1, fence 3, or 1 at a
+partition's first claim, checkpoint after a fence 1). A write's ``last_modified_time``
+is the response's ``Date`` (1-second resolution, so never later than the entity's
+``Timestamp``); listings return the query's ``Date`` as ``server_time``, so a record
+written in the last second can look up to 1 s younger than it is (never older). The
+ownership and checkpoint entities have different PartitionKeys, so an entity group
+transaction could not make a claim and a fence one request; the fence is what makes the
+checkpoint write one request instead.
 
 Example (Cosmos DB's Table API works the same way, with its own account URL)::
 
