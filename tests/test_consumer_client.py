@@ -557,6 +557,33 @@ def test_arguments_it_cannot_honour_are_refused_by_name(kwargs, needles):
     assert "secret-key" not in str(raised.value)
 
 
+@pytest.mark.parametrize("method, kwargs, name", [
+    ("receive_batch", {"prefetch_count": 10}, "prefetch_count"),
+    ("receive", {"max_batch_size": 5}, "max_batch_size"),
+    ("receive", {"partition": "0"}, "partition"),
+])
+def test_an_unknown_receive_argument_is_a_type_error_naming_it_before_anything_runs(method, kwargs, name):
+    """``receive`` and ``receive_batch`` share their keyword arguments
+    (``ReceiveOptions``); one neither takes fails as a Python signature would, naming it
+    and the ones it takes, and nothing is received."""
+    async def scenario():
+        source, store = _world(2)
+        client = EventHubConsumerClient.from_source(source, checkpoint_store=store, **OPTIONS)
+        recorder = Recorder()
+        callback = recorder.on_event_batch if method == "receive_batch" else recorder.on_event
+        with pytest.raises(TypeError) as raised:
+            await getattr(client, method)(callback, starting_position="-1", **kwargs)
+        running = set(client.processors)
+        await client.close()
+        return str(raised.value), running
+
+    message, running = run_virtual(scenario())
+    assert message.startswith(f"{method}() got an unexpected keyword argument {name!r}")
+    takes = message.split("(it takes ", 1)[1]
+    assert "starting_position" in takes and ("max_batch_size" in takes) == (method == "receive_batch")
+    assert running == set()
+
+
 def test_retry_backoff_is_taken_as_azure_eventhub_takes_it_with_a_warning(caplog):
     """azure-eventhub ignores ``retry_backoff`` (its option is ``retry_backoff_factor``), and
     its own tests pass it: the drop-in takes it too, changes nothing with it, and says so."""

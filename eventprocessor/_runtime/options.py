@@ -15,7 +15,7 @@ import random
 import uuid
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import ConfigurationError
 from ..events import EventPosition
@@ -23,7 +23,6 @@ from ..partition import PartitionContext, PartitionProcessor
 from ..policies import (
     ConcurrencyPolicy,
     FailurePolicy,
-    HandlerExecutor,
     LoadBalancingStrategy,
     LoadPolicy,
     Ordering,
@@ -35,6 +34,9 @@ from ..sources.base import EventSource
 from ..stores.contract import CheckpointStore
 from .clock import Clock, SystemClock
 from .timing import Timing, timing_from_arguments
+
+if TYPE_CHECKING:  # in annotations only
+    from ..policies import HandlerExecutor
 
 RENEWAL_MODES = ("auto", "member", "partition")
 """``ownership_renewal``: ``member`` (one heartbeat per processor keeps its partitions;

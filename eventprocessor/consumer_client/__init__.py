@@ -56,6 +56,8 @@ from .options import (
            starting_positions,
            to_event_position,
 )
+from .receive_call import ReceiveOptions
 
 __all__ = ["EventHubConsumerClient", "ConsumerPartitionContext", "StartingPosition", "to_event_data",
-           "starting_positions", "to_event_position", "CLIENT_OPTIONS", "SOURCE_OPTIONS", "PROCESSOR_OPTIONS"]
+           "starting_positions", "to_event_position", "CLIENT_OPTIONS", "SOURCE_OPTIONS", "PROCESSOR_OPTIONS",
+           "ReceiveOptions"]

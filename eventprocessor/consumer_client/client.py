@@ -6,24 +6,26 @@ import logging
 import weakref
 from collections.abc import Callable, Mapping
 from types import MappingProxyType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .._processor import EventProcessor
 from ..errors import ConfigurationError
 from ..events import Event
 from ..sources.base import EventSource
 from ..stores.contract import CheckpointStore
-from .callbacks import OnError, OnEvent, OnEventBatch, OnPartitionClose, OnPartitionInitialize
+from .callbacks import OnEvent, OnEventBatch
 from .official_errors import official_error
 from .options import (
     _ALL_PARTITIONS,
     _SINGLE_EVENT_BATCH,
-    StartingPosition,
     _require_azure_eventhub,
     _resolve_store,
     _split_options,
 )
-from .receive_call import ReceiveCall
+from .receive_call import DEFAULT_PREFETCH, ReceiveCall, ReceiveOptions
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 
 logger = logging.getLogger(__name__)
 
@@ -193,24 +195,8 @@ class EventHubConsumerClient:
     async def __aexit__(self, *args: Any) -> None:
         await self.close()
 
-    async def receive_batch(
-        self,
-        on_event_batch: OnEventBatch,
-        *,
-        max_batch_size: int = 300,
-        max_wait_time: float | None = None,
-        partition_id: str | None = None,
-        owner_level: int | None = None,
-        prefetch: int = 300,
-        track_last_enqueued_event_properties: bool = False,
-        starting_position: StartingPosition | Mapping[str, StartingPosition] | None = None,
-        starting_position_inclusive: bool | Mapping[str, bool] = False,
-        on_error: OnError | None = None,
-        on_partition_initialize: OnPartitionInitialize | None = None,
-        on_partition_close: OnPartitionClose | None = None,
-        max_concurrency: int | None = None,
-        ordering: str | None = None,
-    ) -> None:
+    async def receive_batch(self, on_event_batch: OnEventBatch, *, max_batch_size: int = 300,
+                            **options: Unpack[ReceiveOptions]) -> None:
         """Receive batches from every partition this processor owns (or from
         ``partition_id`` only) until :meth:`close`, as azure-eventhub's ``receive_batch``.
 
@@ -228,39 +214,20 @@ class EventHubConsumerClient:
         partition, each with events of one partition key under ``"key"``, each with a
         context whose ``update_checkpoint()`` checkpoints its own events (see
         docs/concepts/concurrency.md). Raises :class:`ConfigurationError` for an invalid
-        argument, before anything runs.
+        argument, before anything runs. The keyword arguments besides ``max_batch_size``
+        are :class:`ReceiveOptions`, shared with :meth:`receive`; an unknown one raises
+        ``TypeError`` naming it.
         """
-        await self._receive(ReceiveCall(
-            on_event_batch, True, max_batch_size, max_wait_time, partition_id, owner_level, prefetch,
-            track_last_enqueued_event_properties, starting_position, starting_position_inclusive, on_error,
-            on_partition_initialize, on_partition_close, max_concurrency, ordering))
+        await self._receive(ReceiveCall.of("receive_batch", on_event_batch, True, max_batch_size, options))
 
-    async def receive(
-        self,
-        on_event: OnEvent,
-        *,
-        max_wait_time: float | None = None,
-        partition_id: str | None = None,
-        owner_level: int | None = None,
-        prefetch: int = 300,
-        track_last_enqueued_event_properties: bool = False,
-        starting_position: StartingPosition | Mapping[str, StartingPosition] | None = None,
-        starting_position_inclusive: bool | Mapping[str, bool] = False,
-        on_error: OnError | None = None,
-        on_partition_initialize: OnPartitionInitialize | None = None,
-        on_partition_close: OnPartitionClose | None = None,
-        max_concurrency: int | None = None,
-        ordering: str | None = None,
-    ) -> None:
+    async def receive(self, on_event: OnEvent, **options: Unpack[ReceiveOptions]) -> None:
         """As :meth:`receive_batch`, one event per ``on_event(context, event)`` call (``None``
         after ``max_wait_time`` without events). Events are fetched up to 300 at a time and
         handed over one by one; when ``on_event`` raises, the events it already returned
         from are not delivered again."""
+        prefetch = options.get("prefetch", DEFAULT_PREFETCH)
         batch = max(1, min(_SINGLE_EVENT_BATCH, prefetch)) if isinstance(prefetch, int) else _SINGLE_EVENT_BATCH
-        await self._receive(ReceiveCall(
-            on_event, False, batch, max_wait_time, partition_id, owner_level, prefetch,
-            track_last_enqueued_event_properties, starting_position, starting_position_inclusive, on_error,
-            on_partition_initialize, on_partition_close, max_concurrency, ordering))
+        await self._receive(ReceiveCall.of("receive", on_event, False, batch, options))
 
     async def _receive(self, call: ReceiveCall) -> None:
         key = _ALL_PARTITIONS if call.partition_id is None else call.partition_id

@@ -2,19 +2,45 @@
 :class:`~eventprocessor.EventProcessor` that runs it."""
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypedDict
 
 from .._processor import EventProcessor
 from ..errors import ConfigurationError
 from ..sources.base import EventSource
 from ..stores.contract import CheckpointStore
 from .callbacks import OnError, OnPartitionClose, OnPartitionInitialize, _CallbackProcessor, _Callbacks
-from .options import _memory_store, starting_positions
+from .options import StartingPosition, _memory_store, starting_positions
 from .views import _OnePartitionStore, _ReceiveSource
 
-__all__ = ["ReceiveCall"]
+__all__ = ["ReceiveCall", "ReceiveOptions", "DEFAULT_PREFETCH"]
+
+DEFAULT_PREFETCH = 300
+
+
+class ReceiveOptions(TypedDict, total=False):
+    """The keyword arguments ``receive`` and ``receive_batch`` share, as azure-eventhub's
+    (defaults in brackets): ``max_wait_time`` (None), ``partition_id`` (None: every
+    partition this client owns), ``owner_level`` (None), ``prefetch`` (300),
+    ``track_last_enqueued_event_properties`` (False), ``starting_position`` (None:
+    ``"@latest"``), ``starting_position_inclusive`` (False), ``on_error``,
+    ``on_partition_initialize``, ``on_partition_close`` (None), and this SDK's
+    ``max_concurrency`` and ``ordering`` (None: one callback at a time per partition).
+    See :meth:`EventHubConsumerClient.receive_batch`."""
+
+    max_wait_time: float | None
+    partition_id: str | None
+    owner_level: int | None
+    prefetch: int
+    track_last_enqueued_event_properties: bool
+    starting_position: StartingPosition | Mapping[str, StartingPosition] | None
+    starting_position_inclusive: bool | Mapping[str, bool]
+    on_error: OnError | None
+    on_partition_initialize: OnPartitionInitialize | None
+    on_partition_close: OnPartitionClose | None
+    max_concurrency: int | None
+    ordering: str | None
 
 
 @dataclass(frozen=True)
@@ -25,18 +51,29 @@ class ReceiveCall:
     callback: Callable[..., Awaitable[None]]
     batch: bool
     max_batch_size: int
-    max_wait_time: float | None
-    partition_id: str | None
-    owner_level: int | None
-    prefetch: int
-    track_last_enqueued_event_properties: bool
-    starting_position: Any
-    starting_position_inclusive: Any
-    on_error: OnError | None
-    on_partition_initialize: OnPartitionInitialize | None
-    on_partition_close: OnPartitionClose | None
+    max_wait_time: float | None = None
+    partition_id: str | None = None
+    owner_level: int | None = None
+    prefetch: int = DEFAULT_PREFETCH
+    track_last_enqueued_event_properties: bool = False
+    starting_position: Any = None
+    starting_position_inclusive: Any = False
+    on_error: OnError | None = None
+    on_partition_initialize: OnPartitionInitialize | None = None
+    on_partition_close: OnPartitionClose | None = None
     max_concurrency: int | None = None
     ordering: str | None = None
+
+    @classmethod
+    def of(cls, method: str, callback: Callable[..., Awaitable[None]], batch: bool, max_batch_size: int,
+           options: Mapping[str, Any]) -> ReceiveCall:
+        """The call ``method(callback, **options)``; ``TypeError`` for an unknown keyword
+        argument, as a Python signature would say it."""
+        unknown = sorted(set(options) - set(ReceiveOptions.__annotations__))
+        if unknown:
+            known = ", ".join(["max_batch_size"] * batch + sorted(ReceiveOptions.__annotations__))
+            raise TypeError(f"{method}() got an unexpected keyword argument {unknown[0]!r} (it takes {known})")
+        return cls(callback, batch, max_batch_size, **options)
 
     def check(self) -> None:
         """Raise :class:`ConfigurationError` for an argument the official client would refuse."""

@@ -14,22 +14,23 @@ import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import replace
 from datetime import datetime, timezone
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .backend import (
     MEMBER,
     OWNERSHIP,
     EtagMismatch,
-    Fields,
     Kind,
     RecordBackend,
     RecordExists,
     RecordListing,
     RecordMissing,
-    Scope,
     StoredRecord,
 )
 from .protocol import ProtocolStore
+
+if TYPE_CHECKING:  # in annotations only
+    from .backend import Fields, Scope
 
 __all__ = ["InMemoryCheckpointStore", "InMemoryRecords"]
 
