@@ -421,3 +421,29 @@ def test_kept_readers_are_closed_after_two_and_a_half_batch_intervals_learnt_fro
         assert pool.idle == 2.0, "never below 2 s"
 
     run_virtual(main())
+
+
+def test_readers_of_a_slow_first_batch_are_kept_for_the_second():
+    """Before two batches were seen the interval is unknown, and the first batch is the
+    slow one (executors and workers start): a reader it used must still be there for
+    the second batch 10 s later, or every range is received again from the hub."""
+    from eventprocessor.spark.source.executor import ReaderPool
+    from eventprocessor.spark.source.readahead import PartitionReader
+    from eventprocessor.testing import run_virtual
+
+    options = SourceOptions.parse({"eventhubs.connectionString": CONN})
+
+    async def main() -> None:
+        now = asyncio.get_running_loop().time
+        pool = ReaderPool(max_skip=100, clock=now)
+        pool.note_batch(1000.0)
+        kept = PartitionReader(options, "0", 50, ahead=10, clock=now)
+        pool.keep(("p", "0"), kept)
+        await asyncio.sleep(12.0)
+        assert pool.take(("p", "0"), 50) is kept, "the second batch, 12 s later: the first batch's reader serves it"
+        kept.used_at = now()
+        pool.keep(("p", "0"), kept)
+        await asyncio.sleep(32.0)
+        assert pool.kept() == 0, "no batch for longer than the default (30 s): closed"
+
+    run_virtual(main())
