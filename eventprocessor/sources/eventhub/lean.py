@@ -16,6 +16,7 @@ from typing import Any
 
 from ...events import Event, EventPosition
 from .conversion import last_enqueued_of, message_to_event, to_starting_position
+from .frames import read_buffered_frames
 from .receiver import PartitionReceiverBase
 
 __all__ = ["_LeanReceiver", "lean_receive_supported"]
@@ -112,6 +113,9 @@ class _LeanReceiver(PartitionReceiverBase):
                 "disconnected", f"the receiver of partition {self.partition_id} is reopened on the public receive path")
         self._handler = handler
         self._buffer = buffer
+        # A frame already received is decoded without a task and a timer of its own (a
+        # third of the CPU time of reading a backlog; see .frames).
+        read_buffered_frames(getattr(getattr(handler, "_connection", None), "_transport", None))
         if callable(getattr(handler, "_message_received_callback", None)):
             # The consumer's callback takes an asyncio.Lock per message (about 2.5 µs of the
             # ~30 µs the client spends on each event here); nothing else appends to the
