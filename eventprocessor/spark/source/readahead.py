@@ -49,6 +49,8 @@ _CHUNK = 4096  # events per receive while reading ahead
 _WAIT = 1.0  # seconds one receive waits for events while reading ahead
 _REOPENS = 5  # receive failures in a row (nothing received in between) before a task fails
 _SEQUENCE = 3  # the sequenceNumber column of the record batches
+_COALESCE_ROWS = 10_000  # rows a record batch handed to a task gathers at most (Spark's Arrow batch size)
+_COALESCE_BYTES = 16 << 20  # and bytes
 
 
 class PartitionReader:
@@ -170,8 +172,20 @@ class PartitionReader:
         self.ahead = max(1, min(max(self.ahead, until - oldest), MAX_AHEAD))
         while self.position < until:
             batch = await self._next(until, read)
-            if batch is not None:
-                yield batch
+            if batch is None:
+                continue
+            # What is received already goes with it: one record batch (one frame to the
+            # task, one Arrow batch to Spark) instead of one per receive, and no turn of
+            # the event loop (where reading ahead decodes) between them.
+            parts = [batch]
+            rows, size = batch.num_rows, batch.nbytes
+            while self.position < until and self._batches and self._failure is None \
+                    and rows < _COALESCE_ROWS and size < _COALESCE_BYTES:
+                more = await self._next(until, read)
+                if more is not None:
+                    parts.append(more)
+                    rows, size = rows + more.num_rows, size + more.nbytes
+            yield _concat(parts)
         # The next task of this partition likely asks for about as many: read them now.
         self.ahead = max(1, min(max(until - start, self.options.prefetch_count), MAX_AHEAD))
         self.used_at = self._clock()
@@ -274,6 +288,16 @@ class PartitionReader:
         await self._drop_receiver()
         self._batches.clear()
         self._count = 0
+
+
+def _concat(batches: list[pa.RecordBatch]) -> pa.RecordBatch:
+    """One record batch of ``batches`` (same schema), in order."""
+    if len(batches) == 1:
+        return batches[0]
+    concat = getattr(pa, "concat_batches", None)  # pyarrow 19 and later
+    if concat is not None:
+        return concat(batches)
+    return pa.Table.from_batches(batches).combine_chunks().to_batches()[0]
 
 
 def _below(batch: pa.RecordBatch, sequence_number: int) -> int:
