@@ -36,7 +36,7 @@ from ...events import EventPosition
 from .hub import event_hub_source
 from .offsets import DataLossError, ReadRange
 from .options import SourceOptions
-from .rows import events_to_record_batch
+from .rows import events_to_record_batch, messages_to_record_batch
 
 __all__ = ["PartitionReader", "MAX_AHEAD"]
 
@@ -102,15 +102,26 @@ class PartitionReader:
             while not self._closed and self._count < self.ahead:
                 if self._receiver is None:
                     await self._open()
-                events = await self._receiver.receive(min(_CHUNK, self.ahead - self._count), _WAIT)
-                if events:
-                    self._append(events_to_record_batch(self.partition_id, events))
+                batch = await self._receive(min(_CHUNK, self.ahead - self._count))
+                if batch is not None:
+                    self._append(batch)
                     self._failures = 0
         except asyncio.CancelledError:
             raise
         except Exception as error:
             self._failure = error
             self._arrived.set()
+
+    async def _receive(self, count: int) -> pa.RecordBatch | None:
+        """Up to ``count`` events as a record batch (None: none came in ``_WAIT``): made
+        straight from the received messages where the receiver hands them over (the
+        lean receive path), else from its events."""
+        receive_messages = getattr(self._receiver, "receive_messages", None)
+        if receive_messages is not None:
+            messages = await receive_messages(count, _WAIT)
+            return messages_to_record_batch(self.partition_id, messages) if messages else None
+        events = await self._receiver.receive(count, _WAIT)
+        return events_to_record_batch(self.partition_id, events) if events else None
 
     def _append(self, batch: pa.RecordBatch) -> None:
         self._batches.append(batch)
