@@ -642,6 +642,49 @@ def test_readers_are_kept_for_the_next_range_read_ahead_and_skip_forward(eventhu
     assert (pool.opened, pool.kept()) == (4, 3)
 
 
+def test_a_range_received_ahead_is_one_record_batch_of_exactly_its_events_in_order(eventhubs_emulator):
+    """What a kept reader received ahead in several receives reaches the task as one
+    record batch (one frame, one Arrow batch for Spark): exactly the planned sequence
+    numbers, in order, nothing before or after; a range whose reader is gone is
+    received from the hub again, the same rows."""
+    from eventprocessor.spark.source.executor import WorkerReaders, read_range
+    from eventprocessor.spark.source.offsets import ReadRange
+    from eventprocessor.spark.source.options import SourceOptions
+    from eventprocessor.spark.source.rows import ARROW_SCHEMA
+
+    hub = eventhubs_emulator.fresh_hub(2)
+    conn = hub_connection(eventhubs_emulator, hub)
+    sent = asyncio.run(send(conn, {"0": 1200}, {}))
+    options = SourceOptions.parse({"eventhubs.connectionString": conn, "eventhubs.prefetchCount": "100"})
+    readers = WorkerReaders(idle=30.0)
+    pool = readers.pool
+
+    def batches(begin: int, until: int) -> list:
+        return list(read_range(options, ReadRange("0", begin, until), readers=readers))
+
+    def rows(read: list) -> list[tuple[int, bytes]]:
+        return [(r["sequenceNumber"], r["body"]) for b in read for r in b.to_pylist()]
+
+    try:
+        assert rows(batches(0, 100)) == [(s, sent[("0", s)]) for s in range(100)]
+        [[reader]] = pool._kept.values()
+        reader.ahead = 1000  # as a task of a 1,000-event range leaves it
+        reader.read_ahead()
+        deadline = time.monotonic() + 30
+        while reader.buffered < 1000 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert len(reader._batches) > 1, "received in several receives (prefetch 100)"
+        read = batches(103, 1050)
+        assert len(read) == 1 and read[0].schema == ARROW_SCHEMA
+        assert rows(read) == [(s, sent[("0", s)]) for s in range(103, 1050)], "exactly the range, in order"
+        readers.run(pool.close())  # the reader is gone: the range comes from the hub again
+        assert rows(batches(1050, 1200)) == [(s, sent[("0", s)]) for s in range(1050, 1200)]
+        assert rows(batches(1000, 1100)) == [(s, sent[("0", s)]) for s in range(1000, 1100)], "behind: a new one"
+        assert pool.opened == 3
+    finally:
+        readers.run(pool.close())
+
+
 def test_any_worker_gets_its_range_from_the_partitions_reader_process_received_ahead(eventhubs_emulator):
     """Spark runs a partition's next task in whichever Python worker is free. The
     partition's receiver lives in the executor's reader process for it, not in a worker:

@@ -287,6 +287,60 @@ def test_property_values_repeated_across_rows_render_by_their_own_type():
     assert rendered == ["1", "true", "1.0", '"on"', '"on"', "[1,2]", "1", "true"]
 
 
+def _received(messages: list[dict]) -> list:
+    """Messages as azure-eventhub's decoder hands them to the lean receive path."""
+    from azure.eventhub._pyamqp._decode import decode_payload
+    from azure.eventhub._pyamqp._encode import encode_payload
+    from azure.eventhub._pyamqp.message import Message, Properties
+    from azure.eventhub._pyamqp.types import TYPE, VALUE, AMQPTypes
+
+    out = []
+    for index, fields in enumerate(messages):
+        annotations = {b"x-opt-sequence-number": 100 + index, b"x-opt-offset": str(8192 + index * 200).encode(),
+                       b"x-opt-enqueued-time": {TYPE: AMQPTypes.timestamp, VALUE: 1777638615123 + index * 1001}}
+        if "key" in fields:
+            annotations[b"x-opt-partition-key"] = fields["key"]
+        amqp = fields.get("amqp")
+        message = Message(message_annotations=annotations, application_properties=fields.get("app"),
+                          properties=None if amqp is None else Properties(**amqp),
+                          **fields.get("body", {"data": [b"body %d" % index]}))
+        out.append(decode_payload(memoryview(encode_payload(bytearray(), message))))
+    return out
+
+
+def test_record_batches_made_from_received_messages_are_those_made_from_their_events():
+    """The reader processes make Arrow columns straight from the received messages: the
+    same batch, value for value, as from the events the lean receive path makes of them."""
+    pytest.importorskip("azure.eventhub")
+    import uuid
+
+    from eventprocessor.sources.eventhub.conversion import message_to_event
+    from eventprocessor.spark.source.rows import messages_to_record_batch
+
+    messages = _received([
+        {},
+        {"key": b"device-7", "app": {b"kind": b"reading", b"n": 5, b"ok": True, b"x": 2.5, b"raw": b"\x01\xff"},
+         "amqp": {"message_id": b"m-1", "content_type": b"application/json", "correlation_id": b"c-1"}},
+        {"amqp": {"message_id": uuid.UUID(int=7), "correlation_id": 42}, "app": {b"list": [1, b"a"], b"n": 5}},
+        {"body": {"data": [b"three ", b"data ", b"sections"]}, "key": b"k\xc3\xa9"},
+        {"body": {"sequence": [[b"reading", 21.5, True]]}, "app": {b"kind": b"reading"}},
+        {"body": {"value": {b"device": b"d-7", b"readings": [-123, 21.5, False]}}},
+        {"body": {"value": b"bytes value"}, "amqp": {"message_id": b"\xff\xfe"}},
+        {"body": {"data": [b""]}, "app": {}},
+    ])
+    events = [message_to_event(message, "5") for message in messages]
+    ours = messages_to_record_batch("5", messages)
+    assert ours.schema == ARROW_SCHEMA
+    assert ours.equals(events_to_record_batch("5", events))
+    rows = ours.to_pylist()
+    assert [r["sequenceNumber"] for r in rows] == list(range(100, 108))
+    assert rows[0]["enqueuedTime"] == datetime(2026, 5, 1, 12, 30, 15, 123000, tzinfo=timezone.utc)
+    assert rows[3]["body"] == b"three data sections" and rows[3]["partitionKey"] == "k\u00e9"
+    assert dict(rows[1]["systemProperties"]) == {"x-opt-partition-key": '"device-7"', "message-id": '"m-1"',
+                                                 "correlation-id": '"c-1"', "content-type": '"application/json"'}
+    assert messages_to_record_batch("5", []).num_rows == 0
+
+
 # ----------------------------------------------------------------------------- the checkpoint store
 
 
@@ -419,5 +473,31 @@ def test_kept_readers_are_closed_after_two_and_a_half_batch_intervals_learnt_fro
         for planned in (2000.0, 2000.2):
             pool.note_batch(planned)
         assert pool.idle == 2.0, "never below 2 s"
+
+    run_virtual(main())
+
+
+def test_readers_of_a_slow_first_batch_are_kept_for_the_second():
+    """Before two batches were seen the interval is unknown, and the first batch is the
+    slow one (executors and workers start): a reader it used must still be there for
+    the second batch 10 s later, or every range is received again from the hub."""
+    from eventprocessor.spark.source.executor import ReaderPool
+    from eventprocessor.spark.source.readahead import PartitionReader
+    from eventprocessor.testing import run_virtual
+
+    options = SourceOptions.parse({"eventhubs.connectionString": CONN})
+
+    async def main() -> None:
+        now = asyncio.get_running_loop().time
+        pool = ReaderPool(max_skip=100, clock=now)
+        pool.note_batch(1000.0)
+        kept = PartitionReader(options, "0", 50, ahead=10, clock=now)
+        pool.keep(("p", "0"), kept)
+        await asyncio.sleep(12.0)
+        assert pool.take(("p", "0"), 50) is kept, "the second batch, 12 s later: the first batch's reader serves it"
+        kept.used_at = now()
+        pool.keep(("p", "0"), kept)
+        await asyncio.sleep(32.0)
+        assert pool.kept() == 0, "no batch for longer than the default (30 s): closed"
 
     run_virtual(main())

@@ -59,11 +59,17 @@ class ReaderPool:
     carry (``idle`` seconds until one is known), which keeps about three readers per
     partition whatever the cluster's size and the batches' pace. At most ``capacity``
     are kept (least recently used closed first).
+
+    Until two batches were seen the interval is unknown, and the first batch of a query
+    is the slow one (executors, Python workers and reader processes start): its readers
+    must outlive it, or the second batch receives every range again from the hub (the
+    benchmark's 8 partitions took about 10 s to the second batch on 2 cores, and a 5 s
+    default closed the readers of the first tasks before it came). Hence 30 s.
     """
 
     IDLE_BATCHES = 2.5
 
-    def __init__(self, *, idle: float = 5.0, capacity: int = 64, max_skip: int = 10_000,
+    def __init__(self, *, idle: float = 30.0, capacity: int = 64, max_skip: int = 10_000,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.default_idle = idle
         self.capacity = capacity

@@ -36,7 +36,7 @@ from ...events import EventPosition
 from .hub import event_hub_source
 from .offsets import DataLossError, ReadRange
 from .options import SourceOptions
-from .rows import events_to_record_batch
+from .rows import events_to_record_batch, messages_to_record_batch
 
 __all__ = ["PartitionReader", "MAX_AHEAD"]
 
@@ -49,6 +49,8 @@ _CHUNK = 4096  # events per receive while reading ahead
 _WAIT = 1.0  # seconds one receive waits for events while reading ahead
 _REOPENS = 5  # receive failures in a row (nothing received in between) before a task fails
 _SEQUENCE = 3  # the sequenceNumber column of the record batches
+_COALESCE_ROWS = 10_000  # rows a record batch handed to a task gathers at most (Spark's Arrow batch size)
+_COALESCE_BYTES = 16 << 20  # and bytes
 
 
 class PartitionReader:
@@ -100,15 +102,26 @@ class PartitionReader:
             while not self._closed and self._count < self.ahead:
                 if self._receiver is None:
                     await self._open()
-                events = await self._receiver.receive(min(_CHUNK, self.ahead - self._count), _WAIT)
-                if events:
-                    self._append(events_to_record_batch(self.partition_id, events))
+                batch = await self._receive(min(_CHUNK, self.ahead - self._count))
+                if batch is not None:
+                    self._append(batch)
                     self._failures = 0
         except asyncio.CancelledError:
             raise
         except Exception as error:
             self._failure = error
             self._arrived.set()
+
+    async def _receive(self, count: int) -> pa.RecordBatch | None:
+        """Up to ``count`` events as a record batch (None: none came in ``_WAIT``): made
+        straight from the received messages where the receiver hands them over (the
+        lean receive path), else from its events."""
+        receive_messages = getattr(self._receiver, "receive_messages", None)
+        if receive_messages is not None:
+            messages = await receive_messages(count, _WAIT)
+            return messages_to_record_batch(self.partition_id, messages) if messages else None
+        events = await self._receiver.receive(count, _WAIT)
+        return events_to_record_batch(self.partition_id, events) if events else None
 
     def _append(self, batch: pa.RecordBatch) -> None:
         self._batches.append(batch)
@@ -170,8 +183,20 @@ class PartitionReader:
         self.ahead = max(1, min(max(self.ahead, until - oldest), MAX_AHEAD))
         while self.position < until:
             batch = await self._next(until, read)
-            if batch is not None:
-                yield batch
+            if batch is None:
+                continue
+            # What is received already goes with it: one record batch (one frame to the
+            # task, one Arrow batch to Spark) instead of one per receive, and no turn of
+            # the event loop (where reading ahead decodes) between them.
+            parts = [batch]
+            rows, size = batch.num_rows, batch.nbytes
+            while self.position < until and self._batches and self._failure is None \
+                    and rows < _COALESCE_ROWS and size < _COALESCE_BYTES:
+                more = await self._next(until, read)
+                if more is not None:
+                    parts.append(more)
+                    rows, size = rows + more.num_rows, size + more.nbytes
+            yield _concat(parts)
         # The next task of this partition likely asks for about as many: read them now.
         self.ahead = max(1, min(max(until - start, self.options.prefetch_count), MAX_AHEAD))
         self.used_at = self._clock()
@@ -274,6 +299,16 @@ class PartitionReader:
         await self._drop_receiver()
         self._batches.clear()
         self._count = 0
+
+
+def _concat(batches: list[pa.RecordBatch]) -> pa.RecordBatch:
+    """One record batch of ``batches`` (same schema), in order."""
+    if len(batches) == 1:
+        return batches[0]
+    concat = getattr(pa, "concat_batches", None)  # pyarrow 19 and later
+    if concat is not None:
+        return concat(batches)
+    return pa.Table.from_batches(batches).combine_chunks().to_batches()[0]
 
 
 def _below(batch: pa.RecordBatch, sequence_number: int) -> int:
