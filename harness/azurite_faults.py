@@ -74,6 +74,7 @@ class ProcessorGroup:
         self.handler = recording_handler(self.ledger, work=0.01)
         self.errors: list[Exception] = []
         self.produced: list[tuple] = []
+        self.produce_until: float | None = None  # a loop time that ends produce_for early (see stop_producing_in)
         self.stores = [BlobCheckpointStore(connection_endpoint, container, credential=account_key)
                        for _ in range(processors)]
 
@@ -86,7 +87,7 @@ class ProcessorGroup:
     async def produce_for(self, seconds: float) -> None:
         loop = asyncio.get_running_loop()
         end = loop.time() + seconds
-        while loop.time() < end:
+        while loop.time() < min(end, self.produce_until if self.produce_until is not None else end):
             pid = str(len(self.produced) % PARTITIONS)
             event = await self.source.send(f"e{len(self.produced)}", partition_id=pid)
             self.produced.append((pid, event.sequence_number))
@@ -101,6 +102,11 @@ class ProcessorGroup:
                     dispatching.setdefault(pid, []).append(p.owner_id)
         every = all(len(dispatching.get(str(i), [])) == 1 for i in range(PARTITIONS))
         return every and set(self.produced) <= self.ledger.processed()
+
+    def stop_producing_in(self, seconds: float | None) -> None:
+        """End :meth:`produce_for` ``seconds`` from now (if it would run longer); ``None``: leave it be."""
+        if seconds is not None:
+            self.produce_until = asyncio.get_running_loop().time() + seconds
 
     async def wait(self, condition: Callable[[], bool], timeout: float) -> float | None:
         loop = asyncio.get_running_loop()
@@ -128,10 +134,13 @@ Inject = Callable[[FaultProxy, "ProcessorGroup", Azurite], Awaitable[str]]
 
 
 async def run_fault_scenario(name: str, inject: Inject, azurite: Azurite, *, traffic: float = 60.0,
-                             **options: Any) -> AzuriteRun:
+                             after_recovery: float | None = None, **options: Any) -> AzuriteRun:
     """Run one scenario on ``azurite``: settle, ``inject`` the fault through the proxy,
     recover; everything bounded in time. ``traffic`` is how long the producer sends
-    (seconds); ``options`` go to every :class:`~eventprocessor.EventProcessor`."""
+    (seconds); ``after_recovery``, if given, ends it that many seconds after the group
+    recovered instead (the tests: the events sent after recovery are still counted, without
+    waiting out the rest of ``traffic``); ``options`` go to every
+    :class:`~eventprocessor.EventProcessor`."""
     async with FaultProxy("127.0.0.1", azurite.blob_port) as proxy:
         endpoint = f"http://127.0.0.1:{proxy.port}/{DEV_ACCOUNT_NAME}"
         group = ProcessorGroup(endpoint, azurite.account_key, f"faults-{uuid.uuid4().hex[:12]}", **options)
@@ -147,6 +156,7 @@ async def run_fault_scenario(name: str, inject: Inject, azurite: Azurite, *, tra
             fault_over = loop.time()
             bound = _bound(group.processors[0].timing)
             recovered = await group.wait(group.settled, timeout=bound + 30)
+            group.stop_producing_in(after_recovery)
             await producer
             await group.wait(lambda: set(group.produced) <= group.ledger.processed(), timeout=30)
         finally:
@@ -191,9 +201,11 @@ def resets(seconds: float) -> Inject:
     return inject
 
 
-async def restarted_empty(*, refuse: bool, traffic: float = 40.0, processors: int = PROCESSORS) -> AzuriteRun:
+async def restarted_empty(*, refuse: bool, traffic: float = 40.0, processors: int = PROCESSORS,
+                          after_recovery: float | None = None) -> AzuriteRun:
     """Azurite restarted with in-memory persistence: every container is gone. A separate
-    Azurite (restarted on its own ports), never the shared one."""
+    Azurite (restarted on its own ports), never the shared one. ``after_recovery``: as
+    for :func:`run_fault_scenario`."""
     azurite = start_azurite()
     try:
         group = ProcessorGroup(azurite.blob_endpoint, azurite.account_key, f"restart-{uuid.uuid4().hex[:12]}",
@@ -216,6 +228,7 @@ async def restarted_empty(*, refuse: bool, traffic: float = 40.0, processors: in
         fault_over = loop.time()
         bound = _bound(group.processors[0].timing)
         recovered = await group.wait(group.settled, timeout=bound + 30)
+        group.stop_producing_in(after_recovery)
         await producer
         await group.wait(lambda: set(group.produced) <= group.ledger.processed(), timeout=30)
         await group.close()

@@ -42,7 +42,7 @@ pytest.importorskip("azure.eventhub")
 ROOT = Path(__file__).resolve().parent.parent
 TESTS = ROOT / "tests" / "azure_eventhub_tests"
 HOST = "emulator.eventhubs.test"  # the reserved .test domain: never a real host
-WORKERS = 12  # the tests mostly wait: twelve at a time keep the session near its longest test
+WORKERS = 16  # the tests mostly wait: sixteen at a time (see LONGEST) keep the session near its longest test
 
 NEEDS_AZURE = {
     "test_consumer_client_async.py::test_receive_storage_checkpoint_async[pyamqp]":
@@ -61,14 +61,22 @@ LEFT_OUT = {
 }
 
 
-# The longest tests, started first (``--dist load`` hands the first tests out one per worker;
-# worksteal would give them all to the first worker's share) so that the session lasts about
-# as long as the longest one: test_long_sleep sleeps 220 s by design,
-# test_client_invalid_credential_async sleeps 15 s eight times and retries connections to
-# hosts that do not exist.
-SLOWEST = ("test_long_sleep", "test_client_invalid_credential_async", "test_client_with_ssl_context_async",
-           "test_send_with_invalid_hostname_async", "test_send_with_timing_configuration",
-           "test_receive_with_event_position_async", "test_receive_owner_level_async")
+# The order the tests are handed out in, so that the session lasts about as long as its
+# longest test. ``--dist load`` gives each worker two consecutive tests to start with and
+# keeps one queued behind the one a worker runs: a test queued behind one of the
+# minutes-long tests waits for it to end. So each of those (LONGEST: the official client's
+# test_client_invalid_credential_async takes about 300 s: it sleeps 15 s six times, and
+# each time azure-eventhub's consumer then waits out its 30 s load-balancing interval
+# before receive() returns; the drop-in's about 190 s; test_long_sleep sleeps 220 s by
+# design) is paired with a test skipped at once (PARTNERS), on a worker of its own; the
+# other slow tests (SLOWEST) follow, then the rest. (worksteal would give the first
+# tests all to the first worker's share.)
+LONGEST = ("test_client_invalid_credential_async", "test_long_sleep")
+PARTNERS = ("test_buffered_producer_async.py::test_long_wait_small_buffer",
+            "test_consumer_client_async.py::test_receive_storage_checkpoint_async")
+SLOWEST = ("test_client_with_ssl_context_async", "test_send_with_invalid_hostname_async",
+           "test_send_with_timing_configuration", "test_receive_with_event_position_async",
+           "test_receive_owner_level_async")
 
 
 def _tests(path: Path, *, consumer_only: bool = False) -> list[str]:
@@ -110,7 +118,18 @@ def _write_run_directory(run: Path) -> list[str]:
             (run / variant / path.name).write_text(text if variant == "official" else migrated(text))
             selected += [f"{variant}/{path.name}::{name}" for name in _tests(path, consumer_only=variant == "dropin")
                          if variant == "official" or f"{path.name}::{name}" not in LEFT_OUT]
-    return sorted(selected, key=lambda node: node.rsplit("::", 1)[1] not in SLOWEST)
+    return _in_order(selected)
+
+
+def _in_order(selected: list[str]) -> list[str]:
+    """``selected`` in the order to hand out (see LONGEST): each longest test followed by a
+    partner skipped at once, then the slow ones, then the rest (each group in its order)."""
+    longest = [node for name in LONGEST for node in selected if node.rsplit("::", 1)[1] == name]
+    partners = [node for node in selected if node.split("/", 1)[1] in PARTNERS]
+    assert len(partners) >= len(longest) == 2 * len(LONGEST), (longest, partners)
+    paired = [node for pair in zip(longest, partners[:len(longest)], strict=True) for node in pair]
+    rest = [node for node in selected if node not in paired]
+    return paired + sorted(rest, key=lambda node: node.rsplit("::", 1)[1] not in SLOWEST)
 
 
 class _Relay:

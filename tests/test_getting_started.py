@@ -25,9 +25,13 @@ environment marker), and any command that does not do what the docs say.
 
 Offline and reused: ``pip`` reads a wheelhouse (``PIP_NO_INDEX``/``PIP_FIND_LINKS``, so
 the commands stay as the docs write them) that ``pip wheel`` fills once per set of
-requirements (setup.cfg's, and the packages the pages install) and keeps beside the test
-environment. Needs the docs' fixed ports free: Azurite's 10000-10002, the emulators'
-5672 and 5673, Spark's 7077 and 15002.
+requirements (setup.cfg's, and the packages the pages install), Python and platform, and
+keeps for a day in the user's cache directory (``~/.cache/eventprocessor-tests``): a CI
+run from a fresh clone builds a fresh test environment, and filling the wheelhouse again
+took it 50-90 s at the start of a busy session. After a day it is filled again, so the
+walk installs what a new user would get, give or take a day of releases. Needs the docs'
+fixed ports free: Azurite's 10000-10002, the emulators' 5672 and 5673, Spark's 7077 and
+15002.
 """
 from __future__ import annotations
 
@@ -40,6 +44,8 @@ import shlex
 import shutil
 import subprocess
 import sys
+import sysconfig
+import time
 import uuid
 from pathlib import Path
 
@@ -52,7 +58,8 @@ from tests.test_new_user_paths import MARKER, assert_nothing_left
 from tests.test_readme_examples import assert_claimed_output
 
 ROOT = Path(__file__).resolve().parent.parent
-WHEELHOUSE = Path(sys.prefix) / "getting-started-wheels"
+WHEELHOUSES = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "eventprocessor-tests" / "wheels"
+FRESH_FOR = 24 * 3600.0  # seconds a wheelhouse is reused
 FIXED_PORTS = (10000, 10001, 10002, 5672, 5673, 7077, 15002)
 NOISE = re.compile(r"Traceback|WARNING|\bERROR\b|Error:|Unclosed|Task exception")
 # Lines no program of this project prints and none can avoid: the JVM's, under Spark 4.
@@ -125,19 +132,26 @@ def _installed_packages(command: str) -> list[str]:
 
 
 def _wheelhouse(pages: list[tuple[str, str]]) -> Path:
-    """Wheels of every requirement of the walk, built once per set of requirements
-    (``pip wheel``: an sdist such as pyspark's is built once, not at every install)."""
+    """Wheels of every requirement of the walk, built once a day per set of requirements,
+    Python and platform (``pip wheel``: an sdist such as pyspark's is built once, not at
+    every install). The fixed-ports lock keeps two walks on one machine from filling it
+    at once."""
     requirements = _requirements(pages)
-    stamp = hashlib.sha256("\n".join(requirements).encode()).hexdigest()[:16]
-    done = WHEELHOUSE / f".complete-{stamp}"
-    if not done.exists():
-        WHEELHOUSE.mkdir(parents=True, exist_ok=True)
-        out = subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--wheel-dir", str(WHEELHOUSE),
-                              *requirements], capture_output=True, text=True, timeout=1200)
-        if out.returncode != 0:
-            unavailable(f"could not fill the wheelhouse with pip wheel: {out.stderr.strip()[-500:]}")
-        done.write_text("\n".join(requirements))
-    return WHEELHOUSE
+    key = "\n".join([*requirements, sys.version, sysconfig.get_platform()])
+    house = WHEELHOUSES / hashlib.sha256(key.encode()).hexdigest()[:16]
+    done = house / ".complete"
+    if done.exists() and time.time() - done.stat().st_mtime < FRESH_FOR:
+        return house
+    for old in [house, *(d for d in WHEELHOUSES.glob("*") if not (d / ".complete").exists()
+                         or time.time() - (d / ".complete").stat().st_mtime >= FRESH_FOR)]:
+        shutil.rmtree(old, ignore_errors=True)  # stale, or left half-filled
+    house.mkdir(parents=True)
+    out = subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--wheel-dir", str(house),
+                          *requirements], capture_output=True, text=True, timeout=1200)
+    if out.returncode != 0:
+        unavailable(f"could not fill the wheelhouse with pip wheel: {out.stderr.strip()[-500:]}")
+    done.write_text(key)
+    return house
 
 
 # --------------------------------------------------------------------------- the walk
