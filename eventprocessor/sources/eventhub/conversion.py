@@ -19,7 +19,7 @@ from typing import Any
 from ...events import BodyType, Event, EventPosition, body_fields, received_event
 from ..base import LastEnqueuedEventProperties
 
-__all__ = ["to_starting_position", "message_body", "to_event", "last_enqueued_of", "message_to_event"]
+__all__ = ["to_starting_position", "message_body", "to_event", "last_enqueued_of", "message_to_event", "amqp_value"]
 
 _SEQ = b"x-opt-sequence-number"
 _OFFSET = b"x-opt-offset"
@@ -56,7 +56,7 @@ def _properties(raw: dict[Any, Any] | None) -> dict[str, Any]:
     return {(key.decode("utf-8") if isinstance(key, bytes) else str(key)): value for key, value in raw.items()}
 
 
-def _amqp_value(value: Any) -> Any:
+def amqp_value(value: Any) -> Any:
     """A message-id, correlation-id or content-type as ``EventData`` reads it: strings
     (which arrive as bytes) decoded, a UUID or an int kept, bytes that are not UTF-8 kept."""
     if isinstance(value, (bytes, bytearray)):
@@ -91,9 +91,9 @@ def to_event(event_data: Any, partition_id: str | None = None) -> Event:
         partition_key=_text(event_data.partition_key),
         properties=_properties(event_data.properties),
         partition_id=partition_id,
-        message_id=_amqp_value(event_data.message_id),
-        content_type=_amqp_value(event_data.content_type),
-        correlation_id=_amqp_value(event_data.correlation_id),
+        message_id=amqp_value(event_data.message_id),
+        content_type=amqp_value(event_data.content_type),
+        correlation_id=amqp_value(event_data.correlation_id),
         body_type=body_type,
         amqp_body=amqp_body,
         amqp_message=getattr(event_data, "_message", None),  # what EventData was built from, when it has one
@@ -144,9 +144,9 @@ def message_to_event(message: Any, partition_id: str | None = None) -> Event:
     if amqp is None:
         message_id = content_type = correlation_id = None
     else:
-        message_id = _amqp_value(amqp.message_id)
-        content_type = _amqp_value(amqp.content_type)
-        correlation_id = _amqp_value(amqp.correlation_id)
+        message_id = amqp_value(amqp.message_id)
+        content_type = amqp_value(amqp.content_type)
+        correlation_id = amqp_value(amqp.correlation_id)
     app = message.application_properties
     return received_event(
         body,

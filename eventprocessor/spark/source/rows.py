@@ -32,7 +32,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ...events import Event
-from ...sources.eventhub.conversion import message_body
+from ...sources.eventhub.conversion import amqp_value, message_body
 
 __all__ = ["COLUMNS", "SCHEMA_DDL", "ARROW_SCHEMA", "events_to_record_batch", "messages_to_record_batch", "json_value"]
 
@@ -171,17 +171,6 @@ def _text(value: Any) -> str:
     return value.decode("utf-8") if value.__class__ is bytes else str(value)
 
 
-def _amqp_value(value: Any) -> Any:
-    """As an Event holds a message-id, correlation-id or content-type (see
-    ``conversion._amqp_value``): UTF-8 bytes as text, anything else as it is."""
-    if isinstance(value, (bytes, bytearray)):
-        try:
-            return bytes(value).decode("utf-8")
-        except UnicodeDecodeError:
-            return bytes(value)
-    return value
-
-
 def messages_to_record_batch(partition_id: str, messages: Sequence[Any],
                              schema: pa.Schema | None = None) -> pa.RecordBatch:
     """The record batch :func:`events_to_record_batch` makes of these received AMQP
@@ -226,7 +215,7 @@ def messages_to_record_batch(partition_id: str, messages: Sequence[Any],
         properties[2].append(len(properties[0]))
         amqp = message.properties
         values = (key, None, None, None) if amqp is None else \
-            (key, _amqp_value(amqp.message_id), _amqp_value(amqp.correlation_id), _amqp_value(amqp.content_type))
+            (key, amqp_value(amqp.message_id), amqp_value(amqp.correlation_id), amqp_value(amqp.content_type))
         for (_attribute, name), value in zip(_SYSTEM, values, strict=True):
             if value is not None:
                 system[0].append(name)
