@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import ConfigurationError
 from ..events import BodyType, Event
+from ..sources.eventhub.conversion import ENQUEUED_TIME, OFFSET, PARTITION_KEY, SEQUENCE_NUMBER
 
 if TYPE_CHECKING:  # pragma: no cover
     from azure.eventhub import EventData
@@ -55,12 +56,12 @@ def to_event_data(event: Event) -> EventData:
     else:  # a received message without the section has None here (azure types it as never None)
         data.raw_amqp_message.properties = None  # type: ignore[assignment]
     annotations: dict[str | bytes, Any] = {
-        b"x-opt-sequence-number": event.sequence_number,
-        b"x-opt-offset": event.offset.encode("ascii"),
-        b"x-opt-enqueued-time": int(event.enqueued_time.timestamp() * 1000),
+        SEQUENCE_NUMBER: event.sequence_number,
+        OFFSET: event.offset.encode("ascii"),
+        ENQUEUED_TIME: int(event.enqueued_time.timestamp() * 1000),
     }
     if event.partition_key is not None:
-        annotations[b"x-opt-partition-key"] = event.partition_key.encode("utf-8")
+        annotations[PARTITION_KEY] = event.partition_key.encode("utf-8")
     data.raw_amqp_message.annotations = annotations
     if event.properties:
         data.properties = {(key.encode("utf-8") if isinstance(key, str) else key): value

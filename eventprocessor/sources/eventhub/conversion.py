@@ -19,12 +19,14 @@ from typing import Any
 from ...events import BodyType, Event, EventPosition, body_fields, received_event
 from ..base import LastEnqueuedEventProperties
 
-__all__ = ["to_starting_position", "message_body", "to_event", "last_enqueued_of", "message_to_event", "amqp_value"]
+__all__ = ["to_starting_position", "message_body", "to_event", "last_enqueued_of", "message_to_event", "amqp_value",
+           "SEQUENCE_NUMBER", "OFFSET", "ENQUEUED_TIME", "PARTITION_KEY"]
 
-_SEQ = b"x-opt-sequence-number"
-_OFFSET = b"x-opt-offset"
-_ENQUEUED = b"x-opt-enqueued-time"
-_PARTITION_KEY = b"x-opt-partition-key"
+# The message annotations Event Hubs sets on every received event.
+SEQUENCE_NUMBER = b"x-opt-sequence-number"
+OFFSET = b"x-opt-offset"
+ENQUEUED_TIME = b"x-opt-enqueued-time"
+PARTITION_KEY = b"x-opt-partition-key"
 _UTC = timezone.utc
 _DATA = BodyType.DATA
 _fromtimestamp = datetime.fromtimestamp
@@ -129,11 +131,11 @@ def message_to_event(message: Any, partition_id: str | None = None) -> Event:
             body = bytes(body)
     else:
         body, body_type, amqp_body = message_body(message)
-    offset = annotations[_OFFSET]
-    key = annotations.get(_PARTITION_KEY)
+    offset = annotations[OFFSET]
+    key = annotations.get(PARTITION_KEY)
     # Events sent together share their enqueued time: one datetime (immutable) for all
     # of them, instead of one per event (a quarter of this function's time).
-    enqueued = annotations[_ENQUEUED]
+    enqueued = annotations[ENQUEUED_TIME]
     last = _last_enqueued
     if last[0] == enqueued:
         when = last[1]
@@ -150,7 +152,7 @@ def message_to_event(message: Any, partition_id: str | None = None) -> Event:
     app = message.application_properties
     return received_event(
         body,
-        annotations[_SEQ],
+        annotations[SEQUENCE_NUMBER],
         offset.decode("ascii") if offset.__class__ is bytes else str(offset),
         when,
         None if key is None else (key.decode("utf-8") if key.__class__ is bytes else str(key)),

@@ -15,7 +15,7 @@ from collections import deque
 from typing import Any
 
 from ...events import Event, EventPosition
-from .conversion import last_enqueued_of, message_to_event, to_starting_position
+from .conversion import SEQUENCE_NUMBER, last_enqueued_of, message_to_event, to_starting_position
 from .frames import read_buffered_frames
 from .receiver import PartitionReceiverBase
 
@@ -30,7 +30,6 @@ _FRAMES_PER_READ = 4
 _MAX_FRAMES_PER_READ = 1024
 _GATHER_SECONDS = 0.05
 _MIN_WINDOW = 0.005  # the least a receive waits for a read in progress
-_SEQUENCE_NUMBER = b"x-opt-sequence-number"
 
 
 def lean_receive_supported(client: Any) -> bool:
@@ -145,7 +144,7 @@ class _LeanReceiver(PartitionReceiverBase):
         fields itself (the Spark source makes Arrow columns of them)."""
         messages = await self._take(max_batch_size, max_wait_time)
         if messages:
-            self._last_sequence_number = messages[-1].message_annotations[_SEQUENCE_NUMBER]
+            self._last_sequence_number = messages[-1].message_annotations[SEQUENCE_NUMBER]
         return messages
 
     async def _take(self, max_batch_size: int, max_wait_time: float | None) -> list[Any]:

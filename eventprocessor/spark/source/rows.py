@@ -32,7 +32,14 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ...events import Event
-from ...sources.eventhub.conversion import amqp_value, message_body
+from ...sources.eventhub.conversion import (
+    ENQUEUED_TIME,
+    OFFSET,
+    PARTITION_KEY,
+    SEQUENCE_NUMBER,
+    amqp_value,
+    message_body,
+)
 
 __all__ = ["COLUMNS", "SCHEMA_DDL", "ARROW_SCHEMA", "events_to_record_batch", "messages_to_record_batch", "json_value"]
 
@@ -161,10 +168,6 @@ def events_to_record_batch(partition_id: str, events: Sequence[Event],
     return pa.RecordBatch.from_arrays(columns, schema=schema)
 
 
-_SEQ = b"x-opt-sequence-number"
-_OFFSET = b"x-opt-offset"
-_ENQUEUED = b"x-opt-enqueued-time"
-_PARTITION_KEY = b"x-opt-partition-key"
 
 
 def _text(value: Any) -> str:
@@ -200,11 +203,11 @@ def messages_to_record_batch(partition_id: str, messages: Sequence[Any],
             bodies.append(body if body.__class__ is bytes else bytes(body))
         else:
             bodies.append(message_body(message)[0])
-        sequence_numbers.append(annotations[_SEQ])
-        offset = annotations[_OFFSET]
+        sequence_numbers.append(annotations[SEQUENCE_NUMBER])
+        offset = annotations[OFFSET]
         offsets.append(offset.decode("ascii") if offset.__class__ is bytes else str(offset))
-        enqueued.append(annotations[_ENQUEUED])
-        key = annotations.get(_PARTITION_KEY)
+        enqueued.append(annotations[ENQUEUED_TIME])
+        key = annotations.get(PARTITION_KEY)
         key = None if key is None else _text(key)
         keys.append(key)
         app = message.application_properties
