@@ -140,6 +140,11 @@ def _parser(prog: str | None) -> argparse.ArgumentParser:
                              "fit an hour can still be measured for ours; never recorded unless both). "
                              "[default: %(default)s]")
     parser.add_argument("--log-dir", default=None, help="Keep each worker's stderr in this directory.")
+    parser.add_argument("--group-join-delay", type=float, default=None,
+                        help="Ours: group_join_delay in seconds (0: none). [default: EventProcessor's]")
+    parser.add_argument("--worker-log-level", default="WARNING", type=str.upper,
+                        help="The workers' log level (INFO shows every claim, handoff and listing decision in "
+                             "--log-dir). [default: %(default)s]")
     return parser
 
 

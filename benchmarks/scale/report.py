@@ -140,6 +140,8 @@ def render(results: list[SizeResult], args: argparse.Namespace, head: str) -> st
             lambda r: f"{r.counters.get('renewals', 0)} / {r.counters.get('failed_renewals', 0)}")
         row("claims won / partitions lost", lambda r: f"{r.counters.get('claims', 0)} / {r.counters.get('lost', 0)}")
         row("claims while held (after balanced)", lambda r: str(r.moved_while_held))
+        row("ownership listings / handoffs to balanced, all processors (ours)",
+            lambda r: "-" if r.listings_to_balanced is None else f"{r.listings_to_balanced} / {r.handoffs_to_balanced}")
         row("requests/s to balanced (all processors)", lambda r: f"{r.converge.requests_per_second:.0f}")
         row("requests/s while held (all processors)",
             lambda r: "-" if r.balanced_after is None else f"{r.hold.requests_per_second:.1f}")

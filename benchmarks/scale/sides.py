@@ -23,14 +23,17 @@ __all__ = ["Phase", "Runner", "SideResult", "StoreSaturated", "check_final", "sp
 
 async def spawn(impl: str, owner_id: str, *, container: str, hub: str, partitions: int, sizing: Sizing,
                 strategy: str, connection_string: str, log_dir: str, lifetime: float,
-                report_every: float) -> WorkerHandle:
+                report_every: float, log_level: str = "WARNING", group_join_delay: float | None = None
+                ) -> WorkerHandle:
     """One processor of a side: the worker program on partitions without events
     (``--source none``), reporting state lines, started by :meth:`WorkerHandle.go`."""
     ours = ["--renewal-age", f"{sizing.renewal_age:g}", "--operation-timeout", f"{sizing.operation_timeout:g}"]
+    if group_join_delay is not None:
+        ours += ["--group-join-delay", f"{group_join_delay:g}"]
     options = ["--impl", impl, "--source", "none", "--partitions", str(partitions), "--interval",
                f"{sizing.interval:g}", "--expiry", f"{sizing.expiration_of(impl):g}", "--strategy", strategy,
                "--lifetime", f"{lifetime:.0f}", "--state-every", f"{report_every:g}", "--stats-interval", "0",
-               "--no-ownership-lines", *(ours if impl == "ours" else [])]
+               "--no-ownership-lines", "--log-level", log_level, *(ours if impl == "ours" else [])]
     return await spawn_worker(owner_id, hub=hub, container=container, hub_connection_string=None,
                               storage_connection_string=connection_string, log_dir=log_dir, extra=options,
                               wait_for_go=True)
@@ -88,6 +91,8 @@ class SideResult:
     spawn_seconds: float = 0.0
     drain_wait: float = 0.0  # seconds Azurite needed to go idle before this side started
     backoff_level: int = 0  # the highest backoff level any processor of ours reported
+    listings_to_balanced: int | None = None  # ours: ownership listings of all processors until balanced
+    handoffs_to_balanced: int | None = None  # ours: partitions handed over until balanced
 
     @property
     def every_partition_owned_once(self) -> bool:
@@ -224,7 +229,8 @@ class Runner:
                 spawn(impl, f"{impl}-{partitions}x{processors}-{i}", container=container, hub=hub,
                       partitions=partitions, sizing=sizing, strategy=args.strategy,
                       connection_string=self.connection_string, log_dir=self.log_dir, lifetime=lifetime,
-                      report_every=args.report_every)
+                      report_every=args.report_every, log_level=args.worker_log_level,
+                      group_join_delay=args.group_join_delay)
                 for i in range(processors))))
             await self._until(lambda: all(w.ready for w in workers), args.ready_timeout, workers,
                               f"{impl}: {processors} workers ready")
@@ -302,6 +308,11 @@ class Runner:
             result.backoff_level = max([result.backoff_level] + [int(st.get("backoff_level", 0))
                                                                  for st in worker.states])
         result.counters = totals
+        if result.impl == "ours":
+            states = [w.at(converge_end) for w in workers]
+            result.listings_to_balanced = sum(n for st in states for op, n in st.get("store_calls", {}).items()
+                                              if op.startswith("list_ownership"))
+            result.handoffs_to_balanced = sum(int(st.get("handed_off", 0)) for st in states)
         if result.balanced_after is not None:
             result.moved_while_held = sum(int(w.at(end).get("claims", 0)) - int(w.at(converge_end).get("claims", 0))
                                           for w in workers)

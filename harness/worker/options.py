@@ -37,6 +37,8 @@ def _parser() -> argparse.ArgumentParser:
     balancing.add_argument("--expiry", type=float, default=3.0, help="ownership expiration interval, seconds")
     balancing.add_argument("--strategy", choices=["balanced", "greedy"], default="greedy")
     balancing.add_argument("--renewal-age", type=float, help="ours: ownership_renewal_age, seconds")
+    balancing.add_argument("--group-join-delay", type=float,
+                           help="ours: group_join_delay, seconds (0: none; default: the SDK's)")
     balancing.add_argument("--operation-timeout", type=float,
                            help="ours, --store blob: the Blob store's operation_timeout, seconds (default: the "
                                 "store's)")
@@ -119,6 +121,7 @@ def _refusal(args: argparse.Namespace) -> str | None:
     """What is wrong with this combination of options, or None."""
     ours_only = {"--source memory": args.source == "memory", "--stateful": args.stateful, "--naive": args.naive,
                  "--balance-by load": args.balance_by != "count", "--renewal-age": args.renewal_age is not None,
+                 "--group-join-delay": args.group_join_delay is not None,
                  "--operation-timeout": args.operation_timeout is not None, "--owned-every": bool(args.owned_every)}
     misplaced = [name for name, given in ours_only.items() if given and args.impl != "ours"]
     if misplaced:

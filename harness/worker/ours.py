@@ -181,6 +181,8 @@ def _processor(worker: Worker, source: Any, store: Any, naive_blobs: Any) -> Eve
                                                if value is not None})
     if args.renewal_age is not None:
         options["ownership_renewal_age"] = args.renewal_age
+    if args.group_join_delay is not None:
+        options["group_join_delay"] = args.group_join_delay or None
     return EventProcessor(source, store, handler, owner_id=args.owner_id, consumer_group=args.consumer_group,
                           load_balancing_strategy=args.strategy, load_balancing_interval=args.interval,
                           partition_ownership_expiration_interval=args.expiry, max_batch_size=args.batch,
@@ -203,7 +205,7 @@ def _probe(worker: Worker, processor: EventProcessor, store: Any) -> RenewalWatc
                 "claims": stats.claims_won, "lost": stats.lost, "store_calls": dict(processor.store_calls.calls),
                 "store_timeouts": sum(processor.store_calls.timeouts.values()),
                 "backed_off": stats.backed_off_ticks, "backoff_level": stats.backoff_level,
-                "skipped_listings": stats.skipped_listings}
+                "skipped_listings": stats.skipped_listings, "handed_off": stats.handed_off}
 
     worker.probe.owned = lambda: set(processor.owned_partitions)
     worker.probe.counters = counters

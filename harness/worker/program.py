@@ -156,6 +156,8 @@ def main(argv: list[str] | None = None) -> int:
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     level = logging.getLevelName(args.log_level)
     logging.getLogger().handlers[0].setLevel(level)
+    if level < logging.WARNING:
+        logging.getLogger("eventprocessor").setLevel(level)
     if args.impl == "ours" and args.ownership_lines:
         logging.getLogger("eventprocessor").setLevel(min(level, logging.INFO))
         logging.getLogger("eventprocessor").addHandler(OwnershipLines())
