@@ -71,6 +71,42 @@ def test_a_scale_out_from_2_to_4_settles_within_3_seconds_with_no_duplicate():
     assert cluster.ledger.duplicates() == 0 and cluster.ledger.overlaps() == []
 
 
+@pytest.mark.parametrize("seed", range(int(__import__("os").environ.get("COLD_START_SEEDS", "6"))))
+def test_a_cold_start_lists_every_record_about_once_per_processor(seed):
+    """16 processors start together on 256 partitions (each within half a second, by
+    seed), with ``group_join_delay=1`` so that each plans with the whole group (without
+    it, on virtual time where a listing takes no time, the first to tick sees a few
+    members and the group then moves partitions by handoffs, each a change that needs
+    listing). Each lists the P records once, claims its share and is then settled: the
+    other processors' claims (a change notice each) do not make it list P records again.
+    What the group reads while it forms grows with N, not with N x changes."""
+    processors = 16
+
+    async def scenario():
+        rng = random.Random(seed)
+        cluster, ledger = _group(256)
+        cluster.rng = rng
+        running = [_add(cluster, ledger, f"p{i}", group_join_delay=1.0)[0] for i in range(processors)]
+        for p in running:
+            await asyncio.sleep(rng.uniform(0.0, 0.5 / processors))
+            await p.start()
+        balanced = await cluster.wait_until(lambda: _counts(cluster, running) == [16] * processors, timeout=60,
+                                            step=0.05)
+        await asyncio.sleep(20.0)  # the formation is over: every claim announced and seen
+        requests = ledger.snapshot()["requests"]
+        steals, failed = ledger.steals, ledger.failed_claims
+        for p in running:
+            await p.stop()
+        return balanced, requests, steals, failed, cluster
+
+    balanced, requests, steals, failed, cluster = run_virtual(scenario())
+    assert balanced is not None
+    assert steals == 0 and cluster.ledger.duplicates() == 0
+    # one listing each, plus one more for each processor that lost a claim race (it
+    # claims what is left at its next tick)
+    assert requests["list_ownership"] <= processors + failed, (requests, failed)
+
+
 @pytest.mark.parametrize("partitions", [32, 128])
 def test_a_tick_that_finds_nothing_changed_lists_no_ownership_record(partitions):
     """At rest every tick lists the members (one request with the change notice) and no
@@ -359,3 +395,91 @@ def test_who_counts_as_a_foreign_owner_and_when_a_record_lives_by_its_owners_hea
     assert judged == {"0": ago(5), "1": ago(10), "2": ago(10), "3": ago(30), "4": ago(500)}
     # the next record no heartbeat keeps to expire: "3", 45 s from now
     assert next_expiry(with_heartbeats(listing, heartbeats(members)), heartbeats(members), 75.0) == 45.0
+
+
+def test_a_settled_processor_ignores_change_notices_but_not_a_nudge_or_a_member_change():
+    from datetime import datetime, timedelta, timezone
+
+    from eventprocessor._ownership.liveness import NUDGE_PROPERTY, ChangeWatch, encode_nudge, nudged_by
+    from eventprocessor.stores.records import Member, MemberListing
+
+    now = datetime(2026, 1, 1, tzinfo=timezone.utc)
+    scope = ("ns", "hub", "$default")
+
+    def listing(generation: str, nudge: str | None = None, *, extra: bool = False) -> MemberListing:
+        asker = {"lease": "member"} | ({NUDGE_PROPERTY: nudge} if nudge is not None else {})
+        members = [Member(*scope, "me", now - timedelta(seconds=1), properties={"lease": "member"}),
+                   Member(*scope, "asker", now - timedelta(seconds=1), properties=asker)]
+        if extra:
+            members.append(Member(*scope, "late", now, properties={"lease": "member"}))
+        return MemberListing(members=tuple(members), server_time=now, generation=generation)
+
+    assert nudged_by(listing("g", encode_nudge(3, {"me", "other"})), "me") == frozenset({("asker", "3")})
+    assert nudged_by(listing("g", encode_nudge(3, {"other"})), "me") == frozenset()
+    assert nudged_by(listing("g", "garbage"), "me") == frozenset()
+    assert len(encode_nudge(1, {"x" * 500})) == len("1:") + 12  # any owner id fits in a record's properties
+
+    def watch(settled: bool) -> ChangeWatch:
+        w = ChangeWatch(expiration=75.0, member_expiration=37.5, rng=random.Random(1), owner_id="me")
+        w.listed(listing("g1"), ["0", "1"], 0.0, work_left=settled, owned=frozenset(), settled=settled)
+        return w
+
+    unsettled, settled = watch(False), watch(True)
+    assert unsettled.unchanged(listing("g1"), ["0", "1"], 1.0, frozenset())
+    assert not unsettled.unchanged(listing("g2"), ["0", "1"], 1.0, frozenset())  # a change notice: list
+    assert settled.unchanged(listing("g2"), ["0", "1"], 1.0, frozenset())  # settled: the notice alone is not work
+    assert not settled.unchanged(listing("g2", encode_nudge(1, {"me"})), ["0", "1"], 1.0, frozenset())
+    assert settled.unchanged(listing("g2", encode_nudge(1, {"someone else"})), ["0", "1"], 1.0, frozenset())
+    assert not settled.unchanged(listing("g2", extra=True), ["0", "1"], 1.0, frozenset())  # a member joined
+    assert not settled.unchanged(listing("g2"), ["0", "1", "2"], 1.0, frozenset())  # the hub grew
+    assert not settled.unchanged(listing("g2"), ["0", "1"], 1.0, frozenset({("0", "owned")}))  # a lease moved on
+    assert not settled.unchanged(listing("g2"), ["0", "1"], 301.0, frozenset())  # the safety net
+
+
+def test_an_ownership_write_nudges_the_processors_it_concerns_and_nobody_else():
+    """An ask nudges the owner asked, a steal the owner it takes from, a handoff the new
+    owner; a claim of an unowned partition and a renewal nudge nobody."""
+    from eventprocessor._ownership.writer import OwnershipWriter
+    from eventprocessor.stores import InMemoryCheckpointStore
+    from eventprocessor.stores.records import Ownership
+
+    async def scenario() -> list[set[str]]:
+        store = InMemoryCheckpointStore()
+        nudged: list[set[str]] = []
+
+        async def nudge(owners: set[str]) -> None:
+            nudged.append(owners)
+
+        scope = ("ns", "hub", "$default")
+        ours = OwnershipWriter(store, owner_id="me", on_nudge=nudge)
+        theirs = OwnershipWriter(store, owner_id="them")
+        [mine] = (await ours.write([Ownership(*scope, "0", "me", epoch=1)])).won  # unowned: nobody
+        [their] = (await theirs.write([Ownership(*scope, "1", "them", epoch=1)])).won
+        [mine] = (await ours.write([mine], announce=False)).won  # a renewal: nobody
+        [their] = (await ours.write([replace(their, requested_by="me")])).won  # an ask: the owner
+        await ours.write([replace(their, owner_id="me", epoch=2)], taken_from={"1": "them"})  # a steal: the victim
+        await ours.write([replace(mine, owner_id="heir", epoch=2)])  # a handoff: the new owner
+        return nudged
+
+    assert run_virtual(scenario()) == [{"them"}, {"them"}, {"heir"}]
+
+
+def test_the_plan_ceiling_is_what_a_processor_can_be_dealt_at_most():
+    from datetime import datetime, timezone
+
+    from eventprocessor import LoadBalancingStrategy
+    from eventprocessor._ownership.balancer import decide
+    from eventprocessor.stores.records import OwnershipListing
+
+    empty = OwnershipListing(ownerships=(), server_time=datetime(2026, 1, 1, tzinfo=timezone.utc))
+    members = {m: {"lease": "member"} for m in ("a", "b", "c")}
+
+    def ceiling(partitions: int, strategy: LoadBalancingStrategy, **options: object) -> int | None:
+        return decide(empty, [str(i) for i in range(partitions)], "a", fully_qualified_namespace="ns",
+                      eventhub_name="hub", consumer_group="$default", strategy=strategy, expiration_interval=75,
+                      rng=random.Random(1), members=members, **options).ceiling  # type: ignore[arg-type]
+
+    assert ceiling(9, LoadBalancingStrategy.GREEDY) == 3
+    assert ceiling(10, LoadBalancingStrategy.GREEDY) == 4
+    assert ceiling(10, LoadBalancingStrategy.BALANCED) == 4
+    assert ceiling(10, LoadBalancingStrategy.STATIC, replica_count=3) is None  # not a count plan

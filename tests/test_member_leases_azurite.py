@@ -78,3 +78,40 @@ async def test_a_scale_out_from_2_to_4_on_azurite_settles_within_3_seconds_with_
     assert took is not None and took <= 3.0 * oversubscribed, (took, oversubscribed)
     assert recorder.duplicates() == 0 and recorder.overlaps() == []
     assert sum(p.stats.steals for p in processors) == 0
+
+
+async def test_a_cold_start_on_azurite_lists_every_record_about_once_per_processor(azurite):
+    """8 processors started together on 64 partitions (``group_join_delay=1``, so that each
+    plans with the whole group): each lists the ownership records once, claims its share
+    and, settled, ignores the other processors' change notices. Counted from each
+    processor's own store calls; duplicates from what the handlers received."""
+    container = f"coldstart-{uuid.uuid4().hex[:10]}"
+    partitions, count = 64, 8
+    source = InMemoryEventSource(partitions)
+    recorder = DeliveryRecorder()
+    handler = recording_handler(recorder, work=0.0)
+    stores = [BlobCheckpointStore.from_connection_string(azurite.connection_string, container) for _ in range(count)]
+    processors = [EventProcessor(source, stores[i], handler, owner_id=f"c{i}", group_join_delay=1.0)
+                  for i in range(count)]
+    try:
+        await asyncio.gather(*(p.start() for p in processors))
+        balanced = await _until(lambda: sorted(len(p.owned_partitions) for p in processors) == [8] * count,
+                                timeout=60)
+        await asyncio.sleep(3.0)  # every change notice of the formation seen
+        for pid in range(partitions):
+            await source.send(b"x", partition_id=str(pid))
+        delivered = await _until(lambda: len(recorder.processed()) == partitions, timeout=30)
+        listings = sum(n for p in processors for op, n in p.store_calls.calls.items()
+                       if op.startswith("list_ownership"))
+        lost_races = sum(1 for p in processors if p.stats.claims_lost)  # processors that lost a claim race
+    finally:
+        for p in processors:
+            await p.stop()
+        await stores[0].backend.client.delete_container()
+        for store in stores:
+            await store.close()
+    print(f"\ncold start of {count} processors on {partitions} partitions on Azurite: {listings} ownership listings, "
+          f"{lost_races} processors lost a claim race")
+    assert balanced is not None and delivered is not None
+    assert listings <= count + lost_races, (listings, lost_races)
+    assert recorder.duplicates() == 0 and recorder.overlaps() == []

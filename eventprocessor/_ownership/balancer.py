@@ -27,7 +27,7 @@ from dataclasses import dataclass, field, replace
 from ..policies import LoadBalancingStrategy, LoadPolicy
 from ..stores.records import Ownership, OwnershipListing, UnreadableOwnership, partition_sort_key
 from .load_plan import MemberLoad, plan_moves
-from .strategies import HANDOFF_PROPERTY, STRATEGIES, BalanceView, record_age
+from .strategies import HANDOFF_PROPERTY, STRATEGIES, BalanceView, fair_share, record_age
 
 __all__ = ["BalanceDecision", "BalanceReport", "decide", "heirs", "moved_by_load", "preferring_standbys"]
 
@@ -69,6 +69,12 @@ class BalanceDecision:
     their live owners to hand the partitions over (graceful handoff)."""
     awaiting_handoff: tuple[str, ...] = ()
     """Partitions this processor asked for and is still waiting on."""
+    ceiling: int | None = None
+    """The most partitions the count plan can deal this processor while the members stay
+    the ones this snapshot shows (``ceil(P / N)``); None when the plan is not by counts
+    alone (the static strategy, balancing by load, warm standbys preferred). A processor
+    that owns this many is never dealt more: only a request for one of its partitions, a
+    steal or a change of members can give it work (see :mod:`.liveness`)."""
 
 
 def moved_by_load(view: BalanceView, take: list[str], loads: Mapping[str, MemberLoad] | None,
@@ -215,15 +221,21 @@ def decide(
                    requests_made or {})
     mine = tuple(sorted((view.active[p] for p in view.owned_by.get(owner_id, ())),
                         key=lambda r: partition_sort_key(r.partition_id)))
+    active_owners = len(set(view.counts) | set(members or ()) | {owner_id})
+    ceiling = None
+    if strategy is not LoadBalancingStrategy.STATIC and load_policy is None and not preferred:
+        floor, extra = fair_share(view.available, active_owners)
+        ceiling = floor + (1 if extra else 0)
     return BalanceDecision(
         owned=mine,
         renewals=tuple(r for r in mine if record_age(r, listing.server_time) >= renew_after),
         claims=tuple(made.claims),
         stolen_from=made.stolen_from,
-        active_owners=len(set(view.counts) | set(members or ()) | {owner_id}),
+        active_owners=active_owners,
         expired=tuple(sorted(view.expired, key=partition_sort_key)),
         handoff_requests=tuple(made.requests),
         awaiting_handoff=tuple(made.awaiting),
+        ceiling=ceiling,
     )
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 
 from .._runtime.bounded_store import BATCH, BoundedStore
@@ -51,11 +51,12 @@ class Claimer:
         self._on_won = on_won
         self._store_lost = store_lost
 
-    async def take(self, claims: list[Ownership], adoptions: list[Ownership]
-                    ) -> tuple[list[str], list[str], Exception | None]:
+    async def take(self, claims: list[Ownership], adoptions: list[Ownership], *,
+                   taken_from: Mapping[str, str] | None = None) -> tuple[list[str], list[str], Exception | None]:
         """Write ``claims`` (new owners) and ``adoptions`` (records naming us, rewritten as
         they are), fence each won partition's checkpoint and start its pump. Returns the
-        partitions now dispatched, those whose claim was not won, and a store error."""
+        partitions now dispatched, those whose claim was not won, and a store error.
+        ``taken_from``: partition -> the live owner a claim takes it from (nudged)."""
         records = claims + adoptions
         error: Exception | None = None
         not_written: set[str] = set()
@@ -69,7 +70,7 @@ class Claimer:
             batch = records[first:first + BATCH]
             sent_at = self._clock.monotonic()
             leases = {r.partition_id: self._table.claiming(r) for r in batch}
-            written = await self._writer.write(batch)
+            written = await self._writer.write(batch, taken_from=taken_from)
             if written.error is not None:
                 error = written.error
                 not_written |= set(written.failed) if written.answered else \

@@ -18,17 +18,34 @@ The records
   (:meth:`~eventprocessor.stores.contract.OwnershipStore.announce_change`), so its etag,
   the ``generation``, changes.
 
+* **Nudges** (:data:`NUDGE_PROPERTY` of a member record): a processor whose ownership
+  write concerns another one (it asks it for a partition, takes one from it, hands one
+  to it) rewrites its member record at once, naming that processor
+  (:func:`encode_nudge`). Every tick reads the member records, so the one named sees it
+  at its next tick, at a cost that does not grow with P.
+
 A tick
 ======
 At rest a tick costs one request: list the members (N small records and the
 generation). It lists the ownership records too only when something may have changed
 (:class:`ChangeWatch`): the generation differs from the last one seen, a member
-joined, left or crossed E/2 (leaves the plans) or E (its partitions expire), the
-partition ids changed, one of this processor's leases moved on, the previous tick had
-work left (claims, handoff requests it waits on, failures), the renewer asked
-(``wake``), a record that no heartbeat keeps (an unreadable one, a foreign owner's, one
-written after its owner's last heartbeat) reaches its expiry
-(:func:`next_expiry`), or the safety net is due (:func:`full_listing_interval`).
+joined, left or crossed E/2 (leaves the plans) or E (its partitions expire), a member
+record nudges this processor anew, the partition ids changed, one of this processor's
+leases moved on, the previous tick had work left (claims, handoff requests it waits
+on, failures), the renewer asked (``wake``), a record that no heartbeat keeps (an
+unreadable one, a foreign owner's, one written after its owner's last heartbeat)
+reaches its expiry (:func:`next_expiry`), or the safety net is due
+(:func:`full_listing_interval`).
+
+**A settled processor ignores the generation.** After a listing that left it owning
+the most partitions any processor can be dealt with the members it saw (the count
+plan's ceiling, :attr:`~eventprocessor._ownership.balancer.BalanceDecision.ceiling`),
+with every claim of the tick won and nothing asked for or awaited, no change notice
+can give it work while the members stay the same: the plan never deals it more, and
+whoever wants one of its partitions asks for it or takes it, and nudges it. So while a
+group forms, the processors that already hold their share stop listing P records at
+every other processor's claim: a cold start of N processors costs about one listing
+each instead of one per processor per change.
 
 Safety
 ======
@@ -48,6 +65,11 @@ Safety
   from its peers for good (:meth:`~eventprocessor._ownership.taker.Taker._hand_over_hung`).
 * **Taking an expired member's partitions.** Its records are claimed as any expired
   record: epoch raised, If-Match the etag listed, then the checkpoint is fenced.
+* **A lost nudge** (the nudging member write failed, or a heartbeat in flight
+  overwrote it): the nudged processor, if settled, sees the change at the next
+  announcement it does not ignore, the next heartbeat of the nudging processor (which
+  carries the nudge again, within E/4), or the safety net; the handoff request it
+  missed turns into a steal after ``handoff_timeout``, fenced as every steal.
 * **A lost change notice** (a writer crashed between its record write and the
   announcement): a steal or a release stays unseen by the others until the next
   announcement by anyone or the safety net, a full listing every
@@ -74,24 +96,50 @@ Safety
 """
 from __future__ import annotations
 
+import hashlib
 import logging
 import random
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime
 
 from .._runtime.timing import Timing
 from ..stores.records import MemberListing, OwnershipListing
 
-__all__ = ["LEASE_PROPERTY", "MEMBER_LEASES", "heartbeats", "with_heartbeats", "foreign_owners",
-           "next_expiry", "full_listing_interval",
-           "ChangeWatch", "RenewalMode"]
+__all__ = ["LEASE_PROPERTY", "MEMBER_LEASES", "NUDGE_PROPERTY", "encode_nudge", "nudged_by", "heartbeats",
+           "with_heartbeats", "foreign_owners", "next_expiry", "full_listing_interval", "ChangeWatch", "RenewalMode"]
 
 logger = logging.getLogger(__name__)
 
 LEASE_PROPERTY = "lease"
 """Member property: ``member`` when the member's heartbeat keeps all its partitions."""
 MEMBER_LEASES = "member"
+
+
+NUDGE_PROPERTY = "nudge"
+"""Member property: ``<sequence>:<digest>,<digest>...``, the processors this member's
+latest ownership write concerned (each id as a 12-hex-digit digest: any id fits in a
+record's properties)."""
+
+
+def _digest(owner_id: str) -> str:
+    return hashlib.blake2b(owner_id.encode("utf-8"), digest_size=6).hexdigest()
+
+
+def encode_nudge(sequence: int, owners: Iterable[str]) -> str:
+    """The :data:`NUDGE_PROPERTY` value of a member's ``sequence``-th nudge of ``owners``."""
+    return f"{sequence}:" + ",".join(sorted(_digest(owner) for owner in owners))
+
+
+def nudged_by(members: MemberListing, owner_id: str) -> frozenset[tuple[str, str]]:
+    """(member, sequence) of each member record whose latest nudge names ``owner_id``."""
+    mine = _digest(owner_id)
+    found = set()
+    for member in members.members:
+        sequence, _, digests = member.properties.get(NUDGE_PROPERTY, "").partition(":")
+        if mine in digests.split(","):
+            found.add((member.owner_id, sequence))
+    return frozenset(found)
 
 
 def heartbeats(members: MemberListing | None) -> dict[str, datetime]:
@@ -166,6 +214,7 @@ class _Seen:
     properties: tuple[tuple[str, tuple[tuple[str, str], ...]], ...] | None  # when plans read them
     partition_ids: tuple[str, ...]
     owned: frozenset  # what this processor could dispatch, and its leases' states
+    nudges: frozenset[tuple[str, str]]  # (member, sequence) of the nudges naming this processor
 
 
 class ChangeWatch:
@@ -176,14 +225,21 @@ class ChangeWatch:
     by load, warm standbys: plans read them)."""
 
     def __init__(self, *, expiration: float, member_expiration: float, rng: random.Random,
-                 watch_properties: bool = False) -> None:
+                 watch_properties: bool = False, owner_id: str = "") -> None:
         self._expiration = expiration
         self._member_expiration = member_expiration
         self._rng = rng
         self._watch_properties = watch_properties
+        self._owner_id = owner_id
         self._seen: _Seen | None = None
         self._work_left = True
+        self._settled = False
         self._next_full = float("-inf")
+
+    @property
+    def settled(self) -> bool:
+        """The last listing left this processor settled: change notices alone are ignored."""
+        return self._settled
 
     def invalidate(self) -> None:
         """List at the next tick (a renewal lost its write, a lease ended)."""
@@ -198,26 +254,32 @@ class ChangeWatch:
             properties = tuple(sorted((m.owner_id, tuple(sorted(m.properties.items()))) for m in members.members))
         return _Seen(members.generation, frozenset(o for o, age in ages.items() if age <= self._member_expiration),
                      frozenset(o for o, age in ages.items() if age <= self._expiration), properties,
-                     tuple(partition_ids), owned)
+                     tuple(partition_ids), owned, nudged_by(members, self._owner_id))
 
     def unchanged(self, members: MemberListing, partition_ids: Sequence[str], now: float,
                   owned: frozenset) -> bool:
         """Whether a tick that listed ``members`` may skip the ownership listing (``owned``:
-        what this processor may dispatch now; a lease that ended since is a change)."""
+        what this processor may dispatch now; a lease that ended since is a change). A
+        settled processor ignores the change notice (see the module docstring)."""
         if self._work_left or self._seen is None or now >= self._next_full:
             return False
-        return self._view(members, partition_ids, owned) == self._seen
+        view = self._view(members, partition_ids, owned)
+        if self._settled:
+            view = replace(view, generation=self._seen.generation)
+        return view == self._seen
 
     def listed(self, members: MemberListing, partition_ids: Sequence[str], now: float, *, work_left: bool,
-               owned: frozenset, expires_in: float | None = None) -> None:
+               owned: frozenset, expires_in: float | None = None, settled: bool = False) -> None:
         """A full listing was made, after ``members`` had been listed: remember what it
-        saw, whether the tick left work for the next one, and when a record it saw
-        expires by its own age (``expires_in`` seconds: list again then)."""
+        saw, whether the tick left work for the next one, whether it left this processor
+        settled, and when a record it saw expires by its own age (``expires_in``
+        seconds: list again then)."""
         self._next_full = now + full_listing_interval(self._expiration) * self._rng.uniform(0.75, 1.0)
         if expires_in is not None:
             self._next_full = min(self._next_full, now + expires_in)
         self._seen = self._view(members, partition_ids, owned)
-        self._work_left = work_left
+        self._work_left = work_left and not settled
+        self._settled = settled
 
 
 class RenewalMode:

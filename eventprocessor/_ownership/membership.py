@@ -36,7 +36,7 @@ from ..policies import LoadBalancingStrategy
 from ..stores.contract import OwnershipStore
 from ..stores.records import Member, MemberListing
 from .lease_table import LeaseTable
-from .liveness import LEASE_PROPERTY, MEMBER_LEASES
+from .liveness import LEASE_PROPERTY, MEMBER_LEASES, NUDGE_PROPERTY, encode_nudge
 from .load_meter import CpuMeter, LoadMeter
 from .load_plan import LOAD_PROPERTY, MemberLoad, encode_load
 from .strategies import HANDOFF_PROPERTY, ORDINAL_PROPERTY
@@ -104,6 +104,9 @@ class Membership:
         """Waiting for a forming group to settle (see the module docstring)."""
         self._warmup = warmup
         self._table = table
+        self._nudge: str | None = None  # the NUDGE_PROPERTY value, once this processor nudged
+        self._nudges = 0
+        self._writing = asyncio.Lock()  # one write at a time: a slow heartbeat cannot undo a nudge
         self._load: LoadMeter | None = None
         if options.load_policy is not None:
             self._load = LoadMeter(table=table, clock_now=self._clock.monotonic,
@@ -140,12 +143,27 @@ class Membership:
             properties[LOAD_PROPERTY] = encode_load(self._load.sample())
         if options.concurrency.concurrent:
             properties[IN_FLIGHT_PROPERTY] = encode_in_flight(self.in_flight())
+        if self._nudge is not None:
+            properties[NUDGE_PROPERTY] = self._nudge
         return Member(*options.scope, options.owner_id, properties=properties)
+
+    async def nudge(self, owners: set[str]) -> None:
+        """Name ``owners`` in the member record and write it now (see :mod:`.liveness`):
+        an ownership write of this processor concerns them."""
+        if self.state is not True:
+            return  # no member records: every processor lists at every change notice
+        self._nudges += 1
+        self._nudge = encode_nudge(self._nudges, owners)
+        await self.join()
 
     async def join(self) -> bool:
         """Write the member record (once more each heartbeat); whether the store took it."""
         if self.state is False:
             return False
+        async with self._writing:
+            return await self._write()
+
+    async def _write(self) -> bool:
         try:
             sent_at = self._clock.monotonic()
             self.member = await self._store.write_member(self.record())

@@ -85,7 +85,8 @@ class Taker:
         self._partition_ids: list[str] | None = None  # the source's last answer
         self._source_busy_until = float("-inf")  # a throttled hub's retry-after, on the local clock
         self._watch = ChangeWatch(expiration=self._timing.expiration, member_expiration=self._timing.member_expiration,
-                                  rng=self._rng, watch_properties=options.balance_by_load or options.stateful)
+                                  rng=self._rng, watch_properties=options.balance_by_load or options.stateful,
+                                  owner_id=options.owner_id)
         self.renewal = RenewalMode(mode=options.ownership_renewal, expiration=self._timing.expiration,
                                    now=self._clock.monotonic, describe=describe,
                                    members=lambda: membership.state, announcing=lambda: writer.announcing)
@@ -289,7 +290,7 @@ class Taker:
         # gives the replicas' refresh a chance to drop what this tick no longer asks for.
         claims, adoptions = self._claims_to_write(decision, reconciliation, snapshot, partition_ids)
         await self._ask_for_handoffs(decision, listing)
-        won, failed, claim_error = await self._claimer.take(claims, adoptions)
+        won, failed, claim_error = await self._claimer.take(claims, adoptions, taken_from=decision.stolen_from)
         if self._warmup is not None:
             self._warmup.not_claimed({r.partition_id for r in claims + adoptions} - set(won))
         claimed, stolen = self._say_won(won, {r.partition_id for r in adoptions}, decision, reconciliation.reclaim)
@@ -298,9 +299,12 @@ class Taker:
             work_left = bool(claims or adoptions or failed or claim_error or decision.handoff_requests
                              or decision.awaiting_handoff or reconciliation.transitions or lost)
             expires_in = next_expiry(listing, heartbeats(member_listing), self._timing.expiration)
+            settled = (decision.ceiling is not None and len(table.owned()) == decision.ceiling and not failed
+                       and claim_error is None and not decision.handoff_requests and not decision.awaiting_handoff
+                       and not lost and not reconciliation.transitions and not table.hung_past_expiry())
             self._watch.listed(members or member_listing, partition_ids,  # type: ignore[arg-type]
                                self._clock.monotonic(), work_left=work_left, owned=table.dispatch_view(),
-                               expires_in=expires_in)
+                               expires_in=expires_in, settled=settled)
         if members is not None:
             requests["list_members"] = 1
         return BalanceReport(table.owned(), claimed, frozenset(), stolen, frozenset(lost), frozenset(failed),

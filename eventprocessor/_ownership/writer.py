@@ -8,11 +8,16 @@ possible outcomes per record, and every caller needs them told apart the same wa
 * **lost**: the condition failed (409/412): someone else wrote the record first;
 * **failed**: the store did not say (an error, a time-out): whether the write landed
   is unknown, which every caller treats as "not won".
+
+A won write that concerns another processor (it asks that processor for a partition,
+takes one from it, or hands one to it) also *nudges* it (``on_nudge``, see
+:mod:`.liveness`): a settled processor that skips listings on change notices lists at
+its next tick when a member record names it.
 """
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
 from ..errors import ClaimOwnershipError
@@ -53,19 +58,31 @@ class OwnershipWriter:
         if claim.partition_id in written.won_ids: ...
     """
 
-    def __init__(self, store: OwnershipStore) -> None:
+    def __init__(self, store: OwnershipStore, *, owner_id: str = "",
+                 on_nudge: Callable[[set[str]], Awaitable[None]] | None = None) -> None:
         self._store = store
+        self._owner_id = owner_id
+        self._on_nudge = on_nudge
         self.announcing: bool | None = None
         """Whether the store takes change notices (None: not known yet)."""
         self.announcements = 0
         self._failing = False
 
-    async def write(self, records: Iterable[Ownership], *, announce: bool = True) -> Written:
+    async def write(self, records: Iterable[Ownership], *, announce: bool = True,
+                    taken_from: Mapping[str, str] | None = None) -> Written:
         """Write ``records``; when any write won and ``announce`` (every write but a
-        renewal changes who owns what, or asks for it), announce the change to the group."""
+        renewal changes who owns what, or asks for it), announce the change to the group
+        and nudge the other processors the won records concern: the owners they name
+        and, for claims on live records, the owners they were taken from (``taken_from``:
+        partition -> previous owner)."""
         written = await self._write(list(records))
         if announce and written.won:
             await self._announce(written.won[0])
+            concerned = {r.owner_id for r in written.won} | {(taken_from or {}).get(r.partition_id, "")
+                                                              for r in written.won}
+            concerned -= {"", self._owner_id}
+            if concerned and self._on_nudge is not None:
+                await self._on_nudge(concerned)
         return written
 
     async def _write(self, batch: list[Ownership]) -> Written:
