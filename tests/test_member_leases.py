@@ -107,6 +107,35 @@ def test_a_cold_start_lists_every_record_about_once_per_processor(seed):
     assert requests["list_ownership"] <= processors + failed, (requests, failed)
 
 
+def test_records_written_during_a_rebalance_bring_no_listing_when_their_own_times_run_out():
+    """4 processors with default options started 2 s apart on 64 partitions: every claim
+    and handoff writes a record newer than its new owner's last heartbeat, and the others
+    list those records. A live heartbeat keeps them from then on, so nobody lists the P
+    records again when the records' own times reach the expiration (E after the moves):
+    at 4,096 partitions such a wave of every processor's listing is what a store that just
+    served the rebalance can least afford."""
+
+    async def scenario():
+        cluster, ledger = _group(64)
+        running = [_add(cluster, ledger, f"p{i}")[0] for i in range(4)]
+        for p in running:
+            await p.start()
+            await asyncio.sleep(2.0)
+        assert await cluster.wait_until(lambda: _counts(cluster, running) == [16] * 4, timeout=60) is not None
+        await asyncio.sleep(10.0)
+        before = ledger.snapshot()["requests"]
+        await asyncio.sleep(E + 30.0)  # past every record's own expiry, before the safety net
+        after = ledger.snapshot()["requests"]
+        counts = _counts(cluster, running)
+        for p in running:
+            await p.stop()
+        return after - before, counts
+
+    requests, counts = run_virtual(scenario())
+    assert counts == [16] * 4
+    assert requests["list_ownership"] == 0, requests
+
+
 @pytest.mark.parametrize("partitions", [32, 128])
 def test_a_tick_that_finds_nothing_changed_lists_no_ownership_record(partitions):
     """At rest every tick lists the members (one request with the change notice) and no

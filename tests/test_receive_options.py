@@ -15,8 +15,10 @@ from dataclasses import replace
 import pytest
 
 from eventprocessor import EventPosition, EventProcessor, PartitionProcessor
+from eventprocessor._ownership.liveness import LEASE_PROPERTY, MEMBER_LEASES, NUDGE_PROPERTY, encode_nudge
 from eventprocessor.sources import InMemoryEventSource
 from eventprocessor.stores import InMemoryCheckpointStore
+from eventprocessor.stores.records import Member
 from eventprocessor.testing import run_virtual, virtual_utc_clock
 
 OPTIONS = dict(load_balancing_interval=1.0, partition_ownership_expiration_interval=10.0)
@@ -95,15 +97,17 @@ def test_a_checkpoint_resumes_after_its_event_and_override_checkpoints_starts_ov
             overridden = _delivered()
             Recording.batches = []
             # the same processor loses and re-claims partition 1: its checkpoint counts now.
-            # The other "owner" announces its claim, as every processor does after an
-            # ownership write (an unannounced one is seen at the safety-net listing:
-            # tests/test_member_leases.py).
+            # The other "owner" announces its claim and nudges the owner it took it from,
+            # as every processor does after taking a partition (one that does neither is
+            # seen at the safety-net listing: tests/test_member_leases.py).
             scope = (source.fully_qualified_namespace, source.eventhub_name, "$default")
             listing = await store.list_ownership(*scope)
             taken = await store.claim_ownership([replace(r, owner_id="someone-else", epoch=r.epoch + 1)
                                                  for r in listing.ownerships if r.partition_id == "1"])
             assert len(taken) == 1
             await store.announce_change(*scope)
+            await store.write_member(Member(*scope, "someone-else", properties={
+                LEASE_PROPERTY: MEMBER_LEASES, NUDGE_PROPERTY: encode_nudge(1, {processor.owner_id})}))
             await asyncio.sleep(15)  # the other "owner" never renews: expires, claimed back
             again = _delivered()
             lost, owned = processor.stats.lost, set(processor.owned_partitions)

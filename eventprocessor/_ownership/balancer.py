@@ -27,7 +27,7 @@ from dataclasses import dataclass, field, replace
 from ..policies import LoadBalancingStrategy, LoadPolicy
 from ..stores.records import Ownership, OwnershipListing, UnreadableOwnership, partition_sort_key
 from .load_plan import MemberLoad, plan_moves
-from .strategies import HANDOFF_PROPERTY, STRATEGIES, BalanceView, fair_share, record_age
+from .strategies import HANDOFF_PROPERTY, STRATEGIES, BalanceView, record_age
 
 __all__ = ["BalanceDecision", "BalanceReport", "decide", "heirs", "moved_by_load", "preferring_standbys"]
 
@@ -199,9 +199,8 @@ def decide(
     owner move by :func:`~eventprocessor._ownership.load_plan.plan_moves` (from busy processors to
     idle ones, damped, every move a handoff request) instead of by counts, each partition
     counted on the owner the ownership records name; unowned ones are still dealt by
-    counts. Until every live member has published a load, nothing moves.
-
-    ``renewals`` are listed for the record only: the renewer renews on its own schedule.
+    counts. Until every live member has published a load, nothing moves. (``renewals``
+    are listed for the record only: the renewer renews on its own schedule.)
 
     Example::
 
@@ -222,10 +221,6 @@ def decide(
     mine = tuple(sorted((view.active[p] for p in view.owned_by.get(owner_id, ())),
                         key=lambda r: partition_sort_key(r.partition_id)))
     active_owners = len(set(view.counts) | set(members or ()) | {owner_id})
-    ceiling = None
-    if strategy is not LoadBalancingStrategy.STATIC and load_policy is None and not preferred:
-        floor, extra = fair_share(view.available, active_owners)
-        ceiling = floor + (1 if extra else 0)
     return BalanceDecision(
         owned=mine,
         renewals=tuple(r for r in mine if record_age(r, listing.server_time) >= renew_after),
@@ -235,8 +230,16 @@ def decide(
         expired=tuple(sorted(view.expired, key=partition_sort_key)),
         handoff_requests=tuple(made.requests),
         awaiting_handoff=tuple(made.awaiting),
-        ceiling=ceiling,
+        ceiling=_ceiling(view.available, active_owners, strategy, load_policy, preferred),
     )
+
+
+def _ceiling(available: int, owners: int, strategy: LoadBalancingStrategy, load_policy: LoadPolicy | None,
+             preferred: Mapping[str, str] | None) -> int | None:
+    """:attr:`BalanceDecision.ceiling`: ``ceil(P / N)`` when the plan deals by counts alone."""
+    if strategy is LoadBalancingStrategy.STATIC or load_policy is not None or preferred:
+        return None
+    return -(-available // owners)
 
 
 def heirs(partition_ids: Collection[str], listing: OwnershipListing, owner_id: str, *,

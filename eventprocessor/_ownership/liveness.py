@@ -33,8 +33,9 @@ joined, left or crossed E/2 (leaves the plans) or E (its partitions expire), a m
 record nudges this processor anew, the partition ids changed, one of this processor's
 leases moved on, the previous tick had work left (claims, handoff requests it waits
 on, failures), the renewer asked (``wake``), a record that no heartbeat keeps (an
-unreadable one, a foreign owner's, one written after its owner's last heartbeat)
-reaches its expiry (:func:`next_expiry`), or the safety net is due
+unreadable one, a foreign owner's, one written after its owner's last heartbeat by an
+owner whose heartbeat is no longer live) reaches its expiry (:func:`next_expiry`), or
+the safety net is due
 (:func:`full_listing_interval`).
 
 **A settled processor ignores the generation.** After a listing that left it owning
@@ -188,12 +189,20 @@ def next_expiry(listing: OwnershipListing, beats: Mapping[str, datetime], expira
     """Seconds from the listing (with :func:`with_heartbeats` applied) until the first
     owned record expires that its owner's heartbeat does not keep: an owner that renews
     per partition, an unreadable record, or a record written after its owner's last
-    heartbeat (a claim by a processor that then crashed); None if there is none. A record
-    whose owner's heartbeat is its latest proof of life expires when that member record
-    does, which every tick sees."""
+    heartbeat by an owner whose heartbeat is no longer live (a claim by a processor that
+    then crashed); None if there is none. A record whose owner's heartbeat is live is
+    kept by that owner's next heartbeat, or, if none comes, its member record expires,
+    which every tick sees, and the listing that change brings finds the record's own
+    expiry. So a burst of claims (a cold start) does not make every processor list P
+    records again when the claims' own times run out."""
     now = listing.server_time
+
+    def kept(owner_id: str, modified: datetime | None) -> bool:
+        beat = beats.get(owner_id)
+        return beat is not None and (beat == modified or (now - beat).total_seconds() <= expiration)
+
     times = [r.last_modified_time for r in listing.ownerships
-             if r.owner_id and not (r.owner_id in beats and beats[r.owner_id] == r.last_modified_time)]
+             if r.owner_id and not kept(r.owner_id, r.last_modified_time)]
     times += [u.last_modified_time for u in listing.unreadable]
     left = [expiration - (now - t).total_seconds() for t in times if t is not None]
     left = [seconds for seconds in left if seconds >= 0]

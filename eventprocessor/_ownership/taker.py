@@ -25,7 +25,6 @@ from .._runtime.options import ProcessorOptions
 from .._runtime.reporting import Reporter
 from .._runtime.stats import ProcessorStats
 from .._runtime.telemetry import Telemetry
-from ..errors import EventSourceError
 from ..stores.records import Checkpoint, MemberListing, Ownership, OwnershipListing
 from .balancer import BalanceDecision, BalanceReport, decide, heirs
 from .claimer import Claimer
@@ -34,6 +33,7 @@ from .lease_table import LeaseTable, sorted_ids
 from .liveness import ChangeWatch, RenewalMode, heartbeats, next_expiry, with_heartbeats
 from .load_plan import published_loads
 from .membership import Membership
+from .partition_ids import PartitionIds
 from .store_history import StoreHistory, data_lost
 from .warmup import Warmup
 from .writer import OwnershipWriter
@@ -79,11 +79,13 @@ class Taker:
         self._backoff = TickBackoff(interval=self._timing.interval,
                                     cap=max(self._timing.interval, self._timing.expiration), rng=self._rng)
         self._timeouts = TimeoutLedger(self._clock, self._timing.store_timeout)
-        self._listing_seconds: float | None = None  # how long the last tick's listing took (None: no answer)
+        # How long the last tick's first listing took (None: no answer): the member listing,
+        # small whatever P, where the tick made one, so that it measures the store's queue
+        # rather than the size of the ownership listing; else the ownership listing.
+        self._listing_seconds: float | None = None
         self._paused = False  # the last tick was followed by a backed-off pause, not the usual interval
         self._slowest_call: tuple[str, float, BaseException | None] | None = None  # during this tick
-        self._partition_ids: list[str] | None = None  # the source's last answer
-        self._source_busy_until = float("-inf")  # a throttled hub's retry-after, on the local clock
+        self._partition_ids = PartitionIds(options.source, clock=self._clock, reporter=reporter)
         self._watch = ChangeWatch(expiration=self._timing.expiration, member_expiration=self._timing.member_expiration,
                                   rng=self._rng, watch_properties=options.balance_by_load or options.stateful,
                                   owner_id=options.owner_id)
@@ -188,7 +190,7 @@ class Taker:
         self._telemetry.backed_off()
         if self._backoff.level > level:
             quiet(
-                "processor %s: %d checkpoint-store call(s) timed out since the last tick (its listing: %s; "
+                "processor %s: %d checkpoint-store call(s) timed out since the last tick (its first listing: %s; "
                 "store_timeout=%g s): the store is saturated or unreachable. Backing off so that it can drain: "
                 "the next tick in %.1f s "
                 "instead of %g s (level %d of %d), claiming at most %d partitions per tick; renewals keep "
@@ -258,7 +260,7 @@ class Taker:
     async def _tick(self) -> BalanceReport:
         table = self._table
         owned_before = table.owned()
-        partition_ids = await self._read_partition_ids()
+        partition_ids = await self._partition_ids.read()
         if isinstance(partition_ids, Exception):
             return self._empty_report(error=partition_ids)
         if self._membership.joining:  # after the source answered; not timed as the tick
@@ -310,35 +312,17 @@ class Taker:
         return BalanceReport(table.owned(), claimed, frozenset(), stolen, frozenset(lost), frozenset(failed),
                              requests=requests, error=claim_error)
 
-    async def _read_partition_ids(self) -> list[str] | EventSourceError:
-        """The source's partition ids (while a throttled hub asked to be left alone, the
-        ones it last gave), or the error that reading them raised, reported."""
-        source = self._options.source
-        if self._clock.monotonic() < self._source_busy_until and self._partition_ids is not None:
-            return self._partition_ids  # the hub asked to be left alone (server busy): the ids it gave
-        try:
-            partition_ids = await source.get_partition_ids()
-        except Exception as error:
-            failure = error if isinstance(error, EventSourceError) else EventSourceError(
-                f"reading the partition ids of {source.fully_qualified_namespace}/{source.eventhub_name} "
-                f"failed: {error!r}", fully_qualified_namespace=source.fully_qualified_namespace,
-                eventhub_name=source.eventhub_name)
-            if failure.retry_after:
-                self._source_busy_until = self._clock.monotonic() + failure.retry_after
-            self._reporter.tick_failed("source", failure)
-            return failure
-        self._partition_ids = list(partition_ids)
-        self._reporter.tick_recovered("source")
-        return partition_ids
-
     async def _list_members(self) -> MemberListing | Exception:
         """The members and the group's change notice: all a tick reads when nothing changed."""
+        listed_at = self._clock.monotonic()
+        self._listing_seconds = None
         try:
             members = await self._store.list_members(*self._options.scope)
         except Exception as error:
             self._reporter.tick_failed("store", error)
             self._watch.invalidate()
             return error
+        self._listing_seconds = self._clock.monotonic() - listed_at
         self._reporter.tick_recovered("store")
         return members
 
@@ -350,13 +334,16 @@ class Taker:
         # A slow listing shows the store as it was when it was sent: compare it with the
         # epochs known then, not with what this processor wrote meanwhile (a handoff).
         seen_before = self._history.epochs()
-        self._listing_seconds = None
+        timed = self.renewal.per_partition  # else the member listing before it was timed
+        if timed:
+            self._listing_seconds = None
         try:
             listing, member_listing = await self._store.list_ownership_and_members(*self._options.scope)
         except Exception as error:
             self._reporter.tick_failed("store", error)
             return error
-        self._listing_seconds = self._clock.monotonic() - listed_at
+        if timed:
+            self._listing_seconds = self._clock.monotonic() - listed_at
         self._reporter.tick_recovered("store")
         # A record is live while its owner's heartbeat is, when that heartbeat keeps it.
         listing = with_heartbeats(listing, heartbeats(member_listing))

@@ -18,7 +18,9 @@ backoff level by one. A tick with no time-out and a listing under a quarter of t
 timeout lowers it by one, and the next tick comes at the usual interval; a slower
 listing keeps the level (a store that is slow but keeps up, a
 distant one, is not backed off from; one still draining is not rushed back to full
-pace). At level ``k`` the next
+pace). The listing timed is the tick's first: the member listing where the tick makes
+one (a few small records whatever the number of partitions, so its time is the store's
+queue), else the ownership listing. At level ``k`` the next
 tick waits ``interval·2^k`` (at most ``cap``, the expiration), jittered down to half of
 it, so that processors that timed out together do not come back together. While the
 level is above zero a tick claims at most one batch. Renewals are not backed off: they
