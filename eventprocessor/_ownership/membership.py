@@ -154,7 +154,9 @@ class Membership:
             return  # no member records: every processor lists at every change notice
         self._nudges += 1
         self._nudge = encode_nudge(self._nudges, owners)
-        await self.join()
+        async with self._writing:
+            if self.state is True:  # not left meanwhile (a release written as the processor stops)
+                await self._write()
 
     async def join(self) -> bool:
         """Write the member record (once more each heartbeat); whether the store took it."""
@@ -249,6 +251,11 @@ class Membership:
         """Delete the member record (a graceful stop)."""
         if self.member is None:
             return
+        async with self._writing:  # a nudge or heartbeat in flight lands first, not after the delete
+            await self._delete()
+
+    async def _delete(self) -> None:
+        assert self.member is not None
         try:
             await self._store.delete_member(self.member)
         except Exception as error:
