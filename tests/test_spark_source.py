@@ -668,8 +668,13 @@ def test_a_range_received_ahead_is_one_record_batch_of_exactly_its_events_in_ord
     try:
         assert rows(batches(0, 100)) == [(s, sent[("0", s)]) for s in range(100)]
         [[reader]] = pool._kept.values()
-        reader.ahead = 1000  # as a task of a 1,000-event range leaves it
-        reader.read_ahead()
+
+        async def leave_as_a_task_of_1000_events() -> None:
+            # on the readers' loop, where the pool calls it: this thread may have no loop
+            reader.ahead = 1000
+            reader.read_ahead()
+
+        readers.run(leave_as_a_task_of_1000_events())
         deadline = time.monotonic() + 30
         while reader.buffered < 1000 and time.monotonic() < deadline:
             time.sleep(0.05)
