@@ -27,7 +27,6 @@ from ._runtime.reporting import Reporter
 from ._runtime.stats import ProcessorStats
 from ._runtime.tasks import TaskScope
 from ._runtime.telemetry import Telemetry
-from .policies import LoadBalancingStrategy
 from .stores.contract import CheckpointStore
 
 __all__ = ["Parts", "assemble"]
@@ -73,9 +72,8 @@ def assemble(options: ProcessorOptions, checkpoint_store: CheckpointStore, *, me
         store.observers.append(telemetry.store_call)
     # Nudges serve processors that plan by counts alone (they settle, see _ownership.liveness);
     # plans by load or with standbys read every member-record change already.
-    by_counts = not (options.balance_by_load or options.stateful or options.strategy is LoadBalancingStrategy.STATIC)
     writer = OwnershipWriter(store, owner_id=options.owner_id,
-                             on_nudge=(lambda owners: membership.nudge(owners)) if by_counts else None)
+                             on_nudge=(lambda owners: membership.nudge(owners)) if options.plans_by_counts else None)
     history = StoreHistory()
     # The callbacks below name parts built after them: they run only once everything is built.
     table = LeaseTable(

@@ -512,3 +512,29 @@ def test_the_plan_ceiling_is_what_a_processor_can_be_dealt_at_most():
     assert ceiling(10, LoadBalancingStrategy.GREEDY) == 4
     assert ceiling(10, LoadBalancingStrategy.BALANCED) == 4
     assert ceiling(10, LoadBalancingStrategy.STATIC, replica_count=3) is None  # not a count plan
+
+
+@pytest.mark.parametrize("kind", ["counts", "stateful", "load"])
+def test_only_a_processor_that_plans_by_counts_alone_settles(kind):
+    """A settled processor ignores change notices and relies on being nudged, and only
+    processors that plan by counts alone nudge. A stateful one (its plan prefers warm
+    standbys) or one balancing by load must never settle, even when nothing is preferred
+    at the moment it lists."""
+    from eventprocessor import LoadPolicy, StatePolicy
+
+    options: dict = {"counts": {}, "stateful": {"stateful": StatePolicy(num_standbys=1)},
+                     "load": {"load_policy": LoadPolicy()}}[kind]
+
+    async def scenario() -> list[bool]:
+        cluster, ledger = _group(8)
+        running = [_add(cluster, ledger, f"p{i}", **options)[0] for i in range(2)]
+        for p in running:
+            await p.start()
+        assert await cluster.wait_until(lambda: _counts(cluster, running) == [4, 4], timeout=120) is not None
+        await asyncio.sleep(10.0)
+        settled = [p._parts.taker._watch.settled for p in running]
+        for p in running:
+            await p.stop()
+        return settled
+
+    assert run_virtual(scenario()) == ([True, True] if kind == "counts" else [False, False])

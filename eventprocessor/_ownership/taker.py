@@ -301,7 +301,8 @@ class Taker:
             work_left = bool(claims or adoptions or failed or claim_error or decision.handoff_requests
                              or decision.awaiting_handoff or reconciliation.transitions or lost)
             expires_in = next_expiry(listing, heartbeats(member_listing), self._timing.expiration)
-            settled = (decision.ceiling is not None and len(table.owned()) == decision.ceiling and not failed
+            settled = (self._options.plans_by_counts and decision.ceiling is not None
+                       and len(table.owned()) == decision.ceiling and not failed
                        and claim_error is None and not decision.handoff_requests and not decision.awaiting_handoff
                        and not lost and not reconciliation.transitions and not table.hung_past_expiry())
             self._watch.listed(members or member_listing, partition_ids,  # type: ignore[arg-type]

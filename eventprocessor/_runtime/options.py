@@ -239,6 +239,13 @@ class ProcessorOptions:
     def balance_by_load(self) -> bool:
         return self.load_policy is not None
 
+    @property
+    def plans_by_counts(self) -> bool:
+        """Whether this processor's plan deals partitions by counts alone (not by load,
+        warm standbys or ordinals): only such a processor settles and nudges (see
+        :mod:`eventprocessor._ownership.liveness`)."""
+        return not (self.balance_by_load or self.stateful or self.strategy is LoadBalancingStrategy.STATIC)
+
     def initial_position_of(self, partition_id: str) -> EventPosition:
         if isinstance(self.initial_position, EventPosition):
             return self.initial_position
