@@ -214,7 +214,7 @@ def test_e2e_quick_run_reads_the_hub_with_the_floor_and_both_consumers(results_f
     """A smoke run with its own emulator and Azurite: every side reads every event (a
     side that does not fails the run), the sweep and the ratio table are printed; the
     run saved with --save-json prints the same tables again."""
-    options = ["--quick", "--events", "24000", "--sweep", "100,300"]
+    options = ["--quick", "--events", "60000", "--sweep", "100,300"]
     saved = tmp_path / "e2e.json"
     run = bench("e2e", *options, "--save-json", str(saved), results_path=results_file, timeout=900)
     assert run.returncode == 0, run.stderr[-3000:]
