@@ -110,8 +110,9 @@ def test_hundreds_of_claims_and_renewals_on_a_busy_client_are_all_written_in_tim
     client whose CPU those requests share, every call outlived its store timeout, the
     claims counted as not won, and every later tick did the same again: after minutes,
     most processors owned nothing. The renewer wrote all the leases due in one call too,
-    which ran out the same way. Now claims and renewals go 32 per call and at most 32
-    fences are in flight, so each deadline covers its own requests."""
+    which ran out the same way. Now claims and renewals go 32 per call, with at most 32
+    fences in flight beside the next call of claims, so each deadline covers its own
+    requests and a few calls'."""
 
     async def scenario():
         cluster = Cluster(256, seed=9)
@@ -131,4 +132,4 @@ def test_hundreds_of_claims_and_renewals_on_a_busy_client_are_all_written_in_tim
     assert owned is not None, "the processor never took its partitions"
     assert still == 256
     assert stats.self_fenced == 0 and stats.renewals >= 2 * 256
-    assert most <= 32 * 3
+    assert most <= 32 * 3 + 32  # one batch's fences beside the next batch's claims

@@ -1,7 +1,7 @@
 """Claimer: writes a tick's claims, fences each won claim's checkpoint and reports it.
 
 Claims are written ``BATCH`` at a time (see :data:`~eventprocessor._runtime.bounded_store.BATCH`):
-claimed in one call, then fenced together, before the next batch is claimed. A lease runs
+claimed in one call, then fenced together while the next batch is claimed. A lease runs
 from its claim, so a claim never waits long for its fence, and each call's deadline covers
 its own requests only. A won claim whose checkpoint is fenced is reported through
 ``on_won(lease, checkpoint)`` (the dispatcher starts its pump); one that cannot be fenced
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import replace
 
 from .._runtime.bounded_store import BATCH, BoundedStore
@@ -52,48 +52,68 @@ class Claimer:
         self._store_lost = store_lost
 
     async def take(self, claims: list[Ownership], adoptions: list[Ownership], *,
-                   taken_from: Mapping[str, str] | None = None) -> tuple[list[str], list[str], Exception | None]:
+                   taken_from: Mapping[str, str] | None = None,
+                   go_on: Callable[[], Awaitable[bool]] | None = None) -> tuple[list[str], list[str], Exception | None]:
         """Write ``claims`` (new owners) and ``adoptions`` (records naming us, rewritten as
         they are), fence each won partition's checkpoint and start its pump. Returns the
         partitions now dispatched, those whose claim was not won, and a store error.
-        ``taken_from``: partition -> the live owner a claim takes it from (nudged)."""
-        records = claims + adoptions
+        ``taken_from``: partition -> the live owner a claim takes it from (nudged).
+        ``go_on()`` is asked before each batch of claims after the first: False leaves
+        the rest unsent (neither won nor failed; the plan it came from is out of date)."""
+        claim_ids = {r.partition_id for r in claims}
+        pending = claims + adoptions
         error: Exception | None = None
         not_written: set[str] = set()
         failed: list[str] = []
         started: list[str | None] = []
         # BATCH at a time (see bounded_store.BATCH): claimed in one call, then fenced
-        # together, before the next batch is claimed. A lease runs from its claim, so a
+        # together while the next batch is claimed. A lease runs from its claim, so a
         # claim never waits long for its fence, and each call's deadline covers its own
         # requests only.
-        for first in range(0, len(records), BATCH):
-            batch = records[first:first + BATCH]
-            sent_at = self._clock.monotonic()
-            leases = {r.partition_id: self._table.claiming(r) for r in batch}
-            written = await self._writer.write(batch, taken_from=taken_from)
-            if written.error is not None:
-                error = written.error
-                not_written |= set(written.failed) if written.answered else \
-                    {r.partition_id for r in records[first:]}
-            answered_at = self._clock.monotonic()
-            won_by_pid = written.by_partition()
-            fences = []
-            for pid, lease in leases.items():
-                record = won_by_pid.get(pid)
-                if record is None or lease.state is not LeaseState.CLAIMING:
-                    failed.append(pid)
-                    self._table.drop(lease)
-                    continue
-                self._history.saw(pid, record.epoch)
-                self._table.confirm(lease, record, sent_at=sent_at, answered_at=answered_at)
-                fences.append(self._fence_and_start(lease))
-            started += await asyncio.gather(*fences)
-            if not written.answered:  # the store did not answer: the rest waits for the next tick
-                failed += [r.partition_id for r in records[first + BATCH:]]
-                break
+        fencing: list[asyncio.Future[str | None]] = []  # the last batch's fences, in flight
+        first = True
+        try:
+            while pending:
+                if not first and go_on is not None and any(r.partition_id in claim_ids for r in pending[:BATCH]) \
+                        and not await go_on():
+                    pending, go_on = [r for r in pending if r.partition_id not in claim_ids], None
+                    if not pending:
+                        break
+                first = False
+                batch, pending = pending[:BATCH], pending[BATCH:]
+                sent_at = self._clock.monotonic()
+                leases = {r.partition_id: self._table.claiming(r) for r in batch}
+                with self._store.patient():  # see Timing.balancing_timeout
+                    written = await self._writer.write(batch, taken_from=taken_from)
+                if written.error is not None:
+                    error = written.error
+                    not_written |= set(written.failed) if written.answered else \
+                        {r.partition_id for r in batch + pending}
+                answered_at = self._clock.monotonic()
+                won_by_pid = written.by_partition()
+                previous, fencing = fencing, []
+                for pid, lease in leases.items():
+                    record = won_by_pid.get(pid)
+                    if record is None or lease.state is not LeaseState.CLAIMING:
+                        failed.append(pid)
+                        self._table.drop(lease)
+                        continue
+                    self._history.saw(pid, record.epoch)
+                    self._table.confirm(lease, record, sent_at=sent_at, answered_at=answered_at)
+                    fencing.append(asyncio.ensure_future(self._fence_and_start(lease)))
+                started += await asyncio.gather(*previous)
+                if not written.answered:  # the store did not answer: the rest waits for the next tick
+                    failed += [r.partition_id for r in pending]
+                    break
+            previous, fencing = fencing, []
+            started += await asyncio.gather(*previous)
+        except BaseException:
+            for fence in fencing:  # cancelled with the tick: no pump starts after it
+                fence.cancel()
+            raise
         if error is not None:
             logger.warning("processor %s: claiming partitions %s failed: %r", self._describe,
-                           sorted_ids(not_written or (r.partition_id for r in records)), error)
+                           sorted_ids(not_written or (r.partition_id for r in claims + adoptions)), error)
             self._reporter.report(error, [])
         return [pid for pid in started if pid is not None], failed, error
 
@@ -103,7 +123,8 @@ class Claimer:
         pid = lease.partition_id
         for attempt in (1, 2):
             try:
-                checkpoint = await self._store.fence_checkpoint(lease.record)
+                with self._store.patient():
+                    checkpoint = await self._store.fence_checkpoint(lease.record)
                 break
             except StaleEpochError as stale:
                 if attempt == 2 or stale.stored_epoch >= MAX_EPOCH:
@@ -119,7 +140,8 @@ class Claimer:
                             "resuming from that checkpoint", self._describe, pid, stale.stored_epoch, lease.epoch,
                             stale.stored_epoch + 1)
                 sent_at = self._clock.monotonic()
-                written = await self._writer.write([replace(lease.record, epoch=stale.stored_epoch + 1)])
+                with self._store.patient():
+                    written = await self._writer.write([replace(lease.record, epoch=stale.stored_epoch + 1)])
                 if written.error is not None:
                     self._reporter.report(written.error, [])
                 if not written.won or lease.state is not LeaseState.CLAIMING:

@@ -11,7 +11,10 @@ and turns it into claims and handoff requests.
   already hold the most; unowned partitions first, then the surplus of over-loaded owners,
   served round-robin, neediest first). ``greedy`` takes its whole share in one tick,
   ``balanced`` at most one partition. Processors that tick at the same moment therefore
-  claim different partitions instead of racing for the same random one.
+  claim different partitions instead of racing for the same random one. An unowned
+  partition goes first to its *home* (:func:`homes`: a deal that depends on the members
+  and partitions only), so processors whose snapshots were taken at different moments
+  of a cold start, each with other claims landed, still claim different partitions.
 * :func:`static` takes the partitions of this processor's ordinal
   (:func:`static_assignment`).
 
@@ -38,7 +41,7 @@ from datetime import datetime
 from ..policies import LoadBalancingStrategy
 from ..stores.records import Ownership, OwnershipListing, UnreadableOwnership, partition_sort_key
 
-__all__ = ["BalanceView", "Strategy", "STRATEGIES", "greedy", "balanced", "static", "fair_share",
+__all__ = ["BalanceView", "Strategy", "STRATEGIES", "greedy", "balanced", "static", "fair_share", "homes",
            "static_assignment", "record_age", "HANDOFF_PROPERTY", "ORDINAL_PROPERTY"]
 
 HANDOFF_PROPERTY = "handoff"
@@ -154,6 +157,18 @@ class _Plan:
     victims: dict[str, str]  # surplus partition -> live owner it would be taken from
 
 
+def homes(partition_ids: Collection[str], members: Collection[str]) -> dict[str, str]:
+    """Each partition's home among ``members``: the partitions in their hashed order dealt
+    round-robin to the members in theirs. It depends on the member set and the partitions
+    only, not on who owns what, so processors that read the store at different moments
+    of a cold start (each snapshot with other claims landed) deal the unowned partitions
+    alike, and their claims do not race."""
+    ordered = sorted(members, key=_rank)
+    if not ordered:
+        return {}
+    return {pid: ordered[i % len(ordered)] for i, pid in enumerate(sorted(partition_ids, key=_rank))}
+
+
 def _plan(
     counts: Mapping[str, int],
     owned_by: Mapping[str, Sequence[str]],
@@ -161,13 +176,16 @@ def _plan(
     partition_count: int,
     per_owner_limit: int | None,
     balance_factor: int = 1,
+    home: Mapping[str, str] | None = None,
 ) -> _Plan:
     """The plan every reader of the same snapshot agrees on.
 
     Extra slots go to the owners that already hold the most (sticky: a balanced state
     is a fixed point). The pool is the unowned partitions first, then the surplus of
-    owners above their target, taken from the most loaded owner first. Needy owners
-    are served round-robin, neediest first, at most ``per_owner_limit`` each.
+    owners above their target, taken from the most loaded owner first. A needy owner
+    first gets the unowned partitions whose ``home`` it is (:func:`homes`), up to its
+    need; then needy owners are served round-robin from what is left of the pool,
+    neediest first, at most ``per_owner_limit`` each.
     """
     members = sorted(counts, key=_rank)
     floor, extra = fair_share(partition_count, len(members))
@@ -196,14 +214,21 @@ def _plan(
     needy = sorted(needs, key=lambda m: (counts[m], _rank(m)))
     deal: dict[str, list[str]] = {m: [] for m in needy}
     victims: dict[str, str] = {p: v for p, v in surplus}
+    rest = pool
+    if home:
+        dealt: set[str] = set()
+        for pid, _victim in pool:
+            member = home.get(pid)
+            if _victim is None and member in deal and len(deal[member]) < needs[member]:
+                deal[member].append(pid)
+                dealt.add(pid)
+        rest = [(p, v) for p, v in pool if p not in dealt]
     position = 0
-    round_number = 0
-    while position < len(pool) and any(needs[m] > round_number for m in needy):
+    while position < len(rest) and any(needs[m] > len(deal[m]) for m in needy):
         for m in needy:
-            if needs[m] > round_number and position < len(pool):
-                deal[m].append(pool[position][0])
+            if needs[m] > len(deal[m]) and position < len(rest):
+                deal[m].append(rest[position][0])
                 position += 1
-        round_number += 1
     return _Plan(targets=targets, deal=deal, pool=[p for p, _v in pool], victims=victims)
 
 
@@ -280,7 +305,8 @@ def _by_counts(view: BalanceView, rng: random.Random, limit: int | None) -> list
     for member in view.members or ():
         plan_of.setdefault(member, 0)
     plan_of.setdefault(owner_id, 0)
-    plan = _plan(plan_of, owned_by, unowned, view.available, limit, view.balance_factor)
+    plan = _plan(plan_of, owned_by, unowned, view.available, limit, view.balance_factor,
+                 homes(view.wanted - view.blocked, plan_of))
     take = list(plan.deal.get(owner_id, ()))
     if counts.get(owner_id, 0) == 0 and take and not view.visible:
         # Nobody else can see this processor yet, so their plans leave it out. Pick at

@@ -1,25 +1,23 @@
 """Taker: one balancing tick, and the loop that runs it.
 
-A tick (:meth:`Taker.tick`): read the partition ids; list the members (with the group's
-change notice) and stop there when nothing changed (:mod:`.liveness`); else list ownership
-and members in one store call, check the store's history, reconcile the lease table with
-the listing, ask the pure balancer (:func:`~eventprocessor._ownership.balancer.decide`)
-what to claim, ask owners for handoffs, then let the :class:`~eventprocessor._ownership.claimer.Claimer`
-write the claims (``BATCH`` per call), fence each won partition's checkpoint and report
-each won claim (``on_won``: the dispatcher starts its pump). The loop
-(:meth:`Taker.run`) ticks every ``load_balancing_interval``, jittered, sooner while
-waiting on a handoff, and backs off while store calls time out
-(:mod:`eventprocessor._runtime.backoff`).
+A tick (:meth:`Taker.tick`): read the partition ids; list the members (with the change
+notice) and stop there when nothing changed (:mod:`.liveness`); else list ownership and
+members in one call, check the store's history, reconcile the lease table, ask the pure
+balancer (:func:`~eventprocessor._ownership.balancer.decide`) what to claim, ask owners for
+handoffs, and let the :class:`~eventprocessor._ownership.claimer.Claimer` claim, fence and
+report each won claim (``on_won``: the dispatcher starts its pump). The loop
+(:meth:`Taker.run`) ticks every ``load_balancing_interval``, jittered, sooner while waiting
+on a handoff, and backs off while store calls time out (:mod:`eventprocessor._runtime.backoff`).
 """
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import replace
 
 from .._runtime.backoff import Congestion, TickBackoff, TimeoutLedger
-from .._runtime.bounded_store import BATCH, BoundedStore
+from .._runtime.bounded_store import BoundedStore
 from .._runtime.clock import sleep_or_wake
 from .._runtime.options import ProcessorOptions
 from .._runtime.reporting import Reporter
@@ -33,6 +31,7 @@ from .lease_table import LeaseTable, sorted_ids
 from .liveness import ChangeWatch, RenewalMode, heartbeats, next_expiry, with_heartbeats
 from .load_plan import published_loads
 from .membership import Membership
+from .overrun import overrun_cause, renewals_note
 from .partition_ids import PartitionIds
 from .store_history import StoreHistory, data_lost
 from .warmup import Warmup
@@ -193,13 +192,13 @@ class Taker:
                 "processor %s: %d checkpoint-store call(s) timed out since the last tick (its first listing: %s; "
                 "store_timeout=%g s): the store is saturated or unreachable. Backing off so that it can drain: "
                 "the next tick in %.1f s "
-                "instead of %g s (level %d of %d), claiming at most %d partitions per tick; renewals keep "
+                "instead of %g s (level %d of %d); renewals keep "
                 "their own schedule. If this persists, the store cannot serve this many processors and partitions "
                 "at this interval: raise load_balancing_interval (docs/concepts/timing.md, \"Sizing\").",
                 self._describe, timed_out,
                 "no answer" if self._listing_seconds is None else f"answered in {self._listing_seconds:.1f} s",
                 self._timing.store_timeout, pause, self._timing.interval, self._backoff.level,
-                self._backoff.max_level, BATCH)
+                self._backoff.max_level)
         return pause
 
     # ----------------------------------------------------------------- one tick
@@ -214,6 +213,7 @@ class Taker:
         stats.ticks += 1
         started = self._clock.monotonic()
         self._slowest_call = None
+        in_store_before = self._store.patient_seconds
         report = await self._tick()
         duration, self._waited = self._clock.monotonic() - started - self._waited, 0.0
         stats.last_tick_duration = duration
@@ -224,33 +224,20 @@ class Taker:
         self._telemetry.tick(duration, duration > self._timing.interval)
         self._telemetry.claims_lost_race(len(report.failed_claims))
         if duration > self._timing.interval:
-            self._overran(started, duration)
+            self._overran(started, duration, self._store.patient_seconds - in_store_before)
         return replace(report, duration=duration)
 
-    def _overran(self, started: float, duration: float) -> None:
+    def _overran(self, started: float, duration: float, in_store: float) -> None:
         self._stats.overruns += 1
-        now = self._clock.monotonic()
-        stall = self._last_stall()
-        slowest = self._slowest_call
-        if stall is not None and stall[1] > started:
-            cause = (f"the event loop was blocked for {stall[1] - stall[0]:.1f} s during it by a handler (see the "
-                     "warning about it)")
-        elif slowest is not None and slowest[1] >= duration / 2:
-            operation, seconds, error = slowest
-            cause = (f"it waited on the checkpoint store: {operation} took {seconds:.1f} s"
-                     + (f" and failed ({error!r})" if error is not None else "")
-                     + f" (store_timeout {self._timing.store_timeout:g} s); the store is slow or unreachable")
-        else:
-            cause = ("no store call in it took long: this machine's CPU cannot keep up with this many partitions "
-                     "and processors per process; raise the interval or run fewer processors per process")
+        late = self._clock.monotonic() - self._timing.renewal_retry
+        cause = overrun_cause(started=started, duration=duration, stall=self._last_stall(), slowest=self._slowest_call,
+                              in_store=in_store, store_timeout=self._timing.store_timeout)
         report, suppressed = self._reporter.throttle.failed("overrun")
         if self._reporter.outage.ongoing or not report:  # an outage is told once; overruns at a bounded rate
             logger.debug("processor %s: a load-balancing tick took %.2f s: %s", self._describe, duration, cause)
             return
-        overdue = sorted_ids(lease.partition_id for lease in self._table.in_state(LeaseState.OWNED)
-                             if self.renewal.per_partition and lease.renew_at < now - self._timing.renewal_retry)
-        leases = (f"the renewals of partitions {overdue} are overdue" if overdue
-                  else "leases are renewed apart from ticks and none is overdue")
+        leases = renewals_note(sorted_ids(lease.partition_id for lease in self._table.in_state(LeaseState.OWNED)
+                                          if self.renewal.per_partition and lease.renew_at < late))
         logger.warning(
             "processor %s: a load-balancing tick took %.2f s, longer than load_balancing_interval=%g s "
             "(expiration %g s, %d partitions owned)%s: %s. Balancing is slower than configured: %s.",
@@ -292,7 +279,8 @@ class Taker:
         # gives the replicas' refresh a chance to drop what this tick no longer asks for.
         claims, adoptions = self._claims_to_write(decision, reconciliation, snapshot, partition_ids)
         await self._ask_for_handoffs(decision, listing)
-        won, failed, claim_error = await self._claimer.take(claims, adoptions, taken_from=decision.stolen_from)
+        won, failed, claim_error = await self._claimer.take(claims, adoptions, taken_from=decision.stolen_from,
+                                                            go_on=self._below_ceiling(decision))
         if self._warmup is not None:
             self._warmup.not_claimed({r.partition_id for r in claims + adoptions} - set(won))
         claimed, stolen = self._say_won(won, {r.partition_id for r in adoptions}, decision, reconciliation.reclaim)
@@ -318,7 +306,8 @@ class Taker:
         listed_at = self._clock.monotonic()
         self._listing_seconds = None
         try:
-            members = await self._store.list_members(*self._options.scope)
+            with self._store.patient():
+                members = await self._store.list_members(*self._options.scope)
         except Exception as error:
             self._reporter.tick_failed("store", error)
             self._watch.invalidate()
@@ -339,7 +328,8 @@ class Taker:
         if timed:
             self._listing_seconds = None
         try:
-            listing, member_listing = await self._store.list_ownership_and_members(*self._options.scope)
+            with self._store.patient():
+                listing, member_listing = await self._store.list_ownership_and_members(*self._options.scope)
         except Exception as error:
             self._reporter.tick_failed("store", error)
             return error
@@ -381,14 +371,35 @@ class Taker:
             replica_count=options.replica_count,
         )
 
+    def _below_ceiling(self, decision: BalanceDecision) -> Callable[[], Awaitable[bool]] | None:
+        """Between a tick's batches of claims, whether to go on, by the members listed again
+        (one small request). The first of a group starting together to list sees a few and
+        would claim ``P / few``, which the others take back by handoffs: it stops once more
+        members are live than it planned with (and plans again at once), or at the plan's
+        ceiling. None when the plan is not by counts alone (docs/concepts/balancing.md)."""
+        if decision.ceiling is None or not self._options.plans_by_counts or self._membership.state is not True:
+            return None
+        scope, owner_id, ceiling = self._options.scope, self._options.owner_id, decision.ceiling
+
+        async def below_ceiling() -> bool:
+            try:
+                with self._store.patient():
+                    members = await self._store.list_members(*scope)
+            except Exception:  # the plan stands: the tick's own listing read the members
+                return True
+            joined = len(set(self._membership.live(members) or {}) | {owner_id}) > decision.active_owners
+            if joined:
+                self._wake.set()  # members joined since the plan: plan again with them, now
+            return not joined and len(self._table.held()) < ceiling
+
+        return below_ceiling
+
     def _claims_to_write(self, decision: BalanceDecision, reconciliation: Reconciliation, snapshot: Snapshot,
                          partition_ids: list[str]) -> tuple[list[Ownership], list[Ownership]]:
         """The claims (above every epoch seen, one batch while backing off, plus reclaims
         after a store lost data) and the adoptions of records that name this processor."""
         held = self._table.held()
         claims = [self._history.above_seen(c) for c in decision.claims if c.partition_id not in held]
-        if self._backoff.backing_off:
-            claims = claims[:BATCH]  # one batch at a time while the store drains
         claims += [self._history.above_seen(r) for r in reconciliation.reclaim if r.partition_id not in held]
         claims += self._reclaims_after_store_loss(reconciliation, snapshot, held | {c.partition_id for c in claims},
                                                   partition_ids)
@@ -475,7 +486,8 @@ class Taker:
         if not asks:
             return
         now = self._clock.monotonic()
-        written = await self._writer.write(asks)
+        with self._store.patient():
+            written = await self._writer.write(asks)
         if not written.answered:
             logger.warning("processor %s: asking for partitions %s failed: %r", self._describe,
                            sorted_ids(r.partition_id for r in asks), written.error)

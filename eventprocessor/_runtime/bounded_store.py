@@ -21,9 +21,11 @@ most 8 in flight: 1.9 s more when one partition commits or restores alone).
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import logging
 from collections import Counter
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import contextmanager
 from typing import TypeVar
 
 from ..errors import ConfigurationError, StoreTimeoutError
@@ -37,15 +39,18 @@ logger = logging.getLogger(__name__)
 
 BATCH = 32
 """The most records one bounded call writes (claims, renewals), and the most checkpoint
-fences a balancing tick keeps in flight. A deadline then covers a call's own requests,
-not a queue of hundreds behind it: on a busy client every one of those would run out,
-be counted as not written, and be sent again."""
+fences a balancing tick keeps in flight (beside its next call of claims). A deadline then
+covers a call's own requests and a few calls', not a queue of hundreds behind it: on a
+busy client every one of those would run out, be counted as not written, and be sent
+again."""
 
 MIN_BANDWIDTH = 4 * 1024 * 1024
 """Bytes per second a store is assumed to move at least: a call carrying a payload gets
 ``timeout + bytes in flight / MIN_BANDWIDTH`` (see the module docstring)."""
 
 _T = TypeVar("_T")
+
+_PATIENT: contextvars.ContextVar[bool] = contextvars.ContextVar("eventprocessor_patient_store_call", default=False)
 
 
 class BoundedStore(StoreWrapper):
@@ -63,11 +68,13 @@ class BoundedStore(StoreWrapper):
     """
 
     def __init__(self, inner: CheckpointStore, *, timeout: float, clock: Clock,
-                 min_bandwidth: float = MIN_BANDWIDTH) -> None:
+                 min_bandwidth: float = MIN_BANDWIDTH, patient_timeout: float | None = None) -> None:
         super().__init__(inner)
         if min_bandwidth <= 0:
             raise ConfigurationError(f"min_bandwidth must be above 0 bytes/s, got {min_bandwidth!r}")
         self.timeout = timeout
+        self.patient_timeout = max(timeout, patient_timeout if patient_timeout is not None else timeout)
+        """The deadline of the calls made inside :meth:`patient` (a balancing tick's own)."""
         self.min_bandwidth = min_bandwidth
         self.bytes_in_flight = 0
         """The payload of the entry calls now in flight (their deadlines grow with it)."""
@@ -76,12 +83,26 @@ class BoundedStore(StoreWrapper):
         self.failures: Counter = Counter()
         self.timeouts: Counter = Counter()
         self.seconds: dict[str, float] = {}
+        self.patient_seconds = 0.0
+        """Seconds spent in the calls made inside :meth:`patient` (the balancing ticks'), summed."""
         self.observers: list[Callable[[str, float, BaseException | None], None]] = []
         """Called with (operation, seconds, error or None) after every call (a cancelled
         call with its ``CancelledError``: it was not answered)."""
 
     def __repr__(self) -> str:
         return f"BoundedStore({self.inner!r}, timeout={self.timeout})"
+
+    @contextmanager
+    def patient(self) -> Iterator[None]:
+        """The calls started inside this block get ``patient_timeout`` instead of ``timeout``
+        (the balancing tick's listings, claims and fences: see
+        :attr:`~eventprocessor._runtime.timing.Timing.balancing_timeout`). Wrap the call
+        itself, not code that starts tasks which outlive it (they would inherit it)."""
+        token = _PATIENT.set(True)
+        try:
+            yield
+        finally:
+            _PATIENT.reset(token)
 
     def deadline(self, payload: int) -> float:
         """Seconds a call gets when ``payload`` bytes (its own and those of the calls
@@ -110,7 +131,8 @@ class BoundedStore(StoreWrapper):
         error: BaseException | None = None
         self.bytes_in_flight += payload
         carried = self.bytes_in_flight
-        seconds = self.deadline(carried) if payload else self.timeout
+        patient = _PATIENT.get()
+        seconds = self.deadline(carried) if payload else self.patient_timeout if patient else self.timeout
         token = CALLER_DEADLINE.set(True)  # copied into the task that runs the call
         try:
             return await with_deadline(self._clock, seconds, call(), lambda: StoreTimeoutError(
@@ -133,5 +155,7 @@ class BoundedStore(StoreWrapper):
             CALLER_DEADLINE.reset(token)
             elapsed = self._clock.monotonic() - started
             self.seconds[operation] = self.seconds.get(operation, 0.0) + elapsed
+            if patient:
+                self.patient_seconds += elapsed
             for observe in self.observers:
                 observe(operation, elapsed, error)

@@ -25,7 +25,8 @@ class Timing:
     is rewritten once it is this old. ``renewal_retry``: how soon a failed renewal is
     tried again. ``store_timeout``: the longest any store call may take; three of them
     fit between the renewal age and the end of the lease, so a black-holed store still
-    gets three renewal attempts before the lease self-fences.
+    gets three renewal attempts before the lease self-fences. A balancing tick's own
+    calls wait longer (:attr:`balancing_timeout`).
 
     Example::
 
@@ -48,6 +49,19 @@ class Timing:
     def heartbeat(self) -> float:
         """How often a member rewrites its member record: a quarter of the expiration."""
         return self.expiration / 4
+
+    @property
+    def balancing_timeout(self) -> float:
+        """The longest a balancing tick's own store calls (its listings, claims, fences and
+        handoff requests) may take: ``max(store_timeout, expiration / 4)``.
+
+        They keep no lease alive, so they can wait for a store that is slow but answering
+        (one emulator thread serving the first listings of a whole group): a call given up
+        on is still served by the store, and the next tick would only send it again behind
+        it. Renewals, heartbeats and checkpoints keep ``store_timeout``. A claim answered
+        this late still leaves its lease ``lease_length - expiration / 4`` to run, more
+        than the renewal age after it (at least ``expiration / 2``)."""
+        return max(self.store_timeout, self.expiration / 4)
 
     @property
     def member_expiration(self) -> float:
