@@ -68,7 +68,8 @@ def assemble(options: ProcessorOptions, checkpoint_store: CheckpointStore, *, me
     telemetry = Telemetry(eventhub_name=source.eventhub_name, consumer_group=options.consumer_group,
                           owner_id=options.owner_id, meter_provider=meter_provider, tracer_provider=tracer_provider)
     store = BoundedStore(checkpoint_store, timeout=timing.store_timeout, clock=clock,
-                         patient_timeout=timing.balancing_timeout)
+                         patient_timeout=timing.balancing_timeout,
+                         timeouts_by_operation={"write_member": timing.heartbeat_timeout})
     if telemetry.enabled:
         store.observers.append(telemetry.store_call)
     # Nudges serve processors that plan by counts alone (they settle, see _ownership.liveness);

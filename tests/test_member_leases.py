@@ -538,3 +538,38 @@ def test_only_a_processor_that_plans_by_counts_alone_settles(kind):
         return settled
 
     assert run_virtual(scenario()) == ([True, True] if kind == "counts" else [False, False])
+
+
+def test_heartbeats_answered_after_the_store_timeout_still_keep_the_leases():
+    """Every heartbeat answered 8 s after it was sent, for four minutes (a store whose
+    queue holds each call that long, as Azurite did under a 4,096 x 32 cold start). A
+    heartbeat waited only store_timeout (5 s): each one timed out though the store wrote
+    it, the processor self-fenced every partition 67.5 s after its last answered one,
+    and its peers could not take them over while its (written) heartbeats kept its
+    records live. A heartbeat waits up to (lease - heartbeat) / 3 = 16.25 s: the leases
+    stay, every partition is dispatched by its owner throughout."""
+
+    async def scenario():
+        cluster, ledger = _group(16)
+        processors = [_add(cluster, ledger, f"p{i}") for i in range(2)]
+        for p, _link in processors:
+            await p.start()
+        running = [p for p, _link in processors]
+        assert await cluster.wait_until(lambda: _counts(cluster, running) == [8, 8], timeout=30) is not None
+        producer = await _producing(cluster)
+        for _p, link in processors:
+            link.latency, link.only = 8.0, {"write_member"}
+        owned_throughout = True
+        for _ in range(48):
+            await asyncio.sleep(5.0)
+            owned_throughout &= _counts(cluster, running) == [8, 8]
+        fenced = sum(p.stats.self_fenced for p in running)
+        producer.cancel()
+        for p in running:
+            await p.stop()
+        return owned_throughout, fenced, running[0].timing.heartbeat_timeout, cluster
+
+    owned_throughout, fenced, timeout, cluster = run_virtual(scenario())
+    assert timeout == 16.25
+    assert owned_throughout and fenced == 0, fenced
+    assert cluster.ledger.duplicates() == 0 and cluster.ledger.overlaps() == []

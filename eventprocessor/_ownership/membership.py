@@ -5,7 +5,8 @@ It is rewritten every quarter of the expiration and is judged gone after half of
 a crashed member leaves every plan before its partitions' records expire. It also keeps
 every partition the processor owns (``lease=member``, see :mod:`.liveness`): a
 heartbeat the store accepted extends each live lease as a renewal of its record would.
-A failed heartbeat is retried every ``renewal_retry``. A store that
+A failed heartbeat is retried every ``renewal_retry``; one waits up to
+``Timing.heartbeat_timeout`` for its answer (three fit before the leases end). A store that
 keeps no member records is fine (except for the static strategy): the processor then
 makes itself visible by claiming one partition first.
 

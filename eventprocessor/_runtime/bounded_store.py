@@ -68,13 +68,16 @@ class BoundedStore(StoreWrapper):
     """
 
     def __init__(self, inner: CheckpointStore, *, timeout: float, clock: Clock,
-                 min_bandwidth: float = MIN_BANDWIDTH, patient_timeout: float | None = None) -> None:
+                 min_bandwidth: float = MIN_BANDWIDTH, patient_timeout: float | None = None,
+                 timeouts_by_operation: dict[str, float] | None = None) -> None:
         super().__init__(inner)
         if min_bandwidth <= 0:
             raise ConfigurationError(f"min_bandwidth must be above 0 bytes/s, got {min_bandwidth!r}")
         self.timeout = timeout
         self.patient_timeout = max(timeout, patient_timeout if patient_timeout is not None else timeout)
         """The deadline of the calls made inside :meth:`patient` (a balancing tick's own)."""
+        self.timeouts_by_operation = {op: max(timeout, s) for op, s in (timeouts_by_operation or {}).items()}
+        """Operations whose deadline is longer than ``timeout`` (``write_member``: a heartbeat)."""
         self.min_bandwidth = min_bandwidth
         self.bytes_in_flight = 0
         """The payload of the entry calls now in flight (their deadlines grow with it)."""
@@ -132,7 +135,8 @@ class BoundedStore(StoreWrapper):
         self.bytes_in_flight += payload
         carried = self.bytes_in_flight
         patient = _PATIENT.get()
-        seconds = self.deadline(carried) if payload else self.patient_timeout if patient else self.timeout
+        seconds = self.deadline(carried) if payload else self.patient_timeout if patient else \
+            self.timeouts_by_operation.get(operation, self.timeout)
         token = CALLER_DEADLINE.set(True)  # copied into the task that runs the call
         try:
             return await with_deadline(self._clock, seconds, call(), lambda: StoreTimeoutError(

@@ -64,6 +64,17 @@ class Timing:
         return max(self.store_timeout, self.expiration / 4)
 
     @property
+    def heartbeat_timeout(self) -> float:
+        """The longest a heartbeat (the member record's rewrite) may take:
+        ``max(store_timeout, (lease_length - heartbeat) / 3)``, 16.25 s at the defaults.
+        Three attempts fit between a heartbeat falling due and the end of the leases it
+        keeps, as three renewals fit in ``store_timeout``'s rule; a heartbeat answered
+        late extends the leases from when it was sent, never more. A store whose queue
+        holds every call for 5-15 s (one emulator thread under a whole group's cold start)
+        then does not make a processor that is being served self-fence."""
+        return max(self.store_timeout, (self.lease_length - self.heartbeat) / 3)
+
+    @property
     def member_expiration(self) -> float:
         """A member record older than this (half the expiration) is a gone member."""
         return self.expiration / 2
