@@ -1,7 +1,7 @@
 """Why a balancing tick took longer than its interval: the cause an overrun warning names."""
 from __future__ import annotations
 
-__all__ = ["overrun_cause"]
+__all__ = ["overrun_cause", "renewals_note"]
 
 
 def overrun_cause(*, started: float, duration: float, stall: tuple[float, float] | None,

@@ -26,7 +26,7 @@ class Timing:
     tried again. ``store_timeout``: the longest any store call may take; three of them
     fit between the renewal age and the end of the lease, so a black-holed store still
     gets three renewal attempts before the lease self-fences. A balancing tick's own
-    calls wait longer (:attr:`balancing_timeout`).
+    calls and heartbeats wait longer (:attr:`balancing_timeout`, :attr:`heartbeat_timeout`).
 
     Example::
 
@@ -58,9 +58,10 @@ class Timing:
         They keep no lease alive, so they can wait for a store that is slow but answering
         (one emulator thread serving the first listings of a whole group): a call given up
         on is still served by the store, and the next tick would only send it again behind
-        it. Renewals, heartbeats and checkpoints keep ``store_timeout``. A claim answered
-        this late still leaves its lease ``lease_length - expiration / 4`` to run, more
-        than the renewal age after it (at least ``expiration / 2``)."""
+        it. Renewals and checkpoints keep ``store_timeout``, heartbeats their own
+        (:attr:`heartbeat_timeout`). A lease runs from its claim's send time, so a claim
+        answered this late still has at least ``lease_length - expiration / 4`` of it left,
+        and the next heartbeat (every ``expiration / 4``) or renewal extends it."""
         return max(self.store_timeout, self.expiration / 4)
 
     @property
