@@ -248,14 +248,16 @@ class _Refused(InMemoryEventSource):
 
 @pytest.mark.parametrize("source, note", [
     (_NoProperties, "lag: unknown (_NoProperties does not report partition properties)"),
-    (_Silent, f"lag: unknown (the event hub {NS}/{HUB} did not answer within 0.2 s)"),
+    (_Silent, f"lag: unknown (the event hub {NS}/{HUB} did not answer within 1 s)"),
     (_Leaky, f"lag: unknown (the event hub {NS}/{HUB}: RuntimeError (run with -v for details))"),
     (_Refused, f"lag: unknown (the event hub {NS}/{HUB}: the event hub refused the credential)"),
 ])
 async def test_an_event_hub_that_fails_makes_only_the_lag_unknown_and_says_why(source, note):
     store, _source = await _group_with_every_state()
     failing = source(6, eventhub_name=HUB, fully_qualified_namespace=NS)
-    status = await read_status(store, NS, HUB, GROUP, source=failing, expiration=60, timeout=0.2)
+    # 1 s, not 0.2: the in-memory store's read shares the deadline, and under the full
+    # suite on 2 cores it missed 0.2 s twice (CI, 2026-11-29)
+    status = await read_status(store, NS, HUB, GROUP, source=failing, expiration=60, timeout=1.0)
     assert status.lag_note == note
     assert SECRET not in json.dumps(status.to_json())
     assert status.summary.lag is None and status.summary.line().endswith("lag unknown")
