@@ -217,9 +217,9 @@ def _plan(
     rest = pool
     if home:
         dealt: set[str] = set()
-        for pid, victim in pool:
+        for pid, taken_from in pool:
             member = home.get(pid)
-            if victim is None and member in deal and len(deal[member]) < needs[member]:
+            if taken_from is None and member in deal and len(deal[member]) < needs[member]:
                 deal[member].append(pid)
                 dealt.add(pid)
         rest = [(p, v) for p, v in pool if p not in dealt]
