@@ -114,7 +114,7 @@ class Failover:
     """One partition of a SIGKILLed stateful owner (:func:`stateful_failover`)."""
 
     partition: str
-    standbys: list[str]  # the live processes that published a caught-up replica of it before the kill
+    standbys: list[str]  # its standbys before the kill: planned by the SDK, each publishing a caught-up replica
     taker: str | None = None  # the process that delivered it first after the kill
     claimed: float | None = None  # seconds from the SIGKILL to the taker's claim
     restored: float | None = None  # seconds from the SIGKILL to the taker's restored state (its initialize)

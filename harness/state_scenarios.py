@@ -105,6 +105,20 @@ async def standby_replicas(group: Group, acceptable_recovery_lag: int = 10_000) 
     return replicas
 
 
+def _standby_count(group: Group) -> int:
+    options = group.worker_options
+    return int(options[options.index("--standbys") + 1]) if "--standbys" in options else 0
+
+
+def _designated_standbys(owners: dict[str, str], processes: list[str], count: int) -> dict[str, list[str]]:
+    """Partition -> the processes the SDK's standby plan (:func:`standby_plan`, pure)
+    names to keep its replica, for these owners and processes."""
+    from eventprocessor.state.replica import standby_plan
+
+    plan = standby_plan(owners, processes, count)
+    return {pid: sorted(m for m, kept in plan.items() if pid in kept) for pid in owners}
+
+
 def count_mismatches(group: Group, bodies: dict[str, list[str]],
                      states: dict[str, tuple[int, dict[str, Any]]] | None = None) -> list[str]:
     """Where a per-key count differs from the events the hub holds: every state a claim
@@ -143,32 +157,47 @@ def restore_mismatches(group: Group, bodies: dict[str, list[str]], *, since: flo
 
 async def stateful_failover(group: Group, processes: int = 3) -> Outcome:
     """Stateful processes with standbys (the group's ``worker_options`` say
-    ``--stateful --standbys N``); once every partition has a caught-up standby, the owner
+    ``--stateful --standbys N``); once every partition's standbys (those the SDK's plan
+    names for the current owners) publish caught-up replicas, and have for 2 s, the owner
     of the most partitions is SIGKILLed and each of its partitions must go to one of
-    its standbys, restored from the warm replica."""
+    those standbys, restored from the warm replica."""
     started = time.monotonic()
     outcome = Outcome(f"{processes} stateful processes with standbys, SIGKILL of an owner", group.label,
                       group.partitions)
     workers = [await group.spawn(f"{group.impl}-stateful-{i}") for i in range(processes)]
     await group.start(workers)
-    replicas: dict[str, set[str]] = {}
+    standbys = _standby_count(group)
     deadline = time.monotonic() + SETTLE_TIMEOUT
-    while True:  # every partition has a caught-up standby that does not own it
+    stable_since: float | None = None
+    last: tuple[dict[str, str], dict[str, list[str]]] | None = None
+    while True:
+        # Every partition owned, shares balanced, and each partition's standby, the one
+        # the SDK's own rendezvous plan names for today's owners and processes, publishing
+        # a caught-up replica; the same for 2 s (a few checkpoints, which the standbys
+        # follow). A share reached by a move a moment ago is not enough: the plan moves
+        # standbys with the owners, and a replica published for the old owner is dropped a
+        # tick later while the new standby loads its own.
         shares = group.shares(workers)
         owners = {pid: w.owner_id for w in workers for pid in w.owned}
         replicas = await standby_replicas(group)
-        if shares is not None and all(replicas.get(pid, set()) - {owner} for pid, owner in owners.items()) \
-                and len(owners) == group.partitions:
-            break
-        if time.monotonic() > deadline:
+        designated = _designated_standbys(owners, [w.owner_id for w in workers], standbys)
+        ready = shares is not None and len(owners) == group.partitions and all(
+            designated[pid] and set(designated[pid]) <= replicas.get(pid, set()) for pid in owners)
+        now = time.monotonic()
+        if ready and last == (owners, designated):
+            if stable_since is not None and now - stable_since >= 2.0:
+                break
+        else:
+            stable_since = now if ready else None
+        last = (owners, designated) if ready else None
+        if now > deadline:
             raise TimeoutError(f"{group.label}: no caught-up standby of every partition within {SETTLE_TIMEOUT:.0f}s: "
-                               f"{replicas}\n" + "\n".join(w.diagnostics() for w in workers))
+                               f"owners {owners}, standbys planned {designated}, published {replicas}\n"
+                               + "\n".join(w.diagnostics() for w in workers))
         await asyncio.sleep(0.5)
-    await asyncio.sleep(2.0)  # a few checkpoints more, which the standbys follow
     victim = max(workers, key=lambda w: (len(w.owned), w.owner_id))
     partitions = list(victim.owned)
-    replicas = await standby_replicas(group)
-    outcome.failovers = [Failover(pid, sorted(replicas.get(pid, set()) - {victim.owner_id})) for pid in partitions]
+    outcome.failovers = [Failover(pid, designated[pid]) for pid in partitions]
     victim.kill()
     killed_at = time.time()
     await victim.process.wait()
