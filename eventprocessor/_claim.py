@@ -46,7 +46,7 @@ class Claim:
             raise OwnershipLostError(f"partition {claim.partition_id}: the claim ended", ...)
     """
 
-    __slots__ = ("partition_id", "owner_id", "epoch", "_may_dispatch", "_may_checkpoint", "_on_fence_lost",
+    __slots__ = ("partition_id", "owner_id", "epoch", "may_dispatch", "_may_checkpoint", "_on_fence_lost",
                  "_on_checkpoint", "home_loop", "last_enqueued")
 
     def __init__(self, *, partition_id: str, owner_id: str, epoch: int, may_dispatch: Callable[[], bool],
@@ -55,7 +55,9 @@ class Claim:
         self.partition_id = partition_id
         self.owner_id = owner_id
         self.epoch = epoch
-        self._may_dispatch = may_dispatch
+        self.may_dispatch: Callable[[], bool] = may_dispatch
+        """``may_dispatch()``: True while the claim is current and its lease has not run out.
+        The callable itself, not a method around it: the pump asks before every batch."""
         self._may_checkpoint = may_checkpoint or may_dispatch
         self._on_fence_lost = on_fence_lost
         self._on_checkpoint = on_checkpoint
@@ -71,10 +73,6 @@ class Claim:
     def fence(self) -> tuple[str, int]:
         """``(owner_id, epoch)``: what every checkpoint of this claim is written as."""
         return self.owner_id, self.epoch
-
-    def may_dispatch(self) -> bool:
-        """True while the claim is current and its lease has not run out."""
-        return self._may_dispatch()
 
     def may_checkpoint(self) -> bool:
         """True while a checkpoint of this claim may be written: while it may dispatch,

@@ -91,6 +91,8 @@ class Telemetry:
             "eventprocessor.owner_id": owner_id,
         }
         self._gauges: list[Any] = []
+        self._active = False
+        self._look_again_at = float("-inf")
         if not self.enabled:
             return
 
@@ -133,8 +135,18 @@ class Telemetry:
     @property
     def active(self) -> bool:
         """True once a MeterProvider or TracerProvider is really set: until then the
-        pumps skip the per-batch instrumentation altogether."""
-        return self.enabled and (_configured(self.events) or self._tracing())
+        pumps skip the per-batch instrumentation altogether. Asked before every batch, so
+        it answers from what it last found: once set, a provider stays (OpenTelemetry does
+        not unset one); while none is, it looks again at most once a second (a global
+        provider set after the processor started is picked up within a second)."""
+        if self._active:
+            return True
+        now = time.monotonic()
+        if now < self._look_again_at:
+            return False
+        self._look_again_at = now + 1.0
+        self._active = self.enabled and (_configured(self.events) or self._tracing())
+        return self._active
 
     def observe(self, *, owned: Callable[[], int], lag: Callable[[], Mapping[str, int | None]]) -> None:
         """Register the gauges, read when a reader collects."""
