@@ -393,13 +393,13 @@ def test_a_crash_right_after_a_join_fails_over_to_the_standby_the_plan_names_and
             await asyncio.sleep(rng.uniform(0, 8))
         await until(lambda: sorted(len(p.owned_partitions) for p in processors) == [1, 1, 2], what="balance")
         await asyncio.sleep(rng.uniform(0, 2.5))
-        owners = {pid: name for name, p in zip(names, processors) for pid in p.owned_partitions}
+        owners = {pid: name for name, p in zip(names, processors, strict=True) for pid in p.owned_partitions}
         planned = standby_plan(owners, names, 1)
-        victim = max(zip(names, processors), key=lambda np: (len(np[1].owned_partitions), np[0]))
+        victim = max(zip(names, processors, strict=True), key=lambda np: (len(np[1].owned_partitions), np[0]))
         lost = sorted(victim[1].owned_partitions)
         killed = loop.time()
         await victim[1].stop(release=False)  # a crash
-        survivors = [(n, p) for n, p in zip(names, processors) if p is not victim[1]]
+        survivors = [(n, p) for n, p in zip(names, processors, strict=True) if p is not victim[1]]
         await until(lambda: all(any(pid in p.owned_partitions for _n, p in survivors) for pid in lost),
                     what="the failover")
         takers = {pid: next(n for n, p in survivors if pid in p.owned_partitions) for pid in lost}
