@@ -96,9 +96,10 @@ class Outcome:
                          f"after {self.takeover:.2f}s (bounds {CLAIM_BOUND:.1f}s and {TAKEOVER_BOUND:.1f}s); shares "
                          f"after {self.shares_after}")
         for failover in self.failovers:
+            moved_on = f", then moved to {failover.owners[1:]}" if len(failover.owners) > 1 else ""
             parts.append(f"partition {failover.partition}: standbys {failover.standbys}, taken by {failover.taker} "
                          f"({'warm' if failover.warm else 'NOT warm'}), claimed after {failover.claimed}s, "
-                         f"restored after {failover.restored}s, delivered after {failover.takeover}s")
+                         f"restored after {failover.restored}s, delivered after {failover.takeover}s{moved_on}")
         if self.changes:
             changes = ", ".join(f"{reason} {n}" for reason, n in sorted(self.changes.items()))
             parts.append(f"ownership changes {changes}")
@@ -115,11 +116,12 @@ class Failover:
 
     partition: str
     standbys: list[str]  # its standbys before the kill: planned by the SDK, each publishing a caught-up replica
-    taker: str | None = None  # the process that delivered it first after the kill
+    taker: str | None = None  # the process that claimed it first after the kill (the failover)
     claimed: float | None = None  # seconds from the SIGKILL to the taker's claim
     restored: float | None = None  # seconds from the SIGKILL to the taker's restored state (its initialize)
-    takeover: float | None = None  # seconds from the SIGKILL to the taker's first batch
+    takeover: float | None = None  # seconds from the SIGKILL to its first batch after it (the pause)
     warm: bool | None = None  # the taker restored it from its warm replica
+    owners: list[str] = field(default_factory=list)  # the processes that held it after the kill, in turn
 
 
 def _fmt(values: dict[str, float]) -> str:

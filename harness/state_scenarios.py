@@ -203,27 +203,37 @@ async def stateful_failover(group: Group, processes: int = 3) -> Outcome:
     await victim.process.wait()
     survivors = [w for w in workers if w is not victim]
 
-    def first_batch(pid: str) -> tuple[float, WorkerHandle] | None:
-        return min(((t, w) for w in survivors for (t, p, _f, _l) in w.batches if p == pid and t > killed_at),
-                   key=lambda tw: tw[0], default=None)
+    def first_batch(pid: str) -> float | None:
+        return min((t for w in survivors for (t, p, _f, _l) in w.batches if p == pid and t > killed_at), default=None)
+
+    def holders(pid: str) -> list[tuple[float, WorkerHandle]]:
+        """The survivors that held ``pid`` after the kill, each from the first report of it."""
+        held = [(min((t for t, owned in w.ownership if pid in owned and t > killed_at), default=None), w)
+                for w in survivors]
+        return sorted(((t, w) for t, w in held if t is not None), key=lambda tw: tw[0])
 
     await group.until(lambda: all(first_batch(pid) is not None for pid in partitions),
                       f"partitions {partitions} resumed after the SIGKILL", TAKEOVER_BOUND + 30)
+    await group.until(lambda: group.settled(survivors), f"{len(survivors)} processes sharing the hub", SETTLE_TIMEOUT,
+                      fail=False)
     for failover in outcome.failovers:
+        # The failover is the first claim after the kill; a handoff after it (the taker
+        # above its share) is a second move, told apart: it may come before the taker
+        # delivered a batch of the partition, so the first to deliver is not the taker.
         found = first_batch(failover.partition)
-        assert found is not None
-        at, taker = found
-        failover.taker, failover.takeover = taker.owner_id, round(at - killed_at, 2)
-        claims = [t for (t, owned) in taker.ownership if failover.partition in owned and t > killed_at]
-        failover.claimed = round(min(claims) - killed_at, 2) if claims else None
+        failover.takeover = round(found - killed_at, 2) if found is not None else None
+        held = holders(failover.partition)
+        failover.owners = [w.owner_id for _t, w in held]
+        if not held:
+            continue
+        claimed_at, taker = held[0]
+        failover.taker, failover.claimed = taker.owner_id, round(claimed_at - killed_at, 2)
         restores = [r for r in taker.restores if r["p"] == failover.partition and r["t"] > killed_at]
         if restores:
             failover.restored = round(restores[0]["t"] - killed_at, 2)
             failover.warm = bool(restores[0]["warm"])
     outcome.takeover = max(f.takeover for f in outcome.failovers if f.takeover is not None)
     outcome.taker_was_standby = all(f.taker in f.standbys for f in outcome.failovers)
-    await group.until(lambda: group.settled(survivors), f"{len(survivors)} processes sharing the hub", SETTLE_TIMEOUT,
-                      fail=False)
     outcome.shares_after = sorted(group.shares(survivors) or [])
     await group.finish(outcome)
     outcome.seconds = time.monotonic() - started

@@ -22,7 +22,8 @@ and
 2. 3 processes on 4 partitions with ``num_standbys=1``: once every partition has a
    caught-up standby (published in the member records), the owner of the most partitions
    is SIGKILLed; each of its partitions goes to its standby, restored from the warm
-   replica; the crash replays events (the handlers see duplicates), the counts stay exact.
+   replica, one to each survivor and no move after; the crash replays events (the
+   handlers see duplicates), the counts stay exact.
 """
 from __future__ import annotations
 
@@ -84,5 +85,9 @@ async def test_a_sigkilled_stateful_owner_fails_over_to_its_warm_standbys_and_co
         assert failover.taker in failover.standbys, outcome.summary()
         assert failover.warm is True, outcome.summary()
         assert failover.takeover is not None and failover.takeover <= TAKEOVER_BOUND, outcome.summary()
+        # The plan spreads one owner's standbys over the survivors: each takes its part in
+        # one move, and no handoff follows (a second pause, to a processor maybe cold).
+        assert failover.owners == [failover.taker], outcome.summary()
+    assert len({f.taker for f in outcome.failovers}) == len(outcome.failovers), outcome.summary()
     assert outcome.changes.get("expired", 0) == len(outcome.failovers), outcome.changes
     assert outcome.shares_after == [2, 2], outcome.summary()

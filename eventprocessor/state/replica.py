@@ -6,8 +6,9 @@ the state first, while the owner keeps processing, and follows the owner's commi
 writes the handoff request once it is within ``acceptable_recovery_lag`` events of the
 owner's last checkpoint. At the handoff it reads only the changes since, so the pause
 does not grow with the state. ``num_standbys`` keeps such replicas all the time on other
-processors (chosen by rendezvous hashing), and a crashed owner's partition is claimed by
-its most caught-up live standby.
+processors (one owner's partitions spread evenly over the others, each chosen by
+rendezvous hashing within that), and a crashed owner's partition is claimed by its most
+caught-up live standby.
 
 :func:`standby_plan` and :func:`failover_plan` are pure: every processor that reads the
 same records computes the same plans.
@@ -17,7 +18,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Iterable, Mapping
 
-from ..stores.records import Checkpoint
+from ..stores.records import Checkpoint, partition_sort_key
 from .keeper import StateKeeper
 from .log import StateLog
 
@@ -33,15 +34,27 @@ def _score(partition_id: str, owner_id: str) -> int:
 
 def standby_plan(owners: Mapping[str, str], members: Iterable[str], count: int) -> dict[str, set[str]]:
     """Which partitions each member keeps a standby replica of: for every owned
-    partition, the ``count`` live members other than its owner that score highest for
-    it (rendezvous hashing: a member that comes or goes moves few replicas)."""
-    plan: dict[str, set[str]] = {member: set() for member in members}
+    partition, ``count`` live members other than its owner.
+
+    The standbys of one owner's partitions are spread evenly over the other members
+    (each keeps at most one more of them than any other), so that when that owner
+    crashes, every survivor claims its even part of the partitions, warm, in one move:
+    no standby takes them all on top of its share to hand the surplus on a moment later.
+    Within that, the members that score highest for a partition keep it (rendezvous
+    hashing: a member that comes or goes moves few replicas). Pure: the order of
+    ``members`` does not matter."""
+    names = sorted(set(members))
+    plan: dict[str, set[str]] = {member: set() for member in names}
     if count <= 0:
         return plan
-    for pid, owner in owners.items():
-        ranked = sorted((m for m in plan if m != owner), key=lambda m: (-_score(pid, m), m))
+    kept: dict[tuple[str, str], int] = {}  # (owner, member) -> standbys of that owner's partitions
+    for pid in sorted(owners, key=partition_sort_key):
+        owner = owners[pid]
+        ranked = sorted((m for m in names if m != owner),
+                        key=lambda m: (kept.get((owner, m), 0), -_score(pid, m), m))
         for member in ranked[:count]:
             plan[member].add(pid)
+            kept[(owner, member)] = kept.get((owner, member), 0) + 1
     return plan
 
 
