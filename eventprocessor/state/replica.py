@@ -40,22 +40,47 @@ def standby_plan(owners: Mapping[str, str], members: Iterable[str], count: int) 
     (each keeps at most one more of them than any other), so that when that owner
     crashes, every survivor claims its even part of the partitions, warm, in one move:
     no standby takes them all on top of its share to hand the surplus on a moment later.
-    Within that, the members that score highest for a partition keep it (rendezvous
-    hashing: a member that comes or goes moves few replicas). Pure: the order of
-    ``members`` does not matter."""
+    Within that, the pairs that score highest keep them (rendezvous hashing), so a member
+    that comes or goes moves few replicas. Pure: the order of ``members`` does not matter."""
     names = sorted(set(members))
     plan: dict[str, set[str]] = {member: set() for member in names}
     if count <= 0:
         return plan
-    kept: dict[tuple[str, str], int] = {}  # (owner, member) -> standbys of that owner's partitions
-    for pid in sorted(owners, key=partition_sort_key):
-        owner = owners[pid]
-        ranked = sorted((m for m in names if m != owner),
-                        key=lambda m: (kept.get((owner, m), 0), -_score(pid, m), m))
-        for member in ranked[:count]:
-            plan[member].add(pid)
-            kept[(owner, member)] = kept.get((owner, member), 0) + 1
+    by_owner: dict[str, list[str]] = {}
+    for pid, owner in owners.items():
+        by_owner.setdefault(owner, []).append(pid)
+    for owner, pids in by_owner.items():
+        others = [m for m in names if m != owner]
+        if others:
+            for pid, keepers in _spread(sorted(pids, key=partition_sort_key), others, min(count, len(others))).items():
+                for member in keepers:
+                    plan[member].add(pid)
     return plan
+
+
+def _spread(pids: list[str], others: list[str], count: int) -> dict[str, list[str]]:
+    """``count`` of ``others`` for each of one owner's ``pids``, every member keeping
+    ``base`` or ``base + 1`` of them: the highest-scoring pairs first, within those
+    bounds. Should that leave a partition short (possible when ``count > 1``), each
+    partition in turn takes the least-loaded members, the highest-scoring among equals."""
+    base, extra = divmod(count * len(pids), len(others))
+    kept: dict[str, list[str]] = {pid: [] for pid in pids}
+    load = dict.fromkeys(others, 0)
+    for _rank, pid, member in sorted((-_score(pid, m), pid, m) for pid in pids for m in others):
+        if len(kept[pid]) < count and (load[member] < base or (load[member] == base and extra > 0)):
+            if load[member] == base:
+                extra -= 1
+            kept[pid].append(member)
+            load[member] += 1
+    if all(len(keepers) == count for keepers in kept.values()):
+        return kept
+    kept = {pid: [] for pid in pids}
+    load = dict.fromkeys(others, 0)
+    for pid in pids:
+        for member in sorted(others, key=lambda m: (load[m], -_score(pid, m), m))[:count]:
+            kept[pid].append(member)
+            load[member] += 1
+    return kept
 
 
 def failover_plan(claimable: Iterable[str], lags: Mapping[str, Mapping[str, int]],
