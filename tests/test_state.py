@@ -362,19 +362,15 @@ def test_a_crashed_owner_fails_over_to_its_caught_up_standby():
     assert restored == wanted
 
 
-@pytest.mark.parametrize("seed", range(15))
-def test_a_crash_right_after_a_join_fails_over_to_the_standby_the_plan_names_and_restores_warm(seed):
-    """Three processors join at random moments and the owner of two partitions crashes
-    0-2.5 s after the shares balanced: the join has just moved standbys (the plan follows
-    owners and members), and a replica published for the old plan may still be in the
-    member records while the new standby loads its own. Each lost partition must still go
-    to the standby that :func:`standby_plan` names for the owners at the crash, restored
-    from its warm replica, and the counts stay exact. (The process test's check once read
-    a member record of that moment as the standby; 5 seeds in 1,000 of this scenario.)"""
+def _crash_of_the_owner_of_two(rng: random.Random, names: tuple[str, str, str], *, join_spread: float,
+                               settle: float):
+    """Three stateful processors with one standby each on four partitions, started
+    ``join_spread`` s apart at most; ``settle`` s after the shares balanced, the owner of
+    two crashes. Returns the crash's time, its partitions, each one's owners after the
+    crash in turn (sampled every 0.05 s for 20 s), the standbys :func:`standby_plan` named
+    for them at the crash, each claim's restores, and the final and expected states."""
     from eventprocessor.state.replica import standby_plan
 
-    rng = random.Random(seed)
-    names = ("s0", "s1", "s2")
     restores: dict[tuple[str, str], list[tuple[float, object]]] = {}
 
     class Recording(counting(every=10)):  # type: ignore[misc]
@@ -392,9 +388,9 @@ def test_a_crash_right_after_a_join_fails_over_to_the_standby_the_plan_names_and
             processors.append(EventProcessor(source, store, Recording, owner_id=name,
                                              stateful=StatePolicy(num_standbys=1), **FAST))
             await processors[-1].start()
-            await asyncio.sleep(rng.uniform(0, 8))
+            await asyncio.sleep(rng.uniform(0, join_spread))
         await until(lambda: sorted(len(p.owned_partitions) for p in processors) == [1, 1, 2], what="balance")
-        await asyncio.sleep(rng.uniform(0, 2.5))
+        await asyncio.sleep(settle)
         owners = {pid: name for name, p in zip(names, processors, strict=True) for pid in p.owned_partitions}
         planned = standby_plan(owners, names, 1)
         victim = max(zip(names, processors, strict=True), key=lambda np: (len(np[1].owned_partitions), np[0]))
@@ -402,21 +398,39 @@ def test_a_crash_right_after_a_join_fails_over_to_the_standby_the_plan_names_and
         killed = loop.time()
         await victim[1].stop(release=False)  # a crash
         survivors = [(n, p) for n, p in zip(names, processors, strict=True) if p is not victim[1]]
-        await until(lambda: all(any(pid in p.owned_partitions for _n, p in survivors) for pid in lost),
-                    what="the failover")
-        takers = {pid: next(n for n, p in survivors if pid in p.owned_partitions) for pid in lost}
-        await asyncio.sleep(3)
+        held: dict[str, list[str]] = {pid: [] for pid in lost}
+        while loop.time() < killed + 20:
+            for pid in lost:
+                owner = next((n for n, p in survivors if pid in p.owned_partitions), None)
+                if owner is not None and (not held[pid] or held[pid][-1] != owner):
+                    held[pid].append(owner)
+            await asyncio.sleep(0.05)
         producing.cancel()
         await asyncio.sleep(2)
         for _n, p in survivors:
             await p.stop()
         standby = {pid: [m for m, kept in planned.items() if pid in kept] for pid in lost}
-        return killed, lost, takers, standby, await final_state(store, 4), expected(source, 4)
+        return killed, lost, held, standby, await final_state(store, 4), expected(source, 4)
 
-    killed, lost, takers, standby, restored, wanted = run_virtual(scenario())
+    killed, lost, held, standby, restored, wanted = run_virtual(scenario())
+    return killed, lost, held, standby, restores, restored, wanted
+
+
+@pytest.mark.parametrize("seed", range(15))
+def test_a_crash_right_after_a_join_fails_over_to_the_standby_the_plan_names_and_restores_warm(seed):
+    """Three processors join at random moments and the owner of two partitions crashes
+    0-2.5 s after the shares balanced: the join has just moved standbys (the plan follows
+    owners and members), and a replica published for the old plan may still be in the
+    member records while the new standby loads its own. Each lost partition must still go
+    to the standby that :func:`standby_plan` names for the owners at the crash, restored
+    from its warm replica, and the counts stay exact. (The process test's check once read
+    a member record of that moment as the standby; 5 seeds in 1,000 of this scenario.)"""
+    rng = random.Random(seed)
+    killed, lost, held, standby, restores, restored, wanted = _crash_of_the_owner_of_two(
+        rng, ("s0", "s1", "s2"), join_spread=8, settle=rng.uniform(0, 2.5))
     for pid in lost:
-        assert [takers[pid]] == standby[pid], (pid, takers, standby)
-        after = [info for t, info in restores[(takers[pid], pid)] if t > killed]
+        assert held[pid][:1] == standby[pid], (pid, held, standby)
+        after = [info for t, info in restores[(held[pid][0], pid)] if t > killed]
         assert after and after[0].warm, (pid, after)
     assert restored == wanted
 
@@ -449,52 +463,10 @@ def test_a_crashed_owners_partitions_fail_over_warm_to_distinct_survivors_in_one
     survivors, so no handoff follows the failover. (With both standbys on one survivor it
     took both and handed one on within a second, sometimes before delivering a batch of
     it; the process test then saw the second owner as the one the failover chose.)"""
-    from eventprocessor.state.replica import standby_plan
-
     rng = random.Random(seed)
-    names = tuple(f"p{seed}-{i}" for i in range(3))  # the names the plan hashes vary with the seed
-    restores: dict[tuple[str, str], list[tuple[float, object]]] = {}
-
-    class Recording(counting(every=10)):  # type: ignore[misc]
-        async def initialize(self, context):
-            restores.setdefault((context.owner_id, context.partition_id), []).append(
-                (asyncio.get_running_loop().time(), context.state_restored))
-
-    async def scenario():
-        loop = asyncio.get_running_loop()
-        source = InMemoryEventSource(4, clock=virtual_utc_clock())
-        store = InMemoryCheckpointStore(clock=virtual_utc_clock())
-        producing = asyncio.ensure_future(_produce(source, 4, rate=40))
-        processors = []
-        for name in names:
-            processors.append(EventProcessor(source, store, Recording, owner_id=name,
-                                             stateful=StatePolicy(num_standbys=1), **FAST))
-            await processors[-1].start()
-            await asyncio.sleep(rng.uniform(0, 2))
-        await until(lambda: sorted(len(p.owned_partitions) for p in processors) == [1, 1, 2], what="balance")
-        await asyncio.sleep(10 + rng.uniform(0, 1.5))  # the standbys load and follow
-        owners = {pid: name for name, p in zip(names, processors, strict=True) for pid in p.owned_partitions}
-        planned = standby_plan(owners, names, 1)
-        victim = max(zip(names, processors, strict=True), key=lambda np: (len(np[1].owned_partitions), np[0]))
-        lost = sorted(victim[1].owned_partitions)
-        killed = loop.time()
-        await victim[1].stop(release=False)  # a crash
-        survivors = [(n, p) for n, p in zip(names, processors, strict=True) if p is not victim[1]]
-        held: dict[str, list[str]] = {pid: [] for pid in lost}  # each lost partition's owners, in turn
-        while loop.time() < killed + 20:
-            for pid in lost:
-                owner = next((n for n, p in survivors if pid in p.owned_partitions), None)
-                if owner is not None and (not held[pid] or held[pid][-1] != owner):
-                    held[pid].append(owner)
-            await asyncio.sleep(0.05)
-        producing.cancel()
-        await asyncio.sleep(2)
-        for _n, p in survivors:
-            await p.stop()
-        standby = {pid: [m for m, kept in planned.items() if pid in kept] for pid in lost}
-        return killed, lost, held, standby, await final_state(store, 4), expected(source, 4)
-
-    killed, lost, held, standby, restored, wanted = run_virtual(scenario())
+    names = (f"p{seed}-0", f"p{seed}-1", f"p{seed}-2")  # the names the plan hashes vary with the seed
+    killed, lost, held, standby, restores, restored, wanted = _crash_of_the_owner_of_two(
+        rng, names, join_spread=2, settle=10 + rng.uniform(0, 1.5))  # the standbys load and follow
     for pid in lost:
         assert held[pid] == standby[pid], (pid, held, standby)  # claimed by its standby, and no move after
         after = [info for t, info in restores[(held[pid][0], pid)] if t > killed]
