@@ -52,3 +52,62 @@ def test_a_daemonized_service_with_the_runs_mark_counts_as_its_own_and_one_witho
     # the busy loop takes most of a core when the machine has one for it; the program sleeps
     assert found["marked"] >= 0.3, found
     assert found["unmarked"] <= 0.15, found
+
+
+EXITED = r'''
+import json, os, subprocess, sys, time
+from benchmarks.toolkit.machine import RUN_MARK, LoadWindow
+
+# A busy loop reports the CPU it used, then exits. Started in a new session by a middle
+# process that exits at once, it is reaped by init, not by this run: the way Spark's
+# executors, Python workers and the source's reader processes end with their application.
+# Started as a plain child, this process reaps it and its CPU is in our own total once.
+LOOP = ("import sys, time\nend = time.time() + float(sys.argv[1])\nwhile time.time() < end: pass\n"
+        "print(time.process_time(), flush=True)")
+DAEMONIZE = (
+    "import subprocess, sys; "
+    "p = subprocess.Popen([sys.executable, '-c', sys.argv[2], sys.argv[1]], start_new_session=True, "
+    "stdout=open(sys.argv[3], 'w'), stderr=subprocess.DEVNULL); print(p.pid)"
+)
+
+
+def daemonized(env, out):
+    window = LoadWindow()
+    subprocess.run([sys.executable, "-c", DAEMONIZE, "2.5", LOOP, out], env=env, check=True, timeout=30,
+                   capture_output=True)
+    deadline = time.time() + 30
+    while time.time() < deadline and not open(out).read().strip():
+        time.sleep(0.1)
+    time.sleep(1.0)  # gone, and reaped by init, before the reading
+    reading = window.reading()
+    return reading.own_cores * reading.seconds, float(open(out).read().strip())
+
+
+def child(env):
+    window = LoadWindow()
+    done = subprocess.run([sys.executable, "-c", LOOP, "2.5"], env=env, check=True, timeout=30,
+                          capture_output=True, text=True)
+    reading = window.reading()
+    return reading.own_cores * reading.seconds, float(done.stdout.strip())
+
+
+unmarked = {k: v for k, v in os.environ.items() if k != RUN_MARK}
+print(json.dumps({"marked": daemonized(dict(os.environ), sys.argv[1] + ".a"),
+                  "unmarked": daemonized(unmarked, sys.argv[1] + ".b"),
+                  "child": child(dict(os.environ))}))
+'''
+
+
+def test_a_marked_process_that_ended_before_the_reading_still_counts_as_its_own_and_a_child_once(tmp_path):
+    run = subprocess.run([sys.executable, "-c", EXITED, str(tmp_path / "cpu")], cwd=ROOT, capture_output=True,
+                         text=True, timeout=120)
+    assert run.returncode == 0, run.stderr[-2000:]
+    found = json.loads(run.stdout.strip().splitlines()[-1])
+    own, used = found["marked"]
+    assert used > 0.2, found  # the loop did run
+    # CPU used after the window's last look at the process may be missed: at most a sampling interval of it
+    assert 0.6 * used <= own <= used + 0.5, found
+    own, used = found["unmarked"]
+    assert own <= 0.2 * used + 0.1, found
+    own, used = found["child"]
+    assert 0.8 * used <= own <= used + 0.5, found  # once, not again through our reaped children's total

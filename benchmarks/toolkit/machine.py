@@ -12,7 +12,9 @@ Two ways to measure a window:
 
 * :class:`LoadWindow`: from its creation to each :meth:`~LoadWindow.reading`, the run's
   own processes being the benchmark's process tree (its children, Azurite and Spark
-  included) and the services it started that daemonized (:data:`RUN_MARK`);
+  included) and the services it started that daemonized (:data:`RUN_MARK`), each
+  followed while it lives, so that one that ends unreaped by the run (Spark's executors
+  and Python workers when an application stops) still counts as the run's own;
 * :class:`CpuMeter`: samples a few times a second, so that a window can be chosen
   afterwards (from timestamps a worker reported), with the CPU of named processes in it.
 
@@ -30,12 +32,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import threading
 import time
+import weakref
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
 __all__ = ["BUSY_OTHER_CORES", "RUN_MARK", "CpuMeter", "LoadReading", "LoadWindow", "Window", "idle_cores",
-           "load_average", "machine_cpu_seconds", "process_cpu_seconds", "tree_cpu_seconds"]
+           "load_average", "machine_cpu_seconds", "process_cpu_seconds"]
 
 BUSY_OTHER_CORES = 0.25
 """Other processes' mean CPU (cores) above which a window is flagged as taken on a busy
@@ -85,19 +89,28 @@ def machine_cpu_seconds() -> tuple[float, float] | None:
     return (total - values[3] - values[4]) / _TICK, total / _TICK
 
 
-def _processes() -> dict[int, tuple[int, float]]:
-    """pid -> (parent pid, CPU seconds of the process and of its reaped children)."""
-    found: dict[int, tuple[int, float]] = {}
+def _process_table() -> dict[int, tuple[int, int, float]]:
+    """pid -> (parent pid, start time in clock ticks since boot, CPU seconds of the process
+    and of its reaped children)."""
+    found: dict[int, tuple[int, int, float]] = {}
     for name in os.listdir("/proc"):
         if not name.isdigit():
             continue
         fields = _stat(name)  # None: gone meanwhile
         try:
-            if fields is not None:  # ppid at 1; utime, stime, cutime, cstime at 11..14
-                found[int(name)] = (int(fields[1]), sum(int(v) for v in fields[11:15]) / _TICK)
+            if fields is not None:  # ppid at 1; utime, stime, cutime, cstime at 11..14; starttime at 19
+                found[int(name)] = (int(fields[1]), int(fields[19]), sum(int(v) for v in fields[11:15]) / _TICK)
         except (IndexError, ValueError):
             continue
     return found
+
+
+def _uptime_ticks() -> int:
+    try:
+        with open("/proc/uptime") as handle:
+            return int(float(handle.read().split()[0]) * _TICK)
+    except (OSError, ValueError, IndexError):
+        return 0
 
 
 RUN_MARK = "EVENTPROCESSOR_BENCHMARK_RUN"
@@ -117,31 +130,73 @@ def _marked(pid: int, mark: str) -> bool:
         return False
 
 
-def tree_cpu_seconds(root: int, mark: str | None = None) -> float | None:
-    """CPU seconds of ``root`` and every live descendant (a reaped one is in its parent's),
-    and, with ``mark``, of every other process whose environment has ``RUN_MARK=mark`` (and
-    of its descendants)."""
-    try:
-        processes = _processes()
-    except OSError:
-        return None
-    if root not in processes:
-        return None
-    children: dict[int, list[int]] = {}
-    for pid, (parent, _cpu) in processes.items():
-        children.setdefault(parent, []).append(pid)
-    roots = [root]
-    if mark is not None:
-        roots += [pid for pid in processes if pid != root and _marked(pid, mark)]
-    total, stack, seen = 0.0, roots, set()
-    while stack:
-        pid = stack.pop()
-        if pid in seen:
-            continue
-        seen.add(pid)
-        total += processes[pid][1]
-        stack.extend(children.get(pid, ()))
-    return total
+class _OwnCpu:
+    """CPU seconds the run's own processes spent since this object was made, from a look at
+    every process each ``interval`` seconds (a daemon thread; it ends with the object).
+
+    Two snapshots of the live process tree miss every process that ended between them
+    without one of the run's own reaping it: its CPU goes to init's reaped total. Spark's
+    executors, their Python workers and the source's reader processes end with each
+    application that way. So each own process is followed while it lives: its CPU since
+    the window began (all of it when it was born later) counts up to the last look at it.
+    When one the run's own reaped disappears, the reaper's reaped-children total takes its
+    count over, so its last-seen total is subtracted once. Missed: what a process spent
+    after the last look before it ended unreaped by the run (at most an interval of it),
+    and processes born and gone between two looks that the run did not reap."""
+
+    def __init__(self, root: int, mark: str | None, interval: float = 0.5) -> None:
+        self._root, self._mark = root, mark
+        self._born_after = _uptime_ticks()
+        self._lock = threading.Lock()
+        self._own: dict[tuple[int, int], list[float]] = {}  # (pid, start) -> [parent, base, last]
+        self._foreign: set[tuple[int, int]] = set()
+        self._ended = 0.0  # own processes gone: their CPU in the window, less what a reaper of ours took over
+        self._first = True
+        self.sample()
+        self._first = False
+        threading.Thread(target=_sample_while_alive, args=(weakref.ref(self), interval), daemon=True,
+                         name="benchmark-load-window").start()
+
+    def sample(self) -> None:
+        with self._lock:
+            try:
+                table = _process_table()
+            except OSError:
+                return
+            own_now = {pid for (pid, start) in self._own if table.get(pid, (0, -1))[1] == start}
+            for pid, (parent, start, cpu) in sorted(table.items(), key=lambda item: item[1][1]):
+                key = (pid, start)
+                if key in self._own:
+                    self._own[key][0], self._own[key][2] = parent, cpu
+                    continue
+                if key in self._foreign:
+                    continue
+                if pid == self._root or parent in own_now or (self._mark is not None and _marked(pid, self._mark)):
+                    base = 0.0 if not self._first and start >= self._born_after else cpu
+                    self._own[key] = [parent, base, cpu]
+                    own_now.add(pid)
+                else:
+                    self._foreign.add(key)
+            for key in [key for key in self._own if table.get(key[0], (0, -1))[1] != key[1]]:
+                reaper, base, last = self._own.pop(key)
+                self._ended += last - base - (last if int(reaper) in own_now else 0.0)
+            self._foreign &= {(pid, start) for pid, (_parent, start, _cpu) in table.items()}
+
+    def seconds(self) -> float:
+        """CPU seconds of the run's own processes since this object was made, up to a look now."""
+        self.sample()
+        with self._lock:
+            return max(0.0, self._ended + sum(last - base for _parent, base, last in self._own.values()))
+
+
+def _sample_while_alive(tracker: weakref.ref[_OwnCpu], interval: float) -> None:
+    while True:
+        time.sleep(interval)
+        found = tracker()
+        if found is None:
+            return
+        found.sample()
+        del found
 
 
 async def idle_cores(seconds: float) -> float | None:
@@ -162,14 +217,12 @@ async def idle_cores(seconds: float) -> float | None:
 class _Snapshot:
     wall: float
     machine: float | None
-    own: float | None
     load: float | None
 
     @classmethod
-    def take(cls, root: int, mark: str | None) -> _Snapshot:
+    def take(cls) -> _Snapshot:
         machine = machine_cpu_seconds()
-        return cls(time.monotonic(), None if machine is None else machine[0], tree_cpu_seconds(root, mark),
-                   load_average())
+        return cls(time.monotonic(), None if machine is None else machine[0], load_average())
 
 
 @dataclass(frozen=True)
@@ -206,16 +259,18 @@ class LoadWindow:
         self.threshold = threshold
         self._root = os.getpid() if root is None else root
         self._mark = os.environ.get(RUN_MARK)
-        self._start = _Snapshot.take(self._root, self._mark)
+        self._start = _Snapshot.take()
+        self._own = _OwnCpu(self._root, self._mark) if os.path.isdir("/proc") else None
 
     def reading(self) -> LoadReading:
-        end = _Snapshot.take(self._root, self._mark)
+        own_seconds = None if self._own is None else self._own.seconds()
+        end = _Snapshot.take()
         start = self._start
         seconds = end.wall - start.wall
         other = own = None
         # CPU times tick at 10 ms: a window under a second says nothing about the machine.
-        if seconds >= 1.0 and start.own is not None and end.own is not None:
-            own = max(0.0, (end.own - start.own) / seconds)
+        if seconds >= 1.0 and own_seconds is not None:
+            own = own_seconds / seconds
             if start.machine is not None and end.machine is not None:
                 other = max(0.0, (end.machine - start.machine) / seconds - own)
         return LoadReading(seconds, other, own, start.load, end.load, self.threshold)
