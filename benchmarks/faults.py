@@ -61,7 +61,14 @@ def _recovery_bound(timing) -> float:
         + timing.store_timeout
 
 
-async def _run(fault: str, inject: Callable[[Cluster, list[EventProcessor]], Awaitable[str]], *,
+Note = str | Callable[[], str]
+"""What a scenario's injection says about it: text, or a function that says it once the
+run is over (a count of what the processors noticed, which they do at their next tick)."""
+
+Inject = Callable[[Cluster, list[EventProcessor]], Awaitable[Note]]
+
+
+async def _run(fault: str, inject: Inject, *,
                bound: str | None = None, bound_of: Callable[[object], float] = _recovery_bound,
                **options: object) -> Row:
     cluster = Cluster(PARTITIONS, seed=5, work=WORK, **_options(**options))
@@ -85,7 +92,7 @@ async def _run(fault: str, inject: Callable[[Cluster, list[EventProcessor]], Awa
                bound_seconds=limit, recovered=None if recovered is None else recovered - fault_over,
                produced=len(cluster.produced), lost=len(set(cluster.produced) - cluster.ledger.processed()),
                duplicates=cluster.ledger.duplicates(), overlap=max((o for *_x, o in overlaps), default=0.0),
-               note=note)
+               note=note if isinstance(note, str) else note())
 
 
 async def _store_fault(processors: list[EventProcessor], seconds: float, **fault: object) -> None:
@@ -131,11 +138,12 @@ async def lost_answers(cluster: Cluster, processors: list[EventProcessor]) -> st
     return "half of all writes applied but unanswered for 20 s"
 
 
-async def wiped(cluster: Cluster, processors: list[EventProcessor]) -> str:
+async def wiped(cluster: Cluster, processors: list[EventProcessor]) -> Note:
     cluster.memory.wipe()
     await asyncio.sleep(1)
-    reported = sum(p.stats.store_data_lost for p in processors)
-    return f"store emptied (like Azurite restarted in memory); reported {reported} times"
+    # Counted at the end: each processor reports the loss when its next tick lists the store.
+    return lambda: ("store emptied (like Azurite restarted in memory); "
+                    f"reported {sum(p.stats.store_data_lost for p in processors)} times")
 
 
 async def crash(cluster: Cluster, processors: list[EventProcessor]) -> str:
@@ -144,7 +152,7 @@ async def crash(cluster: Cluster, processors: list[EventProcessor]) -> str:
     return "a processor dies without releasing (SIGKILL)"
 
 
-VIRTUAL_SCENARIOS: list[tuple[str, Callable[[Cluster, list[EventProcessor]], Awaitable[str]], dict[str, Any]]] = [
+VIRTUAL_SCENARIOS: list[tuple[str, Inject, dict[str, Any]]] = [
     ("slow store (every call +1.5 s, 20 s)", slow_store, {}),
     ("black-holed store (30 s)", black_hole, {}),
     ("store outage (30 s)", outage, {}),

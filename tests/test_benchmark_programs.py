@@ -305,3 +305,19 @@ def test_spark_source_quick_run_reads_every_event_on_every_path_and_writes_nothi
     assert "2,000 events of ~100 bytes" in out and "at the start of each round: " in out
     assert "600 events in " in out, "the latency phase measured every event of the steady stream"
     assert not results_file.exists()
+
+
+def test_faults_counts_the_wiped_stores_reports_after_the_processors_ticked_not_before():
+    """The wipe's row says how often the processors reported the data loss. They report
+    at their next tick (up to an interval after the wipe), so the count is taken when the
+    run is over: counted one virtual second after the wipe it read 0."""
+    from benchmarks.faults import VIRTUAL_SCENARIOS, _run
+    from eventprocessor.testing import run_virtual
+
+    for name, inject, options in VIRTUAL_SCENARIOS:
+        if inject.__name__ != "wiped":
+            continue
+        row = run_virtual(_run(name, inject, **options))
+        reported = int(re.search(r"reported (\d+) times", row.note).group(1))
+        assert reported >= 2, row.note  # each of the two processors noticed
+        assert row.lost == 0 and row.recovered is not None, row
