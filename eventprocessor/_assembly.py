@@ -104,7 +104,8 @@ def assemble(options: ProcessorOptions, checkpoint_store: CheckpointStore, *, me
     dispatcher = Dispatcher(
         options=options, store=store, table=table, history=history, reporter=reporter, telemetry=telemetry,
         describe=describe, on_loop_blocked=watchdog.loop_blocked, on_pump_ended=watchdog.wake,
-        on_fatal=lambda error: taker.halt(error), on_started=pump_started, warmup=warmup)
+        on_fatal=lambda error: taker.halt(error), on_started=pump_started,
+        on_records_vanished=lambda partition_id: taker.records_vanished(partition_id), warmup=warmup)
     taker = Taker(options=options, store=store, writer=writer, table=table, history=history, membership=membership,
                   on_won=dispatcher.start, last_stall=lambda: watchdog.last_stall, reporter=reporter, stats=stats,
                   telemetry=telemetry, describe=describe, warmup=warmup)

@@ -50,7 +50,7 @@ class Claim:
                  "_on_checkpoint", "home_loop", "last_enqueued")
 
     def __init__(self, *, partition_id: str, owner_id: str, epoch: int, may_dispatch: Callable[[], bool],
-                 may_checkpoint: Callable[[], bool] | None = None, on_fence_lost: Callable[[], None] | None = None,
+                 may_checkpoint: Callable[[], bool] | None = None, on_fence_lost: Callable[[bool], None] | None = None,
                  on_checkpoint: Callable[[Checkpoint], None] | None = None) -> None:
         self.partition_id = partition_id
         self.owner_id = owner_id
@@ -79,11 +79,13 @@ class Claim:
         and while its handler closes after a stop or a handoff, as long as the lease is valid."""
         return self._may_checkpoint()
 
-    def fence_lost(self) -> None:
+    def fence_lost(self, records_vanished: bool = False) -> None:
         """Another processor owns the partition (a checkpoint was refused, the receiver
-        was taken over): the processor ends this claim now."""
+        was taken over), or, ``records_vanished``, the store lost the claim's records: the
+        processor ends this claim now (and, in the second case, reports the data loss and
+        claims the partition back)."""
         if self._on_fence_lost is not None:
-            self._on_fence_lost()
+            self._on_fence_lost(records_vanished)
 
     def checkpointed(self, checkpoint: Checkpoint) -> None:
         """A checkpoint of this claim was written (the processor remembers it, to notice

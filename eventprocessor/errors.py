@@ -39,9 +39,12 @@ class OwnershipLostError(EventProcessorError):
     it). The checkpoint was *not* written.
     """
 
-    def __init__(self, message: str, *, partition_id: str | None = None) -> None:
+    def __init__(self, message: str, *, partition_id: str | None = None, records_vanished: bool = False) -> None:
         super().__init__(message)
         self.partition_id = partition_id
+        self.records_vanished = records_vanished
+        """True when no other processor took it: the partition's checkpoint and ownership
+        records, which this claim had written, are gone (a store wiped or restored)."""
 
 
 class ReceiverDisconnectedError(OwnershipLostError):

@@ -63,7 +63,7 @@ class PartitionContext:
         checkpoint_store: CheckpointRecords,
         is_owned: Callable[[], bool],
         may_checkpoint: Callable[[], bool] | None = None,
-        on_ownership_lost: Callable[[], None] | None = None,
+        on_ownership_lost: Callable[[bool], None] | None = None,
         on_checkpoint: Callable[[Checkpoint], None] | None = None,
         state: StateKeeper | None = None,
     ) -> None:
@@ -194,12 +194,17 @@ class PartitionContext:
         )
         try:
             await self._store.update_checkpoint(checkpoint, owner_id=self.owner_id, epoch=self.epoch)
-        except OwnershipLostError:
+        except OwnershipLostError as lost:
             # The store knows better than our lease: stop dispatching this claim now
             # rather than at the next load-balancing tick.
             if keeper is not None:
                 keeper.failed()
-            claim.fence_lost()
+            if lost.records_vanished:
+                # Nobody took the partition: the store lost the records. The handler's
+                # work up to here is done, and it is where this processor resumes when
+                # it claims the partition back (refuse_checkpoint_rewind).
+                claim.checkpointed(checkpoint)
+            claim.fence_lost(lost.records_vanished)
             raise
         except BaseException:
             if keeper is not None:

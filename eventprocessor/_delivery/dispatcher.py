@@ -45,12 +45,14 @@ class Dispatcher:
 
     ``on_pump_ended()`` is called whenever a pump's task ends (the watchdog reconciles);
     ``on_fatal(error)`` when a pump proves that no claim can ever work (the factory does
-    not make a ``PartitionProcessor``)."""
+    not make a ``PartitionProcessor``); ``on_records_vanished(partition_id)`` when a
+    checkpoint found the claim's records gone from the store (data loss, not a takeover)."""
 
     def __init__(self, *, options: ProcessorOptions, store: CheckpointStore, table: LeaseTable,
                  history: StoreHistory, reporter: Reporter, telemetry: Telemetry, describe: str,
                  on_loop_blocked: LoopBlocked, on_pump_ended: Callable[[], None],
                  on_fatal: Callable[[Exception], None], on_started: Callable[[], None],
+                 on_records_vanished: Callable[[str], None] = lambda _pid: None,
                  warmup: Warmup | None = None) -> None:
         self._options = options
         self._store = store
@@ -62,6 +64,7 @@ class Dispatcher:
         self._describe = describe
         self._on_loop_blocked = on_loop_blocked
         self._on_pump_ended = on_pump_ended
+        self._on_records_vanished = on_records_vanished
         self._on_fatal = on_fatal
         self._on_started = on_started
         self._overridden: set[str] = set()
@@ -136,9 +139,11 @@ class Dispatcher:
             on_checkpoint=partial(self._history.knew, lease.partition_id), state=keeper,
         )
 
-    def _fence_lost(self, lease: Lease) -> None:
-        self._table.lost(lease)
+    def _fence_lost(self, lease: Lease, records_vanished: bool = False) -> None:
+        self._table.lost(lease, records_vanished=records_vanished)
         self._on_pump_ended()
+        if records_vanished:
+            self._on_records_vanished(lease.partition_id)
 
     def pumps(self) -> list[PartitionPump]:
         """The pumps of the claims in the lease table, in its order."""

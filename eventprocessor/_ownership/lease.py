@@ -134,6 +134,7 @@ class Lease:
         self.hung_warned = False  # said once that no peer could take it
         self.renewal_failures = 0
         self.lost = False  # the pump or a checkpoint learned that another processor owns it
+        self.lost_because = "its receiver or a checkpoint found another owner"
 
     def __repr__(self) -> str:
         return (f"Lease(partition_id={self.partition_id!r}, state={self.state.value}, epoch={self.epoch}, "
@@ -182,7 +183,7 @@ class Lease:
 
     def view(self) -> LeaseView:
         return LeaseView(self.partition_id, self.state, self.record, self.deadline, self.confirmed_at,
-                         self.pump_alive, self.lost, self.release_to)
+                         self.pump_alive, self.lost, self.release_to, self.lost_because)
 
 
 @dataclass(frozen=True)
@@ -197,6 +198,7 @@ class LeaseView:
     pump_alive: bool
     lost: bool = False
     release_to: str | None = None
+    lost_because: str = "its receiver or a checkpoint found another owner"
 
 
 @dataclass(frozen=True)
@@ -274,7 +276,7 @@ def _ended_by_itself(lease: LeaseView, now: float) -> Transition | None:
     a checkpoint learned the partition is lost, its pump is gone, or its time ran out."""
     pid = lease.partition_id
     if lease.lost:
-        return Transition(pid, LeaseState.RELEASING, LeaseEnd.LOST, "its receiver or a checkpoint found another owner")
+        return Transition(pid, LeaseState.RELEASING, LeaseEnd.LOST, lease.lost_because)
     if lease.state is LeaseState.HANDING_OFF and not lease.pump_alive:
         return Transition(pid, LeaseState.RELEASING, LeaseEnd.HANDOFF, "its pump finished",
                           release_to=lease.release_to)

@@ -178,9 +178,12 @@ class LeaseTable:
         lease.pump = pump
         lease.move(LeaseState.OWNED)
 
-    def lost(self, lease: Lease) -> None:
-        """The pump or a checkpoint learned that another processor owns the partition."""
+    def lost(self, lease: Lease, *, records_vanished: bool = False) -> None:
+        """The pump or a checkpoint learned that another processor owns the partition, or
+        (``records_vanished``) that the store lost the claim's records."""
         lease.lost = True
+        if records_vanished:
+            lease.lost_because = "its checkpoint and ownership records vanished from the store"
 
     def leave_to_expire(self, lease: Lease) -> None:
         """Write nothing when this claim's pump is gone (a hung handler, ``release=False``)."""

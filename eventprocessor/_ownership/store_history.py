@@ -87,7 +87,7 @@ class StoreHistory:
             self.saw(pid, epoch)
         if not vanished and not backwards:
             return None
-        self.lost_mine = {pid for pid in vanished + backwards
+        self.lost_mine |= {pid for pid in vanished + backwards
                           if pid in held or now - ended_at.get(pid, -math.inf) < expiration}
         parts = []
         if vanished:

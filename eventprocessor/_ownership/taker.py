@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import replace
 
 from .._runtime.backoff import Congestion, TickBackoff, TimeoutLedger
@@ -33,7 +33,8 @@ from .load_plan import published_loads
 from .membership import Membership
 from .overrun import overrun_cause, renewals_note
 from .partition_ids import PartitionIds
-from .store_history import StoreHistory, data_lost
+from .store_history import StoreHistory
+from .store_loss import StoreLoss
 from .warmup import Warmup
 from .writer import OwnershipWriter
 
@@ -71,6 +72,7 @@ class Taker:
         self._describe = describe
         self._warmup = warmup
         self._waited = 0.0  # seconds of this tick spent waiting for the group to form
+        self._members_sent_at = 0.0  # when the latest member listing was sent
         self.fatal: Exception | None = None
         """The error that halted balancing (see :meth:`halt`), or None."""
         self._wake = asyncio.Event()
@@ -93,9 +95,11 @@ class Taker:
                                    members=lambda: membership.state, announcing=lambda: writer.announcing)
         self.requests_made: dict = {}
         """Partition -> local time this processor asked its owner for it (a handoff)."""
+        self.store_loss = StoreLoss(options=options, history=history, table=table, membership=membership,
+                                    reporter=reporter, stats=stats, describe=describe)
         self._claimer = Claimer(options=options, store=store, writer=writer, table=table, history=history,
                                 reporter=reporter, clock=self._clock, describe=describe, on_won=on_won,
-                                store_lost=self.store_lost)
+                                store_lost=self.store_loss.report)
         store.observers.append(self._note_prompt_answer)
 
     def wake(self) -> None:
@@ -258,6 +262,8 @@ class Taker:
             if isinstance(read, Exception):
                 return self._empty_report(error=read)
             members = read
+            if self.store_loss.check_members(members, self._members_sent_at):
+                self._watch.invalidate()
             if not table.hung_past_expiry() and self._watch.unchanged(members, partition_ids, self._clock.monotonic(),
                                                                       table.dispatch_view()):
                 self._stats.skipped_listings += 1
@@ -269,8 +275,10 @@ class Taker:
             self._watch.invalidate()
             return self._empty_report(error=listed)
         listing, member_listing, snapshot, seen_before = listed
+        if member_listing is not None and self.store_loss.check_members(member_listing, self._members_sent_at):
+            self._watch.invalidate()
         self.renewal.note(listing, member_listing)
-        self._check_store_history(listing, seen_before)
+        self.store_loss.check_listing(listing, seen_before)
         reconciliation = table.reconcile(snapshot)
         self._hand_over_hung(listing, member_listing)
         lost = owned_before - table.owned()
@@ -286,8 +294,9 @@ class Taker:
         claimed, stolen = self._say_won(won, {r.partition_id for r in adoptions}, decision, reconciliation.reclaim)
         requests = {"list_ownership": 1, "claim_ownership": len(claims) + len(adoptions)}
         if members is not None or member_listing is not None:
+            held_back = bool(decision.claims) and self.store_loss.claims_own_only
             work_left = bool(claims or adoptions or failed or claim_error or decision.handoff_requests
-                             or decision.awaiting_handoff or reconciliation.transitions or lost)
+                             or decision.awaiting_handoff or reconciliation.transitions or lost or held_back)
             expires_in = next_expiry(listing, heartbeats(member_listing), self._timing.expiration)
             settled = (self._options.plans_by_counts and decision.ceiling is not None
                        and len(table.owned()) == decision.ceiling and not failed
@@ -303,7 +312,7 @@ class Taker:
 
     async def _list_members(self) -> MemberListing | Exception:
         """The members and the group's change notice: all a tick reads when nothing changed."""
-        listed_at = self._clock.monotonic()
+        listed_at = self._members_sent_at = self._clock.monotonic()
         self._listing_seconds = None
         try:
             with self._store.patient():
@@ -324,6 +333,7 @@ class Taker:
         # A slow listing shows the store as it was when it was sent: compare it with the
         # epochs known then, not with what this processor wrote meanwhile (a handoff).
         seen_before = self._history.epochs()
+        self._members_sent_at = listed_at
         timed = self.renewal.per_partition  # else the member listing before it was timed
         if timed:
             self._listing_seconds = None
@@ -399,10 +409,16 @@ class Taker:
         """The claims (above every epoch seen, one batch while backing off, plus reclaims
         after a store lost data) and the adoptions of records that name this processor."""
         held = self._table.held()
-        claims = [self._history.above_seen(c) for c in decision.claims if c.partition_id not in held]
-        claims += [self._history.above_seen(r) for r in reconciliation.reclaim if r.partition_id not in held]
-        claims += self._reclaims_after_store_loss(reconciliation, snapshot, held | {c.partition_id for c in claims},
-                                                  partition_ids)
+        reclaims = [self._history.above_seen(r) for r in reconciliation.reclaim if r.partition_id not in held]
+        after_loss = self.store_loss.reclaims(reconciliation, snapshot, held | {r.partition_id for r in reclaims},
+                                              partition_ids)
+        # After a store lost data, a tick claims back only what this processor held: its
+        # peers get the same chance before anything that looks unowned is claimed as new.
+        own_only = after_loss or self.store_loss.claims_own_only
+        claims = [] if own_only else [self._history.above_seen(c) for c in decision.claims
+                                        if c.partition_id not in held and c.partition_id not in
+                                        {r.partition_id for r in reclaims}]
+        claims += reclaims + after_loss
         adoptions = [r for r in reconciliation.adopt if r.partition_id not in held]
         if self._warmup is not None:
             self._warmup.claiming({r.partition_id for r in claims + adoptions})
@@ -436,39 +452,12 @@ class Taker:
         return BalanceReport(self._table.owned(), frozenset(), frozenset(), {}, frozenset(), frozenset(),
                              requests={}, error=error)
 
-    # ----------------------------------------------------------------- store history
-    def _check_store_history(self, listing: OwnershipListing, seen_before: Mapping[str, int]) -> None:
-        found = self._history.check(listing, seen_before, held={lease.partition_id for lease in self._table},
-                                    ended_at=self._table.ended_at, now=self._clock.monotonic(),
-                                    expiration=self._timing.expiration)
-        if found is not None:
-            self.store_lost(*found)
-
-    def store_lost(self, what: str, partition_ids: list[str]) -> None:
-        """Report that the store lost data (records or checkpoints seen before)."""
-        options = self._options
-        error = data_lost(what, partition_ids, eventhub_name=options.source.eventhub_name,
-                          consumer_group=options.consumer_group, refuse_rewind=options.refuse_rewind)
-        logger.error("processor %s: %s", self._describe, error)
-        self._stats.store_data_lost += 1
-        affected = [lease for lease in (self._table.get(pid) for pid in partition_ids) if lease is not None]
-        self._reporter.report(error, affected, to_every_handler=not affected)
-
-    def _reclaims_after_store_loss(self, reconciliation: Reconciliation, snapshot: Snapshot, taken: set[str],
-                                   partition_ids: Iterable[str]) -> list[Ownership]:
-        """With ``refuse_checkpoint_rewind``, a partition whose record vanished from under
-        this processor's lease is claimed back by it at once (it notices first, through
-        its failing renewal), so that the checkpoint it knew is the one restored; the
-        balance is restored later by handoffs."""
-        if not self._options.refuse_rewind:
-            return []
-        existing = set(partition_ids)
-        mine = self._history.take_lost_mine(reconciliation.store_lost)
-        scope = self._options.scope
-        return [self._history.above_seen(Ownership(*scope, pid, self._options.owner_id, epoch=1))
-                for pid in sorted_ids(mine)
-                if pid not in taken and pid in existing and pid not in snapshot.records
-                and pid not in snapshot.unreadable and self._history.known_checkpoint(pid) is not None]
+    def records_vanished(self, partition_id: str) -> None:
+        """A checkpoint of this processor's claim found its records gone from the store:
+        reported, and listed now, so that this processor claims the partition back before
+        a peer that never knew its checkpoint takes it as new (:mod:`.store_loss`)."""
+        self.store_loss.records_vanished(partition_id)
+        self.wake()
 
     # ----------------------------------------------------------------- handoffs
     async def _ask_for_handoffs(self, decision: BalanceDecision, listing: OwnershipListing) -> None:

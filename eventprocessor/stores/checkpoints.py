@@ -35,7 +35,7 @@ import logging
 from typing import Any
 
 from ..errors import CheckpointStoreError, ConfigurationError, OwnershipLostError, StaleEpochError
-from .backend import CHECKPOINT, OWNERSHIP, Fields, RecordBackend, RecordConflict, Scope, StoredRecord
+from .backend import CHECKPOINT, OWNERSHIP, Fields, RecordBackend, RecordConflict, RecordMissing, Scope, StoredRecord
 from .calls import ProtocolCalls
 from .codec import (
     NO_CHECKPOINT,
@@ -105,9 +105,16 @@ class CheckpointProtocol(ProtocolCalls):
         check_text(owner_id, "owner_id", allow_empty=False)
         check_epoch(epoch, partition_id)
 
-    async def _require_owner(self, scope: Scope, partition_id: str, owner_id: str, epoch: int, doing: str) -> None:
-        """Read the ownership record; raise ``OwnershipLostError`` unless it names ``(owner_id, epoch)``."""
+    async def _require_owner(self, scope: Scope, partition_id: str, owner_id: str, epoch: int, doing: str, *,
+                             vanished: bool = False) -> None:
+        """Read the ownership record; raise ``OwnershipLostError`` unless it names ``(owner_id, epoch)``.
+        ``vanished``: the checkpoint this claim had written is gone, so an absent ownership
+        record means the store lost both (``records_vanished``), not a takeover."""
         record = await self._backend.read(OWNERSHIP, scope, partition_id)
+        if record is None and vanished:
+            raise OwnershipLostError(f"{doing} of partition {partition_id} refused: its checkpoint and ownership "
+                                     f"records, which {owner_id} (epoch {epoch}) had written, are gone (the store was "
+                                     "wiped or restored)", partition_id=partition_id, records_vanished=True)
         if record is None:
             holder = "there is no ownership record"
         else:
@@ -251,12 +258,14 @@ class CheckpointProtocol(ProtocolCalls):
     async def _update(self, scope: Scope, pid: str, fields: Fields, owner_id: str, epoch: int) -> None:
         etag = self._fence_etag(scope, pid, owner_id, epoch)
         trusted = etag is not None
+        vanished = False  # the checkpoint this claim wrote is gone
         for attempt in range(1, ATTEMPTS + 1):
             if not trusted:
-                etag = await self._verified_checkpoint_etag(scope, pid, owner_id, epoch)
+                etag = await self._verified_checkpoint_etag(scope, pid, owner_id, epoch, vanished=vanished)
             try:
                 record = await self._write(CHECKPOINT, scope, pid, fields, etag)
             except RecordConflict as conflict:
+                vanished = vanished or (etag is not None and isinstance(conflict, RecordMissing))
                 self._forget_fence(scope, pid, owner_id, epoch)
                 logger.info("processor %s: checkpoint of partition %s (hub %s, consumer group %s) changed under it "
                             "(%s, attempt %d)", owner_id, pid, scope[1], scope[2], type(conflict).__name__, attempt)
@@ -267,9 +276,10 @@ class CheckpointProtocol(ProtocolCalls):
         raise CheckpointStoreError(f"checkpoint of partition {pid} by {owner_id} (epoch {epoch}) was changed by "
                                    f"another writer {ATTEMPTS} times while it owned the partition; not written")
 
-    async def _verified_checkpoint_etag(self, scope: Scope, pid: str, owner_id: str, epoch: int) -> str | None:
+    async def _verified_checkpoint_etag(self, scope: Scope, pid: str, owner_id: str, epoch: int, *,
+                                        vanished: bool = False) -> str | None:
         """Without a fence: check ownership, then the etag to write over (``None``: create)."""
-        await self._require_owner(scope, pid, owner_id, epoch, "checkpoint")
+        await self._require_owner(scope, pid, owner_id, epoch, "checkpoint", vanished=vanished)
         current = await self._backend.read(CHECKPOINT, scope, pid)
         if current is None:
             return None
