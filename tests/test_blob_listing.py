@@ -217,3 +217,39 @@ async def test_lean_listing_fails_as_the_sdk_listing_does(azurite: Any) -> None:
         async with ContainerClient.from_connection_string(azurite.connection_string, container) as raw:
             await raw.delete_container()
 
+
+
+async def test_a_listing_retried_after_a_transport_failure_still_reads_the_servers_clock(
+        filled: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """azure-storage-blob's response hook takes ``raw_response_hook`` off the request at its
+    first attempt, and the retry policy runs outside it: a listing whose first attempt failed
+    in the transport (a keep-alive connection the server closed) was retried without the
+    hook, so the store saw no Date header, the tick failed ("returned no server time") and
+    the next one listed every ownership record again (8-11 extra full listings in a 4096 x 32
+    cold start on Azurite). The listing reads the clock from the answer it used."""
+    from azure.core.exceptions import ServiceResponseError
+    from azure.core.pipeline.transport import AioHttpTransport
+
+    store, _container, cg = filled
+    send = AioHttpTransport.send
+    failures = {"left": 0}
+
+    async def flaky(self: Any, request: Any, **kwargs: Any) -> Any:
+        if failures["left"] and "comp=list" in request.url:
+            failures["left"] -= 1
+            raise ServiceResponseError("the server closed the connection (injected)")
+        return await send(self, request, **kwargs)
+
+    monkeypatch.setattr(AioHttpTransport, "send", flaky)
+    backend = store.backend
+    assert isinstance(backend, BlobRecords) and backend.lean is not None
+    for failing in (False, True):
+        failures["left"] = math.ceil(len(OWNERS) / 2) if failing else 0  # the first attempt of every page
+        before = dict(backend.request_counts)
+        listing = await backend.list(MEMBER, (NS, HUB, cg))
+        assert failures["left"] == 0  # each failed once and was retried
+        assert listing.server_time is not None, "no Date header read"
+        assert abs(listing.server_time - datetime.now(timezone.utc)) < timedelta(minutes=5)
+        assert len(listing.records) == len(OWNERS)
+        pages = backend.request_counts["list_member"] - before.get("list_member", 0)
+        assert pages == math.ceil(len(OWNERS) / 2)  # counted once per page, not per attempt

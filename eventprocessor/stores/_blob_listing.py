@@ -130,19 +130,26 @@ class LeanListing:
     async def list(self, prefix: str, *, hook: Callable[[Any], None] | None = None,
                    page_size: int | None = None) -> builtins.list[ListedBlob]:
         """Every blob whose name starts with ``prefix``, with metadata, in name order;
-        ``hook`` is the SDK's ``raw_response_hook`` (called per response)."""
+        ``hook`` is called with each page's response, as the SDK's ``raw_response_hook``.
+
+        It is called here, with the answer each page was read from, not passed down the
+        pipeline: azure-storage-blob's response hook takes ``raw_response_hook`` off the
+        request at the first attempt, and the retry policy runs outside it, so a page
+        whose first attempt failed in the transport would reach no hook (no server clock)."""
         blobs: builtins.list[ListedBlob] = []
         marker: str | None = None
-        options: dict[str, Any] = {} if hook is None else {"raw_response_hook": hook}
+        options: dict[str, Any] = {}
         while True:
-            page, marker, location = await self._page(prefix, marker, page_size, options)
+            page, marker, location, response = await self._page(prefix, marker, page_size, options)
+            if hook is not None:
+                hook(response)
             blobs.extend(page)
             if marker is None:
                 return blobs
             options["use_location"] = location  # later pages from the same host, as the SDK's pager asks
 
     async def _page(self, prefix: str, marker: str | None, page_size: int | None,
-                    options: dict[str, Any]) -> tuple[builtins.list[ListedBlob], str | None, Any]:
+                    options: dict[str, Any]) -> tuple[builtins.list[ListedBlob], str | None, Any, Any]:
         # azure-core joins params as given: quote them, as the SDK's serializer does (a
         # prefix holds the codec's %xx; a marker may hold anything).
         params = {"restype": "container", "comp": "list", "include": "metadata"}
@@ -171,7 +178,7 @@ class LeanListing:
             blobs, next_marker = parse_page(root)
         except (ValueError, ET.ParseError) as error:
             raise DecodeError(f"cannot read the List Blobs answer: {error}", response=http) from error
-        return blobs, next_marker, getattr(http, "location_mode", None)
+        return blobs, next_marker, getattr(http, "location_mode", None), response
 
 
 def lean_listing(client: Any) -> LeanListing | None:
