@@ -86,5 +86,7 @@ def test_the_worker_refuses_options_that_do_not_go_together():
         "--source memory: this SDK's processor only (--impl ours)")
     assert refused("--impl", "floor", "--source", "none").endswith(
         "--impl floor reads a hub (--source eventhub) and reports batches, not state")
+    assert refused("--impl", "floor-lean", "--state-every", "1").endswith(
+        "--impl floor-lean reads a hub (--source eventhub) and reports batches, not state")
     assert refused("--source", "none").endswith("--container is required with --store blob")
     assert refused("--standbys", "1").endswith("--standbys keeps replicas of partition state: it needs --stateful")

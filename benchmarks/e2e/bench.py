@@ -16,7 +16,7 @@ from harness.worker import WorkerHandle, create_container, spawn_worker
 
 from ..toolkit.machine import CpuMeter, process_cpu_seconds
 from ..toolkit.report import number
-from .results import CONSUMERS, SCALE_OUT_SIDES, SIDES, Phase, Results
+from .results import CONSUMERS, FLOORS, SCALE_OUT_SIDES, SIDES, Phase, Results
 
 __all__ = ["Bench"]
 
@@ -109,10 +109,10 @@ class Bench:
         """``side`` reads ``total`` events of ``hub`` from its start, in a process of its own."""
         owner = f"{side}-{tag}"
         spawned = time.time()
-        if side == "floor":
+        if side in FLOORS:
             worker = await spawn_worker(owner, hub=hub, container=None, hub_connection_string=self.hub_conn,
                                         storage_connection_string=None, log_dir=self.log_dir,
-                                        extra=["--impl", "floor", "--prefetch", str(prefetch), "--expect", str(total)])
+                                        extra=["--impl", side, "--prefetch", str(prefetch), "--expect", str(total)])
         else:
             worker = await self.spawn(side, owner, hub, f"tp-{side}-{uuid.uuid4().hex[:8]}",
                                       [*self.options(10.0, 60.0, prefetch=prefetch,
@@ -285,7 +285,7 @@ class Bench:
                       f"others {number(phase.others_cores, '.2f')} cores", file=sys.stderr)
             results.prefetch[side] = max(tried, key=lambda p: tried[p])
         for round_ in range(args.rounds):
-            order = SIDES[round_ % 3:] + SIDES[:round_ % 3]
+            order = SIDES[round_ % len(SIDES):] + SIDES[:round_ % len(SIDES)]
             phases: dict[str, Phase] = {}
             for side in order:
                 phase = await self.read_hub(side, hub, args.events, results.prefetch[side], f"r{round_}")

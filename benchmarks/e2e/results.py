@@ -5,9 +5,12 @@ import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-__all__ = ["CONSUMERS", "SCALE_OUT_SIDES", "SIDES", "Fill", "Phase", "Results", "load_run", "save_run"]
+__all__ = ["CONSUMERS", "FLOORS", "SCALE_OUT_SIDES", "SIDES", "Fill", "Phase", "Results", "load_run", "save_run"]
 
-SIDES = ("floor", "ours", "official")
+# The bare receive loops (harness/worker/floor.py): on this SDK's lean receive path's
+# frame reading (the floor the target is judged against), and on azure-eventhub's own.
+FLOORS = ("floor-lean", "floor")
+SIDES = (*FLOORS, "ours", "official")
 CONSUMERS = ("ours", "official")
 SCALE_OUT_SIDES = ("ours", "official", "official-as-documented")
 

@@ -1,6 +1,6 @@
 """The worker program: one consumer process for multi-process tests and benchmarks, this
-SDK's processor, azure-eventhub's, or a bare receive loop, reporting what it does as JSON
-lines.
+SDK's processor, azure-eventhub's, or a bare receive loop (two floors), reporting what it
+does as JSON lines.
 
 Run it as ``python -m harness.worker``; start and read it from a parent with
 :func:`spawn_worker` (:mod:`harness.worker.process`, the parent's side).
@@ -12,8 +12,12 @@ What runs:
 - ``--impl official``: azure-eventhub's ``EventHubConsumerClient.receive_batch`` with
   ``azure-eventhub-checkpointstoreblob-aio``'s ``BlobCheckpointStore``
   (:mod:`~harness.worker.official`);
-- ``--impl floor``: a bare receive loop on azure-eventhub's own AMQP client, the floor of
-  the ``e2e`` benchmark (:mod:`~harness.worker.floor`).
+- ``--impl floor``: a bare receive loop on azure-eventhub's own AMQP client, reading
+  frames its own way: the floor of azure-eventhub's receive path in the ``e2e``
+  benchmark (:mod:`~harness.worker.floor`);
+- ``--impl floor-lean``: the same loop reading frames the way this SDK's lean receive
+  path reads them (``eventprocessor.sources.eventhub.frames``): the floor of this SDK's
+  receive path, the one the ``e2e`` target is judged against.
 
 Ours and the official read the same hub and checkpoint every ``--checkpoint-every``
 batches (or, with ``--checkpoint-events``, once that many events of a partition were

@@ -4,16 +4,19 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-__all__ = ["parse", "policy_options"]
+__all__ = ["FLOORS", "parse", "policy_options"]
+
+FLOORS = ("floor", "floor-lean")  # the bare receive loops (:mod:`.floor`): no processor, no store
 
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m harness.worker",
                                      description="A consumer process for multi-process tests and benchmarks.")
     what = parser.add_argument_group("what runs")
-    what.add_argument("--impl", choices=["ours", "official", "floor"], default="ours",
-                      help="this SDK's processor, azure-eventhub's, or the floor: a bare receive loop on "
-                           "azure-eventhub's AMQP client (--source eventhub)")
+    what.add_argument("--impl", choices=["ours", "official", *FLOORS], default="ours",
+                      help="this SDK's processor, azure-eventhub's, or a floor: a bare receive loop on "
+                           "azure-eventhub's AMQP client reading frames its own way (floor) or the way this SDK's "
+                           "lean receive path reads them (floor-lean) (--source eventhub)")
     what.add_argument("--hub", required=True)
     what.add_argument("--owner-id", required=True)
     what.add_argument("--consumer-group", default="$default")
@@ -128,8 +131,8 @@ def _refusal(args: argparse.Namespace) -> str | None:
         return f"{', '.join(misplaced)}: this SDK's processor only (--impl ours)"
     if args.checkpoint_on_close and args.impl != "official":
         return "--checkpoint-on-close is for --impl official (this SDK checkpoints on release by itself)"
-    if args.impl == "floor" and (args.source != "eventhub" or args.wait_for_go or args.state_every):
-        return "--impl floor reads a hub (--source eventhub) and reports batches, not state"
+    if args.impl in FLOORS and (args.source != "eventhub" or args.wait_for_go or args.state_every):
+        return f"--impl {args.impl} reads a hub (--source eventhub) and reports batches, not state"
     if args.impl == "official" and args.store == "memory":
         return "--impl official keeps its checkpoints in Blob storage (--store blob)"
     if args.stateful and args.naive:
@@ -138,7 +141,7 @@ def _refusal(args: argparse.Namespace) -> str | None:
         return "--naive keeps its blobs in the checkpoint container: it needs --store blob"
     if args.standbys and not args.stateful:
         return "--standbys keeps replicas of partition state: it needs --stateful"
-    if args.store == "blob" and args.impl != "floor" and not args.container:
+    if args.store == "blob" and args.impl not in FLOORS and not args.container:
         return "--container is required with --store blob"
     if any(v is not None for v in policy_options(args).values()) and args.balance_by != "load":
         return "the --load-* options set the policy of --balance-by load"

@@ -1,7 +1,7 @@
 """Worker processes seen from their parent: start one, read what it reports, stop or kill it.
 
 :func:`spawn_worker` starts ``python -m harness.worker`` (this SDK's processor,
-azure-eventhub's or the floor, one OS process each) and returns a :class:`WorkerHandle`
+azure-eventhub's or a floor, one OS process each) and returns a :class:`WorkerHandle`
 that reads what it reports: every delivered batch, the partitions it dispatches, its
 ownership changes with their reasons, CPU and memory, its state lines.
 

@@ -13,7 +13,7 @@ from typing import Any
 
 from .handlers import CpuCost
 from .names import HUB_ENV, STORAGE_ENV
-from .options import parse
+from .options import FLOORS, parse
 from .report import OwnershipLines, Tally, emit, resident_bytes, trace_allocations
 from .run import Worker
 
@@ -24,7 +24,7 @@ logger = logging.getLogger(__name__)
 
 def _missing_environment(args: argparse.Namespace) -> list[str]:
     needed = [HUB_ENV] if args.source == "eventhub" else []
-    if args.store == "blob" and args.impl != "floor":  # the floor keeps no checkpoints
+    if args.store == "blob" and args.impl not in FLOORS:  # the floors keep no checkpoints
         needed.append(STORAGE_ENV)
     return [name for name in needed if not os.environ.get(name)]
 

@@ -1,6 +1,6 @@
-"""One run of the worker program, as its sides (``ours``, ``official``, ``floor``) see it:
-the options, the tally of deliveries, when to start and stop, and what its state lines
-read (:class:`Probe`)."""
+"""One run of the worker program, as its sides (``ours``, ``official``, ``floor``,
+``floor-lean``) see it: the options, the tally of deliveries, when to start and stop,
+and what its state lines read (:class:`Probe`)."""
 from __future__ import annotations
 
 import argparse
