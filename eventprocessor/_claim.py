@@ -47,11 +47,12 @@ class Claim:
     """
 
     __slots__ = ("partition_id", "owner_id", "epoch", "may_dispatch", "_may_checkpoint", "_on_fence_lost",
-                 "_on_checkpoint", "home_loop", "last_enqueued")
+                 "_on_records_vanished", "_on_checkpoint", "home_loop", "last_enqueued")
 
     def __init__(self, *, partition_id: str, owner_id: str, epoch: int, may_dispatch: Callable[[], bool],
-                 may_checkpoint: Callable[[], bool] | None = None, on_fence_lost: Callable[[bool], None] | None = None,
-                 on_checkpoint: Callable[[Checkpoint], None] | None = None) -> None:
+                 may_checkpoint: Callable[[], bool] | None = None, on_fence_lost: Callable[[], None] | None = None,
+                 on_checkpoint: Callable[[Checkpoint], None] | None = None,
+                 on_records_vanished: Callable[[], None] | None = None) -> None:
         self.partition_id = partition_id
         self.owner_id = owner_id
         self.epoch = epoch
@@ -60,6 +61,7 @@ class Claim:
         The callable itself, not a method around it: the pump asks before every batch."""
         self._may_checkpoint = may_checkpoint or may_dispatch
         self._on_fence_lost = on_fence_lost
+        self._on_records_vanished = on_records_vanished
         self._on_checkpoint = on_checkpoint
         self.home_loop: asyncio.AbstractEventLoop | None = None
         """The processor's event loop, once the claim's pump runs on it."""
@@ -85,7 +87,9 @@ class Claim:
         processor ends this claim now (and, in the second case, reports the data loss and
         claims the partition back)."""
         if self._on_fence_lost is not None:
-            self._on_fence_lost(records_vanished)
+            self._on_fence_lost()
+        if records_vanished and self._on_records_vanished is not None:
+            self._on_records_vanished()
 
     def checkpointed(self, checkpoint: Checkpoint) -> None:
         """A checkpoint of this claim was written (the processor remembers it, to notice

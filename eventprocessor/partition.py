@@ -63,9 +63,10 @@ class PartitionContext:
         checkpoint_store: CheckpointRecords,
         is_owned: Callable[[], bool],
         may_checkpoint: Callable[[], bool] | None = None,
-        on_ownership_lost: Callable[[bool], None] | None = None,
+        on_ownership_lost: Callable[[], None] | None = None,
         on_checkpoint: Callable[[Checkpoint], None] | None = None,
         state: StateKeeper | None = None,
+        on_records_vanished: Callable[[], None] | None = None,
     ) -> None:
         self.fully_qualified_namespace = fully_qualified_namespace
         self.eventhub_name = eventhub_name
@@ -77,7 +78,8 @@ class PartitionContext:
         self.last_checkpoint: Checkpoint | None = None
         self._store = checkpoint_store
         self._claim = Claim(partition_id=partition_id, owner_id=owner_id, epoch=epoch, may_dispatch=is_owned,
-                            may_checkpoint=may_checkpoint, on_fence_lost=on_ownership_lost, on_checkpoint=on_checkpoint)
+                            may_checkpoint=may_checkpoint, on_fence_lost=on_ownership_lost, on_checkpoint=on_checkpoint,
+                            on_records_vanished=on_records_vanished)
         self._state = state
 
     def __repr__(self) -> str:

@@ -428,7 +428,8 @@ def test_a_wiped_store_under_two_processors_is_reported_by_each_owner_and_refusi
     afresh and replayed them from the start (313 duplicates with refuse_checkpoint_rewind).
     An owner whose checkpoint and ownership records vanished reports data loss and claims
     its partitions back at once, resuming from the checkpoint it knew, before claiming
-    anything that looks unowned."""
+    anything that looks unowned. (Of 200 seeds, 6 still replay a partition: the second
+    processor to tick may find the notice already rewritten; see CHANGELOG.)"""
 
     async def scenario():
         cluster = Cluster(8, seed=seed, work=0.05, refuse_checkpoint_rewind=True, **QUICK)

@@ -137,13 +137,16 @@ class Dispatcher:
             checkpoint_store=self._store, is_owned=lambda: lease.dispatchable(now()),
             may_checkpoint=lambda: lease.may_checkpoint(now()), on_ownership_lost=partial(self._fence_lost, lease),
             on_checkpoint=partial(self._history.knew, lease.partition_id), state=keeper,
+            on_records_vanished=partial(self._records_vanished, lease),
         )
 
-    def _fence_lost(self, lease: Lease, records_vanished: bool = False) -> None:
-        self._table.lost(lease, records_vanished=records_vanished)
+    def _fence_lost(self, lease: Lease) -> None:
+        self._table.lost(lease)
         self._on_pump_ended()
-        if records_vanished:
-            self._on_records_vanished(lease.partition_id)
+
+    def _records_vanished(self, lease: Lease) -> None:
+        self._table.lost(lease, records_vanished=True)
+        self._on_records_vanished(lease.partition_id)
 
     def pumps(self) -> list[PartitionPump]:
         """The pumps of the claims in the lease table, in its order."""

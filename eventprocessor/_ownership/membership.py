@@ -107,8 +107,6 @@ class Membership:
         self._table = table
         self._nudge: str | None = None  # the NUDGE_PROPERTY value, once this processor nudged
         self._nudges = 0
-        self.written_at: float | None = None
-        """When the store last took this processor's member record (monotonic clock)."""
         self._writing = asyncio.Lock()  # one write at a time: a slow heartbeat cannot undo a nudge
         self._load: LoadMeter | None = None
         if options.load_policy is not None:
@@ -172,7 +170,6 @@ class Membership:
         try:
             sent_at = self._clock.monotonic()
             self.member = await self._store.write_member(self.record())
-            self.written_at = self._clock.monotonic()
             self._table.heartbeat_accepted(sent_at=sent_at)
             if not self.state:
                 logger.debug("processor %s joined (member record written)", self._describe)

@@ -5,10 +5,11 @@ Ways a processor notices, whichever comes first:
 
 * an ownership listing misses records it listed before, or shows epochs gone back
   (:meth:`StoreLoss.check_listing`, through :class:`~.store_history.StoreHistory`);
-* a member listing sent after the store took this processor's member record misses it,
-  or misses the group's change notice once one was seen (:meth:`StoreLoss.check_members`):
-  with liveness per processor a tick lists ownership only on change, so this is how
-  every processor learns of a wipe at its next tick;
+* a member listing misses the group's change notice once one was seen
+  (:meth:`StoreLoss.check_members`; the notice is never deleted): with liveness per
+  processor a tick lists ownership only on change, so this is how the first processor
+  to tick after a wipe learns of it (its own member record missing would be no proof:
+  a predecessor with the same owner id, still stopping, deletes it);
 * a checkpoint of one of its claims finds the checkpoint and ownership records gone
   (:meth:`StoreLoss.records_vanished`);
 * a fence finds a checkpoint it knew gone back (the claimer).
@@ -29,7 +30,6 @@ from .._runtime.stats import ProcessorStats
 from ..stores.records import MemberListing, Ownership, OwnershipListing
 from .lease import Reconciliation, Snapshot
 from .lease_table import LeaseTable, sorted_ids
-from .membership import Membership
 from .store_history import StoreHistory, data_lost
 
 __all__ = ["StoreLoss"]
@@ -41,16 +41,15 @@ class StoreLoss:
     """Notices and reports a store that lost data; decides what a tick claims back."""
 
     def __init__(self, *, options: ProcessorOptions, history: StoreHistory, table: LeaseTable,
-                 membership: Membership, reporter: Reporter, stats: ProcessorStats, describe: str) -> None:
+                 reporter: Reporter, stats: ProcessorStats, describe: str) -> None:
         self._options = options
         self._clock = options.clock
         self._history = history
         self._table = table
-        self._membership = membership
         self._reporter = reporter
         self._stats = stats
         self._describe = describe
-        self._noticed = False  # this processor's member record (or the change notice) vanished
+        self._noticed = False  # the group's change notice vanished
         self._reported = False  # and it said so (once, however it noticed)
         self._generation_seen = False  # a member listing named the group's change notice
         self._own_only_until = -1.0
@@ -78,14 +77,13 @@ class StoreLoss:
         if found is not None:
             self.report(*found)
 
-    def check_members(self, members: MemberListing, sent_at: float) -> bool:
-        """A member listing sent at ``sent_at``; True when it shows the store wiped."""
+    def check_members(self, members: MemberListing) -> bool:
+        """A member listing; True when it shows the store wiped."""
+        # This processor's own member record missing is no proof: a predecessor with the
+        # same owner id, still stopping, deletes it. The change notice is never deleted.
         notice_gone = members.generation is None and self._generation_seen
         self._generation_seen = self._generation_seen or members.generation is not None
-        written_at = self._membership.written_at
-        me_gone = (written_at is not None and written_at <= sent_at
-                   and not any(m.owner_id == self._options.owner_id for m in members.members))
-        if not me_gone and not notice_gone:
+        if not notice_gone:
             self._noticed = self._reported = False
             return False
         if not self._noticed:
@@ -95,8 +93,7 @@ class StoreLoss:
             self._history.lost_mine |= set(held)  # claimed back where their records are gone
             if not self._reported:
                 self._reported = True
-                self.report("the member record of this processor vanished" if me_gone
-                            else "the group's change notice vanished", held)
+                self.report("the group's change notice vanished", held)
         return True
 
     def records_vanished(self, partition_id: str) -> None:

@@ -72,7 +72,6 @@ class Taker:
         self._describe = describe
         self._warmup = warmup
         self._waited = 0.0  # seconds of this tick spent waiting for the group to form
-        self._members_sent_at = 0.0  # when the latest member listing was sent
         self.fatal: Exception | None = None
         """The error that halted balancing (see :meth:`halt`), or None."""
         self._wake = asyncio.Event()
@@ -95,8 +94,8 @@ class Taker:
                                    members=lambda: membership.state, announcing=lambda: writer.announcing)
         self.requests_made: dict = {}
         """Partition -> local time this processor asked its owner for it (a handoff)."""
-        self.store_loss = StoreLoss(options=options, history=history, table=table, membership=membership,
-                                    reporter=reporter, stats=stats, describe=describe)
+        self.store_loss = StoreLoss(options=options, history=history, table=table, reporter=reporter, stats=stats,
+                                    describe=describe)
         self._claimer = Claimer(options=options, store=store, writer=writer, table=table, history=history,
                                 reporter=reporter, clock=self._clock, describe=describe, on_won=on_won,
                                 store_lost=self.store_loss.report)
@@ -262,7 +261,7 @@ class Taker:
             if isinstance(read, Exception):
                 return self._empty_report(error=read)
             members = read
-            if self.store_loss.check_members(members, self._members_sent_at):
+            if self.store_loss.check_members(members):
                 self._watch.invalidate()
             if not table.hung_past_expiry() and self._watch.unchanged(members, partition_ids, self._clock.monotonic(),
                                                                       table.dispatch_view()):
@@ -275,7 +274,7 @@ class Taker:
             self._watch.invalidate()
             return self._empty_report(error=listed)
         listing, member_listing, snapshot, seen_before = listed
-        if member_listing is not None and self.store_loss.check_members(member_listing, self._members_sent_at):
+        if member_listing is not None and self.store_loss.check_members(member_listing):
             self._watch.invalidate()
         self.renewal.note(listing, member_listing)
         self.store_loss.check_listing(listing, seen_before)
@@ -312,7 +311,7 @@ class Taker:
 
     async def _list_members(self) -> MemberListing | Exception:
         """The members and the group's change notice: all a tick reads when nothing changed."""
-        listed_at = self._members_sent_at = self._clock.monotonic()
+        listed_at = self._clock.monotonic()
         self._listing_seconds = None
         try:
             with self._store.patient():
@@ -333,7 +332,6 @@ class Taker:
         # A slow listing shows the store as it was when it was sent: compare it with the
         # epochs known then, not with what this processor wrote meanwhile (a handoff).
         seen_before = self._history.epochs()
-        self._members_sent_at = listed_at
         timed = self.renewal.per_partition  # else the member listing before it was timed
         if timed:
             self._listing_seconds = None
