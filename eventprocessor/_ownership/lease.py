@@ -39,6 +39,9 @@ __all__ = ["Pump", "LeaseState", "LeaseEnd", "Lease", "LeaseView", "Snapshot", "
            "reconcile", "ALLOWED"]
 
 
+TAKEN_OVER = "its receiver or a checkpoint found another owner"
+"""Why a lease marked lost ended, unless its records vanished from the store."""
+
 class Pump(Protocol):
     """What the ownership side needs of a claim's pump (the delivery layer's
     :class:`~eventprocessor._delivery.pump.PartitionPump`): whether it still runs, how to
@@ -134,7 +137,7 @@ class Lease:
         self.hung_warned = False  # said once that no peer could take it
         self.renewal_failures = 0
         self.lost = False  # the pump or a checkpoint learned that another processor owns it
-        self.lost_because = "its receiver or a checkpoint found another owner"
+        self.lost_because = TAKEN_OVER
 
     def __repr__(self) -> str:
         return (f"Lease(partition_id={self.partition_id!r}, state={self.state.value}, epoch={self.epoch}, "
@@ -198,7 +201,7 @@ class LeaseView:
     pump_alive: bool
     lost: bool = False
     release_to: str | None = None
-    lost_because: str = "its receiver or a checkpoint found another owner"
+    lost_because: str = TAKEN_OVER
 
 
 @dataclass(frozen=True)

@@ -408,14 +408,13 @@ class Taker:
         after a store lost data) and the adoptions of records that name this processor."""
         held = self._table.held()
         reclaims = [self._history.above_seen(r) for r in reconciliation.reclaim if r.partition_id not in held]
-        after_loss = self.store_loss.reclaims(reconciliation, snapshot, held | {r.partition_id for r in reclaims},
-                                              partition_ids)
+        reclaimed = {r.partition_id for r in reclaims}
+        after_loss = self.store_loss.reclaims(reconciliation, snapshot, held | reclaimed, partition_ids)
         # After a store lost data, a tick claims back only what this processor held: its
         # peers get the same chance before anything that looks unowned is claimed as new.
         own_only = after_loss or self.store_loss.claims_own_only
         claims = [] if own_only else [self._history.above_seen(c) for c in decision.claims
-                                        if c.partition_id not in held and c.partition_id not in
-                                        {r.partition_id for r in reclaims}]
+                                        if c.partition_id not in held | reclaimed]
         claims += reclaims + after_loss
         adoptions = [r for r in reconciliation.adopt if r.partition_id not in held]
         if self._warmup is not None:
